@@ -1,0 +1,32 @@
+# Two commands do all the set-up: `make train` and `make test`.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup train test lint bench parity-report clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[torch,pretrained,dev]'
+	@touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) -m jaxtpu.train $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.compare $(ARGS)
+
+parity-report: $(STAMP)
+	$(PY) -m parity_tests.report $(ARGS)
+
+clean:
+	rm -rf $(VENV)

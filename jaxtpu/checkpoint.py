@@ -1,0 +1,138 @@
+"""Orbax checkpoints of a run: the latest state (for --resume) and the best model.
+
+Layout under the run directory:
+  checkpoints/latest/<step>/  {state: step, params, opt_state; meta: json}  (kept: 1)
+  checkpoints/best/<step>/    {state: params; meta: json incl. the metric}     (kept: 1)
+Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
+run killed mid-write leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxtpu.config import UserError
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, unreadable or belongs to another model."""
+
+
+def _manager(path: Path) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(
+        path.absolute(),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=1, create=True, enable_async_checkpointing=False
+        ),
+    )
+
+
+def identity(meta: dict[str, Any]) -> dict[str, Any]:
+    """What makes two checkpoints compatible: the task and the encoder shape."""
+    return {"task": meta.get("task"), "encoder": meta.get("encoder")}
+
+
+def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Path) -> None:
+    a, b = identity(found), identity(expected)
+    if a == b:
+        return
+    if a["task"] != b["task"]:
+        raise CheckpointError(
+            f"{where}: checkpoint is for task {a['task']!r}, this run is {b['task']!r}"
+        )
+    diff = [
+        f"{k}={a['encoder'].get(k)} (run: {b['encoder'].get(k)})"
+        for k in b["encoder"]
+        if a["encoder"] and a["encoder"].get(k) != b["encoder"].get(k)
+    ]
+    raise CheckpointError(
+        f"{where}: checkpoint is from another model: {', '.join(diff) or 'different encoder'}"
+    )
+
+
+class Checkpoints:
+    """The latest and the best checkpoint of one run directory."""
+
+    def __init__(self, workdir: str | Path) -> None:
+        self.root = Path(workdir) / "checkpoints"
+        self.latest_dir = self.root / "latest"
+        self.best_dir = self.root / "best"
+        self._latest: ocp.CheckpointManager | None = None
+        self._best: ocp.CheckpointManager | None = None
+
+    @property
+    def latest(self) -> ocp.CheckpointManager:
+        if self._latest is None:
+            self._latest = _manager(self.latest_dir)
+        return self._latest
+
+    @property
+    def best(self) -> ocp.CheckpointManager:
+        if self._best is None:
+            self._best = _manager(self.best_dir)
+        return self._best
+
+    @staticmethod
+    def _save(mgr: ocp.CheckpointManager, step: int, tree: Any, meta: dict[str, Any]) -> None:
+        mgr.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)
+            ),
+            force=True,
+        )
+        mgr.wait_until_finished()
+
+    def save_latest(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
+        self._save(self.latest, step, tree, meta)
+
+    def save_best(self, step: int, params: Any, meta: dict[str, Any]) -> None:
+        self._save(self.best, step, {"params": params}, meta)
+
+    def latest_step(self) -> int | None:
+        if not self.latest_dir.exists():
+            return None
+        return self.latest.latest_step()
+
+    def _restore(
+        self, mgr: ocp.CheckpointManager, where: Path, template: Any, expect: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        step = mgr.latest_step()
+        if step is None:
+            raise CheckpointError(f"{where}: no checkpoint found")
+        path = where / str(step)
+        try:
+            meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        except Exception as e:  # orbax raises many types for damaged files
+            raise CheckpointError(f"{path}: unreadable checkpoint metadata ({e})") from None
+        check_compatible(meta, expect, path)
+        target = ocp.args.StandardRestore(jax.tree_util.tree_map(np.asarray, template))
+        try:
+            state = mgr.restore(step, args=ocp.args.Composite(state=target)).state
+        except Exception as e:
+            raise CheckpointError(
+                f"{path}: unreadable or incomplete checkpoint ({type(e).__name__}: {e}); "
+                "move it away to start from the previous one, or start a new --workdir"
+            ) from None
+        return state, meta
+
+    def restore_latest(self, template: Any, expect: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return self._restore(self.latest, self.latest_dir, template, expect)
+
+    def restore_best(self, template: Any, expect: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        state, meta = self._restore(self.best, self.best_dir, {"params": template}, expect)
+        return state["params"], meta
+
+    def best_meta(self) -> dict[str, Any] | None:
+        if not self.best_dir.exists() or self.best.latest_step() is None:
+            return None
+        step = self.best.latest_step()
+        return self.best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta

@@ -1,0 +1,572 @@
+"""Jigsaw CSVs, ranking pairs, splits, tokenization with a cache, and deterministic batches.
+
+Framework-free (numpy only): both `jaxtpu` and `torchxla_ref` take their batches from here, so
+the two sides see exactly the same examples in the same order.
+
+Batch layout (all numpy):
+  toxicity: input_ids/attention_mask (B, L) int32, label (B,) float32, weight (B,) float32
+  ranking:  input_ids/attention_mask (B, 2, L) int32 with [:, 0] the less toxic and [:, 1] the
+            more toxic comment, label (B,) float32 (all 1), weight (B,) float32
+Rows added to pad an evaluation batch carry weight 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.config import UserError
+
+log = logging.getLogger(__name__)
+
+SUBLABELS = ("severe_toxic", "obscene", "threat", "insult", "identity_hate")
+# Severity weights for pairs built from labels (as in public Rate Severity solutions):
+# toxic, then SUBLABELS in order.
+SEVERITY_WEIGHTS = np.array([0.32, 1.5, 0.16, 1.5, 0.64, 1.5], np.float32)
+
+CLASSIFICATION_COLUMNS = ("comment_text", "toxic")
+PAIRS_COLUMNS = ("less_toxic", "more_toxic")
+SCORE_COLUMNS = ("comment_id", "text")
+
+
+class DataError(UserError):
+    """An input file is not usable; the message names the file, row and value."""
+
+
+# --------------------------------------------------------------------------- containers
+
+
+@dataclass
+class Comments:
+    """Labelled (or, for scoring, unlabelled) comments from one file."""
+
+    source: str
+    texts: list[str]
+    labels: np.ndarray | None  # (N,) float32 in [0, 1]
+    sublabels: np.ndarray | None = None  # (N, 5) float32, NaN where blank
+    ids: list[str] = field(default_factory=list)
+    dropped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, idx: np.ndarray) -> Comments:
+        return Comments(
+            self.source,
+            [self.texts[i] for i in idx],
+            None if self.labels is None else self.labels[idx],
+            None if self.sublabels is None else self.sublabels[idx],
+            [self.ids[i] for i in idx] if self.ids else [],
+        )
+
+    def severity(self) -> np.ndarray:
+        """Weighted sum of the six labels; rows with blank sub-labels use `toxic` alone."""
+        assert self.labels is not None
+        sev = self.labels * SEVERITY_WEIGHTS[0]
+        if self.sublabels is not None:
+            sub = self.sublabels
+            complete = ~np.isnan(sub).any(axis=1)
+            sev = sev + np.where(complete, np.nan_to_num(sub) @ SEVERITY_WEIGHTS[1:], 0.0)
+        return sev.astype(np.float32)
+
+
+@dataclass
+class Pairs:
+    """Ranking pairs: `more[i]` is more toxic than `less[i]`."""
+
+    source: str
+    less: list[str]
+    more: list[str]
+    dropped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.less)
+
+    def subset(self, idx: np.ndarray) -> Pairs:
+        return Pairs(self.source, [self.less[i] for i in idx], [self.more[i] for i in idx])
+
+
+# --------------------------------------------------------------------------- CSV reading
+
+
+def normalize_text(text: str) -> str:
+    """Collapses all runs of whitespace (newlines, tabs) to one space."""
+    return " ".join(text.split())
+
+
+def _read_rows(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    """Reads a CSV file into (header, [(line_number, row)]), with errors that say what is wrong."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{p}: no such file")
+    if p.is_dir():
+        raise DataError(f"{p}: is a directory, expected a CSV file")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(
+            f"{p}: not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}); "
+            "re-save the file as UTF-8"
+        ) from None
+    if not text.strip():
+        raise DataError(f"{p}: file is empty, expected a CSV header and rows")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    reader.fieldnames = header
+    rows = []
+    try:
+        for row in reader:
+            rows.append((reader.line_num, row))
+    except csv.Error as e:
+        raise DataError(f"{p}: not a readable CSV at line {reader.line_num}: {e}") from None
+    if not rows:
+        raise DataError(f"{p}: has a header ({', '.join(header)}) but no data rows")
+    return header, rows
+
+
+def file_kind(header: list[str]) -> str | None:
+    """What a file is, read from its columns: 'pairs', 'score', 'classification' or None."""
+    cols = set(header)
+    if set(PAIRS_COLUMNS) <= cols:
+        return "pairs"
+    if set(CLASSIFICATION_COLUMNS) <= cols:
+        return "classification"
+    if set(SCORE_COLUMNS) <= cols:
+        return "score"
+    if "comment_text" in cols:
+        return "unlabelled"
+    return None
+
+
+def _missing_columns_error(path: Any, header: list[str], expected: str) -> DataError:
+    return DataError(
+        f"{path}: missing columns; found: {', '.join(header) or '(none)'}; expected: {expected}"
+    )
+
+
+def _parse_label(path: Any, line: int, column: str, value: str | None, blank_ok: bool) -> float:
+    value = (value or "").strip()
+    if not value:
+        if blank_ok:
+            return float("nan")
+        raise DataError(f"{path}: line {line}: {column} is blank, expected a number in [0, 1]")
+    try:
+        x = float(value)
+    except ValueError:
+        raise DataError(
+            f"{path}: line {line}: {column}={value!r} is not a number, expected a value in [0, 1]"
+        ) from None
+    if not 0.0 <= x <= 1.0:  # also rejects nan
+        raise DataError(f"{path}: line {line}: {column}={value} is outside [0, 1]")
+    return x
+
+
+def _text(row: dict[str, str], column: str) -> str:
+    value = row.get(column)
+    return normalize_text(value) if isinstance(value, str) else ""
+
+
+def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
+    """Reads a Kaggle classification CSV (`comment_text`, `toxic`; `id` and sub-labels optional).
+
+    With `labelled=False` also accepts files to score: `comment_text` (+ optional `id`) or the
+    Rate Severity `comments_to_score.csv` (`comment_id`, `text`).
+    Rows whose comment is empty after whitespace normalisation are dropped and counted.
+    """
+    header, rows = _read_rows(path)
+    kind = file_kind(header)
+    ok = ("classification",) if labelled else ("classification", "score", "unlabelled")
+    if kind not in ok:
+        expected = "comment_text, toxic" + (
+            "" if labelled else " (or comment_text alone, or comment_id, text)"
+        )
+        raise _missing_columns_error(path, header, expected)
+    text_col, id_col = ("text", "comment_id") if kind == "score" else ("comment_text", "id")
+    subs = [c for c in SUBLABELS if c in header] if labelled else []
+    texts, labels, sublabels, ids, dropped = [], [], [], [], 0
+    for line, row in rows:
+        text = _text(row, text_col)
+        if not text:
+            dropped += 1
+            continue
+        texts.append(text)
+        ids.append((row.get(id_col) or "").strip())
+        if labelled:
+            labels.append(_parse_label(path, line, "toxic", row.get("toxic"), blank_ok=False))
+            sub = [float("nan")] * len(SUBLABELS)
+            for c in subs:
+                sub[SUBLABELS.index(c)] = _parse_label(path, line, c, row.get(c), blank_ok=True)
+            sublabels.append(sub)
+    if not texts:
+        raise DataError(f"{path}: all {len(rows)} rows dropped ({text_col} empty)")
+    if dropped:
+        log.warning(
+            "%s: dropped %d of %d rows with an empty %s", path, dropped, len(rows), text_col
+        )
+    return Comments(
+        str(path),
+        texts,
+        np.asarray(labels, np.float32) if labelled else None,
+        np.asarray(sublabels, np.float32) if labelled else None,
+        ids,
+        dropped,
+    )
+
+
+def read_pairs(path: str | os.PathLike) -> Pairs:
+    """Reads a Rate Severity pairs CSV (`less_toxic`, `more_toxic`, optional `worker`)."""
+    header, rows = _read_rows(path)
+    if file_kind(header) != "pairs":
+        raise _missing_columns_error(path, header, "less_toxic, more_toxic")
+    less, more, dropped = [], [], 0
+    for _, row in rows:
+        a, b = _text(row, "less_toxic"), _text(row, "more_toxic")
+        if not a or not b:
+            dropped += 1
+            continue
+        less.append(a)
+        more.append(b)
+    if not less:
+        raise DataError(f"{path}: all {len(rows)} rows dropped (less_toxic or more_toxic empty)")
+    if dropped:
+        log.warning("%s: dropped %d of %d pairs with an empty comment", path, dropped, len(rows))
+    return Pairs(str(path), less, more, dropped)
+
+
+def read_task_file(path: str | os.PathLike, task: str) -> Comments | Pairs:
+    """Reads a training/validation file; for ranking it may be pairs or labelled comments."""
+    header, _ = _read_rows(path)
+    if task == "ranking" and file_kind(header) == "pairs":
+        return read_pairs(path)
+    if task == "ranking" and file_kind(header) != "classification":
+        raise _missing_columns_error(
+            path, header, "less_toxic, more_toxic (pairs) or comment_text, toxic (labels)"
+        )
+    return read_comments(path)
+
+
+# --------------------------------------------------------------------------- demo data
+
+_NEUTRAL = (
+    "thanks for the edit on the article",
+    "i added a citation to the history section",
+    "please see the talk page before reverting",
+    "the infobox needs a better image",
+    "welcome to wikipedia and happy editing",
+    "this source looks reliable to me",
+    "can you check the dates in the timeline",
+    "i moved the paragraph to the right section",
+    "good point, i agree with the merge",
+    "the map is out of date after the election",
+)
+_TOXIC = ("idiot", "stupid", "moron", "loser", "pathetic", "dumb")
+_OBSCENE = ("crap", "damn", "sucks")
+_THREAT = ("i will hurt you", "watch your back")
+
+
+def demo_comments(n: int, seed: int = 0) -> Comments:
+    """A built-in dataset in the Jigsaw schema with an easy, learnable signal.
+
+    About 30 % of comments insult the reader; their sub-labels follow the words used, so
+    severity (for ranking pairs) is learnable too.
+    """
+    rng = np.random.default_rng(seed)
+    texts, labels, subs = [], [], []
+    for _ in range(n):
+        base = _NEUTRAL[rng.integers(len(_NEUTRAL))]
+        toxic = rng.random() < 0.3
+        sub = [0.0] * len(SUBLABELS)
+        if toxic:
+            words = [f"you are a {_TOXIC[rng.integers(len(_TOXIC))]}"]
+            sub[SUBLABELS.index("insult")] = 1.0
+            if rng.random() < 0.4:
+                words.append(_OBSCENE[rng.integers(len(_OBSCENE))])
+                sub[SUBLABELS.index("obscene")] = 1.0
+            if rng.random() < 0.2:
+                words.append(_THREAT[rng.integers(len(_THREAT))])
+                sub[SUBLABELS.index("threat")] = 1.0
+                sub[SUBLABELS.index("severe_toxic")] = 1.0
+            text = f"{base}, {' and '.join(words)}"
+        else:
+            text = base
+        texts.append(text)
+        labels.append(float(toxic))
+        subs.append(sub)
+    return Comments("demo", texts, np.asarray(labels, np.float32), np.asarray(subs, np.float32))
+
+
+# --------------------------------------------------------------------------- pairs, splits
+
+
+def pairs_from_labels(comments: Comments, n_pairs: int, seed: int) -> Pairs:
+    """Samples `n_pairs` pairs of comments whose severities differ, ordered less -> more."""
+    sev = comments.severity()
+    if np.unique(sev).size < 2:
+        raise DataError(
+            f"{comments.source}: all comments have the same severity; cannot build ranking pairs"
+        )
+    rng = np.random.default_rng([seed, 7])
+    less_idx, more_idx = [], []
+    while len(less_idx) < n_pairs:
+        i = rng.integers(len(sev), size=2 * n_pairs)
+        j = rng.integers(len(sev), size=2 * n_pairs)
+        keep = sev[i] != sev[j]
+        i, j = i[keep], j[keep]
+        swap = sev[i] > sev[j]
+        less_idx.extend(np.where(swap, j, i).tolist())
+        more_idx.extend(np.where(swap, i, j).tolist())
+    t = comments.texts
+    return Pairs(
+        comments.source,
+        [t[k] for k in less_idx[:n_pairs]],
+        [t[k] for k in more_idx[:n_pairs]],
+    )
+
+
+def _strata(data: Comments | Pairs) -> np.ndarray:
+    if isinstance(data, Comments) and data.labels is not None:
+        return (data.labels >= 0.5).astype(np.int64)
+    return np.zeros(len(data), np.int64)
+
+
+def fold_assignment(data: Comments | Pairs, n_folds: int, seed: int) -> np.ndarray:
+    """Stratified, seeded fold id (0..n_folds-1) of every example."""
+    strata = _strata(data)
+    rng = np.random.default_rng([seed, 11])
+    folds = np.empty(len(strata), np.int64)
+    offset = 0
+    for s in np.unique(strata):
+        idx = rng.permutation(np.flatnonzero(strata == s))
+        folds[idx] = (np.arange(idx.size) + offset) % n_folds
+        offset += idx.size
+    return folds
+
+
+def split(
+    data: Comments | Pairs, valid_fraction: float, seed: int, n_folds: int = 0, fold: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded stratified (train, valid) indices: a held-out fraction, or fold `fold` of k."""
+    if n_folds:
+        folds = fold_assignment(data, n_folds, seed)
+        return np.flatnonzero(folds != fold), np.flatnonzero(folds == fold)
+    strata = _strata(data)
+    rng = np.random.default_rng([seed, 13])
+    train, valid = [], []
+    for s in np.unique(strata):
+        idx = rng.permutation(np.flatnonzero(strata == s))
+        k = int(round(idx.size * valid_fraction))
+        valid.append(idx[:k])
+        train.append(idx[k:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(valid))
+
+
+# --------------------------------------------------------------------------- tokenization
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("JAXTPU_CACHE", Path.home() / ".cache" / "jaxtpu")) / "tokens"
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A content hash of a Hugging Face fast tokenizer (vocab, normalizer, special tokens)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    spec = backend.to_str() if backend is not None else repr(tokenizer)
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def tokenize(
+    texts: list[str], tokenizer: Any, max_len: int, cache_dir: str | os.PathLike | None = None
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Tokenizes with truncation and padding to `max_len`, cached on disk.
+
+    The cache key is a hash of the texts, the tokenizer's content and `max_len`, so any change
+    to one of them tokenizes again.
+
+    Returns:
+      (input_ids, attention_mask, cache_hit): int32 arrays of shape (len(texts), max_len).
+    """
+    h = hashlib.sha256()
+    h.update(f"{tokenizer_fingerprint(tokenizer)}|{max_len}|{len(texts)}|".encode())
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\0")
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = cache / f"{h.hexdigest()[:32]}.npz"
+    if path.exists():
+        try:
+            with np.load(path) as z:
+                return z["input_ids"], z["attention_mask"], True
+        except (OSError, ValueError, KeyError):
+            log.warning("token cache %s is unreadable; tokenizing again", path)
+    enc = tokenizer(
+        texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
+    )
+    ids = enc["input_ids"].astype(np.int32)
+    mask = enc["attention_mask"].astype(np.int32)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp.npz")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, input_ids=ids, attention_mask=mask)
+        os.replace(tmp, path)  # atomic: a killed run never leaves half a cache file
+    except OSError as e:
+        log.warning("could not write token cache in %s (%s); continuing without it", cache, e)
+    return ids, mask, False
+
+
+@dataclass
+class Examples:
+    """Tokenized examples of one split, ready to batch."""
+
+    input_ids: np.ndarray  # (N, L) or (N, 2, L)
+    attention_mask: np.ndarray
+    label: np.ndarray  # (N,)
+    cache_hit: bool = False
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+    def take(self, idx: np.ndarray, weight: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        if weight is None:
+            weight = np.ones(idx.shape[0], np.float32)
+        return {
+            "input_ids": self.input_ids[idx],
+            "attention_mask": self.attention_mask[idx],
+            "label": self.label[idx],
+            "weight": weight.astype(np.float32),
+        }
+
+
+def encode(data: Comments | Pairs, tokenizer: Any, max_len: int, cache_dir: Any = None) -> Examples:
+    """Tokenizes comments (toxicity) or both sides of each pair (ranking)."""
+    if isinstance(data, Pairs):
+        n = len(data)
+        ids, mask, hit = tokenize(data.less + data.more, tokenizer, max_len, cache_dir)
+        stack = lambda a: np.stack([a[:n], a[n:]], axis=1)  # noqa: E731
+        return Examples(stack(ids), stack(mask), np.ones(n, np.float32), hit)
+    ids, mask, hit = tokenize(data.texts, tokenizer, max_len, cache_dir)
+    labels = data.labels if data.labels is not None else np.zeros(len(data), np.float32)
+    return Examples(ids, mask, labels, hit)
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def steps_per_epoch(n: int, global_batch: int) -> int:
+    return n // global_batch
+
+
+def train_batches(
+    n: int, global_batch: int, seed: int, epoch: int, start_step: int = 0
+) -> Iterator[np.ndarray]:
+    """Index arrays of each training step of one epoch: a seeded permutation, last partial
+    batch dropped. `start_step` skips the steps already done (resume mid-epoch)."""
+    perm = np.random.default_rng([seed, 17, epoch]).permutation(n)
+    for s in range(start_step, steps_per_epoch(n, global_batch)):
+        yield perm[s * global_batch : (s + 1) * global_batch]
+
+
+def eval_batches(n: int, global_batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(indices, weights) covering every example exactly once; the last batch is padded with
+    repeats of example 0 at weight 0, so every device gets the same shape."""
+    for start in range(0, n, global_batch):
+        idx = np.arange(start, min(start + global_batch, n))
+        weight = np.ones(global_batch, np.float32)
+        pad = global_batch - idx.size
+        if pad:
+            weight[idx.size :] = 0.0
+            idx = np.concatenate([idx, np.zeros(pad, idx.dtype)])
+        yield idx, weight
+
+
+# --------------------------------------------------------------------------- one entry point
+
+
+@dataclass
+class TaskData:
+    train: Examples
+    valid: Examples
+    info: dict[str, Any]
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """Loads a Hugging Face fast tokenizer from a local directory (never from a hub)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise DataError(f"tokenizer directory {p} does not exist")
+    if not any((p / f).exists() for f in ("tokenizer.json", "vocab.txt")):
+        raise DataError(
+            f"{p}: no tokenizer found (tokenizer.json or vocab.txt); "
+            "pass --tokenizer-dir with a Hugging Face tokenizer directory"
+        )
+    from transformers import AutoTokenizer  # lazy: heavy, and only needed here
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return AutoTokenizer.from_pretrained(str(p), use_fast=True)
+
+
+def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
+    """Reads, splits, (for ranking) pairs and tokenizes the data a config asks for.
+
+    Args:
+      cfg: a `jaxtpu.config.Config`.
+      tokenizer: a Hugging Face fast tokenizer.
+    Returns:
+      train and validation `Examples` plus an `info` dict describing what was loaded.
+    """
+    d, task, seed = cfg.data, cfg.run.task, cfg.run.seed
+    if d.train_csv:
+        data = read_task_file(d.train_csv, task)
+        source = str(d.train_csv)
+    else:
+        data = demo_comments(d.demo_size, seed)
+        source = f"built-in demo data ({d.demo_size} generated comments)"
+    if d.max_rows and len(data) > d.max_rows:
+        data = data.subset(np.arange(d.max_rows))
+    if d.valid_csv:
+        train, valid = data, read_task_file(d.valid_csv, task)
+        split_desc = f"validation file {d.valid_csv}"
+    else:
+        tr, va = split(data, d.valid_fraction, seed, d.n_folds, d.fold)
+        if va.size == 0 or tr.size == 0:
+            raise DataError(
+                f"{source}: {len(data)} rows are too few to split into train and validation; "
+                "give more rows or a --valid-csv"
+            )
+        train, valid = data.subset(tr), data.subset(va)
+        split_desc = (
+            f"fold {d.fold} of {d.n_folds}"
+            if d.n_folds
+            else f"held-out {d.valid_fraction:.0%} (stratified, seed {seed})"
+        )
+    if task == "ranking":
+        # Build pairs within each split, so no comment is in both train and validation pairs.
+        if isinstance(train, Comments):
+            train = pairs_from_labels(train, int(len(train) * d.pairs_per_comment), seed)
+        if isinstance(valid, Comments):
+            valid = pairs_from_labels(valid, int(len(valid) * d.pairs_per_comment), seed + 1)
+    train_ex = encode(train, tokenizer, d.max_len, d.cache_dir)
+    valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir)
+    info = {
+        "source": source,
+        "demo": not d.train_csv,
+        "split": split_desc,
+        "train_examples": len(train_ex),
+        "valid_examples": len(valid_ex),
+        "dropped_rows": getattr(data, "dropped", 0),
+        "token_cache_hit": train_ex.cache_hit and valid_ex.cache_hit,
+        "unit": "pairs" if task == "ranking" else "comments",
+    }
+    return TaskData(train_ex, valid_ex, info)

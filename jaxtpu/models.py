@@ -1,0 +1,227 @@
+"""Flax Linen BERT encoder and the two Jigsaw heads. Knows nothing of devices.
+
+Module and parameter names mirror Hugging Face's `BertModel` (`embeddings/LayerNorm`,
+`encoder/layer_3/attention/self/query`, ...) so `jaxtpu.weights` maps them with one table.
+
+Precision: `dtype` is the compute dtype (bf16 or fp32), `param_dtype` the storage dtype
+(fp32 master weights). Softmax, LayerNorm and the residual stream run in fp32, as PyTorch's
+autocast does; the logits are returned in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxtpu.config import EncoderConfig
+
+Dtype = jnp.dtype
+
+
+def _dense(cfg: EncoderConfig, features: int, name: str, dtype: Dtype, param_dtype: Dtype):
+    return nn.Dense(
+        features,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=nn.initializers.normal(cfg.initializer_range),
+        name=name,
+    )
+
+
+def _layer_norm(cfg: EncoderConfig, name: str, param_dtype: Dtype) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=param_dtype, name=name
+    )
+
+
+class Embeddings(nn.Module):
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.cfg
+        init = nn.initializers.normal(cfg.initializer_range)
+
+        def embed(num: int, name: str) -> nn.Embed:
+            return nn.Embed(
+                num, cfg.hidden_size, param_dtype=self.param_dtype, embedding_init=init, name=name
+            )
+
+        seq_len = input_ids.shape[-1]
+        x = embed(cfg.vocab_size, "word_embeddings")(input_ids)
+        x = x + embed(cfg.max_position_embeddings, "position_embeddings")(jnp.arange(seq_len))
+        # Token type 0 everywhere (single-segment inputs): row 0 of the table.
+        x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(jnp.zeros((1,), jnp.int32))
+        x = _layer_norm(cfg, "LayerNorm", self.param_dtype)(x.astype(jnp.float32))
+        return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+
+
+class SelfAttention(nn.Module):
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.cfg
+        heads = cfg.num_attention_heads
+        head_dim = cfg.hidden_size // heads
+        batch, seq_len, _ = x.shape
+
+        def project(name: str) -> jax.Array:
+            y = _dense(cfg, cfg.hidden_size, name, self.dtype, self.param_dtype)(x)
+            # (B, L, H, D) -> (B, H, L, D): the bhqd layout is the fast one on XLA:CPU.
+            return y.reshape(batch, seq_len, heads, head_dim).transpose(0, 2, 1, 3)
+
+        q, k, v = project("query"), project("key"), project("value")
+        q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+        probs = jax.nn.softmax(scores + mask_bias, axis=-1)
+        probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+        ctx = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(self.dtype), v)
+        return ctx.transpose(0, 2, 1, 3).reshape(batch, seq_len, cfg.hidden_size)
+
+
+class DenseResidual(nn.Module):
+    """Dense -> dropout -> add residual -> LayerNorm (HF's BertSelfOutput / BertOutput)."""
+
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, residual: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.cfg
+        y = _dense(cfg, cfg.hidden_size, "dense", self.dtype, self.param_dtype)(x)
+        y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+        return _layer_norm(cfg, "LayerNorm", self.param_dtype)(y.astype(jnp.float32) + residual)
+
+
+class Layer(nn.Module):
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self) -> None:
+        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        self.attention = _Attention(**kw)
+        self.intermediate = _Intermediate(**kw)
+        self.output = DenseResidual(**kw)
+
+    def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
+        x = self.attention(x, mask_bias, deterministic)
+        return self.output(self.intermediate(x), x, deterministic)
+
+
+class _Attention(nn.Module):
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self) -> None:
+        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        self.self = SelfAttention(**kw)
+        self.output = DenseResidual(**kw)
+
+    def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
+        return self.output(self.self(x, mask_bias, deterministic), x, deterministic)
+
+
+class _Intermediate(nn.Module):
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        y = _dense(cfg, cfg.intermediate_size, "dense", self.dtype, self.param_dtype)(x)
+        return jax.nn.gelu(y, approximate=False)  # HF "gelu" is the exact erf form
+
+
+class Encoder(nn.Module):
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
+        for i in range(self.cfg.num_hidden_layers):
+            x = Layer(self.cfg, self.dtype, self.param_dtype, name=f"layer_{i}")(
+                x, mask_bias, deterministic
+            )
+        return x
+
+
+class Bert(nn.Module):
+    """BERT encoder + pooler. Returns (last_hidden_state, pooled_output), both fp32."""
+
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool = True
+    ) -> tuple[jax.Array, jax.Array]:
+        cfg, kw = self.cfg, dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        x = Embeddings(cfg, name="embeddings", **kw)(input_ids, deterministic)
+        # Additive mask over keys, (B, 1, 1, L): 0 where attended, a large negative at padding.
+        mask_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
+        x = Encoder(cfg, name="encoder", **kw)(x, mask_bias, deterministic)
+        pooled = nn.tanh(_Pooler(cfg, name="pooler", **kw)(x[:, 0]))
+        return x, pooled.astype(jnp.float32)
+
+
+class _Pooler(nn.Module):
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, cls_token: jax.Array) -> jax.Array:
+        return _dense(self.cfg, self.cfg.hidden_size, "dense", self.dtype, self.param_dtype)(
+            cls_token
+        )
+
+
+class ToxicityClassifier(nn.Module):
+    """BERT -> pooled output -> dropout -> Dense(1): one toxicity logit per comment.
+
+    Inputs may carry extra leading dims (the ranking pairs' (B, 2, L)); the output keeps them.
+    """
+
+    cfg: EncoderConfig
+    head_dropout: float = 0.3
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool = True
+    ) -> jax.Array:
+        lead = input_ids.shape[:-1]
+        flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+        bert = Bert(self.cfg, self.dtype, self.param_dtype, name="bert")
+        _, pooled = bert(flat(input_ids), flat(attention_mask), deterministic)
+        x = nn.Dropout(self.head_dropout)(pooled, deterministic=deterministic)
+        logit = _dense(self.cfg, 1, "classifier", self.dtype, self.param_dtype)(x)
+        return logit[:, 0].astype(jnp.float32).reshape(lead)
+
+
+class Ranker(ToxicityClassifier):
+    """Scores each comment of a (less, more) pair with the same head: (B, 2, L) -> (B, 2)."""
+
+    head_dropout: float = 0.2
+
+
+def build_model(task: str, cfg: EncoderConfig, head_dropout: float, precision: str) -> nn.Module:
+    """The model of a task with fp32 storage and the compute dtype of `precision`."""
+    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    cls = Ranker if task == "ranking" else ToxicityClassifier
+    return cls(cfg, head_dropout=head_dropout, dtype=dtype, param_dtype=jnp.float32)

@@ -1,0 +1,82 @@
+"""`TrainState` and the pure train/eval steps shared by the pmap and the jit path.
+
+The steps know nothing of devices. Under `pmap` (or `shard_map`) they are called with
+`axis_name`, and average gradients and metrics over that axis with `lax.pmean`; under `jit`
+with shardings the batch is global and XLA inserts the reductions itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training.train_state import TrainState
+
+Batch = dict[str, jax.Array]
+RANKING_MARGIN = 0.5
+
+__all__ = ["TrainState", "eval_step", "per_example_loss", "train_step"]
+
+
+def per_example_loss(task: str, scores: jax.Array, label: jax.Array) -> jax.Array:
+    """BCE with logits (toxicity), or margin ranking loss with y=1 on (less, more) scores."""
+    if task == "toxicity":
+        return optax.sigmoid_binary_cross_entropy(scores, label)
+    # torch.nn.MarginRankingLoss(x1=more, x2=less, y=1): max(0, -(more - less) + margin)
+    return jax.nn.relu(RANKING_MARGIN - (scores[:, 1] - scores[:, 0]))
+
+
+def _weighted_mean(values: jax.Array, weight: jax.Array) -> jax.Array:
+    return jnp.sum(values * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    rng: jax.Array,
+    *,
+    task: str,
+    axis_name: str | None = None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step (or one accumulation micro-step under optax.MultiSteps).
+
+    Args:
+      state: the train state (replicated under pmap).
+      batch: this device's (pmap) or the global (jit) batch, see `jaxtpu.data`.
+      rng: the run's base key; dropout uses fold_in(rng, step) (and the device index).
+      task: 'toxicity' or 'ranking'.
+      axis_name: the device axis to average over, under pmap/shard_map.
+    Returns:
+      (new_state, {'loss', 'grad_norm'}), metrics averaged over all devices.
+    """
+    rng = jax.random.fold_in(rng, state.step)
+    if axis_name is not None:
+        rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+
+    def loss_fn(params: Any) -> jax.Array:
+        scores = state.apply_fn(
+            {"params": params},
+            batch["input_ids"],
+            batch["attention_mask"],
+            deterministic=False,
+            rngs={"dropout": rng},
+        )
+        return _weighted_mean(per_example_loss(task, scores, batch["label"]), batch["weight"])
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    if axis_name is not None:
+        grads = jax.lax.pmean(grads, axis_name)
+        loss = jax.lax.pmean(loss, axis_name)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    return state.apply_gradients(grads=grads), metrics
+
+
+def eval_step(state: TrainState, batch: Batch, *, task: str) -> dict[str, jax.Array]:
+    """Per-example scores and losses (deterministic: no dropout). Reduction happens on the host
+    over the whole evaluation set, see `jaxtpu.metrics.evaluate`."""
+    scores = state.apply_fn(
+        {"params": state.params}, batch["input_ids"], batch["attention_mask"], deterministic=True
+    )
+    return {"score": scores, "loss": per_example_loss(task, scores, batch["label"])}
