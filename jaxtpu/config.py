@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 TASKS = ("toxicity", "ranking")
 PRECISIONS = ("fp32", "bf16")
@@ -160,35 +160,34 @@ def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
 FIELDS = _field_index()
 
 
+def _base_type(typ: Any) -> type:
+    """`int` for `int`, `str` for `str | None`."""
+    args = [a for a in get_args(typ) if a is not type(None)]
+    return args[0] if args else typ
+
+
 def _check_type(name: str, value: Any, typ: Any) -> Any:
     """Coerces/validates one value against the field's annotated type."""
-    if value is None and "None" in str(typ):
+    if value is None and type(None) in get_args(typ):
         return None
-    base = str(typ).replace(" | None", "")
-    try:
-        if base in ("int", "<class 'int'>"):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise TypeError
-            return int(value)
-        if base in ("float", "<class 'float'>"):
-            if isinstance(value, bool):
-                raise TypeError
-            return float(value)
-        if base in ("bool", "<class 'bool'>"):
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("1", "true", "yes"):
-                return True
-            if isinstance(value, str) and value.lower() in ("0", "false", "no"):
-                return False
-            raise TypeError
-        if base in ("str", "<class 'str'>"):
-            if not isinstance(value, str):
-                raise TypeError
+    base = _base_type(typ)
+    bad = ConfigError(f"{name}={value!r} is not a valid {base.__name__}")
+    if base is bool:
+        if isinstance(value, bool):
             return value
+        text = str(value).lower()
+        if text in ("1", "true", "yes", "0", "false", "no"):
+            return text in ("1", "true", "yes")
+        raise bad
+    if base is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise bad
+    if base is str and not isinstance(value, str):
+        raise bad
+    try:
+        return base(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name}={value!r} is not a valid {base}") from None
-    return value
+        raise bad from None
 
 
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
@@ -317,7 +316,7 @@ def tiny() -> Config:
     return Config(
         model=ModelConfig(model_dir=None),
         data=DataConfig(max_len=16, demo_size=256),
-        optim=OptimConfig(lr=1e-3, schedule="constant", weight_decay=0.0),
+        optim=OptimConfig(lr=3e-3, schedule="constant", weight_decay=0.0),
         run=RunConfig(batch_size=4, log_every=2, progress=False),
     )
 
@@ -364,13 +363,11 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
             flag = "--" + f.name.replace("_", "-")
             help_text = f"{f.metadata['help']} [demo preset: {defaults[f.name]}]"
             kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
-            typ = str(hints[f.name]).replace(" | None", "")
-            if typ in ("bool", "<class 'bool'>"):
+            typ = _base_type(hints[f.name])
+            if typ is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
-                kwargs["type"] = {"int": int, "float": float}.get(
-                    typ.replace("<class '", "").replace("'>", ""), str
-                )
+                kwargs["type"] = typ
                 kwargs["metavar"] = f.name.upper()
                 if f.metadata.get("choices"):
                     kwargs["choices"] = list(f.metadata["choices"])

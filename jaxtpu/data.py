@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import logging
 import os
 import tempfile
@@ -382,7 +383,14 @@ def default_cache_dir() -> Path:
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A content hash of a Hugging Face fast tokenizer (vocab, normalizer, special tokens)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    spec = backend.to_str() if backend is not None else repr(tokenizer)
+    if backend is None:
+        spec = repr(tokenizer)
+    else:
+        # Truncation/padding settings change with every call: not part of the identity.
+        state = json.loads(backend.to_str())
+        state.pop("truncation", None)
+        state.pop("padding", None)
+        spec = json.dumps(state, sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 

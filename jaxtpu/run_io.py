@@ -79,7 +79,9 @@ class RunLog:
             keep = [
                 line
                 for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+                if line.strip()
+                and json.loads(line).get("event") != "final"
+                and json.loads(line).get("step", 0) <= resume_step
             ]
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text("".join(line + "\n" for line in keep))

@@ -69,7 +69,7 @@ def train_step(
     if axis_name is not None:
         grads = jax.lax.pmean(grads, axis_name)
         loss = jax.lax.pmean(loss, axis_name)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     return state.apply_gradients(grads=grads), metrics
 
 

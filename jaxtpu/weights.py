@@ -75,7 +75,8 @@ def _unflatten(flat: Mapping[tuple, Any]) -> dict[str, Any]:
 
 
 def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
-    """All tensors of a Hugging Face directory as fp32 numpy arrays, keys without `bert.`."""
+    """The parameters of a Hugging Face directory as fp32 numpy arrays, keys without `bert.`
+    (buffers such as `position_ids` and pre-training heads `cls.*` are left out)."""
     d = Path(model_dir)
     st, binf = d / "model.safetensors", d / "pytorch_model.bin"
     if st.exists():
@@ -100,6 +101,8 @@ def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
     out = {}
     for k, v in raw.items():
         k = k.removeprefix("bert.")
+        if _IGNORED.match(k):
+            continue
         for old, new in _LEGACY.items():
             k = k.replace(old, new)
         out[k] = np.asarray(v, np.float32) if v.dtype != np.float32 else v

@@ -1,0 +1,49 @@
+"""Shared fixtures. JAX gets 8 virtual CPU devices before anything starts its backend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REAL_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", 8)
+    except (ImportError, RuntimeError):
+        pass
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> str:
+    from jaxtpu.config import packaged_minilm_dir
+
+    return packaged_minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(minilm_dir: str):
+    from jaxtpu.data import load_tokenizer
+
+    return load_tokenizer(minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def real_csv() -> Path:
+    if not REAL_CSV.exists():
+        pytest.skip(f"real Jigsaw comments not found at {REAL_CSV} (see shared/data/SOURCES.md)")
+    return REAL_CSV
+
+
+@pytest.fixture(autouse=True)
+def _token_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Every test session tokenizes into its own cache, never the user's."""
+    monkeypatch.setenv("JAXTPU_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
