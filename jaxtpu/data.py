@@ -137,6 +137,11 @@ def _read_rows(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, dict
     return header, rows
 
 
+def columns(path: str | os.PathLike) -> list[str]:
+    """The header of a CSV file (validated like any input file)."""
+    return _read_rows(path)[0]
+
+
 def file_kind(header: list[str]) -> str | None:
     """What a file is, read from its columns: 'pairs', 'score', 'classification' or None."""
     cols = set(header)
@@ -183,8 +188,9 @@ def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
     """Reads a Kaggle classification CSV (`comment_text`, `toxic`; `id` and sub-labels optional).
 
     With `labelled=False` also accepts files to score: `comment_text` (+ optional `id`) or the
-    Rate Severity `comments_to_score.csv` (`comment_id`, `text`).
-    Rows whose comment is empty after whitespace normalisation are dropped and counted.
+    Rate Severity `comments_to_score.csv` (`comment_id`, `text`); there, empty comments are kept
+    (every id must get a score), counted in `dropped` and warned about.
+    Otherwise rows whose comment is empty after whitespace normalisation are dropped and counted.
     """
     header, rows = _read_rows(path)
     kind = file_kind(header)
@@ -201,7 +207,8 @@ def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
         text = _text(row, text_col)
         if not text:
             dropped += 1
-            continue
+            if labelled:
+                continue
         texts.append(text)
         ids.append((row.get(id_col) or "").strip())
         if labelled:
@@ -210,11 +217,12 @@ def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
             for c in subs:
                 sub[SUBLABELS.index(c)] = _parse_label(path, line, c, row.get(c), blank_ok=True)
             sublabels.append(sub)
-    if not texts:
+    if dropped == len(rows):
         raise DataError(f"{path}: all {len(rows)} rows dropped ({text_col} empty)")
     if dropped:
+        what = "dropped" if labelled else "scoring as empty text"
         log.warning(
-            "%s: dropped %d of %d rows with an empty %s", path, dropped, len(rows), text_col
+            "%s: %s %d of %d rows with an empty %s", path, what, dropped, len(rows), text_col
         )
     return Comments(
         str(path),

@@ -129,6 +129,8 @@ def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict
     )
 
     tokenizer = D.load_tokenizer(C.tokenizer_dir(cfg))
+    if not (workdir / "tokenizer").exists():  # predict/export need it, wherever the model was
+        tokenizer.save_pretrained(str(workdir / "tokenizer"))
     data = D.load_task_data(cfg, tokenizer)
     info = data.info
     log.info(

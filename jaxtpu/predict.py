@@ -1,0 +1,142 @@
+"""`python -m jaxtpu.predict`: score a CSV with the best model of a run.
+
+Writes `comment_id,score` for the Rate Severity `comments_to_score.csv` (`comment_id`, `text`),
+or `id,toxic` for classification files (`comment_text`, optional `id`). Toxicity models give
+sigmoid probabilities, rankers their raw score (only the order matters there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu import config as C
+from jaxtpu import data as D
+from jaxtpu.run_io import UserError, user_errors
+
+
+@dataclass
+class TrainedModel:
+    cfg: C.Config
+    encoder: C.EncoderConfig
+    module: Any
+    params: Any
+    meta: dict[str, Any]
+    tokenizer_dir: Path
+
+
+def load_trained(workdir: str | Path) -> TrainedModel:
+    """The best checkpoint of a run directory, with its config, encoder shape and tokenizer."""
+    import jax
+
+    from jaxtpu import checkpoint, models
+
+    wd = Path(workdir)
+    record = wd / "config.json"
+    if not record.exists():
+        raise UserError(f"--workdir {wd}: no config.json; not a jaxtpu run directory")
+    cfg = C.from_dict(json.loads(record.read_text())["config"])
+    ckpts = checkpoint.Checkpoints(wd)
+    meta = ckpts.best_meta()
+    if meta is None:
+        raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
+    enc = C.EncoderConfig.from_hf_dict(meta["encoder"])
+    module = models.build_model(cfg.run.task, enc, cfg.head_dropout, cfg.run.precision)
+    shape = (1, 2, 8) if cfg.run.task == "ranking" else (1, 8)
+    dummy = np.zeros(shape, np.int32)
+    template = jax.eval_shape(lambda: module.init(jax.random.key(0), dummy, dummy)["params"])
+    template = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), template)
+    params, meta = ckpts.restore_best(template, {"task": cfg.run.task, "encoder": meta["encoder"]})
+    return TrainedModel(cfg, enc, module, params, meta, wd / "tokenizer")
+
+
+def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch_size: int):
+    """Model scores (logits) of `texts`, each scored once, data-parallel over `devices`."""
+    import optax
+
+    from jaxtpu import parallel, steps
+    from jaxtpu.train import evaluate
+
+    tokenizer = D.load_tokenizer(model.tokenizer_dir)
+    ids, mask, _ = D.tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
+    examples = D.Examples(ids, mask, np.zeros(len(texts), np.float32))
+    strategy = parallel.make_strategy("jit", devices, "toxicity")  # one comment per row
+
+    state = steps.TrainState.create(
+        apply_fn=_as_classifier(model).apply, params=model.params, tx=optax.identity()
+    )
+    state = strategy.put_state(state)
+    _, scores = evaluate(strategy, state, examples, batch_size * len(devices), "toxicity")
+    return scores
+
+
+def _as_classifier(model: TrainedModel) -> Any:
+    """Rankers and classifiers share the head: score single comments with the classifier."""
+    import jax.numpy as jnp
+
+    from jaxtpu import models
+
+    return models.ToxicityClassifier(model.encoder, 0.0, model.module.dtype, jnp.float32)
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Any) -> None:
+    """Writes atomically: a killed run never leaves a half-written submission."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m jaxtpu.predict",
+        description="Score a CSV with the best checkpoint of a jaxtpu run.",
+    )
+    p.add_argument("--workdir", required=True, help="Run directory written by jaxtpu.train.")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="CSV to score: comments_to_score.csv (comment_id,text) or comment_text[,id].",
+    )
+    p.add_argument("--output", required=True, help="Where to write the scores (CSV).")
+    p.add_argument("--num-devices", type=int, default=8, help="Devices to score on.")
+    p.add_argument("--batch-size", type=int, default=16, help="Comments per device per batch.")
+    p.add_argument("--overwrite", action="store_true", help="Replace an existing --output.")
+    args = p.parse_args(argv)
+    with user_errors():
+        out = Path(args.output)
+        if out.exists() and not args.overwrite:
+            raise UserError(f"--output {out} exists; pass --overwrite to replace it")
+        if args.batch_size < 1 or args.num_devices < 1:
+            raise UserError("--batch-size and --num-devices must be >= 1")
+        from jaxtpu import parallel
+
+        devices = parallel.init_devices(args.num_devices)  # before anything starts JAX
+        header = D.columns(args.input)
+        comments = D.read_comments(args.input, labelled=False)
+        model = load_trained(args.workdir)
+        scores = score_texts(model, comments.texts, devices, args.batch_size)
+        if D.file_kind(header) == "score":
+            write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))
+        else:
+            probs = 1.0 / (1.0 + np.exp(-scores))
+            ids = comments.ids if any(comments.ids) else [str(i) for i in range(len(probs))]
+            write_csv(out, ["id", "toxic"], zip(ids, probs.tolist(), strict=True))
+        print(f"wrote {len(scores)} scores to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
