@@ -20,6 +20,7 @@ from typing import Any, get_args, get_type_hints
 TASKS = ("toxicity", "ranking")
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("constant", "linear", "cosine", "onecycle")
+RANKING_MARGIN = 0.5  # margin of the ranking loss, on both sides
 
 
 class UserError(ValueError):

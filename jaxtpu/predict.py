@@ -63,8 +63,8 @@ def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch
     """Model scores (logits) of `texts`, each scored once, data-parallel over `devices`."""
     import optax
 
-    from jaxtpu import parallel, steps
-    from jaxtpu.train import evaluate
+    from jaxtpu import loop, parallel, steps
+    from jaxtpu.train import JaxBackend
 
     tokenizer = D.load_tokenizer(model.tokenizer_dir)
     ids, mask, _ = D.tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
@@ -74,8 +74,8 @@ def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch
     state = steps.TrainState.create(
         apply_fn=_as_classifier(model).apply, params=model.params, tx=optax.identity()
     )
-    state = strategy.put_state(state)
-    _, scores = evaluate(strategy, state, examples, batch_size * len(devices), "toxicity")
+    backend = JaxBackend(strategy, strategy.put_state(state), seed=0)
+    _, scores = loop.evaluate(backend, examples, batch_size * len(devices), "toxicity")
     return scores
 
 

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import optax
 from flax.training.train_state import TrainState
 
+from jaxtpu.config import RANKING_MARGIN
+
 Batch = dict[str, jax.Array]
-RANKING_MARGIN = 0.5
 
 __all__ = ["TrainState", "eval_step", "per_example_loss", "train_step"]
 

@@ -36,7 +36,7 @@ def test_loss_goes_down_and_step_compiles_once(tmp_path, task, parallel, precisi
     losses = [x["loss"] for x in train]
     assert len(losses) == summary["total_steps"] == 21
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
-    assert summary["train_traces"] == 1  # no retrace after the first step
+    assert summary["train_compiles"] == 1  # no retrace after the first step
     monitor = "val_auc" if task == "toxicity" else "val_agreement"
     assert len(evals) == 3 and evals[-1][monitor] > 0.8, evals[-1]
     assert (tmp_path / "run" / "summary.json").exists()
@@ -66,10 +66,10 @@ def test_sigterm_then_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypa
                 os.kill(os.getpid(), signal.SIGTERM)
             yield idx
 
-    monkeypatch.setattr(T.D, "train_batches", preempted)
+    monkeypatch.setattr(D, "train_batches", preempted)
     cut = T.train_and_evaluate(tiny(tmp_path, "cut", **kw))
     assert cut["stopped_by"] == "SIGTERM" and cut["steps"] == 9
-    monkeypatch.setattr(T.D, "train_batches", real_batches)
+    monkeypatch.setattr(D, "train_batches", real_batches)
     resumed = T.train_and_evaluate(tiny(tmp_path, "cut", resume=True, **kw))
     assert resumed["steps"] == full["steps"] == 14
     a, ea = read_log(tmp_path / "full")

@@ -1,0 +1,97 @@
+"""Losses and the training/eval step bodies of the torch side (device-agnostic)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from jaxtpu.config import RANKING_MARGIN
+
+
+def per_example_loss(task: str, scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    if task == "toxicity":
+        return F.binary_cross_entropy_with_logits(scores, label, reduction="none")
+    ones = torch.ones_like(scores[:, 0])
+    return F.margin_ranking_loss(
+        scores[:, 1], scores[:, 0], ones, margin=RANKING_MARGIN, reduction="none"
+    )
+
+
+def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager:
+    """bf16 compute with fp32 master weights (torch.autocast), like the JAX side's policy."""
+    if precision == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def loss_fn(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    task: str,
+    precision: str,
+    device_type: str,
+) -> torch.Tensor:
+    """Weighted mean loss of one (per-replica or global) batch."""
+    with autocast(precision, device_type):
+        scores = model(batch["input_ids"], batch["attention_mask"])
+    losses = per_example_loss(task, scores.float(), batch["label"])
+    weight = batch["weight"]
+    return (losses * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: dict[str, torch.Tensor],
+    *,
+    task: str,
+    precision: str,
+    device_type: str,
+    accumulate: int,
+    update: bool,
+    clip_norm: float,
+    reduce_gradients: Callable[[torch.optim.Optimizer], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward + backward (gradients summed over `accumulate` micro-steps); on `update`,
+    all-reduce gradients across replicas (spawn path: `xm.reduce_gradients`, i.e. the first
+    half of `xm.optimizer_step`, split off so clipping sees the global gradient), clip, step
+    the optimizer and the schedule, and zero the grads.
+
+    Returns:
+      (loss, grad_norm or None): the micro-batch loss and, on updates, the pre-clip norm.
+    """
+    loss = loss_fn(model, batch, task, precision, device_type)
+    (loss / accumulate).backward()
+    grad_norm = None
+    if update:
+        if reduce_gradients is not None:
+            reduce_gradients(optimizer)
+        params = [p for p in model.parameters() if p.grad is not None]
+        if clip_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm)
+        else:
+            grad_norm = torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
+            )
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=False)
+    return loss.detach(), grad_norm
+
+
+@torch.no_grad()
+def eval_step(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    task: str,
+    precision: str,
+    device_type: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with autocast(precision, device_type):
+        scores = model(batch["input_ids"], batch["attention_mask"])
+    scores = scores.float()
+    return scores, per_example_loss(task, scores, batch["label"])
