@@ -261,6 +261,7 @@ def run(
                             "grad_norm": float(np.mean(norms)) if norms else None,
                             "lr": lr,
                             "examples_per_s": rate,
+                            "compiles": backend.compile_count(),
                         }
                     )
                     if bar is not None:

@@ -71,9 +71,22 @@ def peak_host_memory_mb() -> float:
 class RunLog:
     """metrics.jsonl (+ TensorBoard events) of one run directory."""
 
-    def __init__(self, workdir: Path, resume_step: int | None = None, tensorboard: bool = True):
+    def __init__(
+        self,
+        workdir: Path,
+        resume_step: int | None = None,
+        tensorboard: bool = True,
+        enabled: bool = True,
+    ):
+        """`enabled=False` (replicas other than the first, processes other than 0) writes
+        nothing."""
         self.workdir = workdir
         self.path = workdir / "metrics.jsonl"
+        self.enabled = enabled
+        self._file: Any = None
+        self._tb: Any = None
+        if not enabled:
+            return
         if resume_step is not None and self.path.exists():
             # Lines after the resumed checkpoint belong to steps that will run again.
             keep = [
@@ -87,7 +100,6 @@ class RunLog:
             tmp.write_text("".join(line + "\n" for line in keep))
             os.replace(tmp, self.path)
         self._file = self.path.open("a", buffering=1)
-        self._tb: Any = None
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -97,6 +109,8 @@ class RunLog:
                 pass
 
     def write_config(self, cfg: Config, data_info: dict[str, Any], devices: Any) -> None:
+        if not self.enabled:
+            return
         record = {
             "config": cfg.to_dict(),
             "data": data_info,
@@ -107,6 +121,8 @@ class RunLog:
         (self.workdir / "config.json").write_text(json.dumps(record, indent=2, default=str))
 
     def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         record = {"time": round(time.time(), 3), **record}
         self._file.write(json.dumps(record, default=float) + "\n")
         if self._tb is not None and "step" in record:
@@ -117,6 +133,8 @@ class RunLog:
 
     def finish(self, summary: dict[str, Any]) -> None:
         summary = {**summary, "peak_host_memory_mb": round(peak_host_memory_mb(), 1)}
+        if not self.enabled:
+            return
         self.write({"event": "final", **summary})
         tmp = self.workdir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2, default=str))
@@ -124,7 +142,8 @@ class RunLog:
         self.close()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -1,0 +1,114 @@
+"""The only device-aware module of the torch side: PJRT runtime set-up, the SPMD mesh, and the
+per-replica view of the `xmp.spawn` path.
+
+- `spmd`: one process, `xr.use_spmd()`, a `('data', 'fsdp')` mesh over all devices, each input
+  tensor sharded on `data` with `xs.mark_sharding`: torch_xla's counterpart of jit+NamedSharding.
+- `spawn`: one replica per device (`xmp.spawn`), each taking its slice of every global batch
+  from `jaxtpu.data`, gradients all-reduced by `xm.reduce_gradients` (the first half of
+  `xm.optimizer_step`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.config import UserError
+
+# On CPU, torch_xla 2.9 runs the spawn path as one *thread* per device in one process; its
+# collectives then deadlock or mismatch (see torchxla_ref/SPAWN_ON_CPU.md). Refuse those counts.
+MAX_SPAWN_DEVICES_ON_CPU = 1
+
+
+def has_tpu() -> bool:
+    """A TPU VM exposes its chips as /dev/accel* (v2-v4) or /dev/vfio/N (v5+)."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def configure_runtime(num_devices: int, parallel: str) -> str:
+    """Sets PJRT_DEVICE (and CPU_NUM_DEVICES on CPU) before torch_xla starts its runtime.
+
+    Returns:
+      The PJRT device type: 'TPU', 'CPU', ... (an explicit PJRT_DEVICE is respected).
+    """
+    device = os.environ.setdefault("PJRT_DEVICE", "TPU" if has_tpu() else "CPU")
+    if device == "CPU":
+        if parallel == "spawn" and num_devices > MAX_SPAWN_DEVICES_ON_CPU:
+            raise UserError(
+                f"--parallel spawn --num-devices {num_devices}: on CPU torch_xla 2.9 runs "
+                "spawn replicas as threads whose collectives deadlock with more than "
+                f"{MAX_SPAWN_DEVICES_ON_CPU} device (see torchxla_ref/SPAWN_ON_CPU.md); "
+                "use --parallel spmd for 8 CPU devices, or spawn on a TPU"
+            )
+        os.environ["CPU_NUM_DEVICES"] = str(num_devices if parallel == "spmd" else 1)
+    return device
+
+
+class SpmdPlacement:
+    """Puts numpy batches on the SPMD device, sharded on the mesh's `data` axis."""
+
+    def __init__(self, num_devices: int) -> None:
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()
+        n = xr.global_runtime_device_count()
+        if n != num_devices:
+            raise UserError(
+                f"--num-devices {num_devices}: SPMD runs on all {n} devices of this host; "
+                f"use --num-devices {n}"
+            )
+        self.xs = xs
+        self.num_devices = n
+        self.replicas = 1
+        self.ordinal = 0
+        self.device = torch_xla.device()
+        self.mesh = xs.Mesh(np.arange(n), (n, 1), ("data", "fsdp"))
+
+    def put(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        import torch
+
+        out = {}
+        for k, v in batch.items():
+            t = torch.from_numpy(np.ascontiguousarray(v)).to(self.device)
+            self.xs.mark_sharding(t, self.mesh, ("data",) + (None,) * (v.ndim - 1))
+            out[k] = t
+        return out
+
+    def gather(self, t: Any) -> np.ndarray:
+        return t.cpu().numpy()
+
+
+class SpawnPlacement:
+    """One replica of the spawn path: its own device and its slice of each global batch."""
+
+    def __init__(self) -> None:
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        self.xm = xm
+        self.device = torch_xla.device()
+        self.replicas = xr.world_size()
+        self.ordinal = xr.global_ordinal()
+        self.num_devices = self.replicas
+
+    def put(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        import torch
+
+        out = {}
+        for k, v in batch.items():
+            b = v.shape[0] // self.replicas
+            part = v[self.ordinal * b : (self.ordinal + 1) * b]
+            out[k] = torch.from_numpy(np.ascontiguousarray(part)).to(self.device)
+        return out
+
+    def gather(self, t: Any) -> np.ndarray:
+        """All replicas' slices of a per-example tensor, in global batch order."""
+        if self.replicas > 1:
+            t = self.xm.all_gather(t, dim=0)
+        return t.cpu().numpy()
