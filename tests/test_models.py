@@ -14,11 +14,12 @@ from jaxtpu import models, weights
 torch = pytest.importorskip("torch", reason="the Hugging Face reference needs torch")
 transformers = pytest.importorskip("transformers")
 
-# bf16 tolerance, measured on 16 real comments at max_len 64 (max abs error vs fp32 HF):
-# last hidden state ~0.06, pooled output ~0.002. bf16 keeps 8 bits of mantissa, so a relative
-# error of 2^-8 ~ 0.4 % per rounding on activations of magnitude up to ~10 in the hidden state;
-# the bounds below leave about 2.5x headroom over what was measured.
-BF16_HIDDEN_ATOL = 0.15
+# bf16 tolerance, measured on these 16 real comments at max_len 64 (max abs error vs fp32 HF):
+# last hidden state at real (non-padding) tokens 0.020, pooled output 0.0014. bf16 keeps 8
+# bits of mantissa: each rounding of a matmul operand is off by up to 2^-9 relative, on hidden
+# activations up to ~10 in magnitude, and six layers compound it. The bounds leave ~3x headroom.
+# (Hidden states at padding positions are never used and drift more: not compared.)
+BF16_HIDDEN_ATOL = 0.05
 BF16_POOLED_ATOL = 0.005
 
 
@@ -63,7 +64,8 @@ def test_forward_matches_hugging_face_fp32_and_bf16(real_batch, hf_model, flax_p
     assert np.abs(np.asarray(h) - ref_h).max() <= 1e-4
     assert np.abs(np.asarray(p) - ref_p).max() <= 1e-4
     h16, p16 = models.Bert(enc, dtype=jnp.bfloat16).apply({"params": params["bert"]}, ids, mask)
-    assert np.abs(np.asarray(h16) - ref_h).max() <= BF16_HIDDEN_ATOL
+    real = mask.astype(bool)
+    assert np.abs(np.asarray(h16) - ref_h)[real].max() <= BF16_HIDDEN_ATOL
     assert np.abs(np.asarray(p16) - ref_p).max() <= BF16_POOLED_ATOL
 
 
