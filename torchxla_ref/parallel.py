@@ -36,14 +36,15 @@ def configure_runtime(num_devices: int, parallel: str) -> str:
     """
     device = os.environ.setdefault("PJRT_DEVICE", "TPU" if has_tpu() else "CPU")
     if device == "CPU":
-        if parallel == "spawn" and num_devices > MAX_SPAWN_DEVICES_ON_CPU:
+        limit = int(os.environ.get("TORCHXLA_REF_MAX_CPU_SPAWN", MAX_SPAWN_DEVICES_ON_CPU))
+        if parallel == "spawn" and num_devices > limit:
             raise UserError(
                 f"--parallel spawn --num-devices {num_devices}: on CPU torch_xla 2.9 runs "
                 "spawn replicas as threads whose collectives deadlock with more than "
                 f"{MAX_SPAWN_DEVICES_ON_CPU} device (see torchxla_ref/SPAWN_ON_CPU.md); "
                 "use --parallel spmd for 8 CPU devices, or spawn on a TPU"
             )
-        os.environ["CPU_NUM_DEVICES"] = str(num_devices if parallel == "spmd" else 1)
+        os.environ["CPU_NUM_DEVICES"] = str(num_devices)
     return device
 
 

@@ -203,6 +203,9 @@ def _train(cfg: C.Config, workdir: Path, t_start: float) -> dict[str, Any]:
 
 
 def _spawn_replica(index: int, cfg: C.Config, workdir: Path, t_start: float) -> None:
+    from jaxtpu.run_io import setup_logging
+
+    setup_logging()
     if index != 0:
         logging.getLogger("jaxtpu").setLevel(logging.WARNING)
     _train(cfg, workdir, t_start)
