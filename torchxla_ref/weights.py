@@ -1,5 +1,6 @@
-"""Hugging Face directories for the torch side: load (encoder + optional head), save, and the
-one seeded random init that both sides start from in parity runs."""
+"""Hugging Face directories for the torch side: load (encoder + optional head) and save. A
+seeded torch init saved here is what both sides start from in parity runs
+(`parity_tests.harness.shared_init`)."""
 
 from __future__ import annotations
 
@@ -69,11 +70,3 @@ def save_hf(
             if src.exists():
                 (out / name).write_bytes(src.read_bytes())
     return out
-
-
-def save_random_init(
-    task: str, enc: EncoderConfig, out_dir: str | Path, seed: int, tokenizer_dir: str | Path | None
-) -> Path:
-    """One seeded torch init, saved so that both sides load the very same weights."""
-    model = build_model(task, enc, None, None, seed)
-    return save_hf(model, out_dir, tokenizer_dir, {"task": task, "init_seed": seed})

@@ -1,0 +1,214 @@
+"""The parity checks, as functions that run both sides (each in its own process) and measure.
+
+Each check returns `Result`s: what was compared, the tolerance, the worst value measured and
+whether it passed. `test_parity.py` asserts them; `python -m parity_tests.report` prints them
+as a table, writes parity.json and plots the loss curves.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parity_tests.harness import ROOT, clean_env, relative_diff, run_side, shared_init
+
+REAL_CSV = ROOT.parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
+
+# Tolerances (see the README section "Reading the parity report").
+FORWARD_FP32_ATOL = 1e-4
+# bf16 logits vs the fp32 Hugging Face model: measured here 3.1e-4 (jaxtpu), 4.1e-4 (torch_xla
+# autocast), 2.8e-4 (transformers CPU autocast) on 16 real comments. bf16 rounds matmul
+# operands to 8 mantissa bits (2^-9 relative); the bound leaves ~5x headroom over the worst.
+FORWARD_BF16_ATOL = 2e-3
+GRAD_FP32_RTOL = 1e-3
+# Gradients that are mathematically zero (the attention key bias: softmax ignores a constant
+# added to every score of a row) come out as rounding noise ~1e-10 of the global norm; their
+# relative error means nothing, so below this share of the global norm they are compared
+# absolutely against the same share.
+GRAD_ZERO_SHARE = 1e-6
+TRAJ_FP32_RTOL = 1e-3
+# bf16 trajectories, worst relative step difference measured here over 21 steps: toxicity
+# 2.1e-3, ranking 2.0e-2. The ranking loss is a hinge that falls to ~0.016 by step 21, where
+# the same absolute bf16 rounding is a large share of the loss; so its bound is the issue's
+# 3e-2, while toxicity gets a tighter 1e-2 (~5x its measured worst).
+TRAJ_BF16_RTOL = {"toxicity": 1e-2, "ranking": 3e-2}
+OUTCOME_AUC_ATOL = 0.01
+OUTCOME_AGREEMENT_ATOL = 0.02
+
+
+@dataclass
+class Result:
+    check: str
+    tolerance: float
+    measured: float
+    passed: bool
+    detail: str = ""
+    series: dict[str, list[float]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _forward_worker(side: str, model_dir: Path, precision: str, out: Path, grads: bool) -> dict:
+    cmd = [
+        sys.executable, "-m", "parity_tests.forward", "--side", side, "--model-dir",
+        str(model_dir), "--csv", str(REAL_CSV), "--precision", precision, "--out", str(out),
+    ]  # fmt: skip
+    if grads:
+        cmd.append("--grads")
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
+    if proc.returncode:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    with np.load(out) as z:
+        return {k: z[k] for k in z.files}
+
+
+def forward_and_gradients(work: Path) -> list[Result]:
+    """Checks 1 and 2: logits of jaxtpu, torch_xla (XLA device) and transformers (CPU) on the
+    same pretrained MiniLM + seeded head and the same 16 real comments; fp32 gradients."""
+    model_dir = shared_init(work / "init-minilm-toxicity", "toxicity", "minilm")
+    out: dict[str, dict] = {}
+    for side in ("hf", "jax", "xla"):
+        for precision in ("fp32", "bf16"):
+            path = work / f"forward-{side}-{precision}.npz"
+            out[side, precision] = _forward_worker(
+                side, model_dir, precision, path, grads=precision == "fp32"
+            )
+    ref = out["hf", "fp32"]
+    results = []
+    for side, name in (("jax", "jaxtpu"), ("xla", "torch_xla")):
+        d = float(np.abs(out[side, "fp32"]["logits"] - ref["logits"]).max())
+        results.append(
+            Result(
+                f"forward fp32: {name} vs transformers",
+                FORWARD_FP32_ATOL,
+                d,
+                d <= FORWARD_FP32_ATOL,
+                "max abs logit difference",
+            )
+        )
+    d = float(np.abs(out["jax", "fp32"]["logits"] - out["xla", "fp32"]["logits"]).max())
+    results.append(
+        Result(
+            "forward fp32: jaxtpu vs torch_xla",
+            FORWARD_FP32_ATOL,
+            d,
+            d <= FORWARD_FP32_ATOL,
+            "max abs logit difference",
+        )
+    )
+    for side, name in (("jax", "jaxtpu"), ("xla", "torch_xla"), ("hf", "transformers")):
+        d = float(np.abs(out[side, "bf16"]["logits"] - ref["logits"]).max())
+        results.append(
+            Result(
+                f"forward bf16: {name} vs fp32 transformers",
+                FORWARD_BF16_ATOL,
+                d,
+                d <= FORWARD_BF16_ATOL,
+                "max abs logit difference",
+            )
+        )
+    keys = [k for k in ref if k.startswith("grad/")]
+    global_norm = float(np.sqrt(sum(np.sum(ref[k].astype(np.float64) ** 2) for k in keys)))
+    for side, name in (("jax", "jaxtpu"), ("xla", "torch_xla")):
+        other = out[side, "fp32"]
+        missing = sorted(set(keys) ^ {k for k in other if k.startswith("grad/")})
+        worst, worst_key, passed = 0.0, "", not missing
+        for k in keys:
+            if k not in other:
+                continue
+            diff = float(np.linalg.norm(other[k] - ref[k]))
+            norm = float(np.linalg.norm(ref[k]))
+            if norm < GRAD_ZERO_SHARE * global_norm:
+                passed &= diff <= GRAD_ZERO_SHARE * global_norm
+                continue
+            if diff / norm > worst:
+                worst, worst_key = diff / norm, k.removeprefix("grad/")
+        passed &= worst <= GRAD_FP32_RTOL
+        detail = f"worst tensor {worst_key}" + (
+            f"; key sets differ: {missing[:3]}" if missing else ""
+        )
+        results.append(
+            Result(f"gradients fp32: {name} vs transformers", GRAD_FP32_RTOL, worst, passed, detail)
+        )
+    return results
+
+
+TRAJ_FLAGS = [
+    "--preset", "tiny", "--dropout", "0", "--encoder-dropout", "0", "--epochs", "3",
+    "--log-every", "1", "--seed", "0", "--lr", "5e-4",
+]  # fmt: skip
+# lr 5e-4 (not the preset's 3e-3) keeps 21 steps in the smooth part of training: at 3e-3 the
+# ranking hinge loss hits ~0 within 6 steps and single pairs flipping in and out of the
+# margin dominate the loss (fp32 step differences grew to 4e-3 there, from rounding alone).
+
+
+def trajectories(work: Path, task: str) -> list[Result]:
+    """Check 3: 21 steps on 8 devices with dropout off, same init, batches and schedule:
+    jaxtpu pmap and jit against torch_xla spmd, fp32 and bf16."""
+    model_dir = shared_init(work / f"init-tiny-{task}", task, "tiny")
+    base = [*TRAJ_FLAGS, "--task", task, "--model-dir", str(model_dir), "--num-devices", "8"]
+    results = []
+    for precision, tol in (("fp32", TRAJ_FP32_RTOL), ("bf16", TRAJ_BF16_RTOL[task])):
+        flags = [*base, "--precision", precision]
+        ref = run_side("torch", work / f"traj-{task}-{precision}-spmd", *flags,
+                       "--parallel", "spmd").check()  # fmt: skip
+        for parallel in ("pmap", "jit"):
+            run = run_side("jax", work / f"traj-{task}-{precision}-{parallel}", *flags,
+                           "--parallel", parallel).check()  # fmt: skip
+            rel = relative_diff(run.losses, ref.losses)
+            worst = max(rel)
+            results.append(Result(
+                f"trajectory {task} {precision}: jaxtpu {parallel} vs torch_xla spmd, 8 devices",
+                tol, worst, worst <= tol and len(rel) >= 20,
+                f"{len(rel)} steps, worst at step {int(np.argmax(rel)) + 1}",
+                {f"jaxtpu {parallel}": run.losses, "torch_xla spmd": ref.losses},
+            ))  # fmt: skip
+    return results
+
+
+def spawn_trajectory(work: Path) -> Result:
+    """Check 3b: torch_xla's spawn path against jaxtpu on the devices spawn runs on here (1)."""
+    model_dir = shared_init(work / "init-tiny-toxicity", "toxicity", "tiny")
+    flags = [*TRAJ_FLAGS, "--task", "toxicity", "--model-dir", str(model_dir),
+             "--num-devices", "1", "--batch-size", "32", "--precision", "fp32"]  # fmt: skip
+    ref = run_side("torch", work / "traj-spawn-1", *flags, "--parallel", "spawn").check()
+    run = run_side("jax", work / "traj-jit-1", *flags, "--parallel", "jit").check()
+    rel = relative_diff(run.losses, ref.losses)
+    return Result(
+        "trajectory toxicity fp32: jaxtpu jit vs torch_xla spawn, 1 device",
+        TRAJ_FP32_RTOL,
+        max(rel),
+        max(rel) <= TRAJ_FP32_RTOL and len(rel) >= 20,
+        f"{len(rel)} steps",
+        {"jaxtpu jit": run.losses, "torch_xla spawn": ref.losses},
+    )
+
+
+def outcome(work: Path, task: str, full: bool = False) -> Result:
+    """Check 4: dropout on, pretrained MiniLM fine-tuned on a fixed slice of the real comments
+    on both sides; the final validation metric must agree."""
+    model_dir = shared_init(work / f"init-minilm-{task}", task, "minilm")
+    rows, max_len = ("10000", "128") if full else ("1800", "48")
+    flags = [
+        "--preset", "minilm", "--task", task, "--model-dir", str(model_dir),
+        "--train-csv", str(REAL_CSV), "--max-rows", rows, "--valid-fraction", "0.3",
+        "--max-len", max_len, "--precision", "fp32", "--num-devices", "1", "--batch-size", "32",
+        "--lr", "5e-5", "--log-every", "5",
+    ]  # fmt: skip
+    tag = f"{task}-{'full' if full else 'slice'}"
+    ref = run_side("torch", work / f"outcome-{tag}-torch", *flags, "--parallel", "spmd").check()
+    run = run_side("jax", work / f"outcome-{tag}-jax", *flags, "--parallel", "jit").check()
+    key = "val_auc" if task == "toxicity" else "val_agreement"
+    a, b = run.summary["final"][key], ref.summary["final"][key]
+    tol = OUTCOME_AUC_ATOL if task == "toxicity" else OUTCOME_AGREEMENT_ATOL
+    return Result(
+        f"outcome {task} (dropout on): |{key} jaxtpu - torch_xla|", tol, abs(a - b),
+        abs(a - b) <= tol, f"jaxtpu {a:.4f}, torch_xla {b:.4f}",
+        {"jaxtpu": run.losses, "torch_xla": ref.losses},
+    )  # fmt: skip

@@ -1,0 +1,90 @@
+"""Running each framework in its own process and reading what it wrote.
+
+JAX and torch_xla each bring an XLA runtime; they must not share a process. Every run here is
+a real `python -m jaxtpu.train` / `python -m torchxla_ref.train` subprocess writing a run
+directory, and comparisons read its `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDES = {"jax": "jaxtpu.train", "torch": "torchxla_ref.train"}
+
+
+@dataclass
+class Run:
+    workdir: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        path = self.workdir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("event") == kind]
+
+    @property
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.events("train")]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.workdir / "summary.json").read_text())
+
+    def check(self) -> Run:
+        if self.returncode != 0:
+            raise AssertionError(
+                f"run in {self.workdir} exited {self.returncode}\n--- stderr (tail) ---\n"
+                + "\n".join(self.stderr.splitlines()[-30:])
+            )
+        return self
+
+
+def clean_env(extra: dict | None = None) -> dict[str, str]:
+    """This environment, offline for Hugging Face, plus `extra`."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(extra or {})}
+
+
+def run_side(
+    side: str, workdir: Path, *flags: str, timeout: float = 1200, env: dict | None = None
+) -> Run:
+    """Runs one side's trainer in a fresh process; flags as on the command line."""
+    cmd = [sys.executable, "-m", SIDES[side], "--workdir", str(workdir), "--no-progress", *flags]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=clean_env(env), capture_output=True, text=True, timeout=timeout
+    )
+    return Run(workdir, proc.returncode, proc.stdout, proc.stderr)
+
+
+def shared_init(out_dir: Path, task: str, preset: str = "tiny", seed: int = 0) -> Path:
+    """One seeded torch init, saved as a Hugging Face directory that both sides load with
+    --model-dir: the preset's encoder (pretrained for `minilm`, random for `tiny`) plus a
+    seeded Dense(1) head. Same initial weights on both sides."""
+    from jaxtpu import config as C
+    from torchxla_ref import weights
+
+    if (out_dir / "model.safetensors").exists():
+        return out_dir
+    cfg = C.get_preset(preset)
+    enc = C.encoder_config(cfg)
+    model_dir = C.resolve_model_dir(cfg.model.model_dir)
+    model = weights.build_model(task, enc, None, model_dir, seed)
+    weights.save_hf(model, out_dir, C.tokenizer_dir(cfg), {"task": task, "init_seed": seed})
+    return out_dir
+
+
+def relative_diff(a: list[float], b: list[float]) -> list[float]:
+    return [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True)]

@@ -1,0 +1,42 @@
+"""jaxtpu against the torch_xla reference: forward, gradients, loss trajectories, outcome.
+
+Every side runs in its own process; tolerances and why they are what they are live in
+`parity_tests/checks.py`."""
+
+from __future__ import annotations
+
+import pytest
+
+from parity_tests import checks
+
+
+def assert_results(results):
+    failed = [r for r in results if not r.passed]
+    report = "\n".join(
+        f"{'ok ' if r.passed else 'FAIL'} {r.check}: {r.measured:.3g} (tol {r.tolerance:g}) "
+        + r.detail
+        for r in results
+    )
+    assert not failed, report
+
+
+def test_forward_and_fp32_gradients(work, real_data):
+    results = checks.forward_and_gradients(work)
+    assert len(results) == 8
+    assert_results(results)
+
+
+@pytest.mark.parametrize("task", ["toxicity", "ranking"])
+def test_loss_trajectories_8_devices(work, task):
+    results = checks.trajectories(work, task)
+    assert len(results) == 4
+    assert_results(results)
+
+
+def test_spawn_trajectory(work):
+    assert_results([checks.spawn_trajectory(work)])
+
+
+@pytest.mark.parametrize("task", ["toxicity", "ranking"])
+def test_outcome_with_dropout(work, real_data, task, request):
+    assert_results([checks.outcome(work, task, full=request.config.getoption("--parity-full"))])
