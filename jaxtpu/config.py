@@ -113,6 +113,9 @@ class RunConfig:
     eval_every: int = _f(0, "Also evaluate every N steps (0 = only at epoch end).")
     log_every: int = _f(10, "Fetch loss from the devices every N steps (no sync in between).")
     patience: int = _f(0, "Early stopping: evaluations without improvement (0 = off).")
+    checkpoint_every: int = _f(
+        0, "Also save the latest state every N steps, for --resume (0 = at evaluations only)."
+    )
     seed: int = _f(0, "Seed of data order, splits, init and dropout.")
     workdir: str = _f(
         "",
@@ -231,7 +234,15 @@ def validate(cfg: Config) -> None:
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    for name in ("max_steps", "eval_every", "patience", "n_folds", "max_rows", "demo_size"):
+    for name in (
+        "max_steps",
+        "eval_every",
+        "patience",
+        "n_folds",
+        "max_rows",
+        "demo_size",
+        "checkpoint_every",
+    ):
         section, _ = FIELDS[name]
         value = getattr(getattr(cfg, section), name)
         if value < 0:

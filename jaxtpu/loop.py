@@ -187,6 +187,12 @@ def run(
         nonlocal last_eval
         t0 = time.time()
         result, _ = evaluate(backend, data.valid, gb, task)
+        if not np.isfinite(result["val_loss"]):  # never checkpoint a diverged state
+            raise TrainingError(
+                f"validation loss became {result['val_loss']} at step {step}; stopped. The last "
+                f"good checkpoints are kept in {workdir / 'checkpoints'} (best at step "
+                f"{best['step']}); lower --lr or check the data"
+            )
         value = result[monitor]
         improved = bool(np.isfinite(value) and value > best["value"])
         if improved:
@@ -275,6 +281,16 @@ def run(
                 if stop.signal is not None:
                     stopped_by = "SIGTERM"
                     break
+                every = run_cfg.checkpoint_every
+                if every and step % every == 0 and step < total:
+                    if step % run_cfg.log_every:  # check the loss before keeping the state
+                        losses = [h["loss"] for h in backend.fetch(pending)]
+                        if not np.all(np.isfinite(losses)):
+                            raise TrainingError(
+                                f"loss became nan/inf by step {step}; stopped before "
+                                f"checkpointing. Last good checkpoints: {workdir / 'checkpoints'}"
+                            )
+                    backend.save_latest(step, meta(step))
             if stopped_by or step >= total:
                 break
             if not last_eval or last_eval["step"] != step:
@@ -305,6 +321,7 @@ def run(
         "parallel": run_cfg.parallel,
         "precision": run_cfg.precision,
         "train_compiles": backend.compile_count(),
+        "device_memory_mb": getattr(backend, "device_memory_mb", lambda: None)(),
         "workdir": str(workdir),
     }
     runlog.finish(summary)

@@ -95,6 +95,12 @@ class JaxBackend:
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
         self.ckpts.save_best(step, self.strategy.host_state(self.state).params, meta)
 
+    def device_memory_mb(self) -> list[float] | None:
+        """Peak memory per device, where the backend reports it (TPU/GPU; not XLA:CPU)."""
+        stats = [d.memory_stats() or {} for d in self.strategy.devices]
+        peaks = [s.get("peak_bytes_in_use") for s in stats]
+        return None if None in peaks else [round(p / 2**20, 1) for p in peaks]
+
 
 def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict[str, Any]:
     """Trains and evaluates as `cfg` says, writing everything to `workdir`.

@@ -1,0 +1,163 @@
+"""`python -m benchmarks.compare --out DIR`: step time of jaxtpu vs torch_xla on the same devices.
+
+Runs every configuration in its own process (`benchmarks.worker`), in one sitting, and the
+matmul peak of the machine in each precision, then prints a table (compile seconds, median
+step with p10-p90 spread, samples/s, tokens/s, model FLOPs utilisation against the measured
+peak, peak host memory), writes `DIR/benchmarks.json` (one record per configuration) and
+`DIR/benchmarks.png` (bar chart of median step time).
+
+  --quick   MiniLM, bf16, 8 devices: jaxtpu pmap and jit, torch_xla SPMD, and the plain
+            PyTorch CPU reference rows (eager and torch.compile, bf16 autocast). A few minutes.
+  (default) tiny, minilm and bert-base, fp32 and bf16, 1 and 8 devices, all strategies, plus
+            the reference rows; torch_xla SPMD of bert-base on 8 devices only with --all
+            (it alone takes over 10 minutes here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from parity_tests.harness import ROOT, clean_env
+
+
+def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
+    def cfg(fw, st, wl, pr, dev):
+        return {"framework": fw, "strategy": st, "workload": wl, "precision": pr, "devices": dev}
+
+    refs = [
+        cfg("torch", "eager", "minilm", "bf16", 1),
+        cfg("torch", "compile", "minilm", "bf16", 1),
+    ]
+    if quick:
+        return [
+            cfg("jaxtpu", "pmap", "minilm", "bf16", 8),
+            cfg("jaxtpu", "jit", "minilm", "bf16", 8),
+            cfg("torch_xla", "spmd", "minilm", "bf16", 8),
+            *refs,
+        ]
+    out = []
+    for wl, pr, dev in itertools.product(("tiny", "minilm", "bert-base"), ("fp32", "bf16"), (1, 8)):
+        out += [cfg("jaxtpu", "pmap", wl, pr, dev), cfg("jaxtpu", "jit", wl, pr, dev)]
+        if wl != "bert-base" or dev == 1 or all_configs:
+            out.append(cfg("torch_xla", "spmd", wl, pr, dev))
+        if dev == 1:
+            out.append(cfg("torch_xla", "spawn", wl, pr, dev))
+    return out + refs + [cfg("torch", "eager", "minilm", "fp32", 1)]
+
+
+def run_worker(args: list[str], timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.worker", *args]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+    return json.loads(lines[-1])
+
+
+def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
+    head = (f"{'framework':<10} {'strategy':<8} {'workload':<9} {'prec':<4} {'dev':>3} "
+            f"{'compile s':>9} {'median s':>9} {'p10-p90 s':>13} {'samples/s':>9} "
+            f"{'tokens/s':>9} {'MFU %':>6} {'host MB':>8}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in records:
+        name = f"{r['framework']:<10} {r['strategy']:<8} {r['workload']:<9} {r['precision']:<4} "
+        name += f"{r['devices']:>3} "
+        if "error" in r:
+            lines.append(name + f"  error: {r['error']}")
+            continue
+        lines.append(
+            name + f"{r['compile_s']:>9.1f} {r['median_s']:>9.3f} "
+            f"{r['p10_s']:>6.3f}-{r['p90_s']:<6.3f} {r['samples_per_s']:>9.1f} "
+            f"{r['tokens_per_s']:>9.0f} {r['mfu'] * 100:>6.1f} {r['peak_host_mb']:>8.0f}"
+        )
+    lines.append("matmul peak (2048^3 GEMM via XLA, 1 device): "
+                 + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()))  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(records: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in records if "error" not in r]
+    if not ok:
+        return
+    labels = [f"{r['framework']} {r['strategy']}\n{r['workload']} {r['precision']} x{r['devices']}"
+              for r in ok]  # fmt: skip
+    colors = {"jaxtpu": "tab:blue", "torch_xla": "tab:orange", "torch": "tab:gray"}
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(ok) + 2), 5))
+    low = [r["median_s"] - r["p10_s"] for r in ok]
+    high = [r["p90_s"] - r["median_s"] for r in ok]
+    ax.bar(range(len(ok)), [r["median_s"] for r in ok], yerr=[low, high],
+           color=[colors[r["framework"]] for r in ok])  # fmt: skip
+    ax.set_xticks(range(len(ok)), labels, rotation=90, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("median step time, s (log; bars p10-p90)")
+    ax.set_title(
+        f"train step, global batch {ok[0]['batch']} x seq {ok[0]['seq']} (lower is better)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", required=True, help="directory for benchmarks.json and .png")
+    p.add_argument("--quick", action="store_true", help="MiniLM bf16 on 8 devices + references")
+    p.add_argument("--all", action="store_true", help="also torch_xla bert-base on 8 devices")
+    p.add_argument("--timeout", type=float, default=1500, help="seconds per configuration")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    peaks = {}
+    for precision in ("fp32", "bf16"):
+        res = run_worker(["--peak", "--precision", precision, "--devices", "1"], 300)
+        peaks[precision] = res.get("peak_gflops", float("nan"))
+    print(f"matmul peak: {peaks}", flush=True)
+    configs = matrix(args.quick, args.all)
+    records = []
+    for i, c in enumerate(configs, 1):
+        flags = [x for k, v in c.items() for x in (f"--{k}", str(v))]
+        t = time.time()
+        r = {**c, **run_worker(flags, args.timeout)}
+        if "median_s" in r:
+            r["mfu"] = r["model_gflop"] / r["median_s"] / peaks[r["precision"]]
+            status = f"median {r['median_s']:.3f}s, compile {r['compile_s']:.1f}s"
+        else:
+            status = r["error"]
+        print(f"[{i}/{len(configs)}] {' '.join(map(str, c.values()))}: {status} "
+              f"({time.time() - t:.0f}s)", flush=True)  # fmt: skip
+        records.append(r)
+    record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
+              "matmul_peak_gflops": peaks, "results": records}  # fmt: skip
+    (out / "benchmarks.json").write_text(json.dumps(record, indent=1))
+    print(table(records, peaks))
+    plot(records, out / "benchmarks.png")
+    print(
+        f"wrote {out / 'benchmarks.json'} and {out / 'benchmarks.png'} in {time.time() - t0:.0f}s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

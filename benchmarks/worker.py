@@ -1,0 +1,211 @@
+"""One benchmark configuration in one process: time the training step, print one JSON line.
+
+`python -m benchmarks.worker --framework jaxtpu --strategy jit --workload minilm
+--precision bf16 --devices 8` builds the model and one fixed global batch (32 x 128 tokens
+by default), runs the first step (compile, timed apart), one warm-up step, then timed steps
+until both `--min-steps` and `--budget` seconds are reached (at most `--max-steps`), blocking
+on the result of every step. `--peak` instead measures the matmul peak (a 2048^3 GEMM through
+XLA on one device) in the given precision.
+
+Frameworks and strategies: jaxtpu (pmap, jit), torch_xla (spmd, spawn: 1 replica), torch on
+the CPU without XLA (eager, compile: torch.compile), the plain-PyTorch reference rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxtpu import config as C
+from jaxtpu.run_io import peak_host_memory_mb
+
+WORKLOADS = {
+    "tiny": dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128),
+    "minilm": dict(num_layers=6, hidden_size=384, num_heads=12, intermediate_size=1536),
+    "bert-base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
+}
+STRATEGIES = {
+    "jaxtpu": ("pmap", "jit"),
+    "torch_xla": ("spmd", "spawn"),
+    "torch": ("eager", "compile"),
+}
+
+
+def model_flops(enc: C.EncoderConfig, batch: int, seq: int) -> float:
+    """Training FLOPs of one step: 6 x dense params x tokens + attention matmuls (12 l L H T)."""
+    h, f, n = enc.hidden_size, enc.intermediate_size, enc.num_hidden_layers
+    dense = n * (4 * h * h + 2 * h * f) + h * h + h  # encoder layers, pooler, head
+    tokens = batch * seq
+    return 6.0 * dense * tokens + 12.0 * n * seq * h * tokens
+
+
+def config_for(args: argparse.Namespace) -> C.Config:
+    w = WORKLOADS[args.workload]
+    return C.tiny().replace(
+        model_dir="", **w, precision=args.precision, num_devices=args.devices,
+        batch_size=args.batch // args.devices, max_len=args.seq, dropout=0.1,
+        encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
+        parallel=args.strategy if args.framework != "torch" else "jit",
+    )  # fmt: skip
+
+
+def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(seq // 2, seq + 1, batch)
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
+    return {
+        "input_ids": (rng.integers(1000, vocab, (batch, seq)) * mask).astype(np.int32),
+        "attention_mask": mask,
+        "label": rng.integers(0, 2, batch).astype(np.float32),
+        "weight": np.ones(batch, np.float32),
+    }
+
+
+def jax_step(args: argparse.Namespace, cfg: C.Config) -> tuple[Callable[[], Any], Callable]:
+    from jaxtpu import optim, parallel, steps
+    from jaxtpu.train import JaxBackend, build_model
+
+    devices = parallel.init_devices(args.devices)
+    model = build_model(cfg, args.seq)
+    tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
+    state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
+    strategy = parallel.make_strategy(args.strategy, devices, "toxicity")
+    backend = JaxBackend(strategy, strategy.put_state(state), 0)
+    batch = fixed_batch(args.batch, args.seq, model.encoder.vocab_size)
+    return (lambda: backend.train_step(batch)), (lambda h: backend.fetch([h]))
+
+
+def torch_xla_step(args: argparse.Namespace, cfg: C.Config) -> tuple[Callable, Callable]:
+    from pathlib import Path
+
+    from torchxla_ref import optim, parallel, weights
+    from torchxla_ref.train import XlaBackend
+
+    parallel.configure_runtime(args.devices, args.strategy)
+    placement = (
+        parallel.SpmdPlacement(args.devices)
+        if args.strategy == "spmd"
+        else parallel.SpawnPlacement()
+    )
+    enc = C.encoder_config(cfg)
+    model = weights.build_model("toxicity", enc, cfg.head_dropout, None, 0).to(placement.device)
+    opt, sched = optim.make_optimizer(model, cfg.optim, 1000, args.devices)
+    backend = XlaBackend(placement, model, opt, sched, cfg, Path("/nonexistent"))
+    batch = fixed_batch(args.batch, args.seq, enc.vocab_size)
+    return (lambda: backend.train_step(batch)), (lambda h: backend.fetch([h]))
+
+
+def torch_cpu_step(args: argparse.Namespace, cfg: C.Config) -> tuple[Callable, Callable]:
+    import torch
+
+    from torchxla_ref import optim, steps, weights
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    enc = C.encoder_config(cfg)
+    model = weights.build_model("toxicity", enc, cfg.head_dropout, None, 0).train()
+    opt, sched = optim.make_optimizer(model, cfg.optim, 1000, 1)
+    if args.strategy == "compile":
+        model = torch.compile(model)
+    batch = {
+        k: torch.from_numpy(v) for k, v in fixed_batch(args.batch, args.seq, enc.vocab_size).items()
+    }
+
+    def step() -> Any:
+        return steps.train_step(
+            model, opt, sched, batch, task="toxicity", precision=args.precision,
+            device_type="cpu", accumulate=1, update=True, clip_norm=cfg.optim.clip_norm,
+        )  # fmt: skip
+
+    return step, (lambda h: float(h[0]))
+
+
+def matmul_peak(precision: str, n: int = 2048, reps: int = 10) -> float:
+    """GFLOP/s of an n^3 GEMM through XLA on one device (bf16: bf16 operands, fp32 acc)."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    a = jnp.ones((n, n), dtype)
+    b = jnp.ones((n, n), dtype)
+    f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+    f(a, b).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(a, b).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / float(np.median(times)) / 1e9
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--framework", choices=list(STRATEGIES), default="jaxtpu")
+    p.add_argument(
+        "--strategy",
+        default="jit",
+        help="pmap|jit (jaxtpu), spmd|spawn (torch_xla), eager|compile (torch)",
+    )
+    p.add_argument("--workload", choices=list(WORKLOADS), default="minilm")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--batch", type=int, default=32, help="global batch")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--min-steps", type=int, default=3)
+    p.add_argument("--max-steps", type=int, default=10)
+    p.add_argument("--budget", type=float, default=20.0, help="seconds of timed steps")
+    p.add_argument("--peak", action="store_true", help="measure the matmul peak instead")
+    args = p.parse_args(argv)
+    if args.peak:
+        print(json.dumps({"peak_gflops": matmul_peak(args.precision), "precision": args.precision}))
+        return 0
+    if args.strategy not in STRATEGIES[args.framework]:
+        p.error(f"--strategy for {args.framework}: one of {', '.join(STRATEGIES[args.framework])}")
+    cfg = config_for(args)
+    make = {"jaxtpu": jax_step, "torch_xla": torch_xla_step, "torch": torch_cpu_step}
+    step, wait = make[args.framework](args, cfg)
+    t = time.perf_counter()
+    wait(step())
+    compile_s = time.perf_counter() - t
+    wait(step())  # warm-up (torch_xla compiles the optimizer-state variant on step 2)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < args.max_steps and (
+        len(times) < args.min_steps or time.perf_counter() - start < args.budget
+    ):
+        t = time.perf_counter()
+        wait(step())
+        times.append(time.perf_counter() - t)
+    median = float(np.median(times))
+    enc = C.encoder_config(cfg)
+    record = {
+        "framework": args.framework, "strategy": args.strategy, "workload": args.workload,
+        "precision": args.precision, "devices": args.devices, "batch": args.batch,
+        "seq": args.seq, "compile_s": compile_s, "step_s": times, "median_s": median,
+        "p10_s": float(np.percentile(times, 10)), "p90_s": float(np.percentile(times, 90)),
+        "samples_per_s": args.batch / median, "tokens_per_s": args.batch * args.seq / median,
+        "model_gflop": model_flops(enc, args.batch, args.seq) / 1e9,
+        "peak_host_mb": peak_host_memory_mb(),
+    }  # fmt: skip
+    if args.framework == "jaxtpu":
+        import jax
+
+        stats = [d.memory_stats() or {} for d in jax.local_devices()[: args.devices]]
+        peaks = [s.get("peak_bytes_in_use") for s in stats if s.get("peak_bytes_in_use")]
+        record["peak_device_mb"] = max(peaks) / 2**20 if peaks else None
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

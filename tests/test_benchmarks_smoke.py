@@ -1,0 +1,38 @@
+"""A quick smoke check of the benchmark code (the benchmarks themselves are not run here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from benchmarks import compare, worker
+from jaxtpu import config as C
+from parity_tests.harness import ROOT, clean_env
+
+
+def test_worker_times_a_jaxtpu_step_and_reports_every_field():
+    cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "8",
+           "--strategy", "pmap", "--seq", "16", "--min-steps", "2", "--max-steps", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(r["step_s"]) == 2 and r["median_s"] > 0 and r["compile_s"] > 0
+    assert r["samples_per_s"] == 32 / r["median_s"]
+    assert r["tokens_per_s"] == 32 * 16 / r["median_s"]
+    assert r["peak_host_mb"] > 0
+
+
+def test_model_flops_match_the_design_figure_for_minilm():
+    enc = C.EncoderConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                          intermediate_size=1536)  # fmt: skip
+    # DESIGN.md: "The model does about 275 GFLOP per step of this workload" (32 x 128).
+    assert abs(worker.model_flops(enc, 32, 128) / 1e9 - 275) < 5
+
+
+def test_quick_matrix_holds_the_target_rows():
+    rows = compare.matrix(quick=True, all_configs=False)
+    keys = {(r["framework"], r["strategy"], r["devices"]) for r in rows}
+    assert {("jaxtpu", "pmap", 8), ("jaxtpu", "jit", 8), ("torch_xla", "spmd", 8),
+            ("torch", "eager", 1), ("torch", "compile", 1)} <= keys  # fmt: skip
+    assert all(r["workload"] == "minilm" and r["precision"] == "bf16" for r in rows)

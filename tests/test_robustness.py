@@ -1,0 +1,244 @@
+"""Bad input end to end through the real commands, NaN losses, and preemption with real
+processes and real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parity_tests.harness import ROOT, clean_env
+
+HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
+GOOD_ROWS = "".join(f"{i},comment number {i} {'idiot' * (i % 3 == 0)},{int(i % 3 == 0)},0,0,0,0,0\n"
+                    for i in range(60))  # fmt: skip
+TINY = ["--preset", "tiny", "--no-progress"]
+
+
+def cli(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=clean_env(), capture_output=True,
+        text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, minilm_dir):
+    d = tmp_path_factory.mktemp("bad")
+    good = write(d / "good.csv", HEADER + GOOD_ROWS)
+    other_size = d / "other-size-model"
+    shutil.copytree(minilm_dir, other_size)
+    cfg = json.loads((other_size / "config.json").read_text())
+    (other_size / "config.json").write_text(json.dumps({**cfg, "hidden_size": 768}))
+    no_tok = d / "no-tokenizer-model"
+    no_tok.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(Path(minilm_dir) / name, no_tok / name)
+    return {
+        "dir": d,
+        "good": good,
+        "missing_col": write(d / "missing.csv", "id,text\n1,hello\n"),
+        "empty": write(d / "empty.csv", ""),
+        "header_only": write(d / "header.csv", HEADER),
+        "label_2": write(d / "l2.csv", HEADER + GOOD_ROWS + "99,x,2,0,0,0,0,0\n"),
+        "label_neg": write(d / "lneg.csv", HEADER + "99,x,-1,0,0,0,0,0\n" + GOOD_ROWS),
+        "label_yes": write(d / "lyes.csv", HEADER + GOOD_ROWS + "99,x,yes,0,0,0,0,0\n"),
+        "nan_comments": write(d / "nan.csv", HEADER + '1,,1,0,0,0,0,0\n2,"   ",0,0,0,0,0,0\n'),
+        "single_row": write(d / "single.csv", HEADER + "1,hello there,1,0,0,0,0,0\n"),
+        "latin1": write(d / "latin1.csv", (HEADER + "1,caf\xe9 idiot,1,0,0,0,0,0\n").encode("latin-1")),
+        "other_size": other_size,
+        "no_tokenizer": no_tok,
+        "a_file": write(d / "a-file", "not a directory"),
+    }  # fmt: skip
+
+
+BAD = [
+    ("missing column", lambda f: ["--train-csv", f["missing_col"]], "missing columns; found: id, text"),
+    ("empty csv", lambda f: ["--train-csv", f["empty"]], "file is empty"),
+    ("header only", lambda f: ["--train-csv", f["header_only"]], "but no data rows"),
+    ("label 2", lambda f: ["--train-csv", f["label_2"]], "line 62: toxic=2 is outside [0, 1]"),
+    ("label -1", lambda f: ["--train-csv", f["label_neg"]], "line 2: toxic=-1 is outside [0, 1]"),
+    ("label yes", lambda f: ["--train-csv", f["label_yes"]], "toxic='yes' is not a number"),
+    ("nan/empty comments", lambda f: ["--train-csv", f["nan_comments"]], "all 2 rows dropped"),
+    ("single row", lambda f: ["--train-csv", f["single_row"]], "too few to split"),
+    ("not utf-8", lambda f: ["--train-csv", f["latin1"]], "not UTF-8 text (byte 0xe9 at line 2)"),
+    ("directory as csv", lambda f: ["--train-csv", f["dir"]], "is a directory, expected a CSV"),
+    ("model of another size", lambda f: ["--model-dir", f["other_size"]],
+     "has shape (30522, 384), the model expects (30522, 768)"),
+    ("missing tokenizer", lambda f: ["--model-dir", f["no_tokenizer"]], "no tokenizer found"),
+    ("batch larger than data", lambda f: ["--train-csv", f["good"], "--batch-size", "64"],
+     "is larger than the 54 training comments"),
+    ("more devices than exist", lambda f: ["--num-devices", "64"], "--num-devices 64: only 8"),
+    ("workdir not writable", lambda f: ["--workdir", f["a_file"] / "run"], "is not writable"),
+    ("unknown flag", lambda f: ["--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
+    ("bad value", lambda f: ["--epochs", "many"], "invalid int value: 'many'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,args,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gives_one_clear_line_and_no_traceback(files, tmp_path, name, args, message):
+    argv = [str(a) for a in args(files)]
+    if "--workdir" not in argv:
+        argv += ["--workdir", str(tmp_path / "run")]
+    proc = cli("jaxtpu.train", *TINY, *argv)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    error_lines = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert len(error_lines) == 1, proc.stderr
+
+
+def test_texts_far_longer_than_max_len_are_truncated_and_train(files, tmp_path):
+    long = HEADER + "".join(f"{i},{'word ' * 3000},{i % 2},0,0,0,0,0\n" for i in range(64))
+    proc = cli("jaxtpu.train", *TINY, "--train-csv", str(write(tmp_path / "long.csv", long)),
+               "--workdir", str(tmp_path / "run"), "--batch-size", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("done") / "run"
+    proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--max-steps", "7")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return wd
+
+
+def test_corrupted_checkpoint_is_reported_and_kept(finished_run, tmp_path):
+    wd = tmp_path / "run"
+    shutil.copytree(finished_run, wd)
+    step_dir = next((wd / "checkpoints" / "latest").iterdir())
+    for f in step_dir.rglob("*"):
+        if f.is_file() and f.stat().st_size > 1000:
+            f.write_bytes(b"garbage")
+    proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--resume", "--max-steps", "7")
+    assert proc.returncode == 2 and "unreadable or incomplete checkpoint" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert step_dir.exists()  # nothing deleted
+
+
+def test_checkpoint_of_another_task_is_refused(finished_run, tmp_path):
+    wd = tmp_path / "run"
+    shutil.copytree(finished_run, wd)
+    proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--resume", "--task", "ranking")
+    assert proc.returncode == 2
+    assert "checkpoint is for task 'toxicity', this run is 'ranking'" in proc.stderr
+
+
+def test_predict_and_export_refuse_bad_input_and_keep_results(finished_run, tmp_path):
+    out = write(tmp_path / "out.csv", "keep me\n")
+    to_score = write(tmp_path / "score.csv", "comment_id,text\n1,hello\n")
+    proc = cli("jaxtpu.predict", "--workdir", str(finished_run), "--input", str(to_score),
+               "--output", str(out))  # fmt: skip
+    assert proc.returncode == 2 and "exists; pass --overwrite" in proc.stderr
+    assert out.read_text() == "keep me\n"
+    proc = cli("jaxtpu.predict", "--workdir", str(tmp_path), "--input", str(to_score),
+               "--output", str(tmp_path / "new.csv"))  # fmt: skip
+    assert proc.returncode == 2 and "not a jaxtpu run directory" in proc.stderr
+    proc = cli("jaxtpu.export", "--workdir", str(finished_run), "--out", str(tmp_path))
+    assert proc.returncode == 2 and "is not an empty directory" in proc.stderr
+
+
+def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
+    wd = tmp_path / "run"
+    proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--lr", "1e9", "--clip-norm", "0",
+               "--epochs", "4", "--eval-every", "2", "--log-every", "1",
+               "--precision", "fp32")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "loss became nan at step" in proc.stderr or "became nan" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    evals = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in x]  # fmt: skip
+    assert evals and all(np.isfinite(e["val_loss"]) for e in evals)
+    best = json.loads(next((wd / "checkpoints" / "best").glob("*/meta/metadata")).read_text())
+    assert np.isfinite(best["val_loss"])
+
+
+def _train_args(wd: Path) -> list[str]:
+    return [*TINY, "--workdir", str(wd), "--precision", "fp32", "--epochs", "3",
+            "--checkpoint-every", "3", "--log-every", "1", "--eval-every", "7"]  # fmt: skip
+
+
+def _final(wd: Path) -> dict:
+    return json.loads((wd / "summary.json").read_text())["final"]
+
+
+def _wait_for_step(wd: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        path = wd / "metrics.jsonl"
+        if path.exists() and any(
+            json.loads(x).get("step", 0) >= step for x in path.read_text().splitlines() if x
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"run did not reach step {step}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("full") / "run"
+    proc = cli("jaxtpu.train", *_train_args(wd))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return wd
+
+
+@pytest.mark.parametrize("kill_at", [5, 13])
+def test_sigkill_then_resume_matches_the_uninterrupted_run(uninterrupted, tmp_path, kill_at):
+    wd = tmp_path / "run"
+    cmd = [sys.executable, "-m", "jaxtpu.train", *_train_args(wd)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    _wait_for_step(wd, proc, kill_at)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (wd / "summary.json").exists()  # really killed before the end
+    resumed = cli("jaxtpu.train", *_train_args(wd), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout
+    a, b = _final(uninterrupted), _final(wd)
+    assert a["step"] == b["step"]
+    assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-6, abs=0)
+    assert b["val_auc"] == pytest.approx(a["val_auc"], abs=1e-9)
+
+
+def test_sigterm_checkpoints_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
+    wd = tmp_path / "run"
+    cmd = [sys.executable, "-m", "jaxtpu.train", *_train_args(wd)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _wait_for_step(wd, proc, 4)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "SIGTERM: saved the latest state at step" in out
+    resumed = cli("jaxtpu.train", *_train_args(wd), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _final(wd)["val_loss"] == pytest.approx(_final(uninterrupted)["val_loss"], rel=1e-6)
+
+
+def test_leftover_partial_checkpoint_does_not_break_resume(uninterrupted, tmp_path):
+    """A run killed while orbax writes leaves a temporary directory; resume ignores it."""
+    wd = tmp_path / "run"
+    shutil.copytree(uninterrupted, wd)
+    (wd / "summary.json").unlink()
+    latest = wd / "checkpoints" / "latest"
+    partial = latest / "99.orbax-checkpoint-tmp-1234567890"
+    partial.mkdir()
+    (partial / "garbage").write_bytes(os.urandom(100))
+    proc = cli("jaxtpu.train", *_train_args(wd), "--resume")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "resumed from" in proc.stdout
