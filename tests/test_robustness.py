@@ -59,7 +59,7 @@ def files(tmp_path_factory, minilm_dir):
         "label_yes": write(d / "lyes.csv", HEADER + GOOD_ROWS + "99,x,yes,0,0,0,0,0\n"),
         "nan_comments": write(d / "nan.csv", HEADER + '1,,1,0,0,0,0,0\n2,"   ",0,0,0,0,0,0\n'),
         "single_row": write(d / "single.csv", HEADER + "1,hello there,1,0,0,0,0,0\n"),
-        "latin1": write(d / "latin1.csv", (HEADER + "1,caf\xe9 idiot,1,0,0,0,0,0\n").encode("latin-1")),
+        "latin1": write(d / "latin1.csv", (HEADER + "1,caf\xe9,1,0,0,0,0,0\n").encode("latin-1")),
         "other_size": other_size,
         "no_tokenizer": no_tok,
         "a_file": write(d / "a-file", "not a directory"),
@@ -67,7 +67,8 @@ def files(tmp_path_factory, minilm_dir):
 
 
 BAD = [
-    ("missing column", lambda f: ["--train-csv", f["missing_col"]], "missing columns; found: id, text"),
+    ("missing column", lambda f: ["--train-csv", f["missing_col"]],
+     "missing columns; found: id, text"),
     ("empty csv", lambda f: ["--train-csv", f["empty"]], "file is empty"),
     ("header only", lambda f: ["--train-csv", f["header_only"]], "but no data rows"),
     ("label 2", lambda f: ["--train-csv", f["label_2"]], "line 62: toxic=2 is outside [0, 1]"),
