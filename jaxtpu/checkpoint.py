@@ -82,6 +82,8 @@ class Checkpoints:
 
     @staticmethod
     def _save(mgr: ocp.CheckpointManager, step: int, tree: Any, meta: dict[str, Any]) -> None:
+        if step in mgr.all_steps():  # e.g. resuming a finished run: that state is saved already
+            return
         mgr.save(
             step,
             args=ocp.args.Composite(

@@ -17,14 +17,14 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray | None = 
     """ROC AUC of scores (logits or probabilities) against labels.
 
     Float labels (the unintended-bias data) are binarised at 0.5. Returns NaN when the
-    evaluated rows hold only one class, where AUC is undefined.
+    evaluated rows hold only one class, where AUC is undefined, or a score is NaN/Inf.
     """
     from sklearn.metrics import roc_auc_score  # lazy: keeps `import jaxtpu.metrics` light
 
     scores, labels = np.asarray(scores, np.float64), np.asarray(labels)
     keep = _valid(weight, scores.shape[0])
     y = (labels[keep] >= 0.5).astype(np.int64)
-    if np.unique(y).size < 2:
+    if np.unique(y).size < 2 or not np.all(np.isfinite(scores[keep])):
         return float("nan")
     return float(roc_auc_score(y, scores[keep]))
 

@@ -45,10 +45,14 @@ def init_devices(num_devices: int) -> list[jax.Device]:
         os.environ["XLA_FLAGS"] = " ".join(
             [os.environ.get("XLA_FLAGS", ""), *_CPU_XLA_FLAGS]
         ).strip()
-    try:
-        jax.config.update("jax_num_cpu_devices", max(num_devices, 1))
-    except RuntimeError:
-        pass  # backend already started (e.g. a second run in one process): use what it has
+    user_fixed = "JAX_NUM_CPU_DEVICES" in os.environ or (
+        "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    )
+    if not user_fixed:  # a count the user set for this machine is respected
+        try:
+            jax.config.update("jax_num_cpu_devices", max(num_devices, 1))
+        except RuntimeError:
+            pass  # backend already started (e.g. a second run in one process): use what it has
     devices = jax.local_devices()
     if num_devices > len(devices):
         raise DeviceError(

@@ -194,7 +194,7 @@ def outcome(work: Path, task: str, full: bool = False) -> Result:
     """Check 4: dropout on, pretrained MiniLM fine-tuned on a fixed slice of the real comments
     on both sides; the final validation metric must agree."""
     model_dir = shared_init(work / f"init-minilm-{task}", task, "minilm")
-    rows, max_len = ("10000", "128") if full else ("1800", "48")
+    rows, max_len = ("10000", "128") if full else ("1500", "40")
     flags = [
         "--preset", "minilm", "--task", task, "--model-dir", str(model_dir),
         "--train-csv", str(REAL_CSV), "--max-rows", rows, "--valid-fraction", "0.3",

@@ -90,6 +90,7 @@ def test_auc_matches_sklearn_on_scores_not_thresholds():
     soft = labels * 0.8 + 0.1
     assert M.roc_auc(scores, soft, w) == pytest.approx(roc_auc_score(labels[100:], scores[100:]))
     assert np.isnan(M.roc_auc(scores, np.zeros(500)))
+    assert np.isnan(M.roc_auc(np.array([np.nan, 1.0]), np.array([0.0, 1.0])))  # diverged model
 
 
 def test_agreement_counts_ties_as_misses_and_skips_padding():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,9 +24,9 @@ GOOD_ROWS = "".join(f"{i},comment number {i} {'idiot' * (i % 3 == 0)},{int(i % 3
 TINY = ["--preset", "tiny", "--no-progress"]
 
 
-def cli(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def cli(module: str, *args: str, timeout: float = 600, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=clean_env(), capture_output=True,
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=clean_env(env), capture_output=True,
         text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -79,11 +80,12 @@ BAD = [
     ("not utf-8", lambda f: ["--train-csv", f["latin1"]], "not UTF-8 text (byte 0xe9 at line 2)"),
     ("directory as csv", lambda f: ["--train-csv", f["dir"]], "is a directory, expected a CSV"),
     ("model of another size", lambda f: ["--model-dir", f["other_size"]],
-     "has shape (30522, 384), the model expects (30522, 768)"),
+     "tensor embeddings.LayerNorm.bias has shape (384,), the model expects (768,)"),
     ("missing tokenizer", lambda f: ["--model-dir", f["no_tokenizer"]], "no tokenizer found"),
     ("batch larger than data", lambda f: ["--train-csv", f["good"], "--batch-size", "64"],
      "is larger than the 54 training comments"),
-    ("more devices than exist", lambda f: ["--num-devices", "64"], "--num-devices 64: only 8"),
+    ("more devices than exist", lambda f: ["--num-devices", "8"],
+     "--num-devices 8: only 4 cpu device(s) available"),
     ("workdir not writable", lambda f: ["--workdir", f["a_file"] / "run"], "is not writable"),
     ("unknown flag", lambda f: ["--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
     ("bad value", lambda f: ["--epochs", "many"], "invalid int value: 'many'"),
@@ -95,7 +97,9 @@ def test_bad_input_gives_one_clear_line_and_no_traceback(files, tmp_path, name, 
     argv = [str(a) for a in args(files)]
     if "--workdir" not in argv:
         argv += ["--workdir", str(tmp_path / "run")]
-    proc = cli("jaxtpu.train", *TINY, *argv)
+    # For that case the machine gets 4 devices, as a host whose device count is fixed has.
+    env = {"JAX_NUM_CPU_DEVICES": "4"} if name == "more devices than exist" else None
+    proc = cli("jaxtpu.train", *TINY, *argv, env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -126,7 +130,8 @@ def test_corrupted_checkpoint_is_reported_and_kept(finished_run, tmp_path):
         if f.is_file() and f.stat().st_size > 1000:
             f.write_bytes(b"garbage")
     proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--resume", "--max-steps", "7")
-    assert proc.returncode == 2 and "unreadable or incomplete checkpoint" in proc.stderr
+    assert proc.returncode == 2
+    assert re.search(r"checkpoints/latest/7: unreadable (or incomplete )?checkpoint", proc.stderr)
     assert "Traceback" not in proc.stderr
     assert step_dir.exists()  # nothing deleted
 
@@ -155,9 +160,11 @@ def test_predict_and_export_refuse_bad_input_and_keep_results(finished_run, tmp_
 
 def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
     wd = tmp_path / "run"
+    # Warm-up from 0 to a huge peak: step 1 trains at lr 0 (and is evaluated and checkpointed),
+    # then the learning rate explodes the weights.
     proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--lr", "1e9", "--clip-norm", "0",
-               "--epochs", "4", "--eval-every", "2", "--log-every", "1",
-               "--precision", "fp32")  # fmt: skip
+               "--schedule", "linear", "--warmup-frac", "0.5", "--epochs", "3",
+               "--eval-every", "1", "--log-every", "1", "--precision", "fp32")  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "loss became nan at step" in proc.stderr or "became nan" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -165,7 +172,9 @@ def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
              if '"eval"' in x]  # fmt: skip
     assert evals and all(np.isfinite(e["val_loss"]) for e in evals)
     best = json.loads(next((wd / "checkpoints" / "best").glob("*/meta/metadata")).read_text())
-    assert np.isfinite(best["val_loss"])
+    assert np.isfinite(best["val_loss"]) and best["step"] == evals[0]["step"] == 1
+    latest = json.loads(next((wd / "checkpoints" / "latest").glob("*/meta/metadata")).read_text())
+    assert latest["step"] == evals[-1]["step"]  # the last state evaluated as finite
 
 
 def _train_args(wd: Path) -> list[str]:
@@ -197,7 +206,7 @@ def uninterrupted(tmp_path_factory):
     return wd
 
 
-@pytest.mark.parametrize("kill_at", [5, 13])
+@pytest.mark.parametrize("kill_at", [11])
 def test_sigkill_then_resume_matches_the_uninterrupted_run(uninterrupted, tmp_path, kill_at):
     wd = tmp_path / "run"
     cmd = [sys.executable, "-m", "jaxtpu.train", *_train_args(wd)]
