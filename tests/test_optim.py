@@ -1,0 +1,89 @@
+"""Schedules against PyTorch's own implementations, and the AdamW no-decay groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxtpu import config as C
+from jaxtpu.schedules import learning_rate
+
+torch = pytest.importorskip("torch")
+
+
+def torch_lrs(make_scheduler, steps: int, peak: float) -> list[float]:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    sched = make_scheduler(opt)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+@pytest.mark.parametrize("warmup_frac", [0.0, 0.2])
+def test_linear_matches_transformers(warmup_frac):
+    from transformers import get_linear_schedule_with_warmup
+
+    cfg = C.OptimConfig(schedule="linear", warmup_frac=warmup_frac)
+    total = 50
+    ref = torch_lrs(lambda o: get_linear_schedule_with_warmup(o, int(warmup_frac * total), total),
+                    total, 1e-3)  # fmt: skip
+    ours = [float(learning_rate(s, total, cfg, 1e-3)) for s in range(total)]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-12)
+
+
+def test_cosine_matches_cosine_annealing():
+    cfg = C.OptimConfig(schedule="cosine", eta_min=1e-5)
+    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 40, eta_min=1e-5),
+                    40, 1e-3)  # fmt: skip
+    ours = [float(learning_rate(s, 40, cfg, 1e-3)) for s in range(40)]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5)
+
+
+def test_onecycle_matches_torch():
+    cfg = C.OptimConfig(schedule="onecycle", warmup_frac=0.3)
+    ref = torch_lrs(
+        lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-3, total_steps=40,
+                                                      pct_start=0.3, cycle_momentum=False),
+        40, 1e-3,
+    )  # fmt: skip
+    ours = [float(learning_rate(s, 40, cfg, 1e-3)) for s in range(40)]
+    np.testing.assert_allclose(ours, ref, rtol=1e-4)
+
+
+def test_jax_schedule_equals_the_numpy_one_used_by_torch():
+    import jax.numpy as jnp
+
+    for schedule in ("constant", "linear", "cosine", "onecycle"):
+        cfg = C.OptimConfig(schedule=schedule, warmup_frac=0.1, eta_min=1e-6)
+        a = [float(learning_rate(s, 30, cfg, 2e-4, xp=jnp)) for s in range(30)]
+        b = [float(learning_rate(s, 30, cfg, 2e-4)) for s in range(30)]
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_no_decay_groups_match_between_sides():
+    import jax
+
+    from jaxtpu import models, optim
+    from torchxla_ref import optim as torch_optim
+    from torchxla_ref.models import ToxicityClassifier
+
+    enc = C.EncoderConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                          num_hidden_layers=1, vocab_size=100)  # fmt: skip
+    module = models.build_model("toxicity", enc, 0.3, "fp32")
+    dummy = np.zeros((1, 4), np.int32)
+    params = module.init(jax.random.key(0), dummy, dummy)["params"]
+    mask = optim.decay_mask(params)
+    jax_decay = sum(
+        x.size
+        for x, m in zip(
+            jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(mask), strict=True
+        )
+        if m
+    )
+    groups = torch_optim.param_groups(ToxicityClassifier(enc), 0.01)
+    torch_decay = sum(p.numel() for p in groups[0]["params"])
+    assert groups[0]["weight_decay"] == 0.01 and groups[1]["weight_decay"] == 0.0
+    assert jax_decay == torch_decay > 0
