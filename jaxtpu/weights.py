@@ -174,19 +174,20 @@ def to_state_dicts(
     return encoder, head
 
 
-def save_hf(
-    params: Mapping[str, Any],
-    enc: EncoderConfig,
+def write_hf_dir(
     out_dir: str | Path,
+    enc: EncoderConfig,
+    encoder: dict[str, np.ndarray],
+    head: dict[str, np.ndarray],
     tokenizer_dir: str | Path | None = None,
     head_meta: dict[str, Any] | None = None,
 ) -> Path:
-    """Writes Flax params as a Hugging Face directory (see the module docstring)."""
+    """Writes state dicts (numpy, Hugging Face keys) as a Hugging Face directory; both sides
+    save through here, so their exports have one format."""
     from safetensors.numpy import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    encoder, head = to_state_dicts(params)
     save_file(encoder, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(enc.to_hf_dict(), indent=2, sort_keys=True))
     if head:
@@ -198,3 +199,15 @@ def save_hf(
             if src.exists():
                 shutil.copy2(src, out / name)
     return out
+
+
+def save_hf(
+    params: Mapping[str, Any],
+    enc: EncoderConfig,
+    out_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    head_meta: dict[str, Any] | None = None,
+) -> Path:
+    """Writes Flax params as a Hugging Face directory (see the module docstring)."""
+    encoder, head = to_state_dicts(params)
+    return write_hf_dir(out_dir, enc, encoder, head, tokenizer_dir, head_meta)

@@ -4,15 +4,14 @@ seeded torch init saved here is what both sides start from in parity runs
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import BertModel
 
 from jaxtpu.config import EncoderConfig
-from jaxtpu.weights import HEAD_FILE, HEAD_META, TOKENIZER_FILES, CheckpointError
+from jaxtpu.weights import HEAD_FILE, CheckpointError, write_hf_dir
 from torchxla_ref.models import ToxicityClassifier, hf_config, model_class
 
 
@@ -51,22 +50,11 @@ def save_hf(
     head_meta: dict | None = None,
 ) -> Path:
     """Writes encoder (BertModel keys), head and tokenizer as a Hugging Face directory."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    encoder = {k: v.detach().cpu().contiguous() for k, v in model.bert.state_dict().items()}
-    save_file(encoder, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = model.bert.config.to_dict()
-    enc = EncoderConfig.from_hf_dict(config)
-    (out / "config.json").write_text(json.dumps(enc.to_hf_dict(), indent=2, sort_keys=True))
-    head = {
-        f"classifier.{k}": v.detach().cpu().contiguous()
-        for k, v in model.classifier.state_dict().items()
-    }
-    save_file(head, str(out / HEAD_FILE), metadata={"format": "pt"})
-    (out / HEAD_META).write_text(json.dumps(head_meta or {}, indent=2, sort_keys=True))
-    if tokenizer_dir:
-        for name in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / name
-            if src.exists():
-                (out / name).write_bytes(src.read_bytes())
-    return out
+
+    def numpy(sd: dict, prefix: str = "") -> dict:
+        return {prefix + k: v.detach().float().cpu().numpy() for k, v in sd.items()}
+
+    enc = EncoderConfig.from_hf_dict(model.bert.config.to_dict())
+    encoder = numpy(model.bert.state_dict())
+    head = numpy(model.classifier.state_dict(), "classifier.")
+    return write_hf_dir(out_dir, enc, encoder, head, tokenizer_dir, head_meta)
