@@ -87,24 +87,6 @@ def _matmul(spec: str, a: jax.Array, b: jax.Array, dtype: Dtype) -> jax.Array:
     return jnp.einsum(spec, a, b)
 
 
-class Dropout(nn.Module):
-    """Inverted dropout drawing 16 random bits per element instead of a float32 uniform.
-
-    Half the random bits of `nn.Dropout` (threefry is a large share of a CPU step); the drop
-    probability is `round(rate * 65536) / 65536`, within 1e-5 of `rate`.
-    """
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-        if deterministic or self.rate == 0.0:
-            return x
-        bits = jax.random.bits(self.make_rng("dropout"), x.shape, jnp.uint16)
-        keep = bits >= jnp.uint16(round(self.rate * 65536))
-        return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - self.rate), x.dtype), 0).astype(x.dtype)
-
-
 def _layer_norm(cfg: EncoderConfig, name: str, param_dtype: Dtype) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=param_dtype, name=name
@@ -132,7 +114,7 @@ class Embeddings(nn.Module):
         # Token type 0 everywhere (single-segment inputs): row 0 of the table.
         x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(jnp.zeros((1,), jnp.int32))
         x = _layer_norm(cfg, "LayerNorm", self.param_dtype)(x.astype(jnp.float32))
-        return Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+        return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
 
 class SelfAttention(nn.Module):
@@ -156,7 +138,7 @@ class SelfAttention(nn.Module):
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
         scores = _matmul("bhqd,bhkd->bhqk", q, k, self.dtype)
         probs = jax.nn.softmax(scores.astype(jnp.float32) + mask_bias, axis=-1)
-        probs = Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+        probs = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
         ctx = _matmul("bhqk,bhkd->bhqd", probs, v, self.dtype)
         return ctx.transpose(0, 2, 1, 3).reshape(batch, seq_len, cfg.hidden_size)
 
@@ -172,7 +154,7 @@ class DenseResidual(nn.Module):
     def __call__(self, x: jax.Array, residual: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.cfg
         y = _dense(cfg, cfg.hidden_size, "dense", self.dtype, self.param_dtype)(x)
-        y = Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+        y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
         return _layer_norm(cfg, "LayerNorm", self.param_dtype)(y.astype(jnp.float32) + residual)
 
 
@@ -283,7 +265,7 @@ class ToxicityClassifier(nn.Module):
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
         bert = Bert(self.cfg, self.dtype, self.param_dtype, name="bert")
         _, pooled = bert(flat(input_ids), flat(attention_mask), deterministic)
-        x = Dropout(self.head_dropout)(pooled, deterministic=deterministic)
+        x = nn.Dropout(self.head_dropout)(pooled, deterministic=deterministic)
         logit = _dense(self.cfg, 1, "classifier", self.dtype, self.param_dtype)(x)
         return logit[:, 0].astype(jnp.float32).reshape(lead)
 
