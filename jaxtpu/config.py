@@ -373,7 +373,9 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
         hints = get_type_hints(cls)
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
-            help_text = f"{f.metadata['help']} [demo preset: {defaults[f.name]}]"
+            choices = f.metadata.get("choices")
+            one_of = f" One of: {', '.join(choices)}." if choices else ""
+            help_text = f"{f.metadata['help']}{one_of} [demo preset: {defaults[f.name]}]"
             kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
             typ = _base_type(hints[f.name])
             if typ is bool:
