@@ -103,8 +103,9 @@ class RunConfig:
     precision: str = _f("bf16", "Compute precision; params and optimizer stay fp32.", PRECISIONS)
     parallel: str = _f(
         "pmap",
-        "Data-parallel strategy: jaxtpu pmap|jit; torchxla_ref spmd|spawn.",
-        ("pmap", "jit", "spmd", "spawn"),
+        "Data-parallel strategy: jaxtpu pmap|jit; torchxla_ref spmd|spawn, or eager (plain "
+        "PyTorch on the host CPU, no XLA, 1 device: the CPU baseline).",
+        ("pmap", "jit", "spmd", "spawn", "eager"),
     )
     num_devices: int = _f(8, "Devices to use (virtual CPU devices when no accelerator).")
     batch_size: int = _f(4, "Examples (or pairs) per device per step.")

@@ -113,3 +113,22 @@ class SpawnPlacement:
         if self.replicas > 1:
             t = self.xm.all_gather(t, dim=0)
         return t.cpu().numpy()
+
+
+class HostPlacement:
+    """`--parallel eager`: plain PyTorch on the host CPU, no XLA (the reference baseline)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        self.device = torch.device("cpu")
+        self.replicas, self.ordinal, self.num_devices = 1, 0, 1
+
+    def put(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        import torch
+
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+
+    def gather(self, t: Any) -> np.ndarray:
+        return t.detach().cpu().numpy()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from jaxtpu import config as C
 from jaxtpu import loop as L
@@ -23,11 +24,12 @@ from jaxtpu.run_io import RunLog, UserError, prepare_workdir, user_errors
 from torchxla_ref import parallel
 
 log = logging.getLogger("jaxtpu")
-TORCH_PARALLEL = ("spmd", "spawn")
+TORCH_PARALLEL = ("spmd", "spawn", "eager")
 
 
 class XlaBackend:
-    """The torch_xla side of the shared loop."""
+    """The torch_xla side of the shared loop (or, with `xla=False`, plain eager PyTorch on the
+    host CPU: the baseline a CPU user would otherwise run, `--parallel eager`)."""
 
     name = "torchxla_ref"
 
@@ -39,12 +41,16 @@ class XlaBackend:
         scheduler: Any,
         cfg: C.Config,
         workdir: Path,
+        xla: bool = True,
     ) -> None:
-        import torch_xla
-        import torch_xla.core.xla_model as xm
-        import torch_xla.debug.metrics as met
+        self.xla = xla
+        self.device_type = "xla" if xla else "cpu"
+        if xla:
+            import torch_xla
+            import torch_xla.core.xla_model as xm
+            import torch_xla.debug.metrics as met
 
-        self.torch_xla, self.xm, self.met = torch_xla, xm, met
+            self.torch_xla, self.xm, self.met = torch_xla, xm, met
         self.placement = placement
         self.num_devices = placement.num_devices
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -54,7 +60,13 @@ class XlaBackend:
         self.is_master = placement.ordinal == 0
         self._compiles_at_start = self._compiles()
 
+    def _sync(self) -> None:
+        if self.xla:
+            self.torch_xla.sync()
+
     def _compiles(self) -> int:
+        if not self.xla:
+            return 0
         data = self.met.metric_data("CompileTime")
         return int(data[0]) if data else 0
 
@@ -76,7 +88,7 @@ class XlaBackend:
             self.placement.put(batch),
             task=self.cfg.run.task,
             precision=self.cfg.run.precision,
-            device_type="xla",
+            device_type=self.device_type,
             accumulate=acc,
             update=self.micro % acc == 0,
             clip_norm=self.cfg.optim.clip_norm,
@@ -84,7 +96,7 @@ class XlaBackend:
         )
         if self.placement.replicas > 1:  # each replica's loss is of its slice: average them
             loss = self.xm.all_reduce(self.xm.REDUCE_SUM, loss, scale=1.0 / self.placement.replicas)
-        self.torch_xla.sync()  # the step boundary: the traced graph is compiled once, then reused
+        self._sync()  # the step boundary: the traced graph is compiled once, then reused
         return loss, grad_norm
 
     def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
@@ -96,6 +108,9 @@ class XlaBackend:
                     {"loss": loss.item(), "grad_norm": None if norm is None else norm.item()}
                 )
 
+        if not self.xla:
+            collect(handles)
+            return out
         self.xm.add_step_closure(collect, args=(handles,))
         self.torch_xla.sync()
         return out
@@ -105,9 +120,13 @@ class XlaBackend:
 
         self.model.eval()
         scores, losses = steps.eval_step(
-            self.model, self.placement.put(batch), self.cfg.run.task, self.cfg.run.precision, "xla"
+            self.model,
+            self.placement.put(batch),
+            self.cfg.run.task,
+            self.cfg.run.precision,
+            self.device_type,
         )
-        self.torch_xla.sync()
+        self._sync()
         return {"score": self.placement.gather(scores), "loss": self.placement.gather(losses)}
 
     def _save(self, kind: str, step: int, meta: dict[str, Any], full: bool) -> None:
@@ -123,7 +142,10 @@ class XlaBackend:
             directory.mkdir(parents=True, exist_ok=True)
         # Every replica calls xm.save (it rendezvous); only the master writes. Write then rename:
         # a run killed mid-write leaves the previous checkpoint intact.
-        self.xm.save(payload, str(tmp), master_only=True)
+        if self.xla:
+            self.xm.save(payload, str(tmp), master_only=True)
+        else:
+            torch.save(payload, str(tmp))
         if self.is_master:
             os.replace(tmp, final)
             for old in directory.glob("step_*.pt"):
@@ -146,18 +168,17 @@ def latest_checkpoint(workdir: Path) -> Path | None:
 
 
 def _train(cfg: C.Config, workdir: Path, t_start: float) -> dict[str, Any]:
-    """The body of a run, in the process (spmd) or in each replica (spawn)."""
-    import torch
-
+    """The body of a run, in the process (spmd, eager) or in each replica (spawn)."""
     from jaxtpu.checkpoint import check_compatible
     from torchxla_ref import optim, weights
 
     run, task = cfg.run, cfg.run.task
-    placement = (
-        parallel.SpmdPlacement(run.num_devices)
-        if run.parallel == "spmd"
-        else parallel.SpawnPlacement()
-    )
+    placements = {
+        "spmd": lambda: parallel.SpmdPlacement(run.num_devices),
+        "spawn": parallel.SpawnPlacement,
+        "eager": parallel.HostPlacement,
+    }
+    placement = placements[run.parallel]()
     n_dev = placement.num_devices
     device = placement.device
     if placement.ordinal == 0:
@@ -180,7 +201,9 @@ def _train(cfg: C.Config, workdir: Path, t_start: float) -> dict[str, Any]:
         sum(p.numel() for p in model.parameters()) / 1e6,
         model_dir or f"random init (seed {run.seed})",
     )
-    backend = XlaBackend(placement, model, optimizer, scheduler, cfg, workdir)
+    backend = XlaBackend(
+        placement, model, optimizer, scheduler, cfg, workdir, xla=run.parallel != "eager"
+    )
     progress = L.Progress()
     latest = latest_checkpoint(workdir) if run.resume else None
     if latest is not None:
@@ -223,6 +246,10 @@ def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict
         )
     t_start = time.time()
     workdir = prepare_workdir(Path(workdir or cfg.run.workdir), cfg.run.resume, cfg.run.task)
+    if cfg.run.parallel == "eager":
+        if cfg.run.num_devices != 1:
+            raise UserError("--parallel eager runs on the host CPU: use --num-devices 1")
+        return _train(cfg, workdir, t_start)
     parallel.configure_runtime(cfg.run.num_devices, cfg.run.parallel)
     if cfg.run.parallel == "spmd":
         return _train(cfg, workdir, t_start)
