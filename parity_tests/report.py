@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,12 +76,13 @@ def plot(rows: list[dict], path: Path) -> None:
         steps = range(1, len(a) + 1)
         top.plot(steps, a, label=name_a, lw=2)
         top.plot(steps, b, label=name_b, lw=1, ls="--")
-        top.set_title(r["check"].split(":")[0], fontsize=8)
+        top.set_title(textwrap.fill(r["check"], 48), fontsize=7)
         top.set_ylabel("loss (logged)")
         top.legend(fontsize=7)
         rel = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=False)]
         bottom.semilogy(steps[: len(rel)], [max(v, 1e-9) for v in rel], color="tab:red")
-        bottom.axhline(r["tolerance"], color="gray", ls=":", lw=1)
+        if r["check"].startswith("trajectory"):  # the tolerance is on these relative diffs
+            bottom.axhline(r["tolerance"], color="gray", ls=":", lw=1)
         bottom.set_ylabel("rel. diff")
         bottom.set_xlabel("logged step")
     for j in range(len(curves), nrows * ncols):
