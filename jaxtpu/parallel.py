@@ -30,10 +30,6 @@ class DeviceError(UserError):
     """The requested devices are not available."""
 
 
-# XLA:CPU flags measured to help the CPU step (see benchmarks/); never applied on TPU/GPU.
-_CPU_XLA_FLAGS: tuple[str, ...] = ()
-
-
 def init_devices(num_devices: int) -> list[jax.Device]:
     """The first `num_devices` devices of the default backend.
 
@@ -41,10 +37,6 @@ def init_devices(num_devices: int) -> list[jax.Device]:
     which must happen before the backend starts; on TPU/GPU the setting is ignored and the
     first `num_devices` real devices are used.
     """
-    if _CPU_XLA_FLAGS:
-        os.environ["XLA_FLAGS"] = " ".join(
-            [os.environ.get("XLA_FLAGS", ""), *_CPU_XLA_FLAGS]
-        ).strip()
     user_fixed = "JAX_NUM_CPU_DEVICES" in os.environ or (
         "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
     )
