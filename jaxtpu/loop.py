@@ -255,9 +255,8 @@ def run(
                     t_log, step_log = time.time(), step
                     update = step // cfg.optim.accumulate
                     lr = float(learning_rate(update, plan.total_updates, cfg.optim, peak))
-                    norms = [
-                        h["grad_norm"] for h in host if np.isfinite(h.get("grad_norm", np.nan))
-                    ]
+                    # grad_norm is None on accumulation micro-steps of the torch side
+                    norms = [h["grad_norm"] for h in host if h.get("grad_norm") is not None]
                     runlog.write(
                         {
                             "event": "train",

@@ -63,9 +63,11 @@ def test_jax_strategy_names_are_refused_on_the_torch_side(tmp_path):
 def test_eager_cpu_baseline_runs_and_needs_one_device(tmp_path):
     run = run_side(
         "torch", tmp_path / "run", *TINY, "--parallel", "eager", "--num-devices", "1",
-        "--batch-size", "32", "--max-steps", "7", "--precision", "fp32",
+        "--batch-size", "32", "--max-steps", "7", "--precision", "fp32", "--accumulate", "2",
     ).check()  # fmt: skip
     assert len(run.losses) == 7 and all(np.isfinite(run.losses))
+    # micro-steps without an optimizer update report no gradient norm; updates do
+    assert all(np.isfinite(r["grad_norm"]) for r in run.events("train") if r["step"] % 2 == 0)
     assert run.summary["parallel"] == "eager" and run.summary["train_compiles"] == 0
     refused = run_side("torch", tmp_path / "run8", *TINY, "--parallel", "eager")
     assert refused.returncode == 2 and "use --num-devices 1" in refused.stderr
