@@ -5,6 +5,9 @@ Layout under the run directory:
   checkpoints/best/<step>/    {state: params; meta: json incl. the metric}     (kept: 1)
 Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
 run killed mid-write leaves the previous checkpoint intact.
+
+With several processes (multi-host) only process 0 reads and writes checkpoints; a restored
+state reaches the other processes by broadcast, so no shared file system is needed.
 """
 
 from __future__ import annotations
@@ -27,10 +30,19 @@ class CheckpointError(UserError):
 
 
 def _manager(path: Path) -> ocp.CheckpointManager:
+    multi: dict[str, Any] = {}
+    if jax.process_count() > 1:  # only process 0 calls into orbax: no cross-process barriers
+        path.mkdir(parents=True, exist_ok=True)
+        multi = dict(
+            create=False,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                primary_host=0, active_processes={0}
+            ),
+        )
     return ocp.CheckpointManager(
         path.absolute(),
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=1, create=True, enable_async_checkpointing=False
+            **{"max_to_keep": 1, "create": True, "enable_async_checkpointing": False, **multi}
         ),
     )
 
@@ -61,7 +73,10 @@ def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Pat
 class Checkpoints:
     """The latest and the best checkpoint of one run directory."""
 
-    def __init__(self, workdir: str | Path) -> None:
+    def __init__(self, workdir: str | Path, procs: Any = None) -> None:
+        """`procs`: a `jaxtpu.parallel.Processes` in multi-process runs (None: one process)."""
+        self.procs = procs
+        self.primary = procs is None or procs.primary
         self.root = Path(workdir) / "checkpoints"
         self.latest_dir = self.root / "latest"
         self.best_dir = self.root / "best"
@@ -94,15 +109,35 @@ class Checkpoints:
         mgr.wait_until_finished()
 
     def save_latest(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
-        self._save(self.latest, step, tree, meta)
+        if self.primary:
+            self._save(self.latest, step, tree, meta)
 
     def save_best(self, step: int, params: Any, meta: dict[str, Any]) -> None:
-        self._save(self.best, step, {"params": params}, meta)
+        if self.primary:
+            self._save(self.best, step, {"params": params}, meta)
 
     def latest_step(self) -> int | None:
-        if not self.latest_dir.exists():
-            return None
-        return self.latest.latest_step()
+        step = None
+        if self.primary and self.latest_dir.exists():
+            step = self.latest.latest_step()
+        return step if self.procs is None else self.procs.broadcast_json(step)
+
+    def _restore_everywhere(
+        self, mgr: Any, where: Path, template: Any, expect: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """Process 0 restores; the others get its state, its metadata or its error."""
+        if self.procs is None:
+            return self._restore(mgr(), where, template, expect)
+        state, found = template, {"error": None, "meta": None}
+        if self.primary:
+            try:
+                state, found["meta"] = self._restore(mgr(), where, template, expect)
+            except CheckpointError as e:
+                found["error"] = str(e)
+        found = self.procs.broadcast_json(found)
+        if found["error"]:
+            raise CheckpointError(found["error"])
+        return self.procs.broadcast(jax.tree_util.tree_map(np.asarray, state)), found["meta"]
 
     def _restore(
         self, mgr: ocp.CheckpointManager, where: Path, template: Any, expect: dict[str, Any]
@@ -127,10 +162,12 @@ class Checkpoints:
         return state, meta
 
     def restore_latest(self, template: Any, expect: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        return self._restore(self.latest, self.latest_dir, template, expect)
+        return self._restore_everywhere(lambda: self.latest, self.latest_dir, template, expect)
 
     def restore_best(self, template: Any, expect: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        state, meta = self._restore(self.best, self.best_dir, {"params": template}, expect)
+        state, meta = self._restore_everywhere(
+            lambda: self.best, self.best_dir, {"params": template}, expect
+        )
         return state["params"], meta
 
     def best_meta(self) -> dict[str, Any] | None:

@@ -107,7 +107,11 @@ class RunConfig:
         "PyTorch on the host CPU, no XLA, 1 device: the CPU baseline).",
         ("pmap", "jit", "spmd", "spawn", "eager"),
     )
-    num_devices: int = _f(8, "Devices to use (virtual CPU devices when no accelerator).")
+    num_devices: int = _f(
+        8,
+        "Devices to use (virtual CPU devices when no accelerator); per process when "
+        "--num-processes > 1.",
+    )
     batch_size: int = _f(4, "Examples (or pairs) per device per step.")
     epochs: int = _f(1, "Passes over the training data.")
     max_steps: int = _f(0, "Stop after this many steps (0 = run all epochs).")
@@ -125,6 +129,15 @@ class RunConfig:
     )
     resume: bool = _f(False, "Continue from the latest checkpoint in --workdir.")
     progress: bool = _f(True, "Show a live progress bar.")
+    coordinator_address: str = _f(
+        "",
+        "Multi-host JAX (jax.distributed.initialize): HOST:PORT of process 0's coordinator, "
+        "given to every process with --num-processes and --process-id; 'auto' lets JAX detect "
+        "the cluster (TPU pod, SLURM). Each process feeds only its rows of every global batch; "
+        "only process 0 writes the run directory. Empty = one process.",
+    )
+    num_processes: int = _f(1, "Multi-host: how many processes take part (jaxtpu only).")
+    process_id: int = _f(0, "Multi-host: this process's index, 0..--num-processes - 1.")
 
 
 @dataclass(frozen=True)
@@ -231,6 +244,7 @@ def validate(cfg: Config) -> None:
         "accumulate": cfg.optim.accumulate,
         "epochs": cfg.run.epochs,
         "log_every": cfg.run.log_every,
+        "num_processes": cfg.run.num_processes,
     }
     for name, value in positive.items():
         if value < 1:
@@ -264,6 +278,14 @@ def validate(cfg: Config) -> None:
         value = getattr(cfg.model, name)
         if value >= 1.0 or (value < 0 and value != -1.0):
             raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1) or -1, got {value}")
+    if not 0 <= cfg.run.process_id < cfg.run.num_processes:
+        raise ConfigError(
+            f"--process-id must be in 0..{cfg.run.num_processes - 1}, got {cfg.run.process_id}"
+        )
+    if cfg.run.num_processes > 1 and not cfg.run.coordinator_address:
+        raise ConfigError(
+            "--num-processes > 1 needs --coordinator-address HOST:PORT (process 0's address)"
+        )
     if cfg.run.resume and not cfg.run.workdir:
         raise ConfigError("--resume needs --workdir: the run directory to continue")
     if cfg.model.hidden_size % cfg.model.num_heads:

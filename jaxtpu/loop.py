@@ -35,7 +35,15 @@ class Backend(Protocol):
     """What a framework provides to the loop."""
 
     name: str
-    num_devices: int
+    num_devices: int  # global, over all processes
+    num_processes: int
+    primary: bool  # process 0: the one that writes the run directory
+
+    def local_rows(self, n: int) -> slice:
+        """The rows of an n-row global batch this process feeds (all of them with one)."""
+
+    def any_process(self, flag: bool) -> bool:
+        """True on every process when `flag` is True on any (a host-level collective)."""
 
     def compile_count(self) -> int:
         """How many times the train step was compiled so far (1 after warm-up)."""
@@ -47,7 +55,8 @@ class Backend(Protocol):
         """Host values of the handles' metrics ('loss', 'grad_norm'): one device sync."""
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Per-example 'score' and 'loss' of a global batch, on the host."""
+        """Per-example 'score' and 'loss' of the global batch whose local rows are `batch`,
+        on the host of every process."""
 
     def save_latest(self, step: int, meta: dict[str, Any]) -> None: ...
 
@@ -96,12 +105,15 @@ class Progress:
     )
 
 
-def load_data(cfg: Config, workdir: Path) -> D.TaskData:
-    """Tokenizer (a copy is kept in the run directory for predict/export) and the task data."""
+def load_data(cfg: Config, workdir: Path, save_tokenizer: bool = True) -> D.TaskData:
+    """Tokenizer (a copy is kept in the run directory for predict/export) and the task data.
+
+    Every process of a multi-process run loads the same examples (deterministic), and feeds
+    only its rows of each global batch."""
     from jaxtpu.config import tokenizer_dir
 
     tokenizer = D.load_tokenizer(tokenizer_dir(cfg))
-    if not (workdir / "tokenizer").exists():
+    if save_tokenizer and not (workdir / "tokenizer").exists():
         tokenizer.save_pretrained(str(workdir / "tokenizer"))
     data = D.load_task_data(cfg, tokenizer)
     info = data.info
@@ -122,8 +134,9 @@ def evaluate(backend: Any, examples: D.Examples, global_batch: int, task: str):
     """Scores every example exactly once across all devices, then computes the metrics on the
     host over the whole set. Returns (metrics, scores of the real rows in order)."""
     outs, weights = [], []
+    rows = backend.local_rows(global_batch)
     for idx, weight in D.eval_batches(len(examples), global_batch):
-        outs.append(backend.eval_batch(examples.take(idx, weight)))
+        outs.append(backend.eval_batch(examples.take(idx[rows], weight[rows])))
         weights.append(weight)
     weight = np.concatenate(weights)
     scores = np.concatenate([o["score"] for o in outs])
@@ -215,7 +228,7 @@ def run(
         return bool(run_cfg.patience and best["bad_evals"] >= run_cfg.patience)
 
     bar = None
-    if run_cfg.progress:
+    if run_cfg.progress and backend.primary:
         from tqdm import tqdm
 
         bar = tqdm(
@@ -227,12 +240,13 @@ def run(
     compile_s: float | None = None
     stopped_by = None
     epoch = step // spe
+    rows = backend.local_rows(gb)
     with _StopFlag() as stop:
         for epoch in range(step // spe, run_cfg.epochs):
             for idx in D.train_batches(len(data.train), gb, run_cfg.seed, epoch, step % spe):
                 if step >= total:
                     break
-                pending.append(backend.train_step(data.train.take(idx)))
+                pending.append(backend.train_step(data.train.take(idx[rows])))
                 step += 1
                 if compile_s is None:
                     backend.fetch(pending[-1:])  # wait once, to time compilation apart
@@ -277,7 +291,10 @@ def run(
                     if run_eval(step, epoch):
                         stopped_by = "early stopping"
                         break
-                if stop.signal is not None:
+                signalled = stop.signal is not None
+                if backend.num_processes > 1:  # all processes must stop at the same step
+                    signalled = step % run_cfg.log_every == 0 and backend.any_process(signalled)
+                if signalled:
                     stopped_by = "SIGTERM"
                     break
                 every = run_cfg.checkpoint_every

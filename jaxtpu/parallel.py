@@ -10,6 +10,7 @@ Both strategies wrap the same pure `jaxtpu.steps.train_step` / `eval_step`:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from functools import partial
@@ -30,13 +31,65 @@ class DeviceError(UserError):
     """The requested devices are not available."""
 
 
+def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
+    """Joins a multi-process JAX run (`jax.distributed.initialize`, what TPU pods use).
+
+    Must run before anything touches the devices. `coordinator` is process 0's HOST:PORT, or
+    'auto' for JAX's cluster detection (TPU pod, SLURM); empty means one process, no set-up.
+    On CPU the processes talk through gloo collectives.
+    """
+    if not coordinator:
+        return
+    if jax.distributed.is_initialized():
+        return
+    kwargs: dict[str, Any] = {}
+    if coordinator != "auto":
+        kwargs = dict(
+            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+        )
+    try:
+        jax.distributed.initialize(**kwargs, initialization_timeout=120)
+    except (RuntimeError, ValueError) as e:
+        raise DeviceError(
+            f"--coordinator-address {coordinator}: could not join the multi-process run as "
+            f"process {process_id} of {num_processes} ({str(e).splitlines()[0]})"
+        ) from None
+    log.info(
+        "multi-process: process %d of %d, %d local of %d devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
+
+
 def init_devices(num_devices: int) -> list[jax.Device]:
-    """The first `num_devices` devices of the default backend.
+    """The first `num_devices` devices of the default backend on each process.
 
     On a machine without accelerators this asks JAX for `num_devices` virtual CPU devices,
     which must happen before the backend starts; on TPU/GPU the setting is ignored and the
-    first `num_devices` real devices are used.
+    first `num_devices` real devices are used. With several processes the result is the
+    global device list, each process's devices contiguous and in process order, so process
+    p's rows of a global batch are one contiguous block.
     """
+    set_cpu_device_count(num_devices)
+    local = sorted(jax.local_devices(), key=lambda d: d.id)
+    if num_devices > len(local):
+        raise DeviceError(
+            f"--num-devices {num_devices}: only {len(local)} {local[0].platform} device(s) "
+            f"available{' per process' if jax.process_count() > 1 else ''}; use "
+            f"--num-devices {len(local)} or fewer"
+        )
+    if jax.process_count() == 1:
+        return local[:num_devices]
+    by_process: dict[int, list[jax.Device]] = {}
+    for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
+        by_process.setdefault(d.process_index, []).append(d)
+    return [d for p in sorted(by_process) for d in by_process[p][:num_devices]]
+
+
+def set_cpu_device_count(num_devices: int) -> None:
+    """Asks for `num_devices` virtual CPU devices, unless the user fixed a count already."""
     user_fixed = "JAX_NUM_CPU_DEVICES" in os.environ or (
         "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
     )
@@ -45,13 +98,55 @@ def init_devices(num_devices: int) -> list[jax.Device]:
             jax.config.update("jax_num_cpu_devices", max(num_devices, 1))
         except RuntimeError:
             pass  # backend already started (e.g. a second run in one process): use what it has
-    devices = jax.local_devices()
-    if num_devices > len(devices):
-        raise DeviceError(
-            f"--num-devices {num_devices}: only {len(devices)} {devices[0].platform} device(s) "
-            f"available; use --num-devices {len(devices)} or fewer"
-        )
-    return devices[:num_devices]
+
+
+class Processes:
+    """This process's place in a (possibly multi-process) run, and the few host-level
+    collectives the loop needs. With one process every method is the identity."""
+
+    def __init__(self) -> None:
+        self.count = jax.process_count()
+        self.index = jax.process_index()
+        self.primary = self.index == 0
+
+    def rows(self, n: int) -> slice:
+        """This process's contiguous block of a global batch of `n` rows."""
+        if n % self.count:
+            raise ValueError(f"global batch {n} does not split over {self.count} processes")
+        per = n // self.count
+        return slice(self.index * per, (self.index + 1) * per)
+
+    def gather(self, local: np.ndarray) -> np.ndarray:
+        """Concatenates every process's block along axis 0, in process order."""
+        if self.count == 1:
+            return local
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(local, tiled=True))
+
+    def any(self, flag: bool) -> bool:
+        """True on every process when `flag` is True on any (e.g. one got SIGTERM)."""
+        if self.count == 1:
+            return flag
+        return bool(np.any(self.gather(np.array([flag]))))
+
+    def broadcast(self, tree: Any) -> Any:
+        """Process 0's value of a tree of arrays, on every process (same shapes everywhere)."""
+        if self.count == 1:
+            return tree
+        from jax.experimental import multihost_utils
+
+        out = multihost_utils.broadcast_one_to_all(tree, is_source=self.primary)
+        return jax.tree_util.tree_map(np.asarray, out)
+
+    def broadcast_json(self, value: Any) -> Any:
+        """Process 0's JSON-serialisable value, on every process."""
+        if self.count == 1:
+            return value
+        raw = np.frombuffer(json.dumps(value).encode(), np.uint8) if self.primary else None
+        size = int(self.broadcast(np.array([0 if raw is None else raw.size], np.int64))[0])
+        buf = raw if raw is not None else np.zeros(size, np.uint8)
+        return json.loads(self.broadcast(buf).tobytes().decode())
 
 
 class Strategy:
@@ -61,7 +156,9 @@ class Strategy:
 
     def __init__(self, devices: list[jax.Device], task: str) -> None:
         self.devices = devices
-        self.n = len(devices)
+        self.n = len(devices)  # global: all processes' devices
+        self.procs = Processes()
+        self.local_devices = [d for d in devices if d.process_index == self.procs.index]
         self.task = task
         self.traces = 0  # how often the train step was traced (compiled); 1 after warm-up
 
@@ -99,8 +196,10 @@ class PmapStrategy(Strategy):
 
     def __init__(self, devices: list[jax.Device], task: str) -> None:
         super().__init__(devices, task)
-        self._mesh = Mesh(np.array(devices), (self.axis,))
+        # pmap places the leading axis of each process's arrays on that process's devices
+        self._mesh = Mesh(np.array(self.local_devices), (self.axis,))
         self._sharded = NamedSharding(self._mesh, P(self.axis))
+        self.n_local = len(self.local_devices)
         self._train = jax.pmap(
             self._counted(partial(steps.train_step, task=task, axis_name=self.axis)),
             axis_name=self.axis,
@@ -115,15 +214,19 @@ class PmapStrategy(Strategy):
     def put_state(self, state: steps.TrainState) -> steps.TrainState:
         def rep(x: Any) -> jax.Array:
             x = np.asarray(x)
-            return jax.device_put(np.broadcast_to(x, (self.n, *x.shape)), self._sharded)
+            return jax.device_put(np.broadcast_to(x, (self.n_local, *x.shape)), self._sharded)
 
         return jax.tree_util.tree_map(rep, state)
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
+        """This process's rows of a global batch, split over its devices."""
+
         def shard(x: np.ndarray) -> jax.Array:
-            if x.shape[0] % self.n:
-                raise ValueError(f"batch of {x.shape[0]} does not split over {self.n} devices")
-            return jax.device_put(x.reshape(self.n, -1, *x.shape[1:]), self._sharded)
+            if x.shape[0] % self.n_local:
+                raise ValueError(
+                    f"batch of {x.shape[0]} does not split over {self.n_local} devices"
+                )
+            return jax.device_put(x.reshape(self.n_local, -1, *x.shape[1:]), self._sharded)
 
         return {k: shard(v) for k, v in batch.items()}
 
@@ -131,14 +234,25 @@ class PmapStrategy(Strategy):
         return self._train(state, batch, rng)
 
     def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
-        out = jax.device_get(self._eval(state, batch))
-        return {k: v.reshape(-1, *v.shape[2:]) for k, v in out.items()}
+        out = self._eval(state, batch)
+        return {k: self.procs.gather(_local_rows(v)) for k, v in out.items()}
 
     def host_state(self, state: Any) -> steps.TrainState:
         return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data)[0], state)
 
     def host_metrics(self, metrics: Any) -> dict[str, float]:
-        return {k: float(np.asarray(v)[0]) for k, v in jax.device_get(metrics).items()}
+        # pmean-ed: every device holds the global value
+        return {
+            k: float(np.asarray(v.addressable_shards[0].data).reshape(-1)[0])
+            for k, v in metrics.items()
+        }
+
+
+def _local_rows(x: jax.Array) -> np.ndarray:
+    """This process's part of a pmap output (device axis first), as one batch of rows."""
+    shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+    local = np.concatenate([np.asarray(s.data) for s in shards])
+    return local.reshape(-1, *local.shape[2:])
 
 
 class JitStrategy(Strategy):
@@ -172,13 +286,28 @@ class JitStrategy(Strategy):
         return jax.device_put(state, shardings)
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
-        return jax.device_put(batch, self.batch_sharding)
+        """This process's rows of a global batch, placed on its devices of the global mesh."""
+        if self.procs.count == 1:
+            return jax.device_put(batch, self.batch_sharding)
+        return {
+            k: jax.make_array_from_process_local_data(
+                self.batch_sharding, v, (v.shape[0] * self.procs.count, *v.shape[1:])
+            )
+            for k, v in batch.items()
+        }
 
     def train_step(self, state: Any, batch: Any, rng: jax.Array) -> tuple[Any, Any]:
         return self._train(state, batch, rng)
 
     def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
-        return jax.device_get(self._eval(state, batch))
+        out = self._eval(state, batch)
+        if self.procs.count == 1:
+            return jax.device_get(out)
+        from jax.experimental import multihost_utils
+
+        return {
+            k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in out.items()
+        }
 
     def host_state(self, state: Any) -> steps.TrainState:
         return jax.device_get(state)

@@ -35,8 +35,10 @@ def default_workdir(task: str) -> Path:
     return Path("runs") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_workdir(workdir: Path, resume: bool, task: str = "run") -> Path:
-    """Creates the run directory; refuses to write over an earlier run unless resuming."""
+def prepare_workdir(workdir: Path, resume: bool, task: str = "run", create: bool = True) -> Path:
+    """Creates the run directory; refuses to write over an earlier run unless resuming.
+
+    `create=False` (processes other than 0 of a multi-process run) only checks."""
     if not str(workdir) or str(workdir) == ".":
         workdir = default_workdir(task)
     if workdir.exists() and not workdir.is_dir():
@@ -52,6 +54,8 @@ def prepare_workdir(workdir: Path, resume: bool, task: str = "run") -> Path:
             f"--workdir {workdir} already holds a run; continue it with --resume, or choose "
             "another --workdir (earlier results are never overwritten)"
         )
+    if not create:
+        return workdir
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         probe = workdir / ".write_test"

@@ -69,11 +69,20 @@ class JaxBackend:
         self.strategy = strategy
         self.state = state
         self.num_devices = strategy.n
+        self.procs = strategy.procs
+        self.num_processes = self.procs.count
+        self.primary = self.procs.primary
         self.rng = jax.random.key(seed)
         self.ckpts = ckpts
 
     def compile_count(self) -> int:
         return self.strategy.traces
+
+    def local_rows(self, n: int) -> slice:
+        return self.procs.rows(n)
+
+    def any_process(self, flag: bool) -> bool:
+        return self.procs.any(flag)
 
     def train_step(self, batch: dict[str, np.ndarray]) -> Any:
         self.state, metrics = self.strategy.train_step(
@@ -96,8 +105,9 @@ class JaxBackend:
         self.ckpts.save_best(step, self.strategy.host_state(self.state).params, meta)
 
     def device_memory_mb(self) -> list[float] | None:
-        """Peak memory per device, where the backend reports it (TPU/GPU; not XLA:CPU)."""
-        stats = [d.memory_stats() or {} for d in self.strategy.devices]
+        """Peak memory per device of this process, where the backend reports it (TPU/GPU; not
+        XLA:CPU)."""
+        stats = [d.memory_stats() or {} for d in self.strategy.local_devices]
         peaks = [s.get("peak_bytes_in_use") for s in stats]
         return None if None in peaks else [round(p / 2**20, 1) for p in peaks]
 
@@ -119,20 +129,28 @@ def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict
     from jaxtpu import checkpoint, optim, parallel, steps
 
     t_start = time.time()
-    workdir = prepare_workdir(Path(workdir or cfg.run.workdir), cfg.run.resume, cfg.run.task)
     task, run = cfg.run.task, cfg.run
+    parallel.set_cpu_device_count(run.num_devices)
+    parallel.init_distributed(run.coordinator_address, run.num_processes, run.process_id)
+    procs = parallel.Processes()
+    if not procs.primary:  # process 0 reports for everyone
+        log.setLevel(logging.WARNING)
+    workdir = prepare_workdir(
+        Path(workdir or cfg.run.workdir), cfg.run.resume, cfg.run.task, create=procs.primary
+    )
     devices = parallel.init_devices(run.num_devices)
     n_dev = len(devices)
     log.info(
-        "devices: %d x %s (%s), strategy %s, precision %s",
+        "devices: %d x %s (%s)%s, strategy %s, precision %s",
         n_dev,
         devices[0].platform,
         devices[0].device_kind,
+        f" over {procs.count} processes" if procs.count > 1 else "",
         run.parallel,
         run.precision,
     )
 
-    data = L.load_data(cfg, workdir)
+    data = L.load_data(cfg, workdir, save_tokenizer=procs.primary)
     info = data.info
     plan = L.Plan.make(cfg, len(data.train), n_dev, info["unit"])
     log.info(plan.describe(cfg, n_dev))
@@ -151,7 +169,7 @@ def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
     state = jax.device_get(state)
 
-    ckpts = checkpoint.Checkpoints(workdir)
+    ckpts = checkpoint.Checkpoints(workdir, procs if procs.count > 1 else None)
     progress = L.Progress()
     if run.resume and ckpts.latest_step() is not None:
         restored, meta = ckpts.restore_latest(
@@ -165,7 +183,9 @@ def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict
 
     strategy = parallel.make_strategy(run.parallel, devices, task)
     backend = JaxBackend(strategy, strategy.put_state(state), run.seed, ckpts)
-    runlog = RunLog(workdir, resume_step=progress.step if run.resume else None)
+    runlog = RunLog(
+        workdir, resume_step=progress.step if run.resume else None, enabled=procs.primary
+    )
     runlog.write_config(cfg, info, devices)
     return L.run(cfg, data, plan, backend, workdir, progress, identity, runlog, t_start)
 

@@ -58,7 +58,17 @@ class XlaBackend:
         self.micro = 0
         self.ckpt_root = workdir / "checkpoints"
         self.is_master = placement.ordinal == 0
+        self.primary = self.is_master
         self._compiles_at_start = self._compiles()
+
+    # One host process drives the loop; spawn replicas take their slice in `placement.put`.
+    num_processes = 1
+
+    def local_rows(self, n: int) -> slice:
+        return slice(None)
+
+    def any_process(self, flag: bool) -> bool:
+        return flag
 
     def _sync(self) -> None:
         if self.xla:
@@ -243,6 +253,11 @@ def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict
     if cfg.run.parallel not in TORCH_PARALLEL:
         raise UserError(
             f"--parallel {cfg.run.parallel}: torchxla_ref runs {' or '.join(TORCH_PARALLEL)}"
+        )
+    if cfg.run.num_processes > 1 or cfg.run.coordinator_address:
+        raise UserError(
+            "--coordinator-address/--num-processes: multi-host runs are jaxtpu only; the "
+            "torch_xla reference runs on one host"
         )
     t_start = time.time()
     workdir = prepare_workdir(Path(workdir or cfg.run.workdir), cfg.run.resume, cfg.run.task)
