@@ -109,21 +109,24 @@ def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_params(
-    model_dir: str | Path, template: Mapping[str, Any], head_required: bool = False
-) -> tuple[dict[str, Any], list[str]]:
-    """Fills a Flax param tree from a Hugging Face directory.
+def fit_state_dict(
+    model_dir: str | Path, expected: Mapping[str, tuple[int, ...]], head_required: bool = False
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The tensors of a Hugging Face directory (encoder, and head if present) that a model
+    needs, checked against its shapes. Framework-free: both sides load through this.
 
     Args:
       model_dir: the checkpoint directory.
-      template: the model's param tree (arrays or ShapeDtypeStructs) giving paths and shapes;
-        leaves not found in the checkpoint (the head of a plain BertModel, a missing pooler)
-        keep the template's value, and are listed in the returned `kept`.
+      expected: the model's tensors, Hugging Face keys (no `bert.` prefix; head as
+        `classifier.*`) -> shape in Hugging Face (torch) orientation.
       head_required: fail if the directory has no head (loading a fine-tuned model).
     Returns:
-      (params, kept): the filled tree (numpy fp32) and the HF keys left at their initial value.
+      (found, kept): the expected tensors present in the directory (numpy fp32), and the
+      expected keys that are not (the head of a plain BertModel, a missing pooler), which keep
+      their initial value.
     Raises:
-      CheckpointError: naming the first tensor whose shape does not fit.
+      CheckpointError: naming the first tensor whose shape does not fit, or when more than a
+      pooler of the encoder is missing.
     """
     d = Path(model_dir)
     sd = read_state_dict(d)
@@ -134,28 +137,56 @@ def load_params(
         sd.update(load_file(str(head)))
     elif head_required:
         raise CheckpointError(f"{d}: no {HEAD_FILE}; not a fine-tuned jaxtpu export")
-    flat, kept, used = {}, [], set()
-    for path, leaf in _flatten(template).items():
-        key = hf_key(path[1:] if path[0] == "bert" else path)
+    found, kept = {}, []
+    for key, shape in sorted(expected.items()):  # the same first mismatch on both sides
         if key not in sd:
             kept.append(key)
-            flat[path] = np.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf
-            continue
-        value = sd[key].T if LEAVES[path[-1]][1] else sd[key]
-        if tuple(value.shape) != tuple(leaf.shape):
+        elif tuple(sd[key].shape) != tuple(shape):
             raise CheckpointError(
                 f"{d}: tensor {key} has shape {tuple(sd[key].shape)}, the model expects "
-                f"{tuple(leaf.shape[::-1] if LEAVES[path[-1]][1] else leaf.shape)}; "
-                "the checkpoint is of another model size (check config.json)"
+                f"{tuple(shape)}; the checkpoint is of another model size (check config.json)"
             )
-        flat[path] = np.ascontiguousarray(value, np.float32)
-        used.add(key)
+        else:
+            found[key] = sd[key]
     encoder_kept = [k for k in kept if not k.startswith("classifier.")]
     if len(encoder_kept) > 2:  # a pooler may be missing; a whole encoder may not
         raise CheckpointError(
             f"{d}: {len(encoder_kept)} encoder tensors missing (first: {encoder_kept[0]}); "
             "not a BERT checkpoint of this shape"
         )
+    return found, kept
+
+
+def load_params(
+    model_dir: str | Path, template: Mapping[str, Any], head_required: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """Fills a Flax param tree from a Hugging Face directory (see `fit_state_dict`).
+
+    Args:
+      model_dir: the checkpoint directory.
+      template: the model's param tree (arrays or ShapeDtypeStructs) giving paths and shapes;
+        leaves not found in the checkpoint keep the template's value.
+      head_required: fail if the directory has no head (loading a fine-tuned model).
+    Returns:
+      (params, kept): the filled tree (numpy fp32) and the HF keys left at their initial value.
+    """
+    leaves = {
+        hf_key(path[1:] if path[0] == "bert" else path): (path, leaf)
+        for path, leaf in _flatten(template).items()
+    }
+
+    def hf_shape(path: tuple[str, ...], leaf: Any) -> tuple[int, ...]:
+        return tuple(leaf.shape[::-1] if LEAVES[path[-1]][1] else leaf.shape)
+
+    expected = {key: hf_shape(path, leaf) for key, (path, leaf) in leaves.items()}
+    found, kept = fit_state_dict(model_dir, expected, head_required)
+    flat = {}
+    for key, (path, leaf) in leaves.items():
+        if key in found:
+            value = found[key].T if LEAVES[path[-1]][1] else found[key]
+            flat[path] = np.ascontiguousarray(value, np.float32)
+        else:
+            flat[path] = np.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf
     return _unflatten(flat), kept
 
 

@@ -89,22 +89,50 @@ BAD = [
     ("workdir not writable", lambda f: ["--workdir", f["a_file"] / "run"], "is not writable"),
     ("unknown flag", lambda f: ["--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
     ("bad value", lambda f: ["--epochs", "many"], "invalid int value: 'many'"),
+    ("process id out of range", lambda f: ["--num-processes", "2", "--process-id", "2",
+     "--coordinator-address", "127.0.0.1:1"], "--process-id must be in 0..1, got 2"),
+    ("processes without coordinator", lambda f: ["--num-processes", "2"],
+     "--num-processes > 1 needs --coordinator-address"),
+]  # fmt: skip
+
+# The torch side reads data, model directories and flags through the same code; these go
+# through `python -m torchxla_ref.train` (spmd on 8 CPU devices) too.
+TORCH_BAD = ["missing column", "label 2", "label yes", "nan/empty comments", "not utf-8",
+             "model of another size", "missing tokenizer", "batch larger than data",
+             "workdir not writable", "unknown flag"]  # fmt: skip
+TORCH_BAD_ARGS = [
+    *(b for b in BAD if b[0] in TORCH_BAD),
+    ("multi-host flags", lambda f: ["--num-processes", "2", "--coordinator-address", "h:1"],
+     "multi-host runs are jaxtpu only"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name,args,message", BAD, ids=[b[0] for b in BAD])
-def test_bad_input_gives_one_clear_line_and_no_traceback(files, tmp_path, name, args, message):
-    argv = [str(a) for a in args(files)]
-    if "--workdir" not in argv:
-        argv += ["--workdir", str(tmp_path / "run")]
-    # For that case the machine gets 4 devices, as a host whose device count is fixed has.
-    env = {"JAX_NUM_CPU_DEVICES": "4"} if name == "more devices than exist" else None
-    proc = cli("jaxtpu.train", *TINY, *argv, env=env)
+def _assert_one_clear_line(proc: subprocess.CompletedProcess, message: str) -> None:
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     error_lines = [x for x in proc.stderr.splitlines() if "error:" in x]
     assert len(error_lines) == 1, proc.stderr
+
+
+def _bad_argv(files: dict, tmp_path: Path, args) -> list[str]:
+    argv = [str(a) for a in args(files)]
+    return argv if "--workdir" in argv else [*argv, "--workdir", str(tmp_path / "run")]
+
+
+@pytest.mark.parametrize("name,args,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gives_one_clear_line_and_no_traceback(files, tmp_path, name, args, message):
+    # For that case the machine gets 4 devices, as a host whose device count is fixed has.
+    env = {"JAX_NUM_CPU_DEVICES": "4"} if name == "more devices than exist" else None
+    proc = cli("jaxtpu.train", *TINY, *_bad_argv(files, tmp_path, args), env=env)
+    _assert_one_clear_line(proc, message)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("name,args,message", TORCH_BAD_ARGS, ids=[b[0] for b in TORCH_BAD_ARGS])
+def test_bad_input_through_the_torch_side(files, tmp_path, name, args, message):
+    proc = cli("torchxla_ref.train", *TINY, *_bad_argv(files, tmp_path, args))
+    _assert_one_clear_line(proc, message)
 
 
 def test_texts_far_longer_than_max_len_are_truncated_and_train(files, tmp_path):
@@ -134,6 +162,23 @@ def test_corrupted_checkpoint_is_reported_and_kept(finished_run, tmp_path):
     assert re.search(r"checkpoints/latest/7: unreadable (or incomplete )?checkpoint", proc.stderr)
     assert "Traceback" not in proc.stderr
     assert step_dir.exists()  # nothing deleted
+
+
+def test_torch_side_refuses_corrupted_and_foreign_checkpoints(tmp_path):
+    wd = tmp_path / "run"
+    eager = [*TINY, "--parallel", "eager", "--num-devices", "1", "--max-steps", "3"]
+    proc = cli("torchxla_ref.train", *eager, "--workdir", str(wd))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    other = tmp_path / "other"
+    shutil.copytree(wd, other)
+    proc = cli("torchxla_ref.train", *eager, "--workdir", str(other), "--resume",
+               "--task", "ranking")  # fmt: skip
+    _assert_one_clear_line(proc, "checkpoint is for task 'toxicity', this run is 'ranking'")
+    (ckpt,) = (wd / "checkpoints" / "latest").glob("step_*.pt")
+    ckpt.write_bytes(b"garbage")
+    proc = cli("torchxla_ref.train", *eager, "--workdir", str(wd), "--resume")
+    _assert_one_clear_line(proc, f"{ckpt}: unreadable checkpoint")
+    assert ckpt.read_bytes() == b"garbage"  # kept for the user to inspect
 
 
 def test_checkpoint_of_another_task_is_refused(finished_run, tmp_path):

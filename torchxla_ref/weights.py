@@ -7,12 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
-from transformers import BertModel
 
 from jaxtpu.config import EncoderConfig
-from jaxtpu.weights import HEAD_FILE, CheckpointError, write_hf_dir
-from torchxla_ref.models import ToxicityClassifier, hf_config, model_class
+from jaxtpu.weights import fit_state_dict, write_hf_dir
+from torchxla_ref.models import ToxicityClassifier, model_class
 
 
 def build_model(
@@ -22,24 +20,19 @@ def build_model(
     model_dir: str | Path | None,
     seed: int,
 ) -> ToxicityClassifier:
-    """The task's model from `model_dir` (encoder, and head if the directory has one), or a
-    seeded random init. Encoder dropout comes from `enc` either way."""
+    """The task's model, seeded random init, then filled from `model_dir` (encoder, and head
+    if the directory has one) through the same checks as the JAX side
+    (`jaxtpu.weights.fit_state_dict`). Encoder dropout comes from `enc` either way."""
     torch.manual_seed(seed)
-    bert = None
+    model = model_class(task)(enc, head_dropout)
     if model_dir:
-        bert, info = BertModel.from_pretrained(
-            str(model_dir), config=hf_config(enc), output_loading_info=True
-        )
-        missing = [k for k in info["missing_keys"] if not k.startswith("pooler.")]
-        if missing or info["mismatched_keys"]:
-            raise CheckpointError(
-                f"{model_dir}: does not fit the model (missing {missing[:3]}, "
-                f"mismatched {list(info['mismatched_keys'])[:3]})"
-            )
-    model = model_class(task)(enc, head_dropout, bert)
-    head = Path(model_dir or "") / HEAD_FILE
-    if model_dir and head.exists():
-        model.load_state_dict(load_file(str(head)), strict=False)
+        expected = {k.removeprefix("bert."): tuple(v.shape) for k, v in model.state_dict().items()}
+        found, _ = fit_state_dict(model_dir, expected)
+        tensors = {
+            (k if k.startswith("classifier.") else "bert." + k): torch.from_numpy(v)
+            for k, v in found.items()
+        }
+        model.load_state_dict(tensors, strict=False)
     return model
 
 
