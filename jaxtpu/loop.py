@@ -254,7 +254,10 @@ def run(
                     log.info("first step (compile + run): %.1fs", compile_s)
                     t_log, step_log = time.time(), step
                     runlog.write({"event": "compile", "step": step, "seconds": compile_s})
-                if step % run_cfg.log_every == 0 or step == total:
+                every = run_cfg.checkpoint_every
+                checkpoint_step = bool(every and step % every == 0)
+                # a checkpoint step is also a logging step: its losses are checked before saving
+                if step % run_cfg.log_every == 0 or step == total or checkpoint_step:
                     host = backend.fetch(pending)  # the only sync between evaluations
                     pending = []
                     loss = float(np.mean([h["loss"] for h in host]))
@@ -297,15 +300,7 @@ def run(
                 if signalled:
                     stopped_by = "SIGTERM"
                     break
-                every = run_cfg.checkpoint_every
-                if every and step % every == 0 and step < total:
-                    if step % run_cfg.log_every:  # check the loss before keeping the state
-                        losses = [h["loss"] for h in backend.fetch(pending)]
-                        if not np.all(np.isfinite(losses)):
-                            raise TrainingError(
-                                f"loss became nan/inf by step {step}; stopped before "
-                                f"checkpointing. Last good checkpoints: {workdir / 'checkpoints'}"
-                            )
+                if checkpoint_step and step < total:  # its loss was checked when logged
                     backend.save_latest(step, meta(step))
             if stopped_by or step >= total:
                 break
