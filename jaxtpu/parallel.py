@@ -4,8 +4,10 @@ Both strategies wrap the same pure `jaxtpu.steps.train_step` / `eval_step`:
 - `PmapStrategy`: replicated state, per-device batch shards on a leading device axis,
   `lax.pmean` of gradients inside the step, donated state buffers.
 - `JitStrategy` (pjit): `jax.jit` with `NamedSharding` over a `Mesh(('data', 'fsdp'))`; the
-  batch is sharded on `data`, params are replicated (`fsdp` has size 1 today, so params can be
-  sharded on it later without touching model code). The compiler inserts the all-reduce.
+  batch is sharded on `data`, params are replicated, the AdamW moments are split over `data`
+  (ZeRO-1: each device updates its slice, then the new params are gathered). `fsdp` has size
+  1 today, so params can be sharded on it later without touching model code. The compiler
+  inserts the collectives.
 """
 
 from __future__ import annotations
@@ -268,7 +270,20 @@ class JitStrategy(Strategy):
         self._eval: Any = None
 
     def _state_sharding(self, state: Any) -> Any:
-        return jax.tree_util.tree_map(lambda _: self.replicated, state)
+        params = jax.tree_util.tree_map(lambda _: self.replicated, state.params)
+        opt = jax.tree_util.tree_map(self._split_sharding, state.opt_state)
+        rest = jax.tree_util.tree_map(lambda _: self.replicated, state)
+        return rest.replace(params=params, opt_state=opt)
+
+    def _split_sharding(self, x: Any) -> NamedSharding:
+        """Optimizer moments split over the data axis on their largest divisible dimension."""
+        shape = np.shape(x)
+        dims = [d for d in np.argsort(shape)[::-1] if shape[d] % self.n == 0 and shape[d] > 1]
+        if self.n == 1 or not dims or np.size(x) < 4096:
+            return self.replicated
+        spec = [None] * len(shape)
+        spec[int(dims[0])] = "data"
+        return NamedSharding(self.mesh, P(*spec))
 
     def put_state(self, state: steps.TrainState) -> steps.TrainState:
         shardings = self._state_sharding(state)
@@ -310,7 +325,16 @@ class JitStrategy(Strategy):
         }
 
     def host_state(self, state: Any) -> steps.TrainState:
-        return jax.device_get(state)
+        if self.procs.count == 1:
+            return jax.device_get(state)
+        from jax.experimental import multihost_utils
+
+        def whole(x: jax.Array) -> np.ndarray:  # split optimizer moments span the processes
+            if x.is_fully_replicated:
+                return np.asarray(x)
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+        return jax.tree_util.tree_map(whole, state)
 
     def host_metrics(self, metrics: Any) -> dict[str, float]:
         return {k: float(v) for k, v in jax.device_get(metrics).items()}

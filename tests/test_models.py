@@ -115,3 +115,33 @@ def test_ranker_scores_each_comment_of_a_pair_with_the_same_head(flax_params, re
     pairs = ranker.apply({"params": params}, ids[:4].reshape(2, 2, -1), mask[:4].reshape(2, 2, -1))
     assert pairs.shape == (2, 2) and pairs.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(pairs).reshape(-1), np.asarray(single), atol=1e-5)
+
+
+def test_hash_dropout_keeps_the_right_fraction_independently_and_scales():
+    rate, shape = 0.1, (8, 12, 128, 128)
+    x = jnp.ones(shape, jnp.float32)
+    drop = models.Dropout(rate)
+
+    def apply(seed: int) -> np.ndarray:
+        return np.asarray(drop.apply({}, x, False, rngs={"dropout": jax.random.key(seed)}))
+
+    a, b = apply(0), apply(1)
+    n = a.size
+    kept = a != 0
+    # Binomial(n, 0.9): standard deviation sqrt(n * 0.09) / n = 2e-4 of the fraction.
+    assert abs(kept.mean() - (1 - rate)) < 6 * np.sqrt(rate * (1 - rate) / n)
+    np.testing.assert_allclose(a[kept], 1 / (1 - rate), rtol=1e-6)  # inverted dropout
+    # Masks of two keys, and neighbouring elements of one mask, are uncorrelated.
+    for u, v in [(a != 0, b != 0), (kept[..., :-1], kept[..., 1:]), (kept[:-1], kept[1:])]:
+        corr = np.corrcoef(u.ravel().astype(np.float32), v.ravel().astype(np.float32))[0, 1]
+        assert abs(corr) < 6 / np.sqrt(u.size), corr
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(apply(0), a)  # same key, same mask
+    same = np.asarray(drop.apply({}, x, True))  # deterministic: identity
+    np.testing.assert_array_equal(same, np.ones(shape, np.float32))
+    # Bits are uniform: each byte of the words equally likely.
+    bits = np.asarray(models.hash_bits(jax.random.key(3), (1 << 20,)))
+    for shift in (0, 8, 16, 24):
+        counts = np.bincount((bits >> shift) & 0xFF, minlength=256)
+        chi2 = (((counts - counts.mean()) ** 2) / counts.mean()).sum()
+        assert chi2 < 400, (shift, chi2)  # 255 degrees of freedom: p < 1e-6 above 400
