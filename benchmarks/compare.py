@@ -6,12 +6,13 @@ step with p10-p90 spread, samples/s, tokens/s, model FLOPs utilisation against t
 peak, peak host memory), writes `DIR/benchmarks.json` (one record per configuration) and
 `DIR/benchmarks.png` (bar chart of median step time).
 
-  --quick   MiniLM, bf16: jaxtpu pmap and jit on 8 devices and jit on 2 (one per core of
-            this machine), torch_xla SPMD on 8, and the plain-PyTorch CPU reference rows
-            (eager and torch.compile, bf16 autocast). About 6 minutes here.
+  --quick   MiniLM, bf16: jaxtpu pmap and jit on 8 devices, with 1 and with K steps per
+            device call (strategy "jit/8" = --steps-per-call 8), jit on 2 devices (one per
+            core of this machine), torch_xla SPMD on 8, and the plain-PyTorch CPU reference
+            rows (eager and torch.compile, bf16 autocast). About 8 minutes here.
   (default) jaxtpu pmap and jit for tiny, minilm and bert-base, fp32 and bf16, 1 and 8
-            devices, plus jit on 2; torch_xla SPMD and spawn for tiny and SPMD for the target
-            row (MiniLM bf16, 8 devices); the reference rows. About 20 minutes here.
+            devices, plus the --quick jaxtpu rows; torch_xla SPMD and spawn for tiny and SPMD
+            for the target row (MiniLM bf16, 8 devices); the reference rows. About 20 minutes.
   --all     also every other torch_xla row (XLA:CPU runs a MiniLM step in 30+ s: hours).
 """
 
@@ -31,20 +32,27 @@ from parity_tests.harness import ROOT, clean_env
 
 
 def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
-    def cfg(fw, st, wl, pr, dev):
-        return {"framework": fw, "strategy": st, "workload": wl, "precision": pr, "devices": dev}
+    def cfg(fw, st, wl, pr, dev, k=1):
+        c = {"framework": fw, "strategy": st, "workload": wl, "precision": pr, "devices": dev}
+        return {**c, "steps_per_call": k} if k > 1 else c
 
     refs = [
         cfg("torch", "eager", "minilm", "bf16", 1),
         cfg("torch", "compile", "minilm", "bf16", 1),
     ]
-    # One virtual device per physical core: the best jaxtpu configuration on a small CPU.
-    cores = cfg("jaxtpu", "jit", "minilm", "bf16", 2)
+    # One virtual device per physical core, and K steps per device call (lax.scan): the best
+    # jaxtpu configurations on a small CPU.
+    best = [
+        cfg("jaxtpu", "pmap", "minilm", "bf16", 8, 4),
+        cfg("jaxtpu", "jit", "minilm", "bf16", 8, 4),
+        cfg("jaxtpu", "jit", "minilm", "bf16", 2),
+        cfg("jaxtpu", "jit", "minilm", "bf16", 2, 8),
+    ]
     if quick:
         return [
             cfg("jaxtpu", "pmap", "minilm", "bf16", 8),
             cfg("jaxtpu", "jit", "minilm", "bf16", 8),
-            cores,
+            *best,
             cfg("torch_xla", "spmd", "minilm", "bf16", 8),
             *refs,
         ]
@@ -57,7 +65,7 @@ def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
             out.append(cfg("torch_xla", "spmd", wl, pr, dev))
         if dev == 1 and (wl == "tiny" or all_configs):
             out.append(cfg("torch_xla", "spawn", wl, pr, dev))
-    return out + [cores] + refs + [cfg("torch", "eager", "minilm", "fp32", 1)]
+    return out + best + refs + [cfg("torch", "eager", "minilm", "fp32", 1)]
 
 
 def run_worker(args: list[str], timeout: float) -> dict[str, Any]:
@@ -73,13 +81,18 @@ def run_worker(args: list[str], timeout: float) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def _strategy(r: dict[str, Any]) -> str:
+    """'jit', or 'jit/8' with --steps-per-call 8."""
+    return r["strategy"] + (f"/{r['steps_per_call']}" if r.get("steps_per_call") else "")
+
+
 def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
     head = (f"{'framework':<10} {'strategy':<8} {'workload':<9} {'prec':<4} {'dev':>3} "
             f"{'compile s':>9} {'median s':>9} {'p10-p90 s':>13} {'samples/s':>9} "
             f"{'tokens/s':>9} {'MFU %':>6} {'host MB':>8}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in records:
-        name = f"{r['framework']:<10} {r['strategy']:<8} {r['workload']:<9} {r['precision']:<4} "
+        name = f"{r['framework']:<10} {_strategy(r):<8} {r['workload']:<9} {r['precision']:<4} "
         name += f"{r['devices']:>3} "
         if "error" in r:
             lines.append(name + f"  error: {r['error']}")
@@ -103,7 +116,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     ok = [r for r in records if "error" not in r]
     if not ok:
         return
-    labels = [f"{r['framework']} {r['strategy']}\n{r['workload']} {r['precision']} x{r['devices']}"
+    labels = [f"{r['framework']} {_strategy(r)}\n{r['workload']} {r['precision']} x{r['devices']}"
               for r in ok]  # fmt: skip
     colors = {"jaxtpu": "tab:blue", "torch_xla": "tab:orange", "torch": "tab:gray"}
     fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(ok) + 2), 5))
@@ -151,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configs = matrix(args.quick, args.all)
     records = []
     for i, c in enumerate(configs, 1):
-        flags = [x for k, v in c.items() for x in (f"--{k}", str(v))]
+        flags = [x for k, v in c.items() for x in ("--" + k.replace("_", "-"), str(v))]
         flags += ["--budget", str(args.budget or (20.0 if args.quick else 8.0))]
         t = time.time()
         r = {**c, **run_worker(flags, args.timeout)}

@@ -26,25 +26,28 @@ WORKLOAD = os.environ.get("BENCH_WORKLOAD", "minilm")
 PRECISION = os.environ.get("BENCH_PRECISION", "bf16")
 
 
-def args_for(framework: str, strategy: str, devices: int) -> argparse.Namespace:
+def args_for(framework: str, strategy: str, devices: int, k: int = 1) -> argparse.Namespace:
     return argparse.Namespace(
         framework=framework, strategy=strategy, workload=WORKLOAD, precision=PRECISION,
-        devices=devices, batch=32, seq=128,
+        devices=devices, batch=32, seq=128, steps_per_call=k,
     )  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "framework,strategy,devices",
-    [("jaxtpu", "pmap", 8), ("jaxtpu", "jit", 8), ("jaxtpu", "jit", 1),
-     ("torch", "eager", 1), ("torch", "compile", 1)],
+    "framework,strategy,devices,k",
+    [("jaxtpu", "pmap", 8, 1), ("jaxtpu", "jit", 8, 1), ("jaxtpu", "jit", 1, 1),
+     ("jaxtpu", "jit", 2, 8), ("torch", "eager", 1, 1), ("torch", "compile", 1, 1)],
 )  # fmt: skip
-def test_train_step(benchmark, framework, strategy, devices):
-    args = args_for(framework, strategy, devices)
+def test_train_step(benchmark, framework, strategy, devices, k):
+    """One round is one device call: k steps (--steps-per-call k; extra_info says k)."""
+    args = args_for(framework, strategy, devices, k)
     make = {"jaxtpu": worker.jax_step, "torch": worker.torch_cpu_step}[framework]
     step, wait = make(args, worker.config_for(args))
     wait(step())  # compile (and torch.compile's tracing) excluded from the timing
     wait(step())
-    benchmark.extra_info.update(workload=WORKLOAD, precision=PRECISION, devices=devices)
+    benchmark.extra_info.update(
+        workload=WORKLOAD, precision=PRECISION, devices=devices, steps_per_call=k
+    )
     benchmark.pedantic(lambda: wait(step()), rounds=5, warmup_rounds=1)
 
 

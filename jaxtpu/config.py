@@ -121,6 +121,13 @@ class RunConfig:
     checkpoint_every: int = _f(
         0, "Also save the latest state every N steps, for --resume (0 = at evaluations only)."
     )
+    steps_per_call: int = _f(
+        1,
+        "jaxtpu: run K training steps per device call (lax.scan, like Keras' "
+        "steps_per_execution): one dispatch per K steps. --log-every, --eval-every and "
+        "--checkpoint-every must be multiples of K. Calls end at epoch ends too; each shorter "
+        "length compiles once (at most K programs). The torch side runs them one by one.",
+    )
     seed: int = _f(0, "Seed of data order, splits, init and dropout.")
     workdir: str = _f(
         "",
@@ -245,6 +252,7 @@ def validate(cfg: Config) -> None:
         "epochs": cfg.run.epochs,
         "log_every": cfg.run.log_every,
         "num_processes": cfg.run.num_processes,
+        "steps_per_call": cfg.run.steps_per_call,
     }
     for name, value in positive.items():
         if value < 1:
@@ -262,6 +270,13 @@ def validate(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), name)
         if value < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+    k = max(cfg.run.steps_per_call, 1)
+    for name in ("log_every", "eval_every", "checkpoint_every"):
+        value = getattr(cfg.run, name)
+        if value % k:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} {value} is not a multiple of --steps-per-call {k}"
+            )
     if not 0.0 < cfg.data.valid_fraction < 1.0:
         raise ConfigError(f"--valid-fraction must be in (0, 1), got {cfg.data.valid_fraction}")
     if cfg.data.n_folds == 1:

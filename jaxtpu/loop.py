@@ -48,11 +48,13 @@ class Backend(Protocol):
     def compile_count(self) -> int:
         """How many times the train step was compiled so far (1 after warm-up)."""
 
-    def train_step(self, batch: dict[str, np.ndarray]) -> Any:
-        """Runs one step asynchronously; returns a handle on its device-side metrics."""
+    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
+        """Runs the steps of these consecutive batches asynchronously (one device call on the
+        JAX side, see --steps-per-call); returns handles on their device-side metrics."""
 
     def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
-        """Host values of the handles' metrics ('loss', 'grad_norm'): one device sync."""
+        """Host values of the handles' metrics ('loss', 'grad_norm'), one dict per step: one
+        device sync."""
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Per-example 'score' and 'loss' of the global batch whose local rows are `batch`,
@@ -243,21 +245,30 @@ def run(
     rows = backend.local_rows(gb)
     with _StopFlag() as stop:
         for epoch in range(step // spe, run_cfg.epochs):
+            chunk: list[np.ndarray] = []
             for idx in D.train_batches(len(data.train), gb, run_cfg.seed, epoch, step % spe):
                 if step >= total:
                     break
-                pending.append(backend.train_step(data.train.take(idx[rows])))
+                chunk.append(idx)
                 step += 1
+                every = run_cfg.checkpoint_every
+                checkpoint_step = bool(every and step % every == 0)
+                log_step = step % run_cfg.log_every == 0 or step == total or checkpoint_step
+                eval_step = bool(run_cfg.eval_every and step % run_cfg.eval_every == 0)
+                if len(chunk) < run_cfg.steps_per_call and not (
+                    log_step or eval_step or step % spe == 0
+                ):
+                    continue  # --steps-per-call: gather K batches for one device call
+                pending += backend.train_steps([data.train.take(i[rows]) for i in chunk])
+                done, chunk = len(chunk), []
                 if compile_s is None:
                     backend.fetch(pending[-1:])  # wait once, to time compilation apart
                     compile_s = time.time() - t_log
                     log.info("first step (compile + run): %.1fs", compile_s)
                     t_log, step_log = time.time(), step
                     runlog.write({"event": "compile", "step": step, "seconds": compile_s})
-                every = run_cfg.checkpoint_every
-                checkpoint_step = bool(every and step % every == 0)
                 # a checkpoint step is also a logging step: its losses are checked before saving
-                if step % run_cfg.log_every == 0 or step == total or checkpoint_step:
+                if log_step:
                     host = backend.fetch(pending)  # the only sync between evaluations
                     pending = []
                     loss = float(np.mean([h["loss"] for h in host]))
@@ -289,8 +300,8 @@ def run(
                     if bar is not None:
                         bar.set_postfix(loss=f"{loss:.4f}", ex_s=f"{rate:.1f}", refresh=False)
                 if bar is not None:
-                    bar.update(1)
-                if run_cfg.eval_every and step % run_cfg.eval_every == 0 and step < total:
+                    bar.update(done)
+                if eval_step and step < total:
                     if run_eval(step, epoch):
                         stopped_by = "early stopping"
                         break

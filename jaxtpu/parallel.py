@@ -177,7 +177,15 @@ class Strategy:
     def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
         raise NotImplementedError
 
+    def put_batches(self, batches: dict[str, np.ndarray]) -> Any:
+        """Like `put_batch` for K stacked batches (leading axis K), for `train_steps`."""
+        raise NotImplementedError
+
     def train_step(self, state: Any, batch: Any, rng: jax.Array) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def train_steps(self, state: Any, batches: Any, rng: jax.Array) -> tuple[Any, Any]:
+        """K steps in one call (`steps.train_steps`); metrics with a leading K axis."""
         raise NotImplementedError
 
     def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
@@ -189,6 +197,10 @@ class Strategy:
         raise NotImplementedError
 
     def host_metrics(self, metrics: Any) -> dict[str, float]:
+        raise NotImplementedError
+
+    def host_metrics_stacked(self, metrics: Any) -> list[dict[str, float]]:
+        """Per-step host metrics of a `train_steps` call."""
         raise NotImplementedError
 
 
@@ -204,6 +216,13 @@ class PmapStrategy(Strategy):
         self.n_local = len(self.local_devices)
         self._train = jax.pmap(
             self._counted(partial(steps.train_step, task=task, axis_name=self.axis)),
+            axis_name=self.axis,
+            in_axes=(0, 0, None),
+            donate_argnums=(0,),
+            devices=devices,
+        )
+        self._train_many = jax.pmap(
+            self._counted(partial(steps.train_steps, task=task, axis_name=self.axis)),
             axis_name=self.axis,
             in_axes=(0, 0, None),
             donate_argnums=(0,),
@@ -232,8 +251,23 @@ class PmapStrategy(Strategy):
 
         return {k: shard(v) for k, v in batch.items()}
 
+    def put_batches(self, batches: dict[str, np.ndarray]) -> Any:
+        """(K, rows, ...) -> (devices, K, rows / devices, ...): each device scans its slices."""
+
+        def shard(x: np.ndarray) -> jax.Array:
+            k, rows = x.shape[:2]
+            if rows % self.n_local:
+                raise ValueError(f"batch of {rows} does not split over {self.n_local} devices")
+            x = x.reshape(k, self.n_local, rows // self.n_local, *x.shape[2:]).swapaxes(0, 1)
+            return jax.device_put(np.ascontiguousarray(x), self._sharded)
+
+        return {k: shard(v) for k, v in batches.items()}
+
     def train_step(self, state: Any, batch: Any, rng: jax.Array) -> tuple[Any, Any]:
         return self._train(state, batch, rng)
+
+    def train_steps(self, state: Any, batches: Any, rng: jax.Array) -> tuple[Any, Any]:
+        return self._train_many(state, batches, rng)
 
     def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
         out = self._eval(state, batch)
@@ -248,6 +282,10 @@ class PmapStrategy(Strategy):
             k: float(np.asarray(v.addressable_shards[0].data).reshape(-1)[0])
             for k, v in metrics.items()
         }
+
+    def host_metrics_stacked(self, metrics: Any) -> list[dict[str, float]]:
+        first = {k: np.asarray(v.addressable_shards[0].data)[0] for k, v in metrics.items()}
+        return [{k: float(v[i]) for k, v in first.items()} for i in range(len(first["loss"]))]
 
 
 def _local_rows(x: jax.Array) -> np.ndarray:
@@ -265,6 +303,7 @@ class JitStrategy(Strategy):
         # Explicit Auto axes: classic pjit semantics (shardings on jit, compiler propagates).
         self.mesh = Mesh(np.array(devices).reshape(self.n, 1), ("data", "fsdp"))
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
+        self.batches_sharding = NamedSharding(self.mesh, P(None, "data"))  # (K, rows, ...)
         self.replicated = NamedSharding(self.mesh, P())
         self._train: Any = None
         self._eval: Any = None
@@ -276,20 +315,23 @@ class JitStrategy(Strategy):
         return rest.replace(params=params, opt_state=opt)
 
     def _split_sharding(self, x: Any) -> NamedSharding:
-        """Optimizer moments split over the data axis on their largest divisible dimension."""
+        """Optimizer moments split over the data axis on their first dimension, when it divides."""
         shape = np.shape(x)
-        dims = [d for d in np.argsort(shape)[::-1] if shape[d] % self.n == 0 and shape[d] > 1]
-        if self.n == 1 or not dims or np.size(x) < 4096:
+        if self.n == 1 or not shape or shape[0] % self.n or np.size(x) < 4096:
             return self.replicated
-        spec = [None] * len(shape)
-        spec[int(dims[0])] = "data"
-        return NamedSharding(self.mesh, P(*spec))
+        return NamedSharding(self.mesh, P("data"))
 
     def put_state(self, state: steps.TrainState) -> steps.TrainState:
         shardings = self._state_sharding(state)
         self._train = jax.jit(
             self._counted(partial(steps.train_step, task=self.task)),
             in_shardings=(shardings, self.batch_sharding, self.replicated),
+            out_shardings=(shardings, self.replicated),
+            donate_argnums=(0,),
+        )
+        self._train_many = jax.jit(
+            self._counted(partial(steps.train_steps, task=self.task)),
+            in_shardings=(shardings, self.batches_sharding, self.replicated),
             out_shardings=(shardings, self.replicated),
             donate_argnums=(0,),
         )
@@ -302,17 +344,28 @@ class JitStrategy(Strategy):
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
         """This process's rows of a global batch, placed on its devices of the global mesh."""
+        return self._put(batch, self.batch_sharding, 0)
+
+    def put_batches(self, batches: dict[str, np.ndarray]) -> Any:
+        return self._put(batches, self.batches_sharding, 1)
+
+    def _put(self, batch: dict[str, np.ndarray], sharding: NamedSharding, axis: int) -> Any:
         if self.procs.count == 1:
-            return jax.device_put(batch, self.batch_sharding)
+            return jax.device_put(batch, sharding)
+
+        def global_shape(v: np.ndarray) -> tuple[int, ...]:
+            return (*v.shape[:axis], v.shape[axis] * self.procs.count, *v.shape[axis + 1 :])
+
         return {
-            k: jax.make_array_from_process_local_data(
-                self.batch_sharding, v, (v.shape[0] * self.procs.count, *v.shape[1:])
-            )
+            k: jax.make_array_from_process_local_data(sharding, v, global_shape(v))
             for k, v in batch.items()
         }
 
     def train_step(self, state: Any, batch: Any, rng: jax.Array) -> tuple[Any, Any]:
         return self._train(state, batch, rng)
+
+    def train_steps(self, state: Any, batches: Any, rng: jax.Array) -> tuple[Any, Any]:
+        return self._train_many(state, batches, rng)
 
     def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
         out = self._eval(state, batch)
@@ -338,6 +391,10 @@ class JitStrategy(Strategy):
 
     def host_metrics(self, metrics: Any) -> dict[str, float]:
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def host_metrics_stacked(self, metrics: Any) -> list[dict[str, float]]:
+        host = jax.device_get(metrics)
+        return [{k: float(v[i]) for k, v in host.items()} for i in range(len(host["loss"]))]
 
 
 STRATEGIES = {"pmap": PmapStrategy, "jit": JitStrategy}

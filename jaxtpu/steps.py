@@ -18,7 +18,7 @@ from jaxtpu.config import RANKING_MARGIN
 
 Batch = dict[str, jax.Array]
 
-__all__ = ["TrainState", "eval_step", "per_example_loss", "train_step"]
+__all__ = ["TrainState", "eval_step", "per_example_loss", "train_step", "train_steps"]
 
 
 def per_example_loss(task: str, scores: jax.Array, label: jax.Array) -> jax.Array:
@@ -72,6 +72,24 @@ def train_step(
         loss = jax.lax.pmean(loss, axis_name)
     metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     return state.apply_gradients(grads=grads), metrics
+
+
+def train_steps(
+    state: TrainState,
+    batches: Batch,
+    rng: jax.Array,
+    *,
+    task: str,
+    axis_name: str | None = None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """K `train_step`s in one device call (`lax.scan` over the leading axis of `batches`), as
+    Keras' `steps_per_execution` does: one dispatch and one host round trip per K steps.
+    Returns the final state and each step's metrics stacked on a leading K axis."""
+
+    def body(st: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        return train_step(st, batch, rng, task=task, axis_name=axis_name)
+
+    return jax.lax.scan(body, state, batches)
 
 
 def eval_step(state: TrainState, batch: Batch, *, task: str) -> dict[str, jax.Array]:

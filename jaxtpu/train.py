@@ -84,14 +84,24 @@ class JaxBackend:
     def any_process(self, flag: bool) -> bool:
         return self.procs.any(flag)
 
-    def train_step(self, batch: dict[str, np.ndarray]) -> Any:
-        self.state, metrics = self.strategy.train_step(
-            self.state, self.strategy.put_batch(batch), self.rng
-        )
-        return metrics
+    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
+        """One device call: a plain step for one batch, a `lax.scan` over K stacked ones."""
+        s = self.strategy
+        if len(batches) == 1:
+            self.state, metrics = s.train_step(self.state, s.put_batch(batches[0]), self.rng)
+            return [(1, metrics)]
+        stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+        self.state, metrics = s.train_steps(self.state, s.put_batches(stacked), self.rng)
+        return [(len(batches), metrics)]
 
     def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
-        return [self.strategy.host_metrics(h) for h in handles]
+        out: list[dict[str, float]] = []
+        for k, metrics in handles:
+            if k == 1:
+                out.append(self.strategy.host_metrics(metrics))
+            else:
+                out.extend(self.strategy.host_metrics_stacked(metrics))
+        return out
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.strategy.eval_step(self.state, self.strategy.put_batch(batch))

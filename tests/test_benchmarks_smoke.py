@@ -36,3 +36,16 @@ def test_quick_matrix_holds_the_target_rows():
     assert {("jaxtpu", "pmap", 8), ("jaxtpu", "jit", 8), ("torch_xla", "spmd", 8),
             ("torch", "eager", 1), ("torch", "compile", 1)} <= keys  # fmt: skip
     assert all(r["workload"] == "minilm" and r["precision"] == "bf16" for r in rows)
+    assert {"framework": "jaxtpu", "strategy": "jit", "workload": "minilm", "precision": "bf16",
+            "devices": 2, "steps_per_call": 8} in rows  # fmt: skip
+
+
+def test_worker_reports_per_step_times_with_steps_per_call():
+    cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "2",
+           "--strategy", "jit", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
+           "--steps-per-call", "3"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["steps_per_call"] == 3 and len(r["step_s"]) == 2
+    assert r["samples_per_s"] == 32 / r["median_s"]

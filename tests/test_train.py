@@ -23,7 +23,7 @@ def read_log(workdir):
 
 
 def tiny(tmp_path, name="run", **overrides):
-    return C.tiny().replace(workdir=str(tmp_path / name), log_every=1, **overrides)
+    return C.tiny().replace(workdir=str(tmp_path / name), **{"log_every": 1, **overrides})
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -99,3 +99,25 @@ def test_default_command_code_path(tmp_path, caplog):
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert (summary["parallel"], summary["precision"], summary["devices"]) == ("pmap", "bf16", 8)
     assert np.isfinite(summary["final"]["val_auc"])
+
+
+@pytest.mark.parametrize("parallel", ["pmap", "jit"])
+def test_steps_per_call_trains_exactly_like_one_step_per_call(tmp_path, parallel):
+    """--steps-per-call 3: a lax.scan over 3 batches per device call. 7 steps per epoch and
+    logging every 3 give calls of 3, 3, 1 | 2, 3, 2 steps: three compiled programs, the same
+    numbers as one step per call."""
+    kw = dict(parallel=parallel, precision="fp32", epochs=2, log_every=3)
+    one = T.train_and_evaluate(tiny(tmp_path, "one", **kw))
+    three = T.train_and_evaluate(tiny(tmp_path, "three", steps_per_call=3, **kw))
+    a, ea = read_log(tmp_path / "one")
+    b, eb = read_log(tmp_path / "three")
+    assert [x["step"] for x in a] == [x["step"] for x in b] == [3, 6, 9, 12, 14]
+    np.testing.assert_allclose([x["loss"] for x in a], [x["loss"] for x in b], rtol=1e-5)
+    np.testing.assert_allclose([x["grad_norm"] for x in a], [x["grad_norm"] for x in b], rtol=1e-5)
+    assert eb[-1]["val_loss"] == pytest.approx(ea[-1]["val_loss"], rel=1e-5)
+    assert (one["train_compiles"], three["train_compiles"]) == (1, 3)
+
+
+def test_steps_per_call_must_divide_the_intervals():
+    with pytest.raises(C.ConfigError, match="--log-every 10 is not a multiple of --steps-per-call"):
+        C.tiny().replace(steps_per_call=4, log_every=10)

@@ -85,6 +85,10 @@ class XlaBackend:
         evaluation), read from torch_xla's own metrics."""
         return self._compiles() - self._compiles_at_start
 
+    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
+        """Each batch is its own traced step (graph boundary at every step)."""
+        return [self.train_step(b) for b in batches]
+
     def train_step(self, batch: dict[str, np.ndarray]) -> Any:
         from torchxla_ref import steps
 
