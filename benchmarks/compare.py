@@ -12,7 +12,7 @@ peak, peak host memory), writes `DIR/benchmarks.json` (one record per configurat
             rows (eager and torch.compile, bf16 autocast). About 8 minutes here.
   (default) jaxtpu pmap and jit for tiny, minilm and bert-base, fp32 and bf16, 1 and 8
             devices, plus the --quick jaxtpu rows; torch_xla SPMD and spawn for tiny and SPMD
-            for the target row (MiniLM bf16, 8 devices); the reference rows. About 20 minutes.
+            for the target row (MiniLM bf16, 8 devices); the reference rows. About 25 minutes.
   --all     also every other torch_xla row (XLA:CPU runs a MiniLM step in 30+ s: hours).
 """
 
@@ -83,7 +83,8 @@ def run_worker(args: list[str], timeout: float) -> dict[str, Any]:
 
 def _strategy(r: dict[str, Any]) -> str:
     """'jit', or 'jit/8' with --steps-per-call 8."""
-    return r["strategy"] + (f"/{r['steps_per_call']}" if r.get("steps_per_call") else "")
+    k = r.get("steps_per_call", 1)
+    return r["strategy"] + (f"/{k}" if k > 1 else "")
 
 
 def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
@@ -152,8 +153,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "default 20 with --quick, 8 otherwise",
     )
     p.add_argument("--timeout", type=float, default=1500, help="seconds per configuration")
+    p.add_argument(
+        "--replot",
+        action="store_true",
+        help="only print the table and redraw the plot from DIR/benchmarks.json (no runs)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.replot:
+        saved = json.loads((out / "benchmarks.json").read_text())
+        print(f"measured {saved['created']} in {saved['seconds']:.0f}s")
+        print(table(saved["results"], saved["matmul_peak_gflops"]))
+        plot(saved["results"], out / "benchmarks.png")
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     peaks = {}
