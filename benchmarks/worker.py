@@ -144,6 +144,51 @@ def matmul_peak(precision: str, n: int = 2048, reps: int = 10) -> float:
     return 2 * n**3 / float(np.median(times)) / 1e9
 
 
+def model_gemms(args: argparse.Namespace, reps: int = 10) -> dict[str, Any]:
+    """GFLOP/s of just the matmuls of one training step of the workload, with nothing else
+    between them: the ceiling XLA's own kernels put on the model FLOPs utilisation.
+
+    One device, bf16 operands with fp32 accumulation (or fp32), each distinct GEMM timed alone
+    (median of `reps`): per layer the forward GEMMs (Q, K, V, output and the two feed-forward
+    projections over batch x seq tokens, and the two batched attention matmuls); the backward
+    pass does each one twice more with the same FLOPs (gradients of both operands), so every
+    GEMM counts three times.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
+    w = WORKLOADS[args.workload]
+    h, f, heads = w["hidden_size"], w["intermediate_size"], w["num_heads"]
+    t, b, s, d = args.batch * args.seq, args.batch, args.seq, w["hidden_size"] // w["num_heads"]
+    dense = [(t, h, h)] * 4 + [(t, h, f), (t, f, h)]
+    attention = [(b * heads, s, d, s), (b * heads, s, s, d)]  # (batch, m, k, n)
+    distinct = [(1, *x) for x in dense] + attention
+    count = 3 * w["num_layers"]  # each GEMM: forward and two gradients, in every layer
+    keys = iter(jax.random.split(jax.random.key(0), 2 * len(distinct)))
+
+    def operand(n: int, rows: int, cols: int) -> jax.Array:
+        shape = (rows, cols) if n == 1 else (n, rows, cols)  # plain 2-D GEMMs for Linear
+        return jax.random.normal(next(keys), shape, dtype)
+
+    # every product is written out in the compute dtype, as the model's activations are
+    gemm = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(dtype))
+    median = 0.0
+    for n, m, k, c in distinct:  # one kernel at a time, as the step runs them
+        a, bb = operand(n, m, k), operand(n, k, c)
+        gemm(a, bb).block_until_ready()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            gemm(a, bb).block_until_ready()
+            times.append(time.perf_counter() - t0)
+        median += count * float(np.median(times))
+    shapes = distinct * count
+    flops = sum(2.0 * n * m * k * c for n, m, k, c in shapes)
+    return {"workload": args.workload, "precision": args.precision, "gemm_gflop": flops / 1e9,
+            "gemm_s": median, "gemm_gflops": flops / median / 1e9}  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.worker",
@@ -171,9 +216,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="jaxtpu: K steps per device call (lax.scan); reported times are per step",
     )
     p.add_argument("--peak", action="store_true", help="measure the matmul peak instead")
+    p.add_argument(
+        "--model-gemms",
+        action="store_true",
+        help="measure only the step's matmuls back to back (the MFU ceiling), with the peak",
+    )
     args = p.parse_args(argv)
     if args.peak:
         print(json.dumps({"peak_gflops": matmul_peak(args.precision), "precision": args.precision}))
+        return 0
+    if args.model_gemms:
+        record = model_gemms(args)
+        record["peak_gflops"] = matmul_peak(args.precision)
+        record["ceiling_mfu"] = record["gemm_gflops"] / record["peak_gflops"]
+        print(json.dumps(record))
         return 0
     if args.strategy not in STRATEGIES[args.framework]:
         p.error(f"--strategy for {args.framework}: one of {', '.join(STRATEGIES[args.framework])}")

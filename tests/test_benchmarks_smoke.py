@@ -49,3 +49,17 @@ def test_worker_reports_per_step_times_with_steps_per_call():
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["steps_per_call"] == 3 and len(r["step_s"]) == 2
     assert r["samples_per_s"] == 32 / r["median_s"]
+
+
+def test_model_gemms_ceiling_reports_the_step_matmul_flops():
+    cmd = [sys.executable, "-m", "benchmarks.worker", "--model-gemms", "--workload", "tiny",
+           "--devices", "1", "--seq", "16"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    enc = C.EncoderConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=128)  # fmt: skip
+    # the GEMMs are the model's FLOPs minus the pooler and head
+    pooler_head = 6.0 * (64 * 64 + 64) * 32 * 16
+    assert abs(r["gemm_gflop"] * 1e9 - (worker.model_flops(enc, 32, 16) - pooler_head)) < 1e3
+    assert r["gemm_gflops"] > 0 and r["ceiling_mfu"] == r["gemm_gflops"] / r["peak_gflops"]
