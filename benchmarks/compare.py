@@ -9,7 +9,7 @@ peak, peak host memory), writes `DIR/benchmarks.json` (one record per configurat
   --quick   MiniLM, bf16: jaxtpu pmap and jit on 8 devices, with 1 and with K steps per
             device call (strategy "jit/8" = --steps-per-call 8), jit on 2 devices (one per
             core of this machine), torch_xla SPMD on 8, and the plain-PyTorch CPU reference
-            rows (eager and torch.compile, bf16 autocast). About 10 minutes here.
+            rows (eager and torch.compile, bf16 autocast). About 9 minutes here.
   (default) jaxtpu pmap and jit for tiny, minilm and bert-base, fp32 and bf16, 1 and 8
             devices, plus the --quick jaxtpu rows; torch_xla SPMD and spawn for tiny and SPMD
             for the target row (MiniLM bf16, 8 devices); the reference rows. About 25 minutes.
