@@ -126,6 +126,17 @@ def torch_cpu_step(args: argparse.Namespace, cfg: C.Config) -> tuple[Callable, C
     return step, (lambda h: float(h[0]))
 
 
+def median_seconds(run: Callable[[], Any], reps: int) -> float:
+    """Median wall time of `run()` (which must block on its result), after one untimed call."""
+    run()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
 def matmul_peak(precision: str, n: int = 2048, reps: int = 10) -> float:
     """GFLOP/s of an n^3 GEMM through XLA on one device (bf16: bf16 operands, fp32 acc)."""
     import jax
@@ -135,13 +146,7 @@ def matmul_peak(precision: str, n: int = 2048, reps: int = 10) -> float:
     a = jnp.ones((n, n), dtype)
     b = jnp.ones((n, n), dtype)
     f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
-    f(a, b).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f(a, b).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / float(np.median(times)) / 1e9
+    return 2 * n**3 / median_seconds(lambda: f(a, b).block_until_ready(), reps) / 1e9
 
 
 def model_gemms(args: argparse.Namespace, reps: int = 10) -> dict[str, Any]:
@@ -176,13 +181,7 @@ def model_gemms(args: argparse.Namespace, reps: int = 10) -> dict[str, Any]:
     median = 0.0
     for n, m, k, c in distinct:  # one kernel at a time, as the step runs them
         a, bb = operand(n, m, k), operand(n, k, c)
-        gemm(a, bb).block_until_ready()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            gemm(a, bb).block_until_ready()
-            times.append(time.perf_counter() - t0)
-        median += count * float(np.median(times))
+        median += count * median_seconds(lambda a=a, b=bb: gemm(a, b).block_until_ready(), reps)
     shapes = distinct * count
     flops = sum(2.0 * n * m * k * c for n, m, k, c in shapes)
     return {"workload": args.workload, "precision": args.precision, "gemm_gflop": flops / 1e9,

@@ -118,6 +118,15 @@ class Processes:
         per = n // self.count
         return slice(self.index * per, (self.index + 1) * per)
 
+    def whole(self, x: jax.Array) -> np.ndarray:
+        """The whole value of a (possibly sharded) global array, on the host of every
+        process."""
+        if self.count == 1 or x.is_fully_replicated:
+            return np.asarray(jax.device_get(x))
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
     def gather(self, local: np.ndarray) -> np.ndarray:
         """Concatenates every process's block along axis 0, in process order."""
         if self.count == 1:
@@ -241,27 +250,19 @@ class PmapStrategy(Strategy):
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
         """This process's rows of a global batch, split over its devices."""
-
-        def shard(x: np.ndarray) -> jax.Array:
-            if x.shape[0] % self.n_local:
-                raise ValueError(
-                    f"batch of {x.shape[0]} does not split over {self.n_local} devices"
-                )
-            return jax.device_put(x.reshape(self.n_local, -1, *x.shape[1:]), self._sharded)
-
-        return {k: shard(v) for k, v in batch.items()}
+        return {k: self._shard(v, 0) for k, v in batch.items()}
 
     def put_batches(self, batches: dict[str, np.ndarray]) -> Any:
         """(K, rows, ...) -> (devices, K, rows / devices, ...): each device scans its slices."""
+        return {k: self._shard(v, 1) for k, v in batches.items()}
 
-        def shard(x: np.ndarray) -> jax.Array:
-            k, rows = x.shape[:2]
-            if rows % self.n_local:
-                raise ValueError(f"batch of {rows} does not split over {self.n_local} devices")
-            x = x.reshape(k, self.n_local, rows // self.n_local, *x.shape[2:]).swapaxes(0, 1)
-            return jax.device_put(np.ascontiguousarray(x), self._sharded)
-
-        return {k: shard(v) for k, v in batches.items()}
+    def _shard(self, x: np.ndarray, axis: int) -> jax.Array:
+        """Splits the rows on `axis` over this process's devices, device axis first."""
+        rows = x.shape[axis]
+        if rows % self.n_local:
+            raise ValueError(f"batch of {rows} does not split over {self.n_local} devices")
+        x = x.reshape(*x.shape[:axis], self.n_local, rows // self.n_local, *x.shape[axis + 1 :])
+        return jax.device_put(np.ascontiguousarray(np.moveaxis(x, axis, 0)), self._sharded)
 
     def train_step(self, state: Any, batch: Any, rng: jax.Array) -> tuple[Any, Any]:
         return self._train(state, batch, rng)
@@ -368,26 +369,11 @@ class JitStrategy(Strategy):
         return self._train_many(state, batches, rng)
 
     def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
-        out = self._eval(state, batch)
-        if self.procs.count == 1:
-            return jax.device_get(out)
-        from jax.experimental import multihost_utils
-
-        return {
-            k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in out.items()
-        }
+        return {k: self.procs.whole(v) for k, v in self._eval(state, batch).items()}
 
     def host_state(self, state: Any) -> steps.TrainState:
-        if self.procs.count == 1:
-            return jax.device_get(state)
-        from jax.experimental import multihost_utils
-
-        def whole(x: jax.Array) -> np.ndarray:  # split optimizer moments span the processes
-            if x.is_fully_replicated:
-                return np.asarray(x)
-            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-        return jax.tree_util.tree_map(whole, state)
+        # split optimizer moments may span the processes
+        return jax.tree_util.tree_map(self.procs.whole, state)
 
     def host_metrics(self, metrics: Any) -> dict[str, float]:
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
