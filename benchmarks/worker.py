@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu import config as C
-from jaxtpu.run_io import peak_host_memory_mb
+from jaxtpu.core.config import Config, EncoderConfig, encoder_config
+from jaxtpu.core.presets import tiny
+from jaxtpu.core.rundir import peak_host_memory_mb
 
 WORKLOADS = {
     "tiny": dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128),
@@ -38,7 +39,7 @@ STRATEGIES = {
 }
 
 
-def model_flops(enc: C.EncoderConfig, batch: int, seq: int) -> float:
+def model_flops(enc: EncoderConfig, batch: int, seq: int) -> float:
     """Training FLOPs of one step: 6 x dense params x tokens + attention matmuls (12 l L H T)."""
     h, f, n = enc.hidden_size, enc.intermediate_size, enc.num_hidden_layers
     dense = n * (4 * h * h + 2 * h * f) + h * h + h  # encoder layers, pooler, head
@@ -46,9 +47,9 @@ def model_flops(enc: C.EncoderConfig, batch: int, seq: int) -> float:
     return 6.0 * dense * tokens + 12.0 * n * seq * h * tokens
 
 
-def config_for(args: argparse.Namespace) -> C.Config:
+def config_for(args: argparse.Namespace) -> Config:
     w = WORKLOADS[args.workload]
-    return C.tiny().replace(
+    return tiny().replace(
         model_dir="", **w, precision=args.precision, num_devices=args.devices,
         batch_size=args.batch // args.devices, max_len=args.seq, dropout=0.1,
         encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
@@ -68,48 +69,45 @@ def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
     }
 
 
-def jax_step(args: argparse.Namespace, cfg: C.Config) -> tuple[Callable[[], Any], Callable]:
+def jax_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable[[], Any], Callable]:
     from jaxtpu import optim, parallel, steps
-    from jaxtpu.train import JaxBackend, build_model
+    from jaxtpu.train import JaxBackend
+    from jaxtpu.weights import load_model
 
     devices = parallel.init_devices(args.devices)
-    model = build_model(cfg, args.seq)
+    model = load_model(cfg, args.seq)
     tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
     strategy = parallel.make_strategy(args.strategy, devices, "toxicity")
-    backend = JaxBackend(strategy, strategy.put_state(state), 0)
+    backend = JaxBackend(strategy, state, 0)
     batches = [fixed_batch(args.batch, args.seq, model.encoder.vocab_size)] * args.steps_per_call
     return (lambda: backend.train_steps(batches)), backend.fetch
 
 
-def torch_xla_step(args: argparse.Namespace, cfg: C.Config) -> tuple[Callable, Callable]:
+def torch_xla_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Callable]:
     from pathlib import Path
 
     from torchxla_ref import optim, parallel, weights
     from torchxla_ref.train import XlaBackend
 
     parallel.configure_runtime(args.devices, args.strategy)
-    placement = (
-        parallel.SpmdPlacement(args.devices)
-        if args.strategy == "spmd"
-        else parallel.SpawnPlacement()
-    )
-    enc = C.encoder_config(cfg)
-    model = weights.build_model("toxicity", enc, cfg.head_dropout, None, 0).to(placement.device)
+    strategy = parallel.make_strategy(args.strategy, args.devices)
+    enc = encoder_config(cfg)
+    model = weights.load_model(enc, cfg.head_dropout, None, 0).to(strategy.device)
     opt, sched = optim.make_optimizer(model, cfg.optim, 1000, args.devices)
-    backend = XlaBackend(placement, model, opt, sched, cfg, Path("/nonexistent"))
+    backend = XlaBackend(strategy, model, opt, sched, cfg, Path("/nonexistent"))
     batch = fixed_batch(args.batch, args.seq, enc.vocab_size)
     return (lambda: backend.train_step(batch)), (lambda h: backend.fetch([h]))
 
 
-def torch_cpu_step(args: argparse.Namespace, cfg: C.Config) -> tuple[Callable, Callable]:
+def torch_cpu_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Callable]:
     import torch
 
     from torchxla_ref import optim, steps, weights
 
     torch.set_num_threads(os.cpu_count() or 1)
-    enc = C.encoder_config(cfg)
-    model = weights.build_model("toxicity", enc, cfg.head_dropout, None, 0).train()
+    enc = encoder_config(cfg)
+    model = weights.load_model(enc, cfg.head_dropout, None, 0).train()
     opt, sched = optim.make_optimizer(model, cfg.optim, 1000, 1)
     if args.strategy == "compile":
         model = torch.compile(model)
@@ -248,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait(step())
         times.append((time.perf_counter() - t) / args.steps_per_call)
     median = float(np.median(times))
-    enc = C.encoder_config(cfg)
+    enc = encoder_config(cfg)
     record = {
         "framework": args.framework, "strategy": args.strategy, "workload": args.workload,
         "precision": args.precision, "devices": args.devices, "batch": args.batch,

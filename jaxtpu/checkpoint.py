@@ -20,13 +20,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxtpu.config import UserError
+from jaxtpu.core.errors import CheckpointError
+from jaxtpu.core.rundir import check_compatible
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(UserError):
-    """A checkpoint is missing, unreadable or belongs to another model."""
 
 
 def _manager(path: Path) -> ocp.CheckpointManager:
@@ -44,29 +41,6 @@ def _manager(path: Path) -> ocp.CheckpointManager:
         options=ocp.CheckpointManagerOptions(
             **{"max_to_keep": 1, "create": True, "enable_async_checkpointing": False, **multi}
         ),
-    )
-
-
-def identity(meta: dict[str, Any]) -> dict[str, Any]:
-    """What makes two checkpoints compatible: the task and the encoder shape."""
-    return {"task": meta.get("task"), "encoder": meta.get("encoder")}
-
-
-def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Path) -> None:
-    a, b = identity(found), identity(expected)
-    if a == b:
-        return
-    if a["task"] != b["task"]:
-        raise CheckpointError(
-            f"{where}: checkpoint is for task {a['task']!r}, this run is {b['task']!r}"
-        )
-    diff = [
-        f"{k}={a['encoder'].get(k)} (run: {b['encoder'].get(k)})"
-        for k in b["encoder"]
-        if a["encoder"] and a["encoder"].get(k) != b["encoder"].get(k)
-    ]
-    raise CheckpointError(
-        f"{where}: checkpoint is from another model: {', '.join(diff) or 'different encoder'}"
     )
 
 

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxtpu.run_io import UserError, user_errors
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.rundir import user_errors
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Flax Linen BERT encoder and the two Jigsaw heads. Knows nothing of devices.
+"""Flax Linen BERT encoder and the Jigsaw head. Architecture only: knows nothing of devices.
 
 Module and parameter names mirror Hugging Face's `BertModel` (`embeddings/LayerNorm`,
 `encoder/layer_3/attention/self/query`, ...) so `jaxtpu.weights` maps them with one table.
@@ -11,65 +11,20 @@ autocast does; the logits are returned in fp32.
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxtpu.config import EncoderConfig
+from jaxtpu import ops
+from jaxtpu.core.config import EncoderConfig
 
 Dtype = jnp.dtype
 
 
-# --------------------------------------------------------------------------- bf16 matmuls
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """A two-operand matmul-type einsum with bf16 operands and fp32 accumulation and result.
-
-    The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation),
-    as torch.autocast does. Letting JAX differentiate `einsum(..., preferred_element_type=f32)`
-    instead gives fp32 backward matmuls, which ran 4-7x slower on XLA:CPU (benchmarks/).
-    Every index must appear in exactly two of the three terms (true of matmuls).
-    """
-    return jnp.einsum(
-        spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32
-    )
-
-
-def _mixed_fwd(spec: str, a: jax.Array, b: jax.Array):
-    a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-    out = jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32)
-    # Zero-size markers carry the input dtypes, which the cotangents must have.
-    return out, (a16, b16, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
-
-
-def _mixed_bwd(spec: str, res, g: jax.Array):
-    a16, b16, a_dtype, b_dtype = res
-    ins, out = spec.split("->")
-    sa, sb = ins.split(",")
-    g16 = g.astype(jnp.bfloat16)
-    f32 = jnp.float32
-    da = jnp.einsum(f"{out},{sb}->{sa}", g16, b16, preferred_element_type=f32)
-    db = jnp.einsum(f"{sa},{out}->{sb}", a16, g16, preferred_element_type=f32)
-    return da.astype(a_dtype.dtype), db.astype(b_dtype.dtype)
-
-
-mixed_einsum.defvjp(_mixed_fwd, _mixed_bwd)
-
-
-def _mixed_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    """`nn.Dense`'s contraction (last axis of the input with the kernel's first) in bf16."""
-    (lc, rc), (lb, rb) = dimension_numbers
-    if tuple(lc) != (lhs.ndim - 1,) or tuple(rc) != (0,) or lb or rb:
-        raise NotImplementedError(f"unsupported contraction {dimension_numbers}")
-    return mixed_einsum("...k,kn->...n", lhs, rhs)
-
-
 def _dense(cfg: EncoderConfig, features: int, name: str, dtype: Dtype, param_dtype: Dtype):
-    extra = {"dot_general": _mixed_dot_general} if dtype == jnp.bfloat16 else {}
+    extra = {"dot_general": ops.mixed_dot_general} if dtype == jnp.bfloat16 else {}
     return nn.Dense(
         features,
         dtype=dtype,
@@ -78,58 +33,6 @@ def _dense(cfg: EncoderConfig, features: int, name: str, dtype: Dtype, param_dty
         name=name,
         **extra,
     )
-
-
-def _matmul(spec: str, a: jax.Array, b: jax.Array, dtype: Dtype) -> jax.Array:
-    """Attention matmuls: mixed bf16 under bf16 compute, plain fp32 otherwise."""
-    if dtype == jnp.bfloat16:
-        return mixed_einsum(spec, a, b)
-    return jnp.einsum(spec, a, b)
-
-
-# --------------------------------------------------------------------------- dropout
-
-
-def _mix32(x: jax.Array) -> jax.Array:
-    """An invertible avalanche mix of uint32 words (xor-shift-multiply, 32-bit constants)."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x21F0AAAD)
-    x = x ^ (x >> 15)
-    x = x * jnp.uint32(0x735A2D97)
-    return x ^ (x >> 15)
-
-
-def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """Uniform uint32 words for `shape`: two words from the key (one threefry call), then a
-    counter-based hash of each element's flat index.
-
-    Cheap elementwise integer work instead of one threefry evaluation per element: on XLA:CPU
-    threefry dropout took 0.44 s of a 1.6 s MiniLM step. The index is an iota, so under jit
-    with sharded activations each device computes only its part. Indices wrap at 2^32
-    elements per call (far beyond one activation tensor here).
-    """
-    s1, s2 = jax.random.bits(key, (2,), jnp.uint32)
-    idx = jnp.zeros(shape, jnp.uint32)
-    stride = 1
-    for dim in reversed(range(len(shape))):
-        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, dim) * jnp.uint32(stride % 2**32)
-        stride *= shape[dim]
-    return _mix32(_mix32(idx ^ s1) + s2)
-
-
-class Dropout(nn.Module):
-    """Inverted dropout like `nn.Dropout` (keep with probability 1 - rate, scale by
-    1 / (1 - rate)), with masks from `hash_bits` drawn from the 'dropout' RNG stream."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-        if deterministic or self.rate == 0.0:
-            return x
-        threshold = jnp.uint32(min(int(round(self.rate * 2**32)), 2**32 - 1))
-        keep = hash_bits(self.make_rng("dropout"), x.shape) >= threshold
-        return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - self.rate), x.dtype), 0).astype(x.dtype)
 
 
 def _layer_norm(cfg: EncoderConfig, name: str, param_dtype: Dtype) -> nn.LayerNorm:
@@ -159,7 +62,7 @@ class Embeddings(nn.Module):
         # Token type 0 everywhere (single-segment inputs): row 0 of the table.
         x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(jnp.zeros((1,), jnp.int32))
         x = _layer_norm(cfg, "LayerNorm", self.param_dtype)(x.astype(jnp.float32))
-        return Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+        return ops.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
 
 class SelfAttention(nn.Module):
@@ -181,10 +84,10 @@ class SelfAttention(nn.Module):
 
         q, k, v = project("query"), project("key"), project("value")
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
-        scores = _matmul("bhqd,bhkd->bhqk", q, k, self.dtype)
+        scores = ops.matmul("bhqd,bhkd->bhqk", q, k, self.dtype)
         probs = jax.nn.softmax(scores.astype(jnp.float32) + mask_bias, axis=-1)
-        probs = Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
-        ctx = _matmul("bhqk,bhkd->bhqd", probs, v, self.dtype)
+        probs = ops.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+        ctx = ops.matmul("bhqk,bhkd->bhqd", probs, v, self.dtype)
         return ctx.transpose(0, 2, 1, 3).reshape(batch, seq_len, cfg.hidden_size)
 
 
@@ -199,7 +102,7 @@ class DenseResidual(nn.Module):
     def __call__(self, x: jax.Array, residual: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.cfg
         y = _dense(cfg, cfg.hidden_size, "dense", self.dtype, self.param_dtype)(x)
-        y = Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+        y = ops.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
         return _layer_norm(cfg, "LayerNorm", self.param_dtype)(y.astype(jnp.float32) + residual)
 
 
@@ -291,14 +194,14 @@ class _Pooler(nn.Module):
         )
 
 
-class ToxicityClassifier(nn.Module):
-    """BERT -> pooled output -> dropout -> Dense(1): one toxicity logit per comment.
-
-    Inputs may carry extra leading dims (the ranking pairs' (B, 2, L)); the output keeps them.
+class Classifier(nn.Module):
+    """BERT -> pooled output -> dropout -> Dense(1): one score per comment, the head of every
+    task. Inputs may carry extra leading dims (the ranking pairs' (B, 2, L)); the output keeps
+    them, so a ranker is this model applied to both comments of a pair.
     """
 
     cfg: EncoderConfig
-    head_dropout: float = 0.3
+    head_dropout: float = 0.0
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
 
@@ -310,19 +213,28 @@ class ToxicityClassifier(nn.Module):
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
         bert = Bert(self.cfg, self.dtype, self.param_dtype, name="bert")
         _, pooled = bert(flat(input_ids), flat(attention_mask), deterministic)
-        x = Dropout(self.head_dropout)(pooled, deterministic=deterministic)
+        x = ops.Dropout(self.head_dropout)(pooled, deterministic=deterministic)
         logit = _dense(self.cfg, 1, "classifier", self.dtype, self.param_dtype)(x)
         return logit[:, 0].astype(jnp.float32).reshape(lead)
 
 
-class Ranker(ToxicityClassifier):
-    """Scores each comment of a (less, more) pair with the same head: (B, 2, L) -> (B, 2)."""
-
-    head_dropout: float = 0.2
-
-
-def build_model(task: str, cfg: EncoderConfig, head_dropout: float, precision: str) -> nn.Module:
-    """The model of a task with fp32 storage and the compute dtype of `precision`."""
+def create_module(cfg: EncoderConfig, head_dropout: float, precision: str) -> Classifier:
+    """The model with fp32 storage and the compute dtype of `precision` (every task shares it;
+    `Task.example_shape` says what its inputs look like)."""
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
-    cls = Ranker if task == "ranking" else ToxicityClassifier
-    return cls(cfg, head_dropout=head_dropout, dtype=dtype, param_dtype=jnp.float32)
+    return Classifier(cfg, head_dropout=head_dropout, dtype=dtype, param_dtype=jnp.float32)
+
+
+def init_params(module: nn.Module, example_shape: tuple[int, ...], seed: int) -> dict:
+    """Freshly initialised fp32 params of `module` for inputs of one example's shape, on the
+    host (numpy)."""
+    dummy = jnp.zeros((1, *example_shape), jnp.int32)
+    init = jax.jit(lambda key: module.init(key, dummy, dummy)["params"])
+    return jax.device_get(init(jax.random.key(seed)))
+
+
+def param_shapes(module: nn.Module, example_shape: tuple[int, ...]) -> dict:
+    """The param tree of `module` as zeros, without computing an init (a restore template)."""
+    dummy = jnp.zeros((1, *example_shape), jnp.int32)
+    shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), dummy, dummy)["params"])
+    return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxtpu.config import OptimConfig
-from jaxtpu.schedules import learning_rate, peak_lr
+from jaxtpu.core.config import OptimConfig
+from jaxtpu.core.schedules import learning_rate, peak_lr
 
 # Leaves that get no weight decay: every bias and the LayerNorm scales (the seeds' `no_decay`
 # list ["bias", "LayerNorm.weight", "LayerNorm.bias"]).

@@ -1,6 +1,11 @@
-"""The only device-aware module: device set-up, and the pmap and sharded-jit wrappers.
+"""The only device-aware module: device set-up, the processes of a run, and the strategies
+that run the pure steps on the devices.
 
-Both strategies wrap the same pure `jaxtpu.steps.train_step` / `eval_step`:
+Three nouns: a `Strategy` places the state and the batches on the devices and runs the
+compiled steps; `Processes` is this process's place in a multi-host run (host-level
+collectives); the shared loop talks to both through `jaxtpu.train.JaxBackend`.
+
+Both strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
 - `PmapStrategy`: replicated state, per-device batch shards on a leading device axis,
   `lax.pmean` of gradients inside the step, donated state buffers.
 - `JitStrategy` (pjit): `jax.jit` with `NamedSharding` over a `Mesh(('data', 'fsdp'))`; the
@@ -8,6 +13,8 @@ Both strategies wrap the same pure `jaxtpu.steps.train_step` / `eval_step`:
   (ZeRO-1: each device updates its slice, then the new params are gathered). `fsdp` has size
   1 today, so params can be sharded on it later without touching model code. The compiler
   inserts the collectives.
+A training call always runs K >= 1 stacked batches through `steps.train_steps` (a `lax.scan`,
+or a plain step when K = 1); evaluation runs one batch.
 """
 
 from __future__ import annotations
@@ -24,13 +31,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxtpu import steps
-from jaxtpu.config import UserError
+from jaxtpu.core.errors import DeviceError
 
 log = logging.getLogger(__name__)
-
-
-class DeviceError(UserError):
-    """The requested devices are not available."""
 
 
 def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
@@ -161,9 +164,11 @@ class Processes:
 
 
 class Strategy:
-    """Common interface of the two data-parallel strategies."""
+    """Places the state and the batches on the devices and runs the compiled steps.
 
-    name = "base"
+    The compiled functions are built in `put_state`, the one moment the state's placement is
+    known; subclasses say how to place (`_place_state`, `_put`) and how to compile (`_compile`).
+    """
 
     def __init__(self, devices: list[jax.Device], task: str) -> None:
         self.devices = devices
@@ -171,7 +176,9 @@ class Strategy:
         self.procs = Processes()
         self.local_devices = [d for d in devices if d.process_index == self.procs.index]
         self.task = task
-        self.traces = 0  # how often the train step was traced (compiled); 1 after warm-up
+        self.traces = 0  # how often the train step was traced (compiled); 1 per call length
+        self._train: Any = None
+        self._eval: Any = None
 
     def _counted(self, fn: Any) -> Any:
         def traced(*args: Any) -> Any:
@@ -181,40 +188,40 @@ class Strategy:
         return traced
 
     def put_state(self, state: steps.TrainState) -> steps.TrainState:
+        """Places a host state on the devices and compiles the steps for that placement."""
+        placed, self._train, self._eval = self._compile(state)
+        return placed
+
+    def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
+        """(placed state, train function, eval function)."""
+        raise NotImplementedError
+
+    def put_steps(self, batches: dict[str, np.ndarray]) -> Any:
+        """K stacked global batches (leading axis K; this process's rows) for one train call."""
         raise NotImplementedError
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
+        """One global batch (this process's rows), for evaluation."""
         raise NotImplementedError
 
-    def put_batches(self, batches: dict[str, np.ndarray]) -> Any:
-        """Like `put_batch` for K stacked batches (leading axis K), for `train_steps`."""
-        raise NotImplementedError
+    def train(self, state: Any, batches: Any, rng: jax.Array) -> tuple[Any, Any]:
+        """K steps in one device call (`steps.train_steps`); metrics with a leading K axis."""
+        return self._train(state, batches, rng)
 
-    def train_step(self, state: Any, batch: Any, rng: jax.Array) -> tuple[Any, Any]:
-        raise NotImplementedError
-
-    def train_steps(self, state: Any, batches: Any, rng: jax.Array) -> tuple[Any, Any]:
-        """K steps in one call (`steps.train_steps`); metrics with a leading K axis."""
-        raise NotImplementedError
-
-    def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
-        """Runs the eval step and returns per-example outputs of the global batch on the host."""
+    def eval(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
+        """Per-example outputs of the global batch, on the host of every process."""
         raise NotImplementedError
 
     def host_state(self, state: Any) -> steps.TrainState:
         """One host copy (numpy) of the state, e.g. for checkpoints."""
         raise NotImplementedError
 
-    def host_metrics(self, metrics: Any) -> dict[str, float]:
-        raise NotImplementedError
-
-    def host_metrics_stacked(self, metrics: Any) -> list[dict[str, float]]:
-        """Per-step host metrics of a `train_steps` call."""
+    def host_metrics(self, metrics: Any) -> list[dict[str, float]]:
+        """Per-step host metrics of one train call: one device sync."""
         raise NotImplementedError
 
 
 class PmapStrategy(Strategy):
-    name = "pmap"
     axis = "batch"
 
     def __init__(self, devices: list[jax.Device], task: str) -> None:
@@ -223,38 +230,31 @@ class PmapStrategy(Strategy):
         self._mesh = Mesh(np.array(self.local_devices), (self.axis,))
         self._sharded = NamedSharding(self._mesh, P(self.axis))
         self.n_local = len(self.local_devices)
-        self._train = jax.pmap(
-            self._counted(partial(steps.train_step, task=task, axis_name=self.axis)),
+
+    def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
+        train = jax.pmap(
+            self._counted(partial(steps.train_steps, task=self.task, axis_name=self.axis)),
             axis_name=self.axis,
             in_axes=(0, 0, None),
             donate_argnums=(0,),
-            devices=devices,
+            devices=self.devices,
         )
-        self._train_many = jax.pmap(
-            self._counted(partial(steps.train_steps, task=task, axis_name=self.axis)),
-            axis_name=self.axis,
-            in_axes=(0, 0, None),
-            donate_argnums=(0,),
-            devices=devices,
-        )
-        self._eval = jax.pmap(
-            partial(steps.eval_step, task=task), axis_name=self.axis, devices=devices
+        evaluate = jax.pmap(
+            partial(steps.eval_step, task=self.task), axis_name=self.axis, devices=self.devices
         )
 
-    def put_state(self, state: steps.TrainState) -> steps.TrainState:
         def rep(x: Any) -> jax.Array:
             x = np.asarray(x)
             return jax.device_put(np.broadcast_to(x, (self.n_local, *x.shape)), self._sharded)
 
-        return jax.tree_util.tree_map(rep, state)
+        return jax.tree_util.tree_map(rep, state), train, evaluate
 
-    def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
-        """This process's rows of a global batch, split over its devices."""
-        return {k: self._shard(v, 0) for k, v in batch.items()}
-
-    def put_batches(self, batches: dict[str, np.ndarray]) -> Any:
+    def put_steps(self, batches: dict[str, np.ndarray]) -> Any:
         """(K, rows, ...) -> (devices, K, rows / devices, ...): each device scans its slices."""
         return {k: self._shard(v, 1) for k, v in batches.items()}
+
+    def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
+        return {k: self._shard(v, 0) for k, v in batch.items()}
 
     def _shard(self, x: np.ndarray, axis: int) -> jax.Array:
         """Splits the rows on `axis` over this process's devices, device axis first."""
@@ -264,27 +264,15 @@ class PmapStrategy(Strategy):
         x = x.reshape(*x.shape[:axis], self.n_local, rows // self.n_local, *x.shape[axis + 1 :])
         return jax.device_put(np.ascontiguousarray(np.moveaxis(x, axis, 0)), self._sharded)
 
-    def train_step(self, state: Any, batch: Any, rng: jax.Array) -> tuple[Any, Any]:
-        return self._train(state, batch, rng)
-
-    def train_steps(self, state: Any, batches: Any, rng: jax.Array) -> tuple[Any, Any]:
-        return self._train_many(state, batches, rng)
-
-    def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
+    def eval(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
         out = self._eval(state, batch)
         return {k: self.procs.gather(_local_rows(v)) for k, v in out.items()}
 
     def host_state(self, state: Any) -> steps.TrainState:
         return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data)[0], state)
 
-    def host_metrics(self, metrics: Any) -> dict[str, float]:
-        # pmean-ed: every device holds the global value
-        return {
-            k: float(np.asarray(v.addressable_shards[0].data).reshape(-1)[0])
-            for k, v in metrics.items()
-        }
-
-    def host_metrics_stacked(self, metrics: Any) -> list[dict[str, float]]:
+    def host_metrics(self, metrics: Any) -> list[dict[str, float]]:
+        # pmean-ed: every device holds the global value; (devices, K) -> device 0's K values
         first = {k: np.asarray(v.addressable_shards[0].data)[0] for k, v in metrics.items()}
         return [{k: float(v[i]) for k, v in first.items()} for i in range(len(first["loss"]))]
 
@@ -297,17 +285,19 @@ def _local_rows(x: jax.Array) -> np.ndarray:
 
 
 class JitStrategy(Strategy):
-    name = "jit"
+    """pjit: one global step; shardings on `jax.jit`, the compiler inserts the collectives.
+
+    A per-device strategy on the same mesh (e.g. `shard_map` over `data`) only needs another
+    `_step_fns`: the placement of state and batches stays as it is here.
+    """
 
     def __init__(self, devices: list[jax.Device], task: str) -> None:
         super().__init__(devices, task)
         # Explicit Auto axes: classic pjit semantics (shardings on jit, compiler propagates).
         self.mesh = Mesh(np.array(devices).reshape(self.n, 1), ("data", "fsdp"))
         self.batch_sharding = NamedSharding(self.mesh, P("data"))
-        self.batches_sharding = NamedSharding(self.mesh, P(None, "data"))  # (K, rows, ...)
+        self.steps_sharding = NamedSharding(self.mesh, P(None, "data"))  # (K, rows, ...)
         self.replicated = NamedSharding(self.mesh, P())
-        self._train: Any = None
-        self._eval: Any = None
 
     def _state_sharding(self, state: Any) -> Any:
         params = jax.tree_util.tree_map(lambda _: self.replicated, state.params)
@@ -322,35 +312,37 @@ class JitStrategy(Strategy):
             return self.replicated
         return NamedSharding(self.mesh, P("data"))
 
-    def put_state(self, state: steps.TrainState) -> steps.TrainState:
-        shardings = self._state_sharding(state)
-        self._train = jax.jit(
-            self._counted(partial(steps.train_step, task=self.task)),
-            in_shardings=(shardings, self.batch_sharding, self.replicated),
-            out_shardings=(shardings, self.replicated),
-            donate_argnums=(0,),
-        )
-        self._train_many = jax.jit(
-            self._counted(partial(steps.train_steps, task=self.task)),
-            in_shardings=(shardings, self.batches_sharding, self.replicated),
-            out_shardings=(shardings, self.replicated),
-            donate_argnums=(0,),
-        )
-        self._eval = jax.jit(
+    def _step_fns(self) -> tuple[Any, Any]:
+        """The pure (train_steps, eval_step) that jit compiles: global-batch functions."""
+        return (
+            partial(steps.train_steps, task=self.task),
             partial(steps.eval_step, task=self.task),
+        )
+
+    def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
+        shardings = self._state_sharding(state)
+        train_fn, eval_fn = self._step_fns()
+        train = jax.jit(
+            self._counted(train_fn),
+            in_shardings=(shardings, self.steps_sharding, self.replicated),
+            out_shardings=(shardings, self.replicated),
+            donate_argnums=(0,),
+        )
+        evaluate = jax.jit(
+            eval_fn,
             in_shardings=(shardings, self.batch_sharding),
             out_shardings=self.batch_sharding,
         )
-        return jax.device_put(state, shardings)
+        return jax.device_put(state, shardings), train, evaluate
+
+    def put_steps(self, batches: dict[str, np.ndarray]) -> Any:
+        return self._put(batches, self.steps_sharding, 1)
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> Any:
-        """This process's rows of a global batch, placed on its devices of the global mesh."""
         return self._put(batch, self.batch_sharding, 0)
 
-    def put_batches(self, batches: dict[str, np.ndarray]) -> Any:
-        return self._put(batches, self.batches_sharding, 1)
-
     def _put(self, batch: dict[str, np.ndarray], sharding: NamedSharding, axis: int) -> Any:
+        """This process's rows of global arrays, placed on its devices of the global mesh."""
         if self.procs.count == 1:
             return jax.device_put(batch, sharding)
 
@@ -362,33 +354,21 @@ class JitStrategy(Strategy):
             for k, v in batch.items()
         }
 
-    def train_step(self, state: Any, batch: Any, rng: jax.Array) -> tuple[Any, Any]:
-        return self._train(state, batch, rng)
-
-    def train_steps(self, state: Any, batches: Any, rng: jax.Array) -> tuple[Any, Any]:
-        return self._train_many(state, batches, rng)
-
-    def eval_step(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
+    def eval(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
         return {k: self.procs.whole(v) for k, v in self._eval(state, batch).items()}
 
     def host_state(self, state: Any) -> steps.TrainState:
         # split optimizer moments may span the processes
         return jax.tree_util.tree_map(self.procs.whole, state)
 
-    def host_metrics(self, metrics: Any) -> dict[str, float]:
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
-
-    def host_metrics_stacked(self, metrics: Any) -> list[dict[str, float]]:
+    def host_metrics(self, metrics: Any) -> list[dict[str, float]]:
         host = jax.device_get(metrics)
         return [{k: float(v[i]) for k, v in host.items()} for i in range(len(host["loss"]))]
 
 
-STRATEGIES = {"pmap": PmapStrategy, "jit": JitStrategy}
+STRATEGIES: dict[str, type[Strategy]] = {"pmap": PmapStrategy, "jit": JitStrategy}
 
 
 def make_strategy(name: str, devices: list[jax.Device], task: str) -> Strategy:
-    if name not in STRATEGIES:
-        raise ValueError(
-            f"--parallel {name!r} is not a jaxtpu strategy; choose one of {', '.join(STRATEGIES)}"
-        )
+    """The strategy `--parallel name` (names are checked with the flags, before any work)."""
     return STRATEGIES[name](devices, task)

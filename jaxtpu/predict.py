@@ -19,15 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu import config as C
-from jaxtpu import data as D
-from jaxtpu.run_io import UserError, user_errors
+from jaxtpu.core import data as jdata
+from jaxtpu.core.config import Config, EncoderConfig, from_dict
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.rundir import user_errors
+from jaxtpu.core.tokens import load_tokenizer, tokenize
 
 
 @dataclass
 class TrainedModel:
-    cfg: C.Config
-    encoder: C.EncoderConfig
+    cfg: Config
+    encoder: EncoderConfig
     module: Any
     params: Any
     meta: dict[str, Any]
@@ -36,25 +38,20 @@ class TrainedModel:
 
 def load_trained(workdir: str | Path) -> TrainedModel:
     """The best checkpoint of a run directory, with its config, encoder shape and tokenizer."""
-    import jax
-
     from jaxtpu import checkpoint, models
 
     wd = Path(workdir)
     record = wd / "config.json"
     if not record.exists():
         raise UserError(f"--workdir {wd}: no config.json; not a jaxtpu run directory")
-    cfg = C.from_dict(json.loads(record.read_text())["config"])
+    cfg = from_dict(json.loads(record.read_text())["config"])
     ckpts = checkpoint.Checkpoints(wd)
     meta = ckpts.best_meta()
     if meta is None:
         raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
-    enc = C.EncoderConfig.from_hf_dict(meta["encoder"])
-    module = models.build_model(cfg.run.task, enc, cfg.head_dropout, cfg.run.precision)
-    shape = (1, 2, 8) if cfg.run.task == "ranking" else (1, 8)
-    dummy = np.zeros(shape, np.int32)
-    template = jax.eval_shape(lambda: module.init(jax.random.key(0), dummy, dummy)["params"])
-    template = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), template)
+    enc = EncoderConfig.from_hf_dict(meta["encoder"])
+    module = models.create_module(enc, cfg.head_dropout, cfg.run.precision)
+    template = models.param_shapes(module, cfg.task.example_shape(8))
     params, meta = ckpts.restore_best(template, {"task": cfg.run.task, "encoder": meta["encoder"]})
     return TrainedModel(cfg, enc, module, params, meta, wd / "tokenizer")
 
@@ -63,29 +60,23 @@ def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch
     """Model scores (logits) of `texts`, each scored once, data-parallel over `devices`."""
     import optax
 
-    from jaxtpu import loop, parallel, steps
+    from jaxtpu import parallel, steps
+    from jaxtpu.core import loop
+    from jaxtpu.core.tasks import get_task
     from jaxtpu.train import JaxBackend
 
-    tokenizer = D.load_tokenizer(model.tokenizer_dir)
-    ids, mask, _ = D.tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
-    examples = D.Examples(ids, mask, np.zeros(len(texts), np.float32))
-    strategy = parallel.make_strategy("jit", devices, "toxicity")  # one comment per row
-
+    tokenizer = load_tokenizer(model.tokenizer_dir)
+    ids, mask, _ = tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
+    examples = jdata.Examples(ids, mask, np.zeros(len(texts), np.float32))
+    # Every task's model scores one comment per row: score them as the one-comment task does.
+    single = get_task("toxicity")
+    strategy = parallel.make_strategy("jit", devices, single.name)
     state = steps.TrainState.create(
-        apply_fn=_as_classifier(model).apply, params=model.params, tx=optax.identity()
+        apply_fn=model.module.apply, params=model.params, tx=optax.identity()
     )
-    backend = JaxBackend(strategy, strategy.put_state(state), seed=0)
-    _, scores = loop.evaluate(backend, examples, batch_size * len(devices), "toxicity")
+    backend = JaxBackend(strategy, state, seed=0)
+    _, scores = loop.evaluate(backend, examples, batch_size * len(devices), single)
     return scores
-
-
-def _as_classifier(model: TrainedModel) -> Any:
-    """Rankers and classifiers share the head: score single comments with the classifier."""
-    import jax.numpy as jnp
-
-    from jaxtpu import models
-
-    return models.ToxicityClassifier(model.encoder, 0.0, model.module.dtype, jnp.float32)
 
 
 def write_csv(path: Path, header: Sequence[str], rows: Any) -> None:
@@ -124,11 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxtpu import parallel
 
         devices = parallel.init_devices(args.num_devices)  # before anything starts JAX
-        header = D.columns(args.input)
-        comments = D.read_comments(args.input, labelled=False)
+        header = jdata.columns(args.input)
+        comments = jdata.read_comments(args.input, labelled=False)
         model = load_trained(args.workdir)
         scores = score_texts(model, comments.texts, devices, args.batch_size)
-        if D.file_kind(header) == "score":
+        if jdata.file_kind(header) == "score":
             write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))
         else:
             probs = 1.0 / (1.0 + np.exp(-scores))

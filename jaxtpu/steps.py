@@ -14,19 +14,23 @@ import jax.numpy as jnp
 import optax
 from flax.training.train_state import TrainState
 
-from jaxtpu.config import RANKING_MARGIN
+from jaxtpu.core.tasks import RANKING_MARGIN
 
 Batch = dict[str, jax.Array]
 
-__all__ = ["TrainState", "eval_step", "per_example_loss", "train_step", "train_steps"]
+__all__ = ["LOSSES", "TrainState", "eval_step", "train_step", "train_steps"]
 
 
-def per_example_loss(task: str, scores: jax.Array, label: jax.Array) -> jax.Array:
-    """BCE with logits (toxicity), or margin ranking loss with y=1 on (less, more) scores."""
-    if task == "toxicity":
-        return optax.sigmoid_binary_cross_entropy(scores, label)
+def _margin_ranking(scores: jax.Array, label: jax.Array) -> jax.Array:
     # torch.nn.MarginRankingLoss(x1=more, x2=less, y=1): max(0, -(more - less) + margin)
     return jax.nn.relu(RANKING_MARGIN - (scores[:, 1] - scores[:, 0]))
+
+
+# Per-example loss of each task of `jaxtpu.core.tasks.TASKS`: (scores, label) -> (B,).
+LOSSES = {
+    "toxicity": optax.sigmoid_binary_cross_entropy,  # BCE with logits
+    "ranking": _margin_ranking,  # scores (B, 2): less, more toxic
+}
 
 
 def _weighted_mean(values: jax.Array, weight: jax.Array) -> jax.Array:
@@ -45,9 +49,9 @@ def train_step(
 
     Args:
       state: the train state (replicated under pmap).
-      batch: this device's (pmap) or the global (jit) batch, see `jaxtpu.data`.
+      batch: this device's (pmap) or the global (jit) batch, see `jaxtpu.core.data`.
       rng: the run's base key; dropout uses fold_in(rng, step) (and the device index).
-      task: 'toxicity' or 'ranking'.
+      task: a name of `jaxtpu.core.tasks.TASKS` (picks the loss).
       axis_name: the device axis to average over, under pmap/shard_map.
     Returns:
       (new_state, {'loss', 'grad_norm'}), metrics averaged over all devices.
@@ -64,7 +68,7 @@ def train_step(
             deterministic=False,
             rngs={"dropout": rng},
         )
-        return _weighted_mean(per_example_loss(task, scores, batch["label"]), batch["weight"])
+        return _weighted_mean(LOSSES[task](scores, batch["label"]), batch["weight"])
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     if axis_name is not None:
@@ -83,19 +87,25 @@ def train_steps(
     axis_name: str | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """K `train_step`s in one device call (`lax.scan` over the leading axis of `batches`), as
-    Keras' `steps_per_execution` does: one dispatch and one host round trip per K steps.
+    Keras' `steps_per_execution` does: one dispatch and one host round trip per K steps. The
+    only training entry point of every strategy; K = 1 is a plain step.
     Returns the final state and each step's metrics stacked on a leading K axis."""
 
     def body(st: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         return train_step(st, batch, rng, task=task, axis_name=axis_name)
 
+    if jax.tree_util.tree_leaves(batches)[0].shape[0] == 1:
+        # K = 1 (a static shape): a plain step. A scan of length one ran 9 % slower on XLA:CPU
+        # (MiniLM, jit on 2 devices: 0.85 -> 0.93 s per step).
+        state, metrics = body(state, jax.tree_util.tree_map(lambda x: x[0], batches))
+        return state, jax.tree_util.tree_map(lambda x: x[None], metrics)
     return jax.lax.scan(body, state, batches)
 
 
 def eval_step(state: TrainState, batch: Batch, *, task: str) -> dict[str, jax.Array]:
     """Per-example scores and losses (deterministic: no dropout). Reduction happens on the host
-    over the whole evaluation set, see `jaxtpu.metrics.evaluate`."""
+    over the whole evaluation set, see `jaxtpu.core.tasks.Task.evaluate`."""
     scores = state.apply_fn(
         {"params": state.params}, batch["input_ids"], batch["attention_mask"], deterministic=True
     )
-    return {"score": scores, "loss": per_example_loss(task, scores, batch["label"])}
+    return {"score": scores, "loss": LOSSES[task](scores, batch["label"])}

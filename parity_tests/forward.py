@@ -15,14 +15,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxtpu import config as C
-from jaxtpu import data as D
+from jaxtpu.core.config import EncoderConfig
+from jaxtpu.core.data import read_comments
+from jaxtpu.core.tokens import load_tokenizer, tokenize
 
 
 def batch(csv: str, model_dir: str, n: int, max_len: int):
-    comments = D.read_comments(csv)
-    tokenizer = D.load_tokenizer(model_dir)
-    ids, mask, _ = D.tokenize(comments.texts[:n], tokenizer, max_len)
+    comments = read_comments(csv)
+    tokenizer = load_tokenizer(model_dir)
+    ids, mask, _ = tokenize(comments.texts[:n], tokenizer, max_len)
     return ids, mask, comments.labels[:n]
 
 
@@ -33,11 +34,11 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
 
     from jaxtpu import models, weights
 
-    enc = C.EncoderConfig.from_hf_dict(
+    enc = EncoderConfig.from_hf_dict(
         __import__("json").loads(open(os.path.join(args.model_dir, "config.json")).read())
     )
-    module = models.build_model("toxicity", enc, 0.0, args.precision)
-    template = jax.device_get(module.init(jax.random.key(0), ids[:1], mask[:1])["params"])
+    module = models.create_module(enc, 0.0, args.precision)
+    template = models.init_params(module, ids.shape[1:], 0)
     params, kept = weights.load_params(args.model_dir, template, head_required=True)
     assert not kept, kept
 
@@ -58,7 +59,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
 
     from torchxla_ref import steps, weights
 
-    enc = C.EncoderConfig.from_hf_dict(
+    enc = EncoderConfig.from_hf_dict(
         __import__("json").loads(open(os.path.join(args.model_dir, "config.json")).read())
     )
     if device_kind == "xla":
@@ -67,7 +68,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
         device = torch_xla.device()
     else:
         device = torch.device("cpu")
-    model = weights.build_model("toxicity", enc, 0.0, args.model_dir, 0).to(device).eval()
+    model = weights.load_model(enc, 0.0, args.model_dir, 0).to(device).eval()
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     with steps.autocast(args.precision, device_kind):
         logits = model(t(ids), t(mask))

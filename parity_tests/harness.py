@@ -73,16 +73,17 @@ def shared_init(out_dir: Path, task: str, preset: str = "tiny", seed: int = 0) -
     """One seeded torch init, saved as a Hugging Face directory that both sides load with
     --model-dir: the preset's encoder (pretrained for `minilm`, random for `tiny`) plus a
     seeded Dense(1) head. Same initial weights on both sides."""
-    from jaxtpu import config as C
+    from jaxtpu.core.config import encoder_config, resolve_model_dir, tokenizer_dir
+    from jaxtpu.core.presets import get_preset
     from torchxla_ref import weights
 
     if (out_dir / "model.safetensors").exists():
         return out_dir
-    cfg = C.get_preset(preset)
-    enc = C.encoder_config(cfg)
-    model_dir = C.resolve_model_dir(cfg.model.model_dir)
-    model = weights.build_model(task, enc, None, model_dir, seed)
-    weights.save_hf(model, out_dir, C.tokenizer_dir(cfg), {"task": task, "init_seed": seed})
+    cfg = get_preset(preset).replace(task=task)
+    enc = encoder_config(cfg)
+    model_dir = resolve_model_dir(cfg.model.model_dir)
+    model = weights.load_model(enc, cfg.head_dropout, model_dir, seed)
+    weights.save_hf(model, out_dir, tokenizer_dir(cfg), {"task": task, "init_seed": seed})
     return out_dir
 
 

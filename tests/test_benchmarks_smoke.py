@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from benchmarks import compare, worker
-from jaxtpu import config as C
+from jaxtpu.core.config import EncoderConfig
 from parity_tests.harness import ROOT, clean_env
 
 
@@ -24,7 +24,7 @@ def test_worker_times_a_jaxtpu_step_and_reports_every_field():
 
 
 def test_model_flops_match_the_design_figure_for_minilm():
-    enc = C.EncoderConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+    enc = EncoderConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
                           intermediate_size=1536)  # fmt: skip
     # DESIGN.md: "The model does about 275 GFLOP per step of this workload" (32 x 128).
     assert abs(worker.model_flops(enc, 32, 128) / 1e9 - 275) < 5
@@ -57,7 +57,7 @@ def test_model_gemms_ceiling_reports_the_step_matmul_flops():
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    enc = C.EncoderConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    enc = EncoderConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                           intermediate_size=128)  # fmt: skip
     # the GEMMs are the model's FLOPs minus the pooler and head
     pooler_head = 6.0 * (64 * 64 + 64) * 32 * 16

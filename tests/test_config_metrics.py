@@ -1,7 +1,9 @@
-"""Configuration parsing, framework-free imports, and metrics against scikit-learn."""
+"""Configuration parsing, the framework-free core (proved by importing it without JAX or
+torch), the task table, and metrics against scikit-learn."""
 
 from __future__ import annotations
 
+import pkgutil
 import subprocess
 import sys
 
@@ -9,8 +11,15 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from jaxtpu import config as C
-from jaxtpu import metrics as M
+import jaxtpu.core
+from jaxtpu.core import metrics, presets
+from jaxtpu.core.cli import build_parser, parse_args
+from jaxtpu.core.config import JAX_STRATEGIES, TORCH_STRATEGIES, from_dict
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.tasks import TASKS, get_task
+from parity_tests.harness import ROOT, clean_env, run_side
+
+FRAMEWORKS = ("jax", "jaxlib", "flax", "optax", "orbax", "torch", "torch_xla")
 
 CONTRACT_FLAGS = [
     "--task", "--train-csv", "--valid-csv", "--model-dir", "--preset", "--num-devices",
@@ -20,11 +29,11 @@ CONTRACT_FLAGS = [
 
 
 def parse(*argv):
-    return C.parse_args(list(argv), prog="t", description="t")
+    return parse_args(list(argv), prog="t", description="t")
 
 
 def test_defaults_are_the_demo_preset():
-    assert parse() == C.demo()
+    assert parse() == presets.demo()
 
 
 def test_contract_flags_exist_and_help_explains_every_flag(capsys):
@@ -33,7 +42,7 @@ def test_contract_flags_exist_and_help_explains_every_flag(capsys):
     out = capsys.readouterr().out
     for flag in CONTRACT_FLAGS:
         assert flag in out
-    parser = C.build_parser("t", "t")
+    parser = build_parser("t", "t", JAX_STRATEGIES)
     for action in parser._actions:
         assert action.help, f"{action.option_strings} has no help"
 
@@ -41,7 +50,7 @@ def test_contract_flags_exist_and_help_explains_every_flag(capsys):
 def test_overrides_are_applied_and_type_checked(capsys):
     cfg = parse("--preset", "tiny", "--lr", "3e-4", "--task", "ranking", "--no-progress")
     assert (cfg.optim.lr, cfg.run.task, cfg.run.progress) == (3e-4, "ranking", False)
-    assert cfg.model.num_layers == C.tiny().model.num_layers
+    assert cfg.model.num_layers == presets.tiny().model.num_layers
     for argv, message in [
         (["--lr", "fast"], "invalid float value: 'fast'"),
         (["--task", "regression"], "invalid choice: 'regression'"),
@@ -56,53 +65,117 @@ def test_overrides_are_applied_and_type_checked(capsys):
 
 
 def test_unknown_config_key_lists_valid_keys():
-    with pytest.raises(
-        C.ConfigError, match=r"unknown config key 'learning_rate'; valid keys: .*lr"
-    ):
-        C.tiny().replace(learning_rate=1.0)
-    with pytest.raises(C.ConfigError, match=r"epochs=1.5 is not a valid int"):
-        C.tiny().replace(epochs=1.5)
+    with pytest.raises(ConfigError, match=r"unknown config key 'learning_rate'; valid keys: .*lr"):
+        presets.tiny().replace(learning_rate=1.0)
+    with pytest.raises(ConfigError, match=r"epochs=1.5 is not a valid int"):
+        presets.tiny().replace(epochs=1.5)
 
 
 def test_config_roundtrips_through_dict():
-    cfg = C.minilm().replace(task="ranking", seed=3)
-    assert C.from_dict(cfg.to_dict()) == cfg
+    cfg = presets.minilm().replace(task="ranking", seed=3)
+    assert from_dict(cfg.to_dict()) == cfg
 
 
-def test_framework_free_modules_do_not_import_jax_or_torch():
-    code = (
-        "import sys, jaxtpu.config, jaxtpu.data, jaxtpu.metrics, jaxtpu.schedules, "
-        "jaxtpu.run_io\n"
-        "bad = [m for m in ('jax', 'torch', 'flax', 'optax') if m in sys.modules]\n"
-        "assert not bad, bad"
+def test_every_core_module_imports_without_any_framework():
+    """Everything the torch side may import lives in jaxtpu.core; importing all of it in a
+    fresh interpreter must load none of JAX, Flax, optax, orbax, torch or torch_xla."""
+    names = sorted(m.name for m in pkgutil.iter_modules(jaxtpu.core.__path__, "jaxtpu.core."))
+    assert {"jaxtpu.core.config", "jaxtpu.core.loop", "jaxtpu.core.hf", "jaxtpu.core.tasks"} <= set(
+        names
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    code = (
+        f"import importlib, sys\nfor name in {names!r}: importlib.import_module(name)\n"
+        f"bad = [m for m in {FRAMEWORKS!r} if m in sys.modules]\nassert not bad, bad"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_torch_side_trains_with_jax_unimportable(tmp_path):
+    """`python -m torchxla_ref.train` runs a tiny job with every JAX package blocked
+    (`sys.modules[name] = None` makes `import name` fail), so the torch side cannot lean on
+    JAX, however indirectly."""
+    pytest.importorskip("torch_xla", reason="the torch_xla reference needs torch_xla")
+    blocked = ("jax", "jaxlib", "flax", "optax", "orbax")
+    code = (
+        "import runpy, sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None\n"
+        "sys.argv = ['torchxla_ref.train', '--preset', 'tiny', '--max-steps', '2', "
+        "'--num-devices', '8', '--no-progress', '--workdir', sys.argv[1]]\n"
+        "runpy.run_module('torchxla_ref.train', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run")],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    "side,own,other",
+    [("jax", JAX_STRATEGIES, TORCH_STRATEGIES), ("torch", TORCH_STRATEGIES, JAX_STRATEGIES)],
+)
+def test_each_side_lists_and_accepts_only_its_own_strategies(tmp_path, side, own, other):
+    module = {"jax": "jaxtpu.train", "torch": "torchxla_ref.train"}[side]
+    help_text = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, env=clean_env(),
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    help_text = " ".join(help_text.split())  # argparse wraps lines
+    assert f"One of: {', '.join(own)}." in help_text
+    assert f"[default: {own[0]}]" in help_text
+    run = run_side(side, tmp_path / "run", "--preset", "tiny", "--parallel", other[0])
+    assert run.returncode == 2 and "invalid choice" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything is created
+
+
+def test_jax_strategy_names_match_the_strategy_classes():
+    from jaxtpu.parallel import STRATEGIES
+
+    assert tuple(STRATEGIES) == JAX_STRATEGIES
+
+
+def test_task_table_drives_shapes_metrics_and_dropout():
+    assert presets.tiny().head_dropout == TASKS["toxicity"].head_dropout == 0.3
+    assert presets.tiny().replace(task="ranking").head_dropout == 0.2
+    assert presets.tiny().replace(task="ranking", dropout=0.0).head_dropout == 0.0
+    assert get_task("toxicity").example_shape(16) == (16,)
+    assert get_task("ranking").example_shape(16) == (2, 16)
+    with pytest.raises(SystemExit):
+        parse("--task", "nope")
 
 
 def test_auc_matches_sklearn_on_scores_not_thresholds():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 2, 500).astype(np.float32)
     scores = labels + rng.normal(0, 1.0, 500)
-    assert M.roc_auc(scores, labels) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+    assert metrics.roc_auc(scores, labels) == pytest.approx(
+        roc_auc_score(labels, scores), abs=1e-12
+    )
     # pad rows (weight 0) are excluded; float labels are binarised at 0.5
     w = np.ones(500, np.float32)
     w[:100] = 0
     soft = labels * 0.8 + 0.1
-    assert M.roc_auc(scores, soft, w) == pytest.approx(roc_auc_score(labels[100:], scores[100:]))
-    assert np.isnan(M.roc_auc(scores, np.zeros(500)))
-    assert np.isnan(M.roc_auc(np.array([np.nan, 1.0]), np.array([0.0, 1.0])))  # diverged model
+    assert metrics.roc_auc(scores, soft, w) == pytest.approx(
+        roc_auc_score(labels[100:], scores[100:])
+    )
+    assert np.isnan(metrics.roc_auc(scores, np.zeros(500)))
+    assert np.isnan(
+        metrics.roc_auc(np.array([np.nan, 1.0]), np.array([0.0, 1.0]))
+    )  # diverged model
 
 
 def test_agreement_counts_ties_as_misses_and_skips_padding():
     less = np.array([0.0, 1.0, 2.0, 5.0])
     more = np.array([1.0, 1.0, 3.0, 0.0])
-    assert M.agreement(less, more) == 0.5
-    assert M.agreement(less, more, np.array([1, 0, 1, 0])) == 1.0
+    assert metrics.agreement(less, more) == 0.5
+    assert metrics.agreement(less, more, np.array([1, 0, 1, 0])) == 1.0
 
 
 def test_evaluate_weighted_loss():
     scores = np.array([[0.0, 1.0], [1.0, 0.0], [9.0, 9.0]])
-    out = M.evaluate(
-        "ranking", scores, np.ones(3), np.array([1.0, 3.0, 100.0]), np.array([1, 1, 0])
+    out = get_task("ranking").evaluate(
+        scores, np.ones(3), np.array([1.0, 3.0, 100.0]), np.array([1, 1, 0])
     )
     assert out == {"val_loss": 2.0, "val_agreement": 0.5}

@@ -7,9 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtpu import config as C
-from jaxtpu import data as D
-from jaxtpu import models, weights
+from jaxtpu import models, ops, weights
+from jaxtpu.core import data as jdata
+from jaxtpu.core import hf
+from jaxtpu.core.config import EncoderConfig, encoder_config
+from jaxtpu.core.errors import CheckpointError
+from jaxtpu.core.presets import minilm
+from jaxtpu.core.tokens import tokenize
 
 torch = pytest.importorskip("torch", reason="the Hugging Face reference needs torch")
 transformers = pytest.importorskip("transformers")
@@ -25,9 +29,9 @@ BF16_POOLED_ATOL = 0.005
 
 @pytest.fixture(scope="module")
 def real_batch(tokenizer, real_csv):
-    comments = D.read_comments(real_csv)
+    comments = jdata.read_comments(real_csv)
     texts = comments.texts[:16]
-    ids, mask, _ = D.tokenize(texts, tokenizer, 64)
+    ids, mask, _ = tokenize(texts, tokenizer, 64)
     assert (mask.sum(1) < 64).any() and (mask.sum(1) == 64).any()  # padded and truncated rows
     return ids, mask
 
@@ -39,10 +43,9 @@ def hf_model(minilm_dir):
 
 @pytest.fixture(scope="module")
 def flax_params(minilm_dir):
-    enc = C.encoder_config(C.minilm())
-    module = models.build_model("toxicity", enc, 0.3, "fp32")
-    dummy = np.zeros((1, 8), np.int32)
-    template = jax.device_get(module.init(jax.random.key(0), dummy, dummy)["params"])
+    enc = encoder_config(minilm())
+    module = models.create_module(enc, 0.3, "fp32")
+    template = models.init_params(module, (8,), 0)
     params, kept = weights.load_params(minilm_dir, template)
     assert sorted(kept) == ["classifier.bias", "classifier.weight"]  # only the new head
     return enc, params
@@ -72,7 +75,7 @@ def test_forward_matches_hugging_face_fp32_and_bf16(real_batch, hf_model, flax_p
 def test_roundtrip_hf_flax_hf_is_bit_identical(minilm_dir, flax_params, tmp_path, hf_model):
     enc, params = flax_params
     out = weights.save_hf(params, enc, tmp_path / "export", tokenizer_dir=minilm_dir)
-    original = weights.read_state_dict(minilm_dir)
+    original = hf.read_state_dict(minilm_dir)
     encoder, head = weights.to_state_dicts(params)
     assert set(encoder) == set(original)
     for key, value in original.items():
@@ -95,12 +98,11 @@ def test_roundtrip_hf_flax_hf_is_bit_identical(minilm_dir, flax_params, tmp_path
 
 
 def test_checkpoint_of_another_size_names_the_first_mismatched_tensor(minilm_dir):
-    enc = C.EncoderConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)
-    module = models.build_model("toxicity", enc, 0.3, "fp32")
-    dummy = np.zeros((1, 8), np.int32)
-    template = jax.device_get(module.init(jax.random.key(0), dummy, dummy)["params"])
+    enc = EncoderConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)
+    module = models.create_module(enc, 0.3, "fp32")
+    template = models.init_params(module, (8,), 0)
     with pytest.raises(
-        weights.CheckpointError,
+        CheckpointError,
         match=r"tensor embeddings\.LayerNorm\.bias has shape \(384,\), the model expects \(64,\)",
     ):
         weights.load_params(minilm_dir, template)
@@ -109,10 +111,9 @@ def test_checkpoint_of_another_size_names_the_first_mismatched_tensor(minilm_dir
 def test_ranker_scores_each_comment_of_a_pair_with_the_same_head(flax_params, real_batch):
     enc, params = flax_params
     ids, mask = real_batch
-    clf = models.build_model("toxicity", enc, 0.3, "fp32")
-    ranker = models.build_model("ranking", enc, 0.2, "fp32")
-    single = clf.apply({"params": params}, ids[:4], mask[:4])
-    pairs = ranker.apply({"params": params}, ids[:4].reshape(2, 2, -1), mask[:4].reshape(2, 2, -1))
+    model = models.create_module(enc, 0.2, "fp32")
+    single = model.apply({"params": params}, ids[:4], mask[:4])
+    pairs = model.apply({"params": params}, ids[:4].reshape(2, 2, -1), mask[:4].reshape(2, 2, -1))
     assert pairs.shape == (2, 2) and pairs.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(pairs).reshape(-1), np.asarray(single), atol=1e-5)
 
@@ -120,7 +121,7 @@ def test_ranker_scores_each_comment_of_a_pair_with_the_same_head(flax_params, re
 def test_hash_dropout_keeps_the_right_fraction_independently_and_scales():
     rate, shape = 0.1, (8, 12, 128, 128)
     x = jnp.ones(shape, jnp.float32)
-    drop = models.Dropout(rate)
+    drop = ops.Dropout(rate)
 
     def apply(seed: int) -> np.ndarray:
         return np.asarray(drop.apply({}, x, False, rngs={"dropout": jax.random.key(seed)}))
@@ -140,7 +141,7 @@ def test_hash_dropout_keeps_the_right_fraction_independently_and_scales():
     same = np.asarray(drop.apply({}, x, True))  # deterministic: identity
     np.testing.assert_array_equal(same, np.ones(shape, np.float32))
     # Bits are uniform: each byte of the words equally likely.
-    bits = np.asarray(models.hash_bits(jax.random.key(3), (1 << 20,)))
+    bits = np.asarray(ops.hash_bits(jax.random.key(3), (1 << 20,)))
     for shift in (0, 8, 16, 24):
         counts = np.bincount((bits >> shift) & 0xFF, minlength=256)
         chi2 = (((counts - counts.mean()) ** 2) / counts.mean()).sum()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxtpu import config as C
-from jaxtpu.schedules import learning_rate
+from jaxtpu.core.config import EncoderConfig, OptimConfig
+from jaxtpu.core.schedules import learning_rate
 
 torch = pytest.importorskip("torch")
 
@@ -26,7 +26,7 @@ def torch_lrs(make_scheduler, steps: int, peak: float) -> list[float]:
 def test_linear_matches_transformers(warmup_frac):
     from transformers import get_linear_schedule_with_warmup
 
-    cfg = C.OptimConfig(schedule="linear", warmup_frac=warmup_frac)
+    cfg = OptimConfig(schedule="linear", warmup_frac=warmup_frac)
     total = 50
     ref = torch_lrs(lambda o: get_linear_schedule_with_warmup(o, int(warmup_frac * total), total),
                     total, 1e-3)  # fmt: skip
@@ -35,7 +35,7 @@ def test_linear_matches_transformers(warmup_frac):
 
 
 def test_cosine_matches_cosine_annealing():
-    cfg = C.OptimConfig(schedule="cosine", eta_min=1e-5)
+    cfg = OptimConfig(schedule="cosine", eta_min=1e-5)
     ref = torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 40, eta_min=1e-5),
                     40, 1e-3)  # fmt: skip
     ours = [float(learning_rate(s, 40, cfg, 1e-3)) for s in range(40)]
@@ -43,7 +43,7 @@ def test_cosine_matches_cosine_annealing():
 
 
 def test_onecycle_matches_torch():
-    cfg = C.OptimConfig(schedule="onecycle", warmup_frac=0.3)
+    cfg = OptimConfig(schedule="onecycle", warmup_frac=0.3)
     ref = torch_lrs(
         lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-3, total_steps=40,
                                                       pct_start=0.3, cycle_momentum=False),
@@ -57,7 +57,7 @@ def test_jax_schedule_equals_the_numpy_one_used_by_torch():
     import jax.numpy as jnp
 
     for schedule in ("constant", "linear", "cosine", "onecycle"):
-        cfg = C.OptimConfig(schedule=schedule, warmup_frac=0.1, eta_min=1e-6)
+        cfg = OptimConfig(schedule=schedule, warmup_frac=0.1, eta_min=1e-6)
         a = [float(learning_rate(s, 30, cfg, 2e-4, xp=jnp)) for s in range(30)]
         b = [float(learning_rate(s, 30, cfg, 2e-4)) for s in range(30)]
         np.testing.assert_allclose(a, b, rtol=1e-6)
@@ -68,13 +68,11 @@ def test_no_decay_groups_match_between_sides():
 
     from jaxtpu import models, optim
     from torchxla_ref import optim as torch_optim
-    from torchxla_ref.models import ToxicityClassifier
+    from torchxla_ref.models import Classifier
 
-    enc = C.EncoderConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64,
+    enc = EncoderConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64,
                           num_hidden_layers=1, vocab_size=100)  # fmt: skip
-    module = models.build_model("toxicity", enc, 0.3, "fp32")
-    dummy = np.zeros((1, 4), np.int32)
-    params = module.init(jax.random.key(0), dummy, dummy)["params"]
+    params = models.init_params(models.create_module(enc, 0.3, "fp32"), (4,), 0)
     mask = optim.decay_mask(params)
     jax_decay = sum(
         x.size
@@ -83,7 +81,7 @@ def test_no_decay_groups_match_between_sides():
         )
         if m
     )
-    groups = torch_optim.param_groups(ToxicityClassifier(enc), 0.01)
+    groups = torch_optim.param_groups(Classifier(enc, 0.3), 0.01)
     torch_decay = sum(p.numel() for p in groups[0]["params"])
     assert groups[0]["weight_decay"] == 0.01 and groups[1]["weight_decay"] == 0.0
     assert jax_decay == torch_decay > 0

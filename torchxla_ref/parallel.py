@@ -1,10 +1,11 @@
-"""The only device-aware module of the torch side: PJRT runtime set-up, the SPMD mesh, and the
-per-replica view of the `xmp.spawn` path.
+"""The only device-aware module of the torch side: PJRT runtime set-up and the strategies
+that put batches on the devices (the SPMD mesh, the per-replica view of `xmp.spawn`, the
+host CPU).
 
 - `spmd`: one process, `xr.use_spmd()`, a `('data', 'fsdp')` mesh over all devices, each input
   tensor sharded on `data` with `xs.mark_sharding`: torch_xla's counterpart of jit+NamedSharding.
 - `spawn`: one replica per device (`xmp.spawn`), each taking its slice of every global batch
-  from `jaxtpu.data`, gradients all-reduced by `xm.reduce_gradients` (the first half of
+  from `jaxtpu.core.data`, gradients all-reduced by `xm.reduce_gradients` (the first half of
   `xm.optimizer_step`).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.config import UserError
+from jaxtpu.core.errors import DeviceError
 
 # On CPU, torch_xla 2.9 runs the spawn path as one *thread* per device in one process; its
 # collectives then deadlock or mismatch (see torchxla_ref/SPAWN_ON_CPU.md). Refuse those counts.
@@ -38,7 +39,7 @@ def configure_runtime(num_devices: int, parallel: str) -> str:
     if device == "CPU":
         limit = int(os.environ.get("TORCHXLA_REF_MAX_CPU_SPAWN", MAX_SPAWN_DEVICES_ON_CPU))
         if parallel == "spawn" and num_devices > limit:
-            raise UserError(
+            raise DeviceError(
                 f"--parallel spawn --num-devices {num_devices}: on CPU torch_xla 2.9 runs "
                 "spawn replicas as threads whose collectives deadlock with more than "
                 f"{MAX_SPAWN_DEVICES_ON_CPU} device (see torchxla_ref/SPAWN_ON_CPU.md); "
@@ -48,7 +49,7 @@ def configure_runtime(num_devices: int, parallel: str) -> str:
     return device
 
 
-class SpmdPlacement:
+class SpmdStrategy:
     """Puts numpy batches on the SPMD device, sharded on the mesh's `data` axis."""
 
     def __init__(self, num_devices: int) -> None:
@@ -59,7 +60,7 @@ class SpmdPlacement:
         xr.use_spmd()
         n = xr.global_runtime_device_count()
         if n != num_devices:
-            raise UserError(
+            raise DeviceError(
                 f"--num-devices {num_devices}: SPMD runs on all {n} devices of this host; "
                 f"use --num-devices {n}"
             )
@@ -84,7 +85,7 @@ class SpmdPlacement:
         return t.cpu().numpy()
 
 
-class SpawnPlacement:
+class SpawnStrategy:
     """One replica of the spawn path: its own device and its slice of each global batch."""
 
     def __init__(self) -> None:
@@ -115,7 +116,7 @@ class SpawnPlacement:
         return t.cpu().numpy()
 
 
-class HostPlacement:
+class EagerStrategy:
     """`--parallel eager`: plain PyTorch on the host CPU, no XLA (the reference baseline)."""
 
     def __init__(self) -> None:
@@ -132,3 +133,13 @@ class HostPlacement:
 
     def gather(self, t: Any) -> np.ndarray:
         return t.detach().cpu().numpy()
+
+
+STRATEGIES = {"spmd": SpmdStrategy, "spawn": SpawnStrategy, "eager": EagerStrategy}
+
+
+def make_strategy(name: str, num_devices: int) -> Any:
+    """The strategy `--parallel name`, started on this process (or spawn replica)."""
+    if name == "spmd":
+        return SpmdStrategy(num_devices)
+    return STRATEGIES[name]()

@@ -8,16 +8,22 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from jaxtpu.config import RANKING_MARGIN
+from jaxtpu.core.tasks import RANKING_MARGIN
 
 
-def per_example_loss(task: str, scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-    if task == "toxicity":
-        return F.binary_cross_entropy_with_logits(scores, label, reduction="none")
+def _bce(scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(scores, label, reduction="none")
+
+
+def _margin_ranking(scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
     ones = torch.ones_like(scores[:, 0])
     return F.margin_ranking_loss(
         scores[:, 1], scores[:, 0], ones, margin=RANKING_MARGIN, reduction="none"
     )
+
+
+# Per-example loss of each task of `jaxtpu.core.tasks.TASKS`, as `jaxtpu.steps.LOSSES`.
+LOSSES = {"toxicity": _bce, "ranking": _margin_ranking}
 
 
 def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager:
@@ -37,7 +43,7 @@ def loss_fn(
     """Weighted mean loss of one (per-replica or global) batch."""
     with autocast(precision, device_type):
         scores = model(batch["input_ids"], batch["attention_mask"])
-    losses = per_example_loss(task, scores.float(), batch["label"])
+    losses = LOSSES[task](scores.float(), batch["label"])
     weight = batch["weight"]
     return (losses * weight).sum() / weight.sum().clamp(min=1.0)
 
@@ -94,4 +100,4 @@ def eval_step(
     with autocast(precision, device_type):
         scores = model(batch["input_ids"], batch["attention_mask"])
     scores = scores.float()
-    return scores, per_example_loss(task, scores, batch["label"])
+    return scores, LOSSES[task](scores, batch["label"])

@@ -1,14 +1,13 @@
 """`python -m torchxla_ref.train`: the PyTorch/XLA reference trainer.
 
-Same flags (`jaxtpu.config`), same data and batches (`jaxtpu.data`), same metrics
-(`jaxtpu.metrics`), same loop (`jaxtpu.loop`) and run directory layout as `jaxtpu.train`; only
-the framework calls differ. `--parallel spmd` (default here) or `--parallel spawn`.
+Same flags, data and batches, metrics, loop and run directory layout as `jaxtpu.train`, all
+from the framework-free `jaxtpu.core` (this side never imports JAX); only the framework calls
+differ. `--parallel spmd` (default here), `spawn` or `eager`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -16,15 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from jaxtpu import config as C
-from jaxtpu import loop as L
-from jaxtpu.run_io import RunLog, UserError, prepare_workdir, user_errors
+from jaxtpu.core import loop
+from jaxtpu.core.cli import parse_args
+from jaxtpu.core.config import TORCH_STRATEGIES, Config, encoder_config, resolve_model_dir
+from jaxtpu.core.errors import ConfigError, UserError
+from jaxtpu.core.rundir import RunLog, prepare_workdir, user_errors
 from torchxla_ref import parallel
+from torchxla_ref.checkpoint import Checkpoints
 
 log = logging.getLogger("jaxtpu")
-TORCH_PARALLEL = ("spmd", "spawn", "eager")
 
 
 class XlaBackend:
@@ -35,11 +35,11 @@ class XlaBackend:
 
     def __init__(
         self,
-        placement: Any,
+        strategy: Any,
         model: Any,
         optimizer: Any,
         scheduler: Any,
-        cfg: C.Config,
+        cfg: Config,
         workdir: Path,
         xla: bool = True,
     ) -> None:
@@ -51,17 +51,16 @@ class XlaBackend:
             import torch_xla.debug.metrics as met
 
             self.torch_xla, self.xm, self.met = torch_xla, xm, met
-        self.placement = placement
-        self.num_devices = placement.num_devices
+        self.strategy = strategy
+        self.num_devices = strategy.num_devices
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.cfg = cfg
         self.micro = 0
-        self.ckpt_root = workdir / "checkpoints"
-        self.is_master = placement.ordinal == 0
-        self.primary = self.is_master
+        self.primary = strategy.ordinal == 0
+        self.ckpts = Checkpoints(workdir, self.primary, self.xm if xla else None)
         self._compiles_at_start = self._compiles()
 
-    # One host process drives the loop; spawn replicas take their slice in `placement.put`.
+    # One host process drives the loop; spawn replicas take their slice in `strategy.put`.
     num_processes = 1
 
     def local_rows(self, n: int) -> slice:
@@ -99,17 +98,17 @@ class XlaBackend:
             self.model,
             self.optimizer,
             self.scheduler,
-            self.placement.put(batch),
+            self.strategy.put(batch),
             task=self.cfg.run.task,
             precision=self.cfg.run.precision,
             device_type=self.device_type,
             accumulate=acc,
             update=self.micro % acc == 0,
             clip_norm=self.cfg.optim.clip_norm,
-            reduce_gradients=self.xm.reduce_gradients if self.placement.replicas > 1 else None,
+            reduce_gradients=self.xm.reduce_gradients if self.strategy.replicas > 1 else None,
         )
-        if self.placement.replicas > 1:  # each replica's loss is of its slice: average them
-            loss = self.xm.all_reduce(self.xm.REDUCE_SUM, loss, scale=1.0 / self.placement.replicas)
+        if self.strategy.replicas > 1:  # each replica's loss is of its slice: average them
+            loss = self.xm.all_reduce(self.xm.REDUCE_SUM, loss, scale=1.0 / self.strategy.replicas)
         self._sync()  # the step boundary: the traced graph is compiled once, then reused
         return loss, grad_norm
 
@@ -135,78 +134,56 @@ class XlaBackend:
         self.model.eval()
         scores, losses = steps.eval_step(
             self.model,
-            self.placement.put(batch),
+            self.strategy.put(batch),
             self.cfg.run.task,
             self.cfg.run.precision,
             self.device_type,
         )
         self._sync()
-        return {"score": self.placement.gather(scores), "loss": self.placement.gather(losses)}
+        return {"score": self.strategy.gather(scores), "loss": self.strategy.gather(losses)}
 
-    def _save(self, kind: str, step: int, meta: dict[str, Any], full: bool) -> None:
-        directory = self.ckpt_root / kind
-        final = directory / f"step_{step}.pt"
-        tmp = directory / f".step_{step}.pt.tmp"
+    def _payload(self, meta: dict[str, Any], full: bool) -> dict[str, Any]:
         payload = {"model": self.model.state_dict(), "meta": meta}
         if full:
             payload["optimizer"] = self.optimizer.state_dict()
             payload["scheduler"] = self.scheduler.state_dict()
             payload["micro"] = self.micro
-        if self.is_master:
-            directory.mkdir(parents=True, exist_ok=True)
-        # Every replica calls xm.save (it rendezvous); only the master writes. Write then rename:
-        # a run killed mid-write leaves the previous checkpoint intact.
-        if self.xla:
-            self.xm.save(payload, str(tmp), master_only=True)
-        else:
-            torch.save(payload, str(tmp))
-        if self.is_master:
-            os.replace(tmp, final)
-            for old in directory.glob("step_*.pt"):
-                if old != final:
-                    old.unlink()
+        return payload
 
     def save_latest(self, step: int, meta: dict[str, Any]) -> None:
-        self._save("latest", step, meta, full=True)
+        self.ckpts.save("latest", step, self._payload(meta, full=True))
 
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
-        self._save("best", step, meta, full=False)
+        self.ckpts.save("best", step, self._payload(meta, full=False))
+
+    def restore_latest(self, expect: dict[str, Any]) -> loop.ResumeState:
+        """Continues from the latest checkpoint (a fresh start when there is none)."""
+        payload = self.ckpts.restore_latest(expect)
+        if payload is None:
+            return loop.ResumeState()
+        self.model.load_state_dict(payload["model"], strict=True)
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        self.micro = payload["micro"]
+        log.info("resumed from %s at step %d", self.ckpts.latest_path(), payload["meta"]["step"])
+        return loop.ResumeState(int(payload["meta"]["step"]), payload["meta"]["best"])
 
 
-def latest_checkpoint(workdir: Path) -> Path | None:
-    found = sorted(
-        (workdir / "checkpoints" / "latest").glob("step_*.pt"),
-        key=lambda p: int(p.stem.split("_")[1]),
-    )
-    return found[-1] if found else None
-
-
-def _train(cfg: C.Config, workdir: Path, t_start: float) -> dict[str, Any]:
+def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
     """The body of a run, in the process (spmd, eager) or in each replica (spawn)."""
-    from jaxtpu.checkpoint import check_compatible
     from torchxla_ref import optim, weights
 
-    run, task = cfg.run, cfg.run.task
-    placements = {
-        "spmd": lambda: parallel.SpmdPlacement(run.num_devices),
-        "spawn": parallel.SpawnPlacement,
-        "eager": parallel.HostPlacement,
-    }
-    placement = placements[run.parallel]()
-    n_dev = placement.num_devices
-    device = placement.device
-    if placement.ordinal == 0:
-        log.info("devices: %d x %s (torch_xla %s)", n_dev, device, run.parallel)
-    data = L.load_data(cfg, workdir)
-    plan = L.Plan.make(cfg, len(data.train), n_dev, data.info["unit"])
-    log.info(plan.describe(cfg, n_dev))
+    run = cfg.run
+    strategy = parallel.make_strategy(run.parallel, run.num_devices)
+    n_dev = strategy.num_devices
+    if strategy.ordinal == 0:
+        log.info("devices: %d x %s (torch_xla %s)", n_dev, strategy.device, run.parallel)
+    job = loop.Job.prepare(cfg, workdir, n_dev, strategy.ordinal == 0, t_start)
 
-    enc = C.encoder_config(cfg)
-    model_dir = C.resolve_model_dir(cfg.model.model_dir)
-    model = weights.build_model(task, enc, cfg.head_dropout, model_dir, run.seed)
-    identity = {"task": task, "encoder": enc.to_hf_dict()}
-    model.to(device)
-    optimizer, scheduler = optim.make_optimizer(model, cfg.optim, plan.total_updates, n_dev)
+    enc = encoder_config(cfg)
+    model_dir = resolve_model_dir(cfg.model.model_dir)
+    model = weights.load_model(enc, cfg.head_dropout, model_dir, run.seed).to(strategy.device)
+    optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.total_updates, n_dev)
     log.info(
         "model: %s, %d layers x %d hidden, %.1fM params, from %s",
         type(model).__name__,
@@ -216,31 +193,18 @@ def _train(cfg: C.Config, workdir: Path, t_start: float) -> dict[str, Any]:
         model_dir or f"random init (seed {run.seed})",
     )
     backend = XlaBackend(
-        placement, model, optimizer, scheduler, cfg, workdir, xla=run.parallel != "eager"
+        strategy, model, optimizer, scheduler, cfg, workdir, xla=run.parallel != "eager"
     )
-    progress = L.Progress()
-    latest = latest_checkpoint(workdir) if run.resume else None
-    if latest is not None:
-        try:
-            state = torch.load(str(latest), map_location="cpu", weights_only=False)
-        except Exception as e:
-            raise UserError(f"{latest}: unreadable checkpoint ({type(e).__name__}: {e})") from None
-        check_compatible(state["meta"], identity, latest)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        backend.micro = state["micro"]
-        progress = L.Progress(int(state["meta"]["step"]), state["meta"]["best"])
-        log.info("resumed from %s at step %d", latest, progress.step)
+    resume = backend.restore_latest(job.identity) if run.resume else loop.ResumeState()
     runlog = RunLog(
-        workdir, resume_step=progress.step if run.resume else None, enabled=placement.ordinal == 0
+        workdir, resume_step=resume.step if run.resume else None, enabled=strategy.ordinal == 0
     )
-    runlog.write_config(cfg, data.info, [str(device)] * n_dev)
-    return L.run(cfg, data, plan, backend, workdir, progress, identity, runlog, t_start)
+    runlog.write_config(cfg, job.data.info, [str(strategy.device)] * n_dev)
+    return loop.run(job, backend, resume, runlog)
 
 
-def _spawn_replica(index: int, cfg: C.Config, workdir: Path, t_start: float) -> None:
-    from jaxtpu.run_io import setup_logging
+def _spawn_replica(index: int, cfg: Config, workdir: Path, t_start: float) -> None:
+    from jaxtpu.core.rundir import setup_logging
 
     setup_logging()
     if index != 0:
@@ -248,15 +212,16 @@ def _spawn_replica(index: int, cfg: C.Config, workdir: Path, t_start: float) -> 
     _train(cfg, workdir, t_start)
 
 
-def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict[str, Any] | None:
+def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[str, Any] | None:
     """Trains and evaluates the torch_xla reference as `cfg` says; see `jaxtpu.train`.
 
     Returns:
       The run summary (spmd), or None for spawn (read `summary.json` in the run directory).
     """
-    if cfg.run.parallel not in TORCH_PARALLEL:
-        raise UserError(
-            f"--parallel {cfg.run.parallel}: torchxla_ref runs {' or '.join(TORCH_PARALLEL)}"
+    if cfg.run.parallel not in TORCH_STRATEGIES:  # before anything is created
+        raise ConfigError(
+            f"--parallel {cfg.run.parallel} is not a torchxla_ref strategy; choose one of "
+            f"{', '.join(TORCH_STRATEGIES)}"
         )
     if cfg.run.num_processes > 1 or cfg.run.coordinator_address:
         raise UserError(
@@ -279,14 +244,12 @@ def train_and_evaluate(cfg: C.Config, workdir: str | Path | None = None) -> dict
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--parallel" not in argv and not any(a.startswith("--parallel=") for a in argv):
-        argv = ["--parallel", "spmd", *argv]  # the torch side's default strategy
-    cfg = C.parse_args(
+    cfg = parse_args(
         argv,
         prog="python -m torchxla_ref.train",
         description="PyTorch/XLA reference trainer: same flags, data, metrics and run "
-        "directory as jaxtpu.train (--parallel spmd|spawn).",
+        "directory as jaxtpu.train (--parallel spmd|spawn|eager).",
+        strategies=TORCH_STRATEGIES,
     )
     with user_errors():
         train_and_evaluate(cfg)

@@ -1,6 +1,6 @@
-"""Hugging Face directories for the torch side: load (encoder + optional head) and save. A
-seeded torch init saved here is what both sides start from in parity runs
-(`parity_tests.harness.shared_init`)."""
+"""Hugging Face directories for the torch side: the run's model (a seeded init filled from a
+checkpoint through the same checks as the JAX side) and saving it. A seeded torch init saved
+here is what both sides start from in parity runs (`parity_tests.harness.shared_init`)."""
 
 from __future__ import annotations
 
@@ -8,36 +8,41 @@ from pathlib import Path
 
 import torch
 
-from jaxtpu.config import EncoderConfig
-from jaxtpu.weights import fit_state_dict, write_hf_dir
-from torchxla_ref.models import ToxicityClassifier, model_class
+from jaxtpu.core.config import EncoderConfig
+from jaxtpu.core.hf import fit_state_dict, write_hf_dir
+from torchxla_ref.models import Classifier
 
 
-def build_model(
-    task: str,
-    enc: EncoderConfig,
-    head_dropout: float | None,
-    model_dir: str | Path | None,
-    seed: int,
-) -> ToxicityClassifier:
-    """The task's model, seeded random init, then filled from `model_dir` (encoder, and head
-    if the directory has one) through the same checks as the JAX side
-    (`jaxtpu.weights.fit_state_dict`). Encoder dropout comes from `enc` either way."""
+def load_model(
+    enc: EncoderConfig, head_dropout: float, model_dir: str | Path | None, seed: int
+) -> Classifier:
+    """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
+    directory has one) through `jaxtpu.core.hf.fit_state_dict`, as on the JAX side. Every key
+    is accounted for: a tensor is either loaded or one the checks allow to keep its init (a new
+    head, a missing pooler), and `load_state_dict` runs strict. Encoder dropout comes from
+    `enc` either way."""
     torch.manual_seed(seed)
-    model = model_class(task)(enc, head_dropout)
+    model = Classifier(enc, head_dropout)
     if model_dir:
-        expected = {k.removeprefix("bert."): tuple(v.shape) for k, v in model.state_dict().items()}
+        state = model.state_dict()
+        expected = {_hf(k): tuple(v.shape) for k, v in state.items()}
         found, _ = fit_state_dict(model_dir, expected)
-        tensors = {
-            (k if k.startswith("classifier.") else "bert." + k): torch.from_numpy(v)
-            for k, v in found.items()
-        }
-        model.load_state_dict(tensors, strict=False)
+        state.update({_torch(k): torch.from_numpy(v) for k, v in found.items()})
+        model.load_state_dict(state, strict=True)
     return model
 
 
+def _hf(key: str) -> str:
+    """Module key -> Hugging Face key (the encoder as a plain BertModel)."""
+    return key.removeprefix("bert.")
+
+
+def _torch(key: str) -> str:
+    return key if key.startswith("classifier.") else "bert." + key
+
+
 def save_hf(
-    model: ToxicityClassifier,
+    model: Classifier,
     out_dir: str | Path,
     tokenizer_dir: str | Path | None,
     head_meta: dict | None = None,

@@ -1,6 +1,6 @@
 """Run directories: creating them safely, config.json, metrics.jsonl, TensorBoard, summary.json,
-and turning user errors into one clear line. Framework-free: the torch side writes the same
-layout with this module.
+the identity a checkpoint must match, and turning user errors into one clear line.
+Framework-free: the torch side writes the same layout with this module.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.config import Config, UserError
+from jaxtpu.core.config import Config
+from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
 
-__all__ = ["RunLog", "UserError", "prepare_workdir", "setup_logging", "user_errors"]
+__all__ = ["RunLog", "check_compatible", "prepare_workdir", "setup_logging", "user_errors"]
 
 log = logging.getLogger("jaxtpu")
 
@@ -64,6 +65,31 @@ def prepare_workdir(workdir: Path, resume: bool, task: str = "run", create: bool
     except OSError as e:
         raise UserError(f"--workdir {workdir} is not writable ({e.strerror})") from None
     return workdir
+
+
+def identity(meta: dict[str, Any]) -> dict[str, Any]:
+    """What makes two checkpoints compatible: the task and the encoder shape."""
+    return {"task": meta.get("task"), "encoder": meta.get("encoder")}
+
+
+def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Path) -> None:
+    """Refuses a checkpoint of another task or model (both sides' checkpoints carry an
+    identity in their metadata)."""
+    a, b = identity(found), identity(expected)
+    if a == b:
+        return
+    if a["task"] != b["task"]:
+        raise CheckpointError(
+            f"{where}: checkpoint is for task {a['task']!r}, this run is {b['task']!r}"
+        )
+    diff = [
+        f"{k}={a['encoder'].get(k)} (run: {b['encoder'].get(k)})"
+        for k in b["encoder"]
+        if a["encoder"] and a["encoder"].get(k) != b["encoder"].get(k)
+    ]
+    raise CheckpointError(
+        f"{where}: checkpoint is from another model: {', '.join(diff) or 'different encoder'}"
+    )
 
 
 def peak_host_memory_mb() -> float:
@@ -162,13 +188,11 @@ def user_errors() -> Iterator[None]:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except TrainingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print(
             "interrupted; finished checkpoints are kept (continue with --resume)", file=sys.stderr
         )
         sys.exit(130)
-    except RuntimeError as e:
-        if type(e).__name__ == "TrainingError":
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
-        raise

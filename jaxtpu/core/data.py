@@ -1,4 +1,4 @@
-"""Jigsaw CSVs, ranking pairs, splits, tokenization with a cache, and deterministic batches.
+"""Jigsaw CSVs, ranking pairs, splits, tokenized examples and deterministic batches.
 
 Framework-free (numpy only): both `jaxtpu` and `torchxla_ref` take their batches from here, so
 the two sides see exactly the same examples in the same order.
@@ -13,12 +13,9 @@ Rows added to pad an evaluation batch carry weight 0.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
-import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.config import UserError
+from jaxtpu.core.errors import DataError
+from jaxtpu.core.tasks import Task
+from jaxtpu.core.tokens import tokenize
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +37,6 @@ SEVERITY_WEIGHTS = np.array([0.32, 1.5, 0.16, 1.5, 0.64, 1.5], np.float32)
 CLASSIFICATION_COLUMNS = ("comment_text", "toxic")
 PAIRS_COLUMNS = ("less_toxic", "more_toxic")
 SCORE_COLUMNS = ("comment_id", "text")
-
-
-class DataError(UserError):
-    """An input file is not usable; the message names the file, row and value."""
 
 
 # --------------------------------------------------------------------------- containers
@@ -254,16 +249,20 @@ def read_pairs(path: str | os.PathLike) -> Pairs:
     return Pairs(str(path), less, more, dropped)
 
 
-def read_task_file(path: str | os.PathLike, task: str) -> Comments | Pairs:
-    """Reads a training/validation file; for ranking it may be pairs or labelled comments."""
+_EXPECTED = {
+    "pairs": "less_toxic, more_toxic (pairs)",
+    "classification": "comment_text, toxic (labels)",
+}
+_READERS = {"pairs": read_pairs, "classification": read_comments}
+
+
+def read_task_file(path: str | os.PathLike, task: Task) -> Comments | Pairs:
+    """Reads a training/validation file of one of the kinds the task reads (`Task.reads`)."""
     header, _ = _read_rows(path)
-    if task == "ranking" and file_kind(header) == "pairs":
-        return read_pairs(path)
-    if task == "ranking" and file_kind(header) != "classification":
-        raise _missing_columns_error(
-            path, header, "less_toxic, more_toxic (pairs) or comment_text, toxic (labels)"
-        )
-    return read_comments(path)
+    kind = file_kind(header)
+    if kind not in task.reads:
+        raise _missing_columns_error(path, header, " or ".join(_EXPECTED[k] for k in task.reads))
+    return _READERS[kind](path)
 
 
 # --------------------------------------------------------------------------- demo data
@@ -381,67 +380,6 @@ def split(
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(valid))
 
 
-# --------------------------------------------------------------------------- tokenization
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("JAXTPU_CACHE", Path.home() / ".cache" / "jaxtpu")) / "tokens"
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A content hash of a Hugging Face fast tokenizer (vocab, normalizer, special tokens)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        spec = repr(tokenizer)
-    else:
-        # Truncation/padding settings change with every call: not part of the identity.
-        state = json.loads(backend.to_str())
-        state.pop("truncation", None)
-        state.pop("padding", None)
-        spec = json.dumps(state, sort_keys=True)
-    return hashlib.sha256(spec.encode()).hexdigest()[:16]
-
-
-def tokenize(
-    texts: list[str], tokenizer: Any, max_len: int, cache_dir: str | os.PathLike | None = None
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Tokenizes with truncation and padding to `max_len`, cached on disk.
-
-    The cache key is a hash of the texts, the tokenizer's content and `max_len`, so any change
-    to one of them tokenizes again.
-
-    Returns:
-      (input_ids, attention_mask, cache_hit): int32 arrays of shape (len(texts), max_len).
-    """
-    h = hashlib.sha256()
-    h.update(f"{tokenizer_fingerprint(tokenizer)}|{max_len}|{len(texts)}|".encode())
-    for t in texts:
-        h.update(t.encode())
-        h.update(b"\0")
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    path = cache / f"{h.hexdigest()[:32]}.npz"
-    if path.exists():
-        try:
-            with np.load(path) as z:
-                return z["input_ids"], z["attention_mask"], True
-        except (OSError, ValueError, KeyError):
-            log.warning("token cache %s is unreadable; tokenizing again", path)
-    enc = tokenizer(
-        texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
-    )
-    ids = enc["input_ids"].astype(np.int32)
-    mask = enc["attention_mask"].astype(np.int32)
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp.npz")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, input_ids=ids, attention_mask=mask)
-        os.replace(tmp, path)  # atomic: a killed run never leaves half a cache file
-    except OSError as e:
-        log.warning("could not write token cache in %s (%s); continuing without it", cache, e)
-    return ids, mask, False
-
-
 @dataclass
 class Examples:
     """Tokenized examples of one split, ready to batch."""
@@ -517,32 +455,16 @@ class TaskData:
     info: dict[str, Any]
 
 
-def load_tokenizer(path: str | os.PathLike) -> Any:
-    """Loads a Hugging Face fast tokenizer from a local directory (never from a hub)."""
-    p = Path(path)
-    if not p.is_dir():
-        raise DataError(f"tokenizer directory {p} does not exist")
-    if not any((p / f).exists() for f in ("tokenizer.json", "vocab.txt")):
-        raise DataError(
-            f"{p}: no tokenizer found (tokenizer.json or vocab.txt); "
-            "pass --tokenizer-dir with a Hugging Face tokenizer directory"
-        )
-    from transformers import AutoTokenizer  # lazy: heavy, and only needed here
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return AutoTokenizer.from_pretrained(str(p), use_fast=True)
-
-
 def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
     """Reads, splits, (for ranking) pairs and tokenizes the data a config asks for.
 
     Args:
-      cfg: a `jaxtpu.config.Config`.
+      cfg: a `jaxtpu.core.config.Config`.
       tokenizer: a Hugging Face fast tokenizer.
     Returns:
       train and validation `Examples` plus an `info` dict describing what was loaded.
     """
-    d, task, seed = cfg.data, cfg.run.task, cfg.run.seed
+    d, task, seed = cfg.data, cfg.task, cfg.run.seed
     if d.train_csv:
         data = read_task_file(d.train_csv, task)
         source = str(d.train_csv)
@@ -567,7 +489,7 @@ def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
             if d.n_folds
             else f"held-out {d.valid_fraction:.0%} (stratified, seed {seed})"
         )
-    if task == "ranking":
+    if task.comments_per_example == 2:
         # Build pairs within each split, so no comment is in both train and validation pairs.
         if isinstance(train, Comments):
             train = pairs_from_labels(train, int(len(train) * d.pairs_per_comment), seed)
@@ -583,6 +505,6 @@ def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
         "valid_examples": len(valid_ex),
         "dropped_rows": getattr(data, "dropped", 0),
         "token_cache_hit": train_ex.cache_hit and valid_ex.cache_hit,
-        "unit": "pairs" if task == "ranking" else "comments",
+        "unit": task.unit,
     }
     return TaskData(train_ex, valid_ex, info)

@@ -18,7 +18,7 @@ def learning_rate(step: Any, total: int, cfg: Any, peak: float, xp: Any = np) ->
     Args:
       step: update index (int or array).
       total: number of optimizer updates in the run.
-      cfg: a `jaxtpu.config.OptimConfig` (schedule, warmup_frac, eta_min).
+      cfg: a `jaxtpu.core.config.OptimConfig` (schedule, warmup_frac, eta_min).
       peak: the peak learning rate (after --scale-lr).
       xp: numpy or jax.numpy.
     Schedules:

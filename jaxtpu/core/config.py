@@ -1,34 +1,27 @@
-"""One frozen configuration tree, presets, and command-line parsing.
-
-Framework-free: imported by both `jaxtpu` and `torchxla_ref` and must not import jax or torch.
+"""One frozen configuration tree: its fields, type-checked overrides, validation, and the
+encoder shape read from a Hugging Face `config.json` (framework-free).
 
 Every field carries its help text; the command-line flag is the field name with dashes
-(`batch_size` -> `--batch-size`). Unknown flags are an error that lists the valid ones,
-and every value is type-checked when parsed.
+(`batch_size` -> `--batch-size`, see `jaxtpu.core.cli`). Unknown keys are an error that lists
+the valid ones, and every value is type-checked when applied. Presets: `jaxtpu.core.presets`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
-TASKS = ("toxicity", "ranking")
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.tasks import TASKS, Task, get_task
+
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("constant", "linear", "cosine", "onecycle")
-RANKING_MARGIN = 0.5  # margin of the ranking loss, on both sides
-
-
-class UserError(ValueError):
-    """Bad input from the user (flags, files, checkpoints): reported as one line, no traceback."""
-
-
-class ConfigError(UserError):
-    """A configuration value or flag the user gave is not valid."""
+# Data-parallel strategies of each side; the first is that side's default.
+JAX_STRATEGIES = ("pmap", "jit")
+TORCH_STRATEGIES = ("spmd", "spawn", "eager")
 
 
 def _f(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
@@ -54,7 +47,9 @@ class ModelConfig:
     intermediate_size: int = _f(128, "Feed-forward size (random init only).")
     dropout: float = _f(
         -1.0,
-        "Dropout before the Dense(1) head; -1 = task default (0.3 toxicity, 0.2 ranking).",
+        "Dropout before the Dense head; -1 = the task's default ("
+        + ", ".join(f"{t.head_dropout} {t.name}" for t in TASKS.values())
+        + ").",
     )
     encoder_dropout: float = _f(
         -1.0, "Dropout inside the encoder; -1 = the checkpoint's hidden_dropout_prob."
@@ -99,13 +94,12 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    task: str = _f("toxicity", "Which model to train.", TASKS)
+    task: str = _f("toxicity", "Which model to train.", tuple(TASKS))
     precision: str = _f("bf16", "Compute precision; params and optimizer stay fp32.", PRECISIONS)
     parallel: str = _f(
         "pmap",
-        "Data-parallel strategy: jaxtpu pmap|jit; torchxla_ref spmd|spawn, or eager (plain "
-        "PyTorch on the host CPU, no XLA, 1 device: the CPU baseline).",
-        ("pmap", "jit", "spmd", "spawn", "eager"),
+        "Data-parallel strategy (each command accepts its own side's; see its --help).",
+        JAX_STRATEGIES + TORCH_STRATEGIES,
     )
     num_devices: int = _f(
         8,
@@ -155,10 +149,14 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     @property
+    def task(self) -> Task:
+        """The task's row of `jaxtpu.core.tasks.TASKS`."""
+        return get_task(self.run.task)
+
+    @property
     def head_dropout(self) -> float:
-        if self.model.dropout >= 0:
-            return self.model.dropout
-        return 0.3 if self.run.task == "toxicity" else 0.2
+        """--dropout, or the task's default."""
+        return self.model.dropout if self.model.dropout >= 0 else self.task.head_dropout
 
     def replace(self, **overrides: Any) -> Config:
         """Returns a copy with flat overrides (`lr=1e-4`, `task='ranking'`) applied."""
@@ -185,7 +183,7 @@ def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
 FIELDS = _field_index()
 
 
-def _base_type(typ: Any) -> type:
+def base_type(typ: Any) -> type:
     """`int` for `int`, `str` for `str | None`."""
     args = [a for a in get_args(typ) if a is not type(None)]
     return args[0] if args else typ
@@ -195,7 +193,7 @@ def _check_type(name: str, value: Any, typ: Any) -> Any:
     """Coerces/validates one value against the field's annotated type."""
     if value is None and type(None) in get_args(typ):
         return None
-    base = _base_type(typ)
+    base = base_type(typ)
     bad = ConfigError(f"{name}={value!r} is not a valid {base.__name__}")
     if base is bool:
         if isinstance(value, bool):
@@ -308,138 +306,6 @@ def validate(cfg: Config) -> None:
             f"--hidden-size {cfg.model.hidden_size} is not divisible by "
             f"--num-heads {cfg.model.num_heads}"
         )
-
-
-# --------------------------------------------------------------------------- presets
-
-
-def demo() -> Config:
-    """The default: pretrained MiniLM fine-tuned on the built-in demo data, 8 devices, bf16.
-
-    Run: `python -m jaxtpu.train` (or `make train`).
-    Expect: a few minutes on a 2-core CPU; validation AUC close to 1.0 on the demo data
-    (it carries an easy, learnable signal).
-    """
-    return Config(
-        model=ModelConfig(model_dir="minilm"),
-        data=DataConfig(max_len=32, demo_size=1024),
-        optim=OptimConfig(lr=1e-4, schedule="linear", warmup_frac=0.1),
-        run=RunConfig(batch_size=4, epochs=1, log_every=5),
-    )
-
-
-def minilm() -> Config:
-    """Pretrained MiniLM (6 x 384) with the Kaggle recipe: lr 5e-5, global batch 32, len 128.
-
-    Run: `python -m jaxtpu.train --preset minilm --train-csv ../shared/data/jigsaw_toxic_dev.csv`
-    Expect: about 0.98 validation ROC AUC on real comments after 1 epoch.
-    """
-    return Config(
-        model=ModelConfig(model_dir="minilm"),
-        data=DataConfig(max_len=128),
-        optim=OptimConfig(lr=5e-5, schedule="linear", warmup_frac=0.0),
-        run=RunConfig(batch_size=4, epochs=1, log_every=10, eval_every=0),
-    )
-
-
-def bert_base() -> Config:
-    """The 12 x 768 BERT-base shape (random init unless --model-dir points at bert-base).
-
-    Run: `python -m jaxtpu.train --preset bert-base --model-dir /path/to/bert-base-uncased`.
-    Expect: slow on CPU; meant for TPU VMs.
-    """
-    return Config(
-        model=ModelConfig(
-            model_dir=None, num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072
-        ),
-        data=DataConfig(max_len=128),
-        optim=OptimConfig(lr=5e-5),
-        run=RunConfig(batch_size=4),
-    )
-
-
-def tiny() -> Config:
-    """A 2 x 64 random-init encoder on demo data: seconds per run, for tests and smoke checks.
-
-    Run: `python -m jaxtpu.train --preset tiny`.
-    """
-    return Config(
-        model=ModelConfig(model_dir=None),
-        data=DataConfig(max_len=16, demo_size=256),
-        optim=OptimConfig(lr=3e-3, schedule="constant", weight_decay=0.0),
-        run=RunConfig(batch_size=4, log_every=2, progress=False),
-    )
-
-
-PRESETS: dict[str, Callable[[], Config]] = {
-    "demo": demo,
-    "minilm": minilm,
-    "bert-base": bert_base,
-    "tiny": tiny,
-}
-
-
-def get_preset(name: str) -> Config:
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]()
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default hides the valid flags
-        if "unrecognized arguments" in message:
-            flags = sorted(a for act in self._actions for a in act.option_strings if "--" in a)
-            message += "\nvalid flags: " + " ".join(flags)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description=description)
-    defaults = {k: getattr(getattr(demo(), s), k) for k, (s, _) in FIELDS.items()}
-    parser.add_argument(
-        "--preset",
-        default="demo",
-        choices=list(PRESETS),
-        help="Starting configuration; the flags below override it. "
-        + " ".join(f"{k}: {(v.__doc__ or '').splitlines()[0]}" for k, v in PRESETS.items()),
-    )
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(section)
-        hints = get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            choices = f.metadata.get("choices")
-            one_of = f" One of: {', '.join(choices)}." if choices else ""
-            help_text = f"{f.metadata['help']}{one_of} [demo preset: {defaults[f.name]}]"
-            kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
-            typ = _base_type(hints[f.name])
-            if typ is bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
-            else:
-                kwargs["type"] = typ
-                kwargs["metavar"] = f.name.upper()
-                if f.metadata.get("choices"):
-                    kwargs["choices"] = list(f.metadata["choices"])
-            group.add_argument(flag, **kwargs)
-    return parser
-
-
-def parse_args(argv: Sequence[str] | None, prog: str, description: str) -> Config:
-    """Parses flags into a Config: preset first, then every flag given explicitly."""
-    parser = build_parser(prog, description)
-    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-    cfg = get_preset(args.preset)
-    overrides = {
-        k: v for k, v in vars(args).items() if k != "preset" and v is not None and k in FIELDS
-    }
-    try:
-        return apply_overrides(cfg, overrides)
-    except ConfigError as e:
-        parser.error(str(e))
-        raise  # unreachable: parser.error exits
 
 
 def from_dict(d: dict[str, Any]) -> Config:

@@ -1,6 +1,7 @@
 """Evaluation metrics over a whole evaluation set (numpy + scikit-learn only).
 
-Framework-free: the torch side computes its metrics with these same functions. Inputs are
+Framework-free: the torch side computes its metrics with these same functions; each task's
+metric (`jaxtpu.core.tasks`) is built from them. Inputs are
 the scores and labels gathered from every device, with pad rows marked by weight 0.
 """
 
@@ -19,7 +20,7 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray | None = 
     Float labels (the unintended-bias data) are binarised at 0.5. Returns NaN when the
     evaluated rows hold only one class, where AUC is undefined, or a score is NaN/Inf.
     """
-    from sklearn.metrics import roc_auc_score  # lazy: keeps `import jaxtpu.metrics` light
+    from sklearn.metrics import roc_auc_score  # lazy: keeps `import jaxtpu.core.metrics` light
 
     scores, labels = np.asarray(scores, np.float64), np.asarray(labels)
     keep = _valid(weight, scores.shape[0])
@@ -46,29 +47,3 @@ def weighted_mean(values: np.ndarray, weight: np.ndarray | None = None) -> float
     w = np.ones_like(values) if weight is None else np.asarray(weight, np.float64)
     total = w.sum()
     return float((values * w).sum() / total) if total > 0 else float("nan")
-
-
-def evaluate(
-    task: str, scores: np.ndarray, labels: np.ndarray, losses: np.ndarray, weight: np.ndarray
-) -> dict[str, float]:
-    """The validation metrics of a task from gathered per-example outputs.
-
-    Args:
-      task: 'toxicity' (scores (N,)) or 'ranking' (scores (N, 2): less, more).
-      scores: model outputs for every evaluated row, pad rows included.
-      labels: (N,) targets.
-      losses: (N,) per-example loss.
-      weight: (N,) 1 for real rows, 0 for padding.
-    Returns:
-      {'val_loss': ..., 'val_auc': ...} or {'val_loss': ..., 'val_agreement': ...}.
-    """
-    out = {"val_loss": weighted_mean(losses, weight)}
-    if task == "toxicity":
-        out["val_auc"] = roc_auc(scores, labels, weight)
-    else:
-        out["val_agreement"] = agreement(scores[:, 0], scores[:, 1], weight)
-    return out
-
-
-# Which metric decides the best checkpoint, per task (higher is better).
-MONITOR = {"toxicity": "val_auc", "ranking": "val_agreement"}

@@ -1,0 +1,110 @@
+"""The command line of both trainers: one flag per config field, a preset first, and each
+side's own strategies (framework-free).
+
+Unknown flags are an error that lists the valid ones; `--help` explains every flag, with its
+choices and the demo preset's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any, get_type_hints
+
+from jaxtpu.core.config import (
+    FIELDS,
+    JAX_STRATEGIES,
+    SECTIONS,
+    TORCH_STRATEGIES,
+    Config,
+    apply_overrides,
+    base_type,
+)
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.presets import PRESETS, demo, get_preset
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default hides the valid flags
+        if "unrecognized arguments" in message:
+            flags = sorted(a for act in self._actions for a in act.option_strings if "--" in a)
+            message += "\nvalid flags: " + " ".join(flags)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str, description: str, strategies: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of one trainer; `strategies` are the `--parallel` values this side runs, the
+    first being its default."""
+    parser = _Parser(prog=prog, description=description)
+    defaults = {k: getattr(getattr(demo(), s), k) for k, (s, _) in FIELDS.items()}
+    defaults["parallel"] = strategies[0]
+    parser.add_argument(
+        "--preset",
+        default="demo",
+        choices=list(PRESETS),
+        help="Starting configuration; the flags below override it. "
+        + " ".join(f"{k}: {(v.__doc__ or '').splitlines()[0]}" for k, v in PRESETS.items()),
+    )
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(section)
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            choices = f.metadata.get("choices")
+            help_text = f.metadata["help"]
+            if f.name == "parallel":
+                choices = tuple(strategies)
+                help_text = STRATEGY_HELP.get(choices, help_text)
+            one_of = f" One of: {', '.join(choices)}." if choices else ""
+            help_text = f"{help_text}{one_of} [default: {defaults[f.name]}]"
+            kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
+            typ = base_type(hints[f.name])
+            if typ is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = typ
+                kwargs["metavar"] = f.name.upper()
+                if choices:
+                    kwargs["choices"] = list(choices)
+            group.add_argument(flag, **kwargs)
+    return parser
+
+
+STRATEGY_HELP = {
+    JAX_STRATEGIES: "Data-parallel strategy: pmap (replicated state, per-device step with "
+    "lax.pmean) or jit (pjit: one global step, NamedSharding over a ('data', 'fsdp') mesh, "
+    "optimizer moments split over devices).",
+    TORCH_STRATEGIES: "Data-parallel strategy: spmd (one process, xr.use_spmd, inputs sharded "
+    "on a mesh), spawn (xmp.spawn, one replica per device), or eager (plain PyTorch on the "
+    "host CPU, no XLA, 1 device: the CPU baseline).",
+}
+
+
+def parse_args(
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    strategies: Sequence[str] = JAX_STRATEGIES,
+) -> Config:
+    """Parses flags into a Config: preset first, then every flag given explicitly.
+
+    Args:
+      argv: the flags (default: sys.argv[1:]).
+      prog, description: for --help.
+      strategies: the `--parallel` values of this side; the first is its default.
+    """
+    parser = build_parser(prog, description, strategies)
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    cfg = get_preset(args.preset)
+    overrides = {
+        k: v for k, v in vars(args).items() if k != "preset" and v is not None and k in FIELDS
+    }
+    if cfg.run.parallel not in strategies:
+        overrides.setdefault("parallel", strategies[0])
+    try:
+        return apply_overrides(cfg, overrides)
+    except ConfigError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits

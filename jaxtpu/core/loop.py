@@ -1,0 +1,412 @@
+"""The training loop both sides share: a pure schedule of device calls, and a short driver that
+runs it (logging, evaluation, checkpoints, early stopping, NaN detection, SIGTERM, progress).
+
+Framework-free. Each side supplies a `Backend` (JAX: `jaxtpu.train.JaxBackend`; torch_xla:
+`torchxla_ref.train.XlaBackend`) that owns the model state on its devices; the loop only ever
+hands it numpy batches from `jaxtpu.core.data` and asks for host numbers at the logging
+interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from jaxtpu.core import data as jdata
+from jaxtpu.core.config import Config, RunConfig, encoder_config, tokenizer_dir
+from jaxtpu.core.errors import TrainingError, UserError
+from jaxtpu.core.rundir import RunLog
+from jaxtpu.core.schedules import learning_rate, peak_lr
+from jaxtpu.core.tasks import Task
+from jaxtpu.core.tokens import load_tokenizer
+
+log = logging.getLogger("jaxtpu")
+
+
+class Backend(Protocol):
+    """What a framework provides to the loop."""
+
+    name: str
+    num_devices: int  # global, over all processes
+    num_processes: int
+    primary: bool  # process 0: the one that writes the run directory
+
+    def local_rows(self, n: int) -> slice:
+        """The rows of an n-row global batch this process feeds (all of them with one)."""
+
+    def any_process(self, flag: bool) -> bool:
+        """True on every process when `flag` is True on any (a host-level collective)."""
+
+    def compile_count(self) -> int:
+        """How many times the train step was compiled so far (1 after warm-up)."""
+
+    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
+        """Runs the steps of these consecutive batches asynchronously (one device call on the
+        JAX side, see --steps-per-call); returns handles on their device-side metrics."""
+
+    def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
+        """Host values of the handles' metrics ('loss', 'grad_norm'), one dict per step: one
+        device sync."""
+
+    def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Per-example 'score' and 'loss' of the global batch whose local rows are `batch`,
+        on the host of every process."""
+
+    def save_latest(self, step: int, meta: dict[str, Any]) -> None: ...
+
+    def save_best(self, step: int, meta: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Plan:
+    """How many steps a run takes, derived once from the config and the data size."""
+
+    n_train: int
+    global_batch: int
+    steps_per_epoch: int
+    total: int
+    total_updates: int
+
+    @classmethod
+    def make(cls, cfg: Config, n_train: int, num_devices: int) -> Plan:
+        run = cfg.run
+        global_batch = run.batch_size * num_devices
+        spe = jdata.steps_per_epoch(n_train, global_batch)
+        if spe == 0:
+            raise UserError(
+                f"--batch-size {run.batch_size} x {num_devices} devices = global batch "
+                f"{global_batch} is larger than the {n_train} training {cfg.task.unit}; use a "
+                "smaller --batch-size or --num-devices"
+            )
+        total = spe * run.epochs if not run.max_steps else min(spe * run.epochs, run.max_steps)
+        return cls(n_train, global_batch, spe, total, max(total // cfg.optim.accumulate, 1))
+
+    def describe(self, cfg: Config, num_devices: int) -> str:
+        cap = f", capped by --max-steps {cfg.run.max_steps}" if cfg.run.max_steps else ""
+        return (
+            f"steps: {self.total} ({self.steps_per_epoch} per epoch x {cfg.run.epochs} epochs"
+            f"{cap}), global batch {self.global_batch} = {cfg.run.batch_size} per device x "
+            f"{num_devices}"
+        )
+
+
+@dataclass
+class ResumeState:
+    """What a checkpoint carries for the loop to continue where it stopped."""
+
+    step: int = 0
+    best: dict[str, Any] = field(
+        default_factory=lambda: {"value": -math.inf, "step": None, "bad_evals": 0}
+    )
+
+
+@dataclass
+class Job:
+    """Everything a run needs besides the framework: config, data, plan and run directory."""
+
+    cfg: Config
+    data: jdata.TaskData
+    plan: Plan
+    workdir: Path
+    started: float
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint of this run must match: the task and the encoder shape."""
+        return {"task": self.cfg.run.task, "encoder": encoder_config(self.cfg).to_hf_dict()}
+
+    @classmethod
+    def prepare(
+        cls, cfg: Config, workdir: Path, num_devices: int, primary: bool, started: float
+    ) -> Job:
+        """Loads the tokenizer (process 0 keeps a copy in the run directory for predict and
+        export) and the data, and plans the steps. Every process of a multi-process run loads
+        the same examples (deterministic) and feeds only its rows of each global batch."""
+        tokenizer = load_tokenizer(tokenizer_dir(cfg))
+        if primary and not (workdir / "tokenizer").exists():
+            tokenizer.save_pretrained(str(workdir / "tokenizer"))
+        data = jdata.load_task_data(cfg, tokenizer)
+        info = data.info
+        log.info(
+            "data: %s%s | %d train %s, %d validation (%s)%s",
+            info["source"],
+            " [DEMO DATA]" if info["demo"] else "",
+            info["train_examples"],
+            info["unit"],
+            info["valid_examples"],
+            info["split"],
+            " | tokens from cache" if info["token_cache_hit"] else "",
+        )
+        plan = Plan.make(cfg, len(data.train), num_devices)
+        log.info(plan.describe(cfg, num_devices))
+        return cls(cfg, data, plan, workdir, started)
+
+
+# --------------------------------------------------------------------------- the schedule
+
+
+@dataclass(frozen=True)
+class Call:
+    """One device call of a run: its training steps and what follows them."""
+
+    epoch: int
+    end: int  # steps done after this call
+    batches: tuple[np.ndarray, ...]  # one index array into the training examples per step
+    log: bool  # fetch the losses, check them, write a metrics line
+    evaluate: bool  # evaluate (and save best/latest): eval interval, epoch end, last step
+    checkpoint: bool  # save the latest state (--checkpoint-every)
+
+
+def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
+    """The device calls from step `start` to `plan.total`: a pure function of the plan, the
+    run settings and the start step.
+
+    A call holds up to --steps-per-call K steps and ends early on a logging, evaluation,
+    checkpoint or epoch boundary (the intervals are multiples of K, so only epoch ends and the
+    last step cut a call short). Every run evaluates at each epoch end and at its last step; a
+    finished run that is resumed gets one call that only evaluates.
+    """
+    spe, total = plan.steps_per_epoch, plan.total
+    if start >= total:
+        yield Call(max(total - 1, 0) // spe, start, (), log=False, evaluate=True, checkpoint=False)
+        return
+    step = start
+    for epoch in range(start // spe, run.epochs):
+        chunk: list[np.ndarray] = []
+        for idx in jdata.train_batches(
+            plan.n_train, plan.global_batch, run.seed, epoch, step % spe
+        ):
+            chunk.append(idx)
+            step += 1
+            checkpoint = bool(run.checkpoint_every and step % run.checkpoint_every == 0)
+            evaluate = bool(run.eval_every and step % run.eval_every == 0)
+            evaluate = evaluate or step % spe == 0 or step == total
+            # a checkpoint step is also a logging step: its losses are checked before saving
+            log_now = step % run.log_every == 0 or step == total or checkpoint
+            if len(chunk) == run.steps_per_call or log_now or evaluate:
+                yield Call(
+                    epoch, step, tuple(chunk), log_now, evaluate, checkpoint and step < total
+                )
+                chunk = []
+            if step == total:
+                return
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def evaluate(backend: Any, examples: jdata.Examples, global_batch: int, task: Task):
+    """Scores every example exactly once across all devices, then computes the metrics on the
+    host over the whole set. Returns (metrics, scores of the real rows in order)."""
+    outs, weights = [], []
+    rows = backend.local_rows(global_batch)
+    for idx, weight in jdata.eval_batches(len(examples), global_batch):
+        outs.append(backend.eval_batch(examples.take(idx[rows], weight[rows])))
+        weights.append(weight)
+    weight = np.concatenate(weights)
+    scores = np.concatenate([o["score"] for o in outs])
+    losses = np.concatenate([o["loss"] for o in outs])
+    labels = np.concatenate([examples.label, np.zeros(len(weight) - len(examples), np.float32)])
+    return task.evaluate(scores, labels, losses, weight), scores[weight > 0]
+
+
+class _StopFlag:
+    """Set by SIGTERM (what a TPU VM gets before preemption): checkpoint, then exit cleanly."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old: Any = None
+
+    def __enter__(self) -> _StopFlag:
+        try:
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread
+            self._old = None
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+    def requested(self, backend: Backend, call: Call) -> bool:
+        """Whether to stop after this call; with several processes all agree, at log calls."""
+        if backend.num_processes == 1:
+            return self.signal is not None
+        return call.log and backend.any_process(self.signal is not None)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+class _Driver:
+    """The bookkeeping of one run around the schedule: metrics lines, the best value,
+    checkpoints, the progress bar."""
+
+    def __init__(self, job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> None:
+        self.job, self.backend, self.runlog = job, backend, runlog
+        self.cfg, self.task = job.cfg, job.cfg.task
+        self.best = resume.best
+        self.last_eval: dict[str, Any] = {}
+        self.peak = peak_lr(self.cfg.optim, backend.num_devices)
+        self.t_log, self.step_log = time.time(), resume.step
+        self.compile_s: float | None = None
+        self.bar = None
+        if self.cfg.run.progress and backend.primary:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=job.plan.total, initial=resume.step, desc="train", unit="step",
+                dynamic_ncols=True,
+            )  # fmt: skip
+
+    def meta(self, step: int) -> dict[str, Any]:
+        return {**self.job.identity, "step": step, "best": self.best, "config": self.cfg.to_dict()}
+
+    def check_finite(self, what: str, value: float, step: int) -> None:
+        """Never goes on from (or checkpoints) a diverged state."""
+        if not np.isfinite(value):
+            raise TrainingError(
+                f"{what} became {value} at step {step}; stopped. The last good checkpoints are "
+                f"kept in {self.job.workdir / 'checkpoints'} (best at step {self.best['step']}); "
+                "lower --lr or check the data"
+            )
+
+    def timed_first_call(self, handles: list[Any], step: int) -> None:
+        """Waits once for the first call, to report compilation apart from the steps."""
+        self.backend.fetch(handles[-1:])
+        self.compile_s = time.time() - self.t_log
+        log.info("first step (compile + run): %.1fs", self.compile_s)
+        self.t_log, self.step_log = time.time(), step
+        self.runlog.write({"event": "compile", "step": step, "seconds": self.compile_s})
+
+    def log_train(self, host: list[dict[str, float]], call: Call) -> None:
+        step = call.end
+        loss = float(np.mean([h["loss"] for h in host]))
+        self.check_finite("loss", loss, step)
+        dt = max(time.time() - self.t_log, 1e-9)
+        rate = (step - self.step_log) * self.job.plan.global_batch / dt
+        self.t_log, self.step_log = time.time(), step
+        update = step // self.cfg.optim.accumulate
+        lr = learning_rate(update, self.job.plan.total_updates, self.cfg.optim, self.peak)
+        # grad_norm is None on accumulation micro-steps of the torch side
+        norms = [h["grad_norm"] for h in host if h.get("grad_norm") is not None]
+        self.runlog.write(
+            {
+                "event": "train", "step": step, "epoch": call.epoch, "loss": loss,
+                "grad_norm": float(np.mean(norms)) if norms else None, "lr": float(lr),
+                "examples_per_s": rate, "compiles": self.backend.compile_count(),
+            }
+        )  # fmt: skip
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", ex_s=f"{rate:.1f}", refresh=False)
+
+    def evaluate(self, call: Call) -> bool:
+        """Evaluates, logs, saves the best and the latest state; True when early stopping
+        says stop."""
+        t0, step, monitor = time.time(), call.end, self.task.monitor
+        result, _ = evaluate(
+            self.backend, self.job.data.valid, self.job.plan.global_batch, self.task
+        )
+        self.check_finite("validation loss", result["val_loss"], step)
+        value = result[monitor]
+        improved = bool(np.isfinite(value) and value > self.best["value"])
+        if improved:
+            self.best.update(value=float(value), step=step, bad_evals=0)
+            self.backend.save_best(step, {**self.meta(step), **result})
+        else:
+            self.best["bad_evals"] += 1
+        self.backend.save_latest(step, self.meta(step))
+        self.last_eval = {"step": step, "epoch": call.epoch, **result}
+        self.last_eval["eval_seconds"] = time.time() - t0
+        self.runlog.write(
+            {"event": "eval", **self.last_eval, "best_" + monitor: self.best["value"]}
+        )
+        log.info(
+            "eval @ step %d: val_loss %.4f, %s %.4f%s (%.1fs)", step, result["val_loss"],
+            monitor, value, " (best)" if improved else "", time.time() - t0,
+        )  # fmt: skip
+        patience = self.cfg.run.patience
+        return bool(patience and self.best["bad_evals"] >= patience)
+
+
+def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict[str, Any]:
+    """Trains from `resume.step` to `job.plan.total` as `schedule` says.
+
+    Returns:
+      The run summary (also written to summary.json and as the last metrics.jsonl line).
+    Raises:
+      TrainingError: the loss became NaN/Inf (the last good checkpoints are kept).
+    """
+    drv = _Driver(job, backend, resume, runlog)
+    rows = backend.local_rows(job.plan.global_batch)
+    step, stopped_by, pending = resume.step, None, []
+    with _StopFlag() as stop:
+        for call in schedule(job.plan, job.cfg.run, resume.step):
+            if call.batches:
+                batches = [job.data.train.take(idx[rows]) for idx in call.batches]
+                pending += backend.train_steps(batches)
+                if drv.compile_s is None:
+                    drv.timed_first_call(pending, call.end)
+            step = call.end
+            if call.log:  # the only device sync between evaluations
+                drv.log_train(backend.fetch(pending), call)
+                pending = []
+            if drv.bar is not None:
+                drv.bar.update(len(call.batches))
+            if call.evaluate and drv.evaluate(call):
+                stopped_by = "early stopping"
+                break
+            if stop.requested(backend, call):
+                stopped_by = "SIGTERM"
+                backend.fetch(pending)
+                backend.save_latest(step, drv.meta(step))
+                log.info("SIGTERM: saved the latest state at step %d; continue with --resume", step)
+                break
+            if call.checkpoint:  # its loss was checked when logged
+                backend.save_latest(step, drv.meta(step))
+    if drv.bar is not None:
+        drv.bar.close()
+    return _finish(drv, step, stopped_by)
+
+
+def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
+    job, backend, monitor = drv.job, drv.backend, drv.task.monitor
+    run_cfg = job.cfg.run
+    summary = {
+        "framework": backend.name,
+        "task": run_cfg.task,
+        "steps": step,
+        "total_steps": job.plan.total,
+        "stopped_by": stopped_by,
+        "final": drv.last_eval,
+        "monitor": monitor,
+        "best": drv.best,
+        "compile_seconds": drv.compile_s,
+        "wall_seconds": time.time() - job.started,
+        "devices": backend.num_devices,
+        "parallel": run_cfg.parallel,
+        "precision": run_cfg.precision,
+        "train_compiles": backend.compile_count(),
+        "device_memory_mb": getattr(backend, "device_memory_mb", lambda: None)(),
+        "workdir": str(job.workdir),
+    }
+    drv.runlog.finish(summary)
+    log.info(
+        "done: %d steps in %.0fs; final %s %.4f, best %.4f at step %s; run dir %s",
+        step,
+        summary["wall_seconds"],
+        monitor,
+        drv.last_eval.get(monitor, float("nan")),
+        drv.best["value"],
+        drv.best["step"],
+        job.workdir,
+    )
+    return summary

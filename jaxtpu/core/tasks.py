@@ -1,0 +1,94 @@
+"""The Jigsaw tasks, one table: what each reads, how its examples are shaped, its head dropout,
+its validation metric and the key that picks the best checkpoint (framework-free).
+
+Everything that differs between tasks is asked of this table. Each side keeps one per-task
+loss function (`jaxtpu.steps.LOSSES`, `torchxla_ref.steps.LOSSES`) next to its step, keyed by
+the same names. A new task is a row here, its metric below, and its loss on each side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxtpu.core import metrics
+
+RANKING_MARGIN = 0.5  # margin of the ranking loss, on both sides
+
+
+def _auc(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+    return {"val_auc": metrics.roc_auc(scores, labels, weight)}
+
+
+def _agreement(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+    return {"val_agreement": metrics.agreement(scores[:, 0], scores[:, 1], weight)}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of the table.
+
+    Attributes:
+      name: the `--task` value.
+      comments_per_example: 1 (a comment, model input (B, L)) or 2 (a less/more toxic pair,
+        (B, 2, L), the same head applied to both).
+      head_dropout: dropout before the Dense head when `--dropout` is not given.
+      monitor: the validation metric that picks the best checkpoint (higher is better).
+      metric: (scores, labels, weight) of the whole evaluation set -> {monitor: value}.
+      reads: the file kinds (`jaxtpu.core.data.file_kind`) a training/validation file may be.
+      unit: what one example is called in messages.
+    """
+
+    name: str
+    comments_per_example: int
+    head_dropout: float
+    monitor: str
+    metric: Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, float]]
+    reads: tuple[str, ...]
+    unit: str
+
+    def example_shape(self, max_len: int) -> tuple[int, ...]:
+        """The shape of one example's token ids."""
+        return (max_len,) if self.comments_per_example == 1 else (2, max_len)
+
+    def evaluate(
+        self, scores: np.ndarray, labels: np.ndarray, losses: np.ndarray, weight: np.ndarray
+    ) -> dict[str, float]:
+        """The validation metrics from gathered per-example outputs (pad rows at weight 0).
+
+        Returns:
+          {'val_loss': ..., monitor: ...}.
+        """
+        return {
+            "val_loss": metrics.weighted_mean(losses, weight),
+            **self.metric(scores, labels, weight),
+        }
+
+
+TASKS: dict[str, Task] = {
+    "toxicity": Task(
+        name="toxicity",
+        comments_per_example=1,
+        head_dropout=0.3,
+        monitor="val_auc",
+        metric=_auc,
+        reads=("classification",),
+        unit="comments",
+    ),
+    "ranking": Task(
+        name="ranking",
+        comments_per_example=2,
+        head_dropout=0.2,
+        monitor="val_agreement",
+        metric=_agreement,
+        reads=("pairs", "classification"),  # labelled comments are paired by severity
+        unit="pairs",
+    ),
+}
+
+
+def get_task(name: str) -> Task:
+    """The table row of a task name (names are validated with the config)."""
+    return TASKS[name]

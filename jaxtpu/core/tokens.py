@@ -1,0 +1,96 @@
+"""Tokenization with Hugging Face fast tokenizers, cached on disk (framework-free).
+
+The tokenizer is always loaded from a local directory, never from a model hub. Token ids are
+cached by a hash of the texts, the tokenizer's content and the length, so a second run over
+the same data skips tokenization and any change to one of them tokenizes again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("JAXTPU_CACHE", Path.home() / ".cache" / "jaxtpu")) / "tokens"
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A content hash of a Hugging Face fast tokenizer (vocab, normalizer, special tokens)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        spec = repr(tokenizer)
+    else:
+        # Truncation/padding settings change with every call: not part of the identity.
+        state = json.loads(backend.to_str())
+        state.pop("truncation", None)
+        state.pop("padding", None)
+        spec = json.dumps(state, sort_keys=True)
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def tokenize(
+    texts: list[str], tokenizer: Any, max_len: int, cache_dir: str | os.PathLike | None = None
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Tokenizes with truncation and padding to `max_len`, cached on disk.
+
+    The cache key is a hash of the texts, the tokenizer's content and `max_len`, so any change
+    to one of them tokenizes again.
+
+    Returns:
+      (input_ids, attention_mask, cache_hit): int32 arrays of shape (len(texts), max_len).
+    """
+    h = hashlib.sha256()
+    h.update(f"{tokenizer_fingerprint(tokenizer)}|{max_len}|{len(texts)}|".encode())
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\0")
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = cache / f"{h.hexdigest()[:32]}.npz"
+    if path.exists():
+        try:
+            with np.load(path) as z:
+                return z["input_ids"], z["attention_mask"], True
+        except (OSError, ValueError, KeyError):
+            log.warning("token cache %s is unreadable; tokenizing again", path)
+    enc = tokenizer(
+        texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
+    )
+    ids = enc["input_ids"].astype(np.int32)
+    mask = enc["attention_mask"].astype(np.int32)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp.npz")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, input_ids=ids, attention_mask=mask)
+        os.replace(tmp, path)  # atomic: a killed run never leaves half a cache file
+    except OSError as e:
+        log.warning("could not write token cache in %s (%s); continuing without it", cache, e)
+    return ids, mask, False
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """Loads a Hugging Face fast tokenizer from a local directory (never from a hub)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise DataError(f"tokenizer directory {p} does not exist")
+    if not any((p / f).exists() for f in ("tokenizer.json", "vocab.txt")):
+        raise DataError(
+            f"{p}: no tokenizer found (tokenizer.json or vocab.txt); "
+            "pass --tokenizer-dir with a Hugging Face tokenizer directory"
+        )
+    from transformers import AutoTokenizer  # lazy: heavy, and only needed here
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return AutoTokenizer.from_pretrained(str(p), use_fast=True)

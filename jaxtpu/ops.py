@@ -1,0 +1,109 @@
+"""Performance kernels the models are built from: bf16 matmuls with a bf16 backward pass
+(custom VJP), and dropout with counter-hash masks. Both were measured on XLA:CPU (README,
+"What made it faster") and are plain JAX, so they run the same on TPU.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+# --------------------------------------------------------------------------- bf16 matmuls
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """A two-operand matmul-type einsum with bf16 operands and fp32 accumulation and result.
+
+    The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation),
+    as torch.autocast does. Letting JAX differentiate `einsum(..., preferred_element_type=f32)`
+    instead gives fp32 backward matmuls, which ran 4-7x slower on XLA:CPU (benchmarks/).
+    Every index must appear in exactly two of the three terms (true of matmuls).
+    """
+    return jnp.einsum(
+        spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32
+    )
+
+
+def _mixed_fwd(spec: str, a: jax.Array, b: jax.Array):
+    a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    out = jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32)
+    # Zero-size markers carry the input dtypes, which the cotangents must have.
+    return out, (a16, b16, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
+
+
+def _mixed_bwd(spec: str, res, g: jax.Array):
+    a16, b16, a_dtype, b_dtype = res
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    g16 = g.astype(jnp.bfloat16)
+    f32 = jnp.float32
+    da = jnp.einsum(f"{out},{sb}->{sa}", g16, b16, preferred_element_type=f32)
+    db = jnp.einsum(f"{sa},{out}->{sb}", a16, g16, preferred_element_type=f32)
+    return da.astype(a_dtype.dtype), db.astype(b_dtype.dtype)
+
+
+mixed_einsum.defvjp(_mixed_fwd, _mixed_bwd)
+
+
+def mixed_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    """`nn.Dense`'s contraction (last axis of the input with the kernel's first) in bf16."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    if tuple(lc) != (lhs.ndim - 1,) or tuple(rc) != (0,) or lb or rb:
+        raise NotImplementedError(f"unsupported contraction {dimension_numbers}")
+    return mixed_einsum("...k,kn->...n", lhs, rhs)
+
+
+def matmul(spec: str, a: jax.Array, b: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Attention matmuls: mixed bf16 under bf16 compute, plain fp32 otherwise."""
+    if dtype == jnp.bfloat16:
+        return mixed_einsum(spec, a, b)
+    return jnp.einsum(spec, a, b)
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+def _mix32(x: jax.Array) -> jax.Array:
+    """An invertible avalanche mix of uint32 words (xor-shift-multiply, 32-bit constants)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x21F0AAAD)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x735A2D97)
+    return x ^ (x >> 15)
+
+
+def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform uint32 words for `shape`: two words from the key (one threefry call), then a
+    counter-based hash of each element's flat index.
+
+    Cheap elementwise integer work instead of one threefry evaluation per element: on XLA:CPU
+    threefry dropout took 0.44 s of a 1.6 s MiniLM step. The index is an iota, so under jit
+    with sharded activations each device computes only its part. Indices wrap at 2^32
+    elements per call (far beyond one activation tensor here).
+    """
+    s1, s2 = jax.random.bits(key, (2,), jnp.uint32)
+    idx = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for dim in reversed(range(len(shape))):
+        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, dim) * jnp.uint32(stride % 2**32)
+        stride *= shape[dim]
+    return _mix32(_mix32(idx ^ s1) + s2)
+
+
+class Dropout(nn.Module):
+    """Inverted dropout like `nn.Dropout` (keep with probability 1 - rate, scale by
+    1 / (1 - rate)), with masks from `hash_bits` drawn from the 'dropout' RNG stream."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        threshold = jnp.uint32(min(int(round(self.rate * 2**32)), 2**32 - 1))
+        keep = hash_bits(self.make_rng("dropout"), x.shape) >= threshold
+        return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - self.rate), x.dtype), 0).astype(x.dtype)
