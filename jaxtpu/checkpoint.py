@@ -12,7 +12,11 @@ state reaches the other processes by broadcast, so no shared file system is need
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtpu.core.errors import CheckpointError
-from jaxtpu.core.rundir import check_compatible
+from jaxtpu.core.rundir import check_compatible, disk_full, disk_full_message
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +77,32 @@ class Checkpoints:
     def _save(mgr: ocp.CheckpointManager, step: int, tree: Any, meta: dict[str, Any]) -> None:
         if step in mgr.all_steps():  # e.g. resuming a finished run: that state is saved already
             return
-        mgr.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
-        mgr.wait_until_finished()
+        # orbax's worker threads print asyncio tracebacks while a failed write unwinds: keep
+        # what they print, and show it unless the failure is a full disk (one line says it).
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(printed):
+                mgr.save(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)
+                    ),
+                    force=True,
+                )
+                mgr.wait_until_finished()
+        except Exception as e:
+            if disk_full(e) is None:
+                sys.stderr.write(printed.getvalue())
+                raise
+            # orbax writes into '<step>.orbax-checkpoint-tmp-*' and renames when complete:
+            # the half-written directory goes, the previous checkpoint stays.
+            directory = Path(mgr.directory)
+            with contextlib.suppress(Exception):  # stop its threads: the run ends here
+                mgr.close()
+            for tmp in directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(disk_full_message(directory, f"checkpoint {step}")) from None
+        sys.stderr.write(printed.getvalue())
 
     def save_latest(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
         if self.primary:

@@ -12,8 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxtpu.core.errors import UserError
-from jaxtpu.core.rundir import user_errors
+from jaxtpu.core.rundir import check_output_path, user_errors
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,8 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxtpu.predict import load_trained
 
         out = Path(args.out)
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise UserError(f"--out {out} exists and is not an empty directory")
+        check_output_path(out, "--out", is_dir=True)
         model = load_trained(args.workdir)
         head = {
             "task": model.cfg.run.task,

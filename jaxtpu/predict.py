@@ -22,7 +22,7 @@ import numpy as np
 from jaxtpu.core import data as jdata
 from jaxtpu.core.config import Config, EncoderConfig, from_dict
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.rundir import user_errors
+from jaxtpu.core.rundir import check_output_path, user_errors
 from jaxtpu.core.tokens import load_tokenizer, tokenize
 
 
@@ -108,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     with user_errors():
         out = Path(args.output)
+        check_output_path(out, "--output")
         if out.exists() and not args.overwrite:
             raise UserError(f"--output {out} exists; pass --overwrite to replace it")
         if args.batch_size < 1 or args.num_devices < 1:

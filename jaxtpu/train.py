@@ -18,7 +18,7 @@ from jaxtpu.core import loop
 from jaxtpu.core.cli import parse_args
 from jaxtpu.core.config import JAX_STRATEGIES, Config, resolve_model_dir
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.rundir import RunLog, prepare_workdir, user_errors
+from jaxtpu.core.rundir import RunLog, claim_workdir, exit_code, user_errors
 
 __all__ = ["JaxBackend", "main", "train_and_evaluate"]
 
@@ -98,9 +98,7 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
             f"--parallel {cfg.run.parallel} is not a jaxtpu strategy; choose one of "
             f"{', '.join(JAX_STRATEGIES)}"
         )
-    import jax
-
-    from jaxtpu import checkpoint, optim, parallel, steps, weights
+    from jaxtpu import parallel
 
     t_start = time.time()
     run = cfg.run
@@ -109,7 +107,17 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
     procs = parallel.Processes()
     if not procs.primary:  # process 0 reports for everyone
         log.setLevel(logging.WARNING)
-    workdir = prepare_workdir(Path(workdir or run.workdir), run.resume, run.task, procs.primary)
+    with claim_workdir(Path(workdir or run.workdir), cfg, procs.primary) as workdir:
+        return _train(cfg, workdir, procs, t_start)
+
+
+def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, Any]:
+    """The body of a run in its claimed run directory."""
+    import jax
+
+    from jaxtpu import checkpoint, optim, parallel, steps, weights
+
+    run = cfg.run
     devices = parallel.init_devices(run.num_devices)
     n_dev = len(devices)
     log.info(
@@ -165,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategies=JAX_STRATEGIES,
     )
     with user_errors():
-        train_and_evaluate(cfg)
-    return 0
+        summary = train_and_evaluate(cfg)
+    return exit_code(summary, "jaxtpu.train")
 
 
 if __name__ == "__main__":

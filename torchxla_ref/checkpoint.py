@@ -8,6 +8,7 @@ replica calls `xm.save` (it rendezvous) and only the master writes.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from jaxtpu.core.errors import CheckpointError
-from jaxtpu.core.rundir import check_compatible
+from jaxtpu.core.rundir import check_compatible, disk_full, disk_full_message
 
 
 class Checkpoints:
@@ -33,15 +34,26 @@ class Checkpoints:
         tmp = directory / f".step_{step}.pt.tmp"
         if self.is_master:
             directory.mkdir(parents=True, exist_ok=True)
+        # Serialise in memory, then write with Python I/O: torch's zip writer reports a full
+        # disk without an errno, a plain write raises ENOSPC.
+        buffer = io.BytesIO()
         if self.xm is not None:
-            self.xm.save(payload, str(tmp), master_only=True)
+            self.xm.save(payload, buffer, master_only=True)
         else:
-            torch.save(payload, str(tmp))
-        if self.is_master:
-            os.replace(tmp, final)
-            for old in directory.glob("step_*.pt"):
-                if old != final:
-                    old.unlink()
+            torch.save(payload, buffer)
+        if not self.is_master:
+            return
+        try:
+            tmp.write_bytes(buffer.getbuffer())
+        except OSError as e:
+            tmp.unlink(missing_ok=True)  # the half-written file goes, the previous one stays
+            if disk_full(e) is None:
+                raise
+            raise CheckpointError(disk_full_message(directory, f"checkpoint {step}")) from None
+        os.replace(tmp, final)
+        for old in directory.glob("step_*.pt"):
+            if old != final:
+                old.unlink()
 
     def latest_path(self) -> Path | None:
         found = sorted(

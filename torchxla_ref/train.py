@@ -20,7 +20,7 @@ from jaxtpu.core import loop
 from jaxtpu.core.cli import parse_args
 from jaxtpu.core.config import TORCH_STRATEGIES, Config, encoder_config, resolve_model_dir
 from jaxtpu.core.errors import ConfigError, UserError
-from jaxtpu.core.rundir import RunLog, prepare_workdir, user_errors
+from jaxtpu.core.rundir import RunLog, claim_workdir, exit_code, user_errors
 from torchxla_ref import parallel
 from torchxla_ref.checkpoint import Checkpoints
 
@@ -229,18 +229,17 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
             "torch_xla reference runs on one host"
         )
     t_start = time.time()
-    workdir = prepare_workdir(Path(workdir or cfg.run.workdir), cfg.run.resume, cfg.run.task)
-    if cfg.run.parallel == "eager":
-        if cfg.run.num_devices != 1:
-            raise UserError("--parallel eager runs on the host CPU: use --num-devices 1")
-        return _train(cfg, workdir, t_start)
-    parallel.configure_runtime(cfg.run.num_devices, cfg.run.parallel)
-    if cfg.run.parallel == "spmd":
-        return _train(cfg, workdir, t_start)
-    import torch_xla.distributed.xla_multiprocessing as xmp
+    if cfg.run.parallel == "eager" and cfg.run.num_devices != 1:
+        raise UserError("--parallel eager runs on the host CPU: use --num-devices 1")
+    if cfg.run.parallel != "eager":
+        parallel.configure_runtime(cfg.run.num_devices, cfg.run.parallel)
+    with claim_workdir(Path(workdir or cfg.run.workdir), cfg) as workdir:
+        if cfg.run.parallel != "spawn":
+            return _train(cfg, workdir, t_start)
+        import torch_xla.distributed.xla_multiprocessing as xmp
 
-    xmp.spawn(_spawn_replica, args=(cfg, workdir, t_start), nprocs=None)
-    return None
+        xmp.spawn(_spawn_replica, args=(cfg, workdir, t_start), nprocs=None)
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,8 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategies=TORCH_STRATEGIES,
     )
     with user_errors():
-        train_and_evaluate(cfg)
-    return 0
+        summary = train_and_evaluate(cfg)
+    return exit_code(summary, "torchxla_ref.train")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
@@ -209,7 +210,7 @@ def _check_type(name: str, value: Any, typ: Any) -> Any:
         raise bad
     try:
         return base(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise bad from None
 
 
@@ -240,34 +241,87 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     return cfg
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric flag accepts: finite, within [lo, hi] (open ends where said), or
+    one of `special` (a sentinel such as -1 = 'the default')."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+    special: tuple[float, ...] = ()
+
+    def problem(self, value: float) -> str | None:
+        """None when `value` is accepted, else what it must be (for the error message)."""
+        if value in self.special:
+            return None
+        also = "".join(f" or {_num(x)}" for x in self.special)
+        if not math.isfinite(value):
+            return f"a finite number {self._range()}{also}"
+        if value < self.lo or (self.lo_open and value == self.lo):
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}{also}"
+        if value > self.hi or (self.hi_open and value == self.hi):
+            return f"{'<' if self.hi_open else '<='} {_num(self.hi)}{also}"
+        return None
+
+    def _range(self) -> str:
+        if self.hi == math.inf:
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+        return f"in {left}{_num(self.lo)}, {_num(self.hi)}{right}"
+
+
+_INF = math.inf
+# Every numeric flag, with what it accepts; checked the same way for both sides.
+BOUNDS: dict[str, Bounds] = {
+    "num_layers": Bounds(1, 256),
+    "hidden_size": Bounds(1, 16384),
+    "num_heads": Bounds(1, 256),
+    "intermediate_size": Bounds(1, 65536),
+    "dropout": Bounds(0, 1, hi_open=True, special=(-1.0,)),
+    "encoder_dropout": Bounds(0, 1, hi_open=True, special=(-1.0,)),
+    "valid_fraction": Bounds(0, 1, lo_open=True, hi_open=True),
+    "n_folds": Bounds(0, 1000),
+    "fold": Bounds(0, 999),
+    "max_len": Bounds(8, 512),  # BERT positions
+    "max_rows": Bounds(0, 10**9),
+    "pairs_per_comment": Bounds(0, 100, lo_open=True),
+    "demo_size": Bounds(1, 10**6),
+    "lr": Bounds(0, _INF, lo_open=True),
+    "weight_decay": Bounds(0, _INF),
+    "warmup_frac": Bounds(0, 1, hi_open=True),
+    "eta_min": Bounds(0, _INF),
+    "accumulate": Bounds(1, 10**6),
+    "clip_norm": Bounds(0, _INF),
+    "num_devices": Bounds(1, 65536),
+    "batch_size": Bounds(1, 65536),
+    "epochs": Bounds(1, 10**6),
+    "max_steps": Bounds(0, 10**12),
+    "eval_every": Bounds(0, 10**12),
+    "log_every": Bounds(1, 10**12),
+    "patience": Bounds(0, 10**6),
+    "checkpoint_every": Bounds(0, 10**12),
+    "steps_per_call": Bounds(1, 10**4),
+    "seed": Bounds(0, 2**31 - 1),
+    "num_processes": Bounds(1, 65536),
+    "process_id": Bounds(0, 65535),
+}
+
+
 def validate(cfg: Config) -> None:
-    """Cross-field checks with messages that say what to do instead."""
-    positive = {
-        "batch_size": cfg.run.batch_size,
-        "num_devices": cfg.run.num_devices,
-        "max_len": cfg.data.max_len,
-        "accumulate": cfg.optim.accumulate,
-        "epochs": cfg.run.epochs,
-        "log_every": cfg.run.log_every,
-        "num_processes": cfg.run.num_processes,
-        "steps_per_call": cfg.run.steps_per_call,
-    }
-    for name, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    for name in (
-        "max_steps",
-        "eval_every",
-        "patience",
-        "n_folds",
-        "max_rows",
-        "demo_size",
-        "checkpoint_every",
-    ):
+    """Range checks of every numeric flag (`BOUNDS`: NaN and infinities never pass), then
+    cross-field checks, with messages that say what to do instead."""
+    for name, bounds in BOUNDS.items():
         section, _ = FIELDS[name]
         value = getattr(getattr(cfg, section), name)
-        if value < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        problem = bounds.problem(value)
+        if problem:
+            raise ConfigError(f"--{name.replace('_', '-')} must be {problem}, got {value}")
     k = max(cfg.run.steps_per_call, 1)
     for name in ("log_every", "eval_every", "checkpoint_every"):
         value = getattr(cfg.run, name)
@@ -275,22 +329,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"--{name.replace('_', '-')} {value} is not a multiple of --steps-per-call {k}"
             )
-    if not 0.0 < cfg.data.valid_fraction < 1.0:
-        raise ConfigError(f"--valid-fraction must be in (0, 1), got {cfg.data.valid_fraction}")
     if cfg.data.n_folds == 1:
         raise ConfigError("--n-folds must be 0 (off) or >= 2, got 1")
-    if cfg.data.n_folds and not 0 <= cfg.data.fold < cfg.data.n_folds:
-        raise ConfigError(f"--fold must be in 0..{cfg.data.n_folds - 1}, got {cfg.data.fold}")
-    if cfg.data.max_len < 8 or cfg.data.max_len > 512:
-        raise ConfigError(f"--max-len must be in 8..512 (BERT positions), got {cfg.data.max_len}")
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"--lr must be > 0, got {cfg.optim.lr}")
-    if not 0.0 <= cfg.optim.warmup_frac < 1.0:
-        raise ConfigError(f"--warmup-frac must be in [0, 1), got {cfg.optim.warmup_frac}")
-    for name in ("dropout", "encoder_dropout"):
-        value = getattr(cfg.model, name)
-        if value >= 1.0 or (value < 0 and value != -1.0):
-            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1) or -1, got {value}")
+    if cfg.data.fold and not cfg.data.fold < cfg.data.n_folds:
+        raise ConfigError(
+            f"--fold must be in 0..{max(cfg.data.n_folds - 1, 0)}"
+            f"{'' if cfg.data.n_folds else ' (--n-folds is 0: no folds)'}, got {cfg.data.fold}"
+        )
     if not 0 <= cfg.run.process_id < cfg.run.num_processes:
         raise ConfigError(
             f"--process-id must be in 0..{cfg.run.num_processes - 1}, got {cfg.run.process_id}"

@@ -120,6 +120,12 @@ def _read_rows(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, dict
         raise DataError(f"{p}: file is empty, expected a CSV header and rows")
     reader = csv.DictReader(io.StringIO(text, newline=""))
     header = [h.strip() for h in (reader.fieldnames or [])]
+    repeated = sorted({h for h in header if h and header.count(h) > 1})
+    if repeated:
+        raise DataError(
+            f"{p}: column {repeated[0]} appears {header.count(repeated[0])} times in the header; "
+            "keep one column of each name"
+        )
     reader.fieldnames = header
     rows = []
     try:
@@ -495,6 +501,13 @@ def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
             train = pairs_from_labels(train, int(len(train) * d.pairs_per_comment), seed)
         if isinstance(valid, Comments):
             valid = pairs_from_labels(valid, int(len(valid) * d.pairs_per_comment), seed + 1)
+    why = task.undefined(valid.labels) if isinstance(valid, Comments) else None
+    if why:
+        raise DataError(
+            f"validation set ({split_desc}, {len(valid)} {task.unit}): {why}, so "
+            f"{task.monitor} is undefined and no best model could be chosen; give a --valid-csv "
+            "with both classes, a larger --valid-fraction, or more rows"
+        )
     train_ex = encode(train, tokenizer, d.max_len, d.cache_dir)
     valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir)
     info = {

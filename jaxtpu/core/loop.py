@@ -219,21 +219,35 @@ def evaluate(backend: Any, examples: jdata.Examples, global_batch: int, task: Ta
 
 
 class _StopFlag:
-    """Set by SIGTERM (what a TPU VM gets before preemption): checkpoint, then exit cleanly."""
+    """Set by SIGTERM (what a TPU VM gets before preemption) or a first Ctrl-C (SIGINT): the
+    loop saves the latest state at the end of the current call and stops. A second Ctrl-C
+    stops at once (KeyboardInterrupt; finished checkpoints are kept)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        self._old: Any = None
+        self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _StopFlag:
         try:
-            self._old = signal.signal(signal.SIGTERM, self._handle)
+            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         except ValueError:  # not the main thread
-            self._old = None
+            self._old = {}
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.signal is not None:
+            raise KeyboardInterrupt  # the second Ctrl-C
         self.signal = signum
+        if signum == signal.SIGINT:
+            log.warning(
+                "Ctrl-C: saving the latest state after this step (Ctrl-C again to quit now)"
+            )
+
+    @property
+    def name(self) -> str | None:
+        return None if self.signal is None else signal.Signals(self.signal).name
 
     def requested(self, backend: Backend, call: Call) -> bool:
         """Whether to stop after this call; with several processes all agree, at log calls."""
@@ -242,8 +256,8 @@ class _StopFlag:
         return call.log and backend.any_process(self.signal is not None)
 
     def __exit__(self, *exc: Any) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for s, old in self._old.items():
+            signal.signal(s, old)
 
 
 class _Driver:
@@ -365,10 +379,14 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
                 stopped_by = "early stopping"
                 break
             if stop.requested(backend, call):
-                stopped_by = "SIGTERM"
+                stopped_by = stop.name or "SIGTERM"  # another process's signal
                 backend.fetch(pending)
                 backend.save_latest(step, drv.meta(step))
-                log.info("SIGTERM: saved the latest state at step %d; continue with --resume", step)
+                log.info(
+                    "%s: saved the latest state at step %d; continue with --resume",
+                    stopped_by,
+                    step,
+                )
                 break
             if call.checkpoint:  # its loss was checked when logged
                 backend.save_latest(step, drv.meta(step))

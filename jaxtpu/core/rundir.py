@@ -6,21 +6,33 @@ Framework-free: the torch side writes the same layout with this module.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import logging
+import math
 import os
 import platform
 import resource
+import shutil
+import socket
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core.config import Config
+from jaxtpu.core.config import JAX_STRATEGIES, TORCH_STRATEGIES, Config
 from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
 
-__all__ = ["RunLog", "check_compatible", "prepare_workdir", "setup_logging", "user_errors"]
+__all__ = [
+    "RunLog",
+    "check_compatible",
+    "claim_workdir",
+    "exit_code",
+    "setup_logging",
+    "user_errors",
+]
 
 log = logging.getLogger("jaxtpu")
 
@@ -36,27 +48,36 @@ def default_workdir(task: str) -> Path:
     return Path("runs") / f"{task}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_workdir(workdir: Path, resume: bool, task: str = "run", create: bool = True) -> Path:
-    """Creates the run directory; refuses to write over an earlier run unless resuming.
+LOCK_FILE = ".lock"
+# Flags that may change when a run is resumed: how long it runs, how often it logs, evaluates
+# and checkpoints, and where things live. Everything else would make the continued run a
+# different experiment from the one whose checkpoint it resumes, and is refused.
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "patience",
+        "steps_per_call", "progress", "resume", "workdir", "cache_dir",
+        "coordinator_address", "process_id", "parallel",
+    }
+)  # fmt: skip
 
-    `create=False` (processes other than 0 of a multi-process run) only checks."""
+
+@contextlib.contextmanager
+def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[Path]:
+    """The run directory, held by this run for as long as the context lasts.
+
+    Creates it (refusing to write over an earlier run unless resuming), takes its lock (a
+    second run on the same directory gets one line naming the process that holds it; the
+    kernel drops the lock when a process dies, even by SIGKILL), and on --resume refuses flags
+    that differ from the run's recorded ones (`RESUME_MAY_CHANGE` may). `create=False`
+    (processes other than 0 of a multi-process run, which write nothing) only checks the path.
+    """
     if not str(workdir) or str(workdir) == ".":
-        workdir = default_workdir(task)
+        workdir = default_workdir(cfg.run.task)
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"--workdir {workdir} is a file, expected a directory")
-    if (
-        workdir.exists()
-        and not resume
-        and any(
-            (workdir / name).exists() for name in ("metrics.jsonl", "checkpoints", "summary.json")
-        )
-    ):
-        raise UserError(
-            f"--workdir {workdir} already holds a run; continue it with --resume, or choose "
-            "another --workdir (earlier results are never overwritten)"
-        )
     if not create:
-        return workdir
+        yield workdir
+        return
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         probe = workdir / ".write_test"
@@ -64,7 +85,109 @@ def prepare_workdir(workdir: Path, resume: bool, task: str = "run", create: bool
         probe.unlink()
     except OSError as e:
         raise UserError(f"--workdir {workdir} is not writable ({e.strerror})") from None
-    return workdir
+    lock = _lock(workdir)
+    try:
+        if not cfg.run.resume and any(
+            (workdir / name).exists() for name in ("metrics.jsonl", "checkpoints", "summary.json")
+        ):
+            raise UserError(
+                f"--workdir {workdir} already holds a run; continue it with --resume, or choose "
+                "another --workdir (earlier results are never overwritten)"
+            )
+        if cfg.run.resume:
+            check_resume(cfg, workdir)
+        yield workdir
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.close(lock)
+
+
+def _lock(workdir: Path) -> int:
+    fd = os.open(workdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise UserError(
+            f"--workdir {workdir} is in use by another run ({holder}); wait for it to end, "
+            "or choose another --workdir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"process {os.getpid()} on {socket.gethostname()}".encode())
+    return fd
+
+
+def check_resume(cfg: Config, workdir: Path) -> None:
+    """Refuses --resume with flags that differ from the ones the run recorded in config.json
+    (a run killed before it wrote one has nothing to compare with)."""
+    record = workdir / "config.json"
+    if not record.exists():
+        return
+    try:
+        old = json.loads(record.read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(
+            f"{record}: unreadable, so --resume cannot check the run's flags; restore it or "
+            "start a new --workdir"
+        ) from None
+    changed = []
+    for section, values in cfg.to_dict().items():
+        for name, value in values.items():
+            before = old.get(section, {}).get(name, value)
+            if before != value and name not in RESUME_MAY_CHANGE:
+                changed.append(f"--{name.replace('_', '-')} {before} -> {value}")
+    before, now = old.get("run", {}).get("parallel"), cfg.run.parallel
+    if before and not any({before, now} <= set(s) for s in (JAX_STRATEGIES, TORCH_STRATEGIES)):
+        changed.append(f"--parallel {before} -> {now} (the other framework's checkpoints)")
+    if changed:
+        raise UserError(
+            f"--resume {workdir}: flags differ from the run's ({record}): {'; '.join(changed)}. "
+            "Resume with the run's values; only "
+            f"{', '.join('--' + n.replace('_', '-') for n in sorted(RESUME_MAY_CHANGE))} may change"
+        )
+
+
+def check_output_path(path: Path, flag: str, is_dir: bool = False) -> None:
+    """Refuses, before any work, an output path that cannot be written: a file where a
+    directory is expected (or the reverse), or a parent that is a file."""
+    if not is_dir and path.is_dir():
+        raise UserError(f"{flag} {path} is a directory; give a file path")
+    if is_dir and path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"{flag} {path} exists and is not an empty directory")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is not a directory")
+
+
+def disk_full(error: BaseException) -> OSError | None:
+    """The 'no space left' (or quota) OSError behind an exception, if that is what it is
+    (libraries such as orbax wrap it in their own errors)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        if "No space left on device" in str(seen):  # e.g. tensorstore's errors in orbax
+            return OSError(errno.ENOSPC, str(seen))
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def disk_full_message(path: Path | str, what: str) -> str:
+    """One line: what could not be written where, and the space left there."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"{path}: no space left on device writing {what} ({free}); earlier checkpoints are "
+        "intact: free some space and continue with --resume"
+    )
 
 
 def identity(meta: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +213,24 @@ def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Pat
     raise CheckpointError(
         f"{where}: checkpoint is from another model: {', '.join(diff) or 'different encoder'}"
     )
+
+
+def _finite(value: Any) -> Any:
+    """JSON-safe: NaN and infinities (an undefined metric, no best value yet) become null."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def strict_json(record: Any, indent: int | None = None) -> str:
+    """Standard JSON (no NaN/Infinity tokens, which strict parsers reject)."""
+    return json.dumps(_finite(record), indent=indent, default=str, allow_nan=False)
 
 
 def peak_host_memory_mb() -> float:
@@ -154,7 +295,7 @@ class RunLog:
         if not self.enabled:
             return
         record = {"time": round(time.time(), 3), **record}
-        self._file.write(json.dumps(record, default=float) + "\n")
+        self._file.write(strict_json(record) + "\n")
         if self._tb is not None and "step" in record:
             prefix = record.get("event", "train")
             for k, v in record.items():
@@ -167,7 +308,7 @@ class RunLog:
             return
         self.write({"event": "final", **summary})
         tmp = self.workdir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
+        tmp.write_text(strict_json(summary, indent=2))
         os.replace(tmp, self.workdir / "summary.json")
         self.close()
 
@@ -176,6 +317,24 @@ class RunLog:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def exit_code(summary: dict[str, Any] | None, module: str) -> int:
+    """0 for a finished (or SIGTERM-checkpointed) run; 130 after Ctrl-C, with the command that
+    continues the run (`python -m <module>` and the same flags) on stderr."""
+    if not summary or summary.get("stopped_by") != "SIGINT":
+        return 0
+    flags = sys.argv[1:]
+    if not any(f == "--workdir" or f.startswith("--workdir=") for f in flags):
+        flags += ["--workdir", str(summary["workdir"])]
+    if "--resume" not in flags:
+        flags.append("--resume")
+    print(
+        f"interrupted at step {summary['steps']}; the latest state is saved in "
+        f"{summary['workdir']}. Continue with: python -m {module} {' '.join(flags)}",
+        file=sys.stderr,
+    )
+    return 130
 
 
 @contextlib.contextmanager
@@ -191,6 +350,11 @@ def user_errors() -> Iterator[None]:
     except TrainingError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except OSError as e:
+        if disk_full(e) is None:
+            raise
+        print(f"error: {disk_full_message(e.filename or '.', 'a file')}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print(
             "interrupted; finished checkpoints are kept (continue with --resume)", file=sys.stderr

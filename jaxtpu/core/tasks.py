@@ -22,6 +22,13 @@ def _auc(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str
     return {"val_auc": metrics.roc_auc(scores, labels, weight)}
 
 
+def _both_classes(labels: np.ndarray) -> str | None:
+    binary = np.asarray(labels) >= 0.5  # float targets are binarised for AUC
+    if binary.all() or not binary.any():
+        return f"all {binary.size} labels are {'toxic' if binary.all() else 'non-toxic'}"
+    return None
+
+
 def _agreement(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
     return {"val_agreement": metrics.agreement(scores[:, 0], scores[:, 1], weight)}
 
@@ -39,6 +46,8 @@ class Task:
       metric: (scores, labels, weight) of the whole evaluation set -> {monitor: value}.
       reads: the file kinds (`jaxtpu.core.data.file_kind`) a training/validation file may be.
       unit: what one example is called in messages.
+      undefined: why the metric is undefined on a validation set with these labels (None when
+        it is defined): such a set is refused before training.
     """
 
     name: str
@@ -48,6 +57,7 @@ class Task:
     metric: Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, float]]
     reads: tuple[str, ...]
     unit: str
+    undefined: Callable[[np.ndarray], str | None] = lambda labels: None
 
     def example_shape(self, max_len: int) -> tuple[int, ...]:
         """The shape of one example's token ids."""
@@ -76,6 +86,7 @@ TASKS: dict[str, Task] = {
         metric=_auc,
         reads=("classification",),
         unit="comments",
+        undefined=_both_classes,  # ROC AUC needs both classes
     ),
     "ranking": Task(
         name="ranking",

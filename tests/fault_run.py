@@ -1,0 +1,57 @@
+"""Test helper: `python tests/fault_run.py FAULT [jaxtpu.train flags]` runs `jaxtpu.train` and
+SIGKILLs itself at one chosen moment, to prove that resume survives a kill anywhere.
+
+FAULT is `call:N` (as the N-th training call starts), `eval:N` (inside the N-th evaluation
+batch) or `save:N` (inside the N-th checkpoint write: orbax has written the temporary
+directory and is about to rename it into place).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jaxtpu import train  # noqa: E402
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm(kind: str, n: int) -> None:
+    count = [0]
+
+    def tick() -> None:
+        count[0] += 1
+        if count[0] == n:
+            die()
+
+    if kind == "save":
+        rename = os.rename
+
+        def renaming(src, dst, *args, **kwargs):
+            if "orbax-checkpoint-tmp" in str(src):
+                tick()
+            return rename(src, dst, *args, **kwargs)
+
+        os.rename = renaming
+        return
+    method = {"call": "train_steps", "eval": "eval_batch"}[kind]
+    original = getattr(train.JaxBackend, method)
+
+    def hooked(self, *args, **kwargs):
+        tick()
+        return original(self, *args, **kwargs)
+
+    setattr(train.JaxBackend, method, hooked)
+
+
+if __name__ == "__main__":
+    kind, n = sys.argv[1].split(":")
+    arm(kind, int(n))
+    sys.argv = ["jaxtpu.train", *sys.argv[2:]]
+    sys.exit(train.main())
