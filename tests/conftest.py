@@ -47,3 +47,28 @@ def real_csv() -> Path:
 def _token_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """Every test session tokenizes into its own cache, never the user's."""
     monkeypatch.setenv("JAXTPU_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def resumable_args(workdir: Path) -> list[str]:
+    """A tiny fp32 run of 21 steps that checkpoints every 3 and evaluates every 7: the run the
+    interruption tests stop (SIGTERM, Ctrl-C, SIGKILL) and resume."""
+    return ["--preset", "tiny", "--no-progress", "--workdir", str(workdir), "--precision",
+            "fp32", "--epochs", "3", "--checkpoint-every", "3", "--log-every", "1",
+            "--eval-every", "7"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`resumable_args` run to the end without interruption: what every resumed run must match."""
+    import subprocess
+    import sys
+
+    from parity_tests.harness import ROOT, clean_env
+
+    wd = tmp_path_factory.mktemp("uninterrupted") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxtpu.train", *resumable_args(wd)], cwd=ROOT, env=clean_env(),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return wd

@@ -10,17 +10,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import resumable_args
 
 from jaxtpu.core.config import BOUNDS, FIELDS
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.rundir import claim_workdir
-from parity_tests.harness import ROOT, clean_env
+from parity_tests.harness import ROOT, clean_env, final_metrics, start, wait_for_step
 
 NUMERIC = sorted(name for name, (_, f) in FIELDS.items() if f.type in ("int", "float"))
 PROBES = [math.nan, math.inf, -math.inf, 0, -1, 10**30]
@@ -77,35 +77,6 @@ def strict_json_lines(path: Path) -> list[dict]:
     if path.suffix == ".jsonl":
         return [json.loads(x, parse_constant=refuse) for x in text.splitlines() if x]
     return [json.loads(text, parse_constant=refuse)]
-
-
-def train_args(wd: Path) -> list[str]:
-    return [*TINY, "--workdir", str(wd), "--precision", "fp32", "--epochs", "3",
-            "--checkpoint-every", "3", "--log-every", "1", "--eval-every", "7"]  # fmt: skip
-
-
-def final(wd: Path) -> dict:
-    return json.loads((wd / "summary.json").read_text())["final"]
-
-
-def wait_for_step(wd: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        path = wd / "metrics.jsonl"
-        if path.exists() and any(
-            json.loads(x).get("step", 0) >= step for x in path.read_text().splitlines() if x
-        ):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"run did not reach step {step}")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("full") / "run"
-    proc = cli("jaxtpu.train", *train_args(wd))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return wd
 
 
 # 1. one run per directory
@@ -168,10 +139,7 @@ def test_resume_refuses_changed_flags_and_records_what_ran(tmp_path, side):
 
 def test_ctrl_c_saves_exits_130_with_the_resume_command_and_resumes(uninterrupted, tmp_path):
     wd = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxtpu.train", *train_args(wd)], cwd=ROOT, env=clean_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start("jaxtpu.train", *resumable_args(wd))
     wait_for_step(wd, proc, 4)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
@@ -185,16 +153,15 @@ def test_ctrl_c_saves_exits_130_with_the_resume_command_and_resumes(uninterrupte
     assert (wd / "checkpoints" / "latest" / str(steps)).is_dir()
     resumed = cli(*command[2:])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert final(wd)["val_loss"] == pytest.approx(final(uninterrupted)["val_loss"], rel=1e-6)
+    assert final_metrics(wd)["val_loss"] == pytest.approx(
+        final_metrics(uninterrupted)["val_loss"], rel=1e-6
+    )
     strict_json_lines(wd / "metrics.jsonl")
 
 
 def test_a_second_ctrl_c_stops_at_once(tmp_path):
     wd = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxtpu.train", *train_args(wd)], cwd=ROOT, env=clean_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start("jaxtpu.train", *resumable_args(wd))
     wait_for_step(wd, proc, 2)
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGINT)
@@ -206,10 +173,7 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
 def test_ctrl_c_on_the_torch_side_saves_and_resumes(tmp_path):
     wd = tmp_path / "run"
     args = [*EAGER, "--workdir", str(wd), "--epochs", "40", "--log-every", "1", "--dropout", "0"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torchxla_ref.train", *args], cwd=ROOT, env=clean_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start("torchxla_ref.train", *args)
     wait_for_step(wd, proc, 3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
@@ -363,16 +327,16 @@ def test_sigkill_at_random_moments_then_resume_matches_the_uninterrupted_run(
     faults = [f"call:{rng.integers(1, 4)}" if k == "call" else f"{k}:1" for k in kinds]
     wd = tmp_path / "run"
     for i, fault in enumerate(faults):
-        args = train_args(wd) + (["--resume"] if i else [])
+        args = resumable_args(wd) + (["--resume"] if i else [])
         proc = subprocess.run(
             [sys.executable, str(ROOT / "tests" / "fault_run.py"), fault, *args], cwd=ROOT,
             env=clean_env(), capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert proc.returncode == -signal.SIGKILL, (fault, proc.stderr[-2000:])
         assert not (wd / "summary.json").exists()
-    proc = cli("jaxtpu.train", *train_args(wd), "--resume")
+    proc = cli("jaxtpu.train", *resumable_args(wd), "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    a, b = final(uninterrupted), final(wd)
+    a, b = final_metrics(uninterrupted), final_metrics(wd)
     assert a["step"] == b["step"] == 21
     assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-6, abs=0)
     assert b["val_auc"] == pytest.approx(a["val_auc"], abs=1e-9)

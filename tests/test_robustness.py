@@ -10,13 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import resumable_args
 
-from parity_tests.harness import ROOT, clean_env
+from parity_tests.harness import ROOT, clean_env, final_metrics, wait_for_step
 
 HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
 GOOD_ROWS = "".join(f"{i},comment number {i} {'idiot' * (i % 3 == 0)},{int(i % 3 == 0)},0,0,0,0,0\n"
@@ -224,49 +224,20 @@ def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
     assert latest["step"] == evals[-1]["step"]  # the last state evaluated as finite
 
 
-def _train_args(wd: Path) -> list[str]:
-    return [*TINY, "--workdir", str(wd), "--precision", "fp32", "--epochs", "3",
-            "--checkpoint-every", "3", "--log-every", "1", "--eval-every", "7"]  # fmt: skip
-
-
-def _final(wd: Path) -> dict:
-    return json.loads((wd / "summary.json").read_text())["final"]
-
-
-def _wait_for_step(wd: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        path = wd / "metrics.jsonl"
-        if path.exists() and any(
-            json.loads(x).get("step", 0) >= step for x in path.read_text().splitlines() if x
-        ):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"run did not reach step {step}")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    wd = tmp_path_factory.mktemp("full") / "run"
-    proc = cli("jaxtpu.train", *_train_args(wd))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return wd
-
-
 @pytest.mark.parametrize("kill_at", [11])
 def test_sigkill_then_resume_matches_the_uninterrupted_run(uninterrupted, tmp_path, kill_at):
     wd = tmp_path / "run"
-    cmd = [sys.executable, "-m", "jaxtpu.train", *_train_args(wd)]
+    cmd = [sys.executable, "-m", "jaxtpu.train", *resumable_args(wd)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
-    _wait_for_step(wd, proc, kill_at)
+    wait_for_step(wd, proc, kill_at)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (wd / "summary.json").exists()  # really killed before the end
-    resumed = cli("jaxtpu.train", *_train_args(wd), "--resume")
+    resumed = cli("jaxtpu.train", *resumable_args(wd), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout
-    a, b = _final(uninterrupted), _final(wd)
+    a, b = final_metrics(uninterrupted), final_metrics(wd)
     assert a["step"] == b["step"]
     assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-6, abs=0)
     assert b["val_auc"] == pytest.approx(a["val_auc"], abs=1e-9)
@@ -274,17 +245,19 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(uninterrupted, tmp_pa
 
 def test_sigterm_checkpoints_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
     wd = tmp_path / "run"
-    cmd = [sys.executable, "-m", "jaxtpu.train", *_train_args(wd)]
+    cmd = [sys.executable, "-m", "jaxtpu.train", *resumable_args(wd)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    _wait_for_step(wd, proc, 4)
+    wait_for_step(wd, proc, 4)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
     assert "SIGTERM: saved the latest state at step" in out
-    resumed = cli("jaxtpu.train", *_train_args(wd), "--resume")
+    resumed = cli("jaxtpu.train", *resumable_args(wd), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert _final(wd)["val_loss"] == pytest.approx(_final(uninterrupted)["val_loss"], rel=1e-6)
+    assert final_metrics(wd)["val_loss"] == pytest.approx(
+        final_metrics(uninterrupted)["val_loss"], rel=1e-6
+    )
 
 
 def test_leftover_partial_checkpoint_does_not_break_resume(uninterrupted, tmp_path):
@@ -296,6 +269,6 @@ def test_leftover_partial_checkpoint_does_not_break_resume(uninterrupted, tmp_pa
     partial = latest / "99.orbax-checkpoint-tmp-1234567890"
     partial.mkdir()
     (partial / "garbage").write_bytes(os.urandom(100))
-    proc = cli("jaxtpu.train", *_train_args(wd), "--resume")
+    proc = cli("jaxtpu.train", *resumable_args(wd), "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "resumed from" in proc.stdout
