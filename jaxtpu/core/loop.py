@@ -9,6 +9,7 @@ interval.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import signal
@@ -118,9 +119,10 @@ class Job:
     workdir: Path
     started: float
 
-    @property
+    @functools.cached_property
     def identity(self) -> dict[str, Any]:
-        """What a checkpoint of this run must match: the task and the encoder shape."""
+        """What a checkpoint of this run must match: the task and the encoder shape (read once:
+        every checkpoint's metadata carries it)."""
         return {"task": self.cfg.run.task, "encoder": encoder_config(self.cfg).to_hf_dict()}
 
     @classmethod
