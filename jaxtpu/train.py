@@ -16,8 +16,7 @@ import numpy as np
 
 from jaxtpu.core import loop
 from jaxtpu.core.cli import parse_args
-from jaxtpu.core.config import JAX_STRATEGIES, Config, resolve_model_dir
-from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.config import JAX_STRATEGIES, Config, require_strategy, resolve_model_dir
 from jaxtpu.core.rundir import RunLog, claim_workdir, exit_code, user_errors
 
 __all__ = ["JaxBackend", "main", "train_and_evaluate"]
@@ -93,11 +92,7 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
       UserError (and its kinds in `jaxtpu.core.errors`): bad input, with a message.
       TrainingError: the loss became NaN/Inf.
     """
-    if cfg.run.parallel not in JAX_STRATEGIES:  # before anything is created
-        raise ConfigError(
-            f"--parallel {cfg.run.parallel} is not a jaxtpu strategy; choose one of "
-            f"{', '.join(JAX_STRATEGIES)}"
-        )
+    require_strategy(cfg, JAX_STRATEGIES, "jaxtpu")
     from jaxtpu import parallel
 
     t_start = time.time()

@@ -18,8 +18,14 @@ import numpy as np
 
 from jaxtpu.core import loop
 from jaxtpu.core.cli import parse_args
-from jaxtpu.core.config import TORCH_STRATEGIES, Config, encoder_config, resolve_model_dir
-from jaxtpu.core.errors import ConfigError, UserError
+from jaxtpu.core.config import (
+    TORCH_STRATEGIES,
+    Config,
+    encoder_config,
+    require_strategy,
+    resolve_model_dir,
+)
+from jaxtpu.core.errors import UserError
 from jaxtpu.core.rundir import RunLog, claim_workdir, exit_code, user_errors
 from torchxla_ref import parallel
 from torchxla_ref.checkpoint import Checkpoints
@@ -218,11 +224,7 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
     Returns:
       The run summary (spmd), or None for spawn (read `summary.json` in the run directory).
     """
-    if cfg.run.parallel not in TORCH_STRATEGIES:  # before anything is created
-        raise ConfigError(
-            f"--parallel {cfg.run.parallel} is not a torchxla_ref strategy; choose one of "
-            f"{', '.join(TORCH_STRATEGIES)}"
-        )
+    require_strategy(cfg, TORCH_STRATEGIES, "torchxla_ref")
     if cfg.run.num_processes > 1 or cfg.run.coordinator_address:
         raise UserError(
             "--coordinator-address/--num-processes: multi-host runs are jaxtpu only; the "

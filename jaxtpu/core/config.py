@@ -353,6 +353,16 @@ def validate(cfg: Config) -> None:
         )
 
 
+def require_strategy(cfg: Config, strategies: Sequence[str], side: str) -> None:
+    """Refuses, before anything is created, a --parallel value that `side` does not run (the
+    command line already refuses it; this guards callers of `train_and_evaluate`)."""
+    if cfg.run.parallel not in strategies:
+        raise ConfigError(
+            f"--parallel {cfg.run.parallel} is not a {side} strategy; choose one of "
+            f"{', '.join(strategies)}"
+        )
+
+
 def from_dict(d: dict[str, Any]) -> Config:
     """Rebuilds a Config from `to_dict()` output (e.g. a run directory's config.json)."""
     flat = {k: v for section in SECTIONS for k, v in d.get(section, {}).items()}
