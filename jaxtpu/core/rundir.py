@@ -289,7 +289,7 @@ class RunLog:
             "python": platform.python_version(),
             "argv": sys.argv,
         }
-        (self.workdir / "config.json").write_text(json.dumps(record, indent=2, default=str))
+        (self.workdir / "config.json").write_text(strict_json(record, indent=2))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
