@@ -6,11 +6,11 @@ step with p10-p90 spread, samples/s, tokens/s, model FLOPs utilisation against t
 peak, peak host memory), writes `DIR/benchmarks.json` (one record per configuration) and
 `DIR/benchmarks.png` (bar chart of median step time).
 
-  --quick   MiniLM, bf16: jaxtpu pmap and jit on 8 devices, with 1 and with K steps per
+  --quick   MiniLM, bf16: jaxtpu pmap, jit and shard_map on 8 devices, with 1 and with K steps per
             device call (strategy "jit/8" = --steps-per-call 8), jit on 2 devices (one per
             core of this machine), torch_xla SPMD on 8, and the plain-PyTorch CPU reference
             rows (eager and torch.compile, bf16 autocast). About 9 minutes here.
-  (default) jaxtpu pmap and jit for tiny, minilm and bert-base, fp32 and bf16, 1 and 8
+  (default) jaxtpu pmap, jit and shard_map for tiny, minilm and bert-base, fp32 and bf16, 1 and 8
             devices, plus the --quick jaxtpu rows; torch_xla SPMD and spawn for tiny and SPMD
             for the target row (MiniLM bf16, 8 devices); the reference rows. About 25 minutes.
   --all     also every other torch_xla row (XLA:CPU runs a MiniLM step in 30+ s: hours).
@@ -45,6 +45,7 @@ def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
     best = [
         cfg("jaxtpu", "pmap", "minilm", "bf16", 8, 4),
         cfg("jaxtpu", "jit", "minilm", "bf16", 8, 4),
+        cfg("jaxtpu", "shard_map", "minilm", "bf16", 8, 4),
         cfg("jaxtpu", "jit", "minilm", "bf16", 2),
         cfg("jaxtpu", "jit", "minilm", "bf16", 2, 8),
     ]
@@ -52,13 +53,14 @@ def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
         return [
             cfg("jaxtpu", "pmap", "minilm", "bf16", 8),
             cfg("jaxtpu", "jit", "minilm", "bf16", 8),
+            cfg("jaxtpu", "shard_map", "minilm", "bf16", 8),
             *best,
             cfg("torch_xla", "spmd", "minilm", "bf16", 8),
             *refs,
         ]
     out = []
     for wl, pr, dev in itertools.product(("tiny", "minilm", "bert-base"), ("fp32", "bf16"), (1, 8)):
-        out += [cfg("jaxtpu", "pmap", wl, pr, dev), cfg("jaxtpu", "jit", wl, pr, dev)]
+        out += [cfg("jaxtpu", st, wl, pr, dev) for st in ("pmap", "jit", "shard_map")]
         # torch_xla on XLA:CPU takes 30+ s per MiniLM step: beyond tiny, only the target row
         # (MiniLM bf16 on 8 devices) unless --all
         if wl == "tiny" or (wl, pr, dev) == ("minilm", "bf16", 8) or all_configs:
@@ -88,12 +90,12 @@ def _strategy(r: dict[str, Any]) -> str:
 
 
 def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
-    head = (f"{'framework':<10} {'strategy':<8} {'workload':<9} {'prec':<4} {'dev':>3} "
+    head = (f"{'framework':<10} {'strategy':<11} {'workload':<9} {'prec':<4} {'dev':>3} "
             f"{'compile s':>9} {'median s':>9} {'p10-p90 s':>13} {'samples/s':>9} "
             f"{'tokens/s':>9} {'MFU %':>6} {'host MB':>8}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in records:
-        name = f"{r['framework']:<10} {_strategy(r):<8} {r['workload']:<9} {r['precision']:<4} "
+        name = f"{r['framework']:<10} {_strategy(r):<11} {r['workload']:<9} {r['precision']:<4} "
         name += f"{r['devices']:>3} "
         if "error" in r:
             lines.append(name + f"  error: {r['error']}")

@@ -7,8 +7,8 @@ until both `--min-steps` and `--budget` seconds are reached (at most `--max-step
 on the result of every step. `--peak` instead measures the matmul peak (a 2048^3 GEMM through
 XLA on one device) in the given precision.
 
-Frameworks and strategies: jaxtpu (pmap, jit), torch_xla (spmd, spawn: 1 replica), torch on
-the CPU without XLA (eager, compile: torch.compile), the plain-PyTorch reference rows.
+Frameworks and strategies: jaxtpu (pmap, jit, shard_map), torch_xla (spmd, spawn: 1 replica),
+torch on the CPU without XLA (eager, compile: torch.compile), the plain-PyTorch reference rows.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.config import Config, EncoderConfig, encoder_config
+from jaxtpu.core.config import JAX_STRATEGIES, Config, EncoderConfig, encoder_config
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.rundir import peak_host_memory_mb
 
@@ -33,7 +33,7 @@ WORKLOADS = {
     "bert-base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
 }
 STRATEGIES = {
-    "jaxtpu": ("pmap", "jit"),
+    "jaxtpu": JAX_STRATEGIES,
     "torch_xla": ("spmd", "spawn"),
     "torch": ("eager", "compile"),
 }

@@ -5,7 +5,7 @@ Three nouns: a `Strategy` places the state and the batches on the devices and ru
 compiled steps; `Processes` is this process's place in a multi-host run (host-level
 collectives); the shared loop talks to both through `jaxtpu.train.JaxBackend`.
 
-Both strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
+All strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
 - `PmapStrategy`: replicated state, per-device batch shards on a leading device axis,
   `lax.pmean` of gradients inside the step, donated state buffers.
 - `JitStrategy` (pjit): `jax.jit` with `NamedSharding` over a `Mesh(('data', 'fsdp'))`; the
@@ -13,6 +13,8 @@ Both strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
   (ZeRO-1: each device updates its slice, then the new params are gathered). `fsdp` has size
   1 today, so params can be sharded on it later without touching model code. The compiler
   inserts the collectives.
+- `ShardMapStrategy`: pmap's per-device step (`lax.pmean` inside) under `jax.shard_map` over
+  the jit mesh's `data` axis, inside `jax.jit`, with the jit path's placement.
 A training call always runs K >= 1 stacked batches through `steps.train_steps` (a `lax.scan`,
 or a plain step when K = 1); evaluation runs one batch.
 """
@@ -366,7 +368,40 @@ class JitStrategy(Strategy):
         return [{k: float(v[i]) for k, v in host.items()} for i in range(len(host["loss"]))]
 
 
-STRATEGIES: dict[str, type[Strategy]] = {"pmap": PmapStrategy, "jit": JitStrategy}
+class ShardMapStrategy(JitStrategy):
+    """jit + `jax.shard_map`: pmap's per-device step (`lax.pmean` over the `data` axis) on the
+    jit path's mesh and placement, the migration target of pmap-era code.
+
+    The state is placed as `JitStrategy` places it (params replicated, AdamW moments split over
+    `data` at rest); inside the step every device sees the whole state, as under pmap, so the
+    compiler gathers the moments on entry and keeps each device's slice on exit.
+    """
+
+    def _step_fns(self) -> tuple[Any, Any]:
+        train = jax.shard_map(
+            partial(steps.train_steps, task=self.task, axis_name="data"),
+            mesh=self.mesh,
+            in_specs=(P(), P(None, "data"), P()),  # state, (K, rows, ...), rng
+            out_specs=(P(), P()),  # pmean-ed: the same on every device
+            # Unchecked, as under pmap: with varying-value checks on, the gradient of the
+            # replicated params would already be summed over devices before the step's pmean.
+            check_vma=False,
+        )
+        evaluate = jax.shard_map(
+            partial(steps.eval_step, task=self.task),
+            mesh=self.mesh,
+            in_specs=(P(), P("data")),
+            out_specs=P("data"),
+            check_vma=False,
+        )
+        return train, evaluate
+
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "pmap": PmapStrategy,
+    "jit": JitStrategy,
+    "shard_map": ShardMapStrategy,
+}
 
 
 def make_strategy(name: str, devices: list[jax.Device], task: str) -> Strategy:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core.config import JAX_STRATEGIES
 from parity_tests.harness import ROOT, clean_env, relative_diff, run_side, shared_init
 
 REAL_CSV = ROOT.parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
@@ -150,7 +151,7 @@ TRAJ_FLAGS = [
 
 def trajectories(work: Path, task: str) -> list[Result]:
     """Check 3: 21 steps on 8 devices with dropout off, same init, batches and schedule:
-    jaxtpu pmap and jit against torch_xla spmd, fp32 and bf16."""
+    jaxtpu pmap, jit and shard_map against torch_xla spmd, fp32 and bf16."""
     model_dir = shared_init(work / f"init-tiny-{task}", task, "tiny")
     base = [*TRAJ_FLAGS, "--task", task, "--model-dir", str(model_dir), "--num-devices", "8"]
     results = []
@@ -158,7 +159,7 @@ def trajectories(work: Path, task: str) -> list[Result]:
         flags = [*base, "--precision", precision]
         ref = run_side("torch", work / f"traj-{task}-{precision}-spmd", *flags,
                        "--parallel", "spmd").check()  # fmt: skip
-        for parallel in ("pmap", "jit"):
+        for parallel in JAX_STRATEGIES:
             run = run_side("jax", work / f"traj-{task}-{precision}-{parallel}", *flags,
                            "--parallel", parallel).check()  # fmt: skip
             rel = relative_diff(run.losses, ref.losses)

@@ -33,7 +33,8 @@ def test_model_flops_match_the_design_figure_for_minilm():
 def test_quick_matrix_holds_the_target_rows():
     rows = compare.matrix(quick=True, all_configs=False)
     keys = {(r["framework"], r["strategy"], r["devices"]) for r in rows}
-    assert {("jaxtpu", "pmap", 8), ("jaxtpu", "jit", 8), ("torch_xla", "spmd", 8),
+    assert {("jaxtpu", "pmap", 8), ("jaxtpu", "jit", 8), ("jaxtpu", "shard_map", 8),
+            ("torch_xla", "spmd", 8),
             ("torch", "eager", 1), ("torch", "compile", 1)} <= keys  # fmt: skip
     assert all(r["workload"] == "minilm" and r["precision"] == "bf16" for r in rows)
     assert {"framework": "jaxtpu", "strategy": "jit", "workload": "minilm", "precision": "bf16",
@@ -42,7 +43,7 @@ def test_quick_matrix_holds_the_target_rows():
 
 def test_worker_reports_per_step_times_with_steps_per_call():
     cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "2",
-           "--strategy", "jit", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
+           "--strategy", "shard_map", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
            "--steps-per-call", "3"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -83,7 +83,7 @@ def _assert_same_run(one: Path, two: Path) -> None:
     assert fb["val_auc"] == pytest.approx(fa["val_auc"], abs=1e-6)
 
 
-@pytest.mark.parametrize("strategy", ["jit", "pmap"])
+@pytest.mark.parametrize("strategy", ["jit", "pmap", "shard_map"])
 def test_two_processes_train_like_one(tmp_path, strategy):
     one, two = tmp_path / "one", tmp_path / "two"
     _finish(_start(one, "--parallel", strategy))

@@ -13,6 +13,7 @@ import pytest
 from jaxtpu import train
 from jaxtpu.core import data as jdata
 from jaxtpu.core import presets
+from jaxtpu.core.config import JAX_STRATEGIES
 from jaxtpu.core.errors import ConfigError, UserError
 
 
@@ -45,14 +46,33 @@ def test_loss_goes_down_and_step_compiles_once(tmp_path, task, parallel, precisi
 
 
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
-def test_pmap_and_jit_give_the_same_trajectory_fp32(tmp_path, task):
+def test_every_strategy_gives_the_same_trajectory_fp32(tmp_path, task):
+    """pmap, jit and shard_map compute the same training run (dropout off: jit draws its
+    dropout masks over the global batch, the per-device strategies per device)."""
     kw = dict(task=task, precision="fp32", dropout=0.0, encoder_dropout=0.0, epochs=2)
+    logs = {}
+    for parallel in JAX_STRATEGIES:
+        train.train_and_evaluate(tiny(tmp_path, parallel, parallel=parallel, **kw))
+        logs[parallel] = read_log(tmp_path / parallel)
+    ref, ref_evals = logs["pmap"]
+    assert len(ref) == 14
+    for parallel in ("jit", "shard_map"):
+        run, evals = logs[parallel]
+        assert [x["step"] for x in run] == [x["step"] for x in ref]
+        np.testing.assert_allclose(
+            [x["loss"] for x in run], [x["loss"] for x in ref], rtol=1e-5, err_msg=parallel
+        )
+        np.testing.assert_allclose(evals[-1]["val_loss"], ref_evals[-1]["val_loss"], rtol=1e-5)
+
+
+def test_shard_map_is_pmap_with_dropout_too(tmp_path):
+    """shard_map runs pmap's per-device step: same device index, same dropout masks."""
+    kw = dict(precision="fp32", max_steps=6)
     train.train_and_evaluate(tiny(tmp_path, "pmap", parallel="pmap", **kw))
-    train.train_and_evaluate(tiny(tmp_path, "jit", parallel="jit", **kw))
-    a, ea = read_log(tmp_path / "pmap")
-    b, eb = read_log(tmp_path / "jit")
-    np.testing.assert_allclose([x["loss"] for x in a], [x["loss"] for x in b], rtol=1e-5)
-    np.testing.assert_allclose(ea[-1]["val_loss"], eb[-1]["val_loss"], rtol=1e-5)
+    train.train_and_evaluate(tiny(tmp_path, "shard_map", parallel="shard_map", **kw))
+    (a, _), (b, _) = read_log(tmp_path / "pmap"), read_log(tmp_path / "shard_map")
+    assert len(a) == len(b) == 6
+    np.testing.assert_allclose([x["loss"] for x in b], [x["loss"] for x in a], rtol=1e-5)
 
 
 def test_sigterm_then_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypatch):
@@ -102,7 +122,7 @@ def test_default_command_code_path(tmp_path, caplog):
     assert np.isfinite(summary["final"]["val_auc"])
 
 
-@pytest.mark.parametrize("parallel", ["pmap", "jit"])
+@pytest.mark.parametrize("parallel", JAX_STRATEGIES)
 def test_steps_per_call_trains_exactly_like_one_step_per_call(tmp_path, parallel):
     """--steps-per-call 3: a lax.scan over 3 batches per device call. 7 steps per epoch and
     logging every 3 give calls of 3, 3, 1 | 2, 3, 2 steps: three compiled programs, the same

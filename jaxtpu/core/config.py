@@ -21,7 +21,7 @@ from jaxtpu.core.tasks import TASKS, Task, get_task
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("constant", "linear", "cosine", "onecycle")
 # Data-parallel strategies of each side; the first is that side's default.
-JAX_STRATEGIES = ("pmap", "jit")
+JAX_STRATEGIES = ("pmap", "jit", "shard_map")
 TORCH_STRATEGIES = ("spmd", "spawn", "eager")
 
 
