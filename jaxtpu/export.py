@@ -1,43 +1,100 @@
-"""`python -m jaxtpu.export`: write a run's best model as a Hugging Face directory.
+"""`python -m jaxtpu.export`: write a run's best model for PyTorch.
 
-The directory loads in PyTorch with `transformers.AutoModel.from_pretrained(DIR)` (encoder)
-plus `head.safetensors` (`nn.Linear(hidden, 1)`), or whole with
-`torchxla_ref.models.load_pretrained(DIR)`.
+`--format hf` (default): a Hugging Face directory that loads with
+`transformers.AutoModel.from_pretrained(DIR)` (encoder) plus `head.safetensors`
+(`nn.Linear(hidden, 1)`), or whole with `torchxla_ref.weights.load_model`.
+
+`--format state-dict`: one `torch.save` file of a training notebook's module, the encoder under
+`--encoder-prefix` and the head as `--head-name` (default `bert.*` + `fc1.*`, the PyTorch/XLA
+Jigsaw notebook's `BERTBaseUncased`), which that module class loads with
+`load_state_dict(torch.load(FILE), strict=True)`. The reverse of `--init-from`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from jaxtpu.core.errors import UserError
 from jaxtpu.core.rundir import check_output_path, user_errors
+
+
+def save_state_dict(tensors: dict, out: Path) -> None:
+    """`torch.save` of numpy tensors, atomically (a killed export leaves no half file)."""
+    try:
+        import torch
+    except ImportError:
+        raise UserError("--format state-dict writes a torch file: install jaxtpu[torch]") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m jaxtpu.export",
-        description="Export the best checkpoint of a run as a Hugging Face BERT directory.",
+        description="Export the best checkpoint of a run as a Hugging Face directory, or as "
+        "the state-dict file of a PyTorch training notebook's module.",
     )
     p.add_argument("--workdir", required=True, help="Run directory written by jaxtpu.train.")
-    p.add_argument("--out", required=True, help="New (or empty) directory to write.")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="--format hf: a new (or empty) directory; state-dict: a new file (e.g. model.bin).",
+    )
+    p.add_argument(
+        "--format",
+        choices=("hf", "state-dict"),
+        default="hf",
+        help="hf: Hugging Face directory (encoder + head.safetensors + tokenizer); state-dict: "
+        "one torch.save file for the notebook's module [default: hf].",
+    )
+    p.add_argument(
+        "--encoder-prefix",
+        default="bert",
+        help="state-dict: the module attribute holding the BertModel [default: bert; Lightning "
+        "notebooks often use model].",
+    )
+    p.add_argument(
+        "--head-name",
+        default="fc1",
+        help="state-dict: the module attribute holding the Linear(hidden, 1) head [default: fc1].",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="state-dict: replace an existing --out."
+    )
     args = p.parse_args(argv)
     with user_errors():
         from jaxtpu import weights
+        from jaxtpu.core.hf import notebook_state_dict
         from jaxtpu.predict import load_trained
 
         out = Path(args.out)
-        check_output_path(out, "--out", is_dir=True)
+        state_dict = args.format == "state-dict"
+        check_output_path(out, "--out", is_dir=not state_dict)
+        if state_dict and out.exists() and not args.overwrite:
+            raise UserError(f"--out {out} exists; pass --overwrite to replace it")
         model = load_trained(args.workdir)
+        step, task = model.meta.get("step"), model.cfg.run.task
+        if state_dict:
+            encoder, head = weights.to_state_dicts(model.params)
+            tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
+            save_state_dict(tensors, out)
+            print(f"exported step {step} ({task}) as {args.encoder_prefix}.* + "
+                  f"{args.head_name}.* ({len(tensors)} tensors) to {out}")  # fmt: skip
+            return 0
         head = {
-            "task": model.cfg.run.task,
+            "task": task,
             "head_dropout": model.cfg.head_dropout,
-            "step": model.meta.get("step"),
+            "step": step,
             "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
         }
         weights.save_hf(model.params, model.encoder, out, model.tokenizer_dir, head)
-        print(f"exported step {head['step']} ({model.cfg.run.task}) to {out}")
+        print(f"exported step {step} ({task}) to {out}")
     return 0
 
 

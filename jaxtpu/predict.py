@@ -1,4 +1,5 @@
-"""`python -m jaxtpu.predict`: score a CSV with the best model of a run.
+"""`python -m jaxtpu.predict`: score a CSV with the best model of a run, or with a PyTorch
+training notebook's checkpoint (`--init-from model.bin --model-dir DIR`).
 
 Writes `comment_id,score` for the Rate Severity `comments_to_score.csv` (`comment_id`, `text`),
 or `id,toxic` for classification files (`comment_text`, optional `id`). Toxicity models give
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import data as jdata
-from jaxtpu.core.config import Config, EncoderConfig, from_dict
+from jaxtpu.core.config import Config, EncoderConfig, from_dict, tokenizer_dir, validate
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.rundir import check_output_path, user_errors
 from jaxtpu.core.tokens import load_tokenizer, tokenize
@@ -54,6 +55,21 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     template = models.param_shapes(module, cfg.task.example_shape(8))
     params, meta = ckpts.restore_best(template, {"task": cfg.run.task, "encoder": meta["encoder"]})
     return TrainedModel(cfg, enc, module, params, meta, wd / "tokenizer")
+
+
+def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
+    """A training notebook's state-dict file (`--init-from`) with the config and tokenizer of
+    `model_dir`, scored in fp32 as the notebook's module does in eval mode."""
+    from jaxtpu import weights
+
+    cfg = Config().replace(
+        init_from=init_from, model_dir=model_dir, max_len=max_len, precision="fp32"
+    )
+    validate(cfg)
+    model = weights.load_model(cfg, max_len, head_required=True)
+    return TrainedModel(
+        cfg, model.encoder, model.module, model.params, {}, Path(tokenizer_dir(cfg))
+    )
 
 
 def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch_size: int):
@@ -93,9 +109,27 @@ def write_csv(path: Path, header: Sequence[str], rows: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m jaxtpu.predict",
-        description="Score a CSV with the best checkpoint of a jaxtpu run.",
+        description="Score a CSV with the best checkpoint of a jaxtpu run, or with a PyTorch "
+        "notebook's state-dict file (--init-from).",
     )
-    p.add_argument("--workdir", required=True, help="Run directory written by jaxtpu.train.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdir", help="Run directory written by jaxtpu.train (its best model).")
+    source.add_argument(
+        "--init-from",
+        help="Instead of a run: a PyTorch training notebook's state-dict file (.bin/.pt, or a "
+        "Lightning .ckpt) with a BERT encoder and a Linear(hidden, 1) head; needs --model-dir.",
+    )
+    p.add_argument(
+        "--model-dir",
+        help="With --init-from: the Hugging Face directory with the model's config.json and "
+        "tokenizer ('minilm' = the packaged MiniLM).",
+    )
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=128,
+        help="With --init-from: tokens per comment (a run uses its own) [default: 128].",
+    )
     p.add_argument(
         "--input",
         required=True,
@@ -111,14 +145,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_path(out, "--output")
         if out.exists() and not args.overwrite:
             raise UserError(f"--output {out} exists; pass --overwrite to replace it")
-        if args.batch_size < 1 or args.num_devices < 1:
-            raise UserError("--batch-size and --num-devices must be >= 1")
+        if args.batch_size < 1 or args.num_devices < 1 or args.max_len < 2:
+            raise UserError("--batch-size and --num-devices must be >= 1, --max-len >= 2")
+        if args.init_from and not args.model_dir:
+            raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
         from jaxtpu import parallel
 
         devices = parallel.init_devices(args.num_devices)  # before anything starts JAX
         header = jdata.columns(args.input)
         comments = jdata.read_comments(args.input, labelled=False)
-        model = load_trained(args.workdir)
+        if args.workdir:
+            model = load_trained(args.workdir)
+        else:
+            model = load_notebook(args.init_from, args.model_dir, args.max_len)
         scores = score_texts(model, comments.texts, devices, args.batch_size)
         if jdata.file_kind(header) == "score":
             write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxtpu.core import loop
 from jaxtpu.core.cli import parse_args
-from jaxtpu.core.config import JAX_STRATEGIES, Config, require_strategy, resolve_model_dir
+from jaxtpu.core.config import JAX_STRATEGIES, Config, require_strategy, weights_source
 from jaxtpu.core.rundir import RunLog, claim_workdir, exit_code, user_errors
 
 __all__ = ["JaxBackend", "main", "train_and_evaluate"]
@@ -133,7 +133,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         model.encoder.num_hidden_layers,
         model.encoder.hidden_size,
         sum(x.size for x in jax.tree_util.tree_leaves(model.params)) / 1e6,
-        resolve_model_dir(cfg.model.model_dir) or f"random init (seed {run.seed})",
+        weights_source(cfg) or f"random init (seed {run.seed})",
     )
     tx = optim.make_optimizer(cfg.optim, job.plan.total_updates, n_dev)
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)

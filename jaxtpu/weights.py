@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.config import Config, EncoderConfig, encoder_config, resolve_model_dir
+from jaxtpu.core.config import Config, EncoderConfig, encoder_config, weights_source
 from jaxtpu.core.hf import fit_state_dict, write_hf_dir
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
@@ -61,7 +61,7 @@ def load_params(
     """Fills a Flax param tree from a Hugging Face directory (see `fit_state_dict`).
 
     Args:
-      model_dir: the checkpoint directory.
+      model_dir: the checkpoint directory, or a notebook's state-dict file (`--init-from`).
       template: the model's param tree (arrays or ShapeDtypeStructs) giving paths and shapes;
         leaves not found in the checkpoint keep the template's value.
       head_required: fail if the directory has no head (loading a fine-tuned model).
@@ -128,15 +128,15 @@ class Model:
         return {"task": task, "encoder": self.encoder.to_hf_dict()}
 
 
-def load_model(cfg: Config, max_len: int) -> Model:
-    """The run's model: a seeded random init, filled from --model-dir when one is given (every
-    tensor it has; a new head keeps its init)."""
+def load_model(cfg: Config, max_len: int, head_required: bool = False) -> Model:
+    """The run's model: a seeded random init, filled from --init-from or --model-dir when one
+    is given (every tensor it has; a new head keeps its init)."""
     from jaxtpu import models
 
     enc = encoder_config(cfg)
     module = models.create_module(enc, cfg.head_dropout, cfg.run.precision)
     params = models.init_params(module, cfg.task.example_shape(max_len), cfg.run.seed)
-    model_dir = resolve_model_dir(cfg.model.model_dir)
-    if model_dir:
-        params, _ = load_params(model_dir, params)
+    source = weights_source(cfg)
+    if source:
+        params, _ = load_params(source, params, head_required)
     return Model(module, enc, params)

@@ -23,7 +23,7 @@ from jaxtpu.core.config import (
     Config,
     encoder_config,
     require_strategy,
-    resolve_model_dir,
+    weights_source,
 )
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.rundir import RunLog, claim_workdir, exit_code, user_errors
@@ -187,8 +187,8 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
     job = loop.Job.prepare(cfg, workdir, n_dev, strategy.ordinal == 0, t_start)
 
     enc = encoder_config(cfg)
-    model_dir = resolve_model_dir(cfg.model.model_dir)
-    model = weights.load_model(enc, cfg.head_dropout, model_dir, run.seed).to(strategy.device)
+    source = weights_source(cfg)
+    model = weights.load_model(enc, cfg.head_dropout, source, run.seed).to(strategy.device)
     optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.total_updates, n_dev)
     log.info(
         "model: %s, %d layers x %d hidden, %.1fM params, from %s",
@@ -196,7 +196,7 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
         enc.num_hidden_layers,
         enc.hidden_size,
         sum(p.numel() for p in model.parameters()) / 1e6,
-        model_dir or f"random init (seed {run.seed})",
+        source or f"random init (seed {run.seed})",
     )
     backend = XlaBackend(
         strategy, model, optimizer, scheduler, cfg, workdir, xla=run.parallel != "eager"

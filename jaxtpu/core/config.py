@@ -37,6 +37,13 @@ class ModelConfig:
         "pytorch_model.bin + tokenizer). 'minilm' = the packaged pretrained all-MiniLM-L6-v2. "
         "Empty = random init of the shape given by --num-layers/--hidden-size.",
     )
+    init_from: str | None = _f(
+        None,
+        "Start from the weights of a PyTorch training notebook: a torch.save(model.state_dict())"
+        " file (e.g. the PyTorch/XLA notebook's xm.save of BERTBaseUncased: bert.* + a "
+        "Linear(hidden, 1) head) or a Lightning .ckpt; the encoder prefix and the head are "
+        "detected. Needs --model-dir for config.json and the tokenizer.",
+    )
     tokenizer_dir: str | None = _f(
         None,
         "Directory of the Hugging Face fast tokenizer; default: --model-dir, or the "
@@ -346,6 +353,11 @@ def validate(cfg: Config) -> None:
         )
     if cfg.run.resume and not cfg.run.workdir:
         raise ConfigError("--resume needs --workdir: the run directory to continue")
+    if cfg.model.init_from and not cfg.model.model_dir:
+        raise ConfigError(
+            f"--init-from {cfg.model.init_from} needs --model-dir: the Hugging Face directory "
+            "with the checkpoint's config.json and tokenizer"
+        )
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise ConfigError(
             f"--hidden-size {cfg.model.hidden_size} is not divisible by "
@@ -430,6 +442,12 @@ def resolve_model_dir(model_dir: str | None) -> str | None:
     if not model_dir:
         return None
     return packaged_minilm_dir() if model_dir == "minilm" else model_dir
+
+
+def weights_source(cfg: Config) -> str | None:
+    """Where the run's initial weights come from: --init-from (a notebook's state-dict file),
+    else --model-dir, else None (random init)."""
+    return cfg.model.init_from or resolve_model_dir(cfg.model.model_dir)
 
 
 def encoder_config(cfg: Config) -> EncoderConfig:

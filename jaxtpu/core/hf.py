@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,20 +50,19 @@ def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{st}: unreadable safetensors file ({e})") from None
     elif binf.exists():
-        try:
-            import torch
-        except ImportError:
-            raise CheckpointError(
-                f"{binf}: reading pytorch_model.bin needs torch; install jaxtpu[torch] "
-                "or convert the checkpoint to model.safetensors"
-            ) from None
-        sd = torch.load(str(binf), map_location="cpu", weights_only=True)
-        raw = {k: v.float().numpy() for k, v in sd.items()}
+        raw = read_torch_file(binf)
     else:
         raise CheckpointError(f"{d}: no model.safetensors or pytorch_model.bin")
+    return _encoder_keys({k.removeprefix("bert."): v for k, v in raw.items()}, "")
+
+
+def _encoder_keys(raw: Mapping[str, Any], prefix: str) -> dict[str, np.ndarray]:
+    """`BertModel` keys of the tensors under `prefix` (legacy names fixed, buffers dropped)."""
     out = {}
     for k, v in raw.items():
-        k = k.removeprefix("bert.")
+        if not k.startswith(prefix):
+            continue
+        k = k.removeprefix(prefix)
         if _IGNORED.match(k):
             continue
         for old, new in _LEGACY.items():
@@ -71,14 +71,133 @@ def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
+def read_torch_file(path: str | Path) -> dict[str, np.ndarray]:
+    """The tensors of a `torch.save` file as fp32 numpy: a state dict, or the `state_dict` of a
+    Lightning checkpoint. Loaded with `weights_only=True`: a file that pickles other objects is
+    refused with a way out, never executed."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(
+            f"{path}: reading a PyTorch file needs torch; install jaxtpu[torch] or convert the "
+            "checkpoint to model.safetensors"
+        ) from None
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError, RuntimeError (not a torch file), EOFError, ...
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise CheckpointError(
+            f"{path}: not loadable as tensors only ({reason}). If the file is a checkpoint you "
+            "trust that pickles other objects, keep only its weights first: torch.save("
+            "torch.load(FILE, weights_only=False)['state_dict'], 'weights.pt')"
+        ) from None
+    if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
+        obj = obj["state_dict"]  # Lightning: {'state_dict': ..., 'epoch': ..., ...}
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a state dict")
+    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise CheckpointError(f"{path}: no tensors; not a state dict or Lightning checkpoint")
+    return {k: v.detach().float().cpu().numpy() for k, v in tensors.items()}
+
+
+# Every BERT encoder has exactly one of these; what precedes it is the encoder's prefix.
+ENCODER_ANCHOR = "embeddings.word_embeddings.weight"
+
+
+@dataclass
+class NotebookCheckpoint:
+    """A training notebook's `state_dict()`, split into the encoder (`BertModel` keys) and a
+    `Linear(hidden, 1)` head (as `classifier.*`)."""
+
+    path: Path
+    encoder: dict[str, np.ndarray]
+    head: dict[str, np.ndarray]
+    encoder_prefix: str  # 'bert.' (BERTBaseUncased), 'model.' (Lightning), '' (bare BertModel)
+    head_name: str | None  # 'fc1', 'fc', 'out', ...; None without a head
+
+    def describe(self) -> str:
+        head = f"head {self.head_name}" if self.head_name else "no head"
+        return f"{self.path} (encoder {self.encoder_prefix or '(no prefix)'}*, {head})"
+
+
+def read_notebook_checkpoint(path: str | Path) -> NotebookCheckpoint:
+    """Reads a `torch.save(model.state_dict())` file or Lightning checkpoint of a module that
+    holds a BERT encoder and scores `head(dropout(pooler_output))` (the PyTorch/XLA Jigsaw
+    notebook's `BERTBaseUncased`: `bert`, `bert_drop`, `fc1`).
+
+    Raises:
+      CheckpointError: no encoder or several; tensors outside the encoder that are not one
+        `Linear(hidden, 1)`; a head over another width than the encoder's hidden size.
+    """
+    path = Path(path)
+    sd = read_torch_file(path)
+    prefixes = sorted({k[: -len(ENCODER_ANCHOR)] for k in sd if k.endswith(ENCODER_ANCHOR)})
+    if len(prefixes) != 1:
+        found = f"several: {', '.join(p or '(none)' for p in prefixes)}" if prefixes else "none"
+        raise CheckpointError(
+            f"{path}: expected one BERT encoder (a tensor *{ENCODER_ANCHOR}), found {found}"
+        )
+    prefix = prefixes[0]
+    encoder = _encoder_keys(sd, prefix)
+    hidden = encoder[ENCODER_ANCHOR].shape[1]
+    modules: dict[str, dict[str, np.ndarray]] = {}
+    for k, v in sd.items():
+        if not k.startswith(prefix):
+            module, _, leaf = k.rpartition(".")
+            modules.setdefault(module, {})[leaf] = v
+    heads = [
+        m
+        for m, t in modules.items()
+        if set(t) == {"weight", "bias"} and t["weight"].ndim == 2 and t["weight"].shape[0] == 1
+    ]
+    other = sorted(f"{m}.{leaf}" for m, t in modules.items() if m not in heads[:1] for leaf in t)
+    if other:
+        raise CheckpointError(
+            f"{path}: tensors besides the encoder {prefix}* and one Linear(hidden, 1) head, "
+            f"which jaxtpu's model (pooler output -> dropout -> Linear(hidden, 1)) cannot hold: "
+            f"{', '.join(other[:4])}{' ...' if len(other) > 4 else ''}"
+        )
+    head, head_name = {}, None
+    if heads:
+        head_name = heads[0]
+        w, b = modules[head_name]["weight"], modules[head_name]["bias"]
+        if w.shape[1] != hidden:
+            raise CheckpointError(
+                f"{path}: head {head_name} is Linear({w.shape[1]}, 1) but the encoder's hidden "
+                f"size is {hidden}; jaxtpu's head reads the pooler output ({hidden} features), "
+                "a head over concatenated poolings is not supported"
+            )
+        head = {"classifier.weight": w, "classifier.bias": b}
+    return NotebookCheckpoint(path, encoder, head, prefix, head_name)
+
+
+def notebook_state_dict(
+    encoder: Mapping[str, np.ndarray],
+    head: Mapping[str, np.ndarray],
+    encoder_prefix: str = "bert",
+    head_name: str = "fc1",
+) -> dict[str, np.ndarray]:
+    """The reverse of `read_notebook_checkpoint`: one state dict with the encoder under
+    `encoder_prefix.` and the head as `head_name.weight/bias`."""
+    out = {(f"{encoder_prefix}." if encoder_prefix else "") + k: v for k, v in encoder.items()}
+    for k, v in head.items():
+        out[f"{head_name}.{k.removeprefix('classifier.')}"] = v
+    return out
+
+
 def fit_state_dict(
     model_dir: str | Path, expected: Mapping[str, tuple[int, ...]], head_required: bool = False
 ) -> tuple[dict[str, np.ndarray], list[str]]:
-    """The tensors of a Hugging Face directory (encoder, and head if present) that a model
-    needs, checked against its shapes. Framework-free: both sides load through this.
+    """The tensors of a Hugging Face directory (encoder, and head if present) or of a training
+    notebook's state-dict file (`read_notebook_checkpoint`) that a model needs, checked
+    against its shapes. Framework-free: both sides load through this.
 
     Args:
-      model_dir: the checkpoint directory.
+      model_dir: the checkpoint directory, or a notebook's `.bin` / `.pt` / Lightning `.ckpt`.
       expected: the model's tensors, Hugging Face keys (no `bert.` prefix; head as
         `classifier.*`) -> shape in Hugging Face (torch) orientation.
       head_required: fail if the directory has no head (loading a fine-tuned model).
@@ -91,14 +210,20 @@ def fit_state_dict(
       pooler of the encoder is missing.
     """
     d = Path(model_dir)
-    sd = read_state_dict(d)
-    head = d / HEAD_FILE
-    if head.exists():
-        from safetensors.numpy import load_file
+    if d.is_file():
+        notebook = read_notebook_checkpoint(d)
+        sd = {**notebook.encoder, **notebook.head}
+        if head_required and not notebook.head:
+            raise CheckpointError(f"{d}: no Linear(hidden, 1) head beside the encoder")
+    else:
+        sd = read_state_dict(d)
+        head = d / HEAD_FILE
+        if head.exists():
+            from safetensors.numpy import load_file
 
-        sd.update(load_file(str(head)))
-    elif head_required:
-        raise CheckpointError(f"{d}: no {HEAD_FILE}; not a fine-tuned jaxtpu export")
+            sd.update(load_file(str(head)))
+        elif head_required:
+            raise CheckpointError(f"{d}: no {HEAD_FILE}; not a fine-tuned jaxtpu export")
     found, kept = {}, []
     for key, shape in sorted(expected.items()):  # the same first mismatch on both sides
         if key not in sd:

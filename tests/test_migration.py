@@ -1,0 +1,220 @@
+"""The PyTorch/XLA notebook's checkpoints in and back out: `--init-from` reads the state dict of
+a module built like the notebook's `BERTBaseUncased` (`bert`, `bert_drop`, `fc1`) or a
+Lightning checkpoint (`model`, `fc`); `predict` and training continue from it; `export
+--format state-dict` writes a file that the module class loads strictly."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from transformers import BertConfig, BertModel  # noqa: E402
+
+from jaxtpu import export, predict, train  # noqa: E402
+from jaxtpu.core import presets  # noqa: E402
+from jaxtpu.core.errors import CheckpointError, ConfigError  # noqa: E402
+from jaxtpu.core.hf import read_notebook_checkpoint, write_hf_dir  # noqa: E402
+from jaxtpu.core.tokens import load_tokenizer, tokenize  # noqa: E402
+from parity_tests.harness import shared_init  # noqa: E402
+
+MAX_LEN = 32
+TEXTS = [
+    "you are a wonderful person",
+    "this is the worst idea I have ever read, idiot",
+    "ok",
+    "Thanks for the edit. I reverted the vandalism on the talk page and left a note for the "
+    "user who keeps adding unsourced claims about the band's second album.",
+    "shut up",
+    "I disagree with the deletion; the article cites three independent sources.",
+    "what a stupid stupid comment",
+    "Please stop.",
+]
+
+
+class NotebookModel(nn.Module):
+    """Like the PyTorch/XLA Jigsaw notebook's BERTBaseUncased: pooled output -> dropout -> fc1."""
+
+    def __init__(self, config: BertConfig, encoder: str = "bert", head: str = "fc1") -> None:
+        super().__init__()
+        self.names = (encoder, head)
+        setattr(self, encoder, BertModel(config))
+        self.bert_drop = nn.Dropout(0.3)
+        setattr(self, head, nn.Linear(config.hidden_size, 1))
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        encoder, head = (getattr(self, n) for n in self.names)
+        pooled = encoder(input_ids=ids, attention_mask=mask).pooler_output
+        return getattr(self, self.names[1])(self.bert_drop(pooled))[:, 0]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny BERT directory (config.json + tokenizer + its own random weights)."""
+    return shared_init(tmp_path_factory.mktemp("hf") / "tiny", "toxicity", "tiny", seed=3)
+
+
+def notebook_model(model_dir: Path, seed: int = 7, **names: str) -> NotebookModel:
+    """Weights that differ from `model_dir`'s: whatever a run scores comes from the file."""
+    config = json.loads((model_dir / "config.json").read_text())
+    torch.manual_seed(seed)
+    return NotebookModel(BertConfig(**config, attn_implementation="eager"), **names).eval()
+
+
+def torch_scores(model: NotebookModel, model_dir: Path) -> np.ndarray:
+    ids, mask, _ = tokenize(TEXTS, load_tokenizer(model_dir), MAX_LEN)
+    with torch.no_grad():
+        return model(torch.from_numpy(ids).long(), torch.from_numpy(mask).long()).numpy()
+
+
+def write_texts(path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["comment_id", "text"])
+        w.writerows((str(i), t) for i, t in enumerate(TEXTS))
+    return path
+
+
+def read_scores(path: Path) -> np.ndarray:
+    with path.open() as f:
+        return np.array([float(r["score"]) for r in csv.DictReader(f)])
+
+
+def save_lightning(model: NotebookModel, path: Path) -> None:
+    """A Lightning checkpoint's layout: the weights under 'state_dict', with bookkeeping."""
+    torch.save(
+        {"epoch": 2, "global_step": 300, "pytorch-lightning_version": "2.4.0",
+         "state_dict": model.state_dict(), "optimizer_states": [], "lr_schedulers": []},
+        path,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["state-dict", "lightning"])
+def test_predict_from_a_notebook_checkpoint_matches_the_pytorch_module(tmp_path, model_dir, kind):
+    if kind == "state-dict":
+        model = notebook_model(model_dir)
+        source = tmp_path / "model.bin"
+        torch.save(model.state_dict(), source)  # what xm.save(model.state_dict()) writes
+    else:
+        model = notebook_model(model_dir, encoder="model", head="fc")
+        source = tmp_path / "last.ckpt"
+        save_lightning(model, source)
+    found = read_notebook_checkpoint(source)
+    assert (found.encoder_prefix, found.head_name) == (
+        ("bert.", "fc1") if kind == "state-dict" else ("model.", "fc")
+    )
+    out = tmp_path / "scores.csv"
+    argv = ["--init-from", str(source), "--model-dir", str(model_dir), "--max-len", str(MAX_LEN),
+            "--input", str(write_texts(tmp_path / "in.csv")), "--output", str(out)]  # fmt: skip
+    assert predict.main(argv) == 0
+    ours, theirs = read_scores(out), torch_scores(model, model_dir)
+    assert np.abs(theirs).max() > 1e-3  # a real signal, not a zero head
+    np.testing.assert_allclose(ours, theirs, atol=2e-5, rtol=0)
+
+
+def test_train_from_a_notebook_checkpoint_then_export_it_back(tmp_path, model_dir):
+    """A run from --init-from starts from the file's weights (the same run as from a Hugging
+    Face directory holding them), and its export loads strictly into the notebook's class."""
+    model = notebook_model(model_dir)
+    source = tmp_path / "model.bin"
+    torch.save(model.state_dict(), source)
+    found = read_notebook_checkpoint(source)
+    as_hf = write_hf_dir(tmp_path / "as-hf", _encoder_config(model_dir), found.encoder,
+                         found.head, model_dir)  # fmt: skip
+    kw = dict(precision="fp32", parallel="jit", max_steps=3, log_every=1, max_len=MAX_LEN)
+    base = presets.tiny().replace(**kw)
+    train.train_and_evaluate(
+        base.replace(workdir=str(tmp_path / "run"), model_dir=str(model_dir), init_from=str(source))
+    )
+    train.train_and_evaluate(base.replace(workdir=str(tmp_path / "ref"), model_dir=str(as_hf)))
+    losses = [_losses(tmp_path / name) for name in ("run", "ref")]
+    assert len(losses[0]) == 3
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+
+    out = tmp_path / "exported.bin"
+    assert export.main(["--workdir", str(tmp_path / "run"), "--out", str(out),
+                        "--format", "state-dict"]) == 0  # fmt: skip
+    reloaded = notebook_model(model_dir, seed=11)
+    reloaded.load_state_dict(torch.load(out, weights_only=True), strict=True)
+    scored = tmp_path / "scores.csv"
+    argv = ["--workdir", str(tmp_path / "run"), "--input", str(write_texts(tmp_path / "in.csv")),
+            "--output", str(scored)]  # fmt: skip
+    assert predict.main(argv) == 0
+    np.testing.assert_allclose(read_scores(scored), torch_scores(reloaded, model_dir), atol=2e-5)
+    # trained: no longer the notebook's scores
+    assert np.abs(torch_scores(reloaded, model_dir) - torch_scores(model, model_dir)).max() > 1e-4
+
+
+def _losses(workdir: Path) -> list[float]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r.get("event") == "train"]
+
+
+def _encoder_config(model_dir: Path):
+    from jaxtpu.core.config import EncoderConfig
+
+    return EncoderConfig.from_hf_dict(json.loads((model_dir / "config.json").read_text()))
+
+
+class WideHead(NotebookModel):
+    """Mean and max pooling concatenated into Linear(2 * hidden, 1): not jaxtpu's head."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.fc1 = nn.Linear(2 * config.hidden_size, 1)
+
+
+class TwoHeads(NotebookModel):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.aux = nn.Linear(config.hidden_size, 6)
+
+
+def test_notebook_checkpoints_jaxtpu_cannot_hold_are_refused_by_name(tmp_path, model_dir):
+    config = BertConfig(**json.loads((model_dir / "config.json").read_text()))
+    cases = {
+        "wide.bin": (WideHead(config).state_dict(), "head fc1 is Linear(128, 1) but the encoder's"),
+        "two.bin": (TwoHeads(config).state_dict(), "cannot hold: aux.bias, aux.weight"),
+        "none.bin": ({"fc1.weight": torch.zeros(1, 64)}, "expected one BERT encoder"),
+        "empty.bin": ({"note": "hi"}, "no tensors"),
+    }
+    for name, (sd, message) in cases.items():
+        torch.save(sd, tmp_path / name)
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            read_notebook_checkpoint(tmp_path / name)
+    # a pickled object (Lightning's hyper_parameters often are) is refused, never executed
+    torch.save({"state_dict": {}, "hparams": argparse_namespace()}, tmp_path / "objects.ckpt")
+    with pytest.raises(CheckpointError, match="not loadable as tensors only.*weights_only=False"):
+        read_notebook_checkpoint(tmp_path / "objects.ckpt")
+    with pytest.raises(CheckpointError, match="no such file"):
+        read_notebook_checkpoint(tmp_path / "missing.bin")
+
+
+def test_a_notebook_checkpoint_of_another_size_or_without_its_config_is_a_one_line_error(
+    tmp_path, model_dir, capsys
+):
+    bigger = BertConfig(**{**json.loads((model_dir / "config.json").read_text()),
+                           "intermediate_size": 96})  # fmt: skip
+    torch.save(NotebookModel(bigger).state_dict(), tmp_path / "other.bin")
+    argv = ["--init-from", str(tmp_path / "other.bin"), "--model-dir", str(model_dir),
+            "--input", str(write_texts(tmp_path / "in.csv")), "--output", str(tmp_path / "o.csv")]
+    with pytest.raises(SystemExit) as exit_:
+        predict.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "has shape (96,), the model expects (128,)" in err
+    assert not (tmp_path / "o.csv").exists()
+    with pytest.raises(ConfigError, match="--init-from .* needs --model-dir"):
+        presets.tiny().replace(init_from=str(tmp_path / "other.bin"), model_dir=None)
+
+
+def argparse_namespace():
+    import argparse
+
+    return argparse.Namespace(lr=3e-5)
