@@ -178,20 +178,21 @@ class Bert(nn.Module):
         # Additive mask over keys, (B, 1, 1, L): 0 where attended, a large negative at padding.
         mask_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
         x = Encoder(cfg, name="encoder", **kw)(x, mask_bias, deterministic)
-        pooled = nn.tanh(_Pooler(cfg, name="pooler", **kw)(x[:, 0]))
+        pooled = _Pooler(cfg, name="pooler", **kw)(x[:, 0])
         return x, pooled.astype(jnp.float32)
 
 
 class _Pooler(nn.Module):
+    """tanh(Dense(first token)), as Hugging Face's BertPooler (whose output it is)."""
+
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
 
     @nn.compact
     def __call__(self, cls_token: jax.Array) -> jax.Array:
-        return _dense(self.cfg, self.cfg.hidden_size, "dense", self.dtype, self.param_dtype)(
-            cls_token
-        )
+        dense = _dense(self.cfg, self.cfg.hidden_size, "dense", self.dtype, self.param_dtype)
+        return nn.tanh(dense(cls_token))
 
 
 class Classifier(nn.Module):

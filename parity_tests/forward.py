@@ -1,23 +1,43 @@
-"""Worker: logits (and fp32 gradients) of one framework on a fixed batch of real comments.
+"""Worker: logits, gradients and every layer's output of one framework on a fixed batch.
 
 `python -m parity_tests.forward --side {jax,xla,hf} --model-dir DIR --csv FILE --out OUT.npz`
-runs in its own process (JAX and torch_xla must not share one) and writes `logits` and, with
-`--grads`, `grad/<Hugging Face key>` for every parameter, from the mean BCE loss on the batch.
+runs in its own process (JAX and torch_xla must not share one) and writes `logits`; with
+`--grads`, `grad/<Hugging Face key>` for every parameter, from the mean BCE loss on the batch;
+with `--capture`, `act/<point>` for every point of `capture_points` (the bisection's layers).
 Dropout is off (`deterministic` / `eval()`), so the three sides compute the same function.
+`--plant-fault KIND:LAYER` plants a known porting bug in one layer of the JAX side (see
+`FAULTS`), to show that `parity_tests.bisect` finds it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from jaxtpu.core.config import EncoderConfig
 from jaxtpu.core.data import read_comments
 from jaxtpu.core.tokens import load_tokenizer, tokenize
+
+FAULTS = {
+    "ln-eps": "the layer's output LayerNorm with epsilon 1e-3 instead of the checkpoint's",
+    "gelu-tanh": "the layer's feed-forward with the tanh approximation of GELU (HF: exact erf)",
+    "transposed-kernel": "the layer's attention query kernel loaded without the transpose",
+}
+FAULT_LN_EPS = 1e-3
+
+
+def capture_points(num_layers: int) -> list[str]:
+    """The outputs compared layer by layer, in forward order, as Hugging Face module names."""
+    per_layer = ("attention", "intermediate", "output")
+    layers = [f"encoder.layer.{i}.{m}" for i in range(num_layers) for m in per_layer]
+    return ["embeddings", *layers, "pooler", "classifier"]
 
 
 def batch(csv: str, model_dir: str, n: int, max_len: int):
@@ -27,30 +47,91 @@ def batch(csv: str, model_dir: str, n: int, max_len: int):
     return ids, mask, comments.labels[:n]
 
 
+def encoder(model_dir: str) -> EncoderConfig:
+    return EncoderConfig.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
+def _flax_path(point: str) -> tuple[str, ...]:
+    """'encoder.layer.3.output' -> ('bert', 'encoder', 'layer_3', 'output')."""
+    parts = tuple(re.sub(r"layer\.(\d+)", r"layer_\1", point).split("."))
+    return parts if point == "classifier" else ("bert", *parts)
+
+
+def _planted(fault: str, params):
+    """(params, interceptor) of a planted fault `KIND:LAYER` on the JAX side."""
+    import jax
+    import jax.numpy as jnp
+
+    kind, _, layer = fault.partition(":")
+    if kind not in FAULTS or not layer.isdigit():
+        raise SystemExit(f"--plant-fault {fault}: expected KIND:LAYER, KIND one of {list(FAULTS)}")
+    where = ("bert", "encoder", f"layer_{layer}")
+    if kind == "transposed-kernel":
+        query = params["bert"]["encoder"][where[2]]["attention"]["self"]["query"]
+        query["kernel"] = np.ascontiguousarray(query["kernel"].T)
+        return params, None
+
+    def interceptor(next_fun, args, kwargs, context):
+        module, path = context.module, context.module.path
+        if context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        p = module.variables.get("params", {})
+        if kind == "ln-eps" and path == (*where, "output", "LayerNorm"):
+            x = args[0]
+            mean = x.mean(-1, keepdims=True)
+            var = jnp.square(x - mean).mean(-1, keepdims=True)
+            return (x - mean) * jax.lax.rsqrt(var + FAULT_LN_EPS) * p["scale"] + p["bias"]
+        if kind == "gelu-tanh" and path == (*where, "intermediate"):
+            dense = p["dense"]
+            y = args[0].astype(jnp.float32) @ dense["kernel"] + dense["bias"]
+            return jax.nn.gelu(y, approximate=True).astype(module.dtype)
+        return next_fun(*args, **kwargs)
+
+    return params, interceptor
+
+
 def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
+    import contextlib
+
+    import flax.linen as nn
     import jax
     import jax.numpy as jnp
     import optax
 
     from jaxtpu import models, weights
 
-    enc = EncoderConfig.from_hf_dict(
-        __import__("json").loads(open(os.path.join(args.model_dir, "config.json")).read())
-    )
+    enc = encoder(args.model_dir)
     module = models.create_module(enc, 0.0, args.precision)
     template = models.init_params(module, ids.shape[1:], 0)
     params, kept = weights.load_params(args.model_dir, template, head_required=True)
     assert not kept, kept
+    interceptor = None
+    if args.plant_fault:
+        params, interceptor = _planted(args.plant_fault, params)
+    points = {_flax_path(p): p for p in capture_points(enc.num_hidden_layers)}
 
     def loss_fn(p):
-        logits = module.apply({"params": p}, ids, mask, deterministic=True)
-        return optax.sigmoid_binary_cross_entropy(logits, jnp.asarray(labels)).mean(), logits
+        logits, state = module.apply(
+            {"params": p}, ids, mask, deterministic=True,
+            capture_intermediates=lambda m, name: name == "__call__" and m.path in points,
+            mutable=["intermediates"],
+        )  # fmt: skip
+        loss = optax.sigmoid_binary_cross_entropy(logits, jnp.asarray(labels)).mean()
+        return loss, (logits, state["intermediates"])
 
-    (_, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    intercept = nn.intercept_methods(interceptor) if interceptor else contextlib.nullcontext()
+    with intercept:
+        (_, (logits, captured)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     out = {"logits": np.asarray(logits, np.float32)}
+    if args.capture:
+        for path, point in points.items():
+            node = captured
+            for name in path:
+                node = node[name]
+            out[f"act/{point}"] = np.asarray(node["__call__"][0], np.float32)
     if args.grads:
-        encoder, head = weights.to_state_dicts(jax.device_get(grads))
-        out.update({f"grad/{k}": v for k, v in {**encoder, **head}.items()})
+        encoder_grads, head = weights.to_state_dicts(jax.device_get(grads))
+        out.update({f"grad/{k}": v for k, v in {**encoder_grads, **head}.items()})
     return out
 
 
@@ -59,9 +140,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
 
     from torchxla_ref import steps, weights
 
-    enc = EncoderConfig.from_hf_dict(
-        __import__("json").loads(open(os.path.join(args.model_dir, "config.json")).read())
-    )
+    enc = encoder(args.model_dir)
     if device_kind == "xla":
         import torch_xla
 
@@ -69,6 +148,16 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
     else:
         device = torch.device("cpu")
     model = weights.load_model(enc, 0.0, args.model_dir, 0).to(device).eval()
+    captured = {}
+    if args.capture:
+        modules = dict(model.named_modules())
+        for point in capture_points(enc.num_hidden_layers):
+            name = point if point == "classifier" else f"bert.{point}"
+
+            def hook(_module, _inputs, output, point=point):
+                captured[point] = output[0] if isinstance(output, tuple) else output
+
+            modules[name].register_forward_hook(hook)
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     with steps.autocast(args.precision, device_kind):
         logits = model(t(ids), t(mask))
@@ -79,6 +168,8 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
 
         torch_xla.sync()  # one graph for logits and every gradient; then only transfers
     out = {"logits": logits.detach().float().cpu().numpy()}
+    for point, value in captured.items():
+        out[f"act/{point}"] = value.detach().float().cpu().numpy()
     if args.grads:
         for name, p in model.named_parameters():
             out[f"grad/{name.removeprefix('bert.')}"] = p.grad.detach().float().cpu().numpy()
@@ -93,7 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=16, help="comments in the batch")
     p.add_argument("--max-len", type=int, default=64)
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--grads", action="store_true", help="also write fp32 gradients")
+    p.add_argument("--grads", action="store_true", help="also write the gradients")
+    p.add_argument("--capture", action="store_true", help="also write every layer's output")
+    p.add_argument(
+        "--plant-fault",
+        metavar="KIND:LAYER",
+        help=f"jax side: plant a porting bug in one layer; KIND one of {', '.join(FAULTS)}",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     ids, mask, labels = batch(args.csv, args.model_dir, args.n, args.max_len)

@@ -70,17 +70,20 @@ def run_side(
     return Run(workdir, proc.returncode, proc.stdout, proc.stderr)
 
 
-def shared_init(out_dir: Path, task: str, preset: str = "tiny", seed: int = 0) -> Path:
+def shared_init(
+    out_dir: Path, task: str, preset: str = "tiny", seed: int = 0, **overrides: Any
+) -> Path:
     """One seeded torch init, saved as a Hugging Face directory that both sides load with
-    --model-dir: the preset's encoder (pretrained for `minilm`, random for `tiny`) plus a
-    seeded Dense(1) head. Same initial weights on both sides."""
+    --model-dir: the preset's encoder (pretrained for `minilm`, random for `tiny`, its shape
+    changed by `overrides` such as num_layers=4) plus a seeded Dense(1) head. Same initial
+    weights on both sides."""
     from jaxtpu.core.config import encoder_config, resolve_model_dir, tokenizer_dir
     from jaxtpu.core.presets import get_preset
     from torchxla_ref import weights
 
     if (out_dir / "model.safetensors").exists():
         return out_dir
-    cfg = get_preset(preset).replace(task=task)
+    cfg = get_preset(preset).replace(task=task, **overrides)
     enc = encoder_config(cfg)
     model_dir = resolve_model_dir(cfg.model.model_dir)
     model = weights.load_model(enc, cfg.head_dropout, model_dir, seed)
