@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import data as jdata
-from jaxtpu.core.config import Config, EncoderConfig, from_dict, tokenizer_dir, validate
+from jaxtpu.core.config import Config, EncoderConfig, from_dict, tokenizer_dir
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.rundir import check_output_path, user_errors
 from jaxtpu.core.tokens import load_tokenizer, tokenize
@@ -62,10 +62,9 @@ def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
     `model_dir`, scored in fp32 as the notebook's module does in eval mode."""
     from jaxtpu import weights
 
-    cfg = Config().replace(
+    cfg = Config().replace(  # validated, as every flag
         init_from=init_from, model_dir=model_dir, max_len=max_len, precision="fp32"
     )
-    validate(cfg)
     model = weights.load_model(cfg, max_len, head_required=True)
     return TrainedModel(
         cfg, model.encoder, model.module, model.params, {}, Path(tokenizer_dir(cfg))
@@ -127,7 +126,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--max-len",
         type=int,
-        default=128,
         help="With --init-from: tokens per comment (a run uses its own) [default: 128].",
     )
     p.add_argument(
@@ -145,10 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_path(out, "--output")
         if out.exists() and not args.overwrite:
             raise UserError(f"--output {out} exists; pass --overwrite to replace it")
-        if args.batch_size < 1 or args.num_devices < 1 or args.max_len < 2:
-            raise UserError("--batch-size and --num-devices must be >= 1, --max-len >= 2")
+        if args.batch_size < 1 or args.num_devices < 1:
+            raise UserError("--batch-size and --num-devices must be >= 1")
         if args.init_from and not args.model_dir:
             raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
+        if args.workdir and (args.model_dir or args.max_len):
+            raise UserError("--model-dir and --max-len go with --init-from; a run has its own")
         from jaxtpu import parallel
 
         devices = parallel.init_devices(args.num_devices)  # before anything starts JAX
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workdir:
             model = load_trained(args.workdir)
         else:
-            model = load_notebook(args.init_from, args.model_dir, args.max_len)
+            model = load_notebook(args.init_from, args.model_dir, args.max_len or 128)
         scores = score_texts(model, comments.texts, devices, args.batch_size)
         if jdata.file_kind(header) == "score":
             write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))

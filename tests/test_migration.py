@@ -202,8 +202,16 @@ def test_a_notebook_checkpoint_of_another_size_or_without_its_config_is_a_one_li
     bigger = BertConfig(**{**json.loads((model_dir / "config.json").read_text()),
                            "intermediate_size": 96})  # fmt: skip
     torch.save(NotebookModel(bigger).state_dict(), tmp_path / "other.bin")
-    argv = ["--init-from", str(tmp_path / "other.bin"), "--model-dir", str(model_dir),
-            "--input", str(write_texts(tmp_path / "in.csv")), "--output", str(tmp_path / "o.csv")]
+    argv = [
+        "--init-from",
+        str(tmp_path / "other.bin"),
+        "--model-dir",
+        str(model_dir),
+        "--input",
+        str(write_texts(tmp_path / "in.csv")),
+        "--output",
+        str(tmp_path / "o.csv"),
+    ]
     with pytest.raises(SystemExit) as exit_:
         predict.main(argv)
     assert exit_.value.code == 2
