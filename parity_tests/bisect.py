@@ -7,7 +7,8 @@ every layer's output (embeddings; per encoder layer its attention block, feed-fo
 activation and output; pooler; head) and, for one training step, every parameter's gradient,
 and prints a table: point, max abs difference, difference relative to the reference's scale,
 the tolerance for the precision, pass/fail, and the first point where the sides part.
-`OUT/bisect.json` holds the same, `OUT/bisect.png` plots the error by layer.
+`OUT/bisect.json` holds the same, `OUT/bisect.png` plots the error by layer, and
+`OUT/<side>.npz` keeps each side's captured outputs and gradients.
 
 The reference is transformers in fp32. Forward: max |a - b| / max |b| over real tokens (padding
 positions carry no information and are left out). Gradients: ||a - b|| / ||b|| per tensor,
@@ -20,17 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from parity_tests.forward import FAULTS, capture_points, encoder
-from parity_tests.harness import ROOT, clean_env
+from parity_tests.forward import FAULTS, capture_points, encoder, parse_fault
+from parity_tests.harness import run_forward
 
 # Relative to the activation's scale. Measured on MiniLM and 16 real comments (README): fp32
 # worst point 1.2e-6 (jaxtpu) and 1.5e-6 (torch_xla); 2e-5 leaves room for deeper models and
@@ -94,19 +93,15 @@ def first_failure(rows: list[Row]) -> str | None:
 
 
 def run_worker(side: str, args: argparse.Namespace, precision: str, out: Path) -> dict:
-    cmd = [
-        sys.executable, "-m", "parity_tests.forward", "--side", side, "--model-dir",
-        str(args.model_dir), "--csv", str(args.csv), "--n", str(args.n), "--max-len",
-        str(args.max_len), "--precision", precision, "--grads", "--capture", "--out", str(out),
-    ]  # fmt: skip
+    flags = ["--n", str(args.n), "--max-len", str(args.max_len), "--precision", precision,
+             "--grads", "--capture"]  # fmt: skip
     if side == "jax" and args.plant_fault:
-        cmd += ["--plant-fault", args.plant_fault]
-    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
-    if proc.returncode:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"error: the {side} side failed: {tail}")
-    with np.load(out) as z:
-        return {k: z[k] for k in z.files}
+        flags += ["--plant-fault", args.plant_fault]
+    try:
+        return run_forward(side, args.model_dir, args.csv, out, *flags)
+    except AssertionError as e:
+        tail = (str(e).strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"error: the {side} side failed: {tail}") from None
 
 
 def table(title: str, rows: list[Row]) -> str:
@@ -145,16 +140,14 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def bisect(args: argparse.Namespace) -> dict:
+def bisect(args: argparse.Namespace, work: Path) -> dict:
+    """Runs the sides (their outputs kept in `work` as `<side>.npz`) and compares them."""
     enc = encoder(args.model_dir)
-    work = Path(tempfile.mkdtemp(prefix="bisect-"))
     sides = [("jax", "jaxtpu")] + [("xla", "torch_xla")] * bool(args.xla)
     points = len(capture_points(enc.num_hidden_layers))
     print(f"[1/{len(sides) + 1}] transformers fp32 (reference), {points} points", flush=True)
     ref = run_worker("hf", args, "fp32", work / "hf.npz")
-    from parity_tests.forward import batch
-
-    _, mask, _ = batch(str(args.csv), str(args.model_dir), args.n, args.max_len)
+    mask = ref["attention_mask"]
     report: dict = {"model_dir": str(args.model_dir), "precision": args.precision,
                     "comments": args.n, "max_len": args.max_len,
                     "plant_fault": args.plant_fault, "forward": [], "gradients": []}  # fmt: skip
@@ -209,9 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (Path(args.model_dir) / "head.safetensors").exists():
         p.error(f"--model-dir {args.model_dir}: no head.safetensors (export a run with "
                 "python -m jaxtpu.export)")  # fmt: skip
+    if args.plant_fault:
+        try:
+            parse_fault(args.plant_fault, encoder(args.model_dir).num_hidden_layers)
+        except ValueError as e:
+            p.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = bisect(args)
+    report = bisect(args, out)
     (out / "bisect.json").write_text(json.dumps(report, indent=1))
     for kind in ("forward", "gradients"):
         for entry in report[kind]:

@@ -7,8 +7,6 @@ as a table, writes parity.json and plots the loss curves.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core.config import JAX_STRATEGIES
-from parity_tests.harness import ROOT, clean_env, relative_diff, run_side, shared_init
+from parity_tests.harness import ROOT, relative_diff, run_forward, run_side, shared_init
 
 REAL_CSV = ROOT.parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
 
@@ -55,20 +53,6 @@ class Result:
         return asdict(self)
 
 
-def _forward_worker(side: str, model_dir: Path, precision: str, out: Path, grads: bool) -> dict:
-    cmd = [
-        sys.executable, "-m", "parity_tests.forward", "--side", side, "--model-dir",
-        str(model_dir), "--csv", str(REAL_CSV), "--precision", precision, "--out", str(out),
-    ]  # fmt: skip
-    if grads:
-        cmd.append("--grads")
-    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
-    if proc.returncode:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    with np.load(out) as z:
-        return {k: z[k] for k in z.files}
-
-
 def forward_and_gradients(work: Path) -> list[Result]:
     """Checks 1 and 2: logits of jaxtpu, torch_xla (XLA device) and transformers (CPU) on the
     same pretrained MiniLM + seeded head and the same 16 real comments; fp32 gradients."""
@@ -77,8 +61,9 @@ def forward_and_gradients(work: Path) -> list[Result]:
     for side in ("hf", "jax", "xla"):
         for precision in ("fp32", "bf16"):
             path = work / f"forward-{side}-{precision}.npz"
-            out[side, precision] = _forward_worker(
-                side, model_dir, precision, path, grads=precision == "fp32"
+            grads = ["--grads"] if precision == "fp32" else []
+            out[side, precision] = run_forward(
+                side, model_dir, REAL_CSV, path, "--precision", precision, *grads
             )
     ref = out["hf", "fp32"]
     results = []

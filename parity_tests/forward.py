@@ -1,7 +1,8 @@
 """Worker: logits, gradients and every layer's output of one framework on a fixed batch.
 
 `python -m parity_tests.forward --side {jax,xla,hf} --model-dir DIR --csv FILE --out OUT.npz`
-runs in its own process (JAX and torch_xla must not share one) and writes `logits`; with
+runs in its own process (JAX and torch_xla must not share one) and writes `logits` and the
+batch's `attention_mask`; with
 `--grads`, `grad/<Hugging Face key>` for every parameter, from the mean BCE loss on the batch;
 with `--capture`, `act/<point>` for every point of `capture_points` (the bisection's layers).
 Dropout is off (`deterministic` / `eval()`), so the three sides compute the same function.
@@ -51,20 +52,31 @@ def encoder(model_dir: str) -> EncoderConfig:
     return EncoderConfig.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
+def parse_fault(fault: str, num_layers: int) -> tuple[str, int]:
+    """`KIND:LAYER` -> (kind, layer), or ValueError saying what is wrong."""
+    kind, _, layer = fault.partition(":")
+    if kind not in FAULTS or not layer.isdigit():
+        raise ValueError(f"--plant-fault {fault}: expected KIND:LAYER, KIND one of {list(FAULTS)}")
+    if int(layer) >= num_layers:
+        raise ValueError(f"--plant-fault {fault}: the model has layers 0..{num_layers - 1}")
+    return kind, int(layer)
+
+
 def _flax_path(point: str) -> tuple[str, ...]:
     """'encoder.layer.3.output' -> ('bert', 'encoder', 'layer_3', 'output')."""
     parts = tuple(re.sub(r"layer\.(\d+)", r"layer_\1", point).split("."))
     return parts if point == "classifier" else ("bert", *parts)
 
 
-def _planted(fault: str, params):
+def _planted(fault: str, params, num_layers: int):
     """(params, interceptor) of a planted fault `KIND:LAYER` on the JAX side."""
     import jax
     import jax.numpy as jnp
 
-    kind, _, layer = fault.partition(":")
-    if kind not in FAULTS or not layer.isdigit():
-        raise SystemExit(f"--plant-fault {fault}: expected KIND:LAYER, KIND one of {list(FAULTS)}")
+    try:
+        kind, layer = parse_fault(fault, num_layers)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     where = ("bert", "encoder", f"layer_{layer}")
     if kind == "transposed-kernel":
         query = params["bert"]["encoder"][where[2]]["attention"]["self"]["query"]
@@ -107,7 +119,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     assert not kept, kept
     interceptor = None
     if args.plant_fault:
-        params, interceptor = _planted(args.plant_fault, params)
+        params, interceptor = _planted(args.plant_fault, params, enc.num_hidden_layers)
     points = {_flax_path(p): p for p in capture_points(enc.num_hidden_layers)}
 
     def loss_fn(p):
@@ -201,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.setdefault("PJRT_DEVICE", "CPU")
             os.environ.setdefault("CPU_NUM_DEVICES", "1")
         out = run_torch(args, ids, mask, labels, args.side if args.side == "xla" else "cpu")
-    np.savez(args.out, **out)
+    np.savez(args.out, attention_mask=mask, **out)
     return 0
 
 

@@ -70,6 +70,20 @@ def run_side(
     return Run(workdir, proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_forward(side: str, model_dir: Path, csv: Path, out: Path, *flags: str) -> dict[str, Any]:
+    """Runs the `parity_tests.forward` worker of one side in a fresh process and returns what
+    it wrote (`out`, an npz); flags as on its command line (`--grads`, `--capture`, ...)."""
+    import numpy as np
+
+    cmd = [sys.executable, "-m", "parity_tests.forward", "--side", side, "--model-dir",
+           str(model_dir), "--csv", str(csv), "--out", str(out), *flags]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
+    if proc.returncode:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    with np.load(out) as z:
+        return {k: z[k] for k in z.files}
+
+
 def shared_init(
     out_dir: Path, task: str, preset: str = "tiny", seed: int = 0, **overrides: Any
 ) -> Path:

@@ -22,6 +22,7 @@ from jaxtpu.core import presets  # noqa: E402
 from jaxtpu.core.errors import CheckpointError, ConfigError  # noqa: E402
 from jaxtpu.core.hf import read_notebook_checkpoint, write_hf_dir  # noqa: E402
 from jaxtpu.core.tokens import load_tokenizer, tokenize  # noqa: E402
+from parity_tests.forward import encoder  # noqa: E402
 from parity_tests.harness import shared_init  # noqa: E402
 
 MAX_LEN = 32
@@ -125,7 +126,7 @@ def test_train_from_a_notebook_checkpoint_then_export_it_back(tmp_path, model_di
     source = tmp_path / "model.bin"
     torch.save(model.state_dict(), source)
     found = read_notebook_checkpoint(source)
-    as_hf = write_hf_dir(tmp_path / "as-hf", _encoder_config(model_dir), found.encoder,
+    as_hf = write_hf_dir(tmp_path / "as-hf", encoder(str(model_dir)), found.encoder,
                          found.head, model_dir)  # fmt: skip
     kw = dict(precision="fp32", parallel="jit", max_steps=3, log_every=1, max_len=MAX_LEN)
     base = presets.tiny().replace(**kw)
@@ -154,12 +155,6 @@ def test_train_from_a_notebook_checkpoint_then_export_it_back(tmp_path, model_di
 def _losses(workdir: Path) -> list[float]:
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     return [r["loss"] for r in map(json.loads, lines) if r.get("event") == "train"]
-
-
-def _encoder_config(model_dir: Path):
-    from jaxtpu.core.config import EncoderConfig
-
-    return EncoderConfig.from_hf_dict(json.loads((model_dir / "config.json").read_text()))
 
 
 class WideHead(NotebookModel):

@@ -113,15 +113,10 @@ class NotebookCheckpoint:
     """A training notebook's `state_dict()`, split into the encoder (`BertModel` keys) and a
     `Linear(hidden, 1)` head (as `classifier.*`)."""
 
-    path: Path
     encoder: dict[str, np.ndarray]
     head: dict[str, np.ndarray]
     encoder_prefix: str  # 'bert.' (BERTBaseUncased), 'model.' (Lightning), '' (bare BertModel)
     head_name: str | None  # 'fc1', 'fc', 'out', ...; None without a head
-
-    def describe(self) -> str:
-        head = f"head {self.head_name}" if self.head_name else "no head"
-        return f"{self.path} (encoder {self.encoder_prefix or '(no prefix)'}*, {head})"
 
 
 def read_notebook_checkpoint(path: str | Path) -> NotebookCheckpoint:
@@ -172,7 +167,7 @@ def read_notebook_checkpoint(path: str | Path) -> NotebookCheckpoint:
                 "a head over concatenated poolings is not supported"
             )
         head = {"classifier.weight": w, "classifier.bias": b}
-    return NotebookCheckpoint(path, encoder, head, prefix, head_name)
+    return NotebookCheckpoint(encoder, head, prefix, head_name)
 
 
 def notebook_state_dict(
