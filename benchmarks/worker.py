@@ -81,7 +81,7 @@ def jax_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable[[], Any], 
     strategy = parallel.make_strategy(args.strategy, devices, "toxicity")
     backend = JaxBackend(strategy, state, 0)
     batches = [fixed_batch(args.batch, args.seq, model.encoder.vocab_size)] * args.steps_per_call
-    return (lambda: backend.train_steps(batches)), backend.fetch
+    return (lambda: backend.train_steps(backend.prepare(batches))), backend.fetch
 
 
 def torch_xla_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Callable]:

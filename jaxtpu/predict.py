@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import data as jdata
+from jaxtpu.core.buckets import Batcher
 from jaxtpu.core.config import Config, EncoderConfig, from_dict, tokenizer_dir
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.rundir import check_output_path, user_errors
@@ -90,7 +91,10 @@ def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()
     )
     backend = JaxBackend(strategy, state, seed=0)
-    _, scores = loop.evaluate(backend, examples, batch_size * len(devices), single)
+    # Scored in length buckets chosen from these texts: one compilation per bucket, the
+    # same logits as at full padding (tests/test_buckets.py).
+    batcher = Batcher.for_data("auto", mask, batch_size * len(devices), model.cfg.data.max_len)
+    _, scores = loop.evaluate(backend, examples, batcher, single)
     return scores
 
 

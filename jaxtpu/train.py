@@ -51,11 +51,14 @@ class JaxBackend:
     def any_process(self, flag: bool) -> bool:
         return self.procs.any(flag)
 
-    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
-        """One device call over the K stacked batches (K >= 1, `steps.train_steps`)."""
+    def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
+        """The K batches of one call stacked (leading axis K) and placed on the devices."""
         stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-        s = self.strategy
-        self.state, metrics = s.train(self.state, s.put_steps(stacked), self.rng)
+        return self.strategy.put_steps(stacked)
+
+    def train_steps(self, prepared: Any) -> list[Any]:
+        """One device call over the K stacked batches (K >= 1, `steps.train_steps`)."""
+        self.state, metrics = self.strategy.train(self.state, prepared, self.rng)
         return [metrics]
 
     def fetch(self, handles: list[Any]) -> list[dict[str, float]]:

@@ -58,12 +58,12 @@ def test_eval_and_checkpoint_intervals_and_max_steps():
 def test_batches_cover_each_epoch_once_and_resume_mid_epoch_continues_the_sequence():
     plan = plan_for(60, 8, 2)  # 7 steps per epoch, 4 examples dropped each epoch
     full = calls(plan, steps_per_call=3, log_every=3)
-    steps = [idx for c in full for idx in c.batches]
+    steps = [b.idx for c in full for b in c.batches]
     for epoch in range(2):
         seen = np.concatenate(steps[epoch * 7 : (epoch + 1) * 7])
         assert len(np.unique(seen)) == 56  # no example twice within an epoch
     resumed = calls(plan, start=9, steps_per_call=3, log_every=3)
-    rest = [idx for c in resumed for idx in c.batches]
+    rest = [b.idx for c in resumed for b in c.batches]
     assert len(rest) == 5
     for a, b in zip(steps[9:], rest, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -85,5 +85,5 @@ def test_every_step_is_in_exactly_one_call(k):
     assert [c.end for c in out] == sorted({c.end for c in out})
     seed = tiny().run.seed
     expect = [i for e in range(3) for i in jdata.train_batches(88, 8, seed, e)]
-    for a, b in zip([i for c in out for i in c.batches], expect, strict=True):
+    for a, b in zip([i.idx for c in out for i in c.batches], expect, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from jaxtpu import train
-from jaxtpu.core import data as jdata
 from jaxtpu.core import presets
 from jaxtpu.core.config import JAX_STRATEGIES
 from jaxtpu.core.errors import ConfigError, UserError
@@ -79,18 +78,18 @@ def test_sigterm_then_resume_reproduces_the_uninterrupted_run(tmp_path, monkeypa
     kw = dict(precision="fp32", epochs=2, eval_every=5)
     full = train.train_and_evaluate(tiny(tmp_path, "full", **kw))
 
-    real_batches = jdata.train_batches
+    real_steps, calls = train.JaxBackend.train_steps, [0]
 
-    def preempted(*args, **kwargs):  # SIGTERM arrives while step 9 runs
-        for i, idx in enumerate(real_batches(*args, **kwargs)):
-            if args[3] == 1 and i == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-            yield idx
+    def preempted(self, prepared):  # SIGTERM arrives while step 9 runs (one step per call)
+        calls[0] += 1
+        if calls[0] == 9:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_steps(self, prepared)
 
-    monkeypatch.setattr(jdata, "train_batches", preempted)
+    monkeypatch.setattr(train.JaxBackend, "train_steps", preempted)
     cut = train.train_and_evaluate(tiny(tmp_path, "cut", **kw))
     assert cut["stopped_by"] == "SIGTERM" and cut["steps"] == 9
-    monkeypatch.setattr(jdata, "train_batches", real_batches)
+    monkeypatch.setattr(train.JaxBackend, "train_steps", real_steps)
     resumed = train.train_and_evaluate(tiny(tmp_path, "cut", resume=True, **kw))
     assert resumed["steps"] == full["steps"] == 14
     a, ea = read_log(tmp_path / "full")

@@ -90,6 +90,10 @@ class XlaBackend:
         evaluation), read from torch_xla's own metrics."""
         return self._compiles() - self._compiles_at_start
 
+    def prepare(self, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Host batches as they are: each step moves its own batch to the device."""
+        return batches
+
     def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
         """Each batch is its own traced step (graph boundary at every step)."""
         return [self.train_step(b) for b in batches]

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
+from jaxtpu.core.buckets import parse_spec
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.tasks import TASKS, Task, get_task
 
@@ -78,6 +79,13 @@ class DataConfig:
     n_folds: int = _f(0, "k-fold cross-validation: number of folds (0 = off).")
     fold: int = _f(0, "Which fold (0..n_folds-1) is the validation set when --n-folds > 0.")
     max_len: int = _f(128, "Tokens per comment (truncate / pad).")
+    buckets: str = _f(
+        "none",
+        "Length buckets: 'auto' (up to 4 edges chosen from the training set's token lengths "
+        "to minimise padding; printed at start), 'none' (every batch padded to --max-len), or "
+        "ascending edges such as 32,64,128. Each batch holds comments of one bucket, cut to "
+        "its edge: one compilation per bucket, every example once per epoch.",
+    )
     max_rows: int = _f(0, "Use only the first N rows of the training file (0 = all).")
     pairs_per_comment: float = _f(
         1.0, "Ranking from labels: pairs built = this x number of comments."
@@ -336,6 +344,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"--{name.replace('_', '-')} {value} is not a multiple of --steps-per-call {k}"
             )
+    parse_spec(cfg.data.buckets, cfg.data.max_len)
     if cfg.data.n_folds == 1:
         raise ConfigError("--n-folds must be 0 (off) or >= 2, got 1")
     if cfg.data.fold and not cfg.data.fold < cfg.data.n_folds:

@@ -398,12 +398,17 @@ class Examples:
     def __len__(self) -> int:
         return int(self.label.shape[0])
 
-    def take(self, idx: np.ndarray, weight: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def take(
+        self, idx: np.ndarray, weight: np.ndarray | None = None, length: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """The batch of rows `idx`, cut to `length` tokens (None: all; see
+        `jaxtpu.core.buckets`)."""
         if weight is None:
             weight = np.ones(idx.shape[0], np.float32)
+        cut = slice(None, length)
         return {
-            "input_ids": self.input_ids[idx],
-            "attention_mask": self.attention_mask[idx],
+            "input_ids": self.input_ids[idx, ..., cut],
+            "attention_mask": self.attention_mask[idx, ..., cut],
             "label": self.label[idx],
             "weight": weight.astype(np.float32),
         }

@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import queue
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from jaxtpu.core import data as jdata
+from jaxtpu.core.buckets import Batch, Batcher, real_lengths
 from jaxtpu.core.config import Config, RunConfig, encoder_config, tokenizer_dir
 from jaxtpu.core.errors import TrainingError, UserError
 from jaxtpu.core.rundir import RunLog
@@ -49,8 +52,13 @@ class Backend(Protocol):
     def compile_count(self) -> int:
         """How many times the train step was compiled so far (1 after warm-up)."""
 
-    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
-        """Runs the steps of these consecutive batches asynchronously (one device call on the
+    def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
+        """The input of one `train_steps` call built from these consecutive host batches
+        (e.g. stacked and already on the devices). Runs on the input thread, while the
+        devices work on earlier calls."""
+
+    def train_steps(self, prepared: Any) -> list[Any]:
+        """Runs the steps of one `prepare`d call asynchronously (one device call on the
         JAX side, see --steps-per-call); returns handles on their device-side metrics."""
 
     def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
@@ -75,20 +83,30 @@ class Plan:
     steps_per_epoch: int
     total: int
     total_updates: int
+    batcher: Batcher | None = None  # None: padded batches (`--buckets none`)
+
+    def __post_init__(self) -> None:
+        if self.batcher is None:
+            self.batcher = Batcher(np.zeros(self.n_train, np.int64), self.global_batch, 0)
 
     @classmethod
-    def make(cls, cfg: Config, n_train: int, num_devices: int) -> Plan:
-        run = cfg.run
+    def make(cls, cfg: Config, train: jdata.Examples, num_devices: int) -> Plan:
+        run, n_train = cfg.run, len(train)
         global_batch = run.batch_size * num_devices
-        spe = jdata.steps_per_epoch(n_train, global_batch)
-        if spe == 0:
+        if n_train < global_batch:
             raise UserError(
                 f"--batch-size {run.batch_size} x {num_devices} devices = global batch "
                 f"{global_batch} is larger than the {n_train} training {cfg.task.unit}; use a "
                 "smaller --batch-size or --num-devices"
             )
+        batcher = Batcher.for_data(
+            cfg.data.buckets, train.attention_mask, global_batch, cfg.data.max_len,
+            run.steps_per_call,
+        )  # fmt: skip
+        spe = batcher.steps_per_epoch()
         total = spe * run.epochs if not run.max_steps else min(spe * run.epochs, run.max_steps)
-        return cls(n_train, global_batch, spe, total, max(total // cfg.optim.accumulate, 1))
+        updates = max(total // cfg.optim.accumulate, 1)
+        return cls(n_train, global_batch, spe, total, updates, batcher)
 
     def describe(self, cfg: Config, num_devices: int) -> str:
         cap = f", capped by --max-steps {cfg.run.max_steps}" if cfg.run.max_steps else ""
@@ -147,8 +165,10 @@ class Job:
             info["split"],
             " | tokens from cache" if info["token_cache_hit"] else "",
         )
-        plan = Plan.make(cfg, len(data.train), num_devices)
+        plan = Plan.make(cfg, data.train, num_devices)
         log.info(plan.describe(cfg, num_devices))
+        assert plan.batcher is not None
+        log.info(plan.batcher.describe())
         return cls(cfg, data, plan, workdir, started)
 
 
@@ -161,7 +181,7 @@ class Call:
 
     epoch: int
     end: int  # steps done after this call
-    batches: tuple[np.ndarray, ...]  # one index array into the training examples per step
+    batches: tuple[Batch, ...]  # one batch of the training examples per step
     log: bool  # fetch the losses, check them, write a metrics line
     evaluate: bool  # evaluate (and save best/latest): eval interval, epoch end, last step
     checkpoint: bool  # save the latest state (--checkpoint-every)
@@ -171,22 +191,25 @@ def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
     """The device calls from step `start` to `plan.total`: a pure function of the plan, the
     run settings and the start step.
 
-    A call holds up to --steps-per-call K steps and ends early on a logging, evaluation,
-    checkpoint or epoch boundary (the intervals are multiples of K, so only epoch ends and the
-    last step cut a call short). Every run evaluates at each epoch end and at its last step; a
-    finished run that is resumed gets one call that only evaluates.
+    A call holds up to --steps-per-call K steps of one sequence length and ends early on a
+    logging, evaluation, checkpoint or epoch boundary (the intervals are multiples of K, so
+    only epoch ends, the last step and a change of bucket cut a call short). Every run
+    evaluates at each epoch end and at its last step; a finished run that is resumed gets one
+    call that only evaluates.
     """
-    spe, total = plan.steps_per_epoch, plan.total
+    spe, total, batcher = plan.steps_per_epoch, plan.total, plan.batcher
+    assert batcher is not None
     if start >= total:
         yield Call(max(total - 1, 0) // spe, start, (), log=False, evaluate=True, checkpoint=False)
         return
     step = start
     for epoch in range(start // spe, run.epochs):
-        chunk: list[np.ndarray] = []
-        for idx in jdata.train_batches(
-            plan.n_train, plan.global_batch, run.seed, epoch, step % spe
-        ):
-            chunk.append(idx)
+        chunk: list[Batch] = []
+        for batch in batcher.epoch(epoch, run.seed, step % spe):
+            if chunk and batch.length != chunk[-1].length:  # one shape per device call
+                yield Call(epoch, step, tuple(chunk), False, False, False)
+                chunk = []
+            chunk.append(batch)
             step += 1
             checkpoint = bool(run.checkpoint_every and step % run.checkpoint_every == 0)
             evaluate = bool(run.eval_every and step % run.eval_every == 0)
@@ -205,19 +228,81 @@ def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
 # --------------------------------------------------------------------------- the driver
 
 
-def evaluate(backend: Any, examples: jdata.Examples, global_batch: int, task: Task):
-    """Scores every example exactly once across all devices, then computes the metrics on the
-    host over the whole set. Returns (metrics, scores of the real rows in order)."""
-    outs, weights = [], []
-    rows = backend.local_rows(global_batch)
-    for idx, weight in jdata.eval_batches(len(examples), global_batch):
-        outs.append(backend.eval_batch(examples.take(idx[rows], weight[rows])))
-        weights.append(weight)
-    weight = np.concatenate(weights)
+def evaluate(backend: Any, examples: jdata.Examples, batcher: Batcher, task: Task):
+    """Scores every example exactly once across all devices (in the batcher's buckets), then
+    computes the metrics on the host over the whole set.
+    Returns (metrics, scores of the examples in their order)."""
+    outs, batches = [], []
+    rows = backend.local_rows(batcher.global_batch)
+    for b in batcher.eval_batches(real_lengths(examples.attention_mask)):
+        outs.append(backend.eval_batch(examples.take(b.idx[rows], b.weight[rows], b.length)))
+        batches.append(b)
+    idx = np.concatenate([b.idx for b in batches])
+    weight = np.concatenate([b.weight for b in batches])
     scores = np.concatenate([o["score"] for o in outs])
     losses = np.concatenate([o["loss"] for o in outs])
-    labels = np.concatenate([examples.label, np.zeros(len(weight) - len(examples), np.float32)])
-    return task.evaluate(scores, labels, losses, weight), scores[weight > 0]
+    result = task.evaluate(scores, examples.label[idx], losses, weight)
+    real = weight > 0
+    ordered = np.empty((len(examples), *scores.shape[1:]), scores.dtype)
+    ordered[idx[real]] = scores[real]
+    return result, ordered
+
+
+_END = object()
+
+
+class Prefetch:
+    """Builds the next device calls' inputs on a background thread (host gather, then
+    `backend.prepare`: stacking and the transfer to the devices) while the devices run the
+    current one, through a bounded queue: torch_xla's ParallelLoader, for both sides.
+
+    `wait_s` adds up the time the loop waited for its input: when it grows, the host does not
+    keep up with the devices. Errors on the thread are raised in the loop."""
+
+    def __init__(self, items: Iterator[Any], depth: int = 2) -> None:
+        self.wait_s = 0.0
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._work, args=(items,), name="jaxtpu-input", daemon=True
+        )
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self, items: Iterator[Any]) -> None:
+        try:
+            for item in items:
+                if not self._put((item, None)):
+                    return
+            self._put((_END, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the loop, raised there
+            self._put((_END, e))
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            t0 = time.perf_counter()
+            item, error = self._queue.get()
+            self.wait_s += time.perf_counter() - t0
+            if item is _END:
+                if error is not None:
+                    raise error
+                return
+            yield item
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 class _StopFlag:
@@ -273,6 +358,7 @@ class _Driver:
         self.last_eval: dict[str, Any] = {}
         self.peak = peak_lr(self.cfg.optim, backend.num_devices)
         self.t_log, self.step_log = time.time(), resume.step
+        self.wait_log = 0.0  # Prefetch.wait_s at the last metrics line
         self.compile_s: float | None = None
         self.bar = None
         if self.cfg.run.progress and backend.primary:
@@ -303,12 +389,14 @@ class _Driver:
         self.t_log, self.step_log = time.time(), step
         self.runlog.write({"event": "compile", "step": step, "seconds": self.compile_s})
 
-    def log_train(self, host: list[dict[str, float]], call: Call) -> None:
+    def log_train(self, host: list[dict[str, float]], call: Call, waited: float) -> None:
+        """One metrics line; `waited` is the loop's total wait for input so far."""
         step = call.end
         loss = float(np.mean([h["loss"] for h in host]))
         self.check_finite("loss", loss, step)
         dt = max(time.time() - self.t_log, 1e-9)
         rate = (step - self.step_log) * self.job.plan.global_batch / dt
+        wait, self.wait_log = waited - self.wait_log, waited
         self.t_log, self.step_log = time.time(), step
         update = step // self.cfg.optim.accumulate
         lr = learning_rate(update, self.job.plan.total_updates, self.cfg.optim, self.peak)
@@ -318,7 +406,8 @@ class _Driver:
             {
                 "event": "train", "step": step, "epoch": call.epoch, "loss": loss,
                 "grad_norm": float(np.mean(norms)) if norms else None, "lr": float(lr),
-                "examples_per_s": rate, "compiles": self.backend.compile_count(),
+                "examples_per_s": rate, "data_wait_s": wait, "data_wait_share": wait / dt,
+                "compiles": self.backend.compile_count(),
             }
         )  # fmt: skip
         if self.bar is not None:
@@ -328,9 +417,8 @@ class _Driver:
         """Evaluates, logs, saves the best and the latest state; True when early stopping
         says stop."""
         t0, step, monitor = time.time(), call.end, self.task.monitor
-        result, _ = evaluate(
-            self.backend, self.job.data.valid, self.job.plan.global_batch, self.task
-        )
+        assert self.job.plan.batcher is not None
+        result, _ = evaluate(self.backend, self.job.data.valid, self.job.plan.batcher, self.task)
         self.check_finite("validation loss", result["val_loss"], step)
         value = result[monitor]
         improved = bool(np.isfinite(value) and value > self.best["value"])
@@ -363,17 +451,23 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
     """
     drv = _Driver(job, backend, resume, runlog)
     rows = backend.local_rows(job.plan.global_batch)
-    step, stopped_by, pending = resume.step, None, []
-    with _StopFlag() as stop:
+    train = job.data.train
+
+    def inputs() -> Iterator[tuple[Call, Any]]:  # runs on the input thread
         for call in schedule(job.plan, job.cfg.run, resume.step):
+            host = [train.take(b.idx[rows], b.weight[rows], b.length) for b in call.batches]
+            yield call, backend.prepare(host) if host else None
+
+    step, stopped_by, pending = resume.step, None, []
+    with _StopFlag() as stop, Prefetch(inputs()) as feed:
+        for call, prepared in feed:
             if call.batches:
-                batches = [job.data.train.take(idx[rows]) for idx in call.batches]
-                pending += backend.train_steps(batches)
+                pending += backend.train_steps(prepared)
                 if drv.compile_s is None:
                     drv.timed_first_call(pending, call.end)
             step = call.end
             if call.log:  # the only device sync between evaluations
-                drv.log_train(backend.fetch(pending), call)
+                drv.log_train(backend.fetch(pending), call, feed.wait_s)
                 pending = []
             if drv.bar is not None:
                 drv.bar.update(len(call.batches))
