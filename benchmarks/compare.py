@@ -14,6 +14,11 @@ peak, peak host memory), writes `DIR/benchmarks.json` (one record per configurat
             devices, plus the --quick jaxtpu rows; torch_xla SPMD and spawn for tiny and SPMD
             for the target row (MiniLM bf16, 8 devices); the reference rows. About 25 minutes.
   --all     also every other torch_xla row (XLA:CPU runs a MiniLM step in 30+ s: hours).
+  --epoch   real data instead (`benchmarks.epoch`): MiniLM bf16 on the 10,000 real comments at
+            max length 128 and 256; jaxtpu jit/8 on 2 devices padded and in length buckets, and
+            plain PyTorch on the CPU (eager, torch.compile) fed random batches with dynamic
+            padding and the same bucketed batches. Each row trains --epoch-batches batches
+            of the epoch and projects the epoch; writes DIR/epoch.json. About 25 minutes.
 """
 
 from __future__ import annotations
@@ -70,8 +75,21 @@ def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
     return out + best + refs + [cfg("torch", "eager", "minilm", "fp32", 1)]
 
 
-def run_worker(args: list[str], timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "benchmarks.worker", *args]
+# jaxtpu's best configuration on this 2-core CPU (README, Benchmarks): jit on 2 devices with
+# 8 steps per device call.
+JAX_BEST = ["--devices", "2", "--steps-per-call", "8"]
+EPOCH_ROWS = [  # (framework, strategy, batching)
+    ("jaxtpu", "jit", "padded"),
+    ("jaxtpu", "jit", "bucketed"),
+    ("torch", "eager", "random"),
+    ("torch", "compile", "random"),
+    ("torch", "eager", "bucketed"),
+    ("torch", "compile", "bucketed"),
+]
+
+
+def run_worker(args: list[str], timeout: float, module: str = "worker") -> dict[str, Any]:
+    cmd = [sys.executable, "-m", f"benchmarks.{module}", *args]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
                               timeout=timeout)  # fmt: skip
@@ -108,6 +126,53 @@ def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
     lines.append("matmul peak (2048^3 GEMM via XLA, 1 device): "
                  + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()))  # fmt: skip
     return "\n".join(lines)
+
+
+def epoch_table(records: list[dict[str, Any]]) -> str:
+    """The epoch rows, with each row's time relative to jaxtpu padded at the same length."""
+    head = (f"{'len':>4} {'framework':<9} {'strategy':<8} {'batching':<9} {'epoch s':>8} "
+            f"{'x padded':>8} {'compile s':>9} {'real tok/s':>10} {'tokens':>6} {'shapes':>6} "
+            f"{'compiles':>8} {'wait %':>6}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    padded = [r for r in records if "epoch_s" in r and r["batching"] == "padded"]
+    base = {r["max_len"]: r["epoch_s"] for r in padded if r["framework"] == "jaxtpu"}
+    for r in records:
+        name = f"{r['max_len']:>4} {r['framework']:<9} {r['strategy']:<8} {r['batching']:<9} "
+        if "error" in r:
+            lines.append(name + f"error: {r['error']}")
+            continue
+        rel = r["epoch_s"] / base[r["max_len"]] if r["max_len"] in base else float("nan")
+        lines.append(
+            name + f"{r['epoch_s']:>8.0f} {rel:>8.2f} {r['compile_s']:>9.1f} "
+            f"{r['real_tokens_per_s']:>10.0f} {r['tokens_vs_full_padding']:>6.2f} "
+            f"{r['shapes']:>6} {r['compiles']:>8} {100 * r['data_wait_share']:>6.2f}"
+        )
+    lines.append("epoch s = compile s + steady time per batch x the epoch's batches; "
+                 "tokens = tokens computed / tokens at full padding")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_epoch(out: Path, num_batches: int, timeout: float) -> int:
+    t0 = time.time()
+    records = []
+    configs = [(n, *row) for n in (128, 256) for row in EPOCH_ROWS]
+    for i, (max_len, fw, st, kind) in enumerate(configs, 1):
+        flags = ["--framework", fw, "--strategy", st, "--batching", kind,
+                 "--max-len", str(max_len), "--num-batches", str(num_batches)]  # fmt: skip
+        flags += JAX_BEST if fw == "jaxtpu" else []
+        t = time.time()
+        r = {"framework": fw, "strategy": st, "batching": kind, "max_len": max_len,
+             **run_worker(flags, timeout, "epoch")}  # fmt: skip
+        status = r.get("error") or f"epoch {r['epoch_s']:.0f}s"
+        print(f"[{i}/{len(configs)}] {max_len} {fw} {st} {kind}: {status} "
+              f"({time.time() - t:.0f}s)", flush=True)  # fmt: skip
+        records.append(r)
+    record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
+              "num_batches": num_batches, "results": records}  # fmt: skip
+    (out / "epoch.json").write_text(json.dumps(record, indent=1))
+    print(epoch_table(records))
+    print(f"wrote {out / 'epoch.json'} in {time.time() - t0:.0f}s")
+    return 0
 
 
 def plot(records: list[dict[str, Any]], path: Path) -> None:
@@ -155,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "default 20 with --quick, 8 otherwise",
     )
     p.add_argument("--timeout", type=float, default=1500, help="seconds per configuration")
+    p.add_argument("--epoch", action="store_true", help="the real-data epoch benchmark instead")
+    p.add_argument(
+        "--epoch-batches", type=int, default=64, help="--epoch: batches of the epoch each row runs"
+    )
     p.add_argument(
         "--replot",
         action="store_true",
@@ -162,6 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.replot and args.epoch:
+        print(epoch_table(json.loads((out / "epoch.json").read_text())["results"]))
+        return 0
+    if args.epoch:
+        out.mkdir(parents=True, exist_ok=True)
+        return run_epoch(out, args.epoch_batches, args.timeout)
     if args.replot:
         saved = json.loads((out / "benchmarks.json").read_text())
         print(f"measured {saved['created']} in {saved['seconds']:.0f}s")

@@ -27,6 +27,10 @@ def run_all(work: Path, full: bool, quick: bool) -> list[checks.Result]:
         ("trajectories toxicity", lambda: checks.trajectories(work, "toxicity")),
         ("trajectories ranking", lambda: checks.trajectories(work, "ranking")),
         ("spawn trajectory", lambda: [checks.spawn_trajectory(work)]),
+        *[
+            (f"bucketed trajectory {t}", lambda t=t: [checks.bucketed_trajectory(work, t)])
+            for t in ("toxicity", "ranking")
+        ],
     ]
     if not quick:
         steps += [

@@ -33,6 +33,11 @@ def test_loss_trajectories_8_devices(work, task):
     assert_results(results)
 
 
+@pytest.mark.parametrize("task", ["toxicity", "ranking"])
+def test_bucketed_trajectory(work, real_data, task):
+    assert_results([checks.bucketed_trajectory(work, task)])
+
+
 def test_spawn_trajectory(work):
     assert_results([checks.spawn_trajectory(work)])
 

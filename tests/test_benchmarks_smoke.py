@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks import compare, worker
 from jaxtpu.core.config import EncoderConfig
 from parity_tests.harness import ROOT, clean_env
@@ -64,3 +66,30 @@ def test_model_gemms_ceiling_reports_the_step_matmul_flops():
     pooler_head = 6.0 * (64 * 64 + 64) * 32 * 16
     assert abs(r["gemm_gflop"] * 1e9 - (worker.model_flops(enc, 32, 16) - pooler_head)) < 1e3
     assert r["gemm_gflops"] > 0 and r["ceiling_mfu"] == r["gemm_gflops"] / r["peak_gflops"]
+
+
+def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
+    """A whole (tiny) epoch of the packaged sample in buckets: the projection of a sample that
+    is the whole epoch is what was measured, and there is one compilation per call shape."""
+    from jaxtpu.core.data import SAMPLE_CSV
+
+    cmd = [sys.executable, "-m", "benchmarks.epoch", "--workload", "tiny", "--batching",
+           "bucketed", "--max-len", "64", "--num-batches", "1000", "--devices", "2",
+           "--steps-per-call", "2", "--csv", str(SAMPLE_CSV)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["batches"] == r["epoch_batches"] == -(-2000 // 32)
+    assert r["epoch_s"] == pytest.approx(r["compile_s"] + r["steady_s"], rel=1e-9)
+    assert r["compiles"] == r["shapes"] >= 3
+    assert r["tokens_vs_full_padding"] < 0.8 and 0 < r["padded_share"] < 0.5
+    assert 0 <= r["data_wait_share"] < 1 and r["real_tokens_per_s"] > 0
+
+
+def test_epoch_table_compares_each_row_with_jaxtpu_padded():
+    rows = [{"framework": "jaxtpu", "strategy": "jit", "batching": b, "max_len": 128,
+             "epoch_s": t, "compile_s": 1.0, "real_tokens_per_s": 10.0,
+             "tokens_vs_full_padding": 1.0, "shapes": 1, "compiles": 1, "data_wait_share": 0.0}
+            for b, t in (("padded", 100.0), ("bucketed", 55.0))]  # fmt: skip
+    table = compare.epoch_table(rows)
+    assert " 1.00 " in table.splitlines()[2] and " 0.55 " in table.splitlines()[3]

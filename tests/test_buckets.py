@@ -188,3 +188,29 @@ def test_prefetch_stops_its_thread_when_the_loop_stops_early():
     with loop.Prefetch(iter(range(10**6)), depth=2) as feed:
         first = next(iter(feed))
     assert first == 0 and not feed._thread.is_alive()
+
+
+def test_bucketed_run_cut_and_resumed_reproduces_the_uninterrupted_run(tmp_path):
+    from jaxtpu import train
+    from jaxtpu.core.errors import UserError
+
+    def cfg(name, **kw):
+        flags = {"precision": "fp32", "epochs": 2, "log_every": 1, "buckets": "12,16", **kw}
+        return tiny().replace(workdir=str(tmp_path / name), **flags)
+
+    full = train.train_and_evaluate(cfg("full"))
+    assert full["train_compiles"] == 2  # both buckets used
+    train.train_and_evaluate(cfg("cut", max_steps=11))  # stops mid-epoch 1
+    with pytest.raises(UserError, match="groups K batches of a bucket"):
+        train.train_and_evaluate(cfg("cut", resume=True, steps_per_call=2, log_every=2))
+    resumed = train.train_and_evaluate(cfg("cut", resume=True))
+    assert resumed["steps"] == full["steps"]
+
+    def losses(name):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [(x["step"], x["loss"]) for x in map(json.loads, lines) if x["event"] == "train"]
+
+    a, b = losses("full"), losses("cut")
+    assert [s for s, _ in a] == [s for s, _ in b]
+    np.testing.assert_allclose([x for _, x in b], [x for _, x in a], rtol=1e-6)
+    assert resumed["final"]["val_auc"] == pytest.approx(full["final"]["val_auc"], abs=1e-6)

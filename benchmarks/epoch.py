@@ -1,0 +1,239 @@
+"""One row of the real-data epoch benchmark in one process: train MiniLM (6 x 384, bf16) on
+batches of the real Jigsaw comments as one kind of batching feeds them, print one JSON line.
+
+`python -m benchmarks.epoch --framework jaxtpu --strategy jit --batching bucketed
+--max-len 128 --num-batches 32`
+
+Batching (all from `jaxtpu.core.buckets.Batcher`, the batch builder of both sides):
+  padded    every batch at --max-len (jaxtpu's `--buckets none`)
+  bucketed  length buckets chosen by `--buckets auto`, each batch cut to its bucket's edge
+  random    the padded run's random batches, each cut to its own longest comment: dynamic
+            padding, what a PyTorch user does with HF's DataCollatorWithPadding
+Frameworks: jaxtpu (jit / pmap / shard_map on --devices virtual devices, the input thread of
+the training loop) and plain PyTorch on the CPU (eager, compile: torch.compile), bf16
+autocast, batches built inline.
+
+The run trains on the first --num-batches batches of epoch 0 (the batch order is shuffled, so
+they are a fair sample of the epoch's lengths), blocking on every device call. First one
+untimed call of each of the first few shapes compiles them (its excess over that shape's
+median timed call is counted as compile time); then every batch is timed. The full epoch is
+projected as compile time + the timed seconds per batch x the epoch's batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.worker import WORKLOADS
+from jaxtpu.core import data as jdata
+from jaxtpu.core.buckets import Batch, Batcher, choose_edges, real_lengths
+from jaxtpu.core.config import encoder_config, packaged_minilm_dir
+from jaxtpu.core.presets import tiny
+from jaxtpu.core.tokens import load_tokenizer
+
+REAL_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "jigsaw_toxic_dev.csv"
+BATCHINGS = ("padded", "bucketed", "random")
+
+
+def epoch_batches(kind: str, lengths: np.ndarray, gb: int, max_len: int, k: int = 1) -> list[Batch]:
+    """Epoch 0's batches (seed 0) of one batching (buckets grouped k at a time)."""
+    edges = choose_edges(lengths, max_len) if kind == "bucketed" else None
+    batcher = Batcher(lengths, gb, max_len, edges, group=k)
+    out = list(batcher.epoch(0, seed=0))
+    if kind == "random":
+        out = [Batch(b.idx, b.weight, int(lengths[b.idx].max())) for b in out]
+    return out
+
+
+def jax_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
+    """(prepare, step, compiles, prefetch): one jaxtpu device call of K stacked batches."""
+    from jaxtpu import optim, parallel, steps
+    from jaxtpu.train import JaxBackend
+    from jaxtpu.weights import load_model
+
+    devices = parallel.init_devices(args.devices)
+    model = load_model(cfg, args.max_len)
+    tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
+    state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
+    backend = JaxBackend(parallel.make_strategy(args.strategy, devices, "toxicity"), state, 0)
+
+    def prepare(call: list[Batch]) -> Any:
+        return backend.prepare([examples.take(b.idx, b.weight, b.length) for b in call])
+
+    def step(prepared: Any) -> None:
+        backend.fetch(backend.train_steps(prepared))
+
+    return prepare, step, backend.compile_count, True
+
+
+def torch_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
+    """(prepare, step, compiles, prefetch): plain PyTorch on the CPU, one batch per call."""
+    import torch
+
+    from torchxla_ref import optim, steps, weights
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = weights.load_model(encoder_config(cfg), cfg.head_dropout, None, 0).train()
+    opt, sched = optim.make_optimizer(model, cfg.optim, 1000, 1)
+    if args.strategy == "compile":
+        model = torch.compile(model)
+
+    def prepare(call: list[Batch]) -> dict[str, Any]:
+        (b,) = call
+        return {k: torch.from_numpy(v) for k, v in examples.take(b.idx, b.weight, b.length).items()}
+
+    def step(batch: dict[str, Any]) -> None:
+        out = steps.train_step(
+            model, opt, sched, batch, task="toxicity", precision="bf16", device_type="cpu",
+            accumulate=1, update=True, clip_norm=cfg.optim.clip_norm,
+        )  # fmt: skip
+        float(out[0])
+
+    def compiles() -> int:
+        if args.strategy != "compile":
+            return 0
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+
+    return prepare, step, compiles, False
+
+
+def calls_of(batches: list[Batch], k: int) -> list[list[Batch]]:
+    """Consecutive batches of one length, up to k per device call (as the loop groups them)."""
+    calls: list[list[Batch]] = []
+    for b in batches:
+        if calls and len(calls[-1]) < k and calls[-1][-1].length == b.length:
+            calls[-1].append(b)
+        else:
+            calls.append([b])
+    return calls
+
+
+def timed(calls: list[list[Batch]], prepare: Any, step: Any, prefetch: bool):
+    """Per-call seconds (blocking on each) and the total wait for input."""
+    from jaxtpu.core.loop import Prefetch
+
+    times, wait = [], 0.0
+    if prefetch:  # jaxtpu's input thread, as in the training loop
+        with Prefetch(prepare(c) for c in calls) as feed:
+            for prepared in feed:
+                t = time.perf_counter()
+                step(prepared)
+                times.append(time.perf_counter() - t)
+            return times, feed.wait_s
+    for c in calls:  # built inline, as a plain PyTorch loop does
+        t = time.perf_counter()
+        prepared = prepare(c)
+        t_built = time.perf_counter()
+        step(prepared)
+        wait += t_built - t
+        times.append(time.perf_counter() - t_built)
+    return times, wait
+
+
+MAX_WARM_SHAPES = 6
+
+
+def projected_steady(
+    calls: list[list[Batch]], times: list[float], epoch: list[Batch], batching: str
+) -> float:
+    """Steady seconds of the whole epoch. Bucketed: each length's measured seconds per batch x
+    the epoch's batches of that length (the sample must hold every bucket); otherwise the
+    sample's mean seconds per batch x the epoch's batches (random batches: a fair sample)."""
+    if batching != "bucketed":
+        return sum(times) / sum(len(c) for c in calls) * len(epoch)
+    per: dict[int | None, list[float]] = {}
+    for c, t in zip(calls, times, strict=True):
+        per.setdefault(c[0].length, []).extend([t / len(c)] * len(c))
+    need = {b.length for b in epoch}
+    if not need <= set(per):
+        missing = sorted(x for x in need - set(per) if x is not None)
+        raise SystemExit(f"the sample holds no batch of length {missing}: raise --num-batches")
+    return sum(float(np.mean(per[b.length])) for b in epoch)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.epoch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--framework", choices=("jaxtpu", "torch"), default="jaxtpu")
+    p.add_argument("--strategy", default="jit", help="jit|pmap|shard_map (jaxtpu), "
+                   "eager|compile (torch)")  # fmt: skip
+    p.add_argument("--batching", choices=BATCHINGS, default="bucketed")
+    p.add_argument("--max-len", type=int, default=128, help="tokens per comment at most")
+    p.add_argument("--workload", choices=list(WORKLOADS), default="minilm", help="model shape")
+    p.add_argument("--num-batches", type=int, default=64, help="batches of the epoch to run")
+    p.add_argument("--batch", type=int, default=32, help="global batch")
+    p.add_argument("--devices", type=int, default=8, help="jaxtpu: virtual devices")
+    p.add_argument(
+        "--steps-per-call", type=int, default=1,
+        help="jaxtpu: up to K batches of one length per device call (lax.scan)",
+    )  # fmt: skip
+    p.add_argument("--csv", default=str(REAL_CSV), help="the real comments")
+    args = p.parse_args(argv)
+    if not Path(args.csv).exists():
+        p.error(f"--csv {args.csv}: not found (see ../shared/data/SOURCES.md)")
+    comments = jdata.read_comments(args.csv)
+    examples = jdata.encode(comments, load_tokenizer(packaged_minilm_dir()), args.max_len)
+    lengths = real_lengths(examples.attention_mask)
+    k = args.steps_per_call if args.framework == "jaxtpu" else 1
+    batches = epoch_batches(args.batching, lengths, args.batch, args.max_len, k)
+    run = batches[: args.num_batches]
+    cfg = tiny().replace(
+        model_dir="", **WORKLOADS[args.workload], precision="bf16", num_devices=args.devices,
+        batch_size=args.batch // args.devices, max_len=args.max_len, dropout=0.1,
+        encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
+    )  # fmt: skip
+    runner = jax_runner if args.framework == "jaxtpu" else torch_runner
+    prepare, step, compiles, prefetch = runner(args, cfg, examples)
+    calls = calls_of(run, k)
+    shape = lambda c: (c[0].length or args.max_len, len(c))  # noqa: E731
+    # Warm-up: one untimed call of each of the first shapes compiles them; the excess of
+    # its time over the shape's median in the timed run is its compile time.
+    warm: dict[Any, float] = {}
+    for c in calls:
+        if shape(c) not in warm and len(warm) < MAX_WARM_SHAPES:
+            t = time.perf_counter()
+            step(prepare(c))
+            warm[shape(c)] = time.perf_counter() - t
+    t0 = time.perf_counter()
+    times, wait = timed(calls, prepare, step, prefetch)
+    wall = time.perf_counter() - t0
+    by_shape: dict[Any, list[float]] = {}
+    for c, t in zip(calls, times, strict=True):
+        by_shape.setdefault(shape(c), []).append(t)
+    compile_s = sum(max(w - float(np.median(by_shape[s])), 0.0) for s, w in warm.items())
+    steady = sum(times)
+    lengths_run = [b.length or args.max_len for b in run]
+    real = int(sum(lengths[b.idx[b.weight > 0]].sum() for b in run))
+    computed = sum(args.batch * n for n in lengths_run)
+    record = {
+        "framework": args.framework, "strategy": args.strategy, "batching": args.batching,
+        "workload": args.workload, "steps_per_call": k,
+        "devices": args.devices if args.framework == "jaxtpu" else 1,
+        "max_len": args.max_len, "batch": args.batch, "batches": len(run),
+        "epoch_batches": len(batches), "shapes": len(by_shape), "compiles": compiles(),
+        "timed_s": wall, "compile_s": compile_s, "steady_s": steady,
+        "epoch_s": compile_s + projected_steady(calls, times, batches, args.batching),
+        "real_tokens_per_s": real / steady, "padded_share": 1 - real / computed,
+        "data_wait_share": wait / max(wall, 1e-9),
+        "tokens_vs_full_padding": computed / (args.batch * args.max_len * len(run)),
+    }  # fmt: skip
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
