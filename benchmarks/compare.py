@@ -101,6 +101,17 @@ def run_worker(args: list[str], timeout: float, module: str = "worker") -> dict[
     return json.loads(lines[-1])
 
 
+def progress(i: int, n: int, name: str, status: str, started: float) -> None:
+    print(f"[{i}/{n}] {name}: {status} ({time.time() - started:.0f}s)", flush=True)
+
+
+def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: Any) -> None:
+    """The run's JSON: when, how long, what else the table needs, and one record per row."""
+    record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
+              **extra, "results": records}  # fmt: skip
+    path.write_text(json.dumps(record, indent=1))
+
+
 def _strategy(r: dict[str, Any]) -> str:
     """'jit', or 'jit/8' with --steps-per-call 8."""
     k = r.get("steps_per_call", 1)
@@ -131,8 +142,8 @@ def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
 def epoch_table(records: list[dict[str, Any]]) -> str:
     """The epoch rows, with each row's time relative to jaxtpu padded at the same length."""
     head = (f"{'len':>4} {'framework':<9} {'strategy':<8} {'batching':<9} {'epoch s':>8} "
-            f"{'x padded':>8} {'compile s':>9} {'real tok/s':>10} {'tokens':>6} {'shapes':>6} "
-            f"{'compiles':>8} {'wait %':>6}")  # fmt: skip
+            f"{'x padded':>8} {'compile s':>9} {'steady s':>8} {'real tok/s':>10} {'tokens':>6} "
+            f"{'shapes':>6} {'compiles':>8} {'wait %':>6}")  # fmt: skip
     lines = [head, "-" * len(head)]
     padded = [r for r in records if "epoch_s" in r and r["batching"] == "padded"]
     base = {r["max_len"]: r["epoch_s"] for r in padded if r["framework"] == "jaxtpu"}
@@ -144,11 +155,13 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
         rel = r["epoch_s"] / base[r["max_len"]] if r["max_len"] in base else float("nan")
         lines.append(
             name + f"{r['epoch_s']:>8.0f} {rel:>8.2f} {r['compile_s']:>9.1f} "
+            f"{r['epoch_s'] - r['compile_s']:>8.0f} "
             f"{r['real_tokens_per_s']:>10.0f} {r['tokens_vs_full_padding']:>6.2f} "
             f"{r['shapes']:>6} {r['compiles']:>8} {100 * r['data_wait_share']:>6.2f}"
         )
-    lines.append("epoch s = compile s + steady time per batch x the epoch's batches; "
-                 "tokens = tokens computed / tokens at full padding")  # fmt: skip
+    lines.append("epoch s = compile s + steady s (the measured seconds per batch x the epoch's "
+                 "batches); real tok/s = the epoch's real tokens / steady s; tokens = tokens "
+                 "computed / tokens at full padding")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -164,12 +177,9 @@ def run_epoch(out: Path, num_batches: int, timeout: float) -> int:
         r = {"framework": fw, "strategy": st, "batching": kind, "max_len": max_len,
              **run_worker(flags, timeout, "epoch")}  # fmt: skip
         status = r.get("error") or f"epoch {r['epoch_s']:.0f}s"
-        print(f"[{i}/{len(configs)}] {max_len} {fw} {st} {kind}: {status} "
-              f"({time.time() - t:.0f}s)", flush=True)  # fmt: skip
+        progress(i, len(configs), f"{max_len} {fw} {st} {kind}", status, t)
         records.append(r)
-    record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
-              "num_batches": num_batches, "results": records}  # fmt: skip
-    (out / "epoch.json").write_text(json.dumps(record, indent=1))
+    write_record(out / "epoch.json", t0, records, num_batches=num_batches)
     print(epoch_table(records))
     print(f"wrote {out / 'epoch.json'} in {time.time() - t0:.0f}s")
     return 0
@@ -262,12 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = f"median {r['median_s']:.3f}s, compile {r['compile_s']:.1f}s"
         else:
             status = r["error"]
-        print(f"[{i}/{len(configs)}] {' '.join(map(str, c.values()))}: {status} "
-              f"({time.time() - t:.0f}s)", flush=True)  # fmt: skip
+        progress(i, len(configs), " ".join(map(str, c.values())), status, t)
         records.append(r)
-    record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
-              "matmul_peak_gflops": peaks, "results": records}  # fmt: skip
-    (out / "benchmarks.json").write_text(json.dumps(record, indent=1))
+    write_record(out / "benchmarks.json", t0, records, matmul_peak_gflops=peaks)
     print(table(records, peaks))
     plot(records, out / "benchmarks.png")
     print(

@@ -13,8 +13,9 @@ Frameworks: jaxtpu (jit / pmap / shard_map on --devices virtual devices, the inp
 the training loop) and plain PyTorch on the CPU (eager, compile: torch.compile), bf16
 autocast, batches built inline.
 
-The run trains on the first --num-batches batches of epoch 0 (the batch order is shuffled, so
-they are a fair sample of the epoch's lengths), blocking on every device call. First one
+The run trains on about --num-batches batches of epoch 0, blocking on every device call: the
+first ones (random order: a fair sample of the lengths), or with buckets each bucket's first
+batches in proportion to its share of the epoch. First one
 untimed call of each of the first few shapes compiles them (its excess over that shape's
 median timed call is counted as compile time); then every batch is timed. The full epoch is
 projected as compile time + the timed seconds per batch x the epoch's batches.
@@ -51,6 +52,25 @@ def epoch_batches(kind: str, lengths: np.ndarray, gb: int, max_len: int, k: int 
     out = list(batcher.epoch(0, seed=0))
     if kind == "random":
         out = [Batch(b.idx, b.weight, int(lengths[b.idx].max())) for b in out]
+    return out
+
+
+def sample(epoch: list[Batch], n: int, k: int, batching: str) -> list[Batch]:
+    """About n batches of the epoch, in epoch order. Bucketed: each length's first batches in
+    proportion to its share of the epoch (at least one call of k), so every bucket is measured;
+    otherwise the first n (random order: a fair sample)."""
+    if batching != "bucketed" or n >= len(epoch):
+        return epoch[:n]
+    lengths = [b.length for b in epoch]
+    quota = {}
+    for length in set(lengths):
+        share = lengths.count(length) * n / len(epoch)
+        quota[length] = max(k, int(np.ceil(share / k)) * k)
+    out = []
+    for b in epoch:
+        if quota[b.length] > 0:
+            out.append(b)
+            quota[b.length] -= 1
     return out
 
 
@@ -190,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lengths = real_lengths(examples.attention_mask)
     k = args.steps_per_call if args.framework == "jaxtpu" else 1
     batches = epoch_batches(args.batching, lengths, args.batch, args.max_len, k)
-    run = batches[: args.num_batches]
+    run = sample(batches, args.num_batches, k, args.batching)
     cfg = tiny().replace(
         model_dir="", **WORKLOADS[args.workload], precision="bf16", num_devices=args.devices,
         batch_size=args.batch // args.devices, max_len=args.max_len, dropout=0.1,
@@ -216,9 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         by_shape.setdefault(shape(c), []).append(t)
     compile_s = sum(max(w - float(np.median(by_shape[s])), 0.0) for s, w in warm.items())
     steady = sum(times)
-    lengths_run = [b.length or args.max_len for b in run]
-    real = int(sum(lengths[b.idx[b.weight > 0]].sum() for b in run))
-    computed = sum(args.batch * n for n in lengths_run)
+    # token counts of the whole epoch (the sample may over-represent a bucket)
+    real = int(sum(lengths[b.idx[b.weight > 0]].sum() for b in batches))
+    computed = sum(args.batch * (b.length or args.max_len) for b in batches)
+    epoch_steady = projected_steady(calls, times, batches, args.batching)
     record = {
         "framework": args.framework, "strategy": args.strategy, "batching": args.batching,
         "workload": args.workload, "steps_per_call": k,
@@ -226,10 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_len": args.max_len, "batch": args.batch, "batches": len(run),
         "epoch_batches": len(batches), "shapes": len(by_shape), "compiles": compiles(),
         "timed_s": wall, "compile_s": compile_s, "steady_s": steady,
-        "epoch_s": compile_s + projected_steady(calls, times, batches, args.batching),
-        "real_tokens_per_s": real / steady, "padded_share": 1 - real / computed,
+        "epoch_steady_s": epoch_steady, "epoch_s": compile_s + epoch_steady,
+        "real_tokens_per_s": real / epoch_steady, "padded_share": 1 - real / computed,
         "data_wait_share": wait / max(wall, 1e-9),
-        "tokens_vs_full_padding": computed / (args.batch * args.max_len * len(run)),
+        "tokens_vs_full_padding": computed / (args.batch * args.max_len * len(batches)),
     }  # fmt: skip
     print(json.dumps(record))
     return 0
