@@ -173,10 +173,6 @@ class Batcher:
             parsed = choose_edges(lengths, max_len)
         return cls(lengths, global_batch, max_len, parsed, group)
 
-    @property
-    def bucketed(self) -> bool:
-        return self.edges is not None
-
     def steps_per_epoch(self) -> int:
         if self.edges is None:
             return jdata.steps_per_epoch(self.n, self.global_batch)
