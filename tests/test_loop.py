@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxtpu.core import data as jdata
+from jaxtpu.core.buckets import Batcher
 from jaxtpu.core.loop import Plan, schedule
 from jaxtpu.core.presets import tiny
 
@@ -14,7 +15,8 @@ from jaxtpu.core.presets import tiny
 def plan_for(n_train: int, global_batch: int, epochs: int, max_steps: int = 0) -> Plan:
     spe = n_train // global_batch
     total = min(spe * epochs, max_steps) if max_steps else spe * epochs
-    return Plan(n_train, global_batch, spe, total, total)
+    padded = Batcher(np.zeros(n_train, np.int64), global_batch, max_len=0)
+    return Plan(n_train, global_batch, spe, total, total, padded)
 
 
 def calls(plan: Plan, start: int = 0, **run):

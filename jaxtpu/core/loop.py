@@ -83,11 +83,7 @@ class Plan:
     steps_per_epoch: int
     total: int
     total_updates: int
-    batcher: Batcher | None = None  # None: padded batches (`--buckets none`)
-
-    def __post_init__(self) -> None:
-        if self.batcher is None:
-            self.batcher = Batcher(np.zeros(self.n_train, np.int64), self.global_batch, 0)
+    batcher: Batcher  # every train and eval batch (padded, or in length buckets)
 
     @classmethod
     def make(cls, cfg: Config, train: jdata.Examples, num_devices: int) -> Plan:
@@ -167,7 +163,6 @@ class Job:
         )
         plan = Plan.make(cfg, data.train, num_devices)
         log.info(plan.describe(cfg, num_devices))
-        assert plan.batcher is not None
         log.info(plan.batcher.describe())
         return cls(cfg, data, plan, workdir, started)
 
@@ -198,7 +193,6 @@ def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
     call that only evaluates.
     """
     spe, total, batcher = plan.steps_per_epoch, plan.total, plan.batcher
-    assert batcher is not None
     if start >= total:
         yield Call(max(total - 1, 0) // spe, start, (), log=False, evaluate=True, checkpoint=False)
         return
@@ -417,7 +411,6 @@ class _Driver:
         """Evaluates, logs, saves the best and the latest state; True when early stopping
         says stop."""
         t0, step, monitor = time.time(), call.end, self.task.monitor
-        assert self.job.plan.batcher is not None
         result, _ = evaluate(self.backend, self.job.data.valid, self.job.plan.batcher, self.task)
         self.check_finite("validation loss", result["val_loss"], step)
         value = result[monitor]

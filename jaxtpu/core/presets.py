@@ -15,8 +15,8 @@ def demo() -> Config:
     package (`--train-csv sample`), in length buckets, 8 devices, bf16.
 
     Run: `python -m jaxtpu.train` (or `make train`).
-    Expect: about three minutes on a 2-core CPU; a real validation ROC AUC on 200 held-out
-    comments (README, "Quick start", gives the measured value).
+    Expect: about two minutes on a 2-core CPU; validation ROC AUC about 0.95 on 200 held-out
+    real comments (0.9502 measured here, README "The two commands").
     """
     return Config(
         model=ModelConfig(model_dir="minilm"),
