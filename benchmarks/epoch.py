@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -34,14 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.worker import WORKLOADS
+from benchmarks.worker import WORKLOADS, jax_backend, torch_cpu_trainer
 from jaxtpu.core import data as jdata
 from jaxtpu.core.buckets import Batch, Batcher, choose_edges, real_lengths
-from jaxtpu.core.config import encoder_config, packaged_minilm_dir
+from jaxtpu.core.config import packaged_minilm_dir
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.tokens import load_tokenizer
+from parity_tests.checks import REAL_CSV
 
-REAL_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "jigsaw_toxic_dev.csv"
 BATCHINGS = ("padded", "bucketed", "random")
 
 
@@ -76,15 +75,7 @@ def sample(epoch: list[Batch], n: int, k: int, batching: str) -> list[Batch]:
 
 def jax_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
     """(prepare, step, compiles, prefetch): one jaxtpu device call of K stacked batches."""
-    from jaxtpu import optim, parallel, steps
-    from jaxtpu.train import JaxBackend
-    from jaxtpu.weights import load_model
-
-    devices = parallel.init_devices(args.devices)
-    model = load_model(cfg, args.max_len)
-    tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
-    state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
-    backend = JaxBackend(parallel.make_strategy(args.strategy, devices, "toxicity"), state, 0)
+    backend = jax_backend(cfg, args.strategy, args.devices, args.max_len)
 
     def prepare(call: list[Batch]) -> Any:
         return backend.prepare([examples.take(b.idx, b.weight, b.length) for b in call])
@@ -99,24 +90,14 @@ def torch_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
     """(prepare, step, compiles, prefetch): plain PyTorch on the CPU, one batch per call."""
     import torch
 
-    from torchxla_ref import optim, steps, weights
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    model = weights.load_model(encoder_config(cfg), cfg.head_dropout, None, 0).train()
-    opt, sched = optim.make_optimizer(model, cfg.optim, 1000, 1)
-    if args.strategy == "compile":
-        model = torch.compile(model)
+    train = torch_cpu_trainer(cfg, args.strategy == "compile", "bf16")
 
     def prepare(call: list[Batch]) -> dict[str, Any]:
         (b,) = call
         return {k: torch.from_numpy(v) for k, v in examples.take(b.idx, b.weight, b.length).items()}
 
     def step(batch: dict[str, Any]) -> None:
-        out = steps.train_step(
-            model, opt, sched, batch, task="toxicity", precision="bf16", device_type="cpu",
-            accumulate=1, update=True, clip_norm=cfg.optim.clip_norm,
-        )  # fmt: skip
-        float(out[0])
+        float(train(batch)[0])  # blocks on the loss
 
     def compiles() -> int:
         if args.strategy != "compile":

@@ -69,18 +69,24 @@ def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
     }
 
 
-def jax_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable[[], Any], Callable]:
+def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int) -> Any:
+    """A `JaxBackend` holding a fresh toxicity train state of `cfg`'s model (seed 0) on
+    `devices` devices with `strategy` (shared with `benchmarks.epoch`)."""
     from jaxtpu import optim, parallel, steps
     from jaxtpu.train import JaxBackend
     from jaxtpu.weights import load_model
 
-    devices = parallel.init_devices(args.devices)
-    model = load_model(cfg, args.seq)
-    tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
+    devs = parallel.init_devices(devices)
+    model = load_model(cfg, max_len)
+    tx = optim.make_optimizer(cfg.optim, 1000, len(devs))
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
-    strategy = parallel.make_strategy(args.strategy, devices, "toxicity")
-    backend = JaxBackend(strategy, state, 0)
-    batches = [fixed_batch(args.batch, args.seq, model.encoder.vocab_size)] * args.steps_per_call
+    return JaxBackend(parallel.make_strategy(strategy, devs, "toxicity"), state, 0)
+
+
+def jax_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable[[], Any], Callable]:
+    backend = jax_backend(cfg, args.strategy, args.devices, args.seq)
+    vocab = encoder_config(cfg).vocab_size
+    batches = [fixed_batch(args.batch, args.seq, vocab)] * args.steps_per_call
     return (lambda: backend.train_steps(backend.prepare(batches))), backend.fetch
 
 
@@ -100,28 +106,36 @@ def torch_xla_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Cal
     return (lambda: backend.train_step(batch)), (lambda h: backend.fetch([h]))
 
 
-def torch_cpu_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Callable]:
+def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[Any], Any]:
+    """Plain PyTorch on the CPU (all cores): a fresh toxicity model of `cfg` (seed 0), eager
+    or `torch.compile`d, and its train step on a batch of tensors, returning the step's
+    outputs (loss first). Shared with `benchmarks.epoch`."""
     import torch
 
     from torchxla_ref import optim, steps, weights
 
     torch.set_num_threads(os.cpu_count() or 1)
-    enc = encoder_config(cfg)
-    model = weights.load_model(enc, cfg.head_dropout, None, 0).train()
+    model = weights.load_model(encoder_config(cfg), cfg.head_dropout, None, 0).train()
     opt, sched = optim.make_optimizer(model, cfg.optim, 1000, 1)
-    if args.strategy == "compile":
+    if compiled:
         model = torch.compile(model)
-    batch = {
-        k: torch.from_numpy(v) for k, v in fixed_batch(args.batch, args.seq, enc.vocab_size).items()
-    }
 
-    def step() -> Any:
+    def step(batch: dict[str, Any]) -> Any:
         return steps.train_step(
-            model, opt, sched, batch, task="toxicity", precision=args.precision,
+            model, opt, sched, batch, task="toxicity", precision=precision,
             device_type="cpu", accumulate=1, update=True, clip_norm=cfg.optim.clip_norm,
         )  # fmt: skip
 
-    return step, (lambda h: float(h[0]))
+    return step
+
+
+def torch_cpu_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Callable]:
+    import torch
+
+    train = torch_cpu_trainer(cfg, args.strategy == "compile", args.precision)
+    host = fixed_batch(args.batch, args.seq, encoder_config(cfg).vocab_size)
+    batch = {k: torch.from_numpy(v) for k, v in host.items()}
+    return (lambda: train(batch)), (lambda h: float(h[0]))
 
 
 def median_seconds(run: Callable[[], Any], reps: int) -> float:
