@@ -1,0 +1,37 @@
+"""jaxtpu: a JAX/Flax trainer for the Jigsaw toxicity models, data-parallel on TPU.
+
+Importing the package only quiets libtpu on machines without a TPU (see `_quiet_libtpu`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def _has_tpu() -> bool:
+    """A TPU chip on this host: a Google PCI device, or the TPU driver's device files."""
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            if Path(vendor).read_text().strip() == _GOOGLE_PCI_VENDOR:
+                return True
+        except OSError:
+            continue
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _quiet_libtpu() -> None:
+    """With libtpu installed (it compiles for TPU topologies in `jaxtpu.preflight`) but no TPU
+    on the host, libtpu's start-up prints pages of worker-discovery errors before JAX falls
+    back to the CPU. Telling it this host is a single worker silences them; on a TPU VM
+    nothing is set, and a value the user set is kept."""
+    if _has_tpu():
+        return
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
+
+
+_quiet_libtpu()

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxtpu import ops
 from jaxtpu.core.config import EncoderConfig
@@ -33,6 +34,15 @@ def _dense(cfg: EncoderConfig, features: int, name: str, dtype: Dtype, param_dty
         name=name,
         **extra,
     )
+
+
+# The name every dense (weight) matmul output carries, for `--remat dots`.
+DENSE_OUT = "dense_out"
+
+
+def _saved(y: jax.Array) -> jax.Array:
+    """Marks a dense layer's output as one that `--remat dots` keeps (a no-op otherwise)."""
+    return checkpoint_name(y, DENSE_OUT)
 
 
 def _layer_norm(cfg: EncoderConfig, name: str, param_dtype: Dtype) -> nn.LayerNorm:
@@ -78,7 +88,7 @@ class SelfAttention(nn.Module):
         batch, seq_len, _ = x.shape
 
         def project(name: str) -> jax.Array:
-            y = _dense(cfg, cfg.hidden_size, name, self.dtype, self.param_dtype)(x)
+            y = _saved(_dense(cfg, cfg.hidden_size, name, self.dtype, self.param_dtype)(x))
             # (B, L, H, D) -> (B, H, L, D): the bhqd layout is the fast one on XLA:CPU.
             return y.reshape(batch, seq_len, heads, head_dim).transpose(0, 2, 1, 3)
 
@@ -101,7 +111,7 @@ class DenseResidual(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, residual: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.cfg
-        y = _dense(cfg, cfg.hidden_size, "dense", self.dtype, self.param_dtype)(x)
+        y = _saved(_dense(cfg, cfg.hidden_size, "dense", self.dtype, self.param_dtype)(x))
         y = ops.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
         return _layer_norm(cfg, "LayerNorm", self.param_dtype)(y.astype(jnp.float32) + residual)
 
@@ -144,22 +154,100 @@ class _Intermediate(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        y = _dense(cfg, cfg.intermediate_size, "dense", self.dtype, self.param_dtype)(x)
+        y = _saved(_dense(cfg, cfg.intermediate_size, "dense", self.dtype, self.param_dtype)(x))
         return jax.nn.gelu(y, approximate=False)  # HF "gelu" is the exact erf form
 
 
-class Encoder(nn.Module):
+# `--remat`: what each encoder layer keeps for its backward pass (`jax.checkpoint` policies);
+# everything else is recomputed from the layer's input. The params do not change.
+REMAT = {
+    "layer": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.save_only_these_names(DENSE_OUT),
+}
+
+
+class _ScanBlock(nn.Module):
+    """One `Layer` in the (carry, x) -> (carry, y) form `nn.scan` runs."""
+
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask_bias: jax.Array) -> tuple[jax.Array, None]:
+        layer = Layer(self.cfg, self.dtype, self.param_dtype, name="layer")
+        return layer(x, mask_bias, self.deterministic), None
+
+
+class Encoder(nn.Module):
+    """The encoder layers: `layer_0` ... `layer_{n-1}`, or with `scan` one `layers` module
+    whose params carry a leading layer axis (`stack_layers` converts between the two)."""
+
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    remat: str = "none"
+    scan: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
-        for i in range(self.cfg.num_hidden_layers):
-            x = Layer(self.cfg, self.dtype, self.param_dtype, name=f"layer_{i}")(
-                x, mask_bias, deterministic
+        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        if self.scan:
+            block = _ScanBlock
+            if self.remat != "none":
+                block = nn.remat(block, policy=REMAT[self.remat], prevent_cse=False)
+            layers = nn.scan(
+                block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=nn.broadcast,
+                length=self.cfg.num_hidden_layers,
             )
+            x, _ = layers(**kw, deterministic=deterministic, name=SCANNED)(x, mask_bias)
+            return x
+        layer = Layer
+        if self.remat != "none":
+            # argument 3 of Layer.__call__ (self = 0) is the Python bool `deterministic`
+            layer = nn.remat(Layer, policy=REMAT[self.remat], static_argnums=(3,))
+        for i in range(self.cfg.num_hidden_layers):
+            x = layer(**kw, name=f"layer_{i}")(x, mask_bias, deterministic)
         return x
+
+
+# The scanned encoder's one module: its params are `layer_i`'s stacked on axis 0.
+SCANNED = "layers"
+
+
+def stack_layers(params: dict) -> dict:
+    """Params of the unscanned model -> the scanned model's (every `layer_i` stacked on a
+    leading axis under `encoder/layers/layer`); the inverse of `unstack_layers`."""
+    enc = dict(params["bert"]["encoder"])
+    n = len(enc)
+    layers = [enc[f"layer_{i}"] for i in range(n)]
+    stacked = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)
+    return _with_encoder(params, {SCANNED: {"layer": stacked}})
+
+
+def unstack_layers(params: dict) -> dict:
+    """Params of the scanned model -> the unscanned model's (`layer_0` ... `layer_{n-1}`,
+    the names `jaxtpu.weights` maps to Hugging Face's)."""
+    stacked = params["bert"]["encoder"][SCANNED]["layer"]
+    n = jax.tree_util.tree_leaves(stacked)[0].shape[0]
+    layers = {
+        f"layer_{i}": jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i]), stacked)
+        for i in range(n)
+    }
+    return _with_encoder(params, layers)
+
+
+def is_scanned(params: dict) -> bool:
+    return SCANNED in params["bert"]["encoder"]
+
+
+def _with_encoder(params: dict, encoder: dict) -> dict:
+    bert = {**params["bert"], "encoder": encoder}
+    return {**params, "bert": bert}
 
 
 class Bert(nn.Module):
@@ -168,6 +256,8 @@ class Bert(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    remat: str = "none"
+    scan: bool = False
 
     @nn.compact
     def __call__(
@@ -177,7 +267,8 @@ class Bert(nn.Module):
         x = Embeddings(cfg, name="embeddings", **kw)(input_ids, deterministic)
         # Additive mask over keys, (B, 1, 1, L): 0 where attended, a large negative at padding.
         mask_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
-        x = Encoder(cfg, name="encoder", **kw)(x, mask_bias, deterministic)
+        encoder = Encoder(cfg, name="encoder", remat=self.remat, scan=self.scan, **kw)
+        x = encoder(x, mask_bias, deterministic)
         pooled = _Pooler(cfg, name="pooler", **kw)(x[:, 0])
         return x, pooled.astype(jnp.float32)
 
@@ -205,6 +296,8 @@ class Classifier(nn.Module):
     head_dropout: float = 0.0
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    remat: str = "none"
+    scan: bool = False
 
     @nn.compact
     def __call__(
@@ -212,18 +305,32 @@ class Classifier(nn.Module):
     ) -> jax.Array:
         lead = input_ids.shape[:-1]
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-        bert = Bert(self.cfg, self.dtype, self.param_dtype, name="bert")
+        bert = Bert(self.cfg, self.dtype, self.param_dtype, self.remat, self.scan, name="bert")
         _, pooled = bert(flat(input_ids), flat(attention_mask), deterministic)
         x = ops.Dropout(self.head_dropout)(pooled, deterministic=deterministic)
         logit = _dense(self.cfg, 1, "classifier", self.dtype, self.param_dtype)(x)
         return logit[:, 0].astype(jnp.float32).reshape(lead)
 
 
-def create_module(cfg: EncoderConfig, head_dropout: float, precision: str) -> Classifier:
+def create_module(
+    cfg: EncoderConfig,
+    head_dropout: float,
+    precision: str,
+    remat: str = "none",
+    scan: bool = False,
+) -> Classifier:
     """The model with fp32 storage and the compute dtype of `precision` (every task shares it;
-    `Task.example_shape` says what its inputs look like)."""
+    `Task.example_shape` says what its inputs look like); `remat` is a key of `REMAT` or
+    'none'; `scan` runs the layers as one `nn.scan` (params as `stack_layers` makes them)."""
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
-    return Classifier(cfg, head_dropout=head_dropout, dtype=dtype, param_dtype=jnp.float32)
+    return Classifier(
+        cfg,
+        head_dropout=head_dropout,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        remat=remat,
+        scan=scan,
+    )
 
 
 def init_params(module: nn.Module, example_shape: tuple[int, ...], seed: int) -> dict:

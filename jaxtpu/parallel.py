@@ -9,10 +9,11 @@ All strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
 - `PmapStrategy`: replicated state, per-device batch shards on a leading device axis,
   `lax.pmean` of gradients inside the step, donated state buffers.
 - `JitStrategy` (pjit): `jax.jit` with `NamedSharding` over a `Mesh(('data', 'fsdp'))`; the
-  batch is sharded on `data`, params are replicated, the AdamW moments are split over `data`
-  (ZeRO-1: each device updates its slice, then the new params are gathered). `fsdp` has size
-  1 today, so params can be sharded on it later without touching model code. The compiler
-  inserts the collectives.
+  batch is split over both axes. `--sharding` says where the fp32 state lives: `replicated`;
+  `zero1` (params replicated, AdamW moments split over every device: each updates its slice,
+  then the new params are gathered); `fsdp` (params, gradients and moments split over the
+  `fsdp` axis; the compiler gathers each weight where a layer needs it and reduce-scatters its
+  gradient). The compiler inserts the collectives; the model code does not change.
 - `ShardMapStrategy`: pmap's per-device step (`lax.pmean` inside) under `jax.shard_map` over
   the jit mesh's `data` axis, inside `jax.jit`, with the jit path's placement.
 A training call always runs K >= 1 stacked batches through `steps.train_steps` (a `lax.scan`,
@@ -293,26 +294,51 @@ class JitStrategy(Strategy):
     `_step_fns`: the placement of state and batches stays as it is here.
     """
 
-    def __init__(self, devices: list[jax.Device], task: str) -> None:
-        super().__init__(devices, task)
-        # Explicit Auto axes: classic pjit semantics (shardings on jit, compiler propagates).
-        self.mesh = Mesh(np.array(devices).reshape(self.n, 1), ("data", "fsdp"))
-        self.batch_sharding = NamedSharding(self.mesh, P("data"))
-        self.steps_sharding = NamedSharding(self.mesh, P(None, "data"))  # (K, rows, ...)
-        self.replicated = NamedSharding(self.mesh, P())
+    # Arrays smaller than this stay replicated: splitting a bias saves nothing and costs a
+    # collective.
+    MIN_SPLIT = 4096
 
-    def _state_sharding(self, state: Any) -> Any:
-        params = jax.tree_util.tree_map(lambda _: self.replicated, state.params)
-        opt = jax.tree_util.tree_map(self._split_sharding, state.opt_state)
+    def __init__(
+        self,
+        devices: list[jax.Device],
+        task: str,
+        sharding: str = "zero1",
+        mesh: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(devices, task)
+        data, fsdp = mesh or (self.n, 1)
+        if data * fsdp != self.n:
+            raise DeviceError(f"mesh data={data},fsdp={fsdp} does not cover {self.n} devices")
+        self.sharding = sharding
+        # Explicit Auto axes: classic pjit semantics (shardings on jit, compiler propagates).
+        self.mesh = Mesh(np.array(devices).reshape(data, fsdp), ("data", "fsdp"))
+        rows = ("data", "fsdp") if fsdp > 1 else "data"  # the batch: over every device
+        self.batch_sharding = NamedSharding(self.mesh, P(rows))
+        self.steps_sharding = NamedSharding(self.mesh, P(None, rows))  # (K, rows, ...)
+        self.replicated = NamedSharding(self.mesh, P())
+        self._all = rows
+
+    def state_sharding(self, state: Any) -> Any:
+        """The sharding of every leaf of `state` (arrays or `jax.ShapeDtypeStruct`s)."""
+        params_axis = "fsdp" if self.sharding == "fsdp" else None
+        moments_axis = {"replicated": None, "zero1": self._all, "fsdp": "fsdp"}[self.sharding]
+        params = jax.tree_util.tree_map(lambda x: self._split(x, params_axis), state.params)
+        opt = jax.tree_util.tree_map(lambda x: self._split(x, moments_axis), state.opt_state)
         rest = jax.tree_util.tree_map(lambda _: self.replicated, state)
         return rest.replace(params=params, opt_state=opt)
 
-    def _split_sharding(self, x: Any) -> NamedSharding:
-        """Optimizer moments split over the data axis on their first dimension, when it divides."""
-        shape = np.shape(x)
-        if self.n == 1 or not shape or shape[0] % self.n or np.size(x) < 4096:
+    def _split(self, x: Any, axis: Any) -> NamedSharding:
+        """`x` split over mesh `axis` on its largest dimension that divides evenly (the first
+        of equals); replicated when `axis` is None, `x` is small, or nothing divides."""
+        shape = tuple(getattr(x, "shape", np.shape(x)))
+        size = int(np.prod([self.mesh.shape[a] for a in np.atleast_1d(axis)])) if axis else 1
+        if size == 1 or int(np.prod(shape, dtype=np.int64)) < self.MIN_SPLIT:
             return self.replicated
-        return NamedSharding(self.mesh, P("data"))
+        fits = [d for d in range(len(shape)) if shape[d] % size == 0]
+        if not fits:
+            return self.replicated
+        dim = max(fits, key=lambda d: (shape[d], -d))
+        return NamedSharding(self.mesh, P(*[None] * dim, axis))
 
     def _step_fns(self) -> tuple[Any, Any]:
         """The pure (train_steps, eval_step) that jit compiles: global-batch functions."""
@@ -322,7 +348,13 @@ class JitStrategy(Strategy):
         )
 
     def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
-        shardings = self._state_sharding(state)
+        shardings = self.state_sharding(state)
+        train, evaluate = self.jitted(shardings)
+        return jax.device_put(state, shardings), train, evaluate
+
+    def jitted(self, shardings: Any) -> tuple[Any, Any]:
+        """The jitted (train, eval) functions for a state placed with `shardings` (also what
+        `jaxtpu.preflight` lowers and compiles for another target)."""
         train_fn, eval_fn = self._step_fns()
         train = jax.jit(
             self._counted(train_fn),
@@ -335,7 +367,7 @@ class JitStrategy(Strategy):
             in_shardings=(shardings, self.batch_sharding),
             out_shardings=self.batch_sharding,
         )
-        return jax.device_put(state, shardings), train, evaluate
+        return train, evaluate
 
     def put_steps(self, batches: dict[str, np.ndarray]) -> Any:
         return self._put(batches, self.steps_sharding, 1)
@@ -404,6 +436,25 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
-def make_strategy(name: str, devices: list[jax.Device], task: str) -> Strategy:
-    """The strategy `--parallel name` (names are checked with the flags, before any work)."""
-    return STRATEGIES[name](devices, task)
+def make_strategy(
+    name: str,
+    devices: list[jax.Device],
+    task: str,
+    sharding: str = "zero1",
+    mesh: tuple[int, int] | None = None,
+) -> Strategy:
+    """The strategy `--parallel name` (names are checked with the flags, before any work);
+    `sharding` and `mesh` (data, fsdp) apply to the jit-placed strategies."""
+    if name == "pmap":
+        return PmapStrategy(devices, task)
+    return STRATEGIES[name](devices, task, sharding, mesh)  # type: ignore[call-arg]
+
+
+def strategy_for(cfg: Any, devices: list[jax.Device]) -> Strategy:
+    """The strategy a run's flags ask for (--parallel, --sharding, --mesh) on `devices`."""
+    from jaxtpu.core.config import mesh_shape, param_sharding
+
+    sharding = param_sharding(cfg)
+    return make_strategy(
+        cfg.run.parallel, devices, cfg.run.task, sharding, mesh_shape(cfg, len(devices))
+    )

@@ -52,9 +52,13 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     if meta is None:
         raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
     enc = EncoderConfig.from_hf_dict(meta["encoder"])
+    scanned = models.create_module(enc, cfg.head_dropout, cfg.run.precision, scan=True)
     module = models.create_module(enc, cfg.head_dropout, cfg.run.precision)
-    template = models.param_shapes(module, cfg.task.example_shape(8))
+    stored = scanned if cfg.model.scan_layers else module
+    template = models.param_shapes(stored, cfg.task.example_shape(8))
     params, meta = ckpts.restore_best(template, {"task": cfg.run.task, "encoder": meta["encoder"]})
+    if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
+        params = models.unstack_layers(params)
     return TrainedModel(cfg, enc, module, params, meta, wd / "tokenizer")
 
 

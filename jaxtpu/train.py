@@ -16,7 +16,14 @@ import numpy as np
 
 from jaxtpu.core import loop
 from jaxtpu.core.cli import parse_args
-from jaxtpu.core.config import JAX_STRATEGIES, Config, require_strategy, weights_source
+from jaxtpu.core.config import (
+    JAX_STRATEGIES,
+    Config,
+    mesh_shape,
+    param_sharding,
+    require_strategy,
+    weights_source,
+)
 from jaxtpu.core.rundir import RunLog, claim_workdir, exit_code, user_errors
 
 __all__ = ["JaxBackend", "main", "train_and_evaluate"]
@@ -118,14 +125,18 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
     run = cfg.run
     devices = parallel.init_devices(run.num_devices)
     n_dev = len(devices)
+    data, fsdp = mesh_shape(cfg, n_dev)
     log.info(
-        "devices: %d x %s (%s)%s, strategy %s, precision %s",
+        "devices: %d x %s (%s)%s, strategy %s (params %s%s), precision %s%s",
         n_dev,
         devices[0].platform,
         devices[0].device_kind,
         f" over {procs.count} processes" if procs.count > 1 else "",
         run.parallel,
+        param_sharding(cfg),
+        f", mesh data={data},fsdp={fsdp}" if run.parallel != "pmap" else "",
         run.precision,
+        f", remat {cfg.model.remat}" if cfg.model.remat != "none" else "",
     )
 
     job = loop.Job.prepare(cfg, workdir, n_dev, procs.primary, t_start)
@@ -155,7 +166,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
     elif run.resume:
         log.info("--resume: no checkpoint in %s yet, starting at step 0", workdir)
 
-    strategy = parallel.make_strategy(run.parallel, devices, run.task)
+    strategy = parallel.strategy_for(cfg, devices)
     backend = JaxBackend(strategy, state, run.seed, ckpts)
     runlog = RunLog(workdir, resume_step=resume.step if run.resume else None, enabled=procs.primary)
     runlog.write_config(cfg, job.data.info, devices)

@@ -134,9 +134,15 @@ def load_model(cfg: Config, max_len: int, head_required: bool = False) -> Model:
     from jaxtpu import models
 
     enc = encoder_config(cfg)
-    module = models.create_module(enc, cfg.head_dropout, cfg.run.precision)
+    m = cfg.model
+    module = models.create_module(enc, cfg.head_dropout, cfg.run.precision, m.remat)
+    # Initialised (and mapped from Hugging Face names) as the unscanned model, so a scanned
+    # run starts from exactly the same weights, stacked.
     params = models.init_params(module, cfg.task.example_shape(max_len), cfg.run.seed)
     source = weights_source(cfg)
     if source:
         params, _ = load_params(source, params, head_required)
+    if m.scan_layers:
+        module = models.create_module(enc, cfg.head_dropout, cfg.run.precision, m.remat, True)
+        params = models.stack_layers(params)
     return Model(module, enc, params)

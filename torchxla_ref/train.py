@@ -22,6 +22,7 @@ from jaxtpu.core.config import (
     TORCH_STRATEGIES,
     Config,
     encoder_config,
+    jax_only_options,
     require_strategy,
     weights_source,
 )
@@ -233,6 +234,11 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
         raise UserError(
             "--coordinator-address/--num-processes: multi-host runs are jaxtpu only; the "
             "torch_xla reference runs on one host"
+        )
+    if jax_only_options(cfg):
+        raise UserError(
+            f"{', '.join(jax_only_options(cfg))}: jaxtpu-only memory options; the torch_xla "
+            "reference replicates its model on every device"
         )
     t_start = time.time()
     if cfg.run.parallel == "eager" and cfg.run.num_devices != 1:

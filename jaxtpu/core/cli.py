@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, get_type_hints
 
 from jaxtpu.core.config import (
@@ -74,9 +74,9 @@ def build_parser(prog: str, description: str, strategies: Sequence[str]) -> argp
 
 STRATEGY_HELP = {
     JAX_STRATEGIES: "Data-parallel strategy: pmap (replicated state, per-device step with "
-    "lax.pmean) or jit (pjit: one global step, NamedSharding over a ('data', 'fsdp') mesh, "
-    "optimizer moments split over devices), or shard_map (pmap's per-device step under "
-    "jax.shard_map on the jit mesh; what pmap-era code migrates to).",
+    "lax.pmean) or jit (pjit: one global step, NamedSharding over a ('data', 'fsdp') mesh "
+    "shaped by --mesh, state placed as --sharding says), or shard_map (pmap's per-device step "
+    "under jax.shard_map on the jit mesh; what pmap-era code migrates to).",
     TORCH_STRATEGIES: "Data-parallel strategy: spmd (one process, xr.use_spmd, inputs sharded "
     "on a mesh), spawn (xmp.spawn, one replica per device), or eager (plain PyTorch on the "
     "host CPU, no XLA, 1 device: the CPU baseline).",
@@ -96,7 +96,21 @@ def parse_args(
       prog, description: for --help.
       strategies: the `--parallel` values of this side; the first is its default.
     """
+    return parse_with(argv, prog, description, strategies)[0]
+
+
+def parse_with(
+    argv: Sequence[str] | None,
+    prog: str,
+    description: str,
+    strategies: Sequence[str] = JAX_STRATEGIES,
+    add_flags: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> tuple[Config, argparse.Namespace]:
+    """`parse_args` for a command with flags of its own besides the training flags
+    (`add_flags` adds them): the Config and the parsed namespace."""
     parser = build_parser(prog, description, strategies)
+    if add_flags:
+        add_flags(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     cfg = get_preset(args.preset)
     overrides = {
@@ -105,7 +119,7 @@ def parse_args(
     if cfg.run.parallel not in strategies:
         overrides.setdefault("parallel", strategies[0])
     try:
-        return apply_overrides(cfg, overrides)
+        return apply_overrides(cfg, overrides), args
     except ConfigError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits

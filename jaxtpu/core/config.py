@@ -24,6 +24,11 @@ SCHEDULES = ("constant", "linear", "cosine", "onecycle")
 # Data-parallel strategies of each side; the first is that side's default.
 JAX_STRATEGIES = ("pmap", "jit", "shard_map")
 TORCH_STRATEGIES = ("spmd", "spawn", "eager")
+# Where the params and AdamW moments live (jaxtpu's jit path; `jaxtpu.parallel`).
+SHARDINGS = ("auto", "replicated", "zero1", "fsdp")
+# Rematerialisation of each encoder layer in the backward pass (`jaxtpu.models.REMAT`).
+REMATS = ("none", "layer", "dots")
+MESH_AXES = ("data", "fsdp")
 
 
 def _f(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
@@ -54,6 +59,7 @@ class ModelConfig:
     hidden_size: int = _f(64, "Hidden size (random init only).")
     num_heads: int = _f(4, "Attention heads (random init only).")
     intermediate_size: int = _f(128, "Feed-forward size (random init only).")
+    vocab_size: int = _f(30522, "Vocabulary size (random init only; e.g. 250002 for XLM-R).")
     dropout: float = _f(
         -1.0,
         "Dropout before the Dense head; -1 = the task's default ("
@@ -62,6 +68,21 @@ class ModelConfig:
     )
     encoder_dropout: float = _f(
         -1.0, "Dropout inside the encoder; -1 = the checkpoint's hidden_dropout_prob."
+    )
+    remat: str = _f(
+        "none",
+        "jaxtpu: recompute each encoder layer's activations in the backward pass instead of "
+        "keeping them (less activation memory, about one more forward pass of compute). "
+        "'layer' keeps only each layer's input; 'dots' also keeps the outputs of the dense "
+        "(weight) matmuls and recomputes attention, softmax, GELU and LayerNorm.",
+        REMATS,
+    )
+    scan_layers: bool = _f(
+        False,
+        "jaxtpu: run the encoder layers as one nn.scan over stacked weights: compiles one "
+        "layer instead of all of them (much faster compilation of deep models); the weights "
+        "keep their Hugging Face names (stacked on load, unstacked on export). Dropout masks "
+        "differ from the unscanned model's (each layer's own key).",
     )
 
 
@@ -122,6 +143,21 @@ class RunConfig:
         8,
         "Devices to use (virtual CPU devices when no accelerator); per process when "
         "--num-processes > 1.",
+    )
+    sharding: str = _f(
+        "auto",
+        "jaxtpu: where the fp32 params and AdamW moments live. 'replicated': every device "
+        "holds everything; 'zero1': params replicated, moments split over all devices (ZeRO-1);"
+        " 'fsdp': params, gradients and moments split over the --mesh fsdp axis, gathered per "
+        "layer by the compiler (--parallel jit). 'auto' = zero1 for jit/shard_map, replicated "
+        "for pmap.",
+        SHARDINGS,
+    )
+    mesh: str = _f(
+        "",
+        "jaxtpu --parallel jit: the device mesh as data=D,fsdp=F (D x F = all devices); the "
+        "batch is split over both axes, --sharding fsdp splits params over fsdp. Empty = every "
+        "device on data, or on fsdp with --sharding fsdp.",
     )
     batch_size: int = _f(4, "Examples (or pairs) per device per step.")
     epochs: int = _f(1, "Passes over the training data.")
@@ -299,6 +335,7 @@ BOUNDS: dict[str, Bounds] = {
     "hidden_size": Bounds(1, 16384),
     "num_heads": Bounds(1, 256),
     "intermediate_size": Bounds(1, 65536),
+    "vocab_size": Bounds(2, 10**7),
     "dropout": Bounds(0, 1, hi_open=True, special=(-1.0,)),
     "encoder_dropout": Bounds(0, 1, hi_open=True, special=(-1.0,)),
     "valid_fraction": Bounds(0, 1, lo_open=True, hi_open=True),
@@ -368,6 +405,7 @@ def validate(cfg: Config) -> None:
             f"--init-from {cfg.model.init_from} needs --model-dir: the Hugging Face directory "
             "with the checkpoint's config.json and tokenizer"
         )
+    mesh_shape(cfg)  # a --mesh this run cannot use is refused here
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise ConfigError(
             f"--hidden-size {cfg.model.hidden_size} is not divisible by "
@@ -383,6 +421,75 @@ def require_strategy(cfg: Config, strategies: Sequence[str], side: str) -> None:
             f"--parallel {cfg.run.parallel} is not a {side} strategy; choose one of "
             f"{', '.join(strategies)}"
         )
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+    """`'data=2,fsdp=4'` -> {'data': 2, 'fsdp': 4} (a missing axis has size 1)."""
+    sizes = dict.fromkeys(MESH_AXES, 1)
+    seen = set()
+    for part in spec.split(","):
+        name, eq, value = part.strip().partition("=")
+        if not eq or name not in MESH_AXES or name in seen or not value.strip().isdigit():
+            raise ConfigError(
+                f"--mesh {spec}: expected data=D,fsdp=F with positive integers (axes "
+                f"{', '.join(MESH_AXES)}, each at most once)"
+            )
+        seen.add(name)
+        sizes[name] = int(value)
+        if sizes[name] < 1:
+            raise ConfigError(f"--mesh {spec}: axis {name} must be >= 1")
+    return sizes
+
+
+def param_sharding(cfg: Config) -> str:
+    """--sharding with 'auto' resolved for the run's strategy."""
+    if cfg.run.sharding != "auto":
+        return cfg.run.sharding
+    return "replicated" if cfg.run.parallel == "pmap" else "zero1"
+
+
+def mesh_shape(cfg: Config, devices: int | None = None) -> tuple[int, int]:
+    """(data, fsdp) sizes of the run's mesh over `devices` (default: --num-devices x
+    --num-processes), after checking that the strategy can use them."""
+    n = devices or cfg.run.num_devices * cfg.run.num_processes
+    sharding, parallel = param_sharding(cfg), cfg.run.parallel
+    if parallel not in JAX_STRATEGIES:  # the torch side refuses these flags itself
+        return n, 1
+    if parallel == "pmap" and (sharding != "replicated" or cfg.run.mesh):
+        flag = f"--sharding {sharding}" if sharding != "replicated" else f"--mesh {cfg.run.mesh}"
+        raise ConfigError(f"{flag} needs --parallel jit (pmap replicates the whole state)")
+    if parallel == "shard_map" and sharding == "fsdp":
+        raise ConfigError(
+            "--sharding fsdp needs --parallel jit (shard_map's per-device step sees the whole "
+            "state)"
+        )
+    if not cfg.run.mesh:
+        return (1, n) if sharding == "fsdp" else (n, 1)
+    sizes = parse_mesh(cfg.run.mesh)
+    if sizes["data"] * sizes["fsdp"] != n:
+        raise ConfigError(
+            f"--mesh {cfg.run.mesh}: data x fsdp = {sizes['data'] * sizes['fsdp']}, but the run "
+            f"has {n} devices (--num-devices x --num-processes)"
+        )
+    if parallel == "shard_map" and sizes["fsdp"] > 1:
+        raise ConfigError(f"--mesh {cfg.run.mesh}: shard_map runs on the data axis only; use "
+                          "--parallel jit for an fsdp axis")  # fmt: skip
+    return sizes["data"], sizes["fsdp"]
+
+
+JAX_ONLY = ("remat", "scan_layers", "sharding", "mesh")
+
+
+def jax_only_options(cfg: Config) -> list[str]:
+    """The jaxtpu-only memory flags (`JAX_ONLY`) that `cfg` sets away from their defaults (the
+    torch side refuses them rather than silently run without)."""
+    set_away = []
+    for name in JAX_ONLY:
+        section = FIELDS[name][0]
+        value = getattr(getattr(cfg, section), name)
+        if value != getattr(getattr(Config(), section), name):
+            set_away.append(f"--{name.replace('_', '-')} {value}")
+    return set_away
 
 
 def from_dict(d: dict[str, Any]) -> Config:
@@ -482,6 +589,7 @@ def encoder_config(cfg: Config) -> EncoderConfig:
             num_hidden_layers=m.num_layers,
             num_attention_heads=m.num_heads,
             intermediate_size=m.intermediate_size,
+            vocab_size=m.vocab_size,
         )
     if cfg.model.encoder_dropout >= 0:
         enc = dataclasses.replace(

@@ -57,6 +57,7 @@ RESUME_MAY_CHANGE = frozenset(
         "max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "patience",
         "steps_per_call", "progress", "resume", "workdir", "cache_dir",
         "coordinator_address", "process_id", "parallel",
+        "sharding", "mesh", "remat",  # placement and recompute: the checkpoint is a host tree
     }
 )  # fmt: skip
 
