@@ -4,14 +4,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test lint bench parity-report clean
+.PHONY: setup train test lint bench parity-report preflight clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[torch,pretrained,dev]'
+	$(PY) -m pip install -e '.[torch,pretrained,tpu,dev]'
 	@touch $(STAMP)
 
 train: $(STAMP)
@@ -27,6 +27,9 @@ bench: $(STAMP)
 
 parity-report: $(STAMP)
 	$(PY) -m parity_tests.report $(ARGS)
+
+preflight: $(STAMP)
+	$(PY) -m jaxtpu.preflight $(ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -45,6 +45,16 @@ def _saved(y: jax.Array) -> jax.Array:
     return checkpoint_name(y, DENSE_OUT)
 
 
+# Logical names of the residual stream's axes. A strategy that shards the weights maps them to
+# mesh axes (flax's `nn.logical_axis_rules`, see `jaxtpu.parallel`), so the activations stay
+# split by batch rows; without rules these constraints do nothing.
+RESIDUAL = ("batch", "length", "embed")
+
+
+def _residual(x: jax.Array) -> jax.Array:
+    return nn.with_logical_constraint(x, RESIDUAL)
+
+
 def _layer_norm(cfg: EncoderConfig, name: str, param_dtype: Dtype) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=param_dtype, name=name
@@ -129,7 +139,7 @@ class Layer(nn.Module):
 
     def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
         x = self.attention(x, mask_bias, deterministic)
-        return self.output(self.intermediate(x), x, deterministic)
+        return _residual(self.output(self.intermediate(x), x, deterministic))
 
 
 class _Attention(nn.Module):
@@ -264,7 +274,7 @@ class Bert(nn.Module):
         self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool = True
     ) -> tuple[jax.Array, jax.Array]:
         cfg, kw = self.cfg, dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        x = Embeddings(cfg, name="embeddings", **kw)(input_ids, deterministic)
+        x = _residual(Embeddings(cfg, name="embeddings", **kw)(input_ids, deterministic))
         # Additive mask over keys, (B, 1, 1, L): 0 where attended, a large negative at padding.
         mask_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
         encoder = Encoder(cfg, name="encoder", remat=self.remat, scan=self.scan, **kw)

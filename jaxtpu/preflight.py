@@ -1,0 +1,433 @@
+"""`python -m jaxtpu.preflight`: how much memory a training run needs per device on a target
+(this machine's devices, or a TPU slice this machine does not have), before you rent it.
+
+It builds the run's real train and eval steps from the training flags (model, task, batch,
+max length, precision, strategy, --sharding, --mesh, --remat), compiles them ahead of time
+for the target without running them or allocating a weight, and reads the compiler's own
+accounting (`memory_analysis`, `cost_analysis`) of the compiled executables.
+
+TPU targets compile on a CPU-only host: PyPI's `libtpu` (installed by the project) compiles
+for a TPU topology through `jax.experimental.topologies.get_topology_desc`; the numbers are the
+TPU compiler's, for the same program that would run there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jaxtpu.core.cli import parse_with
+from jaxtpu.core.config import (
+    REMATS,
+    Config,
+    encoder_config,
+    mesh_shape,
+    param_sharding,
+)
+from jaxtpu.core.errors import ConfigError, DeviceError
+from jaxtpu.core.rundir import user_errors
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Target:
+    """A TPU slice JAX can compile for without having it."""
+
+    topology: str  # jax.experimental.topologies name: "<version>:<chips grid>"
+    hbm_per_chip_gib: float
+    source: str
+
+    @property
+    def chips(self) -> int:
+        return math.prod(int(x) for x in self.topology.split(":")[1].split("x"))
+
+
+# HBM per chip from Google's Cloud TPU system-architecture pages (cloud.google.com/tpu/docs/
+# v2, v3, v4, v5e, v6e). A device is what the topology's compiler sees: TPU v2/v3 (and v4
+# compiled per TensorCore, as get_topology_desc does here) have 2 devices per chip.
+TPU_TARGETS: dict[str, Target] = {
+    "v2-8": Target("v2:2x2", 16, "cloud.google.com/tpu/docs/v2: 16 GiB HBM per chip"),
+    "v3-8": Target("v3:2x2", 32, "cloud.google.com/tpu/docs/v3: 32 GiB HBM per chip"),
+    "v4-8": Target("v4:2x2x1", 32, "cloud.google.com/tpu/docs/v4: 32 GiB HBM per chip"),
+    "v5e-8": Target("v5e:2x4", 16, "cloud.google.com/tpu/docs/v5e: 16 GB HBM2 per chip"),
+    "v6e-8": Target("v6e:2x4", 32, "cloud.google.com/tpu/docs/v6e: 32 GB HBM per chip"),
+}
+TARGETS = ("cpu", *TPU_TARGETS)
+# `--sweep`: every way jaxtpu can place the state, with and without rematerialisation.
+SWEEP = [(s, r) for s in ("replicated", "zero1", "fsdp") for r in REMATS]
+
+
+@dataclass
+class Report:
+    """One compiled configuration's per-device figures (bytes unless named otherwise)."""
+
+    target: str
+    sharding: str
+    remat: str
+    mesh: str
+    batch_size: int
+    max_len: int
+    scan: bool = False
+    device: str = ""  # the compiled-for device kind, e.g. "TPU v3"
+    params: int = 0
+    optimizer: int = 0
+    batch: int = 0
+    temporary: int = 0  # activations and other scratch of the train step
+    total: int = 0  # the train step's peak: arguments + outputs - donated + temporary
+    eval_total: int = 0
+    capacity: int = 0  # the target's memory per device
+    fits: bool = False
+    flops_per_step: float = 0.0
+    compile_s: float = 0.0
+    error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def target_devices(target: str, n: int) -> tuple[list[Any], int]:
+    """(devices to compile for, memory per device in bytes)."""
+    import jax
+
+    if target == "cpu":
+        from jaxtpu import parallel
+
+        devices = parallel.init_devices(n)
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return devices, host // len(devices)  # the host's RAM, shared by its virtual devices
+    if target not in TPU_TARGETS:
+        raise ConfigError(f"--target {target}: unknown; choose one of {', '.join(TARGETS)}")
+    spec = TPU_TARGETS[target]
+    from jax.experimental import topologies
+
+    try:
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=spec.topology)
+    except Exception as e:  # libtpu missing, or a topology this libtpu does not know
+        raise DeviceError(
+            f"--target {target}: cannot compile for TPU topology {spec.topology} here "
+            f"({str(e).splitlines()[0][:160]}); is libtpu installed (pip install "
+            f"'jax[tpu]=={jax.__version__}')?"
+        ) from None
+    devices = list(topo.devices)
+    if len(devices) != n:
+        raise ConfigError(
+            f"--target {target} has {len(devices)} devices; use --num-devices {len(devices)}"
+        )
+    per_device = int(spec.hbm_per_chip_gib * GiB * spec.chips / len(devices))
+    return devices, per_device
+
+
+def _bytes_per_device(tree: Any, shardings: Any) -> int:
+    import jax
+    import numpy as np
+
+    sizes = jax.tree_util.tree_map(
+        lambda x, s: math.prod(s.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize,
+        tree,
+        shardings,
+    )
+    return int(sum(jax.tree_util.tree_leaves(sizes)))
+
+
+@dataclass
+class Lowered:
+    """The run's train and eval steps lowered for a device set, with what they take."""
+
+    train: Any
+    eval: Any
+    state: Any  # abstract (shapes and dtypes)
+    shardings: Any
+    batches: Any  # the abstract K stacked batches of one train call
+
+
+def lower(cfg: Config, devices: list[Any]) -> Lowered:
+    """Traces and lowers the run's train call (K = --steps-per-call batches) and eval step for
+    `devices` on abstract inputs: no weight is created, nothing runs."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtpu import models, optim, parallel, steps
+
+    run, m = cfg.run, cfg.model
+    module = models.create_module(
+        encoder_config(cfg), cfg.head_dropout, run.precision, m.remat, m.scan_layers
+    )
+    example = cfg.task.example_shape(cfg.data.max_len)
+    dummy = jnp.zeros((1, *example), jnp.int32)
+    params = jax.eval_shape(lambda: module.init(jax.random.key(0), dummy, dummy)["params"])
+    tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
+    state = jax.eval_shape(
+        lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
+    )
+    strategy = parallel.make_strategy(
+        run.parallel, devices, run.task, param_sharding(cfg), mesh_shape(cfg, len(devices))
+    )
+    shardings = strategy.state_sharding(state)
+    train, evaluate = strategy.jitted(shardings)
+    rows = run.batch_size * len(devices)
+
+    def batch(lead: tuple[int, ...], sharding: Any) -> dict[str, Any]:
+        ids = jax.ShapeDtypeStruct((*lead, rows, *example), jnp.int32, sharding=sharding)
+        vec = jax.ShapeDtypeStruct((*lead, rows), jnp.float32, sharding=sharding)
+        return {"input_ids": ids, "attention_mask": ids, "label": vec, "weight": vec}
+
+    rng = jax.eval_shape(lambda: jax.random.key(0))
+    rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=strategy.replicated)
+    abstract_state = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+    )
+    batches = batch((run.steps_per_call,), strategy.steps_sharding)
+    return Lowered(
+        train.lower(abstract_state, batches, rng),
+        evaluate.lower(abstract_state, batch((), strategy.batch_sharding)),
+        state,
+        shardings,
+        batches,
+    )
+
+
+def flops_per_step(cfg: Config, devices: list[Any]) -> float:
+    """FLOPs of one train step per device: XLA's count of the whole (unpartitioned) step,
+    lowered for one host CPU device (a TPU lowering has no count), divided by the devices.
+    Counted on the unscanned model, one step per call: XLA counts a loop body once, not once
+    per iteration."""
+    import jax
+
+    n = len(devices)
+    flat = cfg.replace(
+        scan_layers=False, steps_per_call=1, log_every=1, eval_every=0, checkpoint_every=0,
+        parallel="jit", sharding="replicated", mesh="", batch_size=cfg.run.batch_size * n,
+    )  # fmt: skip
+    key = flat.to_json()
+    if key not in _FLOPS:  # the same for every placement: once per model, batch and remat
+        cost = lower(flat, jax.local_devices(backend="cpu")[:1]).train.cost_analysis() or {}
+        _FLOPS[key] = float(cost.get("flops", 0.0))
+    return _FLOPS[key] / n
+
+
+_FLOPS: dict[str, float] = {}
+
+
+def check(cfg: Config, target: str, devices: list[Any], capacity: int) -> Report:
+    """Compiles the run's train and eval steps for `devices` and reports their memory."""
+    import jax
+
+    data, fsdp = mesh_shape(cfg, len(devices))
+    report = Report(
+        target, param_sharding(cfg), cfg.model.remat, f"data={data},fsdp={fsdp}",
+        cfg.run.batch_size, cfg.data.max_len, capacity=capacity, scan=cfg.model.scan_layers,
+        device=devices[0].device_kind,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    low = lower(cfg, devices)
+    try:
+        compiled, compiled_eval = low.train.compile(), low.eval.compile()
+    except Exception as e:  # the TPU compiler refuses a program that cannot fit
+        text = str(e)
+        if "RESOURCE_EXHAUSTED" not in text and "memory" not in text.lower():
+            raise
+        report.compile_s = round(time.perf_counter() - t0, 1)
+        report.error = text.splitlines()[0][:300]
+        return report
+    report.compile_s = round(time.perf_counter() - t0, 1)
+    mem, eval_mem = compiled.memory_analysis(), compiled_eval.memory_analysis()
+    report.params = _bytes_per_device(low.state.params, low.shardings.params)
+    report.optimizer = _bytes_per_device(low.state.opt_state, low.shardings.opt_state)
+    report.batch = _bytes_per_device(
+        low.batches, jax.tree_util.tree_map(lambda x: x.sharding, low.batches)
+    )
+    report.temporary = int(mem.temp_size_in_bytes)
+    report.total = _peak(mem)
+    report.eval_total = _peak(eval_mem)
+    report.fits = max(report.total, report.eval_total) <= capacity
+    report.flops_per_step = flops_per_step(cfg, devices)
+    return report
+
+
+def _peak(mem: Any) -> int:
+    """The executable's live bytes at its peak: inputs, outputs not aliased to a (donated)
+    input, and the temporaries."""
+    return int(
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+    )
+
+
+def find_batch(cfg: Config, target: str, devices: list[Any], capacity: int, say: Any) -> Report:
+    """The largest per-device batch whose train and eval steps fit: doubling from 1, then
+    bisection (memory grows with the batch). Returns the report of that batch (or of batch 1,
+    not fitting, when nothing fits)."""
+    best: Report | None = None
+    lo, hi, b = 0, None, 1
+    while hi is None or hi - lo > 1:
+        report = check(cfg.replace(batch_size=b), target, devices, capacity)
+        say(report)
+        if report.fits:
+            lo, best = b, report
+        else:
+            hi = b
+            best = best or report
+        if hi is None:
+            b *= 2
+            if b > MAX_BATCH:
+                break
+        else:
+            b = (lo + hi) // 2
+            if b == lo:
+                break
+    assert best is not None
+    best.extra["largest_batch"] = lo
+    return best
+
+
+MAX_BATCH = 4096
+
+
+def options(cfg: Config, sweep: bool) -> list[Config]:
+    """The configurations to compile: the flags as given, or with --sweep every
+    (--sharding, --remat) pair on the flags' mesh (fsdp: every device on the fsdp axis unless
+    --mesh says otherwise)."""
+    if not sweep:
+        return [cfg]
+    return [cfg.replace(sharding=s, remat=r) for s, r in SWEEP]
+
+
+def _gib(x: float) -> str:
+    """Bytes in GiB, or MiB below 1 GiB (tiny models are all zeros in GiB)."""
+    return f"{x / GiB:.2f} GiB" if x >= GiB else f"{x / 2**20:.1f} MiB"
+
+
+COLUMNS = [
+    ("sharding", lambda r: r.sharding),
+    ("remat", lambda r: r.remat),
+    ("scan", lambda r: "yes" if r.scan else "no"),
+    ("mesh", lambda r: r.mesh),
+    ("batch/dev", lambda r: str(r.batch_size)),
+    ("params", lambda r: _gib(r.params)),
+    ("optimizer", lambda r: _gib(r.optimizer)),
+    ("temporary", lambda r: _gib(r.temporary)),
+    ("train step", lambda r: _gib(r.total) if not r.error else "refused"),
+    ("eval step", lambda r: _gib(r.eval_total) if not r.error else "-"),
+    ("target", lambda r: _gib(r.capacity)),
+    ("fits", lambda r: "yes" if r.fits else "NO"),
+    ("GFLOP/step/device", lambda r: f"{r.flops_per_step / 1e9:.1f}"),
+    ("compile s", lambda r: f"{r.compile_s:.1f}"),
+]
+
+
+def table(reports: list[Report], find: bool) -> str:
+    """A Markdown table: one row per configuration (its largest batch with --find-batch)."""
+    cols = list(COLUMNS)
+    if find:
+        cols.insert(3, ("largest batch/dev", lambda r: str(r.extra.get("largest_batch", 0))))
+    lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(f(r) for _, f in cols) + " |" for r in reports]
+    return "\n".join(lines)
+
+
+def _say(report: Report) -> None:
+    what = (
+        f"{report.target} {report.sharding} remat={report.remat}{' scan' if report.scan else ''} "
+        f"{report.mesh} "
+        f"batch/dev {report.batch_size}"
+    )
+    if report.error:
+        print(f"  {what}: refused by the compiler ({report.error[:120]})", file=sys.stderr)
+        return
+    print(
+        f"  {what}: train {_gib(report.total)}, eval {_gib(report.eval_total)} of "
+        f"{_gib(report.capacity)}: {'fits' if report.fits else 'does NOT fit'} "
+        f"(compiled in {report.compile_s:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _add_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("preflight")
+    g.add_argument(
+        "--target",
+        default="cpu",
+        choices=TARGETS,
+        help="Where the run would train: cpu (this machine's --num-devices devices; capacity = "
+        "host RAM / devices) or a TPU slice, compiled here by libtpu: "
+        + ", ".join(
+            f"{k} ({v.topology}, {v.hbm_per_chip_gib:g} GiB/chip)" for k, v in TPU_TARGETS.items()
+        )
+        + " [default: cpu]",
+    )
+    g.add_argument(
+        "--sweep",
+        action="store_true",
+        help="Compile every memory option (--sharding replicated/zero1/fsdp x --remat "
+        "none/layer/dots) instead of only the flags' own.",
+    )
+    g.add_argument(
+        "--find-batch",
+        action="store_true",
+        help="For each configuration, find the largest --batch-size (per device) whose train "
+        "and eval steps fit the target (doubling, then bisection; one compilation each).",
+    )
+    g.add_argument(
+        "--json",
+        default=None,
+        help="Where to write the reports as JSON [default: runs/preflight/<target>.json].",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg, args = parse_with(
+        argv,
+        prog="python -m jaxtpu.preflight",
+        description="Compile a training run's train and eval steps for a target (this CPU or a "
+        "TPU slice) without running them, and print the memory each device needs, whether it "
+        "fits, FLOPs per step and compile time. Takes every training flag of jaxtpu.train.",
+        strategies=("jit", "shard_map"),
+        add_flags=_add_flags,
+    )
+    with user_errors():
+        if cfg.run.num_processes > 1:
+            raise ConfigError("--num-processes: preflight compiles for one host's devices")
+        devices, capacity = target_devices(args.target, cfg.run.num_devices)
+        configs = options(cfg, args.sweep)
+        for c in configs:
+            mesh_shape(c, len(devices))  # every configuration is valid before any compiles
+        print(
+            f"preflight: {len(configs)} configuration(s) for {args.target} "
+            f"({len(devices)} x {devices[0].device_kind}, {_gib(capacity)} each), "
+            f"{cfg.run.task}, {cfg.run.precision}, max_len {cfg.data.max_len}, model "
+            f"{cfg.model.model_dir or 'random init'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        reports = []
+        for c in configs:
+            if args.find_batch:
+                reports.append(find_batch(c, args.target, devices, capacity, _say))
+            else:
+                reports.append(check(c, args.target, devices, capacity))
+                _say(reports[-1])
+        print(table(reports, args.find_batch))
+        out = Path(args.json or f"runs/preflight/{args.target}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "target": args.target,
+            "config": cfg.to_dict(),
+            "reports": [asdict(r) for r in reports],
+        }
+        out.write_text(json.dumps(record, indent=2))
+        print(f"preflight: wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""`jaxtpu.preflight`: the train and eval steps compile for a TPU slice on this CPU-only
+machine (every code path), the memory figures move the way the options say, and bad input is
+one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxtpu import preflight
+from jaxtpu.core import presets
+from jaxtpu.core.errors import DeviceError
+
+pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed: pip install "
+                    "-e '.[tpu]'")  # fmt: skip
+
+# Activations large enough to dominate the tiny model's state.
+SHAPE = dict(max_len=64, batch_size=16, parallel="jit")
+
+
+@pytest.fixture(scope="module")
+def v3():
+    return preflight.target_devices("v3-8", 8)
+
+
+def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3, capsys):
+    """Each memory option, remat policy, scanned and unrolled layers, both tasks, bf16 and
+    fp32, jit and shard_map, one and several steps per call: five TPU compilations."""
+    devices, capacity = v3
+    assert len(devices) == 8 and capacity == 16 * 2**30  # v3: 32 GiB per chip, 2 cores
+    # 1: through the command line, the default placement (zero1) written as JSON
+    out = tmp_path / "v3.json"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()]
+    assert preflight.main(["--preset", "tiny", "--target", "v3-8", "--json", str(out), *flags]) == 0
+    (zero1,) = json.loads(out.read_text())["reports"]
+    assert "| zero1 | none | no | data=8,fsdp=1 | 16 |" in capsys.readouterr().out
+    tiny = presets.tiny().replace(**SHAPE)
+    runs = {
+        "replicated": tiny.replace(sharding="replicated"),
+        "replicated + remat layer": tiny.replace(sharding="replicated", remat="layer"),
+        "fsdp data=2,fsdp=4 + remat dots + scan, 2 steps per call, fp32 ranking": tiny.replace(
+            sharding="fsdp", mesh="data=2,fsdp=4", remat="dots", scan_layers=True,
+            steps_per_call=2, log_every=2, precision="fp32", task="ranking",
+        ),
+        "shard_map + remat layer, ranking": tiny.replace(
+            parallel="shard_map", remat="layer", task="ranking"
+        ),
+    }  # fmt: skip
+    reports = {name: preflight.check(cfg, "v3-8", devices, capacity) for name, cfg in runs.items()}
+    reports["zero1"] = preflight.Report(**zero1)
+    for name, r in reports.items():
+        assert r.device == "TPU v3", name
+        assert r.fits and not r.error, name
+        assert r.params > 0 and r.flops_per_step > 0 and r.compile_s > 0, name
+        assert r.total >= r.params + r.optimizer + r.temporary, name
+    rep = reports["replicated"]
+    assert reports["zero1"].params == rep.params
+    assert reports["zero1"].optimizer < rep.optimizer / 6  # moments split over 8
+    fsdp = reports["fsdp data=2,fsdp=4 + remat dots + scan, 2 steps per call, fp32 ranking"]
+    assert fsdp.params < rep.params / 3  # params split over fsdp = 4
+    # rematerialisation trades compute for activation memory
+    remat = reports["replicated + remat layer"]
+    assert remat.temporary < 0.8 * rep.temporary, (remat.temporary, rep.temporary)
+    assert remat.flops_per_step > rep.flops_per_step
+
+
+def test_fsdp_holds_about_one_nth_of_the_state_per_device_on_the_cpu():
+    devices, capacity = preflight.target_devices("cpu", 8)
+    tiny = presets.tiny().replace(parallel="jit")
+    rep = preflight.check(tiny.replace(sharding="replicated"), "cpu", devices, capacity)
+    fsdp = preflight.check(tiny.replace(sharding="fsdp"), "cpu", devices, capacity)
+    assert fsdp.device == rep.device == "cpu"
+    state = lambda r: r.params + r.optimizer  # noqa: E731
+    # all but the arrays under MIN_SPLIT elements (biases, LayerNorm) are split over 8
+    assert state(fsdp) <= 1.1 * state(rep) / 8, (state(fsdp), state(rep))
+    assert fsdp.flops_per_step == pytest.approx(rep.flops_per_step)
+
+
+def test_find_batch_bisects_to_the_largest_batch_that_fits(monkeypatch):
+    tried = []
+
+    def fake_check(cfg, target, devices, capacity):
+        tried.append(cfg.run.batch_size)
+        r = preflight.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.run.batch_size, 16)
+        r.fits = cfg.run.batch_size <= 37
+        return r
+
+    monkeypatch.setattr(preflight, "check", fake_check)
+    best = preflight.find_batch(presets.tiny(), "cpu", [], 0, lambda r: None)
+    assert best.extra["largest_batch"] == best.batch_size == 37
+    assert tried[:7] == [1, 2, 4, 8, 16, 32, 64]
+    assert len(tried) == 7 + 5  # bisection of (32, 64)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--target", "v9-8"], "invalid choice: 'v9-8'"),
+        (["--parallel", "jit", "--mesh", "data=3,fsdp=3"], "data x fsdp = 9, but the run has 8"),
+        (["--parallel", "shard_map", "--sharding", "fsdp"], "--sharding fsdp needs --parallel jit"),
+        (["--parallel", "pmap"], "invalid choice: 'pmap'"),
+    ],
+)
+def test_bad_preflight_flags_are_one_line_and_write_nothing(tmp_path, capsys, flags, message):
+    out = tmp_path / "out.json"
+    with pytest.raises(SystemExit) as e:
+        preflight.main(["--preset", "tiny", "--json", str(out), *flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) <= 2, err  # usage + the error
+    assert not out.exists()
+
+
+def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
+    monkeypatch.setitem(preflight.TPU_TARGETS, "v9-8", preflight.Target("v9:2x2", 64, "test"))
+    with pytest.raises(DeviceError, match="cannot compile for TPU topology v9:2x2") as e:
+        preflight.target_devices("v9-8", 8)
+    assert "\n" not in str(e.value)
