@@ -14,6 +14,9 @@ peak, peak host memory), writes `DIR/benchmarks.json` (one record per configurat
             devices, plus the --quick jaxtpu rows; torch_xla SPMD and spawn for tiny and SPMD
             for the target row (MiniLM bf16, 8 devices); the reference rows. About 25 minutes.
   --all     also every other torch_xla row (XLA:CPU runs a MiniLM step in 30+ s: hours).
+  --memory  only what the memory options cost in step time: jit MiniLM bf16 with --sharding
+            fsdp and with --remat layer, each beside the same row without (8 devices, and 2
+            devices with 8 steps per call). About 6 minutes.
   --epoch   real data instead (`benchmarks.epoch`): MiniLM bf16 on the 10,000 real comments at
             max length 128 and 256; jaxtpu jit/8 on 2 devices padded and in length buckets, and
             plain PyTorch on the CPU (eager, torch.compile) fed random batches with dynamic
@@ -36,10 +39,10 @@ from typing import Any
 from parity_tests.harness import ROOT, clean_env
 
 
-def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
-    def cfg(fw, st, wl, pr, dev, k=1):
+def matrix(quick: bool, all_configs: bool, memory_only: bool = False) -> list[dict[str, Any]]:
+    def cfg(fw, st, wl, pr, dev, k=1, **memory):  # memory: sharding=..., remat=... (jit)
         c = {"framework": fw, "strategy": st, "workload": wl, "precision": pr, "devices": dev}
-        return {**c, "steps_per_call": k} if k > 1 else c
+        return {**c, **({"steps_per_call": k} if k > 1 else {}), **memory}
 
     refs = [
         cfg("torch", "eager", "minilm", "bf16", 1),
@@ -54,12 +57,26 @@ def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
         cfg("jaxtpu", "jit", "minilm", "bf16", 2),
         cfg("jaxtpu", "jit", "minilm", "bf16", 2, 8),
     ]
+    # What the memory options (--sharding fsdp, --remat) cost in speed, on 8 and on 2 devices.
+    memory = [
+        cfg("jaxtpu", "jit", "minilm", "bf16", 8, sharding="fsdp"),
+        cfg("jaxtpu", "jit", "minilm", "bf16", 8, remat="layer"),
+        cfg("jaxtpu", "jit", "minilm", "bf16", 2, 8, sharding="fsdp"),
+        cfg("jaxtpu", "jit", "minilm", "bf16", 2, 8, remat="layer"),
+    ]
+    if memory_only:  # each memory option next to the same row without it
+        plain = [
+            cfg("jaxtpu", "jit", "minilm", "bf16", 8),
+            cfg("jaxtpu", "jit", "minilm", "bf16", 2, 8),
+        ]
+        return [plain[0], *memory[:2], plain[1], *memory[2:]]
     if quick:
         return [
             cfg("jaxtpu", "pmap", "minilm", "bf16", 8),
             cfg("jaxtpu", "jit", "minilm", "bf16", 8),
             cfg("jaxtpu", "shard_map", "minilm", "bf16", 8),
             *best,
+            *memory,
             cfg("torch_xla", "spmd", "minilm", "bf16", 8),
             *refs,
         ]
@@ -72,7 +89,7 @@ def matrix(quick: bool, all_configs: bool) -> list[dict[str, Any]]:
             out.append(cfg("torch_xla", "spmd", wl, pr, dev))
         if dev == 1 and (wl == "tiny" or all_configs):
             out.append(cfg("torch_xla", "spawn", wl, pr, dev))
-    return out + best + refs + [cfg("torch", "eager", "minilm", "fp32", 1)]
+    return out + best + memory + refs + [cfg("torch", "eager", "minilm", "fp32", 1)]
 
 
 # jaxtpu's best configuration on this 2-core CPU (README, Benchmarks): jit on 2 devices with
@@ -113,18 +130,23 @@ def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: 
 
 
 def _strategy(r: dict[str, Any]) -> str:
-    """'jit', or 'jit/8' with --steps-per-call 8."""
+    """'jit', 'jit/8' with --steps-per-call 8, '+fsdp' / '+remat' with a memory option."""
     k = r.get("steps_per_call", 1)
-    return r["strategy"] + (f"/{k}" if k > 1 else "")
+    name = r["strategy"] + (f"/{k}" if k > 1 else "")
+    if r.get("sharding") == "fsdp":
+        name += "+fsdp"
+    if r.get("remat", "none") != "none":
+        name += "+remat"
+    return name
 
 
 def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
-    head = (f"{'framework':<10} {'strategy':<11} {'workload':<9} {'prec':<4} {'dev':>3} "
+    head = (f"{'framework':<10} {'strategy':<16} {'workload':<9} {'prec':<4} {'dev':>3} "
             f"{'compile s':>9} {'median s':>9} {'p10-p90 s':>13} {'samples/s':>9} "
             f"{'tokens/s':>9} {'MFU %':>6} {'host MB':>8}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in records:
-        name = f"{r['framework']:<10} {_strategy(r):<11} {r['workload']:<9} {r['precision']:<4} "
+        name = f"{r['framework']:<10} {_strategy(r):<16} {r['workload']:<9} {r['precision']:<4} "
         name += f"{r['devices']:>3} "
         if "error" in r:
             lines.append(name + f"  error: {r['error']}")
@@ -223,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="MiniLM bf16 on 8 devices + references")
     p.add_argument("--all", action="store_true", help="also every other torch_xla row (slow)")
     p.add_argument(
+        "--memory",
+        action="store_true",
+        help="only the memory-option rows (jit --sharding fsdp, --remat layer) and the same rows "
+        "without them (MiniLM bf16 on 8 devices, and on 2 with 8 steps per call)",
+    )
+    p.add_argument(
         "--budget",
         type=float,
         default=None,
@@ -260,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = run_worker(["--peak", "--precision", precision, "--devices", "1"], 300)
         peaks[precision] = res.get("peak_gflops", float("nan"))
     print(f"matmul peak: {peaks}", flush=True)
-    configs = matrix(args.quick, args.all)
+    configs = matrix(args.quick, args.all, args.memory)
     records = []
     for i, c in enumerate(configs, 1):
         flags = [x for k, v in c.items() for x in ("--" + k.replace("_", "-"), str(v))]

@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.config import JAX_STRATEGIES, Config, EncoderConfig, encoder_config
+from jaxtpu.core.config import (
+    JAX_STRATEGIES,
+    REMATS,
+    SHARDINGS,
+    Config,
+    EncoderConfig,
+    encoder_config,
+)
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.rundir import peak_host_memory_mb
 
@@ -54,6 +61,7 @@ def config_for(args: argparse.Namespace) -> Config:
         batch_size=args.batch // args.devices, max_len=args.seq, dropout=0.1,
         encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
         parallel=args.strategy if args.framework != "torch" else "jit",
+        **({"sharding": args.sharding, "remat": args.remat} if args.framework == "jaxtpu" else {}),
     )  # fmt: skip
 
 
@@ -80,7 +88,8 @@ def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int) -> Any:
     model = load_model(cfg, max_len)
     tx = optim.make_optimizer(cfg.optim, 1000, len(devs))
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
-    return JaxBackend(parallel.make_strategy(strategy, devs, "toxicity"), state, 0)
+    strategy_cfg = cfg.replace(parallel=strategy, task="toxicity")  # its --sharding, --mesh
+    return JaxBackend(parallel.strategy_for(strategy_cfg, devs), state, 0)
 
 
 def jax_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable[[], Any], Callable]:
@@ -226,6 +235,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="jaxtpu: K steps per device call (lax.scan); reported times are per step",
     )
+    p.add_argument(
+        "--sharding",
+        default="auto",
+        choices=SHARDINGS,
+        help="jaxtpu: where the state lives (jaxtpu.train --sharding)",
+    )
+    p.add_argument(
+        "--remat",
+        default="none",
+        choices=REMATS,
+        help="jaxtpu: rematerialise each encoder layer (jaxtpu.train --remat)",
+    )
     p.add_argument("--peak", action="store_true", help="measure the matmul peak instead")
     p.add_argument(
         "--model-gemms",
@@ -265,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "framework": args.framework, "strategy": args.strategy, "workload": args.workload,
         "precision": args.precision, "devices": args.devices, "batch": args.batch,
         "seq": args.seq, "steps_per_call": args.steps_per_call, "compile_s": compile_s,
+        "sharding": cfg.run.sharding, "remat": cfg.model.remat,
         "step_s": times, "median_s": median,
         "p10_s": float(np.percentile(times, 10)), "p90_s": float(np.percentile(times, 90)),
         "samples_per_s": args.batch / median, "tokens_per_s": args.batch * args.seq / median,

@@ -215,8 +215,11 @@ def flops_per_step(cfg: Config, devices: list[Any]) -> float:
 _FLOPS: dict[str, float] = {}
 
 
-def check(cfg: Config, target: str, devices: list[Any], capacity: int) -> Report:
-    """Compiles the run's train and eval steps for `devices` and reports their memory."""
+def check(
+    cfg: Config, target: str, devices: list[Any], capacity: int, flops: bool = True
+) -> Report:
+    """Compiles the run's train and eval steps for `devices` and reports their memory (and
+    with `flops` the FLOPs per step: one more lowering, of the unscanned model)."""
     import jax
 
     data, fsdp = mesh_shape(cfg, len(devices))
@@ -247,7 +250,8 @@ def check(cfg: Config, target: str, devices: list[Any], capacity: int) -> Report
     report.total = _peak(mem)
     report.eval_total = _peak(eval_mem)
     report.fits = max(report.total, report.eval_total) <= capacity
-    report.flops_per_step = flops_per_step(cfg, devices)
+    if flops:
+        report.flops_per_step = flops_per_step(cfg, devices)
     return report
 
 
@@ -269,7 +273,7 @@ def find_batch(cfg: Config, target: str, devices: list[Any], capacity: int, say:
     best: Report | None = None
     lo, hi, b = 0, None, 1
     while hi is None or hi - lo > 1:
-        report = check(cfg.replace(batch_size=b), target, devices, capacity)
+        report = check(cfg.replace(batch_size=b), target, devices, capacity, flops=False)
         say(report)
         if report.fits:
             lo, best = b, report
@@ -286,6 +290,8 @@ def find_batch(cfg: Config, target: str, devices: list[Any], capacity: int, say:
                 break
     assert best is not None
     best.extra["largest_batch"] = lo
+    if not best.error:
+        best.flops_per_step = flops_per_step(cfg.replace(batch_size=best.batch_size), devices)
     return best
 
 

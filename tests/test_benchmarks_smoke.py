@@ -41,16 +41,23 @@ def test_quick_matrix_holds_the_target_rows():
     assert all(r["workload"] == "minilm" and r["precision"] == "bf16" for r in rows)
     assert {"framework": "jaxtpu", "strategy": "jit", "workload": "minilm", "precision": "bf16",
             "devices": 2, "steps_per_call": 8} in rows  # fmt: skip
+    # the memory options' rows
+    assert {"framework": "jaxtpu", "strategy": "jit", "workload": "minilm", "precision": "bf16",
+            "devices": 8, "sharding": "fsdp"} in rows  # fmt: skip
+    assert {"framework": "jaxtpu", "strategy": "jit", "workload": "minilm", "precision": "bf16",
+            "devices": 8, "remat": "layer"} in rows  # fmt: skip
 
 
-def test_worker_reports_per_step_times_with_steps_per_call():
+def test_worker_reports_per_step_times_with_steps_per_call_and_memory_options():
     cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "2",
-           "--strategy", "shard_map", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
-           "--steps-per-call", "3"]  # fmt: skip
+           "--strategy", "jit", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
+           "--steps-per-call", "3", "--sharding", "fsdp", "--remat", "layer"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["steps_per_call"] == 3 and len(r["step_s"]) == 2
+    assert (r["sharding"], r["remat"]) == ("fsdp", "layer")
+    assert compare._strategy(r) == "jit/3+fsdp+remat"
     assert r["samples_per_s"] == 32 / r["median_s"]
 
 

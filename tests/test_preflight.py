@@ -80,15 +80,18 @@ def test_fsdp_holds_about_one_nth_of_the_state_per_device_on_the_cpu():
 def test_find_batch_bisects_to_the_largest_batch_that_fits(monkeypatch):
     tried = []
 
-    def fake_check(cfg, target, devices, capacity):
+    def fake_check(cfg, target, devices, capacity, flops):
+        assert not flops  # counted once, for the batch found
         tried.append(cfg.run.batch_size)
         r = preflight.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.run.batch_size, 16)
         r.fits = cfg.run.batch_size <= 37
         return r
 
     monkeypatch.setattr(preflight, "check", fake_check)
+    monkeypatch.setattr(preflight, "flops_per_step", lambda cfg, devices: cfg.run.batch_size * 1e9)
     best = preflight.find_batch(presets.tiny(), "cpu", [], 0, lambda r: None)
     assert best.extra["largest_batch"] == best.batch_size == 37
+    assert best.flops_per_step == 37e9
     assert tried[:7] == [1, 2, 4, 8, 16, 32, 64]
     assert len(tried) == 7 + 5  # bisection of (32, 64)
 
