@@ -19,7 +19,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,7 +232,8 @@ def check(
     t0 = time.perf_counter()
     low = lower(cfg, devices)
     try:
-        compiled, compiled_eval = low.train.compile(), low.eval.compile()
+        with _no_cache_writes(target != "cpu"):
+            compiled, compiled_eval = low.train.compile(), low.eval.compile()
     except Exception as e:  # the TPU compiler refuses a program that cannot fit
         text = str(e)
         if "RESOURCE_EXHAUSTED" not in text and "memory" not in text.lower():
@@ -253,6 +255,23 @@ def check(
     if flops:
         report.flops_per_step = flops_per_step(cfg, devices)
     return report
+
+
+@contextmanager
+def _no_cache_writes(active: bool) -> Iterator[None]:
+    """No entries in JAX's persistent compilation cache (when one is set up): an executable
+    compiled for a TPU topology without its devices cannot be loaded back from it."""
+    import jax
+
+    if not active:
+        yield
+        return
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
 
 
 def _peak(mem: Any) -> int:

@@ -127,7 +127,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
     n_dev = len(devices)
     data, fsdp = mesh_shape(cfg, n_dev)
     log.info(
-        "devices: %d x %s (%s)%s, strategy %s (params %s%s), precision %s%s",
+        "devices: %d x %s (%s)%s, strategy %s (params %s%s), precision %s%s%s",
         n_dev,
         devices[0].platform,
         devices[0].device_kind,
@@ -137,6 +137,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         f", mesh data={data},fsdp={fsdp}" if run.parallel != "pmap" else "",
         run.precision,
         f", remat {cfg.model.remat}" if cfg.model.remat != "none" else "",
+        ", scanned layers" if cfg.model.scan_layers else "",
     )
 
     job = loop.Job.prepare(cfg, workdir, n_dev, procs.primary, t_start)

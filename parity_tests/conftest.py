@@ -7,6 +7,11 @@ from pathlib import Path
 import pytest
 
 from parity_tests.checks import REAL_CSV
+from parity_tests.harness import share_compilations
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    share_compilations()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

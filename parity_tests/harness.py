@@ -18,6 +18,27 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = {"jax": "jaxtpu.train", "torch": "torchxla_ref.train"}
+# JAX's persistent compilation cache for the test processes: the suite's many small runs
+# compile the same programs (same model, shapes and flags) in process after process; with
+# the cache only the first compiles (a tiny run here: 17.8 -> 10.4 s). Keyed by the program,
+# the compile options and the jax version, so a stale entry cannot be used.
+COMPILATION_CACHE = ROOT / ".pytest_cache" / "jax-compilation-cache"
+
+
+def share_compilations() -> None:
+    """Turns on the persistent compilation cache for this process (when JAX has not started
+    yet) and for every process it starts (through the environment); a user's own setting is
+    kept."""
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(COMPILATION_CACHE))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    if "jax" in sys.modules:
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs",
+            float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+        )
 
 
 @dataclass

@@ -14,6 +14,9 @@ REAL_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "jig
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from parity_tests.harness import share_compilations
+
+    share_compilations()
     try:
         import jax
 
