@@ -285,29 +285,48 @@ def _peak(mem: Any) -> int:
     )
 
 
-def find_batch(cfg: Config, target: str, devices: list[Any], capacity: int, say: Any) -> Report:
-    """The largest per-device batch whose train and eval steps fit: doubling from 1, then
-    bisection (memory grows with the batch). Returns the report of that batch (or of batch 1,
-    not fitting, when nothing fits)."""
-    best: Report | None = None
-    lo, hi, b = 0, None, 1
-    while hi is None or hi - lo > 1:
-        report = check(cfg.replace(batch_size=b), target, devices, capacity, flops=False)
-        say(report)
-        if report.fits:
-            lo, best = b, report
+def find_batch(
+    cfg: Config,
+    target: str,
+    devices: list[Any],
+    capacity: int,
+    say: Any,
+    tolerance: float = 1 / 8,
+) -> Report:
+    """The largest per-device batch whose train and eval steps fit, to within `tolerance` of
+    itself (0 = exact): from --batch-size, doubling while it fits (halving while it does not),
+    then bisection of the last bracket. Memory does not always grow strictly with the batch
+    (the TPU compiler's schedule changes), so the answer is the largest batch seen to fit on
+    that path. One compilation per batch tried; returns the report of the batch found (or of
+    the smallest tried, not fitting, when nothing fits)."""
+    tried: dict[int, Report] = {}
+
+    def fits(b: int) -> bool:
+        tried[b] = check(cfg.replace(batch_size=b), target, devices, capacity, flops=False)
+        say(tried[b])
+        return tried[b].fits
+
+    lo, hi = 0, cfg.run.batch_size
+    if fits(hi):
+        lo, hi = hi, 0
+        while not hi and lo * 2 <= MAX_BATCH:
+            if fits(lo * 2):
+                lo *= 2
+            else:
+                hi = lo * 2
+    else:
+        while not lo and hi > 1:
+            if fits(hi // 2):
+                lo = hi // 2
+            else:
+                hi //= 2
+    while hi and lo and hi - lo > max(1, int(lo * tolerance)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
         else:
-            hi = b
-            best = best or report
-        if hi is None:
-            b *= 2
-            if b > MAX_BATCH:
-                break
-        else:
-            b = (lo + hi) // 2
-            if b == lo:
-                break
-    assert best is not None
+            hi = mid
+    best = tried[lo] if lo else tried[min(tried)]
     best.extra["largest_batch"] = lo
     if not best.error:
         best.flops_per_step = flops_per_step(cfg.replace(batch_size=best.batch_size), devices)
@@ -317,13 +336,25 @@ def find_batch(cfg: Config, target: str, devices: list[Any], capacity: int, say:
 MAX_BATCH = 4096
 
 
-def options(cfg: Config, sweep: bool) -> list[Config]:
-    """The configurations to compile: the flags as given, or with --sweep every
-    (--sharding, --remat) pair on the flags' mesh (fsdp: every device on the fsdp axis unless
-    --mesh says otherwise)."""
+def options(cfg: Config, sweep: str | None) -> list[Config]:
+    """The configurations to compile: the flags as given, or with --sweep the listed
+    (--sharding, --remat) pairs ('all': every pair of `SWEEP`) on the flags' mesh (fsdp: every
+    device on the fsdp axis unless --mesh says otherwise)."""
     if not sweep:
         return [cfg]
-    return [cfg.replace(sharding=s, remat=r) for s, r in SWEEP]
+    if sweep == "all":
+        pairs = SWEEP
+    else:
+        pairs = []
+        for item in sweep.split(","):
+            sharding, _, remat = item.strip().partition("+")
+            if (sharding, remat or "none") not in SWEEP:
+                raise ConfigError(
+                    f"--sweep {sweep}: {item!r} is not SHARDING[+REMAT] with SHARDING one of "
+                    f"replicated, zero1, fsdp and REMAT one of {', '.join(REMATS)}"
+                )
+            pairs.append((sharding, remat or "none"))
+    return [cfg.replace(sharding=s, remat=r) for s, r in pairs]
 
 
 def _gib(x: float) -> str:
@@ -392,15 +423,20 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--sweep",
-        action="store_true",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="LIST",
         help="Compile every memory option (--sharding replicated/zero1/fsdp x --remat "
-        "none/layer/dots) instead of only the flags' own.",
+        "none/layer/dots) instead of only the flags' own, or those listed, e.g. "
+        "replicated,zero1,fsdp,fsdp+layer.",
     )
     g.add_argument(
         "--find-batch",
         action="store_true",
         help="For each configuration, find the largest --batch-size (per device) whose train "
-        "and eval steps fit the target (doubling, then bisection; one compilation each).",
+        "and eval steps fit the target, to within 1/8 (doubling or halving from --batch-size, "
+        "then bisection; one compilation per batch tried).",
     )
     g.add_argument(
         "--json",

@@ -10,7 +10,7 @@ import pytest
 
 from jaxtpu import preflight
 from jaxtpu.core import presets
-from jaxtpu.core.errors import DeviceError
+from jaxtpu.core.errors import ConfigError, DeviceError
 
 pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed: pip install "
                     "-e '.[tpu]'")  # fmt: skip
@@ -77,7 +77,15 @@ def test_fsdp_holds_about_one_nth_of_the_state_per_device_on_the_cpu():
     assert fsdp.flops_per_step == pytest.approx(rep.flops_per_step)
 
 
-def test_find_batch_bisects_to_the_largest_batch_that_fits(monkeypatch):
+@pytest.mark.parametrize(
+    "start, tolerance, found, tries",
+    [
+        (1, 0, 37, [1, 2, 4, 8, 16, 32, 64, 48, 40, 36, 38, 37]),
+        (4, 1 / 8, 36, [4, 8, 16, 32, 64, 48, 40, 36]),  # within 1/8: stops at (36, 40)
+        (100, 0, 37, [100, 50, 25, 37, 43, 40, 38]),  # halving down from a batch too big
+    ],
+)
+def test_find_batch_brackets_then_bisects(monkeypatch, start, tolerance, found, tries):
     tried = []
 
     def fake_check(cfg, target, devices, capacity, flops):
@@ -89,11 +97,20 @@ def test_find_batch_bisects_to_the_largest_batch_that_fits(monkeypatch):
 
     monkeypatch.setattr(preflight, "check", fake_check)
     monkeypatch.setattr(preflight, "flops_per_step", lambda cfg, devices: cfg.run.batch_size * 1e9)
-    best = preflight.find_batch(presets.tiny(), "cpu", [], 0, lambda r: None)
-    assert best.extra["largest_batch"] == best.batch_size == 37
-    assert best.flops_per_step == 37e9
-    assert tried[:7] == [1, 2, 4, 8, 16, 32, 64]
-    assert len(tried) == 7 + 5  # bisection of (32, 64)
+    cfg = presets.tiny().replace(batch_size=start)
+    best = preflight.find_batch(cfg, "cpu", [], 0, lambda r: None, tolerance)
+    assert best.extra["largest_batch"] == best.batch_size == found
+    assert best.flops_per_step == found * 1e9
+    assert tried == tries
+
+
+def test_sweep_lists_are_checked():
+    tiny = presets.tiny().replace(parallel="jit")
+    assert [(c.run.sharding, c.model.remat) for c in preflight.options(tiny, "zero1,fsdp+layer")] \
+        == [("zero1", "none"), ("fsdp", "layer")]  # fmt: skip
+    assert len(preflight.options(tiny, "all")) == 9
+    with pytest.raises(ConfigError, match="'fsdp\\+fast' is not SHARDING"):
+        preflight.options(tiny, "zero1,fsdp+fast")
 
 
 @pytest.mark.parametrize(
