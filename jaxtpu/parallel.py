@@ -332,7 +332,8 @@ class JitStrategy(Strategy):
         """`x` split over mesh `axis` on its largest dimension that divides evenly (the first
         of equals); replicated when `axis` is None, `x` is small, or nothing divides."""
         shape = tuple(getattr(x, "shape", np.shape(x)))
-        size = int(np.prod([self.mesh.shape[a] for a in np.atleast_1d(axis)])) if axis else 1
+        axes = () if axis is None else axis if isinstance(axis, tuple) else (axis,)
+        size = int(np.prod([self.mesh.shape[a] for a in axes]))
         if size == 1 or int(np.prod(shape, dtype=np.int64)) < self.MIN_SPLIT:
             return self.replicated
         fits = [d for d in range(len(shape)) if shape[d] % size == 0]
@@ -373,8 +374,8 @@ class JitStrategy(Strategy):
     def _traced_on_mesh(self, fn: Any) -> Any:
         """With FSDP, `fn` traced with the model's residual stream split by batch rows over
         every device (`models.RESIDUAL`): left to itself, the compiler may follow the weights'
-        split and shard activations by hidden unit instead (measured here: twice the
-        temporary memory of the replicated step on a TPU v3 target)."""
+        split and shard activations by hidden unit instead (on a TPU v3 target that needed
+        about twice the temporaries of the replicated step; `jaxtpu.preflight` shows them)."""
         if self.sharding != "fsdp":
             return fn
         rules = (("batch", self._all), ("length", None), ("embed", None))
