@@ -374,8 +374,8 @@ class JitStrategy(Strategy):
     def _traced_on_mesh(self, fn: Any) -> Any:
         """With FSDP, `fn` traced with the model's residual stream split by batch rows over
         every device (`models.RESIDUAL`): left to itself, the compiler may follow the weights'
-        split and shard activations by hidden unit instead (on a TPU v3 target that needed
-        about twice the temporaries of the replicated step; `jaxtpu.preflight` shows them)."""
+        split and shard activations by hidden unit instead, with far more temporary memory
+        (`jaxtpu.preflight` shows it)."""
         if self.sharding != "fsdp":
             return fn
         rules = (("batch", self._all), ("length", None), ("embed", None))
