@@ -34,7 +34,7 @@ from jaxtpu.core.config import (
     param_sharding,
 )
 from jaxtpu.core.errors import ConfigError, DeviceError
-from jaxtpu.core.rundir import user_errors
+from jaxtpu.core.rundir import check_output_path, user_errors
 
 GiB = 2**30
 
@@ -458,6 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with user_errors():
         if cfg.run.num_processes > 1:
             raise ConfigError("--num-processes: preflight compiles for one host's devices")
+        out = Path(args.json or f"runs/preflight/{args.target}.json")
+        check_output_path(out, "--json")  # before the first compilation, not after the last
         devices, capacity = target_devices(args.target, cfg.run.num_devices)
         configs = options(cfg, args.sweep)
         for c in configs:
@@ -470,24 +472,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        reports = []
+        reports: list[Report] = []
         for c in configs:
             if args.find_batch:
                 reports.append(find_batch(c, args.target, devices, capacity, _say))
             else:
                 reports.append(check(c, args.target, devices, capacity))
                 _say(reports[-1])
+            # after every configuration: a long sweep stopped midway keeps what it measured
+            _write_json(out, {"target": args.target, "config": cfg.to_dict(),
+                              "reports": [asdict(r) for r in reports]})  # fmt: skip
         print(table(reports, args.find_batch))
-        out = Path(args.json or f"runs/preflight/{args.target}.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        record = {
-            "target": args.target,
-            "config": cfg.to_dict(),
-            "reports": [asdict(r) for r in reports],
-        }
-        out.write_text(json.dumps(record, indent=2))
         print(f"preflight: wrote {out}", file=sys.stderr)
     return 0
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    """Replaces `path` atomically: a killed run never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,16 @@ def test_bad_preflight_flags_are_one_line_and_write_nothing(tmp_path, capsys, fl
     assert not out.exists()
 
 
+def test_an_unwritable_json_path_is_refused_before_any_compilation(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        preflight.main(["--preset", "tiny", "--target", "v3-8", "--json",
+                        str(tmp_path / "file" / "out.json")])  # fmt: skip
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "is not a directory" in err and "preflight:" not in err  # nothing compiled
+
+
 def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
     monkeypatch.setitem(preflight.TPU_TARGETS, "v9-8", preflight.Target("v9:2x2", 64, "test"))
     with pytest.raises(DeviceError, match="cannot compile for TPU topology v9:2x2") as e:
