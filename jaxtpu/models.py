@@ -251,10 +251,6 @@ def unstack_layers(params: dict) -> dict:
     return _with_encoder(params, layers)
 
 
-def is_scanned(params: dict) -> bool:
-    return SCANNED in params["bert"]["encoder"]
-
-
 def _with_encoder(params: dict, encoder: dict) -> dict:
     bert = {**params["bert"], "encoder": encoder}
     return {**params, "bert": bert}
@@ -351,8 +347,13 @@ def init_params(module: nn.Module, example_shape: tuple[int, ...], seed: int) ->
     return jax.device_get(init(jax.random.key(seed)))
 
 
+def abstract_params(module: nn.Module, example_shape: tuple[int, ...]) -> dict:
+    """The param tree of `module` as `jax.ShapeDtypeStruct`s: no init is computed."""
+    dummy = jnp.zeros((1, *example_shape), jnp.int32)
+    return jax.eval_shape(lambda: module.init(jax.random.key(0), dummy, dummy)["params"])
+
+
 def param_shapes(module: nn.Module, example_shape: tuple[int, ...]) -> dict:
     """The param tree of `module` as zeros, without computing an init (a restore template)."""
-    dummy = jnp.zeros((1, *example_shape), jnp.int32)
-    shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), dummy, dummy)["params"])
+    shapes = abstract_params(module, example_shape)
     return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)

@@ -161,15 +161,12 @@ def lower(cfg: Config, devices: list[Any]) -> Lowered:
         encoder_config(cfg), cfg.head_dropout, run.precision, m.remat, m.scan_layers
     )
     example = cfg.task.example_shape(cfg.data.max_len)
-    dummy = jnp.zeros((1, *example), jnp.int32)
-    params = jax.eval_shape(lambda: module.init(jax.random.key(0), dummy, dummy)["params"])
+    params = models.abstract_params(module, example)
     tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
     state = jax.eval_shape(
         lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
     )
-    strategy = parallel.make_strategy(
-        run.parallel, devices, run.task, param_sharding(cfg), mesh_shape(cfg, len(devices))
-    )
+    strategy = parallel.strategy_for(cfg, devices)
     shardings = strategy.state_sharding(state)
     train, evaluate = strategy.jitted(shardings)
     rows = run.batch_size * len(devices)
