@@ -52,11 +52,8 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     if meta is None:
         raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
     enc = EncoderConfig.from_hf_dict(meta["encoder"])
-    module = models.create_module(enc, cfg.head_dropout, cfg.run.precision)
-    # a scanned run stored its layers stacked
-    stored = models.create_module(
-        enc, cfg.head_dropout, cfg.run.precision, scan=cfg.model.scan_layers
-    )
+    module = models.for_run(cfg, enc, scan=False)
+    stored = models.for_run(cfg, enc)  # a scanned run stored its layers stacked
     template = models.param_shapes(stored, cfg.task.example_shape(8))
     params, meta = ckpts.restore_best(template, {"task": cfg.run.task, "encoder": meta["encoder"]})
     if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights

@@ -156,10 +156,8 @@ def lower(cfg: Config, devices: list[Any]) -> Lowered:
 
     from jaxtpu import models, optim, parallel, steps
 
-    run, m = cfg.run, cfg.model
-    module = models.create_module(
-        encoder_config(cfg), cfg.head_dropout, run.precision, m.remat, m.scan_layers
-    )
+    run = cfg.run
+    module = models.for_run(cfg, encoder_config(cfg))
     example = cfg.task.example_shape(cfg.data.max_len)
     params = models.abstract_params(module, example)
     tx = optim.make_optimizer(cfg.optim, 1000, len(devices))

@@ -19,10 +19,10 @@ from jaxtpu.core.cli import parse_args
 from jaxtpu.core.config import (
     JAX_STRATEGIES,
     Config,
+    describe_model,
     mesh_shape,
     param_sharding,
     require_strategy,
-    weights_source,
 )
 from jaxtpu.core.rundir import RunLog, claim_workdir, exit_code, user_errors
 
@@ -142,14 +142,8 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
 
     job = loop.Job.prepare(cfg, workdir, n_dev, procs.primary, t_start)
     model = weights.load_model(cfg, cfg.data.max_len)
-    log.info(
-        "model: %s, %d layers x %d hidden, %.1fM params, from %s",
-        type(model.module).__name__,
-        model.encoder.num_hidden_layers,
-        model.encoder.hidden_size,
-        sum(x.size for x in jax.tree_util.tree_leaves(model.params)) / 1e6,
-        weights_source(cfg) or f"random init (seed {run.seed})",
-    )
+    n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
+    log.info("model: %s", describe_model(cfg, model.encoder, n_params))
     tx = optim.make_optimizer(cfg.optim, job.plan.total_updates, n_dev)
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
     state = jax.device_get(state)

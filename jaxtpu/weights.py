@@ -1,8 +1,10 @@
-"""Hugging Face BERT checkpoint directory <-> Flax params, one mapping table, both directions,
-and the model a run starts from (a seeded init, filled from --model-dir).
+"""Hugging Face checkpoint directory <-> Flax params, both directions, and the model a run
+starts from (a seeded init, filled from --model-dir).
 
 The directory format and the shape checks are framework-free and shared with the torch side
-(`jaxtpu.core.hf`); this module only maps Flax parameter paths to Hugging Face keys.
+(`jaxtpu.core.hf`); this module only maps Flax parameter paths to Hugging Face keys: module
+paths one to one in BERT's names (`layer_3` is `layer.3`), then the family's rename table
+(`jaxtpu.core.families`, e.g. DistilBERT's `transformer.layer.3.attention.q_lin`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core.config import Config, EncoderConfig, encoder_config, weights_source
+from jaxtpu.core.families import get_family, rename
 from jaxtpu.core.hf import fit_state_dict, write_hf_dir
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
@@ -28,11 +31,12 @@ LEAVES = {
 }
 
 
-def hf_key(path: tuple[str, ...]) -> str:
-    """Flax param path (('bert', 'encoder', 'layer_0', ..., 'kernel')) -> HF state-dict key."""
+def hf_key(path: tuple[str, ...], model_type: str = "bert") -> str:
+    """Flax param path below `bert` (('encoder', 'layer_0', ..., 'kernel')) or of the head
+    (('classifier', 'kernel')) -> the family's Hugging Face state-dict key."""
     *modules, leaf = path
     parts = [re.sub(r"^layer_(\d+)$", r"layer.\1", m) for m in modules]
-    return ".".join(parts + [LEAVES[leaf][0]])
+    return rename(get_family(model_type), ".".join(parts + [LEAVES[leaf][0]]))
 
 
 def _flatten(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple, Any]:
@@ -56,7 +60,10 @@ def _unflatten(flat: Mapping[tuple, Any]) -> dict[str, Any]:
 
 
 def load_params(
-    model_dir: str | Path, template: Mapping[str, Any], head_required: bool = False
+    model_dir: str | Path,
+    template: Mapping[str, Any],
+    head_required: bool = False,
+    model_type: str = "bert",
 ) -> tuple[dict[str, Any], list[str]]:
     """Fills a Flax param tree from a Hugging Face directory (see `fit_state_dict`).
 
@@ -65,11 +72,12 @@ def load_params(
       template: the model's param tree (arrays or ShapeDtypeStructs) giving paths and shapes;
         leaves not found in the checkpoint keep the template's value.
       head_required: fail if the directory has no head (loading a fine-tuned model).
+      model_type: the encoder family, whose Hugging Face names the directory uses.
     Returns:
       (params, kept): the filled tree (numpy fp32) and the HF keys left at their initial value.
     """
     leaves = {
-        hf_key(path[1:] if path[0] == "bert" else path): (path, leaf)
+        hf_key(path[1:] if path[0] == "bert" else path, model_type): (path, leaf)
         for path, leaf in _flatten(template).items()
     }
 
@@ -89,17 +97,17 @@ def load_params(
 
 
 def to_state_dicts(
-    params: Mapping[str, Any],
+    params: Mapping[str, Any], model_type: str = "bert"
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Flax params -> (encoder state dict as BertModel keys, head state dict)."""
+    """Flax params -> (encoder state dict in the family's Hugging Face keys, head)."""
     encoder, head = {}, {}
     for path, leaf in _flatten(params).items():
         value = np.asarray(leaf, np.float32)
         value = np.ascontiguousarray(value.T if LEAVES[path[-1]][1] else value)
         if path[0] == "bert":
-            encoder[hf_key(path[1:])] = value
+            encoder[hf_key(path[1:], model_type)] = value
         else:
-            head[hf_key(path)] = value
+            head[hf_key(path, model_type)] = value
     return encoder, head
 
 
@@ -111,7 +119,7 @@ def save_hf(
     head_meta: dict[str, Any] | None = None,
 ) -> Path:
     """Writes Flax params as a Hugging Face directory (see the module docstring)."""
-    encoder, head = to_state_dicts(params)
+    encoder, head = to_state_dicts(params, enc.model_type)
     return write_hf_dir(out_dir, enc, encoder, head, tokenizer_dir, head_meta)
 
 
@@ -134,15 +142,14 @@ def load_model(cfg: Config, max_len: int, head_required: bool = False) -> Model:
     from jaxtpu import models
 
     enc = encoder_config(cfg)
-    m = cfg.model
-    module = models.create_module(enc, cfg.head_dropout, cfg.run.precision, m.remat)
+    module = models.for_run(cfg, enc, scan=False)
     # Initialised (and mapped from Hugging Face names) as the unscanned model, so a scanned
     # run starts from exactly the same weights, stacked.
     params = models.init_params(module, cfg.task.example_shape(max_len), cfg.run.seed)
     source = weights_source(cfg)
     if source:
-        params, _ = load_params(source, params, head_required)
-    if m.scan_layers:
-        module = models.create_module(enc, cfg.head_dropout, cfg.run.precision, m.remat, True)
+        params, _ = load_params(source, params, head_required, enc.model_type)
+    if cfg.model.scan_layers:
+        module = models.for_run(cfg, enc)
         params = models.stack_layers(params)
     return Model(module, enc, params)

@@ -1,8 +1,9 @@
 """Worker: logits, gradients and every layer's output of one framework on a fixed batch.
 
 `python -m parity_tests.forward --side {jax,xla,hf} --model-dir DIR --csv FILE --out OUT.npz`
-runs in its own process (JAX and torch_xla must not share one) and writes `logits` and the
-batch's `attention_mask`; with
+runs in its own process (JAX and torch_xla must not share one) and writes `logits`, the
+encoder's last hidden state `hidden`, the vector the head reads `pooled` (the family's default
+pooling) and the batch's `attention_mask`; with
 `--grads`, `grad/<Hugging Face key>` for every parameter, from the mean BCE loss on the batch;
 with `--capture`, `act/<point>` for every point of `capture_points` (the bisection's layers).
 Dropout is off (`deterministic` / `eval()`), so the three sides compute the same function.
@@ -115,17 +116,20 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     enc = encoder(args.model_dir)
     module = models.create_module(enc, 0.0, args.precision)
     template = models.init_params(module, ids.shape[1:], 0)
-    params, kept = weights.load_params(args.model_dir, template, head_required=True)
+    params, kept = weights.load_params(
+        args.model_dir, template, head_required=True, model_type=enc.model_type
+    )
     assert not kept, kept
     interceptor = None
     if args.plant_fault:
         params, interceptor = _planted(args.plant_fault, params, enc.num_hidden_layers)
     points = {_flax_path(p): p for p in capture_points(enc.num_hidden_layers)}
+    wanted = {*points, ("bert",)}
 
     def loss_fn(p):
         logits, state = module.apply(
             {"params": p}, ids, mask, deterministic=True,
-            capture_intermediates=lambda m, name: name == "__call__" and m.path in points,
+            capture_intermediates=lambda m, name: name == "__call__" and m.path in wanted,
             mutable=["intermediates"],
         )  # fmt: skip
         loss = optax.sigmoid_binary_cross_entropy(logits, jnp.asarray(labels)).mean()
@@ -134,7 +138,12 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     intercept = nn.intercept_methods(interceptor) if interceptor else contextlib.nullcontext()
     with intercept:
         (_, (logits, captured)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    out = {"logits": np.asarray(logits, np.float32)}
+    hidden, pooler = captured["bert"]["__call__"][0]
+    out = {
+        "logits": np.asarray(logits, np.float32),
+        "hidden": np.asarray(hidden, np.float32),
+        "pooled": np.asarray(models.pool(module.pooling, hidden, pooler, mask), np.float32),
+    }
     if args.capture:
         for path, point in points.items():
             node = captured
@@ -142,7 +151,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
                 node = node[name]
             out[f"act/{point}"] = np.asarray(node["__call__"][0], np.float32)
     if args.grads:
-        encoder_grads, head = weights.to_state_dicts(jax.device_get(grads))
+        encoder_grads, head = weights.to_state_dicts(jax.device_get(grads), enc.model_type)
         out.update({f"grad/{k}": v for k, v in {**encoder_grads, **head}.items()})
     return out
 
@@ -151,6 +160,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
     import torch
 
     from torchxla_ref import steps, weights
+    from torchxla_ref.models import pool
 
     enc = encoder(args.model_dir)
     if device_kind == "xla":
@@ -161,6 +171,8 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
         device = torch.device("cpu")
     model = weights.load_model(enc, 0.0, args.model_dir, 0).to(device).eval()
     captured = {}
+    encoded = {}
+    model.bert.register_forward_hook(lambda _m, _i, output: encoded.update(out=output))
     if args.capture:
         modules = dict(model.named_modules())
         for point in capture_points(enc.num_hidden_layers):
@@ -179,7 +191,13 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
         import torch_xla
 
         torch_xla.sync()  # one graph for logits and every gradient; then only transfers
-    out = {"logits": logits.detach().float().cpu().numpy()}
+    numpy = lambda x: x.detach().float().cpu().numpy()  # noqa: E731
+    pooled = pool(model.pooling, encoded["out"], t(mask))
+    out = {
+        "logits": numpy(logits),
+        "hidden": numpy(encoded["out"].last_hidden_state),
+        "pooled": numpy(pooled),
+    }
     for point, value in captured.items():
         out[f"act/{point}"] = value.detach().float().cpu().numpy()
     if args.grads:

@@ -1,4 +1,5 @@
-"""The Jigsaw head on `transformers.BertModel`: the PyTorch twin of `jaxtpu.models`.
+"""The Jigsaw head on transformers' own encoder of each family (`AutoModel`): the PyTorch
+twin of `jaxtpu.models`.
 
 Same attribute names as the Flax side (`bert`, `classifier`), so one Hugging Face directory
 (`model.safetensors` + `head.safetensors`) loads into both. No device logic here.
@@ -8,35 +9,57 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import BertConfig, BertModel
+from transformers import AutoConfig, AutoModel, PretrainedConfig
 
 from jaxtpu.core.config import EncoderConfig
 
 
-def hf_config(enc: EncoderConfig) -> BertConfig:
-    # Eager attention: the plain matmul/softmax graph, which XLA traces and fuses as it is and
-    # which matches the Flax model operation for operation.
-    return BertConfig(**enc.to_hf_dict(), attn_implementation="eager")
+def hf_config(enc: EncoderConfig) -> PretrainedConfig:
+    """transformers' config of the encoder's family. Eager attention: the plain
+    matmul/softmax graph, which XLA traces and fuses as it is and which matches the Flax model
+    operation for operation."""
+    d = enc.to_hf_dict()
+    model_type = d.pop("model_type")
+    d.pop("architectures")
+    return AutoConfig.for_model(model_type, **d, attn_implementation="eager")
+
+
+def pool(pooling: str, out, attention_mask: torch.Tensor) -> torch.Tensor:
+    """One vector per comment (`--pooling`, as `jaxtpu.models.pool`)."""
+    if pooling == "pooler":
+        return out.pooler_output
+    hidden = out.last_hidden_state
+    if pooling == "cls":
+        return hidden[:, 0]
+    weight = attention_mask.unsqueeze(-1).float()
+    return (hidden.float() * weight).sum(1) / weight.sum(1).clamp(min=1e-9)
 
 
 class Classifier(nn.Module):
-    """BERT -> pooled output -> dropout -> Linear(hidden, 1), the head of every task; extra
-    leading dims are kept (a ranker scores both comments of a (B, 2, L) pair)."""
+    """Encoder -> pooling -> dropout -> Linear(hidden, outputs), the head of every task; extra
+    leading dims are kept (a ranker scores both comments of a (B, 2, L) pair), and a single
+    output is returned without its axis."""
 
-    def __init__(self, enc: EncoderConfig, head_dropout: float) -> None:
+    def __init__(
+        self,
+        enc: EncoderConfig,
+        head_dropout: float,
+        pooling: str | None = None,
+        outputs: int = 1,
+    ) -> None:
         super().__init__()
-        self.bert = BertModel(hf_config(enc))
+        self.pooling = pooling or enc.family.default_pooling
+        self.outputs = outputs
+        self.bert = AutoModel.from_config(hf_config(enc))
         self.dropout = nn.Dropout(head_dropout)
-        self.classifier = nn.Linear(enc.hidden_size, 1)
+        self.classifier = nn.Linear(enc.hidden_size, outputs)
         nn.init.normal_(self.classifier.weight, std=enc.initializer_range)
         nn.init.zeros_(self.classifier.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         lead = input_ids.shape[:-1]
         seq = input_ids.shape[-1]
-        out = self.bert(
-            input_ids=input_ids.reshape(-1, seq).long(),
-            attention_mask=attention_mask.reshape(-1, seq).long(),
-        )
-        logit = self.classifier(self.dropout(out.pooler_output))
-        return logit[:, 0].float().reshape(lead)
+        mask = attention_mask.reshape(-1, seq).long()
+        out = self.bert(input_ids=input_ids.reshape(-1, seq).long(), attention_mask=mask)
+        logits = self.classifier(self.dropout(pool(self.pooling, out, mask))).float()
+        return logits[:, 0].reshape(lead) if self.outputs == 1 else logits.reshape(*lead, -1)

@@ -21,8 +21,10 @@ from jaxtpu.core.cli import parse_args
 from jaxtpu.core.config import (
     TORCH_STRATEGIES,
     Config,
+    describe_model,
     encoder_config,
     jax_only_options,
+    pooling_for,
     require_strategy,
     weights_source,
 )
@@ -193,16 +195,12 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
 
     enc = encoder_config(cfg)
     source = weights_source(cfg)
-    model = weights.load_model(enc, cfg.head_dropout, source, run.seed).to(strategy.device)
-    optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.total_updates, n_dev)
-    log.info(
-        "model: %s, %d layers x %d hidden, %.1fM params, from %s",
-        type(model).__name__,
-        enc.num_hidden_layers,
-        enc.hidden_size,
-        sum(p.numel() for p in model.parameters()) / 1e6,
-        source or f"random init (seed {run.seed})",
+    model = weights.load_model(enc, cfg.head_dropout, source, run.seed, pooling_for(cfg, enc)).to(
+        strategy.device
     )
+    optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.total_updates, n_dev)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %s", describe_model(cfg, enc, n_params))
     backend = XlaBackend(
         strategy, model, optimizer, scheduler, cfg, workdir, xla=run.parallel != "eager"
     )

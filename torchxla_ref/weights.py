@@ -14,7 +14,12 @@ from torchxla_ref.models import Classifier
 
 
 def load_model(
-    enc: EncoderConfig, head_dropout: float, model_dir: str | Path | None, seed: int
+    enc: EncoderConfig,
+    head_dropout: float,
+    model_dir: str | Path | None,
+    seed: int,
+    pooling: str | None = None,
+    outputs: int = 1,
 ) -> Classifier:
     """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
     directory has one) through `jaxtpu.core.hf.fit_state_dict`, as on the JAX side. Every key
@@ -22,7 +27,7 @@ def load_model(
     head, a missing pooler), and `load_state_dict` runs strict. Encoder dropout comes from
     `enc` either way."""
     torch.manual_seed(seed)
-    model = Classifier(enc, head_dropout)
+    model = Classifier(enc, head_dropout, pooling, outputs)
     if model_dir:
         state = model.state_dict()
         expected = {_hf(k): tuple(v.shape) for k, v in state.items()}
@@ -33,7 +38,7 @@ def load_model(
 
 
 def _hf(key: str) -> str:
-    """Module key -> Hugging Face key (the encoder as a plain BertModel)."""
+    """Module key -> Hugging Face key (the encoder as its family's plain AutoModel)."""
     return key.removeprefix("bert.")
 
 
@@ -47,7 +52,7 @@ def save_hf(
     tokenizer_dir: str | Path | None,
     head_meta: dict | None = None,
 ) -> Path:
-    """Writes encoder (BertModel keys), head and tokenizer as a Hugging Face directory."""
+    """Writes encoder (its family's keys), head and tokenizer as a Hugging Face directory."""
 
     def numpy(sd: dict, prefix: str = "") -> dict:
         return {prefix + k: v.detach().float().cpu().numpy() for k, v in sd.items()}

@@ -17,6 +17,14 @@ from typing import Any, get_args, get_type_hints
 
 from jaxtpu.core.buckets import parse_spec
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.families import (
+    POOLINGS,
+    Family,
+    default_pooling,
+    get_family,
+    read_fields,
+    write_fields,
+)
 from jaxtpu.core.tasks import TASKS, Task, get_task
 
 PRECISIONS = ("fp32", "bf16")
@@ -76,6 +84,14 @@ class ModelConfig:
         "'layer' keeps only each layer's input; 'dots' also keeps the outputs of the dense "
         "(weight) matmuls and recomputes attention, softmax, GELU and LayerNorm.",
         REMATS,
+    )
+    pooling: str = _f(
+        "auto",
+        "How a comment becomes one vector for the head: 'pooler' (the checkpoint's pooler, "
+        "tanh(Dense(first token)); BERT, RoBERTa, XLM-R), 'cls' (the first token's hidden "
+        "state), 'mean' (mean over its real tokens). 'auto' = the family's default: pooler "
+        "for bert/roberta/xlm-roberta, cls for distilbert/electra, mean for deberta-v2.",
+        ("auto",) + POOLINGS,
     )
     scan_layers: bool = _f(
         False,
@@ -503,8 +519,11 @@ def from_dict(d: dict[str, Any]) -> Config:
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    """The BERT architecture, read from / written to a Hugging Face `config.json`."""
+    """An encoder's architecture, read from / written to a Hugging Face `config.json`; the
+    family (`model_type`) decides which fields apply and how they are named there
+    (`jaxtpu.core.families`). The defaults are jaxtpu's tiny random-init BERT."""
 
+    model_type: str = "bert"
     vocab_size: int = 30522
     hidden_size: int = 64
     num_hidden_layers: int = 2
@@ -517,29 +536,29 @@ class EncoderConfig:
     attention_probs_dropout_prob: float = 0.1
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    # ELECTRA, DeBERTa: width of the token embeddings, projected to hidden_size when
+    # different (0 = hidden_size)
+    embedding_size: int = 0
+    # DeBERTa-v2/v3's disentangled attention (transformers' DebertaV2Config names)
+    relative_attention: bool = False
+    position_biased_input: bool = True
+    max_relative_positions: int = -1
+    position_buckets: int = -1
+    pos_att_type: tuple[str, ...] = ()
+    share_att_key: bool = False
+    norm_rel_ebd: str = "none"
+
+    @property
+    def family(self) -> Family:
+        return get_family(self.model_type)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> EncoderConfig:
-        if d.get("model_type", "bert") != "bert":
-            raise ConfigError(f"{source}: model_type={d.get('model_type')!r}, expected 'bert'")
-        act = d.get("hidden_act", "gelu")
-        if act != "gelu":
-            raise ConfigError(f"{source}: hidden_act={act!r} is not supported (only 'gelu')")
-        pos = d.get("position_embedding_type", "absolute")
-        if pos != "absolute":
-            raise ConfigError(f"{source}: position_embedding_type={pos!r} is not supported")
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        family = get_family(d.get("model_type", "bert"), source)
+        return cls(model_type=family.model_type, **read_fields(family, d, source))
 
     def to_hf_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.update(
-            model_type="bert",
-            architectures=["BertModel"],
-            hidden_act="gelu",
-            position_embedding_type="absolute",
-        )
-        return d
+        return write_fields(self.family, dataclasses.asdict(self))
 
 
 def packaged_minilm_dir() -> str:
@@ -598,6 +617,22 @@ def encoder_config(cfg: Config) -> EncoderConfig:
             attention_probs_dropout_prob=cfg.model.encoder_dropout,
         )
     return enc
+
+
+def pooling_for(cfg: Config, enc: EncoderConfig) -> str:
+    """--pooling resolved for the run's encoder family ('auto' = the family's default)."""
+    return default_pooling(enc.family, cfg.model.pooling)
+
+
+def describe_model(cfg: Config, enc: EncoderConfig, n_params: int) -> str:
+    """The start-up line both sides print: family, shape, size, pooling, where from."""
+    pooling = pooling_for(cfg, enc)
+    how = f"{enc.model_type}'s default" if cfg.model.pooling == "auto" else "--pooling"
+    return (
+        f"{enc.model_type} ({enc.family.architecture}), {enc.num_hidden_layers} layers x "
+        f"{enc.hidden_size} hidden, {n_params / 1e6:.1f}M params, pooling {pooling} ({how}), "
+        f"from {weights_source(cfg) or f'random init (seed {cfg.run.seed})'}"
+    )
 
 
 def tokenizer_dir(cfg: Config) -> str:

@@ -1,0 +1,205 @@
+"""Small random-init checkpoints of every encoder family, built with transformers' own PyTorch
+classes and a tokenizer of the family's kind trained on real comments, for tests that cannot
+download a pretrained one.
+
+`python -m parity_tests.families --out DIR [--family NAME ...]` writes `DIR/<family>/`:
+`config.json` + `model.safetensors` (`save_pretrained` of the family's `*Model`) and
+`tokenizer.json` + `tokenizer_config.json` (a `tokenizers` tokenizer wrapped by transformers'
+fast tokenizer): WordPiece for BERT, DistilBERT and ELECTRA, byte-level BPE for RoBERTa,
+SentencePiece-style Unigram for XLM-R and DeBERTa-v3, with each family's special tokens and
+padding id.
+
+Every weight is perturbed away from transformers' init (LayerNorms are not 1 and 0, the
+weights are wider than 0.02), so a mixed-up tensor or a missing term changes the outputs well
+beyond the parity tolerances. DeBERTa uses DeBERTa-v3's options (relative attention with log
+buckets, shared keys, LayerNorm'd relative embeddings, no absolute positions), with buckets
+small enough that real comments reach the log range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from jaxtpu.core.data import SAMPLE_CSV, read_comments
+
+VOCAB = 600
+HIDDEN = 32
+SHAPE = dict(
+    hidden_size=HIDDEN,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    hidden_act="gelu",
+)
+
+# family -> (tokenizer kind, special tokens in id order, (cls/bos, sep/eos), pad)
+TOKENIZERS = {
+    "bert": ("wordpiece", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], ("[CLS]", "[SEP]")),
+    "distilbert": ("wordpiece", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], ("[CLS]", "[SEP]")),
+    "electra": ("wordpiece", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], ("[CLS]", "[SEP]")),
+    "roberta": ("bpe", ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], ("<s>", "</s>")),
+    "xlm-roberta": ("unigram", ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], ("<s>", "</s>")),
+    "deberta-v2": ("unigram", ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"], ("[CLS]", "[SEP]")),
+}
+FAMILY_NAMES = tuple(TOKENIZERS)
+# A second DeBERTa: the options DeBERTa-v3 does not use (separate position projections,
+# absolute positions and token types too, no log buckets, a narrower embedding projected up).
+VARIANTS = {"deberta-v2-unshared": "deberta-v2"}
+
+
+def _config(name: str, pad: int):
+    import transformers as t
+
+    common = dict(vocab_size=VOCAB, pad_token_id=pad, initializer_range=0.2)
+    if name == "bert":
+        return t.BertConfig(**SHAPE, **common, max_position_embeddings=128)
+    if name in ("roberta", "xlm-roberta"):
+        cls = t.RobertaConfig if name == "roberta" else t.XLMRobertaConfig
+        # positions start after the padding index: 128 tokens need 128 + pad + 1 rows
+        return cls(**SHAPE, **common, max_position_embeddings=130, type_vocab_size=1)
+    if name == "distilbert":
+        return t.DistilBertConfig(
+            **common, dim=HIDDEN, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128
+        )
+    if name == "electra":
+        return t.ElectraConfig(**SHAPE, **common, embedding_size=16, max_position_embeddings=128)
+    if name == "deberta-v2":
+        return t.DebertaV2Config(
+            **SHAPE,
+            **common,
+            max_position_embeddings=128,
+            type_vocab_size=0,
+            relative_attention=True,
+            position_buckets=16,
+            max_relative_positions=64,
+            pos_att_type=["p2c", "c2p"],
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            layer_norm_eps=1e-7,
+        )
+    if name == "deberta-v2-unshared":
+        return t.DebertaV2Config(
+            **SHAPE,
+            **common,
+            max_position_embeddings=128,
+            type_vocab_size=2,
+            relative_attention=True,
+            max_relative_positions=24,
+            pos_att_type="c2p|p2c",
+            share_att_key=False,
+            position_biased_input=True,
+            embedding_size=16,
+            layer_norm_eps=1e-7,
+        )
+    raise ValueError(f"no test checkpoint for {name!r}; known: {FAMILY_NAMES}")
+
+
+def _tokenizer(family: str, texts: list[str]):
+    """A fast tokenizer of the family's kind trained on `texts`."""
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    kind, specials, (first, last) = TOKENIZERS[family]
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials)
+    elif kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Nmt(), normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")]
+        )
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        unk = "<unk>" if "<unk>" in specials else "[UNK]"
+        trainer = trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=specials, unk_token=unk)
+    tok.train_from_iterator(texts, trainer)
+    ids = {s: tok.token_to_id(s) for s in specials}
+    assert [ids[s] for s in specials] == list(range(len(specials))), ids
+    if kind == "bpe":
+        tok.post_processor = processors.RobertaProcessing((last, ids[last]), (first, ids[first]))
+    else:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{first} $A {last}",
+            pair=f"{first} $A {last} $B:1 {last}:1",
+            special_tokens=[(first, ids[first]), (last, ids[last])],
+        )
+    pad = next(s for s in specials if "pad" in s.lower())
+    unk = next(s for s in specials if "unk" in s.lower())
+    mask = next(s for s in specials if "mask" in s.lower())
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=pad,
+        unk_token=unk,
+        mask_token=mask,
+        cls_token=first,
+        sep_token=last,
+        bos_token=first,
+        eos_token=last,
+        model_max_length=512,
+    )
+
+
+def build(name: str, out: str | Path, seed: int = 0) -> Path:
+    """Writes the test checkpoint of `name` (a family, or a key of `VARIANTS`) to `out`."""
+    import torch
+    from transformers import AutoModel
+
+    family = VARIANTS.get(name, name)
+    out = Path(out)
+    texts = read_comments(SAMPLE_CSV).texts
+    tokenizer = _tokenizer(family, texts)
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(_config(name, tokenizer.pad_token_id))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m parity_tests.families", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", required=True, help="directory; one subdirectory per family")
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=FAMILY_NAMES + tuple(VARIANTS),
+        help="build only this family (repeatable) [default: every family]",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="init seed [default: 0]")
+    args = parser.parse_args(argv)
+    for name in args.family or FAMILY_NAMES:
+        print(build(name, Path(args.out) / name, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Every encoder family against transformers' own PyTorch model of it: forward (fp32, bf16),
+fp32 gradients, the export round trip, its tokenizer, its config checks, and a training run.
+
+The checkpoints are small random-init models built with transformers' classes and a tokenizer
+of the family's kind trained on real comments (`parity_tests.families`); the comments scored
+are real ones of several lengths, padded."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxtpu import weights
+from jaxtpu.core import hf
+from jaxtpu.core.config import Config, EncoderConfig, pooling_for
+from jaxtpu.core.data import SAMPLE_CSV
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.families import FAMILIES
+from parity_tests import checks, forward
+from parity_tests.families import FAMILY_NAMES, TOKENIZERS, VARIANTS, build
+
+torch = pytest.importorskip("torch", reason="the transformers reference needs torch")
+transformers = pytest.importorskip("transformers")
+
+ALL = FAMILY_NAMES + tuple(VARIANTS)
+TOKENIZER_MODEL = {"wordpiece": "WordPiece", "bpe": "BPE", "unigram": "Unigram"}
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {name: build(name, root / name) for name in ALL}
+
+
+def _exported(model_dir: Path, out: Path) -> Path:
+    """The checkpoint as jaxtpu loads it (a seeded head added), written back by jaxtpu's
+    export path: what a fine-tuned run's `python -m jaxtpu.export` writes."""
+    cfg = Config().replace(model_dir=str(model_dir), precision="fp32", max_len=64)
+    model = weights.load_model(cfg, 64)
+    meta = {"task": "toxicity", "pooling": model.module.pooling}
+    return weights.save_hf(model.params, model.encoder, out, model_dir, meta)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_family_matches_transformers_and_exports_what_automodel_loads(name, family_dirs, tmp_path):
+    model_dir = family_dirs[name]
+    enc = EncoderConfig.from_hf_dict(json.loads((model_dir / "config.json").read_text()))
+    assert enc.model_type == VARIANTS.get(name, name)
+    export = _exported(model_dir, tmp_path / "export")
+
+    # the export: transformers' AutoModel loads it with nothing missing or unexpected, as the
+    # same class, and every encoder tensor is the checkpoint's, bit for bit
+    model, info = transformers.AutoModel.from_pretrained(str(export), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(model).__name__ == enc.family.architecture
+    original, written = hf.read_state_dict(model_dir), hf.read_state_dict(export)
+    assert set(written) == set(original)
+    assert all(np.array_equal(written[k], v) for k, v in original.items())
+
+    # forward and gradients on real comments: jaxtpu vs transformers (loading the export)
+    ids, mask, labels = forward.batch(str(SAMPLE_CSV), str(export), 16, 64)
+    assert (mask.sum(1) < 64).any() and (mask.sum(1) == 64).any()  # padded and full rows
+    args = Namespace(model_dir=str(export), grads=True, capture=False, plant_fault=None)
+    out = {}
+    for side, precision in (("jax", "fp32"), ("jax", "bf16"), ("hf", "fp32")):
+        args.precision, args.grads = precision, precision == "fp32"
+        run = forward.run_jax if side == "jax" else forward.run_torch
+        extra = () if side == "jax" else ("cpu",)
+        out[side, precision] = {**run(args, ids, mask, labels, *extra), "attention_mask": mask}
+    results = checks.family_results(name, out)
+    assert len(results) == 5
+    failed = [f"{r.check}: {r.measured:.3g} > {r.tolerance:g} {r.detail}" for r in results]
+    assert all(r.passed for r in results), "\n".join(
+        line for line, r in zip(failed, results, strict=True) if not r.passed
+    )
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_each_family_ships_its_own_kind_of_tokenizer(name, family_dirs):
+    from jaxtpu.core.tokens import load_tokenizer
+
+    tok = load_tokenizer(family_dirs[name])
+    config = json.loads((family_dirs[name] / "config.json").read_text())
+    assert type(tok.backend_tokenizer.model).__name__ == TOKENIZER_MODEL[TOKENIZERS[name][0]]
+    assert tok.pad_token_id == config["pad_token_id"]
+    ids = tok(["you are a nice person"])["input_ids"][0]
+    assert tok.convert_ids_to_tokens(ids[0]) == TOKENIZERS[name][2][0]  # [CLS] / <s>
+
+
+def _cfg(model_type: str, **changes) -> dict:
+    return {"model_type": model_type, "hidden_size": 32, "num_attention_heads": 4, **changes}
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (_cfg("gpt2"), "model_type='gpt2' is not supported; supported: bert, roberta"),
+        (_cfg("roberta", hidden_act="relu"), "hidden_act='relu' is not supported for roberta"),
+        (
+            _cfg("bert", position_embedding_type="relative_key"),
+            "position_embedding_type='relative_key' is not supported for bert",
+        ),
+        (_cfg("distilbert", activation="relu"), "activation='relu' is not supported"),
+        (_cfg("deberta-v2", conv_kernel_size=3), "conv_kernel_size=3 is not supported"),
+        (_cfg("deberta-v2", pos_att_type=["p2p"]), "pos_att_type=['p2p'] is not supported"),
+        (_cfg("deberta-v2", norm_rel_ebd="batch_norm"), "norm_rel_ebd='batch_norm'"),
+        (_cfg("deberta-v2", attention_head_size=16), "attention_head_size=16 is not supported"),
+    ],
+)
+def test_unsupported_config_options_are_one_line_errors_naming_them(config, message):
+    with pytest.raises(ConfigError) as e:
+        EncoderConfig.from_hf_dict(config, "config.json")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_family_has_a_default_pooling_and_refuses_a_pooler_it_lacks(family_dirs):
+    for name, family in FAMILIES.items():
+        cfg = Config().replace(model_dir=str(family_dirs[name]))
+        enc = EncoderConfig.from_hf_dict(_cfg(name))
+        assert pooling_for(cfg, enc) == family.default_pooling
+        if not family.pooler:
+            with pytest.raises(ConfigError, match=f"--pooling pooler: {name} has no pooler"):
+                pooling_for(cfg.replace(pooling="pooler"), enc)
+
+
+def test_family_defaults_are_transformers_config_defaults():
+    """A key `save_pretrained` leaves out must read as transformers' own default."""
+    classes = {
+        "bert": transformers.BertConfig,
+        "roberta": transformers.RobertaConfig,
+        "xlm-roberta": transformers.XLMRobertaConfig,
+        "distilbert": transformers.DistilBertConfig,
+        "electra": transformers.ElectraConfig,
+        "deberta-v2": transformers.DebertaV2Config,
+    }
+    assert set(classes) == set(FAMILIES)
+    for name, cls in classes.items():
+        ours = EncoderConfig.from_hf_dict({"model_type": name})
+        theirs = cls()
+        for field in FAMILIES[name].fields:
+            value = getattr(theirs, FAMILIES[name].hf_name(field), None)
+            if field == "pos_att_type":
+                value = tuple(value or ())
+            if field == "embedding_size" and name == "deberta-v2":
+                value = getattr(theirs, "embedding_size", theirs.hidden_size)
+            if field in ("position_buckets", "share_att_key", "norm_rel_ebd"):
+                continue  # read with getattr defaults by the model, not set by the class
+            assert getattr(ours, field) == value, (name, field)
