@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--encoder-prefix",
         default="bert",
-        help="state-dict: the module attribute holding the BertModel [default: bert; Lightning "
-        "notebooks often use model].",
+        help="state-dict: the module attribute holding the encoder (BertModel, RobertaModel, "
+        "...) [default: bert; Lightning notebooks often use model].",
     )
     p.add_argument(
         "--head-name",
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = load_trained(args.workdir)
         step, task = model.meta.get("step"), model.cfg.run.task
         if state_dict:
-            encoder, head = weights.to_state_dicts(model.params)
+            encoder, head = weights.to_state_dicts(model.params, model.encoder.model_type)
             tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
             save_state_dict(tensors, out)
             print(f"exported step {step} ({task}) as {args.encoder_prefix}.* + "
@@ -90,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         head = {
             "task": task,
             "head_dropout": model.cfg.head_dropout,
+            "pooling": model.module.pooling,
             "step": step,
             "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
         }

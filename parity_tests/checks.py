@@ -31,6 +31,8 @@ GRAD_FP32_RTOL = 1e-3
 # absolutely against the same share.
 GRAD_ZERO_SHARE = 1e-6
 TRAJ_FP32_RTOL = 1e-3
+# Families whose training is compared step by step with torch_xla (the test suite and report).
+FAMILY_TRAJECTORIES = (("roberta", "toxicity"), ("deberta-v2", "ranking"))
 # bf16 trajectories, worst relative step difference measured here over 21 steps: toxicity
 # 2.1e-3, ranking 2.0e-2 (jit) and 2.5e-2 (pmap). The ranking loss is a hinge that falls to
 # ~0.016 by step 21, where the same absolute bf16 rounding is a large share of the loss; so
@@ -164,6 +166,58 @@ def family_results(family: str, out: dict) -> list[Result]:
         f"{family}: gradients fp32 jaxtpu vs transformers", ref, out["jax", "fp32"]
     )
     return [*results, grads]
+
+
+def family_init(work: Path, family: str, task: str = "toxicity") -> Path:
+    """The family's test checkpoint (`parity_tests.families`) with one seeded head, saved as a
+    directory both sides start from."""
+    from parity_tests.families import build
+
+    source = work / "families" / family
+    if not (source / "model.safetensors").exists():
+        build(family, source)
+    return shared_init(work / f"init-{family}-{task}", task, "tiny", model_dir=str(source))
+
+
+def families_forward(work: Path) -> list[Result]:
+    """Per family: forward and fp32 gradients of jaxtpu against transformers' PyTorch model on
+    16 real comments (each side in its own process, as `family_results` reads them)."""
+    from jaxtpu.core.data import SAMPLE_CSV
+    from parity_tests.families import FAMILY_NAMES, VARIANTS
+
+    results = []
+    for family in FAMILY_NAMES + tuple(VARIANTS):
+        model_dir = family_init(work, family)
+        out = {}
+        for side, precision in (("jax", "fp32"), ("jax", "bf16"), ("hf", "fp32")):
+            path = work / f"forward-{family}-{side}-{precision}.npz"
+            grads = ["--grads"] if precision == "fp32" else []
+            out[side, precision] = run_forward(
+                side, model_dir, SAMPLE_CSV, path, "--precision", precision, *grads
+            )
+        results.extend(family_results(family, out))
+    return results
+
+
+def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result:
+    """21 fp32 steps on 8 devices with dropout off from one init of a family's checkpoint:
+    jaxtpu jit against torch_xla spmd, each with its own command line."""
+    model_dir = family_init(work, family, task)
+    flags = [*TRAJ_FLAGS, "--task", task, "--model-dir", str(model_dir), "--num-devices", "8",
+             "--precision", "fp32"]  # fmt: skip
+    name = f"{family}-{task}"
+    ref = run_side("torch", work / f"traj-{name}-spmd", *flags, "--parallel", "spmd").check()
+    run = run_side("jax", work / f"traj-{name}-jit", *flags, "--parallel", "jit").check()
+    rel = relative_diff(run.losses, ref.losses)
+    worst = max(rel)
+    return Result(
+        f"trajectory {family} {task} fp32: jaxtpu jit vs torch_xla spmd, 8 devices",
+        TRAJ_FP32_RTOL,
+        worst,
+        worst <= TRAJ_FP32_RTOL and len(rel) >= 20,
+        f"{len(rel)} steps, worst at step {int(np.argmax(rel)) + 1}",
+        {"jaxtpu jit": run.losses, "torch_xla spmd": ref.losses},
+    )
 
 
 TRAJ_FLAGS = [

@@ -27,6 +27,11 @@ def run_all(work: Path, full: bool, quick: bool) -> list[checks.Result]:
         ("trajectories toxicity", lambda: checks.trajectories(work, "toxicity")),
         ("trajectories ranking", lambda: checks.trajectories(work, "ranking")),
         ("spawn trajectory", lambda: [checks.spawn_trajectory(work)]),
+        ("families: forward + gradients", lambda: checks.families_forward(work)),
+        *[
+            (f"trajectory {f} {t}", lambda f=f, t=t: [checks.family_trajectory(work, f, t)])
+            for f, t in checks.FAMILY_TRAJECTORIES
+        ],
         *[
             (f"bucketed trajectory {t}", lambda t=t: [checks.bucketed_trajectory(work, t)])
             for t in ("toxicity", "ranking")

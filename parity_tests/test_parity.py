@@ -38,6 +38,11 @@ def test_bucketed_trajectory(work, real_data, task):
     assert_results([checks.bucketed_trajectory(work, task)])
 
 
+@pytest.mark.parametrize("family, task", checks.FAMILY_TRAJECTORIES)
+def test_family_trajectory(work, family, task):
+    assert_results([checks.family_trajectory(work, family, task)])
+
+
 def test_spawn_trajectory(work):
     assert_results([checks.spawn_trajectory(work)])
 

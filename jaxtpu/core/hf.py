@@ -1,11 +1,12 @@
 """Hugging Face checkpoint directories, framework-free: reading a state dict, fitting it to a
 model's tensors (one check for both sides), and writing a directory both sides load.
 
-A directory written here holds the encoder as a plain `BertModel` (`model.safetensors`,
-loadable by `transformers.AutoModel.from_pretrained` with no missing or unexpected keys), the
-Dense head in `head.safetensors` (`classifier.weight`, `classifier.bias`, as
-`nn.Linear(hidden, outputs)`), `jaxtpu_head.json` saying which task and dropout the head
-belongs to, and the tokenizer files. Flax's side of the mapping is `jaxtpu.weights`.
+A directory written here holds the encoder as its family's plain model (`BertModel`,
+`RobertaModel`, ... in `model.safetensors`, loadable by `transformers.AutoModel.from_pretrained`
+with no missing or unexpected keys), the Dense head in `head.safetensors` (`classifier.weight`,
+`classifier.bias`, as `nn.Linear(hidden, outputs)`), `jaxtpu_head.json` saying which task,
+dropout and pooling the head belongs to, and the tokenizer files. Flax's side of the mapping
+is `jaxtpu.weights`.
 """
 
 from __future__ import annotations
@@ -33,13 +34,17 @@ TOKENIZER_FILES = (
 )
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
-# Checkpoint keys that are not part of BertModel and are safely ignored.
+# Every encoder (of every family) has exactly one of these; what precedes it is its prefix.
+ENCODER_ANCHOR = "embeddings.word_embeddings.weight"
+# Checkpoint keys that are not part of the encoder and are safely ignored.
 _IGNORED = re.compile(r"^(cls\.|.*position_ids$)")
 
 
 def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
-    """The parameters of a Hugging Face directory as fp32 numpy arrays, keys without `bert.`
-    (buffers such as `position_ids` and pre-training heads `cls.*` are left out)."""
+    """The encoder parameters of a Hugging Face directory as fp32 numpy arrays, in the keys of
+    the family's plain model: the prefix of a task model (`bert.`, `roberta.`, `deberta.`,
+    ... of `*ForSequenceClassification` or `*ForMaskedLM`) is removed and the tensors outside
+    it (its task head) left out, as are buffers such as `position_ids`."""
     d = Path(model_dir)
     st, binf = d / "model.safetensors", d / "pytorch_model.bin"
     if st.exists():
@@ -53,11 +58,13 @@ def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
         raw = read_torch_file(binf)
     else:
         raise CheckpointError(f"{d}: no model.safetensors or pytorch_model.bin")
-    return _encoder_keys({k.removeprefix("bert."): v for k, v in raw.items()}, "")
+    prefixes = {k[: -len(ENCODER_ANCHOR)] for k in raw if k.endswith(ENCODER_ANCHOR)}
+    prefix = prefixes.pop() if len(prefixes) == 1 else ""
+    return _encoder_keys(raw, prefix)
 
 
 def _encoder_keys(raw: Mapping[str, Any], prefix: str) -> dict[str, np.ndarray]:
-    """`BertModel` keys of the tensors under `prefix` (legacy names fixed, buffers dropped)."""
+    """Plain-model keys of the tensors under `prefix` (legacy names fixed, buffers dropped)."""
     out = {}
     for k, v in raw.items():
         if not k.startswith(prefix):
@@ -102,10 +109,6 @@ def read_torch_file(path: str | Path) -> dict[str, np.ndarray]:
     if not tensors:
         raise CheckpointError(f"{path}: no tensors; not a state dict or Lightning checkpoint")
     return {k: v.detach().float().cpu().numpy() for k, v in tensors.items()}
-
-
-# Every BERT encoder has exactly one of these; what precedes it is the encoder's prefix.
-ENCODER_ANCHOR = "embeddings.word_embeddings.weight"
 
 
 @dataclass
@@ -234,7 +237,7 @@ def fit_state_dict(
     if len(encoder_kept) > 2:  # a pooler may be missing; a whole encoder may not
         raise CheckpointError(
             f"{d}: {len(encoder_kept)} encoder tensors missing (first: {encoder_kept[0]}); "
-            "not a BERT checkpoint of this shape"
+            "not a checkpoint of this family and shape (check config.json)"
         )
     return found, kept
 
