@@ -507,8 +507,8 @@ def create_module(
 
 
 def for_run(cfg: Config, enc: EncoderConfig, scan: bool | None = None) -> Classifier:
-    """The module a run trains (its precision, head dropout, remat, pooling, the task's
-    outputs); `scan` defaults to the run's --scan-layers."""
+    """The module a run trains (its precision, head dropout, remat, pooling, and as many
+    outputs as the task scores); `scan` defaults to the run's --scan-layers."""
     return create_module(
         enc,
         cfg.head_dropout,
@@ -516,6 +516,7 @@ def for_run(cfg: Config, enc: EncoderConfig, scan: bool | None = None) -> Classi
         cfg.model.remat,
         cfg.model.scan_layers if scan is None else scan,
         pooling_for(cfg, enc),
+        cfg.task.outputs,
     )
 
 

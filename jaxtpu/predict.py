@@ -2,8 +2,10 @@
 training notebook's checkpoint (`--init-from model.bin --model-dir DIR`).
 
 Writes `comment_id,score` for the Rate Severity `comments_to_score.csv` (`comment_id`, `text`),
-or `id,toxic` for classification files (`comment_text`, optional `id`). Toxicity models give
-sigmoid probabilities, rankers their raw score (only the order matters there).
+or `id,toxic` for classification files (`comment_text`, optional `id`); a multi-label model
+writes Kaggle's `id,toxic,severe_toxic,obscene,threat,insult,identity_hate`. Toxicity and
+multi-label models give sigmoid probabilities, rankers their raw score (only the order matters
+there).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from jaxtpu.core.buckets import Batcher
 from jaxtpu.core.config import Config, EncoderConfig, from_dict, tokenizer_dir
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.rundir import check_output_path, user_errors
+from jaxtpu.core.tasks import LABELS
 from jaxtpu.core.tokens import load_tokenizer, tokenize
 
 
@@ -86,9 +89,12 @@ def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch
 
     tokenizer = load_tokenizer(model.tokenizer_dir)
     ids, mask, _ = tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
-    examples = jdata.Examples(ids, mask, np.zeros(len(texts), np.float32))
-    # Every task's model scores one comment per row: score them as the one-comment task does.
-    single = get_task("toxicity")
+    # Every task's model scores one comment per row: score them as a one-comment task does
+    # (a ranker as toxicity; multilabel as itself, six scores per comment).
+    task = model.cfg.task
+    single = task if task.comments_per_example == 1 else get_task("toxicity")
+    label_shape = (len(texts), single.outputs) if single.outputs > 1 else (len(texts),)
+    examples = jdata.Examples(ids, mask, np.zeros(label_shape, np.float32))
     strategy = parallel.make_strategy("jit", devices, single.name)
     state = steps.TrainState.create(
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()
@@ -168,10 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         scores = score_texts(model, comments.texts, devices, args.batch_size)
         if jdata.file_kind(header) == "score":
             write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))
-        else:
+        else:  # Kaggle's submission: id and a probability per label the model scores
             probs = 1.0 / (1.0 + np.exp(-scores))
             ids = comments.ids if any(comments.ids) else [str(i) for i in range(len(probs))]
-            write_csv(out, ["id", "toxic"], zip(ids, probs.tolist(), strict=True))
+            labels = list(LABELS) if probs.ndim == 2 else ["toxic"]
+            rows = ([i, *np.atleast_1d(p).tolist()] for i, p in zip(ids, probs, strict=True))
+            write_csv(out, ["id", *labels], rows)
         print(f"wrote {len(scores)} scores to {out}")
     return 0
 

@@ -26,10 +26,19 @@ def _margin_ranking(scores: jax.Array, label: jax.Array) -> jax.Array:
     return jax.nn.relu(RANKING_MARGIN - (scores[:, 1] - scores[:, 0]))
 
 
+def _masked_bce(scores: jax.Array, label: jax.Array) -> jax.Array:
+    # scores, label (B, 6); a blank label (NaN) is not scored: the mean over the known ones.
+    # The label is made finite before the loss, so no NaN reaches the gradient.
+    known = ~jnp.isnan(label)
+    per = optax.sigmoid_binary_cross_entropy(scores, jnp.where(known, label, 0.0))
+    return jnp.where(known, per, 0.0).sum(-1) / jnp.maximum(known.sum(-1), 1)
+
+
 # Per-example loss of each task of `jaxtpu.core.tasks.TASKS`: (scores, label) -> (B,).
 LOSSES = {
     "toxicity": optax.sigmoid_binary_cross_entropy,  # BCE with logits
     "ranking": _margin_ranking,  # scores (B, 2): less, more toxic
+    "multilabel": _masked_bce,  # BCE with logits per label, blank labels masked
 }
 
 

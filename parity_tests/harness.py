@@ -110,7 +110,8 @@ def shared_init(
 ) -> Path:
     """One seeded torch init, saved as a Hugging Face directory that both sides load with
     --model-dir: the preset's encoder (pretrained for `minilm`, random for `tiny`, its shape
-    changed by `overrides` such as num_layers=4) plus a seeded Dense(1) head. Same initial
+    changed by `overrides` such as num_layers=4) plus a seeded Dense head (one output per
+    score of the task). Same initial
     weights on both sides."""
     from jaxtpu.core.config import encoder_config, resolve_model_dir, tokenizer_dir
     from jaxtpu.core.presets import get_preset
@@ -121,7 +122,7 @@ def shared_init(
     cfg = get_preset(preset).replace(task=task, **overrides)
     enc = encoder_config(cfg)
     model_dir = resolve_model_dir(cfg.model.model_dir)
-    model = weights.load_model(enc, cfg.head_dropout, model_dir, seed)
+    model = weights.load_model(enc, cfg.head_dropout, model_dir, seed, outputs=cfg.task.outputs)
     weights.save_hf(model, out_dir, tokenizer_dir(cfg), {"task": task, "init_seed": seed})
     return out_dir
 

@@ -22,8 +22,15 @@ def _margin_ranking(scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _masked_bce(scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    # scores, label (B, 6); a blank label (NaN) is not scored: the mean over the known ones.
+    known = ~torch.isnan(label)
+    per = _bce(scores, torch.where(known, label, torch.zeros_like(label)))
+    return torch.where(known, per, torch.zeros_like(per)).sum(-1) / known.sum(-1).clamp(min=1)
+
+
 # Per-example loss of each task of `jaxtpu.core.tasks.TASKS`, as `jaxtpu.steps.LOSSES`.
-LOSSES = {"toxicity": _bce, "ranking": _margin_ranking}
+LOSSES = {"toxicity": _bce, "ranking": _margin_ranking, "multilabel": _masked_bce}
 
 
 def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager:

@@ -195,9 +195,9 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
 
     enc = encoder_config(cfg)
     source = weights_source(cfg)
-    model = weights.load_model(enc, cfg.head_dropout, source, run.seed, pooling_for(cfg, enc)).to(
-        strategy.device
-    )
+    pooling, outputs = pooling_for(cfg, enc), cfg.task.outputs
+    model = weights.load_model(enc, cfg.head_dropout, source, run.seed, pooling, outputs)
+    model = model.to(strategy.device)
     optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.total_updates, n_dev)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s", describe_model(cfg, enc, n_params))

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core.errors import DataError
-from jaxtpu.core.tasks import Task
+from jaxtpu.core.tasks import LABELS, Task
 from jaxtpu.core.tokens import tokenize
 
 log = logging.getLogger(__name__)
 
-SUBLABELS = ("severe_toxic", "obscene", "threat", "insult", "identity_hate")
+SUBLABELS = LABELS[1:]  # ("severe_toxic", "obscene", "threat", "insult", "identity_hate")
 # Severity weights for pairs built from labels (as in public Rate Severity solutions):
 # toxic, then SUBLABELS in order.
 SEVERITY_WEIGHTS = np.array([0.32, 1.5, 0.16, 1.5, 0.64, 1.5], np.float32)
@@ -395,7 +395,7 @@ class Examples:
 
     input_ids: np.ndarray  # (N, L) or (N, 2, L)
     attention_mask: np.ndarray
-    label: np.ndarray  # (N,)
+    label: np.ndarray  # (N,), or (N, 6) for --task multilabel (NaN where blank)
     cache_hit: bool = False
 
     def __len__(self) -> int:
@@ -417,16 +417,32 @@ class Examples:
         }
 
 
-def encode(data: Comments | Pairs, tokenizer: Any, max_len: int, cache_dir: Any = None) -> Examples:
-    """Tokenizes comments (toxicity) or both sides of each pair (ranking)."""
+def encode(
+    data: Comments | Pairs, tokenizer: Any, max_len: int, cache_dir: Any = None, outputs: int = 1
+) -> Examples:
+    """Tokenizes comments (toxicity, multilabel) or both sides of each pair (ranking); with
+    `outputs` = 6 the labels are the six columns (`all_labels`)."""
     if isinstance(data, Pairs):
         n = len(data)
         ids, mask, hit = tokenize(data.less + data.more, tokenizer, max_len, cache_dir)
         stack = lambda a: np.stack([a[:n], a[n:]], axis=1)  # noqa: E731
         return Examples(stack(ids), stack(mask), np.ones(n, np.float32), hit)
     ids, mask, hit = tokenize(data.texts, tokenizer, max_len, cache_dir)
-    labels = data.labels if data.labels is not None else np.zeros(len(data), np.float32)
+    if outputs > 1:
+        labels = all_labels(data)
+    else:
+        labels = data.labels if data.labels is not None else np.zeros(len(data), np.float32)
     return Examples(ids, mask, labels, hit)
+
+
+def all_labels(data: Comments) -> np.ndarray:
+    """(N, 6) float32 in `LABELS` order, NaN where a sub-label is blank (or the file has no
+    sub-label columns); unlabelled comments get zeros."""
+    n = len(data)
+    if data.labels is None:
+        return np.zeros((n, len(LABELS)), np.float32)
+    sub = data.sublabels if data.sublabels is not None else np.full((n, len(SUBLABELS)), np.nan)
+    return np.column_stack([data.labels, sub]).astype(np.float32)
 
 
 # --------------------------------------------------------------------------- batching
@@ -517,8 +533,8 @@ def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
             f"{task.monitor} is undefined and no best model could be chosen; give a --valid-csv "
             "with both classes, a larger --valid-fraction, or more rows"
         )
-    train_ex = encode(train, tokenizer, d.max_len, d.cache_dir)
-    valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir)
+    train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task.outputs)
+    valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task.outputs)
     info = {
         "source": source,
         "demo": not d.train_csv,

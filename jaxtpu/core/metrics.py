@@ -30,6 +30,19 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray | None = 
     return float(roc_auc_score(y, scores[keep]))
 
 
+def column_aucs(
+    scores: np.ndarray, labels: np.ndarray, weight: np.ndarray | None = None
+) -> list[float]:
+    """ROC AUC of each column of (N, C) scores against (N, C) labels, each over the rows whose
+    label in that column is known (NaN = blank: not scored); NaN where undefined."""
+    scores, labels = np.asarray(scores), np.asarray(labels, np.float64)
+    keep = _valid(weight, scores.shape[0])
+    return [
+        roc_auc(scores[:, j], labels[:, j], keep & ~np.isnan(labels[:, j]))
+        for j in range(labels.shape[1])
+    ]
+
+
 def agreement(
     less_scores: np.ndarray, more_scores: np.ndarray, weight: np.ndarray | None = None
 ) -> float:

@@ -16,6 +16,8 @@ import numpy as np
 from jaxtpu.core import metrics
 
 RANKING_MARGIN = 0.5  # margin of the ranking loss, on both sides
+# The six labels of the Kaggle Toxic Comment Classification data, in its column order.
+LABELS = ("toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate")
 
 
 def _auc(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
@@ -27,6 +29,19 @@ def _both_classes(labels: np.ndarray) -> str | None:
     if binary.all() or not binary.any():
         return f"all {binary.size} labels are {'toxic' if binary.all() else 'non-toxic'}"
     return None
+
+
+def _mean_column_auc(
+    scores: np.ndarray, labels: np.ndarray, weight: np.ndarray
+) -> dict[str, float]:
+    """The Kaggle Toxic Comment Classification metric: the mean of the six columns' ROC AUC,
+    each over the rows whose label is known (rows with blank sub-labels count for `toxic`
+    only). A column with one class in the evaluation set has no AUC: it is left out of the
+    mean and of the per-label keys."""
+    aucs = dict(zip(LABELS, metrics.column_aucs(scores, labels, weight), strict=True))
+    defined = {k: v for k, v in aucs.items() if np.isfinite(v)}
+    mean = float(np.mean(list(defined.values()))) if defined else float("nan")
+    return {"val_mean_auc": mean, **{f"val_auc_{k}": v for k, v in defined.items()}}
 
 
 def _agreement(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
@@ -45,6 +60,8 @@ class Task:
       monitor: the validation metric that picks the best checkpoint (higher is better).
       metric: (scores, labels, weight) of the whole evaluation set -> {monitor: value}.
       reads: the file kinds (`jaxtpu.core.data.file_kind`) a training/validation file may be.
+      outputs: scores per comment: 1, or one per label of `LABELS` (labels (N, 6), NaN where
+        blank; the model's head has that many outputs).
       unit: what one example is called in messages.
       undefined: why the metric is undefined on a validation set with these labels (None when
         it is defined): such a set is refused before training.
@@ -58,6 +75,7 @@ class Task:
     reads: tuple[str, ...]
     unit: str
     undefined: Callable[[np.ndarray], str | None] = lambda labels: None
+    outputs: int = 1
 
     def example_shape(self, max_len: int) -> tuple[int, ...]:
         """The shape of one example's token ids."""
@@ -96,6 +114,17 @@ TASKS: dict[str, Task] = {
         metric=_agreement,
         reads=("pairs", "classification"),  # labelled comments are paired by severity
         unit="pairs",
+    ),
+    "multilabel": Task(
+        name="multilabel",
+        comments_per_example=1,
+        head_dropout=0.3,
+        monitor="val_mean_auc",
+        metric=_mean_column_auc,
+        reads=("classification",),
+        unit="comments",
+        undefined=_both_classes,  # of `toxic`, known for every row
+        outputs=len(LABELS),
     ),
 }
 
