@@ -144,7 +144,7 @@ def bisect(args: argparse.Namespace, work: Path) -> dict:
     """Runs the sides (their outputs kept in `work` as `<side>.npz`) and compares them."""
     enc = encoder(args.model_dir)
     sides = [("jax", "jaxtpu")] + [("xla", "torch_xla")] * bool(args.xla)
-    points = len(capture_points(enc.num_hidden_layers))
+    points = len(capture_points(enc))
     print(f"[1/{len(sides) + 1}] transformers fp32 (reference), {points} points", flush=True)
     ref = run_worker("hf", args, "fp32", work / "hf.npz")
     mask = ref["attention_mask"]

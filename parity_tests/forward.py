@@ -35,11 +35,31 @@ FAULTS = {
 FAULT_LN_EPS = 1e-3
 
 
-def capture_points(num_layers: int) -> list[str]:
-    """The outputs compared layer by layer, in forward order, as Hugging Face module names."""
+def capture_points(enc: EncoderConfig) -> list[str]:
+    """The outputs compared layer by layer, in forward order, as `BertModel` module names
+    (`torch_module` gives the family's own)."""
     per_layer = ("attention", "intermediate", "output")
-    layers = [f"encoder.layer.{i}.{m}" for i in range(num_layers) for m in per_layer]
-    return ["embeddings", *layers, "pooler", "classifier"]
+    layers = [f"encoder.layer.{i}.{m}" for i in range(enc.num_hidden_layers) for m in per_layer]
+    return ["embeddings", *layers, *(["pooler"] if enc.family.pooler else []), "classifier"]
+
+
+# DistilBERT's modules whose outputs are BERT's capture points (the attention block after its
+# LayerNorm, the feed-forward activation, the layer output); other families use BERT's names.
+_DISTILBERT_POINTS = {
+    "attention": "transformer.layer.{i}.sa_layer_norm",
+    "intermediate": "transformer.layer.{i}.ffn.activation",
+    "output": "transformer.layer.{i}.output_layer_norm",
+}
+
+
+def torch_module(point: str, model_type: str) -> str:
+    """The torch Classifier's module whose output is capture point `point`."""
+    if point == "classifier":
+        return point
+    m = re.fullmatch(r"encoder\.layer\.(\d+)\.(\w+)", point)
+    if model_type == "distilbert" and m:
+        return "bert." + _DISTILBERT_POINTS[m.group(2)].format(i=m.group(1))
+    return f"bert.{point}"
 
 
 def batch(csv: str, model_dir: str, n: int, max_len: int):
@@ -123,7 +143,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     interceptor = None
     if args.plant_fault:
         params, interceptor = _planted(args.plant_fault, params, enc.num_hidden_layers)
-    points = {_flax_path(p): p for p in capture_points(enc.num_hidden_layers)}
+    points = {_flax_path(p): p for p in capture_points(enc)}
     wanted = {*points, ("bert",)}
 
     def loss_fn(p):
@@ -175,8 +195,8 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
     model.bert.register_forward_hook(lambda _m, _i, output: encoded.update(out=output))
     if args.capture:
         modules = dict(model.named_modules())
-        for point in capture_points(enc.num_hidden_layers):
-            name = point if point == "classifier" else f"bert.{point}"
+        for point in capture_points(enc):
+            name = torch_module(point, enc.model_type)
 
             def hook(_module, _inputs, output, point=point):
                 captured[point] = output[0] if isinstance(output, tuple) else output
