@@ -127,6 +127,21 @@ def test_every_family_has_a_default_pooling_and_refuses_a_pooler_it_lacks(family
                 pooling_for(cfg.replace(pooling="pooler"), enc)
 
 
+def test_an_exported_head_keeps_the_pooling_it_was_trained_with(family_dirs, tmp_path):
+    import shutil
+
+    from jaxtpu.core.config import describe_model
+
+    export = tmp_path / "electra-export"
+    shutil.copytree(family_dirs["electra"], export)
+    (export / "jaxtpu_head.json").write_text(json.dumps({"task": "toxicity", "pooling": "mean"}))
+    cfg = Config().replace(model_dir=str(export))
+    enc = EncoderConfig.from_hf_dict(json.loads((export / "config.json").read_text()))
+    assert pooling_for(cfg, enc) == "mean"  # electra's default is cls
+    assert "pooling mean (as exported, jaxtpu_head.json)" in describe_model(cfg, enc, 10**6)
+    assert pooling_for(cfg.replace(pooling="cls"), enc) == "cls"  # the flag wins
+
+
 def test_family_defaults_are_transformers_config_defaults():
     """A key `save_pretrained` leaves out must read as transformers' own default."""
     classes = {
@@ -200,3 +215,24 @@ def test_torch_side_trains_a_family_checkpoint_from_the_command_line(family_dirs
     assert len(run.losses) == 4 and all(np.isfinite(run.losses))
     assert "model: distilbert (DistilBertModel)" in run.stderr + run.stdout
     assert "pooling cls (distilbert's default)" in run.stderr + run.stdout
+
+
+def test_deberta_scanned_and_rematerialised_trains_like_the_plain_model(family_dirs, tmp_path):
+    """The relative embeddings every layer shares stay outside the scanned layer stack."""
+    from jaxtpu import train
+    from jaxtpu.core import presets
+
+    def losses(name, **memory):
+        cfg = presets.tiny().replace(
+            model_dir=str(family_dirs["deberta-v2"]), train_csv="sample", max_rows=200,
+            max_len=32, parallel="jit", precision="fp32", max_steps=5, log_every=1,
+            dropout=0.0, encoder_dropout=0.0, workdir=str(tmp_path / name), **memory,
+        )  # fmt: skip
+        train.train_and_evaluate(cfg)
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["loss"] for x in lines if json.loads(x).get("event") == "train"]
+
+    plain = losses("plain")
+    scanned = losses("scanned", scan_layers=True, remat="layer", sharding="fsdp")
+    assert len(plain) == 5
+    np.testing.assert_allclose(scanned, plain, rtol=1e-5)

@@ -47,9 +47,11 @@ def _f(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
 class ModelConfig:
     model_dir: str | None = _f(
         None,
-        "Hugging Face BERT checkpoint directory (config.json + model.safetensors or "
-        "pytorch_model.bin + tokenizer). 'minilm' = the packaged pretrained all-MiniLM-L6-v2. "
-        "Empty = random init of the shape given by --num-layers/--hidden-size.",
+        "Hugging Face checkpoint directory (config.json + model.safetensors or "
+        "pytorch_model.bin + tokenizer) of model_type bert, roberta, xlm-roberta, distilbert, "
+        "electra or deberta-v2 (DeBERTa-v3). 'minilm' = the packaged pretrained "
+        "all-MiniLM-L6-v2. Empty = random init of a BERT of the shape given by "
+        "--num-layers/--hidden-size.",
     )
     init_from: str | None = _f(
         None,
@@ -619,15 +621,43 @@ def encoder_config(cfg: Config) -> EncoderConfig:
     return enc
 
 
+# What `jaxtpu.export` writes beside a fine-tuned head (`jaxtpu.core.hf.HEAD_META`).
+HEAD_META = "jaxtpu_head.json"
+
+
+def _exported_pooling(cfg: Config) -> str | None:
+    """The pooling a jaxtpu export in --model-dir recorded for its head, if any."""
+    from pathlib import Path
+
+    model_dir = resolve_model_dir(cfg.model.model_dir)
+    meta = Path(model_dir) / HEAD_META if model_dir else None
+    if not meta or not meta.is_file():
+        return None
+    try:
+        return json.loads(meta.read_text()).get("pooling")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def pooling_for(cfg: Config, enc: EncoderConfig) -> str:
-    """--pooling resolved for the run's encoder family ('auto' = the family's default)."""
-    return default_pooling(enc.family, cfg.model.pooling)
+    """--pooling resolved for the run's encoder: 'auto' = the pooling a jaxtpu export in
+    --model-dir recorded for its head (so a fine-tuned model keeps scoring as it was trained),
+    else the family's default."""
+    chosen = cfg.model.pooling
+    if chosen == "auto":
+        chosen = _exported_pooling(cfg) or "auto"
+    return default_pooling(enc.family, chosen)
 
 
 def describe_model(cfg: Config, enc: EncoderConfig, n_params: int) -> str:
     """The start-up line both sides print: family, shape, size, pooling, where from."""
     pooling = pooling_for(cfg, enc)
-    how = f"{enc.model_type}'s default" if cfg.model.pooling == "auto" else "--pooling"
+    if cfg.model.pooling != "auto":
+        how = "--pooling"
+    elif _exported_pooling(cfg):
+        how = f"as exported, {HEAD_META}"
+    else:
+        how = f"{enc.model_type}'s default"
     return (
         f"{enc.model_type} ({enc.family.architecture}), {enc.num_hidden_layers} layers x "
         f"{enc.hidden_size} hidden, {n_params / 1e6:.1f}M params, pooling {pooling} ({how}), "

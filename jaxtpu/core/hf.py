@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.config import EncoderConfig
+from jaxtpu.core.config import HEAD_META, EncoderConfig
 from jaxtpu.core.errors import CheckpointError
 
 HEAD_FILE = "head.safetensors"
-HEAD_META = "jaxtpu_head.json"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
