@@ -66,35 +66,19 @@ def _config(name: str, pad: int):
         )
     if name == "electra":
         return t.ElectraConfig(**SHAPE, **common, embedding_size=16, max_position_embeddings=128)
-    if name == "deberta-v2":
+    deberta = dict(**SHAPE, **common, max_position_embeddings=128, relative_attention=True)
+    if name == "deberta-v2":  # DeBERTa-v3's options
         return t.DebertaV2Config(
-            **SHAPE,
-            **common,
-            max_position_embeddings=128,
-            type_vocab_size=0,
-            relative_attention=True,
-            position_buckets=16,
-            max_relative_positions=64,
-            pos_att_type=["p2c", "c2p"],
-            share_att_key=True,
-            norm_rel_ebd="layer_norm",
-            position_biased_input=False,
-            layer_norm_eps=1e-7,
-        )
+            **deberta, type_vocab_size=0, position_buckets=16, max_relative_positions=64,
+            pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm",
+            position_biased_input=False, layer_norm_eps=1e-7,
+        )  # fmt: skip
     if name == "deberta-v2-unshared":
         return t.DebertaV2Config(
-            **SHAPE,
-            **common,
-            max_position_embeddings=128,
-            type_vocab_size=2,
-            relative_attention=True,
-            max_relative_positions=24,
-            pos_att_type="c2p|p2c",
-            share_att_key=False,
-            position_biased_input=True,
-            embedding_size=16,
+            **deberta, type_vocab_size=2, max_relative_positions=24, pos_att_type="c2p|p2c",
+            share_att_key=False, position_biased_input=True, embedding_size=16,
             layer_norm_eps=1e-7,
-        )
+        )  # fmt: skip
     raise ValueError(f"no test checkpoint for {name!r}; known: {FAMILY_NAMES}")
 
 
