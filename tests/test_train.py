@@ -28,7 +28,9 @@ def tiny(tmp_path, name="run", **overrides):
     return presets.tiny().replace(workdir=str(tmp_path / name), **{"log_every": 1, **overrides})
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+# bf16 here; fp32 runs of every strategy are compared step by step below (and with torch_xla in
+# parity_tests), where each must also compile its step once.
+@pytest.mark.parametrize("precision", ["bf16"])
 @pytest.mark.parametrize("parallel", ["pmap", "jit"])
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
 def test_loss_goes_down_and_step_compiles_once(tmp_path, task, parallel, precision):
@@ -52,7 +54,8 @@ def test_every_strategy_gives_the_same_trajectory_fp32(tmp_path, task):
     kw = dict(task=task, precision="fp32", dropout=0.0, encoder_dropout=0.0, epochs=2)
     logs = {}
     for parallel in JAX_STRATEGIES:
-        train.train_and_evaluate(tiny(tmp_path, parallel, parallel=parallel, **kw))
+        summary = train.train_and_evaluate(tiny(tmp_path, parallel, parallel=parallel, **kw))
+        assert summary["train_compiles"] == 1, parallel
         logs[parallel] = read_log(tmp_path / parallel)
     ref, ref_evals = logs["pmap"]
     assert len(ref) == 14
