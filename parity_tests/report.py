@@ -98,7 +98,7 @@ def plot(rows: list[dict], path: Path) -> None:
         axes[2 * (j // ncols)][j % ncols].axis("off")
         axes[2 * (j // ncols) + 1][j % ncols].axis("off")
     fig.suptitle("jaxtpu vs torch_xla: loss curves (top) and relative difference (bottom)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # room for the title
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
