@@ -117,6 +117,21 @@ def test_unsupported_config_options_are_one_line_errors_naming_them(config, mess
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_max_len_beyond_the_position_table_is_a_one_line_error(family_dirs):
+    from jaxtpu.core.config import encoder_config
+
+    # the RoBERTa test checkpoint has 130 positions, numbered from pad_token_id + 1 = 2
+    roberta = Config().replace(model_dir=str(family_dirs["roberta"]))
+    assert encoder_config(roberta.replace(max_len=128)).max_tokens == 128
+    with pytest.raises(ConfigError, match=r"--max-len 129: the roberta encoder's position table"):
+        encoder_config(roberta.replace(max_len=129))
+    with pytest.raises(ConfigError, match="holds at most 128 tokens"):
+        encoder_config(Config().replace(model_dir=str(family_dirs["bert"]), max_len=200))
+    # DeBERTa-v3 numbers no absolute positions: relative ones reach any length
+    deberta = Config().replace(model_dir=str(family_dirs["deberta-v2"]), max_len=512)
+    assert encoder_config(deberta).max_tokens is None
+
+
 def test_every_family_has_a_default_pooling_and_refuses_a_pooler_it_lacks(family_dirs):
     for name, family in FAMILIES.items():
         cfg = Config().replace(model_dir=str(family_dirs[name]))

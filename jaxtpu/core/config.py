@@ -554,6 +554,17 @@ class EncoderConfig:
     def family(self) -> Family:
         return get_family(self.model_type)
 
+    @property
+    def max_tokens(self) -> int | None:
+        """The longest input its absolute position table numbers (RoBERTa's positions start
+        after pad_token_id); None when it has none (DeBERTa-v3: relative positions only)."""
+        positions = self.family.positions
+        if positions == "relative" and not self.position_biased_input:
+            return None
+        if positions == "after_padding":
+            return self.max_position_embeddings - self.pad_token_id - 1
+        return self.max_position_embeddings
+
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> EncoderConfig:
         family = get_family(d.get("model_type", "bert"), source)
@@ -617,6 +628,13 @@ def encoder_config(cfg: Config) -> EncoderConfig:
             enc,
             hidden_dropout_prob=cfg.model.encoder_dropout,
             attention_probs_dropout_prob=cfg.model.encoder_dropout,
+        )
+    limit = enc.max_tokens
+    if limit is not None and cfg.data.max_len > limit:
+        raise ConfigError(
+            f"--max-len {cfg.data.max_len}: the {enc.model_type} encoder's position table "
+            f"(max_position_embeddings={enc.max_position_embeddings}) holds at most {limit} "
+            f"tokens; use --max-len {limit} or less"
         )
     return enc
 
