@@ -148,6 +148,28 @@ def _tokenizer(family: str, texts: list[str]):
     )
 
 
+def sentencepiece_dir(out: str | Path) -> Path:
+    """A tokenizer directory as DeBERTa-v3 checkpoints ship it: only a SentencePiece Unigram
+    model (`spm.model`, trained on the real comments with the `sentencepiece` library) and a
+    `tokenizer_config.json` naming `DebertaV2Tokenizer`; no `tokenizer.json`."""
+    import json
+
+    import sentencepiece as spm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(read_comments(SAMPLE_CSV).texts), model_prefix=str(out / "spm"),
+        vocab_size=VOCAB, model_type="unigram", pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+        pad_piece="[PAD]", bos_piece="[CLS]", eos_piece="[SEP]", unk_piece="[UNK]",
+        user_defined_symbols=["[MASK]"], minloglevel=2,
+    )  # fmt: skip
+    (out / "spm.vocab").unlink()
+    config = {"tokenizer_class": "DebertaV2Tokenizer", "do_lower_case": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
 def build(name: str, out: str | Path, seed: int = 0) -> Path:
     """Writes the test checkpoint of `name` (a family, or a key of `VARIANTS`) to `out`."""
     import torch

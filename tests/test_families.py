@@ -91,6 +91,27 @@ def test_each_family_ships_its_own_kind_of_tokenizer(name, family_dirs):
     assert tok.convert_ids_to_tokens(ids[0]) == TOKENIZERS[name][2][0]  # [CLS] / <s>
 
 
+def test_a_sentencepiece_model_alone_loads_as_a_fast_tokenizer(tmp_path):
+    """DeBERTa-v3 checkpoints ship spm.model and no tokenizer.json: transformers converts it,
+    and the ids are SentencePiece's own, between [CLS] and [SEP]."""
+    import sentencepiece as spm
+
+    from jaxtpu.core.data import read_comments
+    from jaxtpu.core.tokens import load_tokenizer
+    from parity_tests.families import sentencepiece_dir
+
+    d = sentencepiece_dir(tmp_path / "spm-only")
+    assert not (d / "tokenizer.json").exists()
+    tok = load_tokenizer(d)
+    assert type(tok.backend_tokenizer.model).__name__ == "Unigram" and tok.pad_token_id == 0
+    sp = spm.SentencePieceProcessor(model_file=str(d / "spm.model"))
+    texts = read_comments(SAMPLE_CSV).texts[:50]
+    for text, ids in zip(texts, tok(texts)["input_ids"], strict=True):
+        assert ids == [1, *sp.encode(text), 2], text
+    tok.save_pretrained(str(tmp_path / "saved"))  # what a run directory keeps
+    assert (tmp_path / "saved" / "tokenizer.json").exists()
+
+
 def _cfg(model_type: str, **changes) -> dict:
     return {"model_type": model_type, "hidden_size": 32, "num_attention_heads": 4, **changes}
 

@@ -28,8 +28,12 @@ HEAD_FILE = "head.safetensors"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
-    "vocab.txt",
     "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spm.model",
+    "sentencepiece.bpe.model",
 )
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}

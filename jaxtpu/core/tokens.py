@@ -80,14 +80,26 @@ def tokenize(
     return ids, mask, False
 
 
+# The files a Hugging Face tokenizer directory holds its vocabulary in: the fast tokenizer's
+# own, WordPiece's, byte-level BPE's, or a SentencePiece model (DeBERTa-v3's spm.model, XLM-R's
+# sentencepiece.bpe.model), which transformers converts to a fast tokenizer.
+TOKENIZER_VOCABS = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spm.model",
+    "sentencepiece.bpe.model",
+)
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
     """Loads a Hugging Face fast tokenizer from a local directory (never from a hub)."""
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"tokenizer directory {p} does not exist")
-    if not any((p / f).exists() for f in ("tokenizer.json", "vocab.txt")):
+    if not any((p / f).exists() for f in TOKENIZER_VOCABS):
         raise DataError(
-            f"{p}: no tokenizer found (tokenizer.json or vocab.txt); "
+            f"{p}: no tokenizer found (one of {', '.join(TOKENIZER_VOCABS)}); "
             "pass --tokenizer-dir with a Hugging Face tokenizer directory"
         )
     from transformers import AutoTokenizer  # lazy: heavy, and only needed here
