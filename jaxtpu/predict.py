@@ -5,7 +5,8 @@ Writes `comment_id,score` for the Rate Severity `comments_to_score.csv` (`commen
 or `id,toxic` for classification files (`comment_text`, optional `id`); a multi-label model
 writes Kaggle's `id,toxic,severe_toxic,obscene,threat,insult,identity_hate`. Toxicity and
 multi-label models give sigmoid probabilities, rankers their raw score (only the order matters
-there).
+there); a multi-label model scores a Rate Severity file by the severity weights of its six
+probabilities (`jaxtpu.core.data.SEVERITY_WEIGHTS`, as ranking pairs are built from labels).
 """
 
 from __future__ import annotations
@@ -173,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = load_notebook(args.init_from, args.model_dir, args.max_len or 128)
         scores = score_texts(model, comments.texts, devices, args.batch_size)
         if jdata.file_kind(header) == "score":
+            if scores.ndim == 2:  # multilabel: rank by severity, the labels' weighted sum
+                scores = (1.0 / (1.0 + np.exp(-scores))) @ jdata.SEVERITY_WEIGHTS
             write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))
         else:  # Kaggle's submission: id and a probability per label the model scores
             probs = 1.0 / (1.0 + np.exp(-scores))

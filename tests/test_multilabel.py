@@ -110,3 +110,14 @@ def test_trains_on_real_comments_and_predict_writes_the_kaggle_columns(tmp_path)
     assert [r[0] for r in rows[1:]] == ["x1", "x2"]
     probs = np.array([[float(v) for v in r[1:]] for r in rows[1:]])
     assert probs.shape == (2, 6) and ((probs > 0) & (probs < 1)).all()
+
+    # a Rate Severity file is ranked by the severity weights of the six probabilities
+    src = tmp_path / "comments_to_score.csv"
+    src.write_text("comment_id,text\nx1,you are an idiot\nx2,thanks for the citation\n")
+    out = tmp_path / "severity.csv"
+    assert predict.main(["--workdir", str(workdir), "--input", str(src), "--output", str(out)]) == 0
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == ["comment_id", "score"]
+    np.testing.assert_allclose(
+        [float(r[1]) for r in rows[1:]], probs @ jdata.SEVERITY_WEIGHTS, rtol=1e-5
+    )
