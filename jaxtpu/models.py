@@ -277,7 +277,7 @@ class _Intermediate(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
         y = _saved(_dense(cfg, cfg.intermediate_size, "dense", self.dtype, self.param_dtype)(x))
-        return jax.nn.gelu(y, approximate=False)  # HF "gelu" is the exact erf form
+        return ops.gelu(y)
 
 
 # `--remat`: what each encoder layer keeps for its backward pass (`jax.checkpoint` policies);
