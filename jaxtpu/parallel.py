@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -183,6 +184,7 @@ class Strategy:
         self.traces = 0  # how often the train step was traced (compiled); 1 per call length
         self._train: Any = None
         self._eval: Any = None
+        self._compiled: dict[Any, Any] = {}  # ahead-of-time programs, see `precompile`
 
     def _counted(self, fn: Any) -> Any:
         def traced(*args: Any) -> Any:
@@ -194,6 +196,7 @@ class Strategy:
     def put_state(self, state: steps.TrainState) -> steps.TrainState:
         """Places a host state on the devices and compiles the steps for that placement."""
         placed, self._train, self._eval = self._compile(state)
+        self._compiled = {}
         return placed
 
     def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
@@ -210,7 +213,21 @@ class Strategy:
 
     def train(self, state: Any, batches: Any, rng: jax.Array) -> tuple[Any, Any]:
         """K steps in one device call (`steps.train_steps`); metrics with a leading K axis."""
-        return self._train(state, batches, rng)
+        return self._compiled.get(("train", _shape_key(batches)), self._train)(state, batches, rng)
+
+    def precompile(
+        self,
+        state: Any,
+        rng: jax.Array,
+        calls: list[dict[str, np.ndarray]],
+        evals: list[dict[str, np.ndarray]] = (),  # type: ignore[assignment]
+    ) -> int:
+        """Compiles the train call for each of `calls` (stacked host batches, this process's
+        rows, as `put_steps` takes them) and the eval step for each of `evals` (as
+        `put_batch` takes them) before the run needs them, several compilations at a time;
+        `train` and `eval` then run those programs. Returns how many programs were compiled
+        (0: this strategy compiles on first use only)."""
+        return 0
 
     def eval(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
         """Per-example outputs of the global batch, on the host of every process."""
@@ -279,6 +296,11 @@ class PmapStrategy(Strategy):
         # pmean-ed: every device holds the global value; (devices, K) -> device 0's K values
         first = {k: np.asarray(v.addressable_shards[0].data)[0] for k, v in metrics.items()}
         return [{k: float(v[i]) for k, v in first.items()} for i in range(len(first["loss"]))]
+
+
+def _shape_key(batches: dict[str, Any]) -> tuple:
+    """What tells one compiled train call from another: the inputs' names, shapes, dtypes."""
+    return tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(batches.items()))
 
 
 def _local_rows(x: jax.Array) -> np.ndarray:
@@ -389,6 +411,41 @@ class JitStrategy(Strategy):
 
         return traced
 
+    def precompile(
+        self,
+        state: Any,
+        rng: jax.Array,
+        calls: list[dict[str, np.ndarray]],
+        evals: list[dict[str, np.ndarray]] = (),  # type: ignore[assignment]
+    ) -> int:
+        # Lowering traces Python (one at a time, under the GIL); XLA's compilations release
+        # it and run side by side: on 2 cores, 4 MiniLM bucket programs compiled in 19 s
+        # instead of 26 s one after the other.
+        lowered = {}
+        inputs = [("train", h, self.steps_sharding, 1) for h in calls]
+        inputs += [("eval", h, self.batch_sharding, 0) for h in evals]
+        for kind, host, sharding, axis in inputs:
+            batch = {k: self._abstract(v, sharding, axis) for k, v in host.items()}
+            key = (kind, _shape_key(batch))
+            if key in lowered or key in self._compiled:
+                continue
+            if kind == "train":
+                lowered[key] = self._train.lower(state, batch, rng)
+            else:
+                lowered[key] = self._eval.lower(state, batch)
+        if not lowered:
+            return 0
+        workers = min(len(lowered), os.cpu_count() or 1)
+        with ThreadPoolExecutor(workers, thread_name_prefix="jaxtpu-compile") as pool:
+            done = pool.map(lambda item: (item[0], item[1].compile()), lowered.items())
+            self._compiled = {**self._compiled, **dict(done)}
+        return len(lowered)
+
+    def _abstract(self, v: np.ndarray, sharding: NamedSharding, axis: int) -> Any:
+        """The global array `_put` makes of this process's rows `v`, as a shape only."""
+        shape = (*v.shape[:axis], v.shape[axis] * self.procs.count, *v.shape[axis + 1 :])
+        return jax.ShapeDtypeStruct(shape, v.dtype, sharding=sharding)
+
     def put_steps(self, batches: dict[str, np.ndarray]) -> Any:
         return self._put(batches, self.steps_sharding, 1)
 
@@ -409,7 +466,8 @@ class JitStrategy(Strategy):
         }
 
     def eval(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
-        return {k: self.procs.whole(v) for k, v in self._eval(state, batch).items()}
+        fn = self._compiled.get(("eval", _shape_key(batch)), self._eval)
+        return {k: self.procs.whole(v) for k, v in fn(state, batch).items()}
 
     def host_state(self, state: Any) -> steps.TrainState:
         # split optimizer moments may span the processes

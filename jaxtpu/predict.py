@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import data as jdata
+from jaxtpu.core import hostmem
 from jaxtpu.core.buckets import Batcher
 from jaxtpu.core.config import Config, EncoderConfig, from_dict, tokenizer_dir
 from jaxtpu.core.errors import UserError
@@ -188,4 +189,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    hostmem.reexec_with_huge_pages()
     sys.exit(main())

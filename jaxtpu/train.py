@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import loop
+from jaxtpu.core import hostmem, loop
 from jaxtpu.core.cli import parse_args
 from jaxtpu.core.config import (
     JAX_STRATEGIES,
@@ -37,10 +37,13 @@ class JaxBackend:
 
     name = "jaxtpu"
 
-    def __init__(self, strategy: Any, state: Any, seed: int, ckpts: Any = None) -> None:
+    def __init__(
+        self, strategy: Any, state: Any, seed: int, ckpts: Any = None, steps_per_call: int = 1
+    ) -> None:
         import jax
 
         self.strategy = strategy
+        self.steps_per_call = steps_per_call  # K: every train call holds K batch slots
         self.state = strategy.put_state(state)
         self.num_devices = strategy.n
         self.procs = strategy.procs
@@ -58,18 +61,35 @@ class JaxBackend:
     def any_process(self, flag: bool) -> bool:
         return self.procs.any(flag)
 
+    def stack(self, batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The batches of one call stacked on a leading axis of K slots: a call of fewer
+        batches (the end of a bucket, an epoch, a run) fills the rest with weight-0 copies of
+        its first batch, which the step skips. So one program serves every call of a length."""
+        slots = batches + [_padding(batches[0])] * (self.steps_per_call - len(batches))
+        return {k: np.stack([b[k] for b in slots]) for k in batches[0]}
+
     def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
-        """The K batches of one call stacked (leading axis K) and placed on the devices."""
-        stacked = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-        return self.strategy.put_steps(stacked)
+        """The call's batches stacked in K slots and placed on the devices."""
+        return self.strategy.put_steps(self.stack(batches)), len(batches)
+
+    def precompile(
+        self, calls: list[list[dict[str, np.ndarray]]], evals: list[dict[str, np.ndarray]]
+    ) -> int:
+        """Compiles, before the first step, the train call of each of `calls` and the eval
+        step of each of `evals` (one of each shape the run will use), several at a time.
+        Returns the number of programs compiled (0 under pmap, which compiles on first use)."""
+        stacked = [self.stack(c) for c in calls]
+        return self.strategy.precompile(self.state, self.rng, stacked, evals)
 
     def train_steps(self, prepared: Any) -> list[Any]:
         """One device call over the K stacked batches (K >= 1, `steps.train_steps`)."""
-        self.state, metrics = self.strategy.train(self.state, prepared, self.rng)
-        return [metrics]
+        placed, real = prepared
+        self.state, metrics = self.strategy.train(self.state, placed, self.rng)
+        return [(metrics, real)]
 
     def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
-        return [m for metrics in handles for m in self.strategy.host_metrics(metrics)]
+        """The metrics of the real steps of each call (padding slots left out)."""
+        return [m for metrics, real in handles for m in self.strategy.host_metrics(metrics)[:real]]
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.strategy.eval(self.state, self.strategy.put_batch(batch))
@@ -88,6 +108,11 @@ class JaxBackend:
         stats = [d.memory_stats() or {} for d in self.strategy.local_devices]
         peaks = [s.get("peak_bytes_in_use") for s in stats]
         return None if None in peaks else [round(p / 2**20, 1) for p in peaks]
+
+
+def _padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A padding slot: `batch` with every row's weight 0 (see `steps.is_padding`)."""
+    return {**batch, "weight": np.zeros_like(batch["weight"])}
 
 
 def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[str, Any]:
@@ -139,6 +164,8 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         f", remat {cfg.model.remat}" if cfg.model.remat != "none" else "",
         ", scanned layers" if cfg.model.scan_layers else "",
     )
+    if hostmem.active():
+        log.info("host memory: malloc on transparent huge pages (%s)", hostmem.HUGE_PAGES)
 
     job = loop.Job.prepare(cfg, workdir, n_dev, procs.primary, t_start)
     model = weights.load_model(cfg, cfg.data.max_len)
@@ -162,7 +189,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         log.info("--resume: no checkpoint in %s yet, starting at step 0", workdir)
 
     strategy = parallel.strategy_for(cfg, devices)
-    backend = JaxBackend(strategy, state, run.seed, ckpts)
+    backend = JaxBackend(strategy, state, run.seed, ckpts, run.steps_per_call)
     runlog = RunLog(workdir, resume_step=resume.step if run.resume else None, enabled=procs.primary)
     runlog.write_config(cfg, job.data.info, devices)
     return loop.run(job, backend, resume, runlog)
@@ -182,4 +209,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    hostmem.reexec_with_huge_pages()
     sys.exit(main())

@@ -97,6 +97,10 @@ class XlaBackend:
         """Host batches as they are: each step moves its own batch to the device."""
         return batches
 
+    def precompile(self, calls: list[Any], evals: list[Any]) -> int:
+        """torch_xla traces and compiles each graph on its first run: nothing to do before."""
+        return 0
+
     def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
         """Each batch is its own traced step (graph boundary at every step)."""
         return [self.train_step(b) for b in batches]

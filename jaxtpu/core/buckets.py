@@ -173,6 +173,18 @@ class Batcher:
             parsed = choose_edges(lengths, max_len)
         return cls(lengths, global_batch, max_len, parsed, group)
 
+    def batch_lengths(self) -> list[int | None]:
+        """The sequence lengths of the training batches (None: the full --max-len)."""
+        if self.train_edge is None:
+            return [None]
+        return [int(x) for x in np.unique(self.train_edge)]
+
+    def eval_batch_lengths(self, lengths: np.ndarray) -> list[int | None]:
+        """The sequence lengths of `eval_batches(lengths)`."""
+        if self.edges is None:
+            return [None]
+        return [int(x) for x in np.unique(edge_of(lengths, self.edges, self.max_len))]
+
     def steps_per_epoch(self) -> int:
         if self.edges is None:
             return jdata.steps_per_epoch(self.n, self.global_batch)

@@ -57,6 +57,13 @@ class Backend(Protocol):
         (e.g. stacked and already on the devices). Runs on the input thread, while the
         devices work on earlier calls."""
 
+    def precompile(
+        self, calls: list[list[dict[str, np.ndarray]]], evals: list[dict[str, np.ndarray]]
+    ) -> int:
+        """Builds, before the first step, the programs for a train call like each of `calls`
+        and an evaluation batch like each of `evals` (one of each shape the run uses);
+        returns how many it built (0: it builds them on first use)."""
+
     def train_steps(self, prepared: Any) -> list[Any]:
         """Runs the steps of one `prepare`d call asynchronously (one device call on the
         JAX side, see --steps-per-call); returns handles on their device-side metrics."""
@@ -375,6 +382,35 @@ class _Driver:
                 "lower --lr or check the data"
             )
 
+    def precompile(self, start: int) -> None:
+        """Has the backend build every program of the run before the first step: a train call
+        of each sequence length the schedule from `start` uses (one program each, whatever
+        the number of batches in a call) and an evaluation batch of each length of the
+        validation set."""
+        job, gb = self.job, self.job.plan.global_batch
+        rows = self.backend.local_rows(gb)
+        idx, weight = np.arange(gb)[rows] % len(job.data.train), np.ones(gb, np.float32)[rows]
+        batcher, valid = job.plan.batcher, job.data.valid
+        every, used = set(batcher.batch_lengths()), []
+        for call in schedule(job.plan, self.cfg.run, start):
+            if call.batches and call.batches[0].length not in used:
+                used.append(call.batches[0].length)
+                if len(used) == len(every):
+                    break
+        calls = [[job.data.train.take(idx, weight, n)] for n in used]
+        lengths = batcher.eval_batch_lengths(real_lengths(valid.attention_mask))
+        evals = [valid.take(idx % len(valid), weight, n) for n in lengths]
+        t0 = time.time()
+        built = self.backend.precompile(calls, evals)
+        if built:
+            seconds = time.time() - t0
+            log.info(
+                "compiled %d programs (%d train call lengths, %d eval lengths) in %.1fs",
+                built, len(calls), len(evals), seconds,
+            )  # fmt: skip
+            self.runlog.write({"event": "compile", "programs": built, "seconds": seconds})
+            self.compile_s, self.t_log = seconds, time.time()  # no timed first call needed
+
     def timed_first_call(self, handles: list[Any], step: int) -> None:
         """Waits once for the first call, to report compilation apart from the steps."""
         self.backend.fetch(handles[-1:])
@@ -452,6 +488,8 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
             yield call, backend.prepare(host) if host else None
 
     step, stopped_by, pending = resume.step, None, []
+    if resume.step < job.plan.total:
+        drv.precompile(resume.step)
     with _StopFlag() as stop, Prefetch(inputs()) as feed:
         for call, prepared in feed:
             if call.batches:
