@@ -17,11 +17,17 @@ peak, peak host memory), writes `DIR/benchmarks.json` (one record per configurat
   --memory  only what the memory options cost in step time: jit MiniLM bf16 with --sharding
             fsdp and with --remat layer, each beside the same row without (8 devices, and 2
             devices with 8 steps per call). About 6 minutes.
-  --epoch   real data instead (`benchmarks.epoch`): MiniLM bf16 on the 10,000 real comments at
-            max length 128 and 256; jaxtpu jit/8 on 2 devices padded and in length buckets, and
-            plain PyTorch on the CPU (eager, torch.compile) fed random batches with dynamic
-            padding and the same bucketed batches. Each row trains --epoch-batches batches
-            of the epoch and projects the epoch; writes DIR/epoch.json. About 25 minutes.
+  --epoch   real data instead (`benchmarks.epoch`): MiniLM bf16, one epoch of the 10,000 real
+            comments at max length 128 and 256; jaxtpu in its best CPU configuration (jit on 2
+            devices, FSDP, 8 steps per call) padded and in length buckets, and plain PyTorch on
+            the CPU (eager, torch.compile) fed random batches with dynamic padding and the same
+            bucketed batches, plus PyTorch eager bucketed with jaxtpu's host-memory setting.
+            Each row trains the whole epoch (or --epoch-batches of it, projected); writes
+            DIR/epoch.json. About 80 minutes.
+
+Every row runs its framework as that framework's own command does; jaxtpu's commands put
+glibc's malloc on transparent huge pages (`jaxtpu.core.hostmem`), plain PyTorch does not, and
+the rows marked +hp ran with it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxtpu.core import hostmem
 from parity_tests.harness import ROOT, clean_env
 
 
@@ -92,23 +99,27 @@ def matrix(quick: bool, all_configs: bool, memory_only: bool = False) -> list[di
     return out + best + memory + refs + [cfg("torch", "eager", "minilm", "fp32", 1)]
 
 
-# jaxtpu's best configuration on this 2-core CPU (README, Benchmarks): jit on 2 devices with
-# 8 steps per device call.
-JAX_BEST = ["--devices", "2", "--steps-per-call", "8"]
-EPOCH_ROWS = [  # (framework, strategy, batching)
-    ("jaxtpu", "jit", "padded"),
-    ("jaxtpu", "jit", "bucketed"),
-    ("torch", "eager", "random"),
-    ("torch", "compile", "random"),
-    ("torch", "eager", "bucketed"),
-    ("torch", "compile", "bucketed"),
+# jaxtpu's best configuration on this 2-core CPU (README, Benchmarks): jit on 2 devices (one
+# per core), FSDP, 8 steps per device call.
+JAX_BEST = ["--devices", "2", "--steps-per-call", "8", "--sharding", "fsdp"]
+EPOCH_ROWS = [  # (framework, strategy, batching, huge pages for malloc)
+    ("jaxtpu", "jit", "padded", "auto"),
+    ("jaxtpu", "jit", "bucketed", "auto"),
+    ("torch", "eager", "random", "auto"),
+    ("torch", "compile", "random", "auto"),
+    ("torch", "eager", "bucketed", "auto"),
+    ("torch", "compile", "bucketed", "auto"),
+    # plain PyTorch given the host-memory setting jaxtpu's commands use, for a fair reading
+    ("torch", "eager", "bucketed", "on"),
 ]
 
 
 def run_worker(args: list[str], timeout: float, module: str = "worker") -> dict[str, Any]:
     cmd = [sys.executable, "-m", f"benchmarks.{module}", *args]
+    # Each row chooses its host-memory setting itself (--huge-pages): none is inherited.
+    env = {k: v for k, v in clean_env().items() if k != hostmem.TUNABLES}
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f}s"}
@@ -130,13 +141,16 @@ def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: 
 
 
 def _strategy(r: dict[str, Any]) -> str:
-    """'jit', 'jit/8' with --steps-per-call 8, '+fsdp' / '+remat' with a memory option."""
+    """'jit', 'jit/8' with --steps-per-call 8, '+fsdp' / '+remat' with a memory option, 'x2'
+    on 2 devices (epoch rows), '+hp' with malloc on huge pages."""
     k = r.get("steps_per_call", 1)
     name = r["strategy"] + (f"/{k}" if k > 1 else "")
     if r.get("sharding") == "fsdp":
         name += "+fsdp"
     if r.get("remat", "none") != "none":
         name += "+remat"
+    if r.get("huge_pages"):
+        name += "+hp"
     return name
 
 
@@ -163,14 +177,14 @@ def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
 
 def epoch_table(records: list[dict[str, Any]]) -> str:
     """The epoch rows, with each row's time relative to jaxtpu padded at the same length."""
-    head = (f"{'len':>4} {'framework':<9} {'strategy':<8} {'batching':<9} {'epoch s':>8} "
+    head = (f"{'len':>4} {'framework':<9} {'strategy':<16} {'batching':<9} {'epoch s':>8} "
             f"{'x padded':>8} {'compile s':>9} {'steady s':>8} {'real tok/s':>10} {'tokens':>6} "
-            f"{'shapes':>6} {'compiles':>8} {'wait %':>6}")  # fmt: skip
+            f"{'lengths':>7} {'compiles':>8} {'wait %':>6}")  # fmt: skip
     lines = [head, "-" * len(head)]
     padded = [r for r in records if "epoch_s" in r and r["batching"] == "padded"]
     base = {r["max_len"]: r["epoch_s"] for r in padded if r["framework"] == "jaxtpu"}
     for r in records:
-        name = f"{r['max_len']:>4} {r['framework']:<9} {r['strategy']:<8} {r['batching']:<9} "
+        name = f"{r['max_len']:>4} {r['framework']:<9} {_strategy(r):<16} {r['batching']:<9} "
         if "error" in r:
             lines.append(name + f"error: {r['error']}")
             continue
@@ -179,11 +193,11 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
             name + f"{r['epoch_s']:>8.0f} {rel:>8.2f} {r['compile_s']:>9.1f} "
             f"{r['epoch_s'] - r['compile_s']:>8.0f} "
             f"{r['real_tokens_per_s']:>10.0f} {r['tokens_vs_full_padding']:>6.2f} "
-            f"{r['shapes']:>6} {r['compiles']:>8} {100 * r['data_wait_share']:>6.2f}"
+            f"{r['lengths']:>7} {r['compiles']:>8} {100 * r['data_wait_share']:>6.2f}"
         )
-    lines.append("epoch s = compile s + steady s (the measured seconds per batch x the epoch's "
-                 "batches); real tok/s = the epoch's real tokens / steady s; tokens = tokens "
-                 "computed / tokens at full padding")  # fmt: skip
+    lines.append("epoch s = compile s + steady s (every batch of the epoch, timed); real tok/s "
+                 "= the epoch's real tokens / steady s; tokens = tokens computed / tokens at "
+                 "full padding; +hp = malloc on transparent huge pages")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -191,15 +205,15 @@ def run_epoch(out: Path, num_batches: int, timeout: float) -> int:
     t0 = time.time()
     records = []
     configs = [(n, *row) for n in (128, 256) for row in EPOCH_ROWS]
-    for i, (max_len, fw, st, kind) in enumerate(configs, 1):
-        flags = ["--framework", fw, "--strategy", st, "--batching", kind,
+    for i, (max_len, fw, st, kind, huge) in enumerate(configs, 1):
+        flags = ["--framework", fw, "--strategy", st, "--batching", kind, "--huge-pages", huge,
                  "--max-len", str(max_len), "--num-batches", str(num_batches)]  # fmt: skip
         flags += JAX_BEST if fw == "jaxtpu" else []
         t = time.time()
         r = {"framework": fw, "strategy": st, "batching": kind, "max_len": max_len,
-             **run_worker(flags, timeout, "epoch")}  # fmt: skip
+             **run_worker(flags, max(timeout, 3600.0), "epoch")}  # fmt: skip
         status = r.get("error") or f"epoch {r['epoch_s']:.0f}s"
-        progress(i, len(configs), f"{max_len} {fw} {st} {kind}", status, t)
+        progress(i, len(configs), f"{max_len} {fw} {st} {kind} huge pages {huge}", status, t)
         records.append(r)
     write_record(out / "epoch.json", t0, records, num_batches=num_batches)
     print(epoch_table(records))
@@ -260,7 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1500, help="seconds per configuration")
     p.add_argument("--epoch", action="store_true", help="the real-data epoch benchmark instead")
     p.add_argument(
-        "--epoch-batches", type=int, default=64, help="--epoch: batches of the epoch each row runs"
+        "--epoch-batches",
+        type=int,
+        default=0,
+        help="--epoch: batches of the epoch each row runs (0, the default: the whole epoch)",
     )
     p.add_argument(
         "--replot",

@@ -1,8 +1,8 @@
 """One row of the real-data epoch benchmark in one process: train MiniLM (6 x 384, bf16) on
-batches of the real Jigsaw comments as one kind of batching feeds them, print one JSON line.
+one epoch of the real Jigsaw comments as one kind of batching feeds them, print one JSON line.
 
-`python -m benchmarks.epoch --framework jaxtpu --strategy jit --batching bucketed
---max-len 128 --num-batches 32`
+`python -m benchmarks.epoch --framework jaxtpu --strategy jit --devices 2 --steps-per-call 8
+--sharding fsdp --batching bucketed --max-len 128`
 
 Batching (all from `jaxtpu.core.buckets.Batcher`, the batch builder of both sides):
   padded    every batch at --max-len (jaxtpu's `--buckets none`)
@@ -13,12 +13,17 @@ Frameworks: jaxtpu (jit / pmap / shard_map on --devices virtual devices, the inp
 the training loop) and plain PyTorch on the CPU (eager, compile: torch.compile), bf16
 autocast, batches built inline.
 
-The run trains on about --num-batches batches of epoch 0, blocking on every device call: the
-first ones (random order: a fair sample of the lengths), or with buckets each bucket's first
-batches in proportion to its share of the epoch. First one
-untimed call of each of the first few shapes compiles them (its excess over that shape's
-median timed call is counted as compile time); then every batch is timed. The full epoch is
-projected as compile time + the timed seconds per batch x the epoch's batches.
+The row trains on the whole of epoch 0 (or its first --num-batches batches), blocking on every
+device call. jaxtpu first compiles a program for every sequence length of the epoch, as
+`jaxtpu.train` does (`compile_s`), then runs every call of the epoch. PyTorch first runs one
+untimed step of each length (its excess over that length's median step is `compile_s`:
+torch.compile's compilation, or eager's first-call set-up), then runs the epoch. The epoch
+time is compile_s + the timed steps (with --num-batches, the steps are projected to the
+whole epoch from each length's mean).
+
+Host memory (`--huge-pages`): `auto` runs each framework as its own command does: jaxtpu's
+commands restart themselves with glibc's malloc on transparent huge pages
+(`jaxtpu.core.hostmem`), a plain PyTorch process does not; `on` / `off` choose for the row.
 """
 
 from __future__ import annotations
@@ -33,10 +38,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.worker import WORKLOADS, jax_backend, torch_cpu_trainer
+from benchmarks.worker import (
+    WORKLOADS,
+    add_huge_pages_flag,
+    jax_backend,
+    restart_for_huge_pages,
+    torch_cpu_trainer,
+)
 from jaxtpu.core import data as jdata
+from jaxtpu.core import hostmem
 from jaxtpu.core.buckets import Batch, Batcher, choose_edges, real_lengths
-from jaxtpu.core.config import packaged_minilm_dir
+from jaxtpu.core.config import SHARDINGS, packaged_minilm_dir
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.tokens import load_tokenizer
 from parity_tests.checks import REAL_CSV
@@ -55,10 +67,13 @@ def epoch_batches(kind: str, lengths: np.ndarray, gb: int, max_len: int, k: int 
 
 
 def sample(epoch: list[Batch], n: int, k: int, batching: str) -> list[Batch]:
-    """About n batches of the epoch, in epoch order. Bucketed: each length's first batches in
+    """About n batches of the epoch (n <= 0: all of it), in epoch order. Bucketed: each
+    length's first batches in
     proportion to its share of the epoch (at least one call of k), so every bucket is measured;
     otherwise the first n (random order: a fair sample)."""
-    if batching != "bucketed" or n >= len(epoch):
+    if n <= 0 or n >= len(epoch):
+        return epoch
+    if batching != "bucketed":
         return epoch[:n]
     lengths = [b.length for b in epoch]
     quota = {}
@@ -74,8 +89,9 @@ def sample(epoch: list[Batch], n: int, k: int, batching: str) -> list[Batch]:
 
 
 def jax_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
-    """(prepare, step, compiles, prefetch): one jaxtpu device call of K stacked batches."""
-    backend = jax_backend(cfg, args.strategy, args.devices, args.max_len)
+    """(prepare, step, compiles, prefetch, precompile): one jaxtpu device call of K stacked
+    batches; precompile(calls) builds the program of every length among `calls`."""
+    backend = jax_backend(cfg, args.strategy, args.devices, args.max_len, args.steps_per_call)
 
     def prepare(call: list[Batch]) -> Any:
         return backend.prepare([examples.take(b.idx, b.weight, b.length) for b in call])
@@ -83,7 +99,11 @@ def jax_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
     def step(prepared: Any) -> None:
         backend.fetch(backend.train_steps(prepared))
 
-    return prepare, step, backend.compile_count, True
+    def precompile(calls: list[list[Batch]]) -> None:
+        first = {c[0].length: c[0] for c in calls}  # one call of each length
+        backend.precompile([[examples.take(b.idx, b.weight, b.length)] for b in first.values()], [])
+
+    return prepare, step, backend.compile_count, True, precompile
 
 
 def torch_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
@@ -106,7 +126,7 @@ def torch_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
 
         return int(counters["stats"]["unique_graphs"])
 
-    return prepare, step, compiles, False
+    return prepare, step, compiles, False, None
 
 
 def calls_of(batches: list[Batch], k: int) -> list[list[Batch]]:
@@ -163,7 +183,7 @@ def projected_steady(
     return sum(float(np.mean(per[b.length])) for b in epoch)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.epoch",
         description=__doc__,
@@ -175,14 +195,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batching", choices=BATCHINGS, default="bucketed")
     p.add_argument("--max-len", type=int, default=128, help="tokens per comment at most")
     p.add_argument("--workload", choices=list(WORKLOADS), default="minilm", help="model shape")
-    p.add_argument("--num-batches", type=int, default=64, help="batches of the epoch to run")
+    p.add_argument(
+        "--num-batches", type=int, default=0,
+        help="batches of the epoch to run (0, the default: all of them)",
+    )  # fmt: skip
     p.add_argument("--batch", type=int, default=32, help="global batch")
     p.add_argument("--devices", type=int, default=8, help="jaxtpu: virtual devices")
     p.add_argument(
         "--steps-per-call", type=int, default=1,
         help="jaxtpu: up to K batches of one length per device call (lax.scan)",
     )  # fmt: skip
+    p.add_argument(
+        "--sharding", choices=SHARDINGS, default="auto",
+        help="jaxtpu jit: where the fp32 state lives (jaxtpu.train's --sharding)",
+    )  # fmt: skip
+    add_huge_pages_flag(p)
     p.add_argument("--csv", default=str(REAL_CSV), help="the real comments")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if not Path(args.csv).exists():
         p.error(f"--csv {args.csv}: not found (see ../shared/data/SOURCES.md)")
@@ -196,26 +229,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_dir="", **WORKLOADS[args.workload], precision="bf16", num_devices=args.devices,
         batch_size=args.batch // args.devices, max_len=args.max_len, dropout=0.1,
         encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
+        **({"sharding": args.sharding, "parallel": args.strategy}
+           if args.framework == "jaxtpu" else {}),
     )  # fmt: skip
     runner = jax_runner if args.framework == "jaxtpu" else torch_runner
-    prepare, step, compiles, prefetch = runner(args, cfg, examples)
+    prepare, step, compiles, prefetch, precompile = runner(args, cfg, examples)
     calls = calls_of(run, k)
     shape = lambda c: (c[0].length or args.max_len, len(c))  # noqa: E731
-    # Warm-up: one untimed call of each of the first shapes compiles them; the excess of
-    # its time over the shape's median in the timed run is its compile time.
     warm: dict[Any, float] = {}
-    for c in calls:
-        if shape(c) not in warm and len(warm) < MAX_WARM_SHAPES:
-            t = time.perf_counter()
-            step(prepare(c))
-            warm[shape(c)] = time.perf_counter() - t
+    compile_s = 0.0
+    if precompile is not None:  # jaxtpu: every length's program, before the first step
+        t = time.perf_counter()
+        precompile(calls)
+        compile_s = time.perf_counter() - t
+    else:  # one untimed step of each length first; its excess over the median: compile_s
+        for c in calls:
+            if shape(c) not in warm and len(warm) < MAX_WARM_SHAPES:
+                t = time.perf_counter()
+                step(prepare(c))
+                warm[shape(c)] = time.perf_counter() - t
     t0 = time.perf_counter()
     times, wait = timed(calls, prepare, step, prefetch)
     wall = time.perf_counter() - t0
     by_shape: dict[Any, list[float]] = {}
     for c, t in zip(calls, times, strict=True):
         by_shape.setdefault(shape(c), []).append(t)
-    compile_s = sum(max(w - float(np.median(by_shape[s])), 0.0) for s, w in warm.items())
+    compile_s += sum(max(w - float(np.median(by_shape[s])), 0.0) for s, w in warm.items())
     steady = sum(times)
     # token counts of the whole epoch (the sample may over-represent a bucket)
     real = int(sum(lengths[b.idx[b.weight > 0]].sum() for b in batches))
@@ -225,17 +264,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "framework": args.framework, "strategy": args.strategy, "batching": args.batching,
         "workload": args.workload, "steps_per_call": k,
         "devices": args.devices if args.framework == "jaxtpu" else 1,
+        "sharding": args.sharding if args.framework == "jaxtpu" else None,
+        "huge_pages": hostmem.active(),
         "max_len": args.max_len, "batch": args.batch, "batches": len(run),
-        "epoch_batches": len(batches), "shapes": len(by_shape), "compiles": compiles(),
+        "epoch_batches": len(batches), "lengths": len({c[0].length for c in calls}),
+        "compiles": compiles(),
         "timed_s": wall, "compile_s": compile_s, "steady_s": steady,
         "epoch_steady_s": epoch_steady, "epoch_s": compile_s + epoch_steady,
         "real_tokens_per_s": real / epoch_steady, "padded_share": 1 - real / computed,
         "data_wait_share": wait / max(wall, 1e-9),
         "tokens_vs_full_padding": computed / (args.batch * args.max_len * len(batches)),
+        "s_per_batch": {f"{n}": float(np.mean(t)) / kk for (n, kk), t in by_shape.items()
+                        if kk == k},
     }  # fmt: skip
     print(json.dumps(record))
     return 0
 
 
 if __name__ == "__main__":
+    restart_for_huge_pages(parser().parse_args())
     sys.exit(main())

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core import hostmem
 from jaxtpu.core.config import (
     JAX_STRATEGIES,
     REMATS,
@@ -77,9 +78,9 @@ def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
     }
 
 
-def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int) -> Any:
+def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int, k: int = 1) -> Any:
     """A `JaxBackend` holding a fresh toxicity train state of `cfg`'s model (seed 0) on
-    `devices` devices with `strategy` (shared with `benchmarks.epoch`)."""
+    `devices` devices with `strategy`, K steps per call (shared with `benchmarks.epoch`)."""
     from jaxtpu import optim, parallel, steps
     from jaxtpu.train import JaxBackend
     from jaxtpu.weights import load_model
@@ -89,11 +90,11 @@ def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int) -> Any:
     tx = optim.make_optimizer(cfg.optim, 1000, len(devs))
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
     strategy_cfg = cfg.replace(parallel=strategy, task="toxicity")  # its --sharding, --mesh
-    return JaxBackend(parallel.strategy_for(strategy_cfg, devs), state, 0)
+    return JaxBackend(parallel.strategy_for(strategy_cfg, devs), state, 0, steps_per_call=k)
 
 
 def jax_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable[[], Any], Callable]:
-    backend = jax_backend(cfg, args.strategy, args.devices, args.seq)
+    backend = jax_backend(cfg, args.strategy, args.devices, args.seq, args.steps_per_call)
     vocab = encoder_config(cfg).vocab_size
     batches = [fixed_batch(args.batch, args.seq, vocab)] * args.steps_per_call
     return (lambda: backend.train_steps(backend.prepare(batches))), backend.fetch
@@ -145,6 +146,13 @@ def torch_cpu_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Cal
     host = fixed_batch(args.batch, args.seq, encoder_config(cfg).vocab_size)
     batch = {k: torch.from_numpy(v) for k, v in host.items()}
     return (lambda: train(batch)), (lambda h: float(h[0]))
+
+
+def minor_page_faults() -> int:
+    """This process's minor page faults so far (first touches of freshly mapped memory)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def median_seconds(run: Callable[[], Any], reps: int) -> float:
@@ -209,7 +217,22 @@ def model_gemms(args: argparse.Namespace, reps: int = 10) -> dict[str, Any]:
             "gemm_s": median, "gemm_gflops": flops / median / 1e9}  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def add_huge_pages_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--huge-pages", choices=("auto", "on", "off"), default="auto",
+        help="glibc malloc on transparent huge pages: auto = as the framework's own command "
+        "(jaxtpu on, torch and torch_xla off); the JSON records what the row ran with",
+    )  # fmt: skip
+
+
+def restart_for_huge_pages(args: argparse.Namespace) -> None:
+    """Under `__main__`: restart the worker with huge pages for malloc when `--huge-pages`
+    asks for them (`jaxtpu.core.hostmem`)."""
+    if args.huge_pages == "on" or (args.huge_pages == "auto" and args.framework == "jaxtpu"):
+        hostmem.reexec_with_huge_pages()
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.worker",
         description=__doc__,
@@ -253,6 +276,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="measure only the step's matmuls back to back (the MFU ceiling), with the peak",
     )
+    add_huge_pages_flag(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.peak:
         print(json.dumps({"peak_gflops": matmul_peak(args.precision), "precision": args.precision}))
@@ -273,20 +302,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     compile_s = time.perf_counter() - t
     wait(step())  # warm-up (torch_xla compiles the optimizer-state variant on step 2)
     times: list[float] = []
-    start = time.perf_counter()
+    start, faults = time.perf_counter(), minor_page_faults()
     while len(times) < args.max_steps and (
         len(times) < args.min_steps or time.perf_counter() - start < args.budget
     ):
         t = time.perf_counter()
         wait(step())
         times.append((time.perf_counter() - t) / args.steps_per_call)
+    faults = (minor_page_faults() - faults) / (len(times) * args.steps_per_call)
     median = float(np.median(times))
     enc = encoder_config(cfg)
     record = {
         "framework": args.framework, "strategy": args.strategy, "workload": args.workload,
         "precision": args.precision, "devices": args.devices, "batch": args.batch,
         "seq": args.seq, "steps_per_call": args.steps_per_call, "compile_s": compile_s,
-        "sharding": cfg.run.sharding, "remat": cfg.model.remat,
+        "sharding": cfg.run.sharding, "remat": cfg.model.remat, "huge_pages": hostmem.active(),
+        "page_faults_per_step": faults,
         "step_s": times, "median_s": median,
         "p10_s": float(np.percentile(times, 10)), "p90_s": float(np.percentile(times, 90)),
         "samples_per_s": args.batch / median, "tokens_per_s": args.batch * args.seq / median,
@@ -304,4 +335,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    restart_for_huge_pages(parser().parse_args())
     sys.exit(main())
