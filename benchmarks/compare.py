@@ -102,15 +102,17 @@ def matrix(quick: bool, all_configs: bool, memory_only: bool = False) -> list[di
 # jaxtpu's best configuration on this 2-core CPU (README, Benchmarks): jit on 2 devices (one
 # per core), FSDP, 8 steps per device call.
 JAX_BEST = ["--devices", "2", "--steps-per-call", "8", "--sharding", "fsdp"]
-EPOCH_ROWS = [  # (framework, strategy, batching, huge pages for malloc)
-    ("jaxtpu", "jit", "padded", "auto"),
-    ("jaxtpu", "jit", "bucketed", "auto"),
-    ("torch", "eager", "random", "auto"),
-    ("torch", "compile", "random", "auto"),
-    ("torch", "eager", "bucketed", "auto"),
-    ("torch", "compile", "bucketed", "auto"),
+EPOCH_ROWS = [  # (framework, strategy, batching, huge pages for malloc, jaxtpu compile cache)
+    ("jaxtpu", "jit", "padded", "auto", "cold"),
+    ("jaxtpu", "jit", "bucketed", "auto", "cold"),
+    # a second run of the same configuration: its programs load from the persistent cache
+    ("jaxtpu", "jit", "bucketed", "auto", "warm"),
+    ("torch", "eager", "random", "auto", None),
+    ("torch", "compile", "random", "auto", None),
+    ("torch", "eager", "bucketed", "auto", None),
+    ("torch", "compile", "bucketed", "auto", None),
     # plain PyTorch given the host-memory setting jaxtpu's commands use, for a fair reading
-    ("torch", "eager", "bucketed", "on"),
+    ("torch", "eager", "bucketed", "on", None),
 ]
 
 
@@ -137,12 +139,15 @@ def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: 
     """The run's JSON: when, how long, what else the table needs, and one record per row."""
     record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
               **extra, "results": records}  # fmt: skip
-    path.write_text(json.dumps(record, indent=1))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)  # a run killed while writing keeps the previous file whole
 
 
 def _strategy(r: dict[str, Any]) -> str:
     """'jit', 'jit/8' with --steps-per-call 8, '+fsdp' / '+remat' with a memory option, 'x2'
-    on 2 devices (epoch rows), '+hp' with malloc on huge pages."""
+    on 2 devices (epoch rows), '+hp' with malloc on huge pages, '+warm' with its programs
+    loaded from the persistent compilation cache."""
     k = r.get("steps_per_call", 1)
     name = r["strategy"] + (f"/{k}" if k > 1 else "")
     if r.get("sharding") == "fsdp":
@@ -151,6 +156,8 @@ def _strategy(r: dict[str, Any]) -> str:
         name += "+remat"
     if r.get("huge_pages"):
         name += "+hp"
+    if r.get("compile_cache") == "warm":
+        name += "+warm"
     return name
 
 
@@ -197,7 +204,8 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
         )
     lines.append("epoch s = compile s + steady s (every batch of the epoch, timed); real tok/s "
                  "= the epoch's real tokens / steady s; tokens = tokens computed / tokens at "
-                 "full padding; +hp = malloc on transparent huge pages")  # fmt: skip
+                 "full padding; +hp = malloc on transparent huge pages; +warm = programs loaded "
+                 "from the persistent compilation cache (a second run)")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -205,17 +213,19 @@ def run_epoch(out: Path, num_batches: int, timeout: float) -> int:
     t0 = time.time()
     records = []
     configs = [(n, *row) for n in (128, 256) for row in EPOCH_ROWS]
-    for i, (max_len, fw, st, kind, huge) in enumerate(configs, 1):
+    for i, (max_len, fw, st, kind, huge, cache) in enumerate(configs, 1):
         flags = ["--framework", fw, "--strategy", st, "--batching", kind, "--huge-pages", huge,
                  "--max-len", str(max_len), "--num-batches", str(num_batches)]  # fmt: skip
-        flags += JAX_BEST if fw == "jaxtpu" else []
+        flags += [*JAX_BEST, "--compile-cache", cache] if fw == "jaxtpu" else []
         t = time.time()
         r = {"framework": fw, "strategy": st, "batching": kind, "max_len": max_len,
              **run_worker(flags, max(timeout, 3600.0), "epoch")}  # fmt: skip
         status = r.get("error") or f"epoch {r['epoch_s']:.0f}s"
-        progress(i, len(configs), f"{max_len} {fw} {st} {kind} huge pages {huge}", status, t)
+        name = f"{max_len} {fw} {st} {kind} huge pages {huge}" + (f" {cache}" if cache else "")
+        progress(i, len(configs), name, status, t)
         records.append(r)
-    write_record(out / "epoch.json", t0, records, num_batches=num_batches)
+        # after every row: an interrupted run keeps the rows it finished
+        write_record(out / "epoch.json", t0, records, num_batches=num_batches)
     print(epoch_table(records))
     print(f"wrote {out / 'epoch.json'} in {time.time() - t0:.0f}s")
     return 0

@@ -29,8 +29,11 @@ commands restart themselves with glibc's malloc on transparent huge pages
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,7 +93,18 @@ def sample(epoch: list[Batch], n: int, k: int, batching: str) -> list[Batch]:
 
 def jax_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
     """(prepare, step, compiles, prefetch, precompile): one jaxtpu device call of K stacked
-    batches; precompile(calls) builds the program of every length among `calls`."""
+    batches; precompile(calls) builds the program of every length among `calls`. Called a
+    second time (--compile-cache warm) it makes a new backend whose programs come from the
+    persistent cache the first one filled."""
+    import jax
+
+    if args.compile_cache == "cold":  # every program compiled here, whatever the environment
+        jax.config.update("jax_enable_compilation_cache", False)
+    elif not jax.config.jax_compilation_cache_dir:  # a fresh cache, this process's only
+        cache = tempfile.mkdtemp(prefix="epoch-xla-")
+        atexit.register(shutil.rmtree, cache, True)
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     backend = jax_backend(cfg, args.strategy, args.devices, args.max_len, args.steps_per_call)
 
     def prepare(call: list[Batch]) -> Any:
@@ -209,6 +223,12 @@ def parser() -> argparse.ArgumentParser:
         "--sharding", choices=SHARDINGS, default="auto",
         help="jaxtpu jit: where the fp32 state lives (jaxtpu.train's --sharding)",
     )  # fmt: skip
+    p.add_argument(
+        "--compile-cache", choices=("cold", "warm"), default="cold",
+        help="jaxtpu: cold (the default) compiles every program; warm first fills a fresh "
+        "persistent compilation cache untimed, then times loading the programs from it, as "
+        "a second jaxtpu.train run of the same configuration does",
+    )  # fmt: skip
     add_huge_pages_flag(p)
     p.add_argument("--csv", default=str(REAL_CSV), help="the real comments")
     return p
@@ -238,6 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape = lambda c: (c[0].length or args.max_len, len(c))  # noqa: E731
     warm: dict[Any, float] = {}
     compile_s = 0.0
+    if precompile is not None and args.compile_cache == "warm":
+        precompile(calls)  # untimed: fills the cache, as a first run would
+        prepare, step, compiles, prefetch, precompile = runner(args, cfg, examples)
     if precompile is not None:  # jaxtpu: every length's program, before the first step
         t = time.perf_counter()
         precompile(calls)
@@ -266,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "devices": args.devices if args.framework == "jaxtpu" else 1,
         "sharding": args.sharding if args.framework == "jaxtpu" else None,
         "huge_pages": hostmem.active(),
+        "compile_cache": args.compile_cache if args.framework == "jaxtpu" else None,
         "max_len": args.max_len, "batch": args.batch, "batches": len(run),
         "epoch_batches": len(batches), "lengths": len({c[0].length for c in calls}),
         "compiles": compiles(),

@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtpu import steps
 from jaxtpu.core.errors import DeviceError
+from jaxtpu.core.tokens import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,17 @@ def set_cpu_device_count(num_devices: int) -> None:
             jax.config.update("jax_num_cpu_devices", max(num_devices, 1))
         except RuntimeError:
             pass  # backend already started (e.g. a second run in one process): use what it has
+
+
+def use_compilation_cache() -> str | None:
+    """Turns on JAX's persistent compilation cache in <cache root>/xla, so that a run whose
+    programs an earlier run compiled (same model, shapes, flags, devices and jax version: the
+    cache key) loads them instead of compiling again. A directory the user chose
+    (JAX_COMPILATION_CACHE_DIR) is kept; JAXTPU_COMPILE_CACHE=0 turns it off. Returns the
+    directory in use, or None."""
+    if not jax.config.jax_compilation_cache_dir and os.environ.get("JAXTPU_COMPILE_CACHE") != "0":
+        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
+    return jax.config.jax_compilation_cache_dir or None
 
 
 class Processes:

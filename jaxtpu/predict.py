@@ -166,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError("--model-dir and --max-len go with --init-from; a run has its own")
         from jaxtpu import parallel
 
+        parallel.use_compilation_cache()
         devices = parallel.init_devices(args.num_devices)  # before anything starts JAX
         header = jdata.columns(args.input)
         comments = jdata.read_comments(args.input, labelled=False)

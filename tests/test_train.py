@@ -160,3 +160,34 @@ def test_steps_per_call_trains_exactly_like_one_step_per_call(tmp_path, parallel
 def test_steps_per_call_must_divide_the_intervals():
     with pytest.raises(ConfigError, match="--log-every 10 is not a multiple of --steps-per-call"):
         presets.tiny().replace(steps_per_call=4, log_every=10)
+
+
+_CACHE_PROBE = """
+import jax, jax.numpy as jnp
+from jaxtpu import parallel
+print(parallel.use_compilation_cache())
+jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()
+"""
+
+
+@pytest.mark.parametrize("case", ["default", "user dir", "off"])
+def test_compiled_programs_persist_in_the_cache_dir_unless_told_otherwise(tmp_path, case):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMP", "JAXTPU_COMP"))}
+    env.update(JAXTPU_CACHE=str(tmp_path / "root"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    expected = tmp_path / "root" / "xla"
+    if case == "user dir":
+        expected = tmp_path / "mine"
+        env["JAX_COMPILATION_CACHE_DIR"] = str(expected)
+    elif case == "off":
+        env["JAXTPU_COMPILE_CACHE"] = "0"
+    out = subprocess.run([sys.executable, "-c", _CACHE_PROBE], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()  # fmt: skip
+    if case == "off":
+        assert out == ["None"] and not (tmp_path / "root").exists()
+        return
+    assert out == [str(expected)]
+    assert any(expected.iterdir()), "nothing was written to the compilation cache"
+    assert case == "default" or not (tmp_path / "root").exists()

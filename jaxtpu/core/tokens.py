@@ -22,8 +22,14 @@ from jaxtpu.core.errors import DataError
 log = logging.getLogger(__name__)
 
 
+def cache_root() -> Path:
+    """Where jaxtpu keeps what it can rebuild (token ids, compiled programs): $JAXTPU_CACHE,
+    default ~/.cache/jaxtpu."""
+    return Path(os.environ.get("JAXTPU_CACHE", Path.home() / ".cache" / "jaxtpu"))
+
+
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("JAXTPU_CACHE", Path.home() / ".cache" / "jaxtpu")) / "tokens"
+    return cache_root() / "tokens"
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
