@@ -168,7 +168,7 @@ def _train(
         ", scanned layers" if cfg.model.scan_layers else "",
     )
     if compile_cache:
-        log.info("compiled programs cached in %s (JAXTPU_COMPILE_CACHE=0: off)", compile_cache)
+        log.info("compiled programs cached in %s", compile_cache)
     if hostmem.active():
         log.info("host memory: malloc on transparent huge pages (%s)", hostmem.HUGE_PAGES)
 
