@@ -101,6 +101,7 @@ def matrix(quick: bool, all_configs: bool, memory_only: bool = False) -> list[di
 
 # jaxtpu's best configuration on this 2-core CPU (README, Benchmarks): jit on 2 devices (one
 # per core), FSDP, 8 steps per device call.
+EPOCH_MAX_LENS = (128, 256)
 JAX_BEST = ["--devices", "2", "--steps-per-call", "8", "--sharding", "fsdp"]
 EPOCH_ROWS = [  # (framework, strategy, batching, huge pages for malloc, jaxtpu compile cache)
     ("jaxtpu", "jit", "padded", "auto", "cold"),
@@ -209,10 +210,12 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_epoch(out: Path, num_batches: int, timeout: float) -> int:
+def run_epoch(
+    out: Path, num_batches: int, timeout: float, max_lens: Sequence[int] = EPOCH_MAX_LENS
+) -> int:
     t0 = time.time()
     records = []
-    configs = [(n, *row) for n in (128, 256) for row in EPOCH_ROWS]
+    configs = [(n, *row) for n in max_lens for row in EPOCH_ROWS]
     for i, (max_len, fw, st, kind, huge, cache) in enumerate(configs, 1):
         flags = ["--framework", fw, "--strategy", st, "--batching", kind, "--huge-pages", huge,
                  "--max-len", str(max_len), "--num-batches", str(num_batches)]  # fmt: skip
@@ -290,6 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="--epoch: batches of the epoch each row runs (0, the default: the whole epoch)",
     )
     p.add_argument(
+        "--epoch-max-len",
+        type=int,
+        choices=EPOCH_MAX_LENS,
+        action="append",
+        help="--epoch: run only this max length's rows (repeatable; default: 128 and 256)",
+    )
+    p.add_argument(
         "--replot",
         action="store_true",
         help="only print the table and redraw the plot from DIR/benchmarks.json (no runs)",
@@ -301,7 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.epoch:
         out.mkdir(parents=True, exist_ok=True)
-        return run_epoch(out, args.epoch_batches, args.timeout)
+        max_lens = args.epoch_max_len or EPOCH_MAX_LENS
+        return run_epoch(out, args.epoch_batches, args.timeout, max_lens)
     if args.replot:
         saved = json.loads((out / "benchmarks.json").read_text())
         print(f"measured {saved['created']} in {saved['seconds']:.0f}s")

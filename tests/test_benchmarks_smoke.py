@@ -108,3 +108,17 @@ def test_epoch_table_compares_each_row_with_jaxtpu_padded():
             for b, t in (("padded", 100.0), ("bucketed", 55.0))]  # fmt: skip
     table = compare.epoch_table(rows)
     assert " 1.00 " in table.splitlines()[2] and " 0.55 " in table.splitlines()[3]
+
+
+def test_epoch_max_len_runs_only_that_lengths_rows(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_worker(flags, timeout, module="worker"):
+        seen.append(int(flags[flags.index("--max-len") + 1]))
+        return {"error": "not run"}
+
+    monkeypatch.setattr(compare, "run_worker", fake_worker)
+    assert compare.main(["--out", str(tmp_path), "--epoch", "--epoch-max-len", "256"]) == 0
+    assert seen == [256] * len(compare.EPOCH_ROWS)
+    saved = json.loads((tmp_path / "epoch.json").read_text())["results"]
+    assert [r["max_len"] for r in saved] == seen
