@@ -106,7 +106,8 @@ JAX_BEST = ["--devices", "2", "--steps-per-call", "8", "--sharding", "fsdp"]
 EPOCH_ROWS = [  # (framework, strategy, batching, huge pages for malloc, jaxtpu compile cache)
     ("jaxtpu", "jit", "padded", "auto", "cold"),
     ("jaxtpu", "jit", "bucketed", "auto", "cold"),
-    # a second run of the same configuration: its programs load from the persistent cache
+    # second runs of the same configurations: their programs load from the persistent cache
+    ("jaxtpu", "jit", "padded", "auto", "warm"),
     ("jaxtpu", "jit", "bucketed", "auto", "warm"),
     ("torch", "eager", "random", "auto", None),
     ("torch", "compile", "random", "auto", None),
@@ -184,19 +185,23 @@ def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
 
 
 def epoch_table(records: list[dict[str, Any]]) -> str:
-    """The epoch rows, with each row's time relative to jaxtpu padded at the same length."""
+    """The epoch rows, with each row's time relative to jaxtpu padded at the same length (a
+    `+warm` jaxtpu row: relative to padded `+warm`, when the run has one)."""
     head = (f"{'len':>4} {'framework':<9} {'strategy':<16} {'batching':<9} {'epoch s':>8} "
             f"{'x padded':>8} {'compile s':>9} {'steady s':>8} {'real tok/s':>10} {'tokens':>6} "
             f"{'lengths':>7} {'compiles':>8} {'wait %':>6}")  # fmt: skip
     lines = [head, "-" * len(head)]
     padded = [r for r in records if "epoch_s" in r and r["batching"] == "padded"]
-    base = {r["max_len"]: r["epoch_s"] for r in padded if r["framework"] == "jaxtpu"}
+    base = {(r["max_len"], r.get("compile_cache") or "cold"): r["epoch_s"]
+            for r in padded if r["framework"] == "jaxtpu"}  # fmt: skip
     for r in records:
         name = f"{r['max_len']:>4} {r['framework']:<9} {_strategy(r):<16} {r['batching']:<9} "
         if "error" in r:
             lines.append(name + f"error: {r['error']}")
             continue
-        rel = r["epoch_s"] / base[r["max_len"]] if r["max_len"] in base else float("nan")
+        key = (r["max_len"], r.get("compile_cache") or "cold")
+        key = key if key in base else (r["max_len"], "cold")
+        rel = r["epoch_s"] / base[key] if key in base else float("nan")
         lines.append(
             name + f"{r['epoch_s']:>8.0f} {rel:>8.2f} {r['compile_s']:>9.1f} "
             f"{r['epoch_s'] - r['compile_s']:>8.0f} "
@@ -206,7 +211,8 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
     lines.append("epoch s = compile s + steady s (every batch of the epoch, timed); real tok/s "
                  "= the epoch's real tokens / steady s; tokens = tokens computed / tokens at "
                  "full padding; +hp = malloc on transparent huge pages; +warm = programs loaded "
-                 "from the persistent compilation cache (a second run)")  # fmt: skip
+                 "from the persistent compilation cache (a second run); x padded = epoch s / "
+                 "jaxtpu padded's (a +warm row: / padded +warm's)")  # fmt: skip
     return "\n".join(lines)
 
 

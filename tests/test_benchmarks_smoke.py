@@ -108,6 +108,11 @@ def test_epoch_table_compares_each_row_with_jaxtpu_padded():
             for b, t in (("padded", 100.0), ("bucketed", 55.0))]  # fmt: skip
     table = compare.epoch_table(rows)
     assert " 1.00 " in table.splitlines()[2] and " 0.55 " in table.splitlines()[3]
+    # a warm (second-run) row is compared with the warm padded row
+    second = zip(rows, (80.0, 52.0), strict=True)
+    warm = [{**r, "compile_cache": "warm", "epoch_s": t} for r, t in second]
+    lines = compare.epoch_table(rows + warm).splitlines()
+    assert "+warm" in lines[5] and " 0.65 " in lines[5] and " 0.55 " in lines[3]
 
 
 def test_epoch_max_len_runs_only_that_lengths_rows(tmp_path, monkeypatch):
