@@ -146,6 +146,10 @@ def test_hash_dropout_keeps_the_right_fraction_independently_and_scales():
         counts = np.bincount((bits >> shift) & 0xFF, minlength=256)
         chi2 = (((counts - counts.mean()) ** 2) / counts.mean()).sum()
         assert chi2 < 400, (shift, chi2)  # 255 degrees of freedom: p < 1e-6 above 400
+    # The key's own words seed the hash: neighbouring raw keys still give unrelated masks.
+    k0, k1 = (np.asarray(ops.hash_bits(jax.random.key(s), (1 << 20,))) >= 2**31 for s in (0, 1))
+    corr = np.corrcoef(k0.astype(np.float32), k1.astype(np.float32))[0, 1]
+    assert abs(corr) < 6 / np.sqrt(k0.size) and not np.array_equal(k0, k1), corr
 
 
 def test_gelu_is_pytorchs_exact_gelu_and_its_gradient():
