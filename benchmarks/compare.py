@@ -189,7 +189,7 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
     `+warm` jaxtpu row: relative to padded `+warm`, when the run has one)."""
     head = (f"{'len':>4} {'framework':<9} {'strategy':<16} {'batching':<9} {'epoch s':>8} "
             f"{'x padded':>8} {'compile s':>9} {'steady s':>8} {'real tok/s':>10} {'tokens':>6} "
-            f"{'lengths':>7} {'compiles':>8} {'wait %':>6}")  # fmt: skip
+            f"{'lengths':>7} {'compiles':>8} {'wait %':>6} {'cores':>5}")  # fmt: skip
     lines = [head, "-" * len(head)]
     padded = [r for r in records if "epoch_s" in r and r["batching"] == "padded"]
     base = {(r["max_len"], r.get("compile_cache") or "cold"): r["epoch_s"]
@@ -206,13 +206,15 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
             name + f"{r['epoch_s']:>8.0f} {rel:>8.2f} {r['compile_s']:>9.1f} "
             f"{r['epoch_s'] - r['compile_s']:>8.0f} "
             f"{r['real_tokens_per_s']:>10.0f} {r['tokens_vs_full_padding']:>6.2f} "
-            f"{r['lengths']:>7} {r['compiles']:>8} {100 * r['data_wait_share']:>6.2f}"
+            f"{r['lengths']:>7} {r['compiles']:>8} {100 * r['data_wait_share']:>6.2f} "
+            f"{r.get('steady_cpu_cores', float('nan')):>5.2f}"
         )
     lines.append("epoch s = compile s + steady s (every batch of the epoch, timed); real tok/s "
                  "= the epoch's real tokens / steady s; tokens = tokens computed / tokens at "
                  "full padding; +hp = malloc on transparent huge pages; +warm = programs loaded "
                  "from the persistent compilation cache (a second run); x padded = epoch s / "
-                 "jaxtpu padded's (a +warm row: / padded +warm's)")  # fmt: skip
+                 "jaxtpu padded's (a +warm row: / padded +warm's); cores = CPU cores busy "
+                 "while the epoch's steps ran")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -179,6 +180,12 @@ def timed(calls: list[list[Batch]], prepare: Any, step: Any, prefetch: bool):
 MAX_WARM_SHAPES = 6
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) this process has used so far, all threads."""
+    t = os.times()
+    return t.user + t.system
+
+
 def projected_steady(
     calls: list[list[Batch]], times: list[float], epoch: list[Batch], batching: str
 ) -> float:
@@ -271,9 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t = time.perf_counter()
                 step(prepare(c))
                 warm[shape(c)] = time.perf_counter() - t
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     times, wait = timed(calls, prepare, step, prefetch)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     by_shape: dict[Any, list[float]] = {}
     for c, t in zip(calls, times, strict=True):
         by_shape.setdefault(shape(c), []).append(t)
@@ -297,6 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "epoch_steady_s": epoch_steady, "epoch_s": compile_s + epoch_steady,
         "real_tokens_per_s": real / epoch_steady, "padded_share": 1 - real / computed,
         "data_wait_share": wait / max(wall, 1e-9),
+        # CPU cores busy while the epoch ran (this process's CPU seconds / wall seconds): near
+        # os.cpu_count() means compilation overlapped with training would only take turns
+        "steady_cpu_cores": cpu / max(wall, 1e-9), "cpu_count": os.cpu_count(),
         "tokens_vs_full_padding": computed / (args.batch * args.max_len * len(batches)),
         "s_per_batch": {f"{n}": float(np.mean(t)) / kk for (n, kk), t in by_shape.items()
                         if kk == k},

@@ -99,6 +99,7 @@ def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
     assert r["compiles"] == r["lengths"] >= 3 and r["compile_cache"] == "warm"
     assert r["tokens_vs_full_padding"] < 0.8 and 0 < r["padded_share"] < 0.5
     assert 0 <= r["data_wait_share"] < 1 and r["real_tokens_per_s"] > 0
+    assert 0 < r["steady_cpu_cores"] <= r["cpu_count"] + 0.5
 
 
 def test_epoch_table_compares_each_row_with_jaxtpu_padded():
