@@ -101,8 +101,8 @@ def matrix(quick: bool, all_configs: bool, memory_only: bool = False) -> list[di
 
 # jaxtpu's best configuration on this 2-core CPU (README, Benchmarks): jit on 2 devices (one
 # per core), FSDP, 8 steps per device call.
-EPOCH_MAX_LENS = (128, 256)
 JAX_BEST = ["--devices", "2", "--steps-per-call", "8", "--sharding", "fsdp"]
+EPOCH_MAX_LENS = (128, 256)  # the epoch benchmark's lengths (--epoch-max-len picks one)
 EPOCH_ROWS = [  # (framework, strategy, batching, huge pages for malloc, jaxtpu compile cache)
     ("jaxtpu", "jit", "padded", "auto", "cold"),
     ("jaxtpu", "jit", "bucketed", "auto", "cold"),
