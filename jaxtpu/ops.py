@@ -96,8 +96,8 @@ def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     with sharded activations each device computes only its part. Indices wrap at 2^32
     elements per call (far beyond one activation tensor here). The key (a `make_rng` key: a
     threefry output) is used as the seed directly rather than hashed once more with
-    `jax.random.bits`: that threefry per dropout site was about 2 s of the 17 s the epoch
-    benchmark's four MiniLM bucket programs took to compile (README, Benchmarks).
+    `jax.random.bits`: one threefry less per dropout site and step program, which XLA:CPU
+    spent measurable compile time on (README, Benchmarks: "what shortened it").
     """
     s1, s2 = jax.random.key_data(key).reshape(-1)[:2].astype(jnp.uint32)
     idx = jnp.zeros(shape, jnp.uint32)
