@@ -434,23 +434,23 @@ class JitStrategy(Strategy):
         # train program's build on this CPU); XLA's compilations release it and run side by
         # side. Each program starts compiling as soon as it is lowered, so the next one's
         # tracing overlaps it instead of waiting for every lowering first.
-        lowered: dict[Any, Any] = {}
+        pending: dict[Any, Any] = {}
         inputs = [("train", h, self.steps_sharding, 1) for h in calls]
         inputs += [("eval", h, self.batch_sharding, 0) for h in evals]
         with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="jaxtpu-compile") as pool:
             for kind, host, sharding, axis in inputs:
                 batch = {k: self._abstract(v, sharding, axis) for k, v in host.items()}
                 key = (kind, _shape_key(batch))
-                if key in lowered or key in self._compiled:
+                if key in pending or key in self._compiled:
                     continue
                 if kind == "train":
                     program = self._train.lower(state, batch, rng)
                 else:
                     program = self._eval.lower(state, batch)
-                lowered[key] = pool.submit(program.compile)
-            done = {key: future.result() for key, future in lowered.items()}
+                pending[key] = pool.submit(program.compile)
+            done = {key: future.result() for key, future in pending.items()}
         self._compiled = {**self._compiled, **done}
-        return len(lowered)
+        return len(pending)
 
     def _abstract(self, v: np.ndarray, sharding: NamedSharding, axis: int) -> Any:
         """The global array `_put` makes of this process's rows `v`, as a shape only."""

@@ -133,18 +133,16 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
     t_start = time.time()
     run = cfg.run
     parallel.set_cpu_device_count(run.num_devices)
-    compile_cache = parallel.use_compilation_cache()
+    parallel.use_compilation_cache()
     parallel.init_distributed(run.coordinator_address, run.num_processes, run.process_id)
     procs = parallel.Processes()
     if not procs.primary:  # process 0 reports for everyone
         log.setLevel(logging.WARNING)
     with claim_workdir(Path(workdir or run.workdir), cfg, procs.primary) as workdir:
-        return _train(cfg, workdir, procs, t_start, compile_cache)
+        return _train(cfg, workdir, procs, t_start)
 
 
-def _train(
-    cfg: Config, workdir: Path, procs: Any, t_start: float, compile_cache: str | None
-) -> dict[str, Any]:
+def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, Any]:
     """The body of a run in its claimed run directory."""
     import jax
 
@@ -167,8 +165,8 @@ def _train(
         f", remat {cfg.model.remat}" if cfg.model.remat != "none" else "",
         ", scanned layers" if cfg.model.scan_layers else "",
     )
-    if compile_cache:
-        log.info("compiled programs cached in %s", compile_cache)
+    if jax.config.jax_compilation_cache_dir:  # set by parallel.use_compilation_cache
+        log.info("compiled programs cached in %s", jax.config.jax_compilation_cache_dir)
     if hostmem.active():
         log.info("host memory: malloc on transparent huge pages (%s)", hostmem.HUGE_PAGES)
 
