@@ -15,6 +15,7 @@ from jaxtpu.core.schedules import learning_rate, peak_lr
 # Leaves that get no weight decay: every bias and the LayerNorm scales (the seeds' `no_decay`
 # list ["bias", "LayerNorm.weight", "LayerNorm.bias"]).
 NO_DECAY_LEAVES = ("bias", "scale")
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_ divides by (norm + 1e-6)
 
 
 def decay_mask(params: Any) -> Any:
@@ -22,6 +23,25 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(
         lambda path, _: getattr(path[-1], "key", None) not in NO_DECAY_LEAVES, params
     )
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """Global-norm clipping as `torch.nn.utils.clip_grad_norm_` (the reference side's) does it:
+    every gradient times one scalar, min(1, max_norm / (norm + 1e-6)).
+
+    `optax.clip_by_global_norm` divides by the norm without the 1e-6 and selects per element
+    between the gradient and its clipped value. XLA:CPU did not copy that divide into both
+    moment updates: it wrote the clipped gradients out and read them back, one more pass over
+    every gradient each step. The scalar product fuses into the moment updates. The state is
+    optax's (empty), so checkpoints are unchanged."""
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        del params
+        norm = optax.tree.norm(updates)
+        coef = jnp.minimum(max_norm / (norm + CLIP_EPS), 1.0)
+        return jax.tree_util.tree_map(lambda g: g * coef.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
 
 
 def make_schedule(cfg: OptimConfig, total_updates: int, num_devices: int) -> optax.Schedule:
@@ -43,7 +63,7 @@ def make_optimizer(
     """
     chain = []
     if cfg.clip_norm > 0:
-        chain.append(optax.clip_by_global_norm(cfg.clip_norm))
+        chain.append(clip_by_global_norm(cfg.clip_norm))
     chain.append(
         optax.adamw(
             make_schedule(cfg, total_updates, num_devices),

@@ -85,3 +85,27 @@ def test_no_decay_groups_match_between_sides():
     torch_decay = sum(p.numel() for p in groups[0]["params"])
     assert groups[0]["weight_decay"] == 0.01 and groups[1]["weight_decay"] == 0.0
     assert jax_decay == torch_decay > 0
+
+
+# clips; leaves the gradients alone; clips tiny gradients, where torch's 1e-6 shows
+@pytest.mark.parametrize(("scale", "max_norm"), [(1.0, 0.5), (1.0, 1e3), (1e-5, 1e-5)])
+def test_clipping_is_torchs_clip_grad_norm(scale, max_norm):
+    """`optim.clip_by_global_norm` against `torch.nn.utils.clip_grad_norm_` on one gradient
+    tree: the same scalar coefficient min(1, max_norm / (norm + 1e-6)) on every leaf."""
+    import jax
+
+    from jaxtpu import optim
+
+    rng = np.random.default_rng(0)
+    grads = {"a": rng.normal(size=(7, 5)) * scale, "b": {"c": rng.normal(size=(11,)) * scale}}
+    grads = jax.tree_util.tree_map(lambda g: g.astype(np.float32), grads)
+    tx = optim.clip_by_global_norm(max_norm)
+    ours, _ = tx.update(jax.tree_util.tree_map(jax.numpy.asarray, grads), tx.init(grads))
+    params = [torch.nn.Parameter(torch.zeros(7, 5)), torch.nn.Parameter(torch.zeros(11))]
+    params[0].grad, params[1].grad = torch.from_numpy(grads["a"]), torch.from_numpy(grads["b"]["c"])
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    assert (norm > max_norm) == (max_norm < 1.0)  # the case these parameters mean to test
+    np.testing.assert_allclose(np.asarray(ours["a"]), params[0].grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(ours["b"]["c"]), params[1].grad.numpy(), rtol=1e-6)
+    if max_norm > norm:  # unclipped: exactly the gradients
+        np.testing.assert_array_equal(np.asarray(ours["a"]), grads["a"])
