@@ -42,13 +42,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import hostmem
+from jaxtpu.core import files, hostmem
 from parity_tests.harness import ROOT, clean_env
 
 
 def matrix(quick: bool, all_configs: bool, memory_only: bool = False) -> list[dict[str, Any]]:
     def cfg(fw, st, wl, pr, dev, k=1, **memory):  # memory: sharding=..., remat=... (jit)
-        c = {"framework": fw, "strategy": st, "workload": wl, "precision": pr, "devices": dev}
+        c = {"framework": fw, "parallel": st, "workload": wl, "precision": pr, "devices": dev}
         return {**c, **({"steps_per_call": k} if k > 1 else {}), **memory}
 
     refs = [
@@ -141,9 +141,7 @@ def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: 
     """The run's JSON: when, how long, what else the table needs, and one record per row."""
     record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
               **extra, "results": records}  # fmt: skip
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)  # a run killed while writing keeps the previous file whole
+    files.write_text(path, json.dumps(record, indent=1))  # a killed run keeps the old file
 
 
 def _strategy(r: dict[str, Any]) -> str:
@@ -151,7 +149,7 @@ def _strategy(r: dict[str, Any]) -> str:
     on 2 devices (epoch rows), '+hp' with malloc on huge pages, '+warm' with its programs
     loaded from the persistent compilation cache."""
     k = r.get("steps_per_call", 1)
-    name = r["strategy"] + (f"/{k}" if k > 1 else "")
+    name = r["parallel"] + (f"/{k}" if k > 1 else "")
     if r.get("sharding") == "fsdp":
         name += "+fsdp"
     if r.get("remat", "none") != "none":
@@ -164,7 +162,7 @@ def _strategy(r: dict[str, Any]) -> str:
 
 
 def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
-    head = (f"{'framework':<10} {'strategy':<16} {'workload':<9} {'prec':<4} {'dev':>3} "
+    head = (f"{'framework':<10} {'parallel':<16} {'workload':<9} {'prec':<4} {'dev':>3} "
             f"{'compile s':>9} {'median s':>9} {'p10-p90 s':>13} {'samples/s':>9} "
             f"{'tokens/s':>9} {'MFU %':>6} {'host MB':>8}")  # fmt: skip
     lines = [head, "-" * len(head)]
@@ -187,7 +185,7 @@ def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
 def epoch_table(records: list[dict[str, Any]]) -> str:
     """The epoch rows, with each row's time relative to jaxtpu padded at the same length (a
     `+warm` jaxtpu row: relative to padded `+warm`, when the run has one)."""
-    head = (f"{'len':>4} {'framework':<9} {'strategy':<16} {'batching':<9} {'epoch s':>8} "
+    head = (f"{'len':>4} {'framework':<9} {'parallel':<16} {'batching':<9} {'epoch s':>8} "
             f"{'x padded':>8} {'compile s':>9} {'steady s':>8} {'real tok/s':>10} {'tokens':>6} "
             f"{'lengths':>7} {'compiles':>8} {'wait %':>6} {'cores':>5}")  # fmt: skip
     lines = [head, "-" * len(head)]
@@ -225,11 +223,11 @@ def run_epoch(
     records = []
     configs = [(n, *row) for n in max_lens for row in EPOCH_ROWS]
     for i, (max_len, fw, st, kind, huge, cache) in enumerate(configs, 1):
-        flags = ["--framework", fw, "--strategy", st, "--batching", kind, "--huge-pages", huge,
+        flags = ["--framework", fw, "--parallel", st, "--batching", kind, "--huge-pages", huge,
                  "--max-len", str(max_len), "--num-batches", str(num_batches)]  # fmt: skip
         flags += [*JAX_BEST, "--compile-cache", cache] if fw == "jaxtpu" else []
         t = time.time()
-        r = {"framework": fw, "strategy": st, "batching": kind, "max_len": max_len,
+        r = {"framework": fw, "parallel": st, "batching": kind, "max_len": max_len,
              **run_worker(flags, max(timeout, 3600.0), "epoch")}  # fmt: skip
         status = r.get("error") or f"epoch {r['epoch_s']:.0f}s"
         name = f"{max_len} {fw} {st} {kind} huge pages {huge}" + (f" {cache}" if cache else "")

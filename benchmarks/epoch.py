@@ -1,7 +1,7 @@
 """One row of the real-data epoch benchmark in one process: train MiniLM (6 x 384, bf16) on
 one epoch of the real Jigsaw comments as one kind of batching feeds them, print one JSON line.
 
-`python -m benchmarks.epoch --framework jaxtpu --strategy jit --devices 2 --steps-per-call 8
+`python -m benchmarks.epoch --framework jaxtpu --parallel jit --devices 2 --steps-per-call 8
 --sharding fsdp --batching bucketed --max-len 128`
 
 Batching (all from `jaxtpu.core.buckets.Batcher`, the batch builder of both sides):
@@ -51,8 +51,9 @@ from benchmarks.worker import (
 )
 from jaxtpu.core import data as jdata
 from jaxtpu.core import hostmem
-from jaxtpu.core.buckets import Batch, Batcher, choose_edges, real_lengths
-from jaxtpu.core.config import SHARDINGS, packaged_minilm_dir
+from jaxtpu.core.buckets import Batcher, Rows, choose_edges, real_lengths
+from jaxtpu.core.config import SHARDINGS
+from jaxtpu.core.encoder import packaged_minilm_dir
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.tokens import load_tokenizer
 from parity_tests.checks import REAL_CSV
@@ -60,17 +61,17 @@ from parity_tests.checks import REAL_CSV
 BATCHINGS = ("padded", "bucketed", "random")
 
 
-def epoch_batches(kind: str, lengths: np.ndarray, gb: int, max_len: int, k: int = 1) -> list[Batch]:
+def epoch_batches(kind: str, lengths: np.ndarray, gb: int, max_len: int, k: int = 1) -> list[Rows]:
     """Epoch 0's batches (seed 0) of one batching (buckets grouped k at a time)."""
     edges = choose_edges(lengths, max_len) if kind == "bucketed" else None
     batcher = Batcher(lengths, gb, max_len, edges, group=k)
     out = list(batcher.epoch(0, seed=0))
     if kind == "random":
-        out = [Batch(b.idx, b.weight, int(lengths[b.idx].max())) for b in out]
+        out = [Rows(b.idx, b.weight, int(lengths[b.idx].max())) for b in out]
     return out
 
 
-def sample(epoch: list[Batch], n: int, k: int, batching: str) -> list[Batch]:
+def sample(epoch: list[Rows], n: int, k: int, batching: str) -> list[Rows]:
     """About n batches of the epoch (n <= 0: all of it), in epoch order. Bucketed: each
     length's first batches in
     proportion to its share of the epoch (at least one call of k), so every bucket is measured;
@@ -106,15 +107,15 @@ def jax_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
         atexit.register(shutil.rmtree, cache, True)
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    backend = jax_backend(cfg, args.strategy, args.devices, args.max_len, args.steps_per_call)
+    backend = jax_backend(cfg, args.parallel, args.devices, args.max_len, args.steps_per_call)
 
-    def prepare(call: list[Batch]) -> Any:
+    def prepare(call: list[Rows]) -> Any:
         return backend.prepare([examples.take(b.idx, b.weight, b.length) for b in call])
 
     def step(prepared: Any) -> None:
         backend.fetch(backend.train_steps(prepared))
 
-    def precompile(calls: list[list[Batch]]) -> None:
+    def precompile(calls: list[list[Rows]]) -> None:
         first = {c[0].length: c[0] for c in calls}  # one call of each length
         backend.precompile([[examples.take(b.idx, b.weight, b.length)] for b in first.values()], [])
 
@@ -125,9 +126,9 @@ def torch_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
     """(prepare, step, compiles, prefetch): plain PyTorch on the CPU, one batch per call."""
     import torch
 
-    train = torch_cpu_trainer(cfg, args.strategy == "compile", "bf16")
+    train = torch_cpu_trainer(cfg, args.parallel == "compile", "bf16")
 
-    def prepare(call: list[Batch]) -> dict[str, Any]:
+    def prepare(call: list[Rows]) -> dict[str, Any]:
         (b,) = call
         return {k: torch.from_numpy(v) for k, v in examples.take(b.idx, b.weight, b.length).items()}
 
@@ -135,7 +136,7 @@ def torch_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
         float(train(batch)[0])  # blocks on the loss
 
     def compiles() -> int:
-        if args.strategy != "compile":
+        if args.parallel != "compile":
             return 0
         from torch._dynamo.utils import counters
 
@@ -144,9 +145,9 @@ def torch_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
     return prepare, step, compiles, False, None
 
 
-def calls_of(batches: list[Batch], k: int) -> list[list[Batch]]:
+def calls_of(batches: list[Rows], k: int) -> list[list[Rows]]:
     """Consecutive batches of one length, up to k per device call (as the loop groups them)."""
-    calls: list[list[Batch]] = []
+    calls: list[list[Rows]] = []
     for b in batches:
         if calls and len(calls[-1]) < k and calls[-1][-1].length == b.length:
             calls[-1].append(b)
@@ -155,7 +156,7 @@ def calls_of(batches: list[Batch], k: int) -> list[list[Batch]]:
     return calls
 
 
-def timed(calls: list[list[Batch]], prepare: Any, step: Any, prefetch: bool):
+def timed(calls: list[list[Rows]], prepare: Any, step: Any, prefetch: bool):
     """Per-call seconds (blocking on each) and the total wait for input."""
     from jaxtpu.core.loop import Prefetch
 
@@ -187,7 +188,7 @@ def _cpu_s() -> float:
 
 
 def projected_steady(
-    calls: list[list[Batch]], times: list[float], epoch: list[Batch], batching: str
+    calls: list[list[Rows]], times: list[float], epoch: list[Rows], batching: str
 ) -> float:
     """Steady seconds of the whole epoch. Bucketed: each length's measured seconds per batch x
     the epoch's batches of that length (the sample must hold every bucket); otherwise the
@@ -211,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--framework", choices=("jaxtpu", "torch"), default="jaxtpu")
-    p.add_argument("--strategy", default="jit", help="jit|pmap|shard_map (jaxtpu), "
+    p.add_argument("--parallel", default="jit", help="jit|pmap|shard_map (jaxtpu), "
                    "eager|compile (torch)")  # fmt: skip
     p.add_argument("--batching", choices=BATCHINGS, default="bucketed")
     p.add_argument("--max-len", type=int, default=128, help="tokens per comment at most")
@@ -256,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_dir="", **WORKLOADS[args.workload], precision="bf16", num_devices=args.devices,
         batch_size=args.batch // args.devices, max_len=args.max_len, dropout=0.1,
         encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
-        **({"sharding": args.sharding, "parallel": args.strategy}
+        **({"sharding": args.sharding, "parallel": args.parallel}
            if args.framework == "jaxtpu" else {}),
     )  # fmt: skip
     runner = jax_runner if args.framework == "jaxtpu" else torch_runner
@@ -291,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     computed = sum(args.batch * (b.length or args.max_len) for b in batches)
     epoch_steady = projected_steady(calls, times, batches, args.batching)
     record = {
-        "framework": args.framework, "strategy": args.strategy, "batching": args.batching,
+        "framework": args.framework, "parallel": args.parallel, "batching": args.batching,
         "workload": args.workload, "steps_per_call": k,
         "devices": args.devices if args.framework == "jaxtpu" else 1,
         "sharding": args.sharding if args.framework == "jaxtpu" else None,

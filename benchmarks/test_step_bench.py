@@ -28,7 +28,7 @@ PRECISION = os.environ.get("BENCH_PRECISION", "bf16")
 
 def args_for(framework: str, strategy: str, devices: int, k: int = 1) -> argparse.Namespace:
     return argparse.Namespace(
-        framework=framework, strategy=strategy, workload=WORKLOAD, precision=PRECISION,
+        framework=framework, parallel=strategy, workload=WORKLOAD, precision=PRECISION,
         devices=devices, batch=32, seq=128, steps_per_call=k,
     )  # fmt: skip
 
@@ -53,7 +53,7 @@ def test_train_step(benchmark, framework, strategy, devices, k):
 
 def test_torch_xla_spmd_step(benchmark):
     cmd = [sys.executable, "-m", "benchmarks.worker", "--framework", "torch_xla",
-           "--strategy", "spmd", "--workload", WORKLOAD, "--precision", PRECISION,
+           "--parallel", "spmd", "--workload", WORKLOAD, "--precision", PRECISION,
            "--devices", "8", "--min-steps", "3", "--max-steps", "5"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,6 +1,6 @@
 """One benchmark configuration in one process: time the training step, print one JSON line.
 
-`python -m benchmarks.worker --framework jaxtpu --strategy jit --workload minilm
+`python -m benchmarks.worker --framework jaxtpu --parallel jit --workload minilm
 --precision bf16 --devices 8` builds the model and one fixed global batch (32 x 128 tokens
 by default), runs the first step (compile, timed apart), one warm-up step, then timed steps
 until both `--min-steps` and `--budget` seconds are reached (at most `--max-steps`), blocking
@@ -24,16 +24,12 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import hostmem
-from jaxtpu.core.config import (
-    JAX_STRATEGIES,
-    REMATS,
-    SHARDINGS,
-    Config,
-    EncoderConfig,
-    encoder_config,
-)
+from jaxtpu.core.config import JAX_STRATEGIES, REMATS, SHARDINGS, Config
+from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.rundir import peak_host_memory_mb
+from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.tasks import get_task
 
 WORKLOADS = {
     "tiny": dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128),
@@ -61,41 +57,45 @@ def config_for(args: argparse.Namespace) -> Config:
         model_dir="", **w, precision=args.precision, num_devices=args.devices,
         batch_size=args.batch // args.devices, max_len=args.seq, dropout=0.1,
         encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
-        parallel=args.strategy if args.framework != "torch" else "jit",
+        parallel=args.parallel if args.framework != "torch" else "jit",
         **({"sharding": args.sharding, "remat": args.remat} if args.framework == "jaxtpu" else {}),
     )  # fmt: skip
 
 
 def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
+    """One toxicity batch laid out as the task's `batch_spec`, of random ids and lengths."""
     rng = np.random.default_rng(0)
+    out = get_task("toxicity").zeros((batch,), seq)
     lengths = rng.integers(seq // 2, seq + 1, batch)
-    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
-    return {
-        "input_ids": (rng.integers(1000, vocab, (batch, seq)) * mask).astype(np.int32),
-        "attention_mask": mask,
-        "label": rng.integers(0, 2, batch).astype(np.float32),
-        "weight": np.ones(batch, np.float32),
-    }
+    out["attention_mask"][:] = np.arange(seq)[None, :] < lengths[:, None]
+    out["input_ids"][:] = rng.integers(1000, vocab, (batch, seq)) * out["attention_mask"]
+    out["label"][:] = rng.integers(0, 2, batch)
+    out["weight"][:] = 1.0
+    return out
 
 
 def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int, k: int = 1) -> Any:
     """A `JaxBackend` holding a fresh toxicity train state of `cfg`'s model (seed 0) on
     `devices` devices with `strategy`, K steps per call (shared with `benchmarks.epoch`)."""
-    from jaxtpu import optim, parallel, steps
-    from jaxtpu.train import JaxBackend
+    from jaxtpu import hosts, optim, parallel, steps
+    from jaxtpu.backend import JaxBackend
+    from jaxtpu.sharding import Placement
     from jaxtpu.weights import load_model
 
-    devs = parallel.init_devices(devices)
-    model = load_model(cfg, max_len)
+    devs = hosts.init_devices(devices)
+    cfg = cfg.replace(parallel=strategy, task="toxicity", max_len=max_len)  # its --sharding, --mesh
+    spec = RunSpec.resolve(cfg, len(devs))
+    model = load_model(cfg, spec)
     tx = optim.make_optimizer(cfg.optim, 1000, len(devs))
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
-    strategy_cfg = cfg.replace(parallel=strategy, task="toxicity")  # its --sharding, --mesh
-    return JaxBackend(parallel.strategy_for(strategy_cfg, devs), state, 0, steps_per_call=k)
+    placement = Placement(spec.sharding, *spec.mesh)
+    strategy_ = parallel.make_strategy(strategy, devs, "toxicity", placement)
+    return JaxBackend(strategy_, state, 0, steps_per_call=k)
 
 
 def jax_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable[[], Any], Callable]:
-    backend = jax_backend(cfg, args.strategy, args.devices, args.seq, args.steps_per_call)
-    vocab = encoder_config(cfg).vocab_size
+    backend = jax_backend(cfg, args.parallel, args.devices, args.seq, args.steps_per_call)
+    vocab = RunSpec.resolve(cfg).encoder.vocab_size
     batches = [fixed_batch(args.batch, args.seq, vocab)] * args.steps_per_call
     return (lambda: backend.train_steps(backend.prepare(batches))), backend.fetch
 
@@ -104,11 +104,11 @@ def torch_xla_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Cal
     from pathlib import Path
 
     from torchxla_ref import optim, parallel, weights
-    from torchxla_ref.train import XlaBackend
+    from torchxla_ref.backend import XlaBackend
 
-    parallel.configure_runtime(args.devices, args.strategy)
-    strategy = parallel.make_strategy(args.strategy, args.devices)
-    enc = encoder_config(cfg)
+    parallel.configure_runtime(args.devices, args.parallel)
+    strategy = parallel.make_strategy(args.parallel, args.devices)
+    enc = RunSpec.resolve(cfg).encoder
     model = weights.load_model(enc, cfg.head_dropout, None, 0).to(strategy.device)
     opt, sched = optim.make_optimizer(model, cfg.optim, 1000, args.devices)
     backend = XlaBackend(strategy, model, opt, sched, cfg, Path("/nonexistent"))
@@ -125,7 +125,8 @@ def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[
     from torchxla_ref import optim, steps, weights
 
     torch.set_num_threads(os.cpu_count() or 1)
-    model = weights.load_model(encoder_config(cfg), cfg.head_dropout, None, 0).train()
+    enc = RunSpec.resolve(cfg).encoder
+    model = weights.load_model(enc, cfg.head_dropout, None, 0).train()
     opt, sched = optim.make_optimizer(model, cfg.optim, 1000, 1)
     if compiled:
         model = torch.compile(model)
@@ -142,8 +143,8 @@ def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[
 def torch_cpu_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Callable]:
     import torch
 
-    train = torch_cpu_trainer(cfg, args.strategy == "compile", args.precision)
-    host = fixed_batch(args.batch, args.seq, encoder_config(cfg).vocab_size)
+    train = torch_cpu_trainer(cfg, args.parallel == "compile", args.precision)
+    host = fixed_batch(args.batch, args.seq, RunSpec.resolve(cfg).encoder.vocab_size)
     batch = {k: torch.from_numpy(v) for k, v in host.items()}
     return (lambda: train(batch)), (lambda h: float(h[0]))
 
@@ -240,9 +241,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--framework", choices=list(STRATEGIES), default="jaxtpu")
     p.add_argument(
-        "--strategy",
+        "--parallel",
         default="jit",
-        help="pmap|jit (jaxtpu), spmd|spawn (torch_xla), eager|compile (torch)",
+        help="the strategy: jit|pmap|shard_map (jaxtpu), spmd|spawn (torch_xla), eager|compile "
+        "(torch)",
     )
     p.add_argument("--workload", choices=list(WORKLOADS), default="minilm")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
@@ -292,8 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["ceiling_mfu"] = record["gemm_gflops"] / record["peak_gflops"]
         print(json.dumps(record))
         return 0
-    if args.strategy not in STRATEGIES[args.framework]:
-        p.error(f"--strategy for {args.framework}: one of {', '.join(STRATEGIES[args.framework])}")
+    if args.parallel not in STRATEGIES[args.framework]:
+        p.error(f"--parallel for {args.framework}: one of {', '.join(STRATEGIES[args.framework])}")
     cfg = config_for(args)
     make = {"jaxtpu": jax_step, "torch_xla": torch_xla_step, "torch": torch_cpu_step}
     step, wait = make[args.framework](args, cfg)
@@ -311,9 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         times.append((time.perf_counter() - t) / args.steps_per_call)
     faults = (minor_page_faults() - faults) / (len(times) * args.steps_per_call)
     median = float(np.median(times))
-    enc = encoder_config(cfg)
+    enc = RunSpec.resolve(cfg).encoder
     record = {
-        "framework": args.framework, "strategy": args.strategy, "workload": args.workload,
+        "framework": args.framework, "parallel": args.parallel, "workload": args.workload,
         "precision": args.precision, "devices": args.devices, "batch": args.batch,
         "seq": args.seq, "steps_per_call": args.steps_per_call, "compile_s": compile_s,
         "sharding": cfg.run.sharding, "remat": cfg.model.remat, "huge_pages": hostmem.active(),

@@ -5,22 +5,9 @@ Importing the package only quiets libtpu on machines without a TPU (see `_quiet_
 
 from __future__ import annotations
 
-import glob
 import os
-from pathlib import Path
 
-_GOOGLE_PCI_VENDOR = "0x1ae0"
-
-
-def _has_tpu() -> bool:
-    """A TPU chip on this host: a Google PCI device, or the TPU driver's device files."""
-    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
-        try:
-            if Path(vendor).read_text().strip() == _GOOGLE_PCI_VENDOR:
-                return True
-        except OSError:
-            continue
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+from jaxtpu.core.hardware import has_tpu
 
 
 def _quiet_libtpu() -> None:
@@ -30,7 +17,7 @@ def _quiet_libtpu() -> None:
     one-process lock (which guards TPU chips this host does not have). Telling it this host
     is a single worker silences the errors, and the lock is lifted; on a TPU VM nothing is
     set, and a value the user set is kept."""
-    if _has_tpu():
+    if has_tpu():
         return
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")

@@ -56,7 +56,8 @@ def _silence_closed_loop_noise() -> None:
     """After a failed write the run ends, but orbax's pool threads can still finish later and
     try to hand their results to its closed asyncio loop, which logs (or raises in the thread)
     `RuntimeError: Event loop is closed` with a traceback, possibly after the one-line error
-    (seen once in three CI runs). Those reports, and only those, are dropped from then on."""
+    (an intermittent race: tests/test_reliability.py full-disk case). Those reports, and only
+    those, are dropped from then on."""
     import threading
 
     def keep(record: logging.LogRecord) -> bool:
@@ -77,7 +78,7 @@ class Checkpoints:
     """The latest and the best checkpoint of one run directory."""
 
     def __init__(self, workdir: str | Path, procs: Any = None) -> None:
-        """`procs`: a `jaxtpu.parallel.Processes` in multi-process runs (None: one process)."""
+        """`procs`: a `jaxtpu.hosts.Processes` in multi-process runs (None: one process)."""
         self.procs = procs
         self.primary = procs is None or procs.primary
         self.root = Path(workdir) / "checkpoints"

@@ -2,7 +2,8 @@
 
 `--format hf` (default): a Hugging Face directory that loads with
 `transformers.AutoModel.from_pretrained(DIR)` (encoder) plus `head.safetensors`
-(`nn.Linear(hidden, 1)`), or whole with `torchxla_ref.weights.load_model`.
+(`nn.Linear(hidden, outputs)`: one output per score of the task, six for multilabel), or whole
+with `torchxla_ref.weights.load_model`.
 
 `--format state-dict`: one `torch.save` file of a training notebook's module, the encoder under
 `--encoder-prefix` and the head as `--head-name` (default `bert.*` + `fc1.*`, the PyTorch/XLA
@@ -13,12 +14,13 @@ Jigsaw notebook's `BERTBaseUncased`), which that module class loads with
 from __future__ import annotations
 
 import argparse
-import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.files import atomic_write
 from jaxtpu.core.rundir import check_output_path, user_errors
 
 
@@ -28,10 +30,27 @@ def save_state_dict(tensors: dict, out: Path) -> None:
         import torch
     except ImportError:
         raise UserError("--format state-dict writes a torch file: install jaxtpu[torch]") from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, out)
+    with atomic_write(out, "wb") as f:
+        torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, f)
+
+
+_ATTRIBUTE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _check_module_names(encoder_prefix: str, head_name: str) -> None:
+    """Refuses names no module can hold: the state dict's keys are `PREFIX.<encoder key>` and
+    `HEAD.weight/bias`, attribute paths of the notebook's module."""
+    for flag, name in (("--encoder-prefix", encoder_prefix), ("--head-name", head_name)):
+        if not _ATTRIBUTE.match(name):
+            raise UserError(
+                f"{flag} {name!r}: not a module attribute (a Python name such as bert or "
+                "model.bert); the notebook's module holds its parts under such names"
+            )
+    if head_name == encoder_prefix or head_name.startswith(encoder_prefix + "."):
+        raise UserError(
+            f"--head-name {head_name!r} is inside --encoder-prefix {encoder_prefix!r}: the head "
+            "would be read back as a part of the encoder; give the head its own name (e.g. fc1)"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,10 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_path(out, "--out", is_dir=not state_dict)
         if state_dict and out.exists() and not args.overwrite:
             raise UserError(f"--out {out} exists; pass --overwrite to replace it")
+        if state_dict:
+            _check_module_names(args.encoder_prefix, args.head_name)
         model = load_trained(args.workdir)
         step, task = model.meta.get("step"), model.cfg.run.task
         if state_dict:
-            encoder, head = weights.to_state_dicts(model.params, model.encoder.model_type)
+            encoder, head = weights.to_state_dicts(model.params, model.spec.encoder.model_type)
             tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
             save_state_dict(tensors, out)
             print(f"exported step {step} ({task}) as {args.encoder_prefix}.* + "
@@ -94,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "step": step,
             "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
         }
-        weights.save_hf(model.params, model.encoder, out, model.tokenizer_dir, head)
+        weights.save_hf(model.params, model.spec.encoder, out, model.tokenizer_dir, head)
         print(f"exported step {step} ({task}) to {out}")
     return 0
 

@@ -23,7 +23,9 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxtpu import ops
-from jaxtpu.core.config import Config, EncoderConfig, pooling_for
+from jaxtpu.core.config import Config
+from jaxtpu.core.encoder import EncoderConfig
+from jaxtpu.core.spec import RunSpec
 
 Dtype = jnp.dtype
 
@@ -68,7 +70,7 @@ def _layer_norm(cfg: EncoderConfig, name: str, param_dtype: Dtype) -> nn.LayerNo
 class Embeddings(nn.Module):
     """Token (+ position) (+ token type 0) embeddings -> LayerNorm -> dropout, with the
     family's projection to hidden_size when the embeddings are narrower: ELECTRA's
-    `embeddings_project` after the LayerNorm (in `Bert`), DeBERTa's `embed_proj` before it."""
+    `embeddings_project` after the LayerNorm (in `Backbone`), DeBERTa's `embed_proj` before it."""
 
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
@@ -393,9 +395,11 @@ def _with_encoder(params: dict, encoder: dict) -> dict:
     return {**params, "bert": bert}
 
 
-class Bert(nn.Module):
-    """The encoder of every family (BERT's names): embeddings, layers, and the pooler when the
-    family has one. Returns (last_hidden_state, pooled_output or None), fp32."""
+class Backbone(nn.Module):
+    """The pretrained part of every family: embeddings, the layer stack (`Encoder`), and the
+    pooler when the family has one, in BERT's module names (its params sit under 'bert' in
+    `Classifier`, whatever the family; `jaxtpu.weights` maps them). Returns
+    (last_hidden_state, pooled_output or None), fp32."""
 
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
@@ -470,7 +474,7 @@ class Classifier(nn.Module):
     ) -> jax.Array:
         lead = input_ids.shape[:-1]
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-        bert = Bert(self.cfg, self.dtype, self.param_dtype, self.remat, self.scan, name="bert")
+        bert = Backbone(self.cfg, self.dtype, self.param_dtype, self.remat, self.scan, name="bert")
         mask = flat(attention_mask)
         hidden, pooled = bert(flat(input_ids), mask, deterministic)
         x = pool(self.pooling, hidden, pooled, mask)
@@ -506,17 +510,17 @@ def create_module(
     )
 
 
-def for_run(cfg: Config, enc: EncoderConfig, scan: bool | None = None) -> Classifier:
-    """The module a run trains (its precision, head dropout, remat, pooling, and as many
-    outputs as the task scores); `scan` defaults to the run's --scan-layers."""
+def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
+    """The module a run trains (its encoder, precision, head dropout, remat, pooling, and as
+    many outputs as the task scores); `scan` defaults to the run's --scan-layers."""
     return create_module(
-        enc,
+        spec.encoder,
         cfg.head_dropout,
         cfg.run.precision,
         cfg.model.remat,
         cfg.model.scan_layers if scan is None else scan,
-        pooling_for(cfg, enc),
-        cfg.task.outputs,
+        spec.pooling,
+        spec.task.outputs,
     )
 
 

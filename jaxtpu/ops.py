@@ -20,7 +20,8 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
     The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation),
     as torch.autocast does. Letting JAX differentiate `einsum(..., preferred_element_type=f32)`
-    instead gives fp32 backward matmuls, which ran 4-7x slower on XLA:CPU (benchmarks/).
+    instead gives fp32 backward matmuls, which ran several times slower on XLA:CPU
+    (`python -m benchmarks.compare`; README, Benchmarks).
     Every index must appear in exactly two of the three terms (true of matmuls).
     """
     return jnp.einsum(
@@ -70,8 +71,9 @@ def matmul(spec: str, a: jax.Array, b: jax.Array, dtype: jnp.dtype) -> jax.Array
 def gelu(x: jax.Array) -> jax.Array:
     """Exact GELU, 0.5 x (1 + erf(x / sqrt(2))): Hugging Face's "gelu" and PyTorch's
     `F.gelu` formula. `jax.nn.gelu(approximate=False)` computes the same through erfc, whose
-    XLA:CPU kernel (an exp and several branches) ran 2.2x slower than erf's rational
-    polynomial here; the two agree to 1e-6 absolute (both are as close to PyTorch's)."""
+    XLA:CPU kernel (an exp and several branches) ran slower than erf's rational polynomial
+    (README, Benchmarks: "What made it faster"); the two agree to 1e-6 absolute (both are as
+    close to PyTorch's, tests/test_models.py)."""
     return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 
 
@@ -91,8 +93,9 @@ def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """Uniform uint32 words for `shape`: a counter-based hash of each element's flat index,
     seeded by the key's own two words.
 
-    Cheap elementwise integer work instead of one threefry evaluation per element: on XLA:CPU
-    threefry dropout took 0.44 s of a 1.6 s MiniLM step. The index is an iota, so under jit
+    Cheap elementwise integer work instead of one threefry evaluation per element, which took
+    a large share of a MiniLM step on XLA:CPU (README, Benchmarks: "What made it faster").
+    The index is an iota, so under jit
     with sharded activations each device computes only its part. Indices wrap at 2^32
     elements per call (far beyond one activation tensor here). The key (a `make_rng` key: a
     threefry output) is used as the seed directly rather than hashed once more with

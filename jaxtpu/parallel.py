@@ -1,9 +1,7 @@
-"""The only device-aware module: device set-up, the processes of a run, and the strategies
-that run the pure steps on the devices.
-
-Three nouns: a `Strategy` places the state and the batches on the devices and runs the
-compiled steps; `Processes` is this process's place in a multi-host run (host-level
-collectives); the shared loop talks to both through `jaxtpu.train.JaxBackend`.
+"""The strategies: each places the state and the batches on the devices and runs the compiled
+pure steps there. Where things go is decided by `jaxtpu.sharding` (pure functions); which
+devices and processes take part by `jaxtpu.hosts`; the shared loop reaches a strategy through
+`jaxtpu.backend.JaxBackend`.
 
 All strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
 - `PmapStrategy`: replicated state, per-device batch shards on a leading device axis,
@@ -17,13 +15,12 @@ All strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
 - `ShardMapStrategy`: pmap's per-device step (`lax.pmean` inside) under `jax.shard_map` over
   the jit mesh's `data` axis, inside `jax.jit`, with the jit path's placement.
 A training call always runs K >= 1 stacked batches through `steps.train_steps` (a `lax.scan`,
-or a plain step when K = 1); evaluation runs one batch.
+or a plain step when K = 1); evaluation runs one batch. Every strategy is built the same way,
+`STRATEGIES[name](devices, task, placement)`.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -35,161 +32,28 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxtpu import sharding as placing
 from jaxtpu import steps
-from jaxtpu.core.errors import DeviceError
-from jaxtpu.core.tokens import cache_root
+from jaxtpu.hosts import Processes
+from jaxtpu.sharding import Placement
 
-log = logging.getLogger(__name__)
-
-
-def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
-    """Joins a multi-process JAX run (`jax.distributed.initialize`, what TPU pods use).
-
-    Must run before anything touches the devices. `coordinator` is process 0's HOST:PORT, or
-    'auto' for JAX's cluster detection (TPU pod, SLURM); empty means one process, no set-up.
-    On CPU the processes talk through gloo collectives.
-    """
-    if not coordinator:
-        return
-    if jax.distributed.is_initialized():
-        return
-    kwargs: dict[str, Any] = {}
-    if coordinator != "auto":
-        kwargs = dict(
-            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
-        )
-    try:
-        jax.distributed.initialize(**kwargs, initialization_timeout=120)
-    except (RuntimeError, ValueError) as e:
-        raise DeviceError(
-            f"--coordinator-address {coordinator}: could not join the multi-process run as "
-            f"process {process_id} of {num_processes} ({str(e).splitlines()[0]})"
-        ) from None
-    log.info(
-        "multi-process: process %d of %d, %d local of %d devices",
-        jax.process_index(),
-        jax.process_count(),
-        jax.local_device_count(),
-        jax.device_count(),
-    )
-
-
-def init_devices(num_devices: int) -> list[jax.Device]:
-    """The first `num_devices` devices of the default backend on each process.
-
-    On a machine without accelerators this asks JAX for `num_devices` virtual CPU devices,
-    which must happen before the backend starts; on TPU/GPU the setting is ignored and the
-    first `num_devices` real devices are used. With several processes the result is the
-    global device list, each process's devices contiguous and in process order, so process
-    p's rows of a global batch are one contiguous block.
-    """
-    set_cpu_device_count(num_devices)
-    local = sorted(jax.local_devices(), key=lambda d: d.id)
-    if num_devices > len(local):
-        raise DeviceError(
-            f"--num-devices {num_devices}: only {len(local)} {local[0].platform} device(s) "
-            f"available{' per process' if jax.process_count() > 1 else ''}; use "
-            f"--num-devices {len(local)} or fewer"
-        )
-    if jax.process_count() == 1:
-        return local[:num_devices]
-    by_process: dict[int, list[jax.Device]] = {}
-    for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
-        by_process.setdefault(d.process_index, []).append(d)
-    return [d for p in sorted(by_process) for d in by_process[p][:num_devices]]
-
-
-def set_cpu_device_count(num_devices: int) -> None:
-    """Asks for `num_devices` virtual CPU devices, unless the user fixed a count already."""
-    user_fixed = "JAX_NUM_CPU_DEVICES" in os.environ or (
-        "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-    )
-    if not user_fixed:  # a count the user set for this machine is respected
-        try:
-            jax.config.update("jax_num_cpu_devices", max(num_devices, 1))
-        except RuntimeError:
-            pass  # backend already started (e.g. a second run in one process): use what it has
-
-
-def use_compilation_cache() -> str | None:
-    """Turns on JAX's persistent compilation cache in <cache root>/xla, so that a run whose
-    programs an earlier run compiled (same model, shapes, flags, devices and jax version: the
-    cache key) loads them instead of compiling again. A directory the user chose
-    (JAX_COMPILATION_CACHE_DIR) is kept; JAXTPU_COMPILE_CACHE=0 turns it off. Returns the
-    directory in use, or None."""
-    if not jax.config.jax_compilation_cache_dir and os.environ.get("JAXTPU_COMPILE_CACHE") != "0":
-        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
-    return jax.config.jax_compilation_cache_dir or None
-
-
-class Processes:
-    """This process's place in a (possibly multi-process) run, and the few host-level
-    collectives the loop needs. With one process every method is the identity."""
-
-    def __init__(self) -> None:
-        self.count = jax.process_count()
-        self.index = jax.process_index()
-        self.primary = self.index == 0
-
-    def rows(self, n: int) -> slice:
-        """This process's contiguous block of a global batch of `n` rows."""
-        if n % self.count:
-            raise ValueError(f"global batch {n} does not split over {self.count} processes")
-        per = n // self.count
-        return slice(self.index * per, (self.index + 1) * per)
-
-    def whole(self, x: jax.Array) -> np.ndarray:
-        """The whole value of a (possibly sharded) global array, on the host of every
-        process."""
-        if self.count == 1 or x.is_fully_replicated:
-            return np.asarray(jax.device_get(x))
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-    def gather(self, local: np.ndarray) -> np.ndarray:
-        """Concatenates every process's block along axis 0, in process order."""
-        if self.count == 1:
-            return local
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(local, tiled=True))
-
-    def any(self, flag: bool) -> bool:
-        """True on every process when `flag` is True on any (e.g. one got SIGTERM)."""
-        if self.count == 1:
-            return flag
-        return bool(np.any(self.gather(np.array([flag]))))
-
-    def broadcast(self, tree: Any) -> Any:
-        """Process 0's value of a tree of arrays, on every process (same shapes everywhere)."""
-        if self.count == 1:
-            return tree
-        from jax.experimental import multihost_utils
-
-        out = multihost_utils.broadcast_one_to_all(tree, is_source=self.primary)
-        return jax.tree_util.tree_map(np.asarray, out)
-
-    def broadcast_json(self, value: Any) -> Any:
-        """Process 0's JSON-serialisable value, on every process."""
-        if self.count == 1:
-            return value
-        raw = np.frombuffer(json.dumps(value).encode(), np.uint8) if self.primary else None
-        size = int(self.broadcast(np.array([0 if raw is None else raw.size], np.int64))[0])
-        buf = raw if raw is not None else np.zeros(size, np.uint8)
-        return json.loads(self.broadcast(buf).tobytes().decode())
+AXIS = "data"  # the device axis of the per-device steps (pmap, shard_map) and of the mesh
 
 
 class Strategy:
     """Places the state and the batches on the devices and runs the compiled steps.
 
     The compiled functions are built in `put_state`, the one moment the state's placement is
-    known; subclasses say how to place (`_place_state`, `_put`) and how to compile (`_compile`).
+    known; subclasses say how to place (`_put`) and how to compile (`_compile`), and whether
+    they can build their programs ahead of time (`precompile`).
     """
 
-    def __init__(self, devices: list[jax.Device], task: str) -> None:
+    def __init__(self, devices: list[jax.Device], task: str, placement: Placement) -> None:
+        if placement.devices != len(devices):
+            raise ValueError(f"placement {placement} does not cover {len(devices)} devices")
         self.devices = devices
         self.n = len(devices)  # global: all processes' devices
+        self.placement = placement
         self.procs = Processes()
         self.local_devices = [d for d in devices if d.process_index == self.procs.index]
         self.task = task
@@ -232,14 +96,13 @@ class Strategy:
         state: Any,
         rng: jax.Array,
         calls: list[dict[str, np.ndarray]],
-        evals: list[dict[str, np.ndarray]] = (),  # type: ignore[assignment]
+        evals: list[dict[str, np.ndarray]],
     ) -> int:
         """Compiles the train call for each of `calls` (stacked host batches, this process's
         rows, as `put_steps` takes them) and the eval step for each of `evals` (as
-        `put_batch` takes them) before the run needs them, several compilations at a time;
-        `train` and `eval` then run those programs. Returns how many programs were compiled
-        (0: this strategy compiles on first use only)."""
-        return 0
+        `put_batch` takes them) before the run needs them; `train` and `eval` then run those
+        programs. Returns how many programs were compiled."""
+        raise NotImplementedError
 
     def eval(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
         """Per-example outputs of the global batch, on the host of every process."""
@@ -255,25 +118,27 @@ class Strategy:
 
 
 class PmapStrategy(Strategy):
-    axis = "batch"
+    """`jax.pmap` over this process's devices: the state replicated on each."""
 
-    def __init__(self, devices: list[jax.Device], task: str) -> None:
-        super().__init__(devices, task)
+    def __init__(self, devices: list[jax.Device], task: str, placement: Placement) -> None:
+        if placement.sharding != "replicated" or placement.fsdp != 1:
+            raise ValueError(f"pmap replicates the whole state; got {placement}")
+        super().__init__(devices, task, placement)
         # pmap places the leading axis of each process's arrays on that process's devices
-        self._mesh = Mesh(np.array(self.local_devices), (self.axis,))
-        self._sharded = NamedSharding(self._mesh, P(self.axis))
+        self._mesh = Mesh(np.array(self.local_devices), (AXIS,))
+        self._sharded = NamedSharding(self._mesh, P(AXIS))
         self.n_local = len(self.local_devices)
 
     def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
         train = jax.pmap(
-            self._counted(partial(steps.train_steps, task=self.task, axis_name=self.axis)),
-            axis_name=self.axis,
+            self._counted(partial(steps.train_steps, task=self.task, axis_name=AXIS)),
+            axis_name=AXIS,
             in_axes=(0, 0, None),
             donate_argnums=(0,),
             devices=self.devices,
         )
         evaluate = jax.pmap(
-            partial(steps.eval_step, task=self.task), axis_name=self.axis, devices=self.devices
+            partial(steps.eval_step, task=self.task), axis_name=AXIS, devices=self.devices
         )
 
         def rep(x: Any) -> jax.Array:
@@ -281,6 +146,10 @@ class PmapStrategy(Strategy):
             return jax.device_put(np.broadcast_to(x, (self.n_local, *x.shape)), self._sharded)
 
         return jax.tree_util.tree_map(rep, state), train, evaluate
+
+    def precompile(self, state: Any, rng: jax.Array, calls: Any, evals: Any) -> int:
+        """pmap compiles each program on its first call: nothing is built ahead."""
+        return 0
 
     def put_steps(self, batches: dict[str, np.ndarray]) -> Any:
         """(K, rows, ...) -> (devices, K, rows / devices, ...): each device scans its slices."""
@@ -329,52 +198,21 @@ class JitStrategy(Strategy):
     `_step_fns`: the placement of state and batches stays as it is here.
     """
 
-    # Arrays smaller than this stay replicated: splitting a bias saves nothing and costs a
-    # collective.
-    MIN_SPLIT = 4096
+    def __init__(self, devices: list[jax.Device], task: str, placement: Placement) -> None:
+        super().__init__(devices, task, placement)
+        self.mesh = placing.make_mesh(devices, placement.data, placement.fsdp)
+        sizes = placement.sizes
+        self.batch_sharding = self._named(placing.batch_spec(sizes))
+        self.steps_sharding = self._named(placing.batch_spec(sizes, lead=1))  # (K, rows, ...)
+        self.replicated = self._named(P())
 
-    def __init__(
-        self,
-        devices: list[jax.Device],
-        task: str,
-        sharding: str = "zero1",
-        mesh: tuple[int, int] | None = None,
-    ) -> None:
-        super().__init__(devices, task)
-        data, fsdp = mesh or (self.n, 1)
-        if data * fsdp != self.n:
-            raise DeviceError(f"mesh data={data},fsdp={fsdp} does not cover {self.n} devices")
-        self.sharding = sharding
-        # Explicit Auto axes: classic pjit semantics (shardings on jit, compiler propagates).
-        self.mesh = Mesh(np.array(devices).reshape(data, fsdp), ("data", "fsdp"))
-        rows = ("data", "fsdp") if fsdp > 1 else "data"  # the batch: over every device
-        self.batch_sharding = NamedSharding(self.mesh, P(rows))
-        self.steps_sharding = NamedSharding(self.mesh, P(None, rows))  # (K, rows, ...)
-        self.replicated = NamedSharding(self.mesh, P())
-        self._all = rows
+    def _named(self, spec: P) -> NamedSharding:
+        return NamedSharding(self.mesh, spec)
 
     def state_sharding(self, state: Any) -> Any:
         """The sharding of every leaf of `state` (arrays or `jax.ShapeDtypeStruct`s)."""
-        params_axis = "fsdp" if self.sharding == "fsdp" else None
-        moments_axis = {"replicated": None, "zero1": self._all, "fsdp": "fsdp"}[self.sharding]
-        params = jax.tree_util.tree_map(lambda x: self._split(x, params_axis), state.params)
-        opt = jax.tree_util.tree_map(lambda x: self._split(x, moments_axis), state.opt_state)
-        rest = jax.tree_util.tree_map(lambda _: self.replicated, state)
-        return rest.replace(params=params, opt_state=opt)
-
-    def _split(self, x: Any, axis: Any) -> NamedSharding:
-        """`x` split over mesh `axis` on its largest dimension that divides evenly (the first
-        of equals); replicated when `axis` is None, `x` is small, or nothing divides."""
-        shape = tuple(getattr(x, "shape", np.shape(x)))
-        axes = () if axis is None else axis if isinstance(axis, tuple) else (axis,)
-        size = int(np.prod([self.mesh.shape[a] for a in axes]))
-        if size == 1 or int(np.prod(shape, dtype=np.int64)) < self.MIN_SPLIT:
-            return self.replicated
-        fits = [d for d in range(len(shape)) if shape[d] % size == 0]
-        if not fits:
-            return self.replicated
-        dim = max(fits, key=lambda d: (shape[d], -d))
-        return NamedSharding(self.mesh, P(*[None] * dim, axis))
+        specs = placing.state_specs(state, self.placement.sharding, self.placement.sizes)
+        return jax.tree_util.tree_map(self._named, specs, is_leaf=lambda x: isinstance(x, P))
 
     def _step_fns(self) -> tuple[Any, Any]:
         """The pure (train_steps, eval_step) that jit compiles: global-batch functions."""
@@ -406,13 +244,11 @@ class JitStrategy(Strategy):
         return train, evaluate
 
     def _traced_on_mesh(self, fn: Any) -> Any:
-        """With FSDP, `fn` traced with the model's residual stream split by batch rows over
-        every device (`models.RESIDUAL`): left to itself, the compiler may follow the weights'
-        split and shard activations by hidden unit instead, with far more temporary memory
-        (`jaxtpu.preflight` shows it)."""
-        if self.sharding != "fsdp":
+        """`fn` traced under the placement's logical-axis rules (`sharding.logical_rules`:
+        with FSDP, the residual stream split by batch rows)."""
+        rules = placing.logical_rules(self.placement.sharding, self.placement.sizes)
+        if not rules:
             return fn
-        rules = (("batch", self._all), ("length", None), ("embed", None))
 
         def traced(*args: Any) -> Any:
             with (
@@ -428,12 +264,11 @@ class JitStrategy(Strategy):
         state: Any,
         rng: jax.Array,
         calls: list[dict[str, np.ndarray]],
-        evals: list[dict[str, np.ndarray]] = (),  # type: ignore[assignment]
+        evals: list[dict[str, np.ndarray]],
     ) -> int:
-        # Lowering traces Python (one at a time, under the GIL; about a quarter of a MiniLM
-        # train program's build on this CPU); XLA's compilations release it and run side by
-        # side. Each program starts compiling as soon as it is lowered, so the next one's
-        # tracing overlaps it instead of waiting for every lowering first.
+        # Lowering traces Python (one at a time, under the GIL); XLA's compilations release it
+        # and run side by side. Each program starts compiling as soon as it is lowered, so the
+        # next one's tracing overlaps it instead of waiting for every lowering first.
         pending: dict[Any, Any] = {}
         inputs = [("train", h, self.steps_sharding, 1) for h in calls]
         inputs += [("eval", h, self.batch_sharding, 0) for h in evals]
@@ -452,10 +287,13 @@ class JitStrategy(Strategy):
         self._compiled = {**self._compiled, **done}
         return len(pending)
 
+    def _global_shape(self, v: Any, axis: int) -> tuple[int, ...]:
+        """The shape of the global array whose rows on `axis` are every process's rows `v`."""
+        return (*v.shape[:axis], v.shape[axis] * self.procs.count, *v.shape[axis + 1 :])
+
     def _abstract(self, v: np.ndarray, sharding: NamedSharding, axis: int) -> Any:
         """The global array `_put` makes of this process's rows `v`, as a shape only."""
-        shape = (*v.shape[:axis], v.shape[axis] * self.procs.count, *v.shape[axis + 1 :])
-        return jax.ShapeDtypeStruct(shape, v.dtype, sharding=sharding)
+        return jax.ShapeDtypeStruct(self._global_shape(v, axis), v.dtype, sharding=sharding)
 
     def put_steps(self, batches: dict[str, np.ndarray]) -> Any:
         return self._put(batches, self.steps_sharding, 1)
@@ -467,12 +305,8 @@ class JitStrategy(Strategy):
         """This process's rows of global arrays, placed on its devices of the global mesh."""
         if self.procs.count == 1:
             return jax.device_put(batch, sharding)
-
-        def global_shape(v: np.ndarray) -> tuple[int, ...]:
-            return (*v.shape[:axis], v.shape[axis] * self.procs.count, *v.shape[axis + 1 :])
-
         return {
-            k: jax.make_array_from_process_local_data(sharding, v, global_shape(v))
+            k: jax.make_array_from_process_local_data(sharding, v, self._global_shape(v, axis))
             for k, v in batch.items()
         }
 
@@ -498,11 +332,16 @@ class ShardMapStrategy(JitStrategy):
     compiler gathers the moments on entry and keeps each device's slice on exit.
     """
 
+    def __init__(self, devices: list[jax.Device], task: str, placement: Placement) -> None:
+        if placement.sharding == "fsdp" or placement.fsdp != 1:
+            raise ValueError(f"shard_map's per-device step sees the whole state; got {placement}")
+        super().__init__(devices, task, placement)
+
     def _step_fns(self) -> tuple[Any, Any]:
         train = jax.shard_map(
-            partial(steps.train_steps, task=self.task, axis_name="data"),
+            partial(steps.train_steps, task=self.task, axis_name=AXIS),
             mesh=self.mesh,
-            in_specs=(P(), P(None, "data"), P()),  # state, (K, rows, ...), rng
+            in_specs=(P(), P(None, AXIS), P()),  # state, (K, rows, ...), rng
             out_specs=(P(), P()),  # pmean-ed: the same on every device
             # Unchecked, as under pmap: with varying-value checks on, the gradient of the
             # replicated params would already be summed over devices before the step's pmean.
@@ -511,39 +350,23 @@ class ShardMapStrategy(JitStrategy):
         evaluate = jax.shard_map(
             partial(steps.eval_step, task=self.task),
             mesh=self.mesh,
-            in_specs=(P(), P("data")),
-            out_specs=P("data"),
+            in_specs=(P(), P(AXIS)),
+            out_specs=P(AXIS),
             check_vma=False,
         )
         return train, evaluate
 
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    "pmap": PmapStrategy,
+STRATEGIES: dict[str, type[Strategy]] = {  # the order of `core.layout.JAX_STRATEGIES`
     "jit": JitStrategy,
+    "pmap": PmapStrategy,
     "shard_map": ShardMapStrategy,
 }
 
 
 def make_strategy(
-    name: str,
-    devices: list[jax.Device],
-    task: str,
-    sharding: str = "zero1",
-    mesh: tuple[int, int] | None = None,
+    name: str, devices: list[jax.Device], task: str, placement: Placement | None = None
 ) -> Strategy:
-    """The strategy `--parallel name` (names are checked with the flags, before any work);
-    `sharding` and `mesh` (data, fsdp) apply to the jit-placed strategies."""
-    if name == "pmap":
-        return PmapStrategy(devices, task)
-    return STRATEGIES[name](devices, task, sharding, mesh)  # type: ignore[call-arg]
-
-
-def strategy_for(cfg: Any, devices: list[jax.Device]) -> Strategy:
-    """The strategy a run's flags ask for (--parallel, --sharding, --mesh) on `devices`."""
-    from jaxtpu.core.config import mesh_shape, param_sharding
-
-    sharding = param_sharding(cfg)
-    return make_strategy(
-        cfg.run.parallel, devices, cfg.run.task, sharding, mesh_shape(cfg, len(devices))
-    )
+    """The strategy `--parallel name` (names are checked with the flags, before any work) on
+    `devices` with `placement` (default: replicated over a data axis of every device)."""
+    return STRATEGIES[name](devices, task, placement or Placement("replicated", len(devices)))

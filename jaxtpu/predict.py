@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,9 +25,12 @@ import numpy as np
 from jaxtpu.core import data as jdata
 from jaxtpu.core import hostmem
 from jaxtpu.core.buckets import Batcher
-from jaxtpu.core.config import Config, EncoderConfig, from_dict, tokenizer_dir
+from jaxtpu.core.config import Config, from_dict
+from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.files import atomic_write
 from jaxtpu.core.rundir import check_output_path, user_errors
+from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import LABELS
 from jaxtpu.core.tokens import load_tokenizer, tokenize
 
@@ -36,7 +38,7 @@ from jaxtpu.core.tokens import load_tokenizer, tokenize
 @dataclass
 class TrainedModel:
     cfg: Config
-    encoder: EncoderConfig
+    spec: RunSpec
     module: Any
     params: Any
     meta: dict[str, Any]
@@ -51,19 +53,21 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     record = wd / "config.json"
     if not record.exists():
         raise UserError(f"--workdir {wd}: no config.json; not a jaxtpu run directory")
-    cfg = from_dict(json.loads(record.read_text())["config"])
+    recorded = json.loads(record.read_text())
+    cfg = from_dict(recorded["config"])
     ckpts = checkpoint.Checkpoints(wd)
     meta = ckpts.best_meta()
     if meta is None:
         raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
     enc = EncoderConfig.from_hf_dict(meta["encoder"])
-    module = models.for_run(cfg, enc, scan=False)
-    stored = models.for_run(cfg, enc)  # a scanned run stored its layers stacked
-    template = models.param_shapes(stored, cfg.task.example_shape(8))
-    params, meta = ckpts.restore_best(template, {"task": cfg.run.task, "encoder": meta["encoder"]})
+    spec = RunSpec.of_checkpoint(cfg, enc, recorded.get("resolved"))
+    module = models.for_run(cfg, spec, scan=False)
+    stored = models.for_run(cfg, spec)  # a scanned run stored its layers stacked
+    template = models.param_shapes(stored, spec.task.example_shape(8))
+    params, meta = ckpts.restore_best(template, spec.identity)
     if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
         params = models.unstack_layers(params)
-    return TrainedModel(cfg, enc, module, params, meta, wd / "tokenizer")
+    return TrainedModel(cfg, spec, module, params, meta, wd / "tokenizer")
 
 
 def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
@@ -74,10 +78,9 @@ def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
     cfg = Config().replace(  # validated, as every flag
         init_from=init_from, model_dir=model_dir, max_len=max_len, precision="fp32"
     )
-    model = weights.load_model(cfg, max_len, head_required=True)
-    return TrainedModel(
-        cfg, model.encoder, model.module, model.params, {}, Path(tokenizer_dir(cfg))
-    )
+    spec = RunSpec.resolve(cfg, 1)
+    model = weights.load_model(cfg, spec, head_required=True)
+    return TrainedModel(cfg, spec, model.module, model.params, {}, Path(spec.tokenizer_dir))
 
 
 def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch_size: int):
@@ -85,18 +88,18 @@ def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch
     import optax
 
     from jaxtpu import parallel, steps
+    from jaxtpu.backend import JaxBackend
     from jaxtpu.core import loop
     from jaxtpu.core.tasks import get_task
-    from jaxtpu.train import JaxBackend
 
     tokenizer = load_tokenizer(model.tokenizer_dir)
     ids, mask, _ = tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
     # Every task's model scores one comment per row: score them as a one-comment task does
     # (a ranker as toxicity; multilabel as itself, six scores per comment).
-    task = model.cfg.task
+    task = model.spec.task
     single = task if task.comments_per_example == 1 else get_task("toxicity")
-    label_shape = (len(texts), single.outputs) if single.outputs > 1 else (len(texts),)
-    examples = jdata.Examples(ids, mask, np.zeros(label_shape, np.float32))
+    label = single.zeros((len(texts),), model.cfg.data.max_len)["label"]  # Task.batch_spec's
+    examples = jdata.Examples(ids, mask, label)
     strategy = parallel.make_strategy("jit", devices, single.name)
     state = steps.TrainState.create(
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()
@@ -105,19 +108,16 @@ def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch
     # Scored in length buckets chosen from these texts: one compilation per bucket, the
     # same logits as at full padding (tests/test_buckets.py).
     batcher = Batcher.for_data("auto", mask, batch_size * len(devices), model.cfg.data.max_len)
-    _, scores = loop.evaluate(backend, examples, batcher, single)
+    _, scores = loop.score_examples(backend, examples, batcher, single)
     return scores
 
 
 def write_csv(path: Path, header: Sequence[str], rows: Any) -> None:
     """Writes atomically: a killed run never leaves a half-written submission."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
+    with atomic_write(path, newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(rows)
-    os.replace(tmp, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,29 +164,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
         if args.workdir and (args.model_dir or args.max_len):
             raise UserError("--model-dir and --max-len go with --init-from; a run has its own")
-        from jaxtpu import parallel
+        from jaxtpu import hosts
 
-        parallel.use_compilation_cache()
-        devices = parallel.init_devices(args.num_devices)  # before anything starts JAX
+        hosts.use_compilation_cache()
+        devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
         header = jdata.columns(args.input)
         comments = jdata.read_comments(args.input, labelled=False)
         if args.workdir:
             model = load_trained(args.workdir)
         else:
             model = load_notebook(args.init_from, args.model_dir, args.max_len or 128)
+        severity = jdata.file_kind(header) == "score"
+        task = model.spec.task
+        if severity and task.outputs > 1 and task.label_columns != LABELS:
+            raise UserError(
+                f"--input {args.input}: a Rate Severity file needs one score per comment; "
+                f"this {task.name} model scores {', '.join(task.label_columns)}"
+            )
         scores = score_texts(model, comments.texts, devices, args.batch_size)
-        if jdata.file_kind(header) == "score":
-            if scores.ndim == 2:  # multilabel: rank by severity, the labels' weighted sum
-                scores = (1.0 / (1.0 + np.exp(-scores))) @ jdata.SEVERITY_WEIGHTS
-            write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))
-        else:  # Kaggle's submission: id and a probability per label the model scores
-            probs = 1.0 / (1.0 + np.exp(-scores))
-            ids = comments.ids if any(comments.ids) else [str(i) for i in range(len(probs))]
-            labels = list(LABELS) if probs.ndim == 2 else ["toxic"]
-            rows = ([i, *np.atleast_1d(p).tolist()] for i, p in zip(ids, probs, strict=True))
-            write_csv(out, ["id", *labels], rows)
+        write_scores(out, comments, scores, task, severity)
         print(f"wrote {len(scores)} scores to {out}")
     return 0
+
+
+def write_scores(
+    out: Path, comments: jdata.Comments, scores: np.ndarray, task: Any, severity: bool
+) -> None:
+    """The output file: `comment_id,score` for a Rate Severity file (`severity`; a multi-label
+    model ranks by the severity weights of its six probabilities, as pairs are built from
+    labels), else Kaggle's submission, `id` and a probability per label the model scores."""
+    if severity:
+        if scores.ndim == 2:
+            scores = (1.0 / (1.0 + np.exp(-scores))) @ jdata.SEVERITY_WEIGHTS
+        write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))
+        return
+    probs = 1.0 / (1.0 + np.exp(-scores))
+    ids = comments.ids if any(comments.ids) else [str(i) for i in range(len(probs))]
+    labels = list(task.label_columns) if probs.ndim == 2 else ["toxic"]
+    rows = ([i, *np.atleast_1d(p).tolist()] for i, p in zip(ids, probs, strict=True))
+    write_csv(out, ["id", *labels], rows)
 
 
 if __name__ == "__main__":

@@ -25,16 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxtpu.core import files
 from jaxtpu.core.cli import parse_with
-from jaxtpu.core.config import (
-    REMATS,
-    Config,
-    encoder_config,
-    mesh_shape,
-    param_sharding,
-)
+from jaxtpu.core.config import REMATS, Config
 from jaxtpu.core.errors import ConfigError, DeviceError
 from jaxtpu.core.rundir import check_output_path, user_errors
+from jaxtpu.core.spec import RunSpec
 
 GiB = 2**30
 
@@ -98,9 +94,9 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
     import jax
 
     if target == "cpu":
-        from jaxtpu import parallel
+        from jaxtpu import hosts
 
-        devices = parallel.init_devices(n)
+        devices = hosts.init_devices(n)
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return devices, host // len(devices)  # the host's RAM, shared by its virtual devices
     if target not in TPU_TARGETS:
@@ -152,27 +148,31 @@ def lower(cfg: Config, devices: list[Any]) -> Lowered:
     """Traces and lowers the run's train call (K = --steps-per-call batches) and eval step for
     `devices` on abstract inputs: no weight is created, nothing runs."""
     import jax
-    import jax.numpy as jnp
 
     from jaxtpu import models, optim, parallel, steps
+    from jaxtpu.sharding import Placement
 
     run = cfg.run
-    module = models.for_run(cfg, encoder_config(cfg))
-    example = cfg.task.example_shape(cfg.data.max_len)
-    params = models.abstract_params(module, example)
+    spec = RunSpec.resolve(cfg, len(devices))
+    module = models.for_run(cfg, spec)
+    params = models.abstract_params(module, spec.task.example_shape(cfg.data.max_len))
     tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
     state = jax.eval_shape(
         lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
     )
-    strategy = parallel.strategy_for(cfg, devices)
+    placement = Placement(spec.sharding, *spec.mesh)
+    strategy = parallel.make_strategy(run.parallel, devices, run.task, placement)
     shardings = strategy.state_sharding(state)
     train, evaluate = strategy.jitted(shardings)
     rows = run.batch_size * len(devices)
 
     def batch(lead: tuple[int, ...], sharding: Any) -> dict[str, Any]:
-        ids = jax.ShapeDtypeStruct((*lead, rows, *example), jnp.int32, sharding=sharding)
-        vec = jax.ShapeDtypeStruct((*lead, rows), jnp.float32, sharding=sharding)
-        return {"input_ids": ids, "attention_mask": ids, "label": vec, "weight": vec}
+        """The task's batch (`Task.batch_spec`) of the global rows, as shapes only."""
+        layout = spec.task.batch_spec(cfg.data.max_len)
+        return {
+            k: jax.ShapeDtypeStruct((*lead, rows, *shape), dtype, sharding=sharding)
+            for k, (shape, dtype) in layout.items()
+        }
 
     rng = jax.eval_shape(lambda: jax.random.key(0))
     rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=strategy.replicated)
@@ -218,9 +218,10 @@ def check(
     with `flops` the FLOPs per step: one more lowering, of the unscanned model)."""
     import jax
 
-    data, fsdp = mesh_shape(cfg, len(devices))
+    spec = RunSpec.resolve(cfg, len(devices))
+    data, fsdp = spec.mesh
     report = Report(
-        target, param_sharding(cfg), cfg.model.remat, f"data={data},fsdp={fsdp}",
+        target, spec.sharding, cfg.model.remat, f"data={data},fsdp={fsdp}",
         cfg.run.batch_size, cfg.data.max_len, capacity=capacity, scan=cfg.model.scan_layers,
         device=devices[0].device_kind,
     )  # fmt: skip
@@ -335,8 +336,13 @@ def options(cfg: Config, sweep: str | None) -> list[Config]:
     """The configurations to compile: the flags as given, or with --sweep the listed
     (--sharding, --remat) pairs ('all': every pair of `SWEEP`) on the flags' mesh (fsdp: every
     device on the fsdp axis unless --mesh says otherwise)."""
-    if not sweep:
+    if sweep is None:
         return [cfg]
+    if not sweep.strip():
+        raise ConfigError(
+            "--sweep '': empty; give 'all' or a list such as replicated,zero1,fsdp+layer (or "
+            "leave --sweep out for the flags as given)"
+        )
     if sweep == "all":
         pairs = SWEEP
     else:
@@ -363,23 +369,28 @@ COLUMNS = [
     ("scan", lambda r: "yes" if r.scan else "no"),
     ("mesh", lambda r: r.mesh),
     ("batch/dev", lambda r: str(r.batch_size)),
-    ("params", lambda r: _gib(r.params)),
-    ("optimizer", lambda r: _gib(r.optimizer)),
-    ("temporary", lambda r: _gib(r.temporary)),
+    ("params", lambda r: _gib(r.params) if not r.error else "-"),
+    ("optimizer", lambda r: _gib(r.optimizer) if not r.error else "-"),
+    ("temporary", lambda r: _gib(r.temporary) if not r.error else "-"),
     ("train step", lambda r: _gib(r.total) if not r.error else "refused"),
     ("eval step", lambda r: _gib(r.eval_total) if not r.error else "-"),
     ("target", lambda r: _gib(r.capacity)),
     ("fits", lambda r: "yes" if r.fits else "NO"),
-    ("GFLOP/step/device", lambda r: f"{r.flops_per_step / 1e9:.1f}"),
+    ("GFLOP/step/device", lambda r: f"{r.flops_per_step / 1e9:.1f}" if not r.error else "-"),
     ("compile s", lambda r: f"{r.compile_s:.1f}"),
 ]
+
+
+def _largest(r: Report) -> str:
+    largest = r.extra.get("largest_batch", 0)
+    return str(largest) if largest else f"none (batch {r.batch_size} refused)"
 
 
 def table(reports: list[Report], find: bool) -> str:
     """A Markdown table: one row per configuration (its largest batch with --find-batch)."""
     cols = list(COLUMNS)
     if find:
-        cols.insert(3, ("largest batch/dev", lambda r: str(r.extra.get("largest_batch", 0))))
+        cols.insert(3, ("largest batch/dev", _largest))
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(f(r) for _, f in cols) + " |" for r in reports]
     return "\n".join(lines)
@@ -457,8 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_path(out, "--json")  # before the first compilation, not after the last
         devices, capacity = target_devices(args.target, cfg.run.num_devices)
         configs = options(cfg, args.sweep)
-        for c in configs:
-            mesh_shape(c, len(devices))  # every configuration is valid before any compiles
+        for c in configs:  # every configuration is valid before any compiles
+            RunSpec.resolve(c, len(devices))
         print(
             f"preflight: {len(configs)} configuration(s) for {args.target} "
             f"({len(devices)} x {devices[0].device_kind}, {_gib(capacity)} each), "
@@ -484,10 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _write_json(path: Path, record: dict[str, Any]) -> None:
     """Replaces `path` atomically: a killed run never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path)
+    files.write_text(path, json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":

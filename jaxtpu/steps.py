@@ -18,7 +18,7 @@ from jaxtpu.core.tasks import RANKING_MARGIN
 
 Batch = dict[str, jax.Array]
 
-__all__ = ["LOSSES", "TrainState", "eval_step", "is_padding", "train_step", "train_steps"]
+__all__ = ["LOSSES", "TrainState", "eval_step", "train_step", "train_steps"]
 
 
 def _margin_ranking(scores: jax.Array, label: jax.Array) -> jax.Array:
@@ -106,15 +106,16 @@ def train_steps(
         return train_step(st, batch, rng, task=task, axis_name=axis_name)
 
     if jax.tree_util.tree_leaves(batches)[0].shape[0] == 1:
-        # K = 1 (a static shape): a plain step. A scan of length one ran 9 % slower on XLA:CPU
-        # (MiniLM, jit on 2 devices: 0.85 -> 0.93 s per step).
+        # K = 1 (a static shape): a plain step, because a scan of length one ran slower on
+        # XLA:CPU (`python -m benchmarks.compare` measures steps per call).
         state, metrics = step(state, jax.tree_util.tree_map(lambda x: x[0], batches))
         return state, jax.tree_util.tree_map(lambda x: x[None], metrics)
 
     def body(st: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        # A slot whose batch has no weight anywhere is padding (a call of fewer than K batches,
-        # see `is_padding`): the state passes through unchanged, so every call of one sequence
-        # length runs the same compiled program. Only the taken branch runs (no cost measured).
+        # A slot whose batch has no weight anywhere is padding (a call of fewer than K
+        # batches; a training batch always holds a real row): the state passes through
+        # unchanged, so every call of one sequence length runs the same compiled program.
+        # Only the taken branch runs.
         real = jnp.sum(batch["weight"])
         if axis_name is not None:
             real = jax.lax.psum(real, axis_name)
@@ -124,15 +125,9 @@ def train_steps(
     return jax.lax.scan(body, state, batches)
 
 
-def is_padding(batch: dict[str, Any]) -> bool:
-    """Whether a (host) batch is a padding slot of a call: no row carries weight. Training
-    batches always hold at least one real row (`jaxtpu.core.buckets`)."""
-    return not bool(batch["weight"].any())
-
-
 def eval_step(state: TrainState, batch: Batch, *, task: str) -> dict[str, jax.Array]:
     """Per-example scores and losses (deterministic: no dropout). Reduction happens on the host
-    over the whole evaluation set, see `jaxtpu.core.tasks.Task.evaluate`."""
+    over the whole evaluation set, see `jaxtpu.core.tasks.Task.validation_metrics`."""
     scores = state.apply_fn(
         {"params": state.params}, batch["input_ids"], batch["attention_mask"], deterministic=True
     )

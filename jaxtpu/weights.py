@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.config import Config, EncoderConfig, encoder_config, weights_source
+from jaxtpu.core.config import Config
+from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.families import get_family, rename
 from jaxtpu.core.hf import fit_state_dict, write_hf_dir
+from jaxtpu.core.spec import RunSpec
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
 # one to one, except that Flax's `layer_3` is Hugging Face's `layer.3`.
@@ -131,25 +133,20 @@ class Model:
     encoder: EncoderConfig
     params: Any
 
-    def identity(self, task: str) -> dict[str, Any]:
-        """What a checkpoint of this model must match (`jaxtpu.core.rundir.check_compatible`)."""
-        return {"task": task, "encoder": self.encoder.to_hf_dict()}
 
-
-def load_model(cfg: Config, max_len: int, head_required: bool = False) -> Model:
-    """The run's model: a seeded random init, filled from --init-from or --model-dir when one
-    is given (every tensor it has; a new head keeps its init)."""
+def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Model:
+    """The run's model: a seeded random init, filled from the spec's weights (--init-from or
+    --model-dir) when it has some (every tensor it has; a new head keeps its init)."""
     from jaxtpu import models
 
-    enc = encoder_config(cfg)
-    module = models.for_run(cfg, enc, scan=False)
+    module = models.for_run(cfg, spec, scan=False)
     # Initialised (and mapped from Hugging Face names) as the unscanned model, so a scanned
     # run starts from exactly the same weights, stacked.
-    params = models.init_params(module, cfg.task.example_shape(max_len), cfg.run.seed)
-    source = weights_source(cfg)
-    if source:
-        params, _ = load_params(source, params, head_required, enc.model_type)
+    example = spec.task.example_shape(cfg.data.max_len)
+    params = models.init_params(module, example, cfg.run.seed)
+    if spec.weights:
+        params, _ = load_params(spec.weights, params, head_required, spec.encoder.model_type)
     if cfg.model.scan_layers:
-        module = models.for_run(cfg, enc)
+        module = models.for_run(cfg, spec)
         params = models.stack_layers(params)
-    return Model(module, enc, params)
+    return Model(module, spec.encoder, params)

@@ -28,6 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxtpu.core.config import Config
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.spec import RunSpec
 from parity_tests.forward import FAULTS, capture_points, encoder, parse_fault
 from parity_tests.harness import run_forward
 
@@ -202,9 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (Path(args.model_dir) / "head.safetensors").exists():
         p.error(f"--model-dir {args.model_dir}: no head.safetensors (export a run with "
                 "python -m jaxtpu.export)")  # fmt: skip
+    try:  # the trainers' checks: a readable config.json, --max-len within the position table
+        spec = RunSpec.resolve(Config().replace(model_dir=args.model_dir, max_len=args.max_len))
+    except UserError as e:
+        p.error(str(e))
     if args.plant_fault:
         try:
-            parse_fault(args.plant_fault, encoder(args.model_dir).num_hidden_layers)
+            parse_fault(args.plant_fault, spec.encoder.num_hidden_layers)
         except ValueError as e:
             p.error(str(e))
     out = Path(args.out)

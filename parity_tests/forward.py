@@ -14,17 +14,15 @@ Dropout is off (`deterministic` / `eval()`), so the three sides compute the same
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-from jaxtpu.core.config import EncoderConfig
 from jaxtpu.core.data import read_comments
+from jaxtpu.core.encoder import EncoderConfig, read_encoder
 from jaxtpu.core.tokens import load_tokenizer, tokenize
 
 FAULTS = {
@@ -70,7 +68,7 @@ def batch(csv: str, model_dir: str, n: int, max_len: int):
 
 
 def encoder(model_dir: str) -> EncoderConfig:
-    return EncoderConfig.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+    return read_encoder(model_dir)
 
 
 def parse_fault(fault: str, num_layers: int) -> tuple[str, int]:

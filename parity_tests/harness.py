@@ -113,17 +113,18 @@ def shared_init(
     changed by `overrides` such as num_layers=4) plus a seeded Dense head (one output per
     score of the task). Same initial
     weights on both sides."""
-    from jaxtpu.core.config import encoder_config, resolve_model_dir, tokenizer_dir
     from jaxtpu.core.presets import get_preset
+    from jaxtpu.core.spec import RunSpec
     from torchxla_ref import weights
 
     if (out_dir / "model.safetensors").exists():
         return out_dir
     cfg = get_preset(preset).replace(task=task, **overrides)
-    enc = encoder_config(cfg)
-    model_dir = resolve_model_dir(cfg.model.model_dir)
-    model = weights.load_model(enc, cfg.head_dropout, model_dir, seed, outputs=cfg.task.outputs)
-    weights.save_hf(model, out_dir, tokenizer_dir(cfg), {"task": task, "init_seed": seed})
+    spec = RunSpec.resolve(cfg)
+    model = weights.load_model(
+        spec.encoder, cfg.head_dropout, spec.model_dir, seed, outputs=spec.task.outputs
+    )
+    weights.save_hf(model, out_dir, spec.tokenizer_dir, {"task": task, "init_seed": seed})
     return out_dir
 
 

@@ -27,7 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> str:
-    from jaxtpu.core.config import packaged_minilm_dir
+    from jaxtpu.core.encoder import packaged_minilm_dir
 
     return packaged_minilm_dir()
 

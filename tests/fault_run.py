@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxtpu import train  # noqa: E402
+from jaxtpu import backend, train  # noqa: E402
 
 
 def die() -> None:
@@ -41,13 +41,13 @@ def arm(kind: str, n: int) -> None:
         os.rename = renaming
         return
     method = {"call": "train_steps", "eval": "eval_batch"}[kind]
-    original = getattr(train.JaxBackend, method)
+    original = getattr(backend.JaxBackend, method)
 
     def hooked(self, *args, **kwargs):
         tick()
         return original(self, *args, **kwargs)
 
-    setattr(train.JaxBackend, method, hooked)
+    setattr(backend.JaxBackend, method, hooked)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ import pytest
 
 from benchmarks import compare, worker
 from jaxtpu.core import hostmem
-from jaxtpu.core.config import EncoderConfig
+from jaxtpu.core.encoder import EncoderConfig
 from parity_tests.harness import ROOT, clean_env
 
 
 def test_worker_times_a_jaxtpu_step_and_reports_every_field():
     cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "8",
-           "--strategy", "pmap", "--seq", "16", "--min-steps", "2", "--max-steps", "2"]  # fmt: skip
+           "--parallel", "pmap", "--seq", "16", "--min-steps", "2", "--max-steps", "2"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -36,23 +36,23 @@ def test_model_flops_match_the_design_figure_for_minilm():
 
 def test_quick_matrix_holds_the_target_rows():
     rows = compare.matrix(quick=True, all_configs=False)
-    keys = {(r["framework"], r["strategy"], r["devices"]) for r in rows}
+    keys = {(r["framework"], r["parallel"], r["devices"]) for r in rows}
     assert {("jaxtpu", "pmap", 8), ("jaxtpu", "jit", 8), ("jaxtpu", "shard_map", 8),
             ("torch_xla", "spmd", 8),
             ("torch", "eager", 1), ("torch", "compile", 1)} <= keys  # fmt: skip
     assert all(r["workload"] == "minilm" and r["precision"] == "bf16" for r in rows)
-    assert {"framework": "jaxtpu", "strategy": "jit", "workload": "minilm", "precision": "bf16",
+    assert {"framework": "jaxtpu", "parallel": "jit", "workload": "minilm", "precision": "bf16",
             "devices": 2, "steps_per_call": 8} in rows  # fmt: skip
     # the memory options' rows
-    assert {"framework": "jaxtpu", "strategy": "jit", "workload": "minilm", "precision": "bf16",
+    assert {"framework": "jaxtpu", "parallel": "jit", "workload": "minilm", "precision": "bf16",
             "devices": 8, "sharding": "fsdp"} in rows  # fmt: skip
-    assert {"framework": "jaxtpu", "strategy": "jit", "workload": "minilm", "precision": "bf16",
+    assert {"framework": "jaxtpu", "parallel": "jit", "workload": "minilm", "precision": "bf16",
             "devices": 8, "remat": "layer"} in rows  # fmt: skip
 
 
 def test_worker_reports_per_step_times_with_steps_per_call_and_memory_options():
     cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "2",
-           "--strategy", "jit", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
+           "--parallel", "jit", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
            "--steps-per-call", "3", "--sharding", "fsdp", "--remat", "layer"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -103,7 +103,7 @@ def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
 
 
 def test_epoch_table_compares_each_row_with_jaxtpu_padded():
-    rows = [{"framework": "jaxtpu", "strategy": "jit", "batching": b, "max_len": 128,
+    rows = [{"framework": "jaxtpu", "parallel": "jit", "batching": b, "max_len": 128,
              "epoch_s": t, "compile_s": 1.0, "real_tokens_per_s": 10.0,
              "tokens_vs_full_padding": 1.0, "lengths": 1, "compiles": 1, "data_wait_share": 0.0}
             for b, t in (("padded", 100.0), ("bucketed", 55.0))]  # fmt: skip

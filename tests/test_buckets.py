@@ -13,6 +13,7 @@ from jaxtpu.core import buckets, loop
 from jaxtpu.core import data as jdata
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.presets import tiny
+from jaxtpu.core.spec import RunSpec
 
 
 def skewed_lengths(n: int = 997, max_len: int = 128, seed: int = 0) -> np.ndarray:
@@ -119,15 +120,15 @@ def test_scores_at_bucket_length_equal_scores_at_full_padding(comments, task):
     import optax
 
     from jaxtpu import parallel, steps, weights
+    from jaxtpu.backend import JaxBackend
     from jaxtpu.core.tasks import get_task
-    from jaxtpu.train import JaxBackend
 
     data, tokenizer = comments
     if task == "ranking":
         data = jdata.pairs_from_labels(data, 40, 0)
     examples = jdata.encode(data, tokenizer, 64)
     cfg = tiny().replace(task=task, max_len=64, precision="fp32")
-    model = weights.load_model(cfg, 64)
+    model = weights.load_model(cfg, RunSpec.resolve(cfg))
     lengths = buckets.real_lengths(examples.attention_mask)
     assert lengths.min() < 32 < lengths.max()  # varied: several buckets in use
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params,
@@ -136,8 +137,8 @@ def test_scores_at_bucket_length_equal_scores_at_full_padding(comments, task):
     backend = JaxBackend(parallel.make_strategy("jit", devices, task), state, seed=0)
     padded = buckets.Batcher(lengths, 16, 64)
     cut = buckets.Batcher(lengths, 16, 64, (16, 24, 32, 48))
-    m_pad, s_pad = loop.evaluate(backend, examples, padded, get_task(task))
-    m_cut, s_cut = loop.evaluate(backend, examples, cut, get_task(task))
+    m_pad, s_pad = loop.score_examples(backend, examples, padded, get_task(task))
+    m_cut, s_cut = loop.score_examples(backend, examples, cut, get_task(task))
     assert len({b.length for b in cut.eval_batches(lengths)}) >= 3
     scale = np.abs(s_pad).max()
     np.testing.assert_allclose(s_cut, s_pad, rtol=0, atol=1e-5 * max(scale, 1.0))
@@ -160,7 +161,8 @@ def test_train_step_compiles_once_per_bucket_length_used(tmp_path, real_csv, k):
     train_lines = [x for x in lines if x["event"] == "train"]
     assert all(x["data_wait_s"] >= 0 and 0 <= x["data_wait_share"] <= 1 for x in train_lines)
     # what the schedule fed, rebuilt from the same pure functions
-    job = loop.Job.prepare(cfg, tmp_path / "plan", 8, primary=False, started=0.0)
+    spec = RunSpec.resolve(cfg)
+    job = loop.Job.load(cfg, spec, tmp_path / "plan", 8, primary=False, started=0.0)
     shapes = {
         (c.batches[0].length, len(c.batches))
         for c in loop.schedule(job.plan, cfg.run, 0)

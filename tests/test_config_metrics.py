@@ -175,7 +175,7 @@ def test_agreement_counts_ties_as_misses_and_skips_padding():
 
 def test_evaluate_weighted_loss():
     scores = np.array([[0.0, 1.0], [1.0, 0.0], [9.0, 9.0]])
-    out = get_task("ranking").evaluate(
+    out = get_task("ranking").validation_metrics(
         scores, np.ones(3), np.array([1.0, 3.0, 100.0]), np.array([1, 1, 0])
     )
     assert out == {"val_loss": 2.0, "val_agreement": 0.5}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from jaxtpu.core import buckets, presets, tokens
 from jaxtpu.core import data as jdata
-from jaxtpu.core import presets, tokens
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.tasks import get_task
 
@@ -121,13 +121,13 @@ def test_split_is_stratified_disjoint_and_seeded():
 
 
 def test_train_batches_same_seed_same_batches_and_resume_offset():
-    a = list(jdata.train_batches(100, 16, seed=1, epoch=0))
-    b = list(jdata.train_batches(100, 16, seed=1, epoch=0))
-    c = list(jdata.train_batches(100, 16, seed=1, epoch=1))
+    a = list(buckets.shuffled_batches(100, 16, seed=1, epoch=0))
+    b = list(buckets.shuffled_batches(100, 16, seed=1, epoch=0))
+    c = list(buckets.shuffled_batches(100, 16, seed=1, epoch=1))
     assert len(a) == 6 and all(x.shape == (16,) for x in a)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not np.array_equal(a[0], c[0])
-    tail = list(jdata.train_batches(100, 16, seed=1, epoch=0, start_step=4))
+    tail = list(buckets.shuffled_batches(100, 16, seed=1, epoch=0, start_step=4))
     assert all(np.array_equal(x, y) for x, y in zip(a[4:], tail, strict=True))
 
 
@@ -136,9 +136,10 @@ def test_eval_batches_score_each_example_once(devices):
     n, per_device = 37, 3
     gb = per_device * devices
     seen = []
-    for idx, w in jdata.eval_batches(n, gb):
-        assert idx.shape == (gb,) and w.shape == (gb,)
-        seen.extend(idx[w > 0].tolist())
+    padded = buckets.Batcher(np.zeros(n, np.int64), gb, max_len=16)
+    for b in padded.eval_batches(np.full(n, 16)):
+        assert b.idx.shape == (gb,) and b.weight.shape == (gb,)
+        seen.extend(b.idx[b.weight > 0].tolist())
     assert sorted(seen) == list(range(n))
 
 

@@ -16,10 +16,12 @@ import pytest
 
 from jaxtpu import weights
 from jaxtpu.core import hf
-from jaxtpu.core.config import Config, EncoderConfig, pooling_for
+from jaxtpu.core.config import Config
 from jaxtpu.core.data import SAMPLE_CSV
+from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.families import FAMILIES
+from jaxtpu.core.spec import RunSpec
 from parity_tests import checks, forward
 from parity_tests.families import FAMILY_NAMES, TOKENIZERS, VARIANTS, build
 
@@ -40,7 +42,7 @@ def _exported(model_dir: Path, out: Path) -> Path:
     """The checkpoint as jaxtpu loads it (a seeded head added), written back by jaxtpu's
     export path: what a fine-tuned run's `python -m jaxtpu.export` writes."""
     cfg = Config().replace(model_dir=str(model_dir), precision="fp32", max_len=64)
-    model = weights.load_model(cfg, 64)
+    model = weights.load_model(cfg, RunSpec.resolve(cfg))
     meta = {"task": "toxicity", "pooling": model.module.pooling}
     return weights.save_hf(model.params, model.encoder, out, model_dir, meta)
 
@@ -139,7 +141,8 @@ def test_unsupported_config_options_are_one_line_errors_naming_them(config, mess
 
 
 def test_max_len_beyond_the_position_table_is_a_one_line_error(family_dirs):
-    from jaxtpu.core.config import encoder_config
+    def encoder_config(cfg):
+        return RunSpec.resolve(cfg).encoder
 
     # the RoBERTa test checkpoint has 130 positions, numbered from pad_token_id + 1 = 2
     roberta = Config().replace(model_dir=str(family_dirs["roberta"]))
@@ -156,26 +159,23 @@ def test_max_len_beyond_the_position_table_is_a_one_line_error(family_dirs):
 def test_every_family_has_a_default_pooling_and_refuses_a_pooler_it_lacks(family_dirs):
     for name, family in FAMILIES.items():
         cfg = Config().replace(model_dir=str(family_dirs[name]))
-        enc = EncoderConfig.from_hf_dict(_cfg(name))
-        assert pooling_for(cfg, enc) == family.default_pooling
+        assert RunSpec.resolve(cfg).pooling == family.default_pooling
         if not family.pooler:
             with pytest.raises(ConfigError, match=f"--pooling pooler: {name} has no pooler"):
-                pooling_for(cfg.replace(pooling="pooler"), enc)
+                RunSpec.resolve(cfg.replace(pooling="pooler"))
 
 
 def test_an_exported_head_keeps_the_pooling_it_was_trained_with(family_dirs, tmp_path):
     import shutil
 
-    from jaxtpu.core.config import describe_model
-
     export = tmp_path / "electra-export"
     shutil.copytree(family_dirs["electra"], export)
     (export / "jaxtpu_head.json").write_text(json.dumps({"task": "toxicity", "pooling": "mean"}))
     cfg = Config().replace(model_dir=str(export))
-    enc = EncoderConfig.from_hf_dict(json.loads((export / "config.json").read_text()))
-    assert pooling_for(cfg, enc) == "mean"  # electra's default is cls
-    assert "pooling mean (as exported, jaxtpu_head.json)" in describe_model(cfg, enc, 10**6)
-    assert pooling_for(cfg.replace(pooling="cls"), enc) == "cls"  # the flag wins
+    spec = RunSpec.resolve(cfg)
+    assert spec.pooling == "mean"  # electra's default is cls
+    assert "pooling mean (as exported, jaxtpu_head.json)" in spec.describe_model(10**6, 0)
+    assert RunSpec.resolve(cfg.replace(pooling="cls")).pooling == "cls"  # the flag wins
 
 
 def test_family_defaults_are_transformers_config_defaults():

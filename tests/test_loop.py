@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxtpu.core import data as jdata
-from jaxtpu.core.buckets import Batcher
+from jaxtpu.core.buckets import Batcher, shuffled_batches
 from jaxtpu.core.loop import Plan, schedule
 from jaxtpu.core.presets import tiny
 
@@ -86,6 +85,6 @@ def test_every_step_is_in_exactly_one_call(k):
     assert all(1 <= len(c.batches) <= k for c in out)
     assert [c.end for c in out] == sorted({c.end for c in out})
     seed = tiny().run.seed
-    expect = [i for e in range(3) for i in jdata.train_batches(88, 8, seed, e)]
+    expect = [i for e in range(3) for i in shuffled_batches(88, 8, seed, e)]
     for a, b in zip([i.idx for c in out for i in c.batches], expect, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -12,8 +12,10 @@ import pytest
 
 from jaxtpu import models, train
 from jaxtpu.core import presets
-from jaxtpu.core.config import EncoderConfig, jax_only_options, mesh_shape
+from jaxtpu.core.config import jax_only_options
+from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.errors import ConfigError, UserError
+from jaxtpu.core.spec import RunSpec
 
 
 def _losses(workdir) -> list[float]:
@@ -103,6 +105,7 @@ def test_bad_mesh_on_the_command_line_creates_nothing(tmp_path, capsys):
 
 def test_mesh_defaults():
     cfg = presets.tiny().replace(parallel="jit")
+    mesh_shape = lambda c: RunSpec.resolve(c).mesh  # noqa: E731
     assert mesh_shape(cfg) == (8, 1)
     assert mesh_shape(cfg.replace(sharding="fsdp")) == (1, 8)
     assert mesh_shape(cfg.replace(sharding="fsdp", mesh="fsdp=4,data=2")) == (2, 4)

@@ -10,9 +10,10 @@ import pytest
 from jaxtpu import models, ops, weights
 from jaxtpu.core import data as jdata
 from jaxtpu.core import hf
-from jaxtpu.core.config import EncoderConfig, encoder_config
+from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.presets import minilm
+from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tokens import tokenize
 
 torch = pytest.importorskip("torch", reason="the Hugging Face reference needs torch")
@@ -43,7 +44,7 @@ def hf_model(minilm_dir):
 
 @pytest.fixture(scope="module")
 def flax_params(minilm_dir):
-    enc = encoder_config(minilm())
+    enc = RunSpec.resolve(minilm()).encoder
     module = models.create_module(enc, 0.3, "fp32")
     template = models.init_params(module, (8,), 0)
     params, kept = weights.load_params(minilm_dir, template)
@@ -63,10 +64,10 @@ def test_forward_matches_hugging_face_fp32_and_bf16(real_batch, hf_model, flax_p
     ids, mask = real_batch
     enc, params = flax_params
     ref_h, ref_p = hf_forward(hf_model, ids, mask)
-    h, p = models.Bert(enc).apply({"params": params["bert"]}, ids, mask)
+    h, p = models.Backbone(enc).apply({"params": params["bert"]}, ids, mask)
     assert np.abs(np.asarray(h) - ref_h).max() <= 1e-4
     assert np.abs(np.asarray(p) - ref_p).max() <= 1e-4
-    h16, p16 = models.Bert(enc, dtype=jnp.bfloat16).apply({"params": params["bert"]}, ids, mask)
+    h16, p16 = models.Backbone(enc, dtype=jnp.bfloat16).apply({"params": params["bert"]}, ids, mask)
     real = mask.astype(bool)
     assert np.abs(np.asarray(h16) - ref_h)[real].max() <= BF16_HIDDEN_ATOL
     assert np.abs(np.asarray(p16) - ref_p).max() <= BF16_POOLED_ATOL

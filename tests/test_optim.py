@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxtpu.core.config import EncoderConfig, OptimConfig
+from jaxtpu.core.config import OptimConfig
+from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.schedules import learning_rate
 
 torch = pytest.importorskip("torch")
@@ -32,6 +33,25 @@ def test_linear_matches_transformers(warmup_frac):
                     total, 1e-3)  # fmt: skip
     ours = [float(learning_rate(s, total, cfg, 1e-3)) for s in range(total)]
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("warmup_frac", [0.0, 0.2])
+def test_constant_matches_transformers(warmup_frac):
+    """The same warm-up formula as the linear schedule's (transformers uses one for both)."""
+    from transformers import get_constant_schedule_with_warmup
+
+    cfg = OptimConfig(schedule="constant", warmup_frac=warmup_frac)
+    ref = torch_lrs(lambda o: get_constant_schedule_with_warmup(o, int(warmup_frac * 50)), 50, 1e-3)
+    ours = [float(learning_rate(s, 50, cfg, 1e-3)) for s in range(50)]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-12)
+
+
+def test_cosine_with_a_warmup_is_refused():
+    from jaxtpu.core.config import Config
+    from jaxtpu.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cosine schedule has no warm-up"):
+        Config().replace(schedule="cosine", warmup_frac=0.1)
 
 
 def test_cosine_matches_cosine_annealing():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import resumable_args
 
-from jaxtpu.core.config import BOUNDS, FIELDS
+from jaxtpu.core.config import BOUNDS, FIELDS, JAX_ONLY, RESUME_MAY_CHANGE
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.rundir import claim_workdir
@@ -24,6 +25,20 @@ from parity_tests.harness import ROOT, clean_env, final_metrics, start, wait_for
 
 NUMERIC = sorted(name for name, (_, f) in FIELDS.items() if f.type in ("int", "float"))
 PROBES = [math.nan, math.inf, -math.inf, 0, -1, 10**30]
+
+
+def test_the_readme_names_the_flags_the_schema_lets_change_on_resume_and_keeps_for_jax():
+    """The README's two lists of flags are the fields' own metadata: which may change on
+    --resume, and which the torch side refuses (jaxtpu-only)."""
+    text = (ROOT / "README.md").read_text()
+
+    def named(start: str, end: str) -> set[str]:
+        part = text[text.index(start) :]
+        part = part[: part.index(end)]
+        return {m.replace("-", "_") for m in re.findall(r"`--([a-z-]+)", part)}
+
+    assert named("another experiment; only", "may change (") == RESUME_MAY_CHANGE - {"resume"}
+    assert named("Memory flags\n(jaxtpu):", "reference refuses them") == set(JAX_ONLY)
 
 
 def test_every_numeric_flag_has_bounds():

@@ -3,18 +3,18 @@ directory layout (`checkpoints/latest`, `checkpoints/best`), as `torch.save` fil
 
 Each checkpoint is written to a temporary file and renamed when complete, so a run killed
 mid-write leaves the previous one intact; one file is kept per kind. Under `xmp.spawn` every
-replica calls `xm.save` (it rendezvous) and only the master writes.
+replica calls `xm.save` (it rendezvous) and only the primary (replica 0) writes.
 """
 
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from jaxtpu.core import files
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.rundir import check_compatible, disk_full, disk_full_message
 
@@ -22,17 +22,16 @@ from jaxtpu.core.rundir import check_compatible, disk_full, disk_full_message
 class Checkpoints:
     """The latest and the best checkpoint of one run directory."""
 
-    def __init__(self, workdir: Path, is_master: bool = True, xm: Any = None) -> None:
+    def __init__(self, workdir: Path, primary: bool = True, xm: Any = None) -> None:
         """`xm`: `torch_xla.core.xla_model` on XLA devices (None: plain `torch.save`)."""
         self.root = workdir / "checkpoints"
-        self.is_master = is_master
+        self.primary = primary
         self.xm = xm
 
     def save(self, kind: str, step: int, payload: dict[str, Any]) -> None:
         directory = self.root / kind
         final = directory / f"step_{step}.pt"
-        tmp = directory / f".step_{step}.pt.tmp"
-        if self.is_master:
+        if self.primary:
             directory.mkdir(parents=True, exist_ok=True)
         # Serialise in memory, then write with Python I/O: torch's zip writer reports a full
         # disk without an errno, a plain write raises ENOSPC.
@@ -41,16 +40,14 @@ class Checkpoints:
             self.xm.save(payload, buffer, master_only=True)
         else:
             torch.save(payload, buffer)
-        if not self.is_master:
+        if not self.primary:
             return
-        try:
-            tmp.write_bytes(buffer.getbuffer())
+        try:  # a half-written file goes, the previous one stays
+            files.write_bytes(final, buffer.getbuffer())
         except OSError as e:
-            tmp.unlink(missing_ok=True)  # the half-written file goes, the previous one stays
             if disk_full(e) is None:
                 raise
             raise CheckpointError(disk_full_message(directory, f"checkpoint {step}")) from None
-        os.replace(tmp, final)
         for old in directory.glob("step_*.pt"):
             if old != final:
                 old.unlink()

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
-from jaxtpu.core.config import EncoderConfig
+from jaxtpu.core.encoder import EncoderConfig
 
 
 def hf_config(enc: EncoderConfig) -> PretrainedConfig:

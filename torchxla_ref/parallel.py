@@ -11,22 +11,17 @@ host CPU).
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import Any
 
 import numpy as np
 
 from jaxtpu.core.errors import DeviceError
+from jaxtpu.core.hardware import has_tpu
 
 # On CPU, torch_xla 2.9 runs the spawn path as one *thread* per device in one process; its
 # collectives then deadlock or mismatch (see torchxla_ref/SPAWN_ON_CPU.md). Refuse those counts.
 MAX_SPAWN_DEVICES_ON_CPU = 1
-
-
-def has_tpu() -> bool:
-    """A TPU VM exposes its chips as /dev/accel* (v2-v4) or /dev/vfio/N (v5+)."""
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def configure_runtime(num_devices: int, parallel: str) -> str:

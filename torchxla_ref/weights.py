@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from jaxtpu.core.config import EncoderConfig
+from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.hf import fit_state_dict, write_hf_dir
 from torchxla_ref.models import Classifier
 

@@ -7,7 +7,7 @@ far fewer padded tokens with only as many compiled shapes as there are buckets.
 
 A `Batcher` is the one builder of every batch both sides feed:
 - padded (`--buckets none`): a seeded permutation per epoch, the last partial batch dropped
-  (`jaxtpu.core.data.train_batches`), every batch at full length;
+  (`shuffled_batches`), every batch at full length;
 - bucketed (`--buckets auto` or edges): each example goes to the smallest bucket that holds
   its real tokens; within a bucket the examples are shuffled and cut into full global
   batches; what is left of a bucket joins the next longer one; the last remainder is one
@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxtpu.core import data as jdata
 from jaxtpu.core.errors import ConfigError
 
 MAX_AUTO_BUCKETS = 4
@@ -39,9 +38,10 @@ MIN_GAIN = 0.05
 
 
 @dataclass(frozen=True)
-class Batch:
-    """One global batch: rows of the examples, their loss weights (0 = a filler row) and the
-    sequence length to cut to (None = the full --max-len)."""
+class Rows:
+    """Which rows make one global batch: indices of the examples, their loss weights (0 = a
+    filler row) and the sequence length to cut to (None = the full --max-len);
+    `Examples.take` turns them into the batch's arrays."""
 
     idx: np.ndarray
     weight: np.ndarray
@@ -126,7 +126,7 @@ def choose_edges(
     return tuple(sorted(edges))
 
 
-def _fill(idx: np.ndarray, global_batch: int) -> Batch:
+def _fill(idx: np.ndarray, global_batch: int) -> Rows:
     """A batch of `idx` (at most global_batch rows) padded with weight-0 repeats of its first
     row, so every batch has the same number of rows."""
     pad = global_batch - idx.size
@@ -134,7 +134,7 @@ def _fill(idx: np.ndarray, global_batch: int) -> Batch:
     if pad:
         weight[idx.size :] = 0.0
         idx = np.concatenate([idx, np.full(pad, idx[0], idx.dtype)])
-    return Batch(idx, weight)
+    return Rows(idx, weight)
 
 
 class Batcher:
@@ -187,19 +187,19 @@ class Batcher:
 
     def steps_per_epoch(self) -> int:
         if self.edges is None:
-            return jdata.steps_per_epoch(self.n, self.global_batch)
+            return self.n // self.global_batch
         return -(-self.n // self.global_batch)  # every example once: the remainder is a batch
 
-    def epoch(self, epoch: int, seed: int, start_step: int = 0) -> Iterator[Batch]:
+    def epoch(self, epoch: int, seed: int, start_step: int = 0) -> Iterator[Rows]:
         """The training batches of one epoch from `start_step` on."""
         if self.edges is None:
             ones = np.ones(self.global_batch, np.float32)
-            for idx in jdata.train_batches(self.n, self.global_batch, seed, epoch, start_step):
-                yield Batch(idx, ones)
+            for idx in shuffled_batches(self.n, self.global_batch, seed, epoch, start_step):
+                yield Rows(idx, ones)
             return
         yield from self._bucketed_epoch(epoch, seed)[start_step:]
 
-    def _bucketed_epoch(self, epoch: int, seed: int) -> list[Batch]:
+    def _bucketed_epoch(self, epoch: int, seed: int) -> list[Rows]:
         assert self.train_edge is not None
         rng = np.random.default_rng([seed, 19, epoch])
         gb, groups, tails = self.global_batch, [], []
@@ -211,11 +211,11 @@ class Batcher:
             )
             full = pool.size // gb
             carry = pool[full * gb :]
-            batches = [Batch(pool[b * gb : (b + 1) * gb], np.ones(gb, np.float32), int(length))
+            batches = [Rows(pool[b * gb : (b + 1) * gb], np.ones(gb, np.float32), int(length))
                        for b in range(full)]  # fmt: skip
             if i == len(lengths) - 1 and carry.size:
                 last = _fill(carry, gb)
-                batches.append(Batch(last.idx, last.weight, int(length)))
+                batches.append(Rows(last.idx, last.weight, int(length)))
             k = self.group
             whole = len(batches) // k * k
             groups += [batches[j : j + k] for j in range(0, whole, k)]
@@ -224,7 +224,7 @@ class Batcher:
         order = rng.permutation(len(groups))
         return [b for g in order for b in groups[g]] + [b for t in tails for b in t]
 
-    def eval_batches(self, lengths: np.ndarray) -> Iterator[Batch]:
+    def eval_batches(self, lengths: np.ndarray) -> Iterator[Rows]:
         """Batches covering every one of `len(lengths)` examples exactly once (filler rows at
         weight 0): in order at full length, or bucket by bucket at each bucket's edge."""
         n, gb = lengths.shape[0], self.global_batch
@@ -237,13 +237,23 @@ class Batcher:
             members = np.flatnonzero(edge == length)
             for start in range(0, members.size, gb):
                 b = _fill(members[start : start + gb], gb)
-                yield Batch(b.idx, b.weight, int(length))
+                yield Rows(b.idx, b.weight, int(length))
 
     def describe(self) -> str:
         """The buckets and the share of computed tokens that are padding, before and after."""
         if self.edges is None:
             return f"buckets: none (every batch padded to --max-len {self.max_len})"
         return describe_edges(self.edges, self.train_lengths, self.max_len)
+
+
+def shuffled_batches(
+    n: int, global_batch: int, seed: int, epoch: int, start_step: int = 0
+) -> Iterator[np.ndarray]:
+    """Index arrays of each training step of one padded epoch: a seeded permutation, last
+    partial batch dropped. `start_step` skips the steps already done (resume mid-epoch)."""
+    perm = np.random.default_rng([seed, 17, epoch]).permutation(n)
+    for s in range(start_step, n // global_batch):
+        yield perm[s * global_batch : (s + 1) * global_batch]
 
 
 def describe_edges(edges: Sequence[int], lengths: np.ndarray, max_len: int) -> str:

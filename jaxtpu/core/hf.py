@@ -21,20 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.config import HEAD_META, EncoderConfig
+from jaxtpu.core.encoder import HEAD_META, EncoderConfig
 from jaxtpu.core.errors import CheckpointError
+from jaxtpu.core.tokens import TOKENIZER_FILES
 
 HEAD_FILE = "head.safetensors"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "spm.model",
-    "sentencepiece.bpe.model",
-)
+# The output widths a task's head has (`Task.outputs`): one score, or the six labels.
+HEAD_OUTPUTS = (1, 6)
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
 # Every encoder (of every family) has exactly one of these; what precedes it is its prefix.
@@ -95,6 +88,15 @@ def read_torch_file(path: str | Path) -> dict[str, np.ndarray]:
             f"{path}: reading a PyTorch file needs torch; install jaxtpu[torch] or convert the "
             "checkpoint to model.safetensors"
         ) from None
+    with path.open("rb") as f:
+        magic = f.read(4)
+    # torch.save writes a zip archive (since 1.6) or, in the legacy format, a pickle
+    if not (magic.startswith(b"PK\x03\x04") or magic[:1] == b"\x80"):
+        what = "an empty file" if not magic else "not a torch.save file (no zip or pickle header)"
+        raise CheckpointError(
+            f"{path}: {what}, so not a PyTorch checkpoint; give the file the notebook wrote "
+            "with torch.save(model.state_dict(), ...) or a Lightning .ckpt"
+        )
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError, RuntimeError (not a torch file), EOFError, ...
@@ -153,7 +155,9 @@ def read_notebook_checkpoint(path: str | Path) -> NotebookCheckpoint:
     heads = [
         m
         for m, t in modules.items()
-        if set(t) == {"weight", "bias"} and t["weight"].ndim == 2 and t["weight"].shape[0] == 1
+        if set(t) == {"weight", "bias"}
+        and t["weight"].ndim == 2
+        and t["weight"].shape[0] in HEAD_OUTPUTS
     ]
     other = sorted(f"{m}.{leaf}" for m, t in modules.items() if m not in heads[:1] for leaf in t)
     if other:
@@ -225,6 +229,14 @@ def fit_state_dict(
             sd.update(load_file(str(head)))
         elif head_required:
             raise CheckpointError(f"{d}: no {HEAD_FILE}; not a fine-tuned jaxtpu export")
+    head_w, want = sd.get("classifier.weight"), expected.get("classifier.weight")
+    if head_w is not None and want is not None and head_w.shape[0] != want[0]:
+        raise CheckpointError(
+            f"{d}: its head scores {head_w.shape[0]} outputs per comment "
+            f"({_head_kind(head_w.shape[0])}), this run's task {_head_kind(want[0])}; train "
+            f"with the task it was exported from (--task), or use its encoder alone (drop "
+            f"{HEAD_FILE} / the head tensors)"
+        )
     found, kept = {}, []
     for key, shape in sorted(expected.items()):  # the same first mismatch on both sides
         if key not in sd:
@@ -236,6 +248,13 @@ def fit_state_dict(
             )
         else:
             found[key] = sd[key]
+    unused = sorted(k for k in sd if k not in expected)
+    if unused:
+        raise CheckpointError(
+            f"{d}: {len(unused)} tensor(s) the model has no place for (first: {unused[0]}): the "
+            "checkpoint holds more than its config.json describes (e.g. more layers than "
+            "num_hidden_layers); fix config.json so that every tensor is used"
+        )
     encoder_kept = [k for k in kept if not k.startswith("classifier.")]
     if len(encoder_kept) > 2:  # a pooler may be missing; a whole encoder may not
         raise CheckpointError(
@@ -243,6 +262,10 @@ def fit_state_dict(
             "not a checkpoint of this family and shape (check config.json)"
         )
     return found, kept
+
+
+def _head_kind(outputs: int) -> str:
+    return "one score: toxicity or ranking" if outputs == 1 else f"{outputs}: e.g. multilabel"
 
 
 def write_hf_dir(

@@ -3,12 +3,11 @@
 
 XLA:CPU takes each device call's temporary buffers from malloc, which maps large blocks fresh
 with mmap and unmaps them when freed: every 4 KiB page of those buffers faults on first touch,
-in every call. A MiniLM train step at 128 tokens (2 devices, one step per call) took 340,000
-page faults, 1.4 GB of fresh pages; a MiniLM step of plain PyTorch on the CPU pays the same
-kind of cost. glibc 2.35 and later can ask the kernel for transparent huge pages for its
-mappings (the tunable `glibc.malloc.hugetlb=1`, which uses madvise): 2 MiB pages, so 512 times
-fewer faults. Measured here (README, "Benchmarks"): 180 faults per step instead of 43,000 at
-8 steps per call, and 7 % off the step time.
+in every call (a MiniLM step of plain PyTorch on the CPU pays the same kind of cost). glibc
+2.35 and later can ask the kernel for transparent huge pages for its mappings (the tunable
+`glibc.malloc.hugetlb=1`, which uses madvise): 2 MiB pages, so 512 times fewer faults. The
+faults per step and the step time with and without are measured by `python -m
+benchmarks.worker` (its `page_faults_per_step`; README, "Benchmarks").
 
 Tunables are read when a process starts, so a command that wants them re-executes itself once
 with `GLIBC_TUNABLES` extended (`reexec_with_huge_pages`), before anything else runs. Nothing

@@ -1,22 +1,21 @@
 """The training loop both sides share: a pure schedule of device calls, and a short driver that
 runs it (logging, evaluation, checkpoints, early stopping, NaN detection, SIGTERM, progress).
 
-Framework-free. Each side supplies a `Backend` (JAX: `jaxtpu.train.JaxBackend`; torch_xla:
-`torchxla_ref.train.XlaBackend`) that owns the model state on its devices; the loop only ever
+Framework-free. Each side supplies a `Backend` (JAX: `jaxtpu.backend.JaxBackend`; torch_xla:
+`torchxla_ref.backend.XlaBackend`) that owns the model state on its devices; the loop only ever
 hands it numpy batches from `jaxtpu.core.data` and asks for host numbers at the logging
 interval.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,13 +23,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from jaxtpu.core import data as jdata
-from jaxtpu.core.buckets import Batch, Batcher, real_lengths
-from jaxtpu.core.config import Config, RunConfig, encoder_config, tokenizer_dir
-from jaxtpu.core.errors import TrainingError, UserError
+from jaxtpu.core.buckets import Batcher, Rows, real_lengths
+from jaxtpu.core.config import Config, RunConfig
+from jaxtpu.core.errors import ConfigError, TrainingError, UserError
 from jaxtpu.core.rundir import RunLog
 from jaxtpu.core.schedules import learning_rate, peak_lr
+from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import Task
-from jaxtpu.core.tokens import load_tokenizer
+from jaxtpu.core.tokens import load_tokenizer, save_tokenizer
 
 log = logging.getLogger("jaxtpu")
 
@@ -50,7 +50,8 @@ class Backend(Protocol):
         """True on every process when `flag` is True on any (a host-level collective)."""
 
     def compile_count(self) -> int:
-        """How many times the train step was compiled so far (1 after warm-up)."""
+        """How many train programs were built so far: one per sequence length of the train
+        calls (evaluation programs are not counted, on either side)."""
 
     def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
         """The input of one `train_steps` call built from these consecutive host batches
@@ -76,9 +77,16 @@ class Backend(Protocol):
         """Per-example 'score' and 'loss' of the global batch whose local rows are `batch`,
         on the host of every process."""
 
+    def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
+        """Continues from the run's latest checkpoint, which must match `identity` (a fresh
+        start when there is none); called before the first step."""
+
     def save_latest(self, step: int, meta: dict[str, Any]) -> None: ...
 
     def save_best(self, step: int, meta: dict[str, Any]) -> None: ...
+
+    def device_memory_mb(self) -> list[float] | None:
+        """Peak memory per device of this process, where the devices report it."""
 
 
 @dataclass
@@ -132,30 +140,39 @@ class ResumeState:
 
 @dataclass
 class Job:
-    """Everything a run needs besides the framework: config, data, plan and run directory."""
+    """Everything a run needs besides the framework: config and its resolved spec, data, plan
+    and run directory."""
 
     cfg: Config
+    spec: RunSpec
     data: jdata.TaskData
     plan: Plan
     workdir: Path
     started: float
 
-    @functools.cached_property
-    def identity(self) -> dict[str, Any]:
-        """What a checkpoint of this run must match: the task and the encoder shape (read once:
-        every checkpoint's metadata carries it)."""
-        return {"task": self.cfg.run.task, "encoder": encoder_config(self.cfg).to_hf_dict()}
-
     @classmethod
-    def prepare(
-        cls, cfg: Config, workdir: Path, num_devices: int, primary: bool, started: float
+    def load(
+        cls,
+        cfg: Config,
+        spec: RunSpec,
+        workdir: Path,
+        num_devices: int,
+        primary: bool,
+        started: float,
     ) -> Job:
         """Loads the tokenizer (process 0 keeps a copy in the run directory for predict and
         export) and the data, and plans the steps. Every process of a multi-process run loads
         the same examples (deterministic) and feeds only its rows of each global batch."""
-        tokenizer = load_tokenizer(tokenizer_dir(cfg))
-        if primary and not (workdir / "tokenizer").exists():
-            tokenizer.save_pretrained(str(workdir / "tokenizer"))
+        tokenizer = load_tokenizer(spec.tokenizer_dir)
+        rows = spec.encoder.vocab_size
+        if len(tokenizer) > rows:
+            raise ConfigError(
+                f"tokenizer {spec.tokenizer_dir} has {len(tokenizer)} tokens but the encoder's "
+                f"embedding table has {rows} rows: its ids would index past the table; give "
+                "the tokenizer of this checkpoint (--tokenizer-dir) or a larger --vocab-size"
+            )
+        if primary:  # always this run's tokenizer: never one left by an earlier run
+            save_tokenizer(tokenizer, workdir / "tokenizer")
         data = jdata.load_task_data(cfg, tokenizer)
         info = data.info
         log.info(
@@ -171,7 +188,7 @@ class Job:
         plan = Plan.make(cfg, data.train, num_devices)
         log.info(plan.describe(cfg, num_devices))
         log.info(plan.batcher.describe())
-        return cls(cfg, data, plan, workdir, started)
+        return cls(cfg, spec, data, plan, workdir, started)
 
 
 # --------------------------------------------------------------------------- the schedule
@@ -183,7 +200,7 @@ class Call:
 
     epoch: int
     end: int  # steps done after this call
-    batches: tuple[Batch, ...]  # one batch of the training examples per step
+    batches: tuple[Rows, ...]  # one batch of the training examples per step
     log: bool  # fetch the losses, check them, write a metrics line
     evaluate: bool  # evaluate (and save best/latest): eval interval, epoch end, last step
     checkpoint: bool  # save the latest state (--checkpoint-every)
@@ -205,7 +222,7 @@ def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
         return
     step = start
     for epoch in range(start // spe, run.epochs):
-        chunk: list[Batch] = []
+        chunk: list[Rows] = []
         for batch in batcher.epoch(epoch, run.seed, step % spe):
             if chunk and batch.length != chunk[-1].length:  # one shape per device call
                 yield Call(epoch, step, tuple(chunk), False, False, False)
@@ -229,7 +246,7 @@ def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
 # --------------------------------------------------------------------------- the driver
 
 
-def evaluate(backend: Any, examples: jdata.Examples, batcher: Batcher, task: Task):
+def score_examples(backend: Any, examples: jdata.Examples, batcher: Batcher, task: Task):
     """Scores every example exactly once across all devices (in the batcher's buckets), then
     computes the metrics on the host over the whole set.
     Returns (metrics, scores of the examples in their order)."""
@@ -242,7 +259,7 @@ def evaluate(backend: Any, examples: jdata.Examples, batcher: Batcher, task: Tas
     weight = np.concatenate([b.weight for b in batches])
     scores = np.concatenate([o["score"] for o in outs])
     losses = np.concatenate([o["loss"] for o in outs])
-    result = task.evaluate(scores, examples.label[idx], losses, weight)
+    result = task.validation_metrics(scores, examples.label[idx], losses, weight)
     real = weight > 0
     ordered = np.empty((len(examples), *scores.shape[1:]), scores.dtype)
     ordered[idx[real]] = scores[real]
@@ -371,7 +388,8 @@ class _Driver:
             )  # fmt: skip
 
     def meta(self, step: int) -> dict[str, Any]:
-        return {**self.job.identity, "step": step, "best": self.best, "config": self.cfg.to_dict()}
+        return {**self.job.spec.identity, "step": step, "best": self.best,
+                "config": self.cfg.to_dict()}  # fmt: skip
 
     def check_finite(self, what: str, value: float, step: int) -> None:
         """Never goes on from (or checkpoints) a diverged state."""
@@ -443,11 +461,13 @@ class _Driver:
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4f}", ex_s=f"{rate:.1f}", refresh=False)
 
-    def evaluate(self, call: Call) -> bool:
+    def validate(self, call: Call) -> bool:
         """Evaluates, logs, saves the best and the latest state; True when early stopping
         says stop."""
         t0, step, monitor = time.time(), call.end, self.task.monitor
-        result, _ = evaluate(self.backend, self.job.data.valid, self.job.plan.batcher, self.task)
+        result, _ = score_examples(
+            self.backend, self.job.data.valid, self.job.plan.batcher, self.task
+        )
         self.check_finite("validation loss", result["val_loss"], step)
         value = result[monitor]
         improved = bool(np.isfinite(value) and value > self.best["value"])
@@ -470,6 +490,37 @@ class _Driver:
         return bool(patience and self.best["bad_evals"] >= patience)
 
 
+def train(
+    cfg: Config,
+    spec: RunSpec,
+    workdir: Path,
+    devices: list[Any],
+    primary: bool,
+    started: float,
+    build_backend: Callable[[Job], Backend],
+) -> dict[str, Any]:
+    """One run, the same on both sides: prepare the data and the plan, have the side build its
+    backend (model, optimizer, state on its `devices`), resume if asked, record the config and
+    run the schedule.
+
+    Args:
+      cfg, spec: the configuration and its resolution (`RunSpec.resolve`).
+      workdir: the claimed run directory.
+      devices: the run's devices (recorded in config.json).
+      primary: whether this process writes the run directory (process 0).
+      started: the run's start time (time.time()).
+      build_backend: the side's backend for the job.
+    Returns:
+      The run summary (`run`).
+    """
+    job = Job.load(cfg, spec, workdir, len(devices), primary, started)
+    backend = build_backend(job)
+    resume = backend.restore_latest(spec.identity) if cfg.run.resume else ResumeState()
+    runlog = RunLog(workdir, resume_step=resume.step if cfg.run.resume else None, enabled=primary)
+    runlog.write_config(cfg, spec, job.data.info, devices)
+    return run(job, backend, resume, runlog)
+
+
 def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict[str, Any]:
     """Trains from `resume.step` to `job.plan.total` as `schedule` says.
 
@@ -487,10 +538,26 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
             host = [train.take(b.idx[rows], b.weight[rows], b.length) for b in call.batches]
             yield call, backend.prepare(host) if host else None
 
-    step, stopped_by, pending = resume.step, None, []
-    if resume.step < job.plan.total:
-        drv.precompile(resume.step)
-    with _StopFlag() as stop, Prefetch(inputs()) as feed:
+    with _StopFlag() as stop:
+        if resume.step < job.plan.total:
+            drv.precompile(resume.step)
+        if stop.signal is not None:  # while the programs were built: nothing trained yet
+            log.info(
+                "%s before the first step: nothing trained, nothing to save; stopped", stop.name
+            )
+            step, stopped_by = resume.step, stop.name
+        else:
+            step, stopped_by = _steps(drv, inputs(), stop, resume.step)
+    if drv.bar is not None:
+        drv.bar.close()
+    return _finish(drv, step, stopped_by)
+
+
+def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: _StopFlag, start: int):
+    """Runs the device calls of `inputs` from step `start`: the loop body of `run`.
+    Returns (the last step done, what stopped the run early or None)."""
+    backend, step, stopped_by, pending = drv.backend, start, None, []
+    with Prefetch(inputs) as feed:
         for call, prepared in feed:
             if call.batches:
                 pending += backend.train_steps(prepared)
@@ -502,9 +569,8 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
                 pending = []
             if drv.bar is not None:
                 drv.bar.update(len(call.batches))
-            if call.evaluate and drv.evaluate(call):
-                stopped_by = "early stopping"
-                break
+            if call.evaluate and drv.validate(call):
+                return step, "early stopping"
             if stop.requested(backend, call):
                 stopped_by = stop.name or "SIGTERM"  # another process's signal
                 backend.fetch(pending)
@@ -514,12 +580,10 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
                     stopped_by,
                     step,
                 )
-                break
-            if call.checkpoint:  # its loss was checked when logged
-                backend.save_latest(step, drv.meta(step))
-    if drv.bar is not None:
-        drv.bar.close()
-    return _finish(drv, step, stopped_by)
+                return step, stopped_by
+            if call.checkpoint and not call.evaluate:  # an evaluation saved it already
+                backend.save_latest(step, drv.meta(step))  # its loss was checked when logged
+    return step, stopped_by
 
 
 def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
@@ -540,7 +604,7 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
         "parallel": run_cfg.parallel,
         "precision": run_cfg.precision,
         "train_compiles": backend.compile_count(),
-        "device_memory_mb": getattr(backend, "device_memory_mb", lambda: None)(),
+        "device_memory_mb": backend.device_memory_mb(),
         "workdir": str(job.workdir),
     }
     drv.runlog.finish(summary)

@@ -17,13 +17,16 @@ import resource
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core.config import JAX_STRATEGIES, TORCH_STRATEGIES, Config
+from jaxtpu.core import files
+from jaxtpu.core.config import JAX_STRATEGIES, RESUME_MAY_CHANGE, TORCH_STRATEGIES, Config
 from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
+from jaxtpu.core.spec import RunSpec, identity
 
 __all__ = [
     "RunLog",
@@ -49,17 +52,6 @@ def default_workdir(task: str) -> Path:
 
 
 LOCK_FILE = ".lock"
-# Flags that may change when a run is resumed: how long it runs, how often it logs, evaluates
-# and checkpoints, and where things live. Everything else would make the continued run a
-# different experiment from the one whose checkpoint it resumes, and is refused.
-RESUME_MAY_CHANGE = frozenset(
-    {
-        "max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "patience",
-        "steps_per_call", "progress", "resume", "workdir", "cache_dir",
-        "coordinator_address", "process_id", "parallel",
-        "sharding", "mesh", "remat",  # placement and recompute: the checkpoint is a host tree
-    }
-)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -79,6 +71,7 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
     if not create:
         yield workdir
         return
+    fresh = not workdir.exists()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         probe = workdir / ".write_test"
@@ -86,6 +79,7 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
         probe.unlink()
     except OSError as e:
         raise UserError(f"--workdir {workdir} is not writable ({e.strerror})") from None
+    before = {p.name for p in workdir.iterdir()}  # (the lock file is this run's too)
     lock = _lock(workdir)
     try:
         if not cfg.run.resume and any(
@@ -98,9 +92,30 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
         if cfg.run.resume:
             check_resume(cfg, workdir)
         yield workdir
+    except UserError:
+        _remove_new(workdir, before, fresh)
+        raise
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
         os.close(lock)
+
+
+def _remove_new(workdir: Path, before: set[str], fresh: bool) -> None:
+    """After a run refused (bad input) before it saved a checkpoint: removes what it added to
+    its directory (the tokenizer copy, config.json, an empty metrics.jsonl, the directory
+    itself when the run created it), so the next run there starts clean."""
+    new = [p for p in workdir.iterdir() if p.name not in before]
+    if any(p.name == "checkpoints" for p in new):
+        return  # it trained: keep what it has
+    for p in new:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    if fresh:
+        (workdir / LOCK_FILE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            workdir.rmdir()
 
 
 def _lock(workdir: Path) -> int:
@@ -167,6 +182,12 @@ def check_output_path(path: Path, flag: str, is_dir: bool = False) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise UserError(f"{flag} {path}: {parent} is not a directory")
+    try:  # can the missing directories be made there? (probed, and nothing left behind)
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".jaxtpu-probe-"))
+    except OSError as e:
+        raise UserError(
+            f"{flag} {path}: cannot create anything in {parent} ({e.strerror or e})"
+        ) from None
 
 
 def disk_full(error: BaseException) -> OSError | None:
@@ -197,15 +218,10 @@ def disk_full_message(path: Path | str, what: str) -> str:
     )
 
 
-def identity(meta: dict[str, Any]) -> dict[str, Any]:
-    """What makes two checkpoints compatible: the task and the encoder shape."""
-    return {"task": meta.get("task"), "encoder": meta.get("encoder")}
-
-
 def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Path) -> None:
     """Refuses a checkpoint of another task or model (both sides' checkpoints carry an
     identity in their metadata)."""
-    a, b = identity(found), identity(expected)
+    a, b = (identity(m.get("task"), m.get("encoder")) for m in (found, expected))
     if a == b:
         return
     if a["task"] != b["task"]:
@@ -274,9 +290,7 @@ class RunLog:
                 and json.loads(line).get("event") != "final"
                 and json.loads(line).get("step", 0) <= resume_step
             ]
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in keep))
-            os.replace(tmp, self.path)
+            files.write_text(self.path, "".join(line + "\n" for line in keep))
         self._file = self.path.open("a", buffering=1)
         if tensorboard:
             try:
@@ -286,17 +300,22 @@ class RunLog:
             except ImportError:
                 pass
 
-    def write_config(self, cfg: Config, data_info: dict[str, Any], devices: Any) -> None:
+    def write_config(
+        self, cfg: Config, spec: RunSpec, data_info: dict[str, Any], devices: Any
+    ) -> None:
+        """config.json: the flags (a valid input of `from_dict`), what they resolved to
+        (`RunSpec.to_dict`), the data, the devices and how the run was started."""
         if not self.enabled:
             return
         record = {
             "config": cfg.to_dict(),
+            "resolved": spec.to_dict(),
             "data": data_info,
             "devices": [str(d) for d in devices],
             "python": platform.python_version(),
             "argv": sys.argv,
         }
-        (self.workdir / "config.json").write_text(strict_json(record, indent=2))
+        files.write_text(self.workdir / "config.json", strict_json(record, indent=2))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -314,9 +333,7 @@ class RunLog:
         if not self.enabled:
             return
         self.write({"event": "final", **summary})
-        tmp = self.workdir / "summary.json.tmp"
-        tmp.write_text(strict_json(summary, indent=2))
-        os.replace(tmp, self.workdir / "summary.json")
+        files.write_text(self.workdir / "summary.json", strict_json(summary, indent=2))
         self.close()
 
     def close(self) -> None:

@@ -22,8 +22,9 @@ def learning_rate(step: Any, total: int, cfg: Any, peak: float, xp: Any = np) ->
       peak: the peak learning rate (after --scale-lr).
       xp: numpy or jax.numpy.
     Schedules:
-      constant: `peak` (after an optional linear warm-up).
-      linear: linear warm-up to `peak`, then linear decay to 0 at `total` (transformers'
+      constant: `peak` after a linear warm-up of `warmup_frac` x `total` updates (transformers'
+        get_constant_schedule_with_warmup: peak x step / warm-up updates).
+      linear: the same warm-up to `peak`, then linear decay to 0 at `total` (transformers'
         get_linear_schedule_with_warmup).
       cosine: torch's CosineAnnealingLR with T_max=`total`, eta_min=`cfg.eta_min`.
       onecycle: torch's OneCycleLR (cosine, pct_start = warmup_frac or 0.3, div_factor 25,
@@ -32,12 +33,12 @@ def learning_rate(step: Any, total: int, cfg: Any, peak: float, xp: Any = np) ->
     step = xp.asarray(step, dtype=xp.float32)
     total = max(int(total), 1)
     warm = int(cfg.warmup_frac * total)
-    warmup = xp.minimum(1.0, (step + 1.0) / max(warm, 1)) if warm else 1.0
+    rising = step / max(warm, 1)  # the warm-up of both transformers schedules
     if cfg.schedule == "constant":
-        return peak * warmup
+        return peak * xp.where(step < warm, rising, 1.0)
     if cfg.schedule == "linear":
         decay = xp.maximum(0.0, (total - step) / max(total - warm, 1))
-        return peak * xp.where(step < warm, step / max(warm, 1), decay)
+        return peak * xp.where(step < warm, rising, decay)
     if cfg.schedule == "cosine":
         t = xp.minimum(step, float(total))
         return cfg.eta_min + (peak - cfg.eta_min) * (1.0 + xp.cos(np.pi * t / total)) / 2.0

@@ -8,12 +8,15 @@ the same names. A new task is a row here, its metric below, and its loss on each
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from jaxtpu.core import metrics
+
+log = logging.getLogger("jaxtpu")
 
 RANKING_MARGIN = 0.5  # margin of the ranking loss, on both sides
 # The six labels of the Kaggle Toxic Comment Classification data, in its column order.
@@ -40,6 +43,12 @@ def _mean_column_auc(
     mean and of the per-label keys."""
     aucs = dict(zip(LABELS, metrics.column_aucs(scores, labels, weight), strict=True))
     defined = {k: v for k, v in aucs.items() if np.isfinite(v)}
+    if len(defined) < len(aucs):
+        left_out = [k for k in aucs if k not in defined]
+        log.warning(
+            "val_mean_auc is the mean over %d of %d labels: %s left out (one class, or no "
+            "known value, in the validation set)", len(defined), len(aucs), ", ".join(left_out),
+        )  # fmt: skip
     mean = float(np.mean(list(defined.values()))) if defined else float("nan")
     return {"val_mean_auc": mean, **{f"val_auc_{k}": v for k, v in defined.items()}}
 
@@ -60,11 +69,13 @@ class Task:
       monitor: the validation metric that picks the best checkpoint (higher is better).
       metric: (scores, labels, weight) of the whole evaluation set -> {monitor: value}.
       reads: the file kinds (`jaxtpu.core.data.file_kind`) a training/validation file may be.
-      outputs: scores per comment: 1, or one per label of `LABELS` (labels (N, 6), NaN where
-        blank; the model's head has that many outputs).
       unit: what one example is called in messages.
       undefined: why the metric is undefined on a validation set with these labels (None when
         it is defined): such a set is refused before training.
+      label_columns: the label columns of a classification file the task learns, in the
+        order of the head's outputs (one score per column per comment; NaN where a column is
+        blank). One column gives labels of shape (N,), several (N, columns). A pairs task's
+        label is 1 for every pair (the more toxic comment comes second).
     """
 
     name: str
@@ -75,13 +86,44 @@ class Task:
     reads: tuple[str, ...]
     unit: str
     undefined: Callable[[np.ndarray], str | None] = lambda labels: None
-    outputs: int = 1
+    label_columns: tuple[str, ...] = ("toxic",)
+
+    @property
+    def outputs(self) -> int:
+        """Scores per comment: the head's outputs."""
+        return len(self.label_columns)
 
     def example_shape(self, max_len: int) -> tuple[int, ...]:
         """The shape of one example's token ids."""
         return (max_len,) if self.comments_per_example == 1 else (2, max_len)
 
-    def evaluate(
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """The shape of one example's label: () for one output, (outputs,) for several."""
+        return () if self.outputs == 1 else (self.outputs,)
+
+    def batch_spec(self, max_len: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The layout of one batch row, the one description of it every batch is made to:
+        `{key: (shape of one row, numpy dtype name)}`. Token ids and
+        their mask are (L,) or (2, L) int32; the label `label_shape` float32; the weight a
+        float32 scalar (0 for rows that pad an evaluation batch or a call)."""
+        example = self.example_shape(max_len)
+        return {
+            "input_ids": (example, "int32"),
+            "attention_mask": (example, "int32"),
+            "label": (self.label_shape, "float32"),
+            "weight": ((), "float32"),
+        }
+
+    def zeros(self, lead: tuple[int, ...], max_len: int) -> dict[str, np.ndarray]:
+        """A batch of zeros laid out as `batch_spec`, with leading dimensions `lead` (e.g.
+        (rows,) or (K, rows)): the shape-only batch of precompiling and benchmarks."""
+        return {
+            k: np.zeros((*lead, *shape), dtype)
+            for k, (shape, dtype) in self.batch_spec(max_len).items()
+        }
+
+    def validation_metrics(
         self, scores: np.ndarray, labels: np.ndarray, losses: np.ndarray, weight: np.ndarray
     ) -> dict[str, float]:
         """The validation metrics from gathered per-example outputs (pad rows at weight 0).
@@ -124,7 +166,7 @@ TASKS: dict[str, Task] = {
         reads=("classification",),
         unit="comments",
         undefined=_both_classes,  # of `toxic`, known for every row
-        outputs=len(LABELS),
+        label_columns=LABELS,
     ),
 }
 

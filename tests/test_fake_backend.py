@@ -1,0 +1,168 @@
+"""The shared loop (`jaxtpu.core.loop.run`) driven by a numpy `FakeBackend`: NaN, early
+stopping, SIGTERM, the order of checkpoints and resume, in milliseconds and without a
+framework. The end-to-end tests keep one real run of each (tests/test_robustness.py,
+tests/test_reliability.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+from typing import Any
+
+import numpy as np
+import pytest
+
+from jaxtpu.core import data as jdata
+from jaxtpu.core import loop
+from jaxtpu.core.errors import TrainingError
+from jaxtpu.core.presets import tiny
+from jaxtpu.core.rundir import RunLog
+from jaxtpu.core.spec import RunSpec
+
+N_TRAIN, N_VALID, GLOBAL_BATCH = 56, 16, 8  # 7 steps per epoch
+
+
+class FakeBackend:
+    """A one-number "model": each step moves `w` by the batch's mean label and reports a loss
+    that depends on `w` and the batch (so a resumed run must restore both exactly); scores
+    of an evaluation are the labels' order made noisier as `w` grows (so the monitored metric
+    can fall). Checkpoints go to `disk`, a dict shared by the runs of one test."""
+
+    name = "fake"
+    num_devices, num_processes, primary = 1, 1, True
+
+    def __init__(self, disk: dict[str, Any], nan_at: int = 0, sigterm_at: int = 0, drift=0.0):
+        self.disk, self.nan_at, self.sigterm_at, self.drift = disk, nan_at, sigterm_at, drift
+        self.w, self.step, self.calls = 0.0, 0, 0
+        self.events: list[tuple[str, int]] = []
+
+    def local_rows(self, n: int) -> slice:
+        return slice(None)
+
+    def any_process(self, flag: bool) -> bool:
+        return flag
+
+    def compile_count(self) -> int:
+        return 1
+
+    def device_memory_mb(self) -> None:
+        return None
+
+    def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
+        return batches
+
+    def precompile(self, calls: Any, evals: Any) -> int:
+        return 0
+
+    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
+        self.calls += 1
+        if self.calls == self.sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while this call runs
+        out = []
+        for b in batches:
+            self.step += 1
+            loss = float(np.mean(b["label"]) + self.w)
+            if self.step == self.nan_at:
+                loss = float("nan")
+            self.w += 0.01 * float(np.mean(b["label"])) + 0.001
+            out.append({"loss": loss, "grad_norm": 1.0})
+        return out
+
+    def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
+        return list(handles)
+
+    def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        noise = np.sin(np.arange(len(batch["label"])) * 7.0) * self.drift * self.step
+        return {"score": batch["label"] + noise, "loss": np.full(len(batch["label"]), self.w)}
+
+    def restore_latest(self, identity: dict[str, Any]) -> loop.ResumeState:
+        if "latest" not in self.disk:
+            return loop.ResumeState()
+        saved = copy.deepcopy(self.disk["latest"])
+        self.w, self.step = saved["w"], saved["step"]
+        return loop.ResumeState(saved["step"], saved["meta"]["best"])
+
+    def save_latest(self, step: int, meta: dict[str, Any]) -> None:
+        self.events.append(("latest", step))
+        self.disk["latest"] = copy.deepcopy({"w": self.w, "step": step, "meta": meta})
+
+    def save_best(self, step: int, meta: dict[str, Any]) -> None:
+        self.events.append(("best", step))
+        self.disk["best"] = copy.deepcopy({"w": self.w, "step": step})
+
+
+def _examples(n: int) -> jdata.Examples:
+    ids = np.ones((n, 16), np.int32)
+    return jdata.Examples(ids, ids.copy(), (np.arange(n) % 2).astype(np.float32))
+
+
+def _run(tmp_path, backend: FakeBackend, resume: bool = False, **flags) -> dict[str, Any]:
+    cfg = tiny().replace(**{"epochs": 3, "log_every": 1, "batch_size": 8, "num_devices": 1,
+                            "workdir": str(tmp_path), "resume": resume, **flags})  # fmt: skip
+    spec = RunSpec.resolve(cfg)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = jdata.TaskData(_examples(N_TRAIN), _examples(N_VALID), {})
+    job = loop.Job(cfg, spec, data, loop.Plan.make(cfg, data.train, 1), tmp_path, 0.0)
+    state = backend.restore_latest(spec.identity) if resume else loop.ResumeState()
+    runlog = RunLog(tmp_path, resume_step=state.step if resume else None, tensorboard=False)
+    return loop.run(job, backend, state, runlog)
+
+
+def _losses(tmp_path) -> list[float]:
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in lines if x["event"] == "train"]
+
+
+def test_checkpoints_come_in_order_best_before_latest_at_each_evaluation(tmp_path):
+    backend = FakeBackend({})
+    summary = _run(tmp_path, backend, eval_every=3, checkpoint_every=2)
+    assert summary["steps"] == 21 and summary["stopped_by"] is None
+    evals = [3, 6, 7, 9, 12, 14, 15, 18, 21]  # every 3 steps, and at each epoch end
+    latest = sorted({*evals, *range(2, 21, 2)})  # and every 2 steps: each state saved once
+    assert [s for kind, s in backend.events if kind == "latest"] == latest
+    for step in evals:  # a better model is saved before the latest state of the same step
+        pos = backend.events.index(("latest", step))
+        assert backend.events[pos - 1] == ("best", step) or ("best", step) not in backend.events
+    assert ("best", 3) in backend.events  # the first evaluation is always the best so far
+
+
+def test_a_nan_loss_stops_at_its_logging_step_and_saves_nothing_after_it(tmp_path):
+    backend = FakeBackend({}, nan_at=9)
+    with pytest.raises(TrainingError, match="loss became nan at step 9"):
+        _run(tmp_path, backend, eval_every=3, checkpoint_every=2)
+    assert max(step for _, step in backend.events) == 8  # nothing of the diverged state
+    assert backend.disk["latest"]["step"] == 8
+
+
+def test_patience_stops_after_that_many_evaluations_without_improvement(tmp_path):
+    backend = FakeBackend({}, drift=0.05)  # scores get noisier: AUC falls after the first
+    summary = _run(tmp_path, backend, eval_every=2, patience=2)
+    assert summary["stopped_by"] == "early stopping"
+    assert summary["best"]["step"] == 2 and summary["steps"] == 6  # evaluations at 2, 4, 6
+    assert [kind for kind, _ in backend.events].count("best") == 1
+
+
+def test_sigterm_saves_the_latest_state_and_resume_continues_exactly(tmp_path):
+    full = FakeBackend({})
+    _run(tmp_path / "full", full, eval_every=7)
+    disk: dict[str, Any] = {}
+    cut = FakeBackend(disk, sigterm_at=10)
+    summary = _run(tmp_path / "cut", cut, eval_every=7)
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 10
+    assert cut.events[-1] == ("latest", 10)
+    resumed = FakeBackend(disk)
+    summary = _run(tmp_path / "cut", resumed, resume=True, eval_every=7)
+    assert summary["steps"] == 21 and resumed.step == 21
+    assert resumed.w == pytest.approx(full.w, abs=0)
+    assert _losses(tmp_path / "cut") == _losses(tmp_path / "full")  # the log has no repeats
+
+
+def test_resuming_a_finished_run_only_evaluates(tmp_path):
+    disk: dict[str, Any] = {}
+    _run(tmp_path, FakeBackend(disk), eval_every=7)
+    again = FakeBackend(disk)
+    summary = _run(tmp_path, again, resume=True, eval_every=7)
+    assert summary["steps"] == 21 and again.calls == 0
+    assert again.events == [("latest", 21)]
