@@ -541,11 +541,14 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
     with _StopFlag() as stop:
         if resume.step < job.plan.total:
             drv.precompile(resume.step)
-        if stop.signal is not None:  # while the programs were built: nothing trained yet
+        # a signal while the programs were built: nothing trained yet. Every process asks
+        # (a host-level collective), so all of a multi-process run stop here together.
+        if backend.any_process(stop.signal is not None):
+            stopped_by = stop.name or "SIGTERM"  # another process's signal
             log.info(
-                "%s before the first step: nothing trained, nothing to save; stopped", stop.name
+                "%s before the first step: nothing trained, nothing to save; stopped", stopped_by
             )
-            step, stopped_by = resume.step, stop.name
+            step = resume.step
         else:
             step, stopped_by = _steps(drv, inputs(), stop, resume.step)
     if drv.bar is not None:
