@@ -144,7 +144,7 @@ class Lowered:
     batches: Any  # the abstract K stacked batches of one train call
 
 
-def lower(cfg: Config, devices: list[Any]) -> Lowered:
+def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lowered:
     """Traces and lowers the run's train call (K = --steps-per-call batches) and eval step for
     `devices` on abstract inputs: no weight is created, nothing runs."""
     import jax
@@ -153,7 +153,7 @@ def lower(cfg: Config, devices: list[Any]) -> Lowered:
     from jaxtpu.sharding import Placement
 
     run = cfg.run
-    spec = RunSpec.resolve(cfg, len(devices))
+    spec = spec or RunSpec.resolve(cfg, len(devices))
     module = models.for_run(cfg, spec)
     params = models.abstract_params(module, spec.task.example_shape(cfg.data.max_len))
     tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
@@ -226,7 +226,7 @@ def check(
         device=devices[0].device_kind,
     )  # fmt: skip
     t0 = time.perf_counter()
-    low = lower(cfg, devices)
+    low = lower(cfg, devices, spec)
     try:
         with _no_cache_writes(target != "cpu"):
             compiled, compiled_eval = low.train.compile(), low.eval.compile()

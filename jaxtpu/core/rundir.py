@@ -112,8 +112,7 @@ def _remove_new(workdir: Path, before: set[str], fresh: bool) -> None:
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
-    if fresh:
-        (workdir / LOCK_FILE).unlink(missing_ok=True)
+    if fresh:  # its lock file was among the new entries
         with contextlib.suppress(OSError):
             workdir.rmdir()
 
