@@ -25,3 +25,13 @@ def _quiet_libtpu() -> None:
 
 
 _quiet_libtpu()
+
+
+def __getattr__(name: str):
+    """`jaxtpu.load` (the Python API, `jaxtpu.api`), imported on first use so that `import
+    jaxtpu` stays light."""
+    if name == "load":
+        from jaxtpu.api import load
+
+        return load
+    raise AttributeError(f"module 'jaxtpu' has no attribute {name!r}")

@@ -83,28 +83,39 @@ def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
     return TrainedModel(cfg, spec, model.module, model.params, {}, Path(spec.tokenizer_dir))
 
 
-def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch_size: int):
-    """Model scores (logits) of `texts`, each scored once, data-parallel over `devices`."""
+def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
+    """A backend that evaluates `model` on `devices` (jit, data-parallel) as `task` lays its
+    batches out; it keeps its compiled programs for every batch shape it meets."""
     import optax
 
     from jaxtpu import parallel, steps
     from jaxtpu.backend import JaxBackend
-    from jaxtpu.core import loop
-    from jaxtpu.core.tasks import get_task
 
-    tokenizer = load_tokenizer(model.tokenizer_dir)
-    ids, mask, _ = tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
-    # Every task's model scores one comment per row: score them as a one-comment task does
-    # (a ranker as toxicity; multilabel as itself, six scores per comment).
-    task = model.spec.task
-    single = task if task.comments_per_example == 1 else get_task("toxicity")
-    label = single.zeros((len(texts),), model.cfg.data.max_len)["label"]  # Task.batch_spec's
-    examples = jdata.Examples(ids, mask, label)
-    strategy = parallel.make_strategy("jit", devices, single.name)
+    strategy = parallel.make_strategy("jit", devices, task.name)
     state = steps.TrainState.create(
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()
     )
-    backend = JaxBackend(strategy, state, seed=0)
+    return JaxBackend(strategy, state, seed=0)
+
+
+def one_comment_task(task: Any) -> Any:
+    """How a model scores single comments: every task's model scores one comment per row, a
+    ranker as toxicity does, a multi-label model as itself (its scores per comment)."""
+    from jaxtpu.core.tasks import get_task
+
+    return task if task.comments_per_example == 1 else get_task("toxicity")
+
+
+def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch_size: int):
+    """Model scores (logits) of `texts`, each scored once, data-parallel over `devices`."""
+    from jaxtpu.core import loop
+
+    tokenizer = load_tokenizer(model.tokenizer_dir)
+    ids, mask, _ = tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
+    single = one_comment_task(model.spec.task)
+    label = single.zeros((len(texts),), model.cfg.data.max_len)["label"]  # Task.batch_spec's
+    examples = jdata.Examples(ids, mask, label)
+    backend = scoring_backend(model, devices, single)
     # Scored in length buckets chosen from these texts: one compilation per bucket, the
     # same logits as at full padding (tests/test_buckets.py).
     batcher = Batcher.for_data("auto", mask, batch_size * len(devices), model.cfg.data.max_len)
@@ -146,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--input",
         required=True,
-        help="CSV to score: comments_to_score.csv (comment_id,text) or comment_text[,id].",
+        help="CSV to score: comments_to_score.csv (comment_id,text), or comment_text (or the "
+        "Multilingual test.csv's content) with an optional id.",
     )
     p.add_argument("--output", required=True, help="Where to write the scores (CSV).")
     p.add_argument("--num-devices", type=int, default=8, help="Devices to score on.")

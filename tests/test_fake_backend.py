@@ -144,6 +144,20 @@ def test_patience_stops_after_that_many_evaluations_without_improvement(tmp_path
     assert [kind for kind, _ in backend.events].count("best") == 1
 
 
+def test_monitor_val_loss_is_minimised(tmp_path):
+    """--monitor val_loss (the Lightning notebook's ModelCheckpoint/EarlyStopping): the fake
+    validation loss is `w`, which grows at every step, so the first evaluation stays the best
+    and patience stops the run (a maximised val_loss would improve at every evaluation)."""
+    backend = FakeBackend({})
+    summary = _run(tmp_path, backend, eval_every=2, patience=2, monitor="val_loss")
+    assert summary["monitor"] == "val_loss" and summary["stopped_by"] == "early stopping"
+    assert summary["best"]["step"] == 2 and summary["steps"] == 6
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [x for x in lines if x["event"] == "eval"]
+    assert evals[0]["val_loss"] < evals[1]["val_loss"] < evals[2]["val_loss"]
+    assert summary["best"]["value"] == evals[0]["val_loss"]
+
+
 def test_sigterm_saves_the_latest_state_and_resume_continues_exactly(tmp_path):
     full = FakeBackend({})
     _run(tmp_path / "full", full, eval_every=7)

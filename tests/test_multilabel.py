@@ -121,3 +121,38 @@ def test_trains_on_real_comments_and_predict_writes_the_kaggle_columns(tmp_path)
     np.testing.assert_allclose(
         [float(r[1]) for r in rows[1:]], probs @ jdata.SEVERITY_WEIGHTS, rtol=1e-5
     )
+
+    # Its exports load back into the tool that wrote them: the state dict through --init-from
+    # (with the HF export's config.json and tokenizer) gives the trained weights exactly, as a
+    # multi-label model; a toxicity run is told what the file is.
+    from jax.tree_util import tree_leaves_with_path
+
+    from jaxtpu import export, weights
+    from jaxtpu.core.errors import CheckpointError
+    from jaxtpu.core.spec import RunSpec
+
+    hf, sd = tmp_path / "hf", tmp_path / "model.bin"
+    assert export.main(["--workdir", str(workdir), "--out", str(hf)]) == 0
+    assert export.main(["--workdir", str(workdir), "--out", str(sd), "--format", "state-dict"]) == 0
+    back = cfg.replace(init_from=str(sd), model_dir=str(hf), workdir="")
+    loaded = weights.load_model(back, RunSpec.resolve(back, 1), head_required=True)
+    trained = dict(tree_leaves_with_path(predict.load_trained(workdir).params))
+    for path, leaf in tree_leaves_with_path(loaded.params):
+        np.testing.assert_array_equal(np.asarray(leaf), np.asarray(trained[path]), str(path))
+    as_toxicity = back.replace(task="toxicity")
+    with pytest.raises(CheckpointError, match="its head scores 6 outputs per comment"):
+        weights.load_model(as_toxicity, RunSpec.resolve(as_toxicity, 1), head_required=True)
+
+    # jaxtpu.evaluate scores a labelled file by the Kaggle metric, as validation does.
+    from jaxtpu import evaluate
+
+    report = tmp_path / "eval.json"
+    argv = ["--workdir", str(workdir), "--input", str(jdata.SAMPLE_CSV), "--out", str(report)]
+    assert evaluate.main(argv) == 0
+    got = json.loads(report.read_text())
+    assert got["metric"] == "mean_column_auc" and got["examples"] == len(
+        jdata.read_comments(jdata.SAMPLE_CSV)
+    )
+    assert got["value"] == pytest.approx(
+        np.mean([got[f"auc_{k}"] for k in LABELS if f"auc_{k}" in got])
+    )

@@ -36,13 +36,24 @@ def test_spmd_8_devices_loss_goes_down_and_compiles_stay_put(tmp_path, task, pre
     assert summary["final"][monitor] > 0.8
 
 
-def test_spawn_runs_on_one_cpu_device(tmp_path):
+def test_spawn_runs_on_one_cpu_device_on_unintended_bias_files(tmp_path, real_csv):
+    """Spawn on one device, trained on files of the Unintended Bias layout: the reference reads
+    them as jaxtpu does (`target` as a soft target) and reports and monitors the same bias
+    metric (the shared `jaxtpu.core` code)."""
+    from test_competitions import write_bias_file
+
+    train = write_bias_file(real_csv, tmp_path / "train.csv", 320, 0, 0)
+    valid = write_bias_file(real_csv, tmp_path / "valid.csv", 160, 2000, 1)
     run = run_side(
         "torch", tmp_path / "run", *TINY, "--parallel", "spawn", "--num-devices", "1",
         "--batch-size", "32", "--max-steps", "7", "--precision", "fp32",
+        "--train-csv", str(train), "--valid-csv", str(valid),
     ).check()  # fmt: skip
     assert len(run.losses) == 7 and all(np.isfinite(run.losses))
-    assert run.summary["parallel"] == "spawn"
+    summary = run.summary
+    assert summary["parallel"] == "spawn" and summary["monitor"] == "val_jigsaw_bias"
+    for key in ("val_jigsaw_bias", "val_overall_auc", "val_subgroup_auc_female"):
+        assert np.isfinite(summary["final"][key]), key
 
 
 def test_spawn_refuses_more_cpu_devices_than_it_can_run(tmp_path):

@@ -22,7 +22,7 @@ from jaxtpu.core.buckets import parse_spec
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.families import POOLINGS
 from jaxtpu.core.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
-from jaxtpu.core.tasks import TASKS, Task, get_task
+from jaxtpu.core.tasks import TASKS, Task, get_task, monitor_names
 
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("constant", "linear", "cosine", "onecycle")
@@ -294,6 +294,16 @@ class RunConfig:
         "Early stopping: evaluations without improvement (0 = off).",
         bounds=Bounds(0, 10**6),
         resume=True,
+    )
+    monitor: str = _f(
+        "",
+        "The validation metric that chooses the best checkpoint and drives --patience "
+        "(Lightning's ModelCheckpoint/EarlyStopping monitor): val_loss (minimised), or a "
+        "metric the task reports (maximised): val_auc, val_agreement, val_mean_auc, and on "
+        "files that have the columns, val_jigsaw_bias (identity columns) or "
+        "val_mean_language_auc (lang). Empty = val_jigsaw_bias on a file with identity "
+        "columns, else the task's metric.",
+        ("", *monitor_names()),
     )
     checkpoint_every: int = _f(
         0,

@@ -14,6 +14,7 @@ import csv
 import io
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,49 @@ SAMPLE_CSV = Path(__file__).with_name("sample") / "jigsaw_sample.csv"
 CLASSIFICATION_COLUMNS = ("comment_text", "toxic")
 PAIRS_COLUMNS = ("less_toxic", "more_toxic")
 SCORE_COLUMNS = ("comment_id", "text")
+# The comment's column: `content` is the Multilingual competition's test.csv name for it.
+TEXT_COLUMNS = ("comment_text", "content")
+# The label: `toxic` (0/1, the Toxic Comment and Multilingual files) or `target` (the share of
+# raters who found the comment toxic, Unintended Bias), trained on as a soft target.
+LABEL_COLUMNS = ("toxic", "target")
+# The identities of the Unintended Bias metric (the competition's own list), fractions of
+# raters, blank where the comment was not annotated.
+IDENTITIES = (
+    "male", "female", "homosexual_gay_or_lesbian", "christian", "jewish", "muslim", "black",
+    "white", "psychiatric_or_mental_illness",
+)  # fmt: skip
+LANG_COLUMN = "lang"  # the Multilingual competition's language of each comment
 
 
 # --------------------------------------------------------------------------- containers
+
+
+@dataclass
+class Groups:
+    """What a file says about each comment besides its labels, for the metrics that break
+    the score down by it (never a model input): the Unintended Bias identities and the
+    Multilingual language."""
+
+    identities: dict[str, np.ndarray] = field(default_factory=dict)  # (N,) float32, NaN blank
+    lang: np.ndarray | None = None  # (N,) str
+
+    def __bool__(self) -> bool:
+        return bool(self.identities) or self.lang is not None
+
+    def describe(self) -> str:
+        """'identities male, female; languages es, it' (those the file has)."""
+        parts = []
+        if self.identities:
+            parts.append("identities " + ", ".join(self.identities))
+        if self.lang is not None:
+            parts.append("languages " + ", ".join(sorted(set(self.lang.tolist()))))
+        return "; ".join(parts)
+
+    def take(self, idx: np.ndarray) -> Groups:
+        return Groups(
+            {k: v[idx] for k, v in self.identities.items()},
+            None if self.lang is None else self.lang[idx],
+        )
 
 
 @dataclass
@@ -53,6 +94,7 @@ class Comments:
     sublabels: np.ndarray | None = None  # (N, 5) float32, NaN where blank
     ids: list[str] = field(default_factory=list)
     dropped: int = 0
+    groups: Groups = field(default_factory=Groups)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -64,6 +106,7 @@ class Comments:
             None if self.labels is None else self.labels[idx],
             None if self.sublabels is None else self.sublabels[idx],
             [self.ids[i] for i in idx] if self.ids else [],
+            groups=self.groups.take(idx),
         )
 
     def severity(self) -> np.ndarray:
@@ -148,17 +191,30 @@ def columns(path: str | os.PathLike) -> list[str]:
 
 
 def file_kind(header: list[str]) -> str | None:
-    """What a file is, read from its columns: 'pairs', 'score', 'classification' or None."""
+    """What a file is, read from its columns: 'pairs', 'score', 'classification',
+    'unlabelled' (comments to score) or None."""
     cols = set(header)
+    text = cols & set(TEXT_COLUMNS)
     if set(PAIRS_COLUMNS) <= cols:
         return "pairs"
-    if set(CLASSIFICATION_COLUMNS) <= cols:
+    if text and cols & set(LABEL_COLUMNS):
         return "classification"
     if set(SCORE_COLUMNS) <= cols:
         return "score"
-    if "comment_text" in cols:
+    if text:
         return "unlabelled"
     return None
+
+
+def _one_column(path: Any, header: list[str], names: Sequence[str], what: str) -> str:
+    """The one column of `names` the file has (a file with two of them is ambiguous)."""
+    found = [c for c in names if c in header]
+    if len(found) > 1:
+        raise DataError(
+            f"{path}: has both {' and '.join(found)} columns; which is the {what} is ambiguous, "
+            "keep one"
+        )
+    return found[0]
 
 
 def _missing_columns_error(path: Any, header: list[str], expected: str) -> DataError:
@@ -190,9 +246,11 @@ def _text(row: dict[str, str], column: str) -> str:
 
 
 def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
-    """Reads a Kaggle classification CSV (`comment_text`, `toxic`; `id` and sub-labels optional).
+    """Reads a Kaggle classification CSV: the comment (`comment_text`, or the Multilingual
+    test file's `content`), the label (`toxic`, or Unintended Bias's `target`, a fraction kept
+    as a soft target), optional `id`, sub-labels, identity columns (`IDENTITIES`) and `lang`.
 
-    With `labelled=False` also accepts files to score: `comment_text` (+ optional `id`) or the
+    With `labelled=False` also accepts files to score: the comment (+ optional `id`) or the
     Rate Severity `comments_to_score.csv` (`comment_id`, `text`); there, empty comments are kept
     (every id must get a score), counted in `dropped` and warned about.
     Otherwise rows whose comment is empty after whitespace normalisation are dropped and counted.
@@ -201,13 +259,21 @@ def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
     kind = file_kind(header)
     ok = ("classification",) if labelled else ("classification", "score", "unlabelled")
     if kind not in ok:
-        expected = "comment_text, toxic" + (
-            "" if labelled else " (or comment_text alone, or comment_id, text)"
+        expected = "comment_text, toxic (or target)" + (
+            "" if labelled else " (or comment_text or content alone, or comment_id, text)"
         )
         raise _missing_columns_error(path, header, expected)
-    text_col, id_col = ("text", "comment_id") if kind == "score" else ("comment_text", "id")
+    if kind == "score":
+        text_col, id_col = "text", "comment_id"
+    else:
+        text_col, id_col = _one_column(path, header, TEXT_COLUMNS, "comment text"), "id"
+    label_col = _one_column(path, header, LABEL_COLUMNS, "label") if labelled else ""
     subs = [c for c in SUBLABELS if c in header] if labelled else []
+    idents = [c for c in IDENTITIES if c in header] if labelled else []
+    with_lang = labelled and LANG_COLUMN in header
     texts, labels, sublabels, ids, dropped = [], [], [], [], 0
+    identity_values: list[list[float]] = []
+    langs: list[str] = []
     for line, row in rows:
         text = _text(row, text_col)
         if not text:
@@ -217,11 +283,19 @@ def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
         texts.append(text)
         ids.append((row.get(id_col) or "").strip())
         if labelled:
-            labels.append(_parse_label(path, line, "toxic", row.get("toxic"), blank_ok=False))
+            labels.append(_parse_label(path, line, label_col, row.get(label_col), blank_ok=False))
             sub = [float("nan")] * len(SUBLABELS)
             for c in subs:
                 sub[SUBLABELS.index(c)] = _parse_label(path, line, c, row.get(c), blank_ok=True)
             sublabels.append(sub)
+            identity_values.append(
+                [_parse_label(path, line, c, row.get(c), blank_ok=True) for c in idents]
+            )
+            if with_lang:
+                lang = (row.get(LANG_COLUMN) or "").strip()
+                if not lang:
+                    raise DataError(f"{path}: line {line}: lang is blank, expected a language")
+                langs.append(lang)
     if dropped == len(rows):
         raise DataError(f"{path}: all {len(rows)} rows dropped ({text_col} empty)")
     if dropped:
@@ -236,7 +310,22 @@ def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
         np.asarray(sublabels, np.float32) if labelled else None,
         ids,
         dropped,
+        _groups(path, idents, np.asarray(identity_values, np.float32), with_lang and langs),
     )
+
+
+def _groups(path: Any, names: list[str], values: np.ndarray, langs: list[str] | bool) -> Groups:
+    """The identity columns (each must have a known value somewhere) and the languages (False:
+    the file has no lang column)."""
+    identities = {}
+    for j, name in enumerate(names):
+        if np.isnan(values[:, j]).all():
+            raise DataError(
+                f"{path}: identity column {name} is blank in all {values.shape[0]} rows; give "
+                "its values or drop the column"
+            )
+        identities[name] = values[:, j]
+    return Groups(identities, None if langs is False else np.asarray(langs))
 
 
 def read_pairs(path: str | os.PathLike) -> Pairs:
@@ -244,6 +333,11 @@ def read_pairs(path: str | os.PathLike) -> Pairs:
     header, rows = _read_rows(path)
     if file_kind(header) != "pairs":
         raise _missing_columns_error(path, header, "less_toxic, more_toxic")
+    if LANG_COLUMN in header:
+        raise DataError(
+            f"{path}: a lang column goes with a classification file (per-language AUC); a "
+            "pairs file is scored by agreement over all its pairs: drop the column"
+        )
     less, more, dropped = [], [], 0
     for _, row in rows:
         a, b = _text(row, "less_toxic"), _text(row, "more_toxic")
@@ -261,7 +355,7 @@ def read_pairs(path: str | os.PathLike) -> Pairs:
 
 _EXPECTED = {
     "pairs": "less_toxic, more_toxic (pairs)",
-    "classification": "comment_text, toxic (labels)",
+    "classification": "comment_text, toxic or target (labels)",
 }
 _READERS = {"pairs": read_pairs, "classification": read_comments}
 
@@ -272,7 +366,14 @@ def read_task_file(path: str | os.PathLike, task: Task) -> Comments | Pairs:
     kind = file_kind(header)
     if kind not in task.reads:
         raise _missing_columns_error(path, header, " or ".join(_EXPECTED[k] for k in task.reads))
-    return _READERS[kind](path)
+    data = _READERS[kind](path)
+    if isinstance(data, Comments) and data.groups and task.comments_per_example == 2:
+        log.warning(
+            "%s: identity/lang columns not used: the %s task is scored by agreement over pairs",
+            path, task.name,
+        )  # fmt: skip
+        data.groups = Groups()
+    return data
 
 
 # --------------------------------------------------------------------------- demo data
@@ -398,6 +499,7 @@ class Examples:
     attention_mask: np.ndarray
     label: np.ndarray  # (N, *Task.label_shape), NaN where a sub-label is blank
     cache_hit: bool = False
+    groups: Groups = field(default_factory=Groups)  # for the metrics, never batched
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
@@ -435,7 +537,7 @@ def encode(
         return Examples(stack(ids), stack(mask), np.ones(n, np.float32), hit)
     ids, mask, hit = tokenize(data.texts, tokenizer, max_len, cache_dir)
     labels = labels_of(data, task.label_columns)
-    return Examples(ids, mask, labels.reshape(len(data), *task.label_shape), hit)
+    return Examples(ids, mask, labels.reshape(len(data), *task.label_shape), hit, data.groups)
 
 
 def labels_of(data: Comments, label_columns: tuple[str, ...]) -> np.ndarray:
@@ -459,7 +561,7 @@ class TaskData:
     info: dict[str, Any]
 
 
-def _check_label_columns(train: Comments | Pairs, task: Task, source: str) -> None:
+def check_label_columns(train: Comments | Pairs, task: Task, source: str) -> None:
     """A task of several labels needs them: refused when no label besides the first has a
     value in the training rows (it would only ever learn that one); a label column without
     any value is named in the log."""
@@ -516,7 +618,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
             else f"held-out {d.valid_fraction:.0%} (stratified, seed {seed})"
         )
     if task.outputs > 1:
-        _check_label_columns(train, task, source)
+        check_label_columns(train, task, source)
     if task.comments_per_example == 2:
         # Build pairs within each split, so no comment is in both train and validation pairs.
         if isinstance(train, Comments):

@@ -29,7 +29,7 @@ from jaxtpu.core.errors import ConfigError, TrainingError, UserError
 from jaxtpu.core.rundir import RunLog
 from jaxtpu.core.schedules import learning_rate, peak_lr
 from jaxtpu.core.spec import RunSpec
-from jaxtpu.core.tasks import Task
+from jaxtpu.core.tasks import Task, higher_is_better
 from jaxtpu.core.tokens import load_tokenizer, save_tokenizer
 
 log = logging.getLogger("jaxtpu")
@@ -149,6 +149,12 @@ class Job:
     plan: Plan
     workdir: Path
     started: float
+    monitor: str = ""  # the metric that picks the best checkpoint (`Task.choose_monitor`)
+
+    def __post_init__(self) -> None:
+        if not self.monitor:
+            valid = self.data.valid
+            self.monitor = self.cfg.task.choose_monitor(self.cfg.run.monitor, valid.groups)
 
     @classmethod
     def load(
@@ -185,10 +191,12 @@ class Job:
             info["split"],
             " | tokens from cache" if info["token_cache_hit"] else "",
         )
-        plan = Plan.make(cfg, data.train, num_devices)
-        log.info(plan.describe(cfg, num_devices))
-        log.info(plan.batcher.describe())
-        return cls(cfg, spec, data, plan, workdir, started)
+        job = cls(cfg, spec, data, Plan.make(cfg, data.train, num_devices), workdir, started)
+        if data.valid.groups:
+            log.info("validation by %s; monitoring %s", data.valid.groups.describe(), job.monitor)
+        log.info(job.plan.describe(cfg, num_devices))
+        log.info(job.plan.batcher.describe())
+        return job
 
 
 # --------------------------------------------------------------------------- the schedule
@@ -259,7 +267,8 @@ def score_examples(backend: Any, examples: jdata.Examples, batcher: Batcher, tas
     weight = np.concatenate([b.weight for b in batches])
     scores = np.concatenate([o["score"] for o in outs])
     losses = np.concatenate([o["loss"] for o in outs])
-    result = task.validation_metrics(scores, examples.label[idx], losses, weight)
+    groups = examples.groups.take(idx)
+    result = task.validation_metrics(scores, examples.label[idx], losses, weight, groups)
     real = weight > 0
     ordered = np.empty((len(examples), *scores.shape[1:]), scores.dtype)
     ordered[idx[real]] = scores[real]
@@ -464,13 +473,17 @@ class _Driver:
     def validate(self, call: Call) -> bool:
         """Evaluates, logs, saves the best and the latest state; True when early stopping
         says stop."""
-        t0, step, monitor = time.time(), call.end, self.task.monitor
+        t0, step, monitor = time.time(), call.end, self.job.monitor
         result, _ = score_examples(
             self.backend, self.job.data.valid, self.job.plan.batcher, self.task
         )
         self.check_finite("validation loss", result["val_loss"], step)
-        value = result[monitor]
-        improved = bool(np.isfinite(value) and value > self.best["value"])
+        value, best = result[monitor], self.best["value"]
+        improved = bool(np.isfinite(value)) and (
+            best is None
+            or not np.isfinite(best)
+            or (value > best if higher_is_better(monitor) else value < best)
+        )
         if improved:
             self.best.update(value=float(value), step=step, bad_evals=0)
             self.backend.save_best(step, {**self.meta(step), **result})
@@ -590,7 +603,7 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: _StopFlag, st
 
 
 def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
-    job, backend, monitor = drv.job, drv.backend, drv.task.monitor
+    job, backend, monitor = drv.job, drv.backend, drv.job.monitor
     run_cfg = job.cfg.run
     summary = {
         "framework": backend.name,

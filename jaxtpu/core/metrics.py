@@ -60,3 +60,96 @@ def weighted_mean(values: np.ndarray, weight: np.ndarray | None = None) -> float
     w = np.ones_like(values) if weight is None else np.asarray(weight, np.float64)
     total = w.sum()
     return float((values * w).sum() / total) if total > 0 else float("nan")
+
+
+def power_mean(values: np.ndarray, p: float) -> float:
+    """The generalised mean (mean(x^p))^(1/p) of non-negative values (NaN for no values); for
+    p < 0 a zero among them makes it 0, its limit."""
+    values = np.asarray(values, np.float64)
+    if not values.size:
+        return float("nan")
+    if p < 0 and (values == 0).any():
+        return 0.0
+    return float(np.mean(values**p) ** (1.0 / p))
+
+
+BIAS_POWER = -5.0  # the Unintended Bias competition's power mean
+BIAS_PARTS = ("subgroup_auc", "bpsn_auc", "bnsp_auc")
+
+
+def bias_aucs(
+    scores: np.ndarray, labels: np.ndarray, identity: np.ndarray, keep: np.ndarray
+) -> dict[str, float]:
+    """One identity's three AUCs of the Unintended Bias metric over the rows `keep`, labels and
+    identity values binarised at 0.5: subgroup (the comments that mention it), BPSN
+    (background positives, subgroup negatives) and BNSP (background negatives, subgroup
+    positives). NaN where the rows hold one class."""
+    y = np.asarray(labels) >= 0.5
+    g = np.asarray(identity) >= 0.5
+    rows = {
+        "subgroup_auc": keep & g,
+        "bpsn_auc": keep & ((g & ~y) | (~g & y)),
+        "bnsp_auc": keep & ((g & y) | (~g & ~y)),
+    }
+    return {k: roc_auc(scores, y.astype(np.float64), m) for k, m in rows.items()}
+
+
+def jigsaw_bias(
+    scores: np.ndarray,
+    labels: np.ndarray,
+    identities: dict[str, np.ndarray],
+    weight: np.ndarray | None = None,
+) -> tuple[dict[str, float], list[str]]:
+    """The Jigsaw Unintended Bias metric: 0.25 x overall AUC + 0.25 x the power mean
+    (p = -5) over identity subgroups of each of subgroup, BPSN and BNSP AUC.
+
+    An identity's value is unknown where it is NaN (blank in the file): those rows are left out
+    of that identity's three AUCs (neither in the subgroup nor in its background). A subgroup
+    whose rows hold one class (or none), so that one of its AUCs is undefined, is left out of
+    all three means.
+
+    Returns:
+      ({'jigsaw_bias', 'overall_auc', the three power means, '<part>_<identity>' of every
+      scored identity}, the identities left out).
+    """
+    n = np.asarray(scores).shape[0]
+    keep = _valid(weight, n)
+    out = {"overall_auc": roc_auc(scores, labels, keep)}
+    parts: dict[str, list[float]] = {k: [] for k in BIAS_PARTS}
+    left_out = []
+    for name, values in identities.items():
+        values = np.asarray(values, np.float64)
+        aucs = bias_aucs(scores, labels, np.nan_to_num(values), keep & ~np.isnan(values))
+        if not all(np.isfinite(v) for v in aucs.values()):
+            left_out.append(name)
+            continue
+        for k, v in aucs.items():
+            parts[k].append(v)
+            out[f"{k}_{name}"] = v
+    for k in BIAS_PARTS:
+        out[k] = power_mean(np.asarray(parts[k]), BIAS_POWER)
+    out["jigsaw_bias"] = 0.25 * out["overall_auc"] + 0.25 * sum(out[k] for k in BIAS_PARTS)
+    return out, left_out
+
+
+def language_aucs(
+    scores: np.ndarray, labels: np.ndarray, langs: np.ndarray, weight: np.ndarray | None = None
+) -> tuple[dict[str, float], list[str]]:
+    """ROC AUC per language (the Multilingual competition's breakdown) and their mean.
+
+    Returns:
+      ({'mean_language_auc', 'auc_<lang>' of every language with both classes}, the languages
+      left out because their rows hold one class).
+    """
+    langs = np.asarray(langs)
+    keep = _valid(weight, langs.shape[0])
+    out, left_out = {}, []
+    for lang in sorted(set(langs[keep].tolist())):
+        auc = roc_auc(scores, labels, keep & (langs == lang))
+        if np.isfinite(auc):
+            out[f"auc_{lang}"] = auc
+        else:
+            left_out.append(lang)
+    defined = [v for v in out.values()]
+    out["mean_language_auc"] = float(np.mean(defined)) if defined else float("nan")
+    return out, left_out

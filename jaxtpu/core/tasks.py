@@ -11,13 +11,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from jaxtpu.core import metrics
+from jaxtpu.core.errors import ConfigError
 
 log = logging.getLogger("jaxtpu")
 
+# The competitions' own metrics, reported where a file has their columns (`Task.monitors`).
+BIAS_MONITOR, LANGUAGE_MONITOR = "val_jigsaw_bias", "val_mean_language_auc"
 RANKING_MARGIN = 0.5  # margin of the ranking loss, on both sides
 # The six labels of the Kaggle Toxic Comment Classification data, in its column order.
 LABELS = ("toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate")
@@ -66,7 +70,8 @@ class Task:
       comments_per_example: 1 (a comment, model input (B, L)) or 2 (a less/more toxic pair,
         (B, 2, L), the same head applied to both).
       head_dropout: dropout before the Dense head when `--dropout` is not given.
-      monitor: the validation metric that picks the best checkpoint (higher is better).
+      monitor: the task's metric, which picks the best checkpoint by default (higher is
+        better; `monitors` lists the others a run may choose with --monitor).
       metric: (scores, labels, weight) of the whole evaluation set -> {monitor: value}.
       reads: the file kinds (`jaxtpu.core.data.file_kind`) a training/validation file may be.
       unit: what one example is called in messages.
@@ -124,17 +129,84 @@ class Task:
         }
 
     def validation_metrics(
-        self, scores: np.ndarray, labels: np.ndarray, losses: np.ndarray, weight: np.ndarray
+        self,
+        scores: np.ndarray,
+        labels: np.ndarray,
+        losses: np.ndarray,
+        weight: np.ndarray,
+        groups: Any = None,
     ) -> dict[str, float]:
-        """The validation metrics from gathered per-example outputs (pad rows at weight 0).
+        """The validation metrics from gathered per-example outputs (pad rows at weight 0),
+        with the breakdowns the file's `groups` (`jaxtpu.core.data.Groups`) allow.
 
         Returns:
-          {'val_loss': ..., monitor: ...}.
+          {'val_loss': ..., monitor: ..., group metrics (`group_metrics`)}.
         """
         return {
             "val_loss": metrics.weighted_mean(losses, weight),
             **self.metric(scores, labels, weight),
+            **self.group_metrics(scores, labels, weight, groups),
         }
+
+    def group_metrics(
+        self, scores: np.ndarray, labels: np.ndarray, weight: np.ndarray, groups: Any
+    ) -> dict[str, float]:
+        """The competitions' breakdowns of the first output (`toxic`/`target`) of a one-comment
+        task: the Unintended Bias metric over identity columns (`val_jigsaw_bias`, its overall
+        AUC, the three power means and each identity's three AUCs) and the Multilingual
+        per-language AUC (`val_auc_lang_<lang>`, `val_mean_language_auc`)."""
+        if not groups or self.comments_per_example != 1:
+            return {}
+        first = (lambda a: a) if self.outputs == 1 else (lambda a: a[:, 0])  # noqa: E731
+        s, y = first(np.asarray(scores)), first(np.asarray(labels))
+        out = {}
+        if groups.identities:
+            parts, left_out = metrics.jigsaw_bias(s, y, groups.identities, weight)
+            if left_out:
+                log.warning(
+                    "val_jigsaw_bias: identity subgroup(s) %s left out (one class, or no "
+                    "rows, in the validation set)", ", ".join(left_out),
+                )  # fmt: skip
+            out.update({f"val_{k}": v for k, v in parts.items()})
+        if groups.lang is not None:
+            parts, left_out = metrics.language_aucs(s, y, groups.lang, weight)
+            if left_out:
+                log.warning(
+                    "val_mean_language_auc: language(s) %s left out (one class in the "
+                    "validation set)", ", ".join(left_out),
+                )  # fmt: skip
+            out.update({f"val_{k.replace('auc_', 'auc_lang_', 1)}": v for k, v in parts.items()})
+        return out
+
+    def monitors(self, groups: Any = None) -> tuple[str, ...]:
+        """The metrics that may choose the best checkpoint on validation data with these
+        `groups`, the default first: the competition's own metric where the file is of that
+        competition (Unintended Bias: `val_jigsaw_bias`), else the task's; `val_loss` always."""
+        names = [self.monitor]
+        if groups and self.comments_per_example == 1:
+            if groups.identities:
+                names.insert(0, BIAS_MONITOR)
+            if groups.lang is not None:
+                names.append(LANGUAGE_MONITOR)
+        return (*names, "val_loss")
+
+    def choose_monitor(self, requested: str, groups: Any = None) -> str:
+        """`--monitor` (empty: the default of `monitors`), refused when this task does not
+        report it on this validation data."""
+        allowed = self.monitors(groups)
+        if not requested:
+            return allowed[0]
+        if requested not in allowed:
+            raise ConfigError(
+                f"--monitor {requested}: the {self.name} task reports "
+                f"{', '.join(allowed)} on this validation data"
+            )
+        return requested
+
+
+def higher_is_better(monitor: str) -> bool:
+    """The direction of a monitored metric: val_loss is minimised, every other maximised."""
+    return monitor != "val_loss"
 
 
 TASKS: dict[str, Task] = {
@@ -169,6 +241,13 @@ TASKS: dict[str, Task] = {
         label_columns=LABELS,
     ),
 }
+
+
+def monitor_names() -> tuple[str, ...]:
+    """Every metric some task reports on some file: the values --monitor accepts (each run
+    then checks its own, `Task.choose_monitor`)."""
+    tasks = sorted({t.monitor for t in TASKS.values()})
+    return (*tasks, BIAS_MONITOR, LANGUAGE_MONITOR, "val_loss")
 
 
 def get_task(name: str) -> Task:

@@ -48,6 +48,15 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
+def encode_texts(texts: list[str], tokenizer: Any, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask), int32 (len(texts), max_len): truncated and padded to
+    `max_len`, with no cache (`tokenize` caches)."""
+    enc = tokenizer(
+        texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
+    )
+    return enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
+
+
 def tokenize(
     texts: list[str], tokenizer: Any, max_len: int, cache_dir: str | os.PathLike | None = None
 ) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -78,11 +87,7 @@ def tokenize(
             )  # fmt: skip
     if cache.is_dir():
         remove_stale_temporaries(cache)  # of runs killed while writing an entry
-    enc = tokenizer(
-        texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
-    )
-    ids = enc["input_ids"].astype(np.int32)
-    mask = enc["attention_mask"].astype(np.int32)
+    ids, mask = encode_texts(texts, tokenizer, max_len)
     try:
         with atomic_write(path, "wb") as f:  # a killed run never leaves half a cache file
             np.savez(f, input_ids=ids, attention_mask=mask)

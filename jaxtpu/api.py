@@ -1,0 +1,100 @@
+"""Scoring text from Python, as detoxify offers: `jaxtpu.load(run).predict(texts)`.
+
+    >>> from jaxtpu import load
+    >>> model = load("runs/toxicity-20261124-101500")
+    >>> model.predict(["thanks for the edit", "you are an idiot"])
+    array([0.02, 0.97], dtype=float32)
+
+A toxicity model gives each text's probability, a ranker its raw score (only the order means
+something), a multi-label model a dict of its six named columns of probabilities. Texts are
+scored in batches, in fixed length buckets (powers of two up to the run's --max-len), so a
+long-lived model compiles each bucket's program once whatever texts it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core import data as jdata
+from jaxtpu.core.buckets import Batcher, real_lengths
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.tokens import encode_texts, load_tokenizer
+
+
+def bucket_edges(max_len: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` below `max_len`, then `max_len`: a fixed set of lengths,
+    so the number of programs is bounded whatever is scored."""
+    edges, n = [], smallest
+    while n < max_len:
+        edges.append(n)
+        n *= 2
+    return (*edges, max_len)
+
+
+class Model:
+    """The best model of a jaxtpu run, ready to score text (see `load`)."""
+
+    def __init__(self, workdir: str | Path, devices: list[Any], batch_size: int) -> None:
+        from jaxtpu.predict import load_trained, one_comment_task, scoring_backend
+
+        self.trained = load_trained(workdir)
+        self.task = one_comment_task(self.trained.spec.task)
+        self.tokenizer = load_tokenizer(self.trained.tokenizer_dir)
+        self.max_len = self.trained.cfg.data.max_len
+        self.global_batch = batch_size * len(devices)
+        self.backend = scoring_backend(self.trained, devices, self.task)
+        self.edges = bucket_edges(self.max_len)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The names of the scores: ('toxic',) or the six labels of a multi-label model."""
+        return self.task.label_columns
+
+    def logits(self, texts: Sequence[str]) -> np.ndarray:
+        """The model's raw outputs: (N,) or (N, labels)."""
+        from jaxtpu.core import loop
+
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise UserError("predict takes a list of strings (one comment each)")
+        if not texts:
+            return np.zeros((0, *self.task.label_shape), np.float32)
+        cleaned = [jdata.normalize_text(t) for t in texts]
+        ids, mask = encode_texts(cleaned, self.tokenizer, self.max_len)  # no disk cache
+        label = self.task.zeros((len(texts),), self.max_len)["label"]
+        examples = jdata.Examples(ids, mask, label)
+        batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
+        _, scores = loop.score_examples(self.backend, examples, batcher, self.task)
+        return scores
+
+    def predict(self, texts: Sequence[str]) -> np.ndarray | dict[str, np.ndarray]:
+        """One score per text: the probability of toxicity (a ranker: its raw score), or for
+        a multi-label model `{label: probabilities}` for each of its labels."""
+        scores = self.logits(texts)
+        if self.trained.spec.task.comments_per_example == 2:
+            return scores
+        probs = 1.0 / (1.0 + np.exp(-scores.astype(np.float64)))
+        if probs.ndim == 1:
+            return probs.astype(np.float32)
+        return {k: probs[:, j].astype(np.float32) for j, k in enumerate(self.labels)}
+
+
+def load(workdir: str | Path, num_devices: int | None = None, batch_size: int = 16) -> Model:
+    """The best model of run directory `workdir`, on `num_devices` devices (default: every
+    local device; on a machine without accelerators, virtual CPU devices are made only when
+    JAX has not started yet), scoring `batch_size` texts per device per batch."""
+    from jaxtpu import hosts
+
+    if batch_size < 1:
+        raise UserError(f"batch_size must be >= 1, got {batch_size}")
+    hosts.use_compilation_cache()
+    if num_devices is None:
+        import jax
+
+        devices = sorted(jax.local_devices(), key=lambda d: d.id)
+    else:
+        devices = hosts.init_devices(num_devices)
+    return Model(workdir, devices, batch_size)

@@ -1,0 +1,149 @@
+"""`python -m jaxtpu.evaluate`: score a labelled file with the best model of a run and report
+the metric of the file's kind, as its competition defines it.
+
+| file | metric |
+|---|---|
+| comments with `toxic` (or `target`) | `auc`: ROC AUC |
+| the six Toxic Comment labels, for a multi-label run | `mean_column_auc` and each label's |
+| identity columns (Unintended Bias) | `jigsaw_bias`, with every subgroup's three AUCs |
+| a `lang` column (Multilingual validation) | `mean_language_auc`, with each language's |
+| `less_toxic`, `more_toxic` pairs, for a ranking run | `agreement` |
+
+The numbers are the ones training reports for its validation set (`jaxtpu.core.tasks`), from
+the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxtpu.core import data as jdata
+from jaxtpu.core import hostmem
+from jaxtpu.core.buckets import Batcher
+from jaxtpu.core.errors import DataError, UserError
+from jaxtpu.core.files import write_text
+from jaxtpu.core.rundir import check_output_path, strict_json, user_errors
+from jaxtpu.core.tasks import Task
+from jaxtpu.core.tokens import load_tokenizer
+
+# The headline metric's name in the output -> its key in the validation metrics.
+METRICS = {
+    "auc": "val_auc",
+    "mean_column_auc": "val_mean_auc",
+    "jigsaw_bias": "val_jigsaw_bias",
+    "mean_language_auc": "val_mean_language_auc",
+    "agreement": "val_agreement",
+}
+
+
+def headline(task: Task, examples: jdata.Examples) -> str:
+    """The metric that decides the file's competition (a name of `METRICS`)."""
+    groups = examples.groups
+    if task.comments_per_example == 2:
+        return "agreement"
+    if groups.identities:
+        return "jigsaw_bias"
+    if groups.lang is not None:
+        return "mean_language_auc"
+    return "mean_column_auc" if task.outputs > 1 else "auc"
+
+
+def read_labelled(path: str, task: Task) -> jdata.Comments | jdata.Pairs:
+    """The labelled file a run of `task` can be scored on: pairs for a ranker (pairs drawn at
+    random from labels would make the number depend on a seed), labelled comments otherwise."""
+    kind = jdata.file_kind(jdata.columns(path))
+    wanted = "pairs" if task.comments_per_example == 2 else "classification"
+    if kind != wanted:
+        what = {
+            "pairs": "a pairs file (less_toxic, more_toxic)",
+            "classification": "labelled comments (comment_text or content, with toxic or target)",
+        }
+        found = f"a {kind} file" if kind else "a file of unknown layout"
+        hint = "; to score it, use jaxtpu.predict" if kind in ("score", "unlabelled") else ""
+        raise DataError(
+            f"--input {path}: a {task.name} run is evaluated on {what[wanted]}; this is "
+            f"{found}{hint}"
+        )
+    data = jdata.read_task_file(path, task)
+    if task.outputs > 1:
+        jdata.check_label_columns(data, task, f"--input {path}")
+    return data
+
+
+def evaluate(workdir: str, path: str, devices: list[Any], batch_size: int = 16) -> dict[str, Any]:
+    """The metric of `path` under the best model of run `workdir`: {'metric': name, 'value':
+    value, 'examples': n, ...every part}."""
+    from jaxtpu.core import loop
+    from jaxtpu.predict import load_trained, scoring_backend
+
+    model = load_trained(workdir)
+    task, d = model.spec.task, model.cfg.data
+    data = read_labelled(path, task)
+    tokenizer = load_tokenizer(model.tokenizer_dir)
+    examples = jdata.encode(data, tokenizer, d.max_len, d.cache_dir, task)
+    global_batch = batch_size * len(devices)
+    batcher = Batcher.for_data("auto", examples.attention_mask, global_batch, d.max_len)
+    result, _ = loop.score_examples(scoring_backend(model, devices, task), examples, batcher, task)
+    name = headline(task, examples)
+    parts = {k.removeprefix("val_"): v for k, v in result.items()}
+    return {
+        "metric": name,
+        "value": result[METRICS[name]],
+        "examples": len(examples),
+        "input": str(path),
+        "workdir": str(workdir),
+        **parts,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m jaxtpu.evaluate",
+        description="Score a labelled file with the best model of a jaxtpu run and print the "
+        "metric of its kind: auc, mean_column_auc (six labels), jigsaw_bias (identity "
+        "columns), mean_language_auc (a lang column) or agreement (pairs).",
+    )
+    p.add_argument("--workdir", required=True, help="Run directory written by jaxtpu.train.")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="Labelled CSV: comment_text (or content) with toxic or target [+ the six labels, "
+        "identity columns, lang], or less_toxic, more_toxic pairs for a ranking run.",
+    )
+    p.add_argument(
+        "--out", help="Also write the metric and every part as JSON here ({metric, value, ...})."
+    )
+    p.add_argument("--num-devices", type=int, default=8, help="Devices to score on.")
+    p.add_argument("--batch-size", type=int, default=16, help="Comments per device per batch.")
+    p.add_argument("--overwrite", action="store_true", help="Replace an existing --out.")
+    args = p.parse_args(argv)
+    with user_errors():
+        if args.out:
+            out = Path(args.out)
+            check_output_path(out, "--out")
+            if out.exists() and not args.overwrite:
+                raise UserError(f"--out {out} exists; pass --overwrite to replace it")
+        if args.batch_size < 1 or args.num_devices < 1:
+            raise UserError("--batch-size and --num-devices must be >= 1")
+        from jaxtpu import hosts
+
+        hosts.use_compilation_cache()
+        devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
+        report = evaluate(args.workdir, args.input, devices, args.batch_size)
+        print(f"{report['metric']}: {report['value']:.6f} ({report['examples']} examples)")
+        for key, value in report.items():
+            if key not in ("metric", "value", "examples", "input", "workdir", report["metric"]):
+                print(f"  {key}: {value:.6f}")
+        if args.out:
+            write_text(Path(args.out), strict_json(report, indent=2) + "\n")
+            print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    hostmem.reexec_with_huge_pages()
+    sys.exit(main())

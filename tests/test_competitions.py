@@ -1,0 +1,301 @@
+"""Every Jigsaw competition as it is: Unintended Bias (`target`, identity columns, its bias
+metric), Multilingual (`lang`, `content`), `jaxtpu.evaluate` and the Python API.
+
+The competitions' own files are not here: files of their layouts are built from the real
+comments of ../shared/data, with fractions, identities and languages assigned in the test. The
+bias metric is checked against a reference written below from the competition's definition
+(sklearn and numpy only, no code shared with `jaxtpu.core.metrics`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from jaxtpu.core import data as jdata
+from jaxtpu.core import metrics
+from jaxtpu.core.errors import ConfigError, DataError
+from jaxtpu.core.tasks import get_task, higher_is_better
+
+IDS = ("male", "female", "muslim")
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+def reference_bias(scores, target, identities: dict[str, np.ndarray]) -> tuple[float, list[str]]:
+    """The Unintended Bias metric from its definition: 0.25 overall AUC + 0.25 x the power
+    mean (p = -5) of subgroup, BPSN and BNSP AUC over the identities; a blank identity value is
+    outside both the subgroup and its background; a subgroup where one of the three is
+    undefined is left out."""
+    y = np.asarray(target) >= 0.5
+    per: dict[str, list[float]] = {"sub": [], "bpsn": [], "bnsp": []}
+    skipped = []
+    for name, values in identities.items():
+        known = ~np.isnan(values)
+        sub = known & (np.nan_to_num(values) >= 0.5)
+        bg = known & ~sub
+        sets = {
+            "sub": sub,
+            "bpsn": (sub & ~y) | (bg & y),
+            "bnsp": (sub & y) | (bg & ~y),
+        }
+        if any(len(set(y[m].tolist())) < 2 for m in sets.values()):
+            skipped.append(name)
+            continue
+        for k, m in sets.items():
+            per[k].append(roc_auc_score(y[m], scores[m]))
+    total = 0.25 * roc_auc_score(y, scores)
+    for values in per.values():
+        total += 0.25 * np.power(np.mean(np.power(values, -5.0)), -1 / 5.0)
+    return float(total), skipped
+
+
+def test_bias_metric_matches_its_definition():
+    rng = np.random.default_rng(0)
+    n = 400
+    target = rng.choice([0.0, 0.1, 0.3, 0.5, 0.7, 1.0], n)
+    scores = target + rng.normal(0, 0.4, n)
+    identities = {
+        "male": rng.choice([0.0, 0.2, 0.6, 1.0], n),
+        "female": np.where(rng.random(n) < 0.4, np.nan, rng.choice([0.0, 0.8], n)),
+        "muslim": np.where(target >= 0.5, rng.choice([0.0, 1.0], n), 0.0),  # only toxic members
+        "jewish": np.full(n, np.nan),
+    }
+    identities["jewish"][:5] = 0.0  # five known rows, none in the subgroup
+    parts, left_out = metrics.jigsaw_bias(scores, target, identities)
+    want, skipped = reference_bias(scores, target, identities)
+    assert sorted(left_out) == sorted(skipped) == ["jewish", "muslim"]
+    assert parts["jigsaw_bias"] == pytest.approx(want, abs=1e-12)
+    assert parts["overall_auc"] == pytest.approx(roc_auc_score(target >= 0.5, scores))
+    assert "subgroup_auc_male" in parts and "subgroup_auc_muslim" not in parts
+    # Pad rows (weight 0) are not scored.
+    padded = metrics.jigsaw_bias(
+        np.r_[scores, 9.0], np.r_[target, 0.0], {k: np.r_[v, 1.0] for k, v in identities.items()},
+        np.r_[np.ones(n), 0.0],
+    )[0]  # fmt: skip
+    assert padded["jigsaw_bias"] == pytest.approx(want, abs=1e-12)
+
+
+def test_bias_metric_of_a_perfect_and_a_biased_model():
+    y = np.array([0, 0, 0, 0, 1, 1, 1, 1], float)
+    g = np.array([0, 0, 1, 1, 0, 0, 1, 1], float)
+    perfect = metrics.jigsaw_bias(y, y, {"g": g})[0]
+    assert perfect["jigsaw_bias"] == 1.0
+    # Scores that rank every subgroup comment above every background one: subgroup AUC 1,
+    # BPSN 0 (subgroup negatives above background positives), BNSP 1.
+    biased = metrics.jigsaw_bias(y + 2 * g, y, {"g": g})[0]
+    assert (biased["subgroup_auc"], biased["bpsn_auc"], biased["bnsp_auc"]) == (1.0, 0.0, 1.0)
+
+
+def test_language_aucs():
+    rng = np.random.default_rng(1)
+    langs = rng.choice(["es", "it", "tr"], 300)
+    y = rng.integers(0, 2, 300).astype(float)
+    s = y + rng.normal(0, 1.0, 300)
+    y[langs == "tr"] = 1.0  # one class: no AUC
+    parts, left_out = metrics.language_aucs(s, y, langs)
+    assert left_out == ["tr"]
+    for lang in ("es", "it"):
+        m = langs == lang
+        assert parts[f"auc_{lang}"] == pytest.approx(roc_auc_score(y[m], s[m]))
+    assert parts["mean_language_auc"] == pytest.approx((parts["auc_es"] + parts["auc_it"]) / 2)
+
+
+# --------------------------------------------------------------------------- the files
+
+
+def _rows(real_csv: Path, n: int, start: int = 0) -> list[dict[str, str]]:
+    with open(real_csv, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))[start : start + n]
+
+
+def write_bias_file(real_csv: Path, path: Path, n: int, start: int, seed: int) -> Path:
+    """An Unintended Bias train.csv layout: id, comment_text, target (a fraction),
+    a sub-type column, identity columns with about a third of the rows blank."""
+    rng = np.random.default_rng(seed)
+    header = ["id", "comment_text", "target", "severe_toxicity", *IDS]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for i, r in enumerate(_rows(real_csv, n, start)):
+            toxic = float(r["toxic"]) >= 0.5
+            target = rng.choice([0.5, 0.7, 0.9, 1.0]) if toxic else rng.choice([0.0, 0.1, 0.3])
+            ids = [""] * len(IDS) if rng.random() < 0.3 else rng.choice([0, 0.2, 0.6, 1], 3)
+            w.writerow([f"b{i}", r["comment_text"], target, 0.0, *ids])
+    return path
+
+
+def write_language_file(real_csv: Path, path: Path, n: int, start: int, seed: int,
+                        labelled: bool = True) -> Path:  # fmt: skip
+    """The Multilingual validation.csv (id, comment_text, lang, toxic), or its test.csv
+    (id, content, lang) when not `labelled`."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["id", "comment_text", "lang", "toxic"] if labelled else ["id", "content", "lang"]
+        )
+        for i, r in enumerate(_rows(real_csv, n, start)):
+            lang = rng.choice(["es", "it", "tr"])
+            w.writerow([i, r["comment_text"], lang, r["toxic"]][: 4 if labelled else 3])
+    return path
+
+
+def test_readers_of_each_competition_layout(real_csv, tmp_path):
+    bias = jdata.read_comments(write_bias_file(real_csv, tmp_path / "train.csv", 60, 0, 0))
+    assert np.isclose(bias.labels[:, None], [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]).any(1).all()
+    assert np.unique(bias.labels).size > 2  # fractions kept as soft targets
+    assert list(bias.groups.identities) == list(IDS) and bias.groups.lang is None
+    blank = np.isnan(bias.groups.identities["male"])
+    assert 0 < blank.sum() < 60
+    assert np.array_equal(blank, np.isnan(bias.groups.identities["female"]))
+    sub = bias.subset(np.arange(10, 20))
+    assert np.array_equal(sub.groups.identities["muslim"], bias.groups.identities["muslim"][10:20],
+                          equal_nan=True)  # fmt: skip
+
+    valid = jdata.read_comments(
+        write_language_file(real_csv, tmp_path / "validation.csv", 50, 0, 1)
+    )
+    assert set(valid.groups.lang.tolist()) == {"es", "it", "tr"} and not valid.groups.identities
+    test = write_language_file(real_csv, tmp_path / "test.csv", 20, 0, 1, labelled=False)
+    assert jdata.file_kind(jdata.columns(test)) == "unlabelled"
+    to_score = jdata.read_comments(test, labelled=False)
+    assert to_score.texts[0] == jdata.normalize_text(_rows(real_csv, 1)[0]["comment_text"])
+    assert to_score.ids[:2] == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("id,comment_text,target\n1,a,1.5\n", "line 2: target=1.5 is outside [0, 1]"),
+        ("comment_text,target,male\na,0.1,\nb,0.9,\n", "identity column male is blank in all 2"),
+        ("comment_text,toxic,target\na,1,0.9\n", "has both toxic and target columns"),
+        ("comment_text,content,toxic\na,b,1\n", "has both comment_text and content columns"),
+        ("comment_text,lang,toxic\na,es,1\nb,,0\n", "line 3: lang is blank"),
+        ("less_toxic,more_toxic,lang\na,b,es\n", "a lang column goes with a classification"),
+    ],
+)
+def test_bad_competition_files_get_one_line(tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    read = jdata.read_pairs if text.startswith("less") else jdata.read_comments
+    with pytest.raises(DataError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        read(path)
+
+
+def test_monitors_follow_the_file():
+    tox, rank = get_task("toxicity"), get_task("ranking")
+    bias = jdata.Groups({"male": np.zeros(3)})
+    langs = jdata.Groups(lang=np.array(["es", "it", "es"]))
+    assert tox.monitors() == ("val_auc", "val_loss")
+    assert tox.monitors(bias) == ("val_jigsaw_bias", "val_auc", "val_loss")
+    assert tox.monitors(langs) == ("val_auc", "val_mean_language_auc", "val_loss")
+    assert rank.monitors(bias) == ("val_agreement", "val_loss")
+    assert tox.choose_monitor("", bias) == "val_jigsaw_bias"
+    assert tox.choose_monitor("val_mean_language_auc", langs) == "val_mean_language_auc"
+    with pytest.raises(ConfigError, match="--monitor val_mean_language_auc: the toxicity task"):
+        tox.choose_monitor("val_mean_language_auc", bias)
+    assert not higher_is_better("val_loss") and higher_is_better("val_jigsaw_bias")
+
+
+def test_evaluate_names_the_metric_of_the_files_kind():
+    from jaxtpu.evaluate import headline
+
+    def ex(groups=None):
+        groups = groups or jdata.Groups()
+        return jdata.Examples(np.zeros((1, 4)), np.zeros((1, 4)), np.zeros(1), groups=groups)
+
+    bias = jdata.Groups({"male": np.zeros(1)})
+    langs = jdata.Groups(lang=np.array(["es"]))
+    assert headline(get_task("toxicity"), ex()) == "auc"
+    assert headline(get_task("toxicity"), ex(bias)) == "jigsaw_bias"
+    assert headline(get_task("toxicity"), ex(langs)) == "mean_language_auc"
+    assert headline(get_task("multilabel"), ex()) == "mean_column_auc"
+    assert headline(get_task("ranking"), ex()) == "agreement"
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def bias_run(real_csv, tmp_path_factory):
+    """A tiny fp32 toxicity run on Unintended Bias files, monitoring the bias metric."""
+    from jaxtpu import train
+    from jaxtpu.core import presets
+
+    d = tmp_path_factory.mktemp("bias")
+    cfg = presets.tiny().replace(
+        train_csv=str(write_bias_file(real_csv, d / "train.csv", 320, 0, 0)),
+        valid_csv=str(write_bias_file(real_csv, d / "valid.csv", 160, 2000, 1)),
+        precision="fp32", epochs=2, workdir=str(d / "run"),
+    )  # fmt: skip
+    summary = train.train_and_evaluate(cfg)
+    return d, summary
+
+
+def test_unintended_bias_trains_monitors_and_evaluates_its_metric(bias_run, real_csv, tmp_path):
+    from jaxtpu import checkpoint
+    from jaxtpu.evaluate import main
+
+    d, summary = bias_run
+    assert summary["monitor"] == "val_jigsaw_bias"
+    evals = [json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if e.get("event") == "eval"]
+    assert len(evals) == 2
+    for key in ("val_jigsaw_bias", "val_overall_auc", "val_bpsn_auc", "val_bnsp_auc_muslim"):
+        assert np.isfinite(evals[-1][key]), key
+    best = checkpoint.Checkpoints(d / "run").best_meta()
+
+    out = tmp_path / "m.json"
+    args = ["--workdir", str(d / "run"), "--input", str(d / "valid.csv"), "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["metric"] == "jigsaw_bias" and report["examples"] == 160
+    # The same number training recorded for its best checkpoint on the same file.
+    assert report["value"] == pytest.approx(best["val_jigsaw_bias"], abs=1e-5)
+    assert report["subgroup_auc_male"] == pytest.approx(best["val_subgroup_auc_male"], abs=1e-5)
+
+    langs = write_language_file(real_csv, tmp_path / "validation.csv", 90, 3000, 2)
+    assert main(["--workdir", str(d / "run"), "--input", str(langs),
+                 "--out", str(tmp_path / "l.json")]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "l.json").read_text())
+    assert report["metric"] == "mean_language_auc"
+    assert {"auc_lang_es", "auc_lang_it", "auc_lang_tr"} <= set(report)
+
+
+def test_evaluate_refuses_a_file_of_another_kind(bias_run, tmp_path, capsys):
+    from jaxtpu.evaluate import main
+
+    d, _ = bias_run
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("less_toxic,more_toxic\nthanks,idiot\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--workdir", str(d / "run"), "--input", str(pairs)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "a toxicity run is evaluated on labelled comments" in err and "a pairs file" in err
+
+
+def test_python_api_scores_texts_and_compiles_each_length_once(bias_run):
+    import jaxtpu
+    from jaxtpu.predict import load_trained, score_texts
+
+    d, _ = bias_run
+    model = jaxtpu.load(d / "run", num_devices=2, batch_size=2)
+    texts = ["thanks for the edit", "you are an idiot " * 4, "ok"]
+    probs = model.predict(texts)
+    assert probs.shape == (3,) and ((probs > 0) & (probs < 1)).all()
+    # The same scores as jaxtpu.predict's path.
+    trained = load_trained(d / "run")
+    logits = score_texts(trained, texts, model.backend.strategy.devices, 2)
+    assert np.allclose(probs, 1 / (1 + np.exp(-logits)), atol=1e-5)
+    eval_fn = model.backend.strategy._eval  # the jitted eval step, compiled per batch shape
+    compiled = eval_fn._cache_size()
+    model.predict(["another short one", "and a longer comment " * 3, "x"])  # same lengths
+    assert eval_fn._cache_size() == compiled
+    assert model.predict([]).shape == (0,)
