@@ -28,6 +28,7 @@ from jaxtpu.core.config import JAX_STRATEGIES, REMATS, SHARDINGS, Config
 from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.presets import tiny
 from jaxtpu.core.rundir import peak_host_memory_mb
+from jaxtpu.core.schedules import Horizon
 from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import get_task
 
@@ -86,7 +87,7 @@ def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int, k: int =
     cfg = cfg.replace(parallel=strategy, task="toxicity", max_len=max_len)  # its --sharding, --mesh
     spec = RunSpec.resolve(cfg, len(devs))
     model = load_model(cfg, spec)
-    tx = optim.make_optimizer(cfg.optim, 1000, len(devs))
+    tx = optim.make_optimizer(cfg.optim, Horizon(1000, 1000), len(devs))
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
     placement = Placement(spec.sharding, *spec.mesh)
     strategy_ = parallel.make_strategy(strategy, devs, "toxicity", placement)
@@ -110,7 +111,7 @@ def torch_xla_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Cal
     strategy = parallel.make_strategy(args.parallel, args.devices)
     enc = RunSpec.resolve(cfg).encoder
     model = weights.load_model(enc, cfg.head_dropout, None, 0).to(strategy.device)
-    opt, sched = optim.make_optimizer(model, cfg.optim, 1000, args.devices)
+    opt, sched = optim.make_optimizer(model, cfg.optim, Horizon(1000, 1000), args.devices)
     backend = XlaBackend(strategy, model, opt, sched, cfg, Path("/nonexistent"))
     batch = fixed_batch(args.batch, args.seq, enc.vocab_size)
     return (lambda: backend.train_step(batch)), (lambda h: backend.fetch([h]))
@@ -127,7 +128,7 @@ def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[
     torch.set_num_threads(os.cpu_count() or 1)
     enc = RunSpec.resolve(cfg).encoder
     model = weights.load_model(enc, cfg.head_dropout, None, 0).train()
-    opt, sched = optim.make_optimizer(model, cfg.optim, 1000, 1)
+    opt, sched = optim.make_optimizer(model, cfg.optim, Horizon(1000, 1000), 1)
     if compiled:
         model = torch.compile(model)
 

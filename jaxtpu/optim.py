@@ -1,16 +1,17 @@
-"""optax AdamW with the no-decay mask, schedules, gradient accumulation and clipping."""
+"""optax AdamW (torch's update, or the transformers.AdamW the Kaggle notebooks ran) with the
+no-decay mask, schedules, gradient accumulation and clipping."""
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxtpu.core.config import OptimConfig
-from jaxtpu.core.schedules import learning_rate, peak_lr
+from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
 
 # Leaves that get no weight decay: every bias and the LayerNorm scales (the seeds' `no_decay`
 # list ["bias", "LayerNorm.weight", "LayerNorm.bias"]).
@@ -18,10 +19,12 @@ NO_DECAY_LEAVES = ("bias", "scale")
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_ divides by (norm + 1e-6)
 
 
-def decay_mask(params: Any) -> Any:
-    """True for parameters that get weight decay."""
+def decay_mask(params: Any, which: str = "not-bias-or-norm") -> Any:
+    """True for parameters that get weight decay (`--decay-params`): all but the biases and
+    LayerNorm scales, or every one."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: getattr(path[-1], "key", None) not in NO_DECAY_LEAVES, params
+        lambda path, _: which == "all" or getattr(path[-1], "key", None) not in NO_DECAY_LEAVES,
+        params,
     )
 
 
@@ -44,34 +47,78 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-def make_schedule(cfg: OptimConfig, total_updates: int, num_devices: int) -> optax.Schedule:
-    return partial(
-        learning_rate, total=total_updates, cfg=cfg, peak=peak_lr(cfg, num_devices), xp=jnp
-    )
+def make_schedule(cfg: OptimConfig, horizon: Horizon, num_devices: int) -> optax.Schedule:
+    return partial(learning_rate, horizon=horizon, cfg=cfg, peak=peak_lr(cfg, num_devices), xp=jnp)
+
+
+class TransformersAdamState(NamedTuple):
+    count: jax.Array
+    mu: Any
+    nu: Any
+
+
+def transformers_adamw(
+    learning_rate: optax.Schedule, b1: float, b2: float, eps: float, weight_decay: float,
+    mask: Any,
+) -> optax.GradientTransformation:  # fmt: skip
+    """The update of `transformers.AdamW` (transformers < 5, `correct_bias=True`), which the
+    PyTorch/XLA and Lightning Jigsaw notebooks ran: with t the update number and lr its rate,
+
+        m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        p' = p - lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)
+        p'' = p' - lr * weight_decay * p'        (decayed parameters only)
+
+    eps is added to sqrt(v) before the bias correction and the decay applies to the stepped
+    weights: both differ from torch.optim.AdamW (eps after correction, decay first)."""
+
+    def init(params: Any) -> TransformersAdamState:
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+        return TransformersAdamState(jnp.zeros([], jnp.int32), zeros, zeros)
+
+    def update(grads: Any, state: TransformersAdamState, params: Any = None):
+        lr = learning_rate(state.count)
+        t = (state.count + 1).astype(jnp.float32)
+        mu = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
+        nu = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, grads)
+        step_size = lr * jnp.sqrt(1 - b2**t) / (1 - b1**t)
+        decays = mask(params) if callable(mask) else mask
+
+        def one(p: Any, m: Any, v: Any, decay: bool) -> Any:
+            step = -step_size * m / (jnp.sqrt(v) + eps)
+            if decay and weight_decay:
+                step = step - lr * weight_decay * (p + step)
+            return step.astype(p.dtype)
+
+        updates = jax.tree_util.tree_map(one, params, mu, nu, decays)
+        return updates, TransformersAdamState(state.count + 1, mu, nu)
+
+    return optax.GradientTransformation(init, update)
 
 
 def make_optimizer(
-    cfg: OptimConfig, total_updates: int, num_devices: int
+    cfg: OptimConfig, horizon: Horizon, num_devices: int
 ) -> optax.GradientTransformation:
-    """AdamW (torch defaults: betas 0.9/0.999, eps 1e-8) after global-norm clipping, wrapped in
-    `optax.MultiSteps` when accumulating: the update is the mean of `accumulate` gradients.
+    """AdamW (`--adamw` form, betas `--adam-beta1/2`, `--adam-eps`; decay on
+    `--decay-params`) after global-norm clipping, wrapped in `optax.MultiSteps` when
+    accumulating: the update is the mean of `accumulate` gradients.
 
     Args:
       cfg: optimizer settings.
-      total_updates: optimizer updates in the run (train steps // accumulate).
+      horizon: the run's optimizer updates (train steps // accumulate), and per epoch.
       num_devices: for --scale-lr.
     """
     chain = []
     if cfg.clip_norm > 0:
         chain.append(clip_by_global_norm(cfg.clip_norm))
+    adamw = transformers_adamw if cfg.adamw == "transformers" else optax.adamw
     chain.append(
-        optax.adamw(
-            make_schedule(cfg, total_updates, num_devices),
-            b1=0.9,
-            b2=0.999,
-            eps=1e-8,
+        adamw(
+            make_schedule(cfg, horizon, num_devices),
+            b1=cfg.adam_beta1,
+            b2=cfg.adam_beta2,
+            eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
-            mask=decay_mask,
+            mask=partial(decay_mask, which=cfg.decay_params),
         )
     )
     tx = optax.chain(*chain)

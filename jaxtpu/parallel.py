@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtpu import sharding as placing
 from jaxtpu import steps
+from jaxtpu.core.tasks import RANKING_MARGIN as MARGIN
 from jaxtpu.hosts import Processes
 from jaxtpu.sharding import Placement
 
@@ -48,7 +49,9 @@ class Strategy:
     they can build their programs ahead of time (`precompile`).
     """
 
-    def __init__(self, devices: list[jax.Device], task: str, placement: Placement) -> None:
+    def __init__(
+        self, devices: list[jax.Device], task: str, placement: Placement, margin: float = MARGIN
+    ) -> None:
         if placement.devices != len(devices):
             raise ValueError(f"placement {placement} does not cover {len(devices)} devices")
         self.devices = devices
@@ -57,10 +60,15 @@ class Strategy:
         self.procs = Processes()
         self.local_devices = [d for d in devices if d.process_index == self.procs.index]
         self.task = task
+        self.margin = margin  # the ranking loss's (--margin)
         self.traces = 0  # how often the train step was traced (compiled); 1 per call length
         self._train: Any = None
         self._eval: Any = None
         self._compiled: dict[Any, Any] = {}  # ahead-of-time programs, see `precompile`
+
+    def _bound(self, fn: Any, **kw: Any) -> Any:
+        """`fn` (`steps.train_steps` or `steps.eval_step`) with this run's task and margin."""
+        return partial(fn, task=self.task, margin=self.margin, **kw)
 
     def _counted(self, fn: Any) -> Any:
         def traced(*args: Any) -> Any:
@@ -120,10 +128,12 @@ class Strategy:
 class PmapStrategy(Strategy):
     """`jax.pmap` over this process's devices: the state replicated on each."""
 
-    def __init__(self, devices: list[jax.Device], task: str, placement: Placement) -> None:
+    def __init__(
+        self, devices: list[jax.Device], task: str, placement: Placement, margin: float = MARGIN
+    ) -> None:
         if placement.sharding != "replicated" or placement.fsdp != 1:
             raise ValueError(f"pmap replicates the whole state; got {placement}")
-        super().__init__(devices, task, placement)
+        super().__init__(devices, task, placement, margin)
         # pmap places the leading axis of each process's arrays on that process's devices
         self._mesh = Mesh(np.array(self.local_devices), (AXIS,))
         self._sharded = NamedSharding(self._mesh, P(AXIS))
@@ -131,15 +141,13 @@ class PmapStrategy(Strategy):
 
     def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
         train = jax.pmap(
-            self._counted(partial(steps.train_steps, task=self.task, axis_name=AXIS)),
+            self._counted(self._bound(steps.train_steps, axis_name=AXIS)),
             axis_name=AXIS,
             in_axes=(0, 0, None),
             donate_argnums=(0,),
             devices=self.devices,
         )
-        evaluate = jax.pmap(
-            partial(steps.eval_step, task=self.task), axis_name=AXIS, devices=self.devices
-        )
+        evaluate = jax.pmap(self._bound(steps.eval_step), axis_name=AXIS, devices=self.devices)
 
         def rep(x: Any) -> jax.Array:
             x = np.asarray(x)
@@ -198,8 +206,10 @@ class JitStrategy(Strategy):
     `_step_fns`: the placement of state and batches stays as it is here.
     """
 
-    def __init__(self, devices: list[jax.Device], task: str, placement: Placement) -> None:
-        super().__init__(devices, task, placement)
+    def __init__(
+        self, devices: list[jax.Device], task: str, placement: Placement, margin: float = MARGIN
+    ) -> None:
+        super().__init__(devices, task, placement, margin)
         self.mesh = placing.make_mesh(devices, placement.data, placement.fsdp)
         sizes = placement.sizes
         self.batch_sharding = self._named(placing.batch_spec(sizes))
@@ -217,8 +227,8 @@ class JitStrategy(Strategy):
     def _step_fns(self) -> tuple[Any, Any]:
         """The pure (train_steps, eval_step) that jit compiles: global-batch functions."""
         return (
-            partial(steps.train_steps, task=self.task),
-            partial(steps.eval_step, task=self.task),
+            self._bound(steps.train_steps),
+            self._bound(steps.eval_step),
         )
 
     def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
@@ -332,14 +342,16 @@ class ShardMapStrategy(JitStrategy):
     compiler gathers the moments on entry and keeps each device's slice on exit.
     """
 
-    def __init__(self, devices: list[jax.Device], task: str, placement: Placement) -> None:
+    def __init__(
+        self, devices: list[jax.Device], task: str, placement: Placement, margin: float = MARGIN
+    ) -> None:
         if placement.sharding == "fsdp" or placement.fsdp != 1:
             raise ValueError(f"shard_map's per-device step sees the whole state; got {placement}")
-        super().__init__(devices, task, placement)
+        super().__init__(devices, task, placement, margin)
 
     def _step_fns(self) -> tuple[Any, Any]:
         train = jax.shard_map(
-            partial(steps.train_steps, task=self.task, axis_name=AXIS),
+            self._bound(steps.train_steps, axis_name=AXIS),
             mesh=self.mesh,
             in_specs=(P(), P(None, AXIS), P()),  # state, (K, rows, ...), rng
             out_specs=(P(), P()),  # pmean-ed: the same on every device
@@ -348,7 +360,7 @@ class ShardMapStrategy(JitStrategy):
             check_vma=False,
         )
         evaluate = jax.shard_map(
-            partial(steps.eval_step, task=self.task),
+            self._bound(steps.eval_step),
             mesh=self.mesh,
             in_specs=(P(), P(AXIS)),
             out_specs=P(AXIS),
@@ -365,8 +377,14 @@ STRATEGIES: dict[str, type[Strategy]] = {  # the order of `core.layout.JAX_STRAT
 
 
 def make_strategy(
-    name: str, devices: list[jax.Device], task: str, placement: Placement | None = None
+    name: str,
+    devices: list[jax.Device],
+    task: str,
+    placement: Placement | None = None,
+    margin: float = MARGIN,
 ) -> Strategy:
     """The strategy `--parallel name` (names are checked with the flags, before any work) on
-    `devices` with `placement` (default: replicated over a data axis of every device)."""
-    return STRATEGIES[name](devices, task, placement or Placement("replicated", len(devices)))
+    `devices` with `placement` (default: replicated over a data axis of every device), its
+    losses with the ranking `margin`."""
+    placement = placement or Placement("replicated", len(devices))
+    return STRATEGIES[name](devices, task, placement, margin)

@@ -91,7 +91,7 @@ def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
     from jaxtpu import parallel, steps
     from jaxtpu.backend import JaxBackend
 
-    strategy = parallel.make_strategy("jit", devices, task.name)
+    strategy = parallel.make_strategy("jit", devices, task.name, margin=model.cfg.run.margin)
     state = steps.TrainState.create(
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()
     )

@@ -30,6 +30,7 @@ from jaxtpu.core.cli import parse_with
 from jaxtpu.core.config import REMATS, Config
 from jaxtpu.core.errors import ConfigError, DeviceError
 from jaxtpu.core.rundir import check_output_path, user_errors
+from jaxtpu.core.schedules import Horizon
 from jaxtpu.core.spec import RunSpec
 
 GiB = 2**30
@@ -156,7 +157,7 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
     spec = spec or RunSpec.resolve(cfg, len(devices))
     module = models.for_run(cfg, spec)
     params = models.abstract_params(module, spec.task.example_shape(cfg.data.max_len))
-    tx = optim.make_optimizer(cfg.optim, 1000, len(devices))
+    tx = optim.make_optimizer(cfg.optim, Horizon(1000, 1000), len(devices))
     state = jax.eval_shape(
         lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
     )

@@ -21,12 +21,16 @@ Batch = dict[str, jax.Array]
 __all__ = ["LOSSES", "TrainState", "eval_step", "train_step", "train_steps"]
 
 
-def _margin_ranking(scores: jax.Array, label: jax.Array) -> jax.Array:
+def _bce(scores: jax.Array, label: jax.Array, margin: float) -> jax.Array:
+    return optax.sigmoid_binary_cross_entropy(scores, label)  # BCE with logits
+
+
+def _margin_ranking(scores: jax.Array, label: jax.Array, margin: float) -> jax.Array:
     # torch.nn.MarginRankingLoss(x1=more, x2=less, y=1): max(0, -(more - less) + margin)
-    return jax.nn.relu(RANKING_MARGIN - (scores[:, 1] - scores[:, 0]))
+    return jax.nn.relu(margin - (scores[:, 1] - scores[:, 0]))
 
 
-def _masked_bce(scores: jax.Array, label: jax.Array) -> jax.Array:
+def _masked_bce(scores: jax.Array, label: jax.Array, margin: float) -> jax.Array:
     # scores, label (B, 6); a blank label (NaN) is not scored: the mean over the known ones.
     # The label is made finite before the loss, so no NaN reaches the gradient.
     known = ~jnp.isnan(label)
@@ -34,9 +38,10 @@ def _masked_bce(scores: jax.Array, label: jax.Array) -> jax.Array:
     return jnp.where(known, per, 0.0).sum(-1) / jnp.maximum(known.sum(-1), 1)
 
 
-# Per-example loss of each task of `jaxtpu.core.tasks.TASKS`: (scores, label) -> (B,).
+# Per-example loss of each task of `jaxtpu.core.tasks.TASKS`: (scores, label, margin) -> (B,);
+# `margin` is --margin, which only the ranking loss reads.
 LOSSES = {
-    "toxicity": optax.sigmoid_binary_cross_entropy,  # BCE with logits
+    "toxicity": _bce,  # BCE with logits (soft targets allowed)
     "ranking": _margin_ranking,  # scores (B, 2): less, more toxic
     "multilabel": _masked_bce,  # BCE with logits per label, blank labels masked
 }
@@ -53,6 +58,7 @@ def train_step(
     *,
     task: str,
     axis_name: str | None = None,
+    margin: float = RANKING_MARGIN,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step (or one accumulation micro-step under optax.MultiSteps).
 
@@ -62,6 +68,7 @@ def train_step(
       rng: the run's base key; dropout uses fold_in(rng, step) (and the device index).
       task: a name of `jaxtpu.core.tasks.TASKS` (picks the loss).
       axis_name: the device axis to average over, under pmap/shard_map.
+      margin: the ranking loss's margin (--margin).
     Returns:
       (new_state, {'loss', 'grad_norm'}), metrics averaged over all devices.
     """
@@ -77,7 +84,7 @@ def train_step(
             deterministic=False,
             rngs={"dropout": rng},
         )
-        return _weighted_mean(LOSSES[task](scores, batch["label"]), batch["weight"])
+        return _weighted_mean(LOSSES[task](scores, batch["label"], margin), batch["weight"])
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     if axis_name is not None:
@@ -94,6 +101,7 @@ def train_steps(
     *,
     task: str,
     axis_name: str | None = None,
+    margin: float = RANKING_MARGIN,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """K `train_step`s in one device call (`lax.scan` over the leading axis of `batches`), as
     Keras' `steps_per_execution` does: one dispatch and one host round trip per K steps. The
@@ -103,7 +111,7 @@ def train_steps(
     skipped slots)."""
 
     def step(st: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        return train_step(st, batch, rng, task=task, axis_name=axis_name)
+        return train_step(st, batch, rng, task=task, axis_name=axis_name, margin=margin)
 
     if jax.tree_util.tree_leaves(batches)[0].shape[0] == 1:
         # K = 1 (a static shape): a plain step, because a scan of length one ran slower on
@@ -125,10 +133,12 @@ def train_steps(
     return jax.lax.scan(body, state, batches)
 
 
-def eval_step(state: TrainState, batch: Batch, *, task: str) -> dict[str, jax.Array]:
+def eval_step(
+    state: TrainState, batch: Batch, *, task: str, margin: float = RANKING_MARGIN
+) -> dict[str, jax.Array]:
     """Per-example scores and losses (deterministic: no dropout). Reduction happens on the host
     over the whole evaluation set, see `jaxtpu.core.tasks.Task.validation_metrics`."""
     scores = state.apply_fn(
         {"params": state.params}, batch["input_ids"], batch["attention_mask"], deterministic=True
     )
-    return {"score": scores, "loss": LOSSES[task](scores, batch["label"])}
+    return {"score": scores, "loss": LOSSES[task](scores, batch["label"], margin)}

@@ -81,10 +81,10 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         model = weights.load_model(cfg, spec)
         n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
         log.info("model: %s", spec.describe_model(n_params, run.seed))
-        tx = optim.make_optimizer(cfg.optim, job.plan.total_updates, len(devices))
+        tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices))
         state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
         placement = Placement(spec.sharding, *spec.mesh)
-        strategy = parallel.make_strategy(run.parallel, devices, run.task, placement)
+        strategy = parallel.make_strategy(run.parallel, devices, run.task, placement, run.margin)
         ckpts = checkpoint.Checkpoints(workdir, procs if procs.count > 1 else None)
         return JaxBackend(strategy, jax.device_get(state), run.seed, ckpts, run.steps_per_call)
 

@@ -36,8 +36,9 @@ def test_masked_loss_is_the_mean_over_known_labels_and_the_same_on_both_sides():
     labels = (rng.random((5, 6)) < 0.4).astype(np.float32)
     labels[1, 1:] = np.nan  # toxic only
     labels[3, [2, 4]] = np.nan
-    ours = np.asarray(steps.LOSSES["multilabel"](scores, labels))
-    theirs = torch_steps.LOSSES["multilabel"](torch.tensor(scores), torch.tensor(labels)).numpy()
+    ours = np.asarray(steps.LOSSES["multilabel"](scores, labels, 0.5))
+    theirs = torch_steps.LOSSES["multilabel"](torch.tensor(scores), torch.tensor(labels), 0.5)
+    theirs = theirs.numpy()
     # independent: log-loss of the known entries, averaged per row
     p = 1 / (1 + np.exp(-scores.astype(np.float64)))
     bce = -(labels * np.log(p) + (1 - labels) * np.log(1 - p))
@@ -49,7 +50,7 @@ def test_masked_loss_is_the_mean_over_known_labels_and_the_same_on_both_sides():
     # no NaN reaches the gradient, and a blank label gets none
     import jax
 
-    grad = np.asarray(jax.grad(lambda s: steps.LOSSES["multilabel"](s, labels).sum())(scores))
+    grad = np.asarray(jax.grad(lambda s: steps.LOSSES["multilabel"](s, labels, 0.5).sum())(scores))
     assert np.isfinite(grad).all() and (grad[~known] == 0).all()
 
 

@@ -109,6 +109,7 @@ class XlaBackend:
             update=self.micro % acc == 0,
             clip_norm=self.cfg.optim.clip_norm,
             reduce_gradients=self.xm.reduce_gradients if self.strategy.replicas > 1 else None,
+            margin=self.cfg.run.margin,
         )
         if self.strategy.replicas > 1:  # each replica's loss is of its slice: average them
             loss = self.xm.all_reduce(self.xm.REDUCE_SUM, loss, scale=1.0 / self.strategy.replicas)
@@ -142,6 +143,7 @@ class XlaBackend:
             self.cfg.run.task,
             self.cfg.run.precision,
             self.device_type,
+            self.cfg.run.margin,
         )
         self._sync()
         return {"score": self.strategy.gather(scores), "loss": self.strategy.gather(losses)}

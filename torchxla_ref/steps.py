@@ -11,25 +11,24 @@ import torch.nn.functional as F
 from jaxtpu.core.tasks import RANKING_MARGIN
 
 
-def _bce(scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+def _bce(scores: torch.Tensor, label: torch.Tensor, margin: float) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(scores, label, reduction="none")
 
 
-def _margin_ranking(scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+def _margin_ranking(scores: torch.Tensor, label: torch.Tensor, margin: float) -> torch.Tensor:
     ones = torch.ones_like(scores[:, 0])
-    return F.margin_ranking_loss(
-        scores[:, 1], scores[:, 0], ones, margin=RANKING_MARGIN, reduction="none"
-    )
+    return F.margin_ranking_loss(scores[:, 1], scores[:, 0], ones, margin=margin, reduction="none")
 
 
-def _masked_bce(scores: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+def _masked_bce(scores: torch.Tensor, label: torch.Tensor, margin: float) -> torch.Tensor:
     # scores, label (B, 6); a blank label (NaN) is not scored: the mean over the known ones.
     known = ~torch.isnan(label)
-    per = _bce(scores, torch.where(known, label, torch.zeros_like(label)))
+    per = _bce(scores, torch.where(known, label, torch.zeros_like(label)), margin)
     return torch.where(known, per, torch.zeros_like(per)).sum(-1) / known.sum(-1).clamp(min=1)
 
 
-# Per-example loss of each task of `jaxtpu.core.tasks.TASKS`, as `jaxtpu.steps.LOSSES`.
+# Per-example loss of each task of `jaxtpu.core.tasks.TASKS`, as `jaxtpu.steps.LOSSES`:
+# (scores, label, margin) -> (B,); only the ranking loss reads `margin` (--margin).
 LOSSES = {"toxicity": _bce, "ranking": _margin_ranking, "multilabel": _masked_bce}
 
 
@@ -46,11 +45,12 @@ def loss_fn(
     task: str,
     precision: str,
     device_type: str,
+    margin: float = RANKING_MARGIN,
 ) -> torch.Tensor:
     """Weighted mean loss of one (per-replica or global) batch."""
     with autocast(precision, device_type):
         scores = model(batch["input_ids"], batch["attention_mask"])
-    losses = LOSSES[task](scores.float(), batch["label"])
+    losses = LOSSES[task](scores.float(), batch["label"], margin)
     weight = batch["weight"]
     return (losses * weight).sum() / weight.sum().clamp(min=1.0)
 
@@ -68,6 +68,7 @@ def train_step(
     update: bool,
     clip_norm: float,
     reduce_gradients: Callable[[torch.optim.Optimizer], None] | None = None,
+    margin: float = RANKING_MARGIN,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward + backward (gradients summed over `accumulate` micro-steps); on `update`,
     all-reduce gradients across replicas (spawn path: `xm.reduce_gradients`, i.e. the first
@@ -77,7 +78,7 @@ def train_step(
     Returns:
       (loss, grad_norm or None): the micro-batch loss and, on updates, the pre-clip norm.
     """
-    loss = loss_fn(model, batch, task, precision, device_type)
+    loss = loss_fn(model, batch, task, precision, device_type, margin)
     (loss / accumulate).backward()
     grad_norm = None
     if update:
@@ -103,8 +104,9 @@ def eval_step(
     task: str,
     precision: str,
     device_type: str,
+    margin: float = RANKING_MARGIN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     with autocast(precision, device_type):
         scores = model(batch["input_ids"], batch["attention_mask"])
     scores = scores.float()
-    return scores, LOSSES[task](scores, batch["label"])
+    return scores, LOSSES[task](scores, batch["label"], margin)

@@ -43,7 +43,7 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
             spec.task.outputs,
         ).to(strategy.device)  # fmt: skip
         optimizer, scheduler = optim.make_optimizer(
-            model, cfg.optim, job.plan.total_updates, len(devices)
+            model, cfg.optim, job.plan.horizon, len(devices)
         )
         n_params = sum(p.numel() for p in model.parameters())
         log.info("model: %s", spec.describe_model(n_params, run.seed))

@@ -149,8 +149,10 @@ class Batcher:
         max_len: int,
         edges: tuple[int, ...] | None = None,
         group: int = 1,
+        eval_batch: int = 0,
     ) -> None:
         self.n = int(train_lengths.shape[0])
+        self.eval_global_batch = eval_batch or global_batch  # rows of an evaluation batch
         self.global_batch, self.max_len, self.edges, self.group = (
             global_batch, max_len, edges, max(group, 1),
         )  # fmt: skip
@@ -165,13 +167,15 @@ class Batcher:
         global_batch: int,
         max_len: int,
         group: int = 1,
+        eval_batch: int = 0,
     ) -> Batcher:
-        """The batcher `--buckets spec` asks for, edges chosen from the training lengths."""
+        """The batcher `--buckets spec` asks for, edges chosen from the training lengths
+        (`eval_batch`: rows of an evaluation batch; 0 = `global_batch`)."""
         parsed = parse_spec(spec, max_len)
         lengths = real_lengths(train_mask)
         if parsed == "auto":
             parsed = choose_edges(lengths, max_len)
-        return cls(lengths, global_batch, max_len, parsed, group)
+        return cls(lengths, global_batch, max_len, parsed, group, eval_batch)
 
     def batch_lengths(self) -> list[int | None]:
         """The sequence lengths of the training batches (None: the full --max-len)."""
@@ -227,7 +231,7 @@ class Batcher:
     def eval_batches(self, lengths: np.ndarray) -> Iterator[Rows]:
         """Batches covering every one of `len(lengths)` examples exactly once (filler rows at
         weight 0): in order at full length, or bucket by bucket at each bucket's edge."""
-        n, gb = lengths.shape[0], self.global_batch
+        n, gb = lengths.shape[0], self.eval_global_batch
         if self.edges is None:
             for start in range(0, n, gb):
                 yield _fill(np.arange(start, min(start + gb, n)), gb)

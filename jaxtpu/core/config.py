@@ -22,10 +22,17 @@ from jaxtpu.core.buckets import parse_spec
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.families import POOLINGS
 from jaxtpu.core.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
-from jaxtpu.core.tasks import TASKS, Task, get_task, monitor_names
+from jaxtpu.core.tasks import RANKING_MARGIN, TASKS, Task, get_task, monitor_names
 
 PRECISIONS = ("fp32", "bf16")
-SCHEDULES = ("constant", "linear", "cosine", "onecycle")
+SCHEDULES = ("constant", "linear", "cosine", "cosine-restarts", "onecycle")
+# How AdamW updates: torch.optim.AdamW's, or the (removed) transformers.AdamW the Kaggle
+# notebooks ran, which adds eps before the bias correction and decays after the step.
+ADAMW_FORMS = ("torch", "transformers")
+# Which parameters AdamW decays: all but biases and LayerNorm (the notebooks' no_decay
+# groups), or every one (`AdamW(model.parameters(), weight_decay=...)`).
+DECAY_PARAMS = ("not-bias-or-norm", "all")
+SCHEDULE_INTERVALS = ("step", "epoch")
 # Where the params and AdamW moments live (jaxtpu's jit path; `jaxtpu.parallel`).
 SHARDINGS = ("auto", "replicated", "zero1", "fsdp")
 # Rematerialisation of each encoder layer in the backward pass (`jaxtpu.models.REMAT`).
@@ -198,6 +205,18 @@ class DataConfig:
     max_rows: int = _f(
         0, "Use only the first N rows of the training file (0 = all).", bounds=Bounds(0, 10**9)
     )
+    subsample: int = _f(
+        0,
+        "Use a seeded random sample of N rows of the training file (the notebooks' "
+        ".sample(n=N, random_state=seed)), stratified by label for labelled comments; 0 = all.",
+        bounds=Bounds(0, 10**9),
+    )
+    fold_column: str = _f(
+        "",
+        "Take the folds from this column of the training file (e.g. kfold of "
+        "train_5folds.csv): --fold K validates on the rows whose value is K and trains on the "
+        "rest. Replaces --n-folds.",
+    )
     pairs_per_comment: float = _f(
         1.0,
         "Ranking from labels: pairs built = this x number of comments.",
@@ -216,18 +235,71 @@ class OptimConfig:
     lr: float = _f(5e-5, "Peak learning rate.", bounds=Bounds(0, _INF, lo_open=True))
     scale_lr: bool = _f(False, "Multiply --lr by the number of devices (as the TPU notebooks do).")
     weight_decay: float = _f(
-        0.01, "AdamW weight decay (never on biases and LayerNorm).", bounds=Bounds(0, _INF)
+        0.01, "AdamW weight decay (see --decay-params).", bounds=Bounds(0, _INF)
     )
-    schedule: str = _f("linear", "Learning-rate schedule.", SCHEDULES)
+    decay_params: str = _f(
+        "not-bias-or-norm",
+        "Which parameters weight decay applies to: every one but the biases and LayerNorm "
+        "weights (the notebooks' no_decay parameter groups), or all (AdamW(model.parameters(),"
+        " weight_decay=...) as the Lightning severity notebook has it).",
+        DECAY_PARAMS,
+    )
+    adamw: str = _f(
+        "torch",
+        "The AdamW update: 'torch' (torch.optim.AdamW, optax.adamw: decay before the step, eps "
+        "added after bias correction) or 'transformers' (the transformers.AdamW the Kaggle "
+        "notebooks ran: eps added to sqrt(v) before the bias correction, decay applied to "
+        "the stepped weights).",
+        ADAMW_FORMS,
+    )
+    adam_eps: float = _f(
+        1e-8,
+        "AdamW eps (torch's default 1e-8; transformers.AdamW's 1e-6).",
+        bounds=Bounds(0, _INF, lo_open=True),
+    )
+    adam_beta1: float = _f(0.9, "AdamW beta1.", bounds=Bounds(0, 1, hi_open=True))
+    adam_beta2: float = _f(0.999, "AdamW beta2.", bounds=Bounds(0, 1, hi_open=True))
+    schedule: str = _f(
+        "linear",
+        "Learning-rate schedule (formulas in jaxtpu/core/schedules.py): constant and linear "
+        "(transformers' with warm-up), cosine (CosineAnnealingLR: --t-max, --eta-min), "
+        "cosine-restarts (CosineAnnealingWarmRestarts: --t0, --t-mult, --eta-min), onecycle "
+        "(OneCycleLR).",
+        SCHEDULES,
+    )
+    schedule_interval: str = _f(
+        "step",
+        "When the schedule steps: every optimizer update, or once per epoch (a Lightning "
+        "scheduler returned without an interval; the rate is then constant within an epoch, "
+        "and --t-max/--t0 count epochs).",
+        SCHEDULE_INTERVALS,
+    )
     warmup_frac: float = _f(
         0.0,
         "Warm-up steps as a share of all steps. constant and linear: the rate rises as peak x "
         "update / warm-up updates (transformers' get_constant_schedule_with_warmup and "
-        "get_linear_schedule_with_warmup); onecycle: OneCycleLR's pct_start (0 = 0.3); cosine "
-        "has none (refused).",
+        "get_linear_schedule_with_warmup); onecycle: OneCycleLR's pct_start (0 = 0.3); the "
+        "cosine schedules have none (refused).",
         bounds=Bounds(0, 1, hi_open=True),
     )
-    eta_min: float = _f(0.0, "Cosine: final learning rate.", bounds=Bounds(0, _INF))
+    t_max: int = _f(
+        -1,
+        "cosine: CosineAnnealingLR's T_max, in schedule steps (see --schedule-interval); past "
+        "it the rate rises again, as torch's does. -1 = the run's length.",
+        bounds=Bounds(1, 10**12, special=(-1.0,)),
+    )
+    t0: int = _f(
+        -1,
+        "cosine-restarts: CosineAnnealingWarmRestarts' T_0, schedule steps to the first "
+        "restart (required with that schedule).",
+        bounds=Bounds(1, 10**12, special=(-1.0,)),
+    )
+    t_mult: int = _f(
+        1,
+        "cosine-restarts: T_mult, how much longer each cycle is than the one before.",
+        bounds=Bounds(1, 10**6),
+    )
+    eta_min: float = _f(0.0, "Cosine schedules: the floor of the rate.", bounds=Bounds(0, _INF))
     accumulate: int = _f(
         1, "Gradient accumulation: optimizer update every N steps.", bounds=Bounds(1, 10**6)
     )
@@ -273,6 +345,17 @@ class RunConfig:
         side="jax",
     )
     batch_size: int = _f(4, "Examples (or pairs) per device per step.", bounds=Bounds(1, 65536))
+    valid_batch_size: int = _f(
+        0,
+        "Examples (or pairs) per device per evaluation batch; 0 = --batch-size.",
+        bounds=Bounds(0, 65536),
+        resume=True,
+    )
+    margin: float = _f(
+        RANKING_MARGIN,
+        "--task ranking: the margin of the ranking loss (torch's MarginRankingLoss(margin)).",
+        bounds=Bounds(0, _INF),
+    )
     epochs: int = _f(1, "Passes over the training data.", bounds=Bounds(1, 10**6), resume=True)
     max_steps: int = _f(
         0, "Stop after this many steps (0 = run all epochs).", bounds=Bounds(0, 10**12), resume=True
@@ -471,14 +554,17 @@ def validate(cfg: Config) -> None:
                 f"--{name.replace('_', '-')} {value} is not a multiple of --steps-per-call {k}"
             )
     parse_spec(cfg.data.buckets, cfg.data.max_len)
-    if cfg.optim.schedule == "cosine" and cfg.optim.warmup_frac:
-        raise ConfigError(
-            f"--warmup-frac {cfg.optim.warmup_frac}: the cosine schedule has no warm-up "
-            "(CosineAnnealingLR); use --schedule linear or onecycle for one, or --warmup-frac 0"
-        )
+    _check_schedule(cfg.optim)
+    if cfg.run.margin != RANKING_MARGIN and cfg.run.task != "ranking":
+        raise ConfigError(f"--margin {cfg.run.margin} applies to --task ranking only")
     if cfg.data.n_folds == 1:
         raise ConfigError("--n-folds must be 0 (off) or >= 2, got 1")
-    if cfg.data.fold and not cfg.data.fold < cfg.data.n_folds:
+    if cfg.data.fold_column and (cfg.data.n_folds or cfg.data.valid_csv):
+        other = "--n-folds" if cfg.data.n_folds else "--valid-csv"
+        raise ConfigError(
+            f"--fold-column {cfg.data.fold_column} takes the folds from the file; drop {other}"
+        )
+    if cfg.data.fold and not cfg.data.fold_column and not cfg.data.fold < cfg.data.n_folds:
         raise ConfigError(
             f"--fold must be in 0..{max(cfg.data.n_folds - 1, 0)}"
             f"{'' if cfg.data.n_folds else ' (--n-folds is 0: no folds)'}, got {cfg.data.fold}"
@@ -505,6 +591,32 @@ def validate(cfg: Config) -> None:
             f"--hidden-size {cfg.model.hidden_size} is not divisible by "
             f"--num-heads {cfg.model.num_heads}"
         )
+
+
+def _check_schedule(o: OptimConfig) -> None:
+    """The schedule flags that go together; a flag of another schedule is refused rather than
+    ignored."""
+    cosine = o.schedule in ("cosine", "cosine-restarts")
+    if cosine and o.warmup_frac:
+        raise ConfigError(
+            f"--warmup-frac {o.warmup_frac}: the {o.schedule} schedule has no warm-up "
+            "(CosineAnnealingLR); use --schedule linear or onecycle for one, or --warmup-frac 0"
+        )
+    if o.schedule == "cosine-restarts" and o.t0 < 1:
+        raise ConfigError(
+            "--schedule cosine-restarts needs --t0: schedule steps to the first restart "
+            "(CosineAnnealingWarmRestarts' T_0)"
+        )
+    given = {"t_max": o.t_max != -1, "t0": o.t0 != -1, "t_mult": o.t_mult != 1,
+             "eta_min": o.eta_min != 0}  # fmt: skip
+    owner = {"t_max": ("cosine",), "t0": ("cosine-restarts",), "t_mult": ("cosine-restarts",),
+             "eta_min": ("cosine", "cosine-restarts")}  # fmt: skip
+    for name, set_ in given.items():
+        if set_ and o.schedule not in owner[name]:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} goes with --schedule {' or '.join(owner[name])}, "
+                f"not {o.schedule}"
+            )
 
 
 def require_strategy(cfg: Config, strategies: Sequence[str], side: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ class Comments:
     ids: list[str] = field(default_factory=list)
     dropped: int = 0
     groups: Groups = field(default_factory=Groups)
+    folds: np.ndarray | None = None  # (N,) int64: the file's --fold-column
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -107,6 +109,7 @@ class Comments:
             None if self.sublabels is None else self.sublabels[idx],
             [self.ids[i] for i in idx] if self.ids else [],
             groups=self.groups.take(idx),
+            folds=None if self.folds is None else self.folds[idx],
         )
 
     def severity(self) -> np.ndarray:
@@ -128,12 +131,18 @@ class Pairs:
     less: list[str]
     more: list[str]
     dropped: int = 0
+    folds: np.ndarray | None = None  # (N,) int64: the file's --fold-column
 
     def __len__(self) -> int:
         return len(self.less)
 
     def subset(self, idx: np.ndarray) -> Pairs:
-        return Pairs(self.source, [self.less[i] for i in idx], [self.more[i] for i in idx])
+        return Pairs(
+            self.source,
+            [self.less[i] for i in idx],
+            [self.more[i] for i in idx],
+            folds=None if self.folds is None else self.folds[idx],
+        )
 
 
 # --------------------------------------------------------------------------- CSV reading
@@ -240,12 +249,36 @@ def _parse_label(path: Any, line: int, column: str, value: str | None, blank_ok:
     return x
 
 
+def _fold_ids(path: Any, header: list[str], rows: list, column: str, kept: list[int]) -> Any:
+    """The integer fold ids of the kept rows in `column` (None when no column is asked for)."""
+    if not column:
+        return None
+    if column not in header:
+        raise DataError(
+            f"--fold-column {column}: {path} has no such column; found: {', '.join(header)}"
+        )
+    ids = []
+    for i in kept:
+        line, row = rows[i]
+        value = (row.get(column) or "").strip()
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not number.is_integer():
+            raise DataError(f"{path}: line {line}: {column}={value!r} is not a fold number")
+        ids.append(int(number))
+    return np.asarray(ids, np.int64)
+
+
 def _text(row: dict[str, str], column: str) -> str:
     value = row.get(column)
     return normalize_text(value) if isinstance(value, str) else ""
 
 
-def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
+def read_comments(
+    path: str | os.PathLike, labelled: bool = True, fold_column: str = ""
+) -> Comments:
     """Reads a Kaggle classification CSV: the comment (`comment_text`, or the Multilingual
     test file's `content`), the label (`toxic`, or Unintended Bias's `target`, a fraction kept
     as a soft target), optional `id`, sub-labels, identity columns (`IDENTITIES`) and `lang`.
@@ -274,12 +307,14 @@ def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
     texts, labels, sublabels, ids, dropped = [], [], [], [], 0
     identity_values: list[list[float]] = []
     langs: list[str] = []
-    for line, row in rows:
+    kept: list[int] = []
+    for i, (line, row) in enumerate(rows):
         text = _text(row, text_col)
         if not text:
             dropped += 1
             if labelled:
                 continue
+        kept.append(i)
         texts.append(text)
         ids.append((row.get(id_col) or "").strip())
         if labelled:
@@ -311,6 +346,7 @@ def read_comments(path: str | os.PathLike, labelled: bool = True) -> Comments:
         ids,
         dropped,
         _groups(path, idents, np.asarray(identity_values, np.float32), with_lang and langs),
+        _fold_ids(path, header, rows, fold_column, kept),
     )
 
 
@@ -328,7 +364,7 @@ def _groups(path: Any, names: list[str], values: np.ndarray, langs: list[str] | 
     return Groups(identities, None if langs is False else np.asarray(langs))
 
 
-def read_pairs(path: str | os.PathLike) -> Pairs:
+def read_pairs(path: str | os.PathLike, fold_column: str = "") -> Pairs:
     """Reads a Rate Severity pairs CSV (`less_toxic`, `more_toxic`, optional `worker`)."""
     header, rows = _read_rows(path)
     if file_kind(header) != "pairs":
@@ -338,19 +374,20 @@ def read_pairs(path: str | os.PathLike) -> Pairs:
             f"{path}: a lang column goes with a classification file (per-language AUC); a "
             "pairs file is scored by agreement over all its pairs: drop the column"
         )
-    less, more, dropped = [], [], 0
-    for _, row in rows:
+    less, more, dropped, kept = [], [], 0, []
+    for i, (_, row) in enumerate(rows):
         a, b = _text(row, "less_toxic"), _text(row, "more_toxic")
         if not a or not b:
             dropped += 1
             continue
+        kept.append(i)
         less.append(a)
         more.append(b)
     if not less:
         raise DataError(f"{path}: all {len(rows)} rows dropped (less_toxic or more_toxic empty)")
     if dropped:
         log.warning("%s: dropped %d of %d pairs with an empty comment", path, dropped, len(rows))
-    return Pairs(str(path), less, more, dropped)
+    return Pairs(str(path), less, more, dropped, _fold_ids(path, header, rows, fold_column, kept))
 
 
 _EXPECTED = {
@@ -360,13 +397,14 @@ _EXPECTED = {
 _READERS = {"pairs": read_pairs, "classification": read_comments}
 
 
-def read_task_file(path: str | os.PathLike, task: Task) -> Comments | Pairs:
-    """Reads a training/validation file of one of the kinds the task reads (`Task.reads`)."""
+def read_task_file(path: str | os.PathLike, task: Task, fold_column: str = "") -> Comments | Pairs:
+    """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
+    the fold ids of `fold_column` when one is asked for."""
     header, _ = _read_rows(path)
     kind = file_kind(header)
     if kind not in task.reads:
         raise _missing_columns_error(path, header, " or ".join(_EXPECTED[k] for k in task.reads))
-    data = _READERS[kind](path)
+    data = _READERS[kind](path, fold_column=fold_column)
     if isinstance(data, Comments) and data.groups and task.comments_per_example == 2:
         log.warning(
             "%s: identity/lang columns not used: the %s task is scored by agreement over pairs",
@@ -454,15 +492,23 @@ def pairs_from_labels(comments: Comments, n_pairs: int, seed: int) -> Pairs:
     )
 
 
-def _strata(data: Comments | Pairs) -> np.ndarray:
+def _strata(data: Comments | Pairs, label_columns: Sequence[str] = ("toxic",)) -> np.ndarray:
+    """The stratum of each example: the pattern of its labels (each >= 0.5 or not; blank
+    counts as not), over the task's label columns; one stratum for pairs."""
     if isinstance(data, Comments) and data.labels is not None:
-        return (data.labels >= 0.5).astype(np.int64)
+        bits = np.nan_to_num(labels_of(data, tuple(label_columns))) >= 0.5
+        return (bits * (1 << np.arange(bits.shape[1]))).sum(1).astype(np.int64)
     return np.zeros(len(data), np.int64)
 
 
-def fold_assignment(data: Comments | Pairs, n_folds: int, seed: int) -> np.ndarray:
-    """Stratified, seeded fold id (0..n_folds-1) of every example."""
-    strata = _strata(data)
+def fold_assignment(
+    data: Comments | Pairs, n_folds: int, seed: int, label_columns: Sequence[str] = ("toxic",)
+) -> np.ndarray:
+    """Stratified (over `label_columns`), seeded fold id (0..n_folds-1) of every example: by
+    label for one label column, by iterative stratification for several (`_iterative_folds`)."""
+    if len(label_columns) > 1 and isinstance(data, Comments) and data.labels is not None:
+        return _iterative_folds(labels_of(data, tuple(label_columns)), n_folds, seed)
+    strata = _strata(data, label_columns)
     rng = np.random.default_rng([seed, 11])
     folds = np.empty(len(strata), np.int64)
     offset = 0
@@ -473,14 +519,99 @@ def fold_assignment(data: Comments | Pairs, n_folds: int, seed: int) -> np.ndarr
     return folds
 
 
+def _iterative_folds(labels: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
+    """Folds balanced over several labels at once (Sechidis et al., 2011, "On the
+    stratification of multi-label data"): labels are taken rarest first; each example
+    positive for it and not yet placed goes to the fold that still wants the most of that
+    label (ties: the most room left, then the lowest fold), and its labels count against that
+    fold's wants. Examples positive for no label fill the folds with the most room. Blank
+    labels count as negative."""
+    rng = np.random.default_rng([seed, 11])
+    y = np.nan_to_num(labels) >= 0.5
+    n = y.shape[0]
+    wants = np.tile(y.sum(0) / n_folds, (n_folds, 1)).astype(np.float64)
+    room = np.full(n_folds, n / n_folds)
+    folds = np.full(n, -1, np.int64)
+    for j in np.argsort(y.sum(0), kind="stable"):
+        for i in rng.permutation(np.flatnonzero(y[:, j] & (folds < 0))):
+            f = int(np.lexsort((-room, -wants[:, j]))[0])
+            folds[i] = f
+            wants[f] -= y[i]
+            room[f] -= 1
+    for i in rng.permutation(np.flatnonzero(folds < 0)):
+        f = int(np.argmax(room))
+        folds[i] = f
+        room[f] -= 1
+    return folds
+
+
+def comment_groups(pairs: Pairs) -> np.ndarray:
+    """The group of each pair: pairs that share a comment (directly or through others) are
+    one group, the connected components of the comments-as-nodes graph (union-find)."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b in zip(pairs.less, pairs.more, strict=True):
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[ra] = rb
+    roots = [root(a) for a in pairs.less]
+    return np.unique(roots, return_inverse=True)[1].astype(np.int64)
+
+
+def pair_folds(pairs: Pairs, n_folds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A fold for both comments of every pair, so that a comment sits on one side of a split:
+    whole groups of pairs that share comments (`comment_groups`) go to one fold, filling the
+    emptiest fold first; a group larger than a fold's share is split comment by comment
+    (seeded), and its pairs whose comments fall in different folds are then lost to the
+    folds that hold one of the comments.
+
+    Returns:
+      (fold of each pair's less toxic comment, of its more toxic comment).
+    """
+    groups = comment_groups(pairs)
+    sizes = np.bincount(groups)
+    rng = np.random.default_rng([seed, 23])
+    order = rng.permutation(sizes.size)
+    order = order[np.argsort(-sizes[order], kind="stable")]
+    share = len(pairs) / n_folds
+    group_fold, filled = np.full(sizes.size, -1, np.int64), np.zeros(n_folds)
+    for g in order:
+        if sizes[g] <= share:
+            group_fold[g] = f = int(np.argmin(filled))
+            filled[f] += sizes[g]
+    less, more = group_fold[groups], group_fold[groups]
+    split = np.flatnonzero(less < 0)  # pairs of the groups too large for one fold
+    if split.size:
+        texts = sorted({pairs.less[i] for i in split} | {pairs.more[i] for i in split})
+        fold_of = dict(zip(texts, rng.integers(n_folds, size=len(texts)).tolist(), strict=True))
+        less[split] = [fold_of[pairs.less[i]] for i in split]
+        more[split] = [fold_of[pairs.more[i]] for i in split]
+    return less, more
+
+
 def split(
-    data: Comments | Pairs, valid_fraction: float, seed: int, n_folds: int = 0, fold: int = 0
+    data: Comments | Pairs,
+    valid_fraction: float,
+    seed: int,
+    n_folds: int = 0,
+    fold: int = 0,
+    label_columns: Sequence[str] = ("toxic",),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded stratified (train, valid) indices: a held-out fraction, or fold `fold` of k."""
+    """Seeded (train, valid) indices: a held-out fraction, or fold `fold` of k; stratified over
+    `label_columns` for comments, by shared comments for pairs (`pair_split`)."""
+    if isinstance(data, Pairs):
+        return pair_split(data, valid_fraction, seed, n_folds, fold)[:2]
     if n_folds:
-        folds = fold_assignment(data, n_folds, seed)
+        folds = fold_assignment(data, n_folds, seed, label_columns)
         return np.flatnonzero(folds != fold), np.flatnonzero(folds == fold)
-    strata = _strata(data)
+    strata = _strata(data, label_columns)
     rng = np.random.default_rng([seed, 13])
     train, valid = [], []
     for s in np.unique(strata):
@@ -489,6 +620,42 @@ def split(
         valid.append(idx[:k])
         train.append(idx[k:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(valid))
+
+
+def pair_split(
+    pairs: Pairs, valid_fraction: float, seed: int, n_folds: int = 0, fold: int = 0
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(train, valid, lost) pairs with no comment on both sides: validation is fold `fold` of
+    `n_folds` (or fold 0 of round(1 / valid_fraction)) of `pair_folds`; training is every pair
+    with neither comment in it; `lost` counts the pairs with one comment on each side."""
+    k = n_folds or max(int(round(1 / valid_fraction)), 2)
+    less, more = pair_folds(pairs, k, seed)
+    inside = (less == fold).astype(int) + (more == fold)
+    valid, train = np.flatnonzero(inside == 2), np.flatnonzero(inside == 0)
+    lost = int((inside == 1).sum())
+    log.info(
+        "%s: pairs split so that no comment is on both sides: %d train, %d validation, %d "
+        "pairs left out (one comment on each side)", pairs.source, train.size, valid.size, lost,
+    )  # fmt: skip
+    return train, valid, lost
+
+
+def subsample(
+    data: Comments | Pairs, n: int, seed: int, label_columns: Sequence[str]
+) -> np.ndarray:
+    """A seeded random sample of `n` rows (the notebooks' `.sample(n=...)`), stratified over
+    the label pattern for comments (each stratum keeps its share, rounded), in file order."""
+    if n >= len(data):
+        return np.arange(len(data))
+    rng = np.random.default_rng([seed, 29])
+    strata = _strata(data, label_columns)
+    values, counts = np.unique(strata, return_counts=True)
+    quota = np.floor(counts * n / len(data)).astype(int)
+    remainder = counts * n / len(data) - quota
+    quota[np.argsort(-remainder, kind="stable")[: n - quota.sum()]] += 1
+    chosen = [rng.choice(np.flatnonzero(strata == v), q, replace=False)
+              for v, q in zip(values, quota, strict=True)]  # fmt: skip
+    return np.sort(np.concatenate(chosen))
 
 
 @dataclass
@@ -559,6 +726,7 @@ class TaskData:
     train: Examples
     valid: Examples
     info: dict[str, Any]
+    valid_rows: np.ndarray | None = None  # the validation rows' places in the training file
 
 
 def check_label_columns(train: Comments | Pairs, task: Task, source: str) -> None:
@@ -594,29 +762,23 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     d, task, seed = cfg.data, cfg.task, cfg.run.seed
     if d.train_csv:
         path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
-        data = read_task_file(path, task)
+        data = read_task_file(path, task, d.fold_column)
         source = str(path)
     else:
         data = demo_comments(d.demo_size, seed)
         source = f"built-in demo data ({d.demo_size} generated comments)"
     if d.max_rows and len(data) > d.max_rows:
         data = data.subset(np.arange(d.max_rows))
+    if d.subsample and len(data) > d.subsample:
+        data = data.subset(subsample(data, d.subsample, seed, task.label_columns))
+        source += f" (seeded sample of {d.subsample} rows, stratified)"
+    valid_rows = None
     if d.valid_csv:
         train, valid = data, read_task_file(d.valid_csv, task)
         split_desc = f"validation file {d.valid_csv}"
     else:
-        tr, va = split(data, d.valid_fraction, seed, d.n_folds, d.fold)
-        if va.size == 0 or tr.size == 0:
-            raise DataError(
-                f"{source}: {len(data)} rows are too few to split into train and validation; "
-                "give more rows or a --valid-csv"
-            )
-        train, valid = data.subset(tr), data.subset(va)
-        split_desc = (
-            f"fold {d.fold} of {d.n_folds}"
-            if d.n_folds
-            else f"held-out {d.valid_fraction:.0%} (stratified, seed {seed})"
-        )
+        tr, valid_rows, split_desc = _split_rows(data, cfg, source)
+        train, valid = data.subset(tr), data.subset(valid_rows)
     if task.outputs > 1:
         check_label_columns(train, task, source)
     if task.comments_per_example == 2:
@@ -644,4 +806,35 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         "token_cache_hit": train_ex.cache_hit and valid_ex.cache_hit,
         "unit": task.unit,
     }
-    return TaskData(train_ex, valid_ex, info)
+    return TaskData(train_ex, valid_ex, info, valid_rows)
+
+
+def _split_rows(data: Comments | Pairs, cfg: Config, source: str) -> tuple[Any, Any, str]:
+    """(train rows, validation rows, a description) of a file without --valid-csv: the file's
+    own folds (--fold-column), fold k of --n-folds, or a held-out fraction."""
+    d, seed = cfg.data, cfg.run.seed
+    if d.fold_column:
+        assert data.folds is not None
+        ids = np.unique(data.folds)
+        if ids.size < 2:
+            raise DataError(
+                f"--fold-column {d.fold_column}: every row of {source} is in fold {ids[0]}; "
+                "k-fold needs at least two folds"
+            )
+        if d.fold not in ids:
+            raise DataError(
+                f"--fold {d.fold}: no row of {source} has {d.fold_column} = {d.fold}; its folds "
+                f"are {', '.join(map(str, ids))}"
+            )
+        tr, va = np.flatnonzero(data.folds != d.fold), np.flatnonzero(data.folds == d.fold)
+        return tr, va, f"fold {d.fold} of the file's {d.fold_column} ({ids.size} folds)"
+    tr, va = split(data, d.valid_fraction, seed, d.n_folds, d.fold, cfg.task.label_columns)
+    if va.size == 0 or tr.size == 0:
+        raise DataError(
+            f"{source}: {len(data)} rows are too few to split into train and validation; "
+            "give more rows or a --valid-csv"
+        )
+    how = "by shared comments" if isinstance(data, Pairs) else "stratified"
+    if d.n_folds:
+        return tr, va, f"fold {d.fold} of {d.n_folds} ({how}, seed {seed})"
+    return tr, va, f"held-out {d.valid_fraction:.0%} ({how}, seed {seed})"

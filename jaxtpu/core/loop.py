@@ -27,7 +27,7 @@ from jaxtpu.core.buckets import Batcher, Rows, real_lengths
 from jaxtpu.core.config import Config, RunConfig
 from jaxtpu.core.errors import ConfigError, TrainingError, UserError
 from jaxtpu.core.rundir import RunLog
-from jaxtpu.core.schedules import learning_rate, peak_lr
+from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
 from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import Task, higher_is_better
 from jaxtpu.core.tokens import load_tokenizer, save_tokenizer
@@ -99,6 +99,12 @@ class Plan:
     total: int
     total_updates: int
     batcher: Batcher  # every train and eval batch (padded, or in length buckets)
+    accumulate: int = 1
+
+    @property
+    def horizon(self) -> Horizon:
+        """The schedule's length: the run's optimizer updates, and per epoch."""
+        return Horizon(self.total_updates, self.steps_per_epoch / self.accumulate)
 
     @classmethod
     def make(cls, cfg: Config, train: jdata.Examples, num_devices: int) -> Plan:
@@ -112,12 +118,12 @@ class Plan:
             )
         batcher = Batcher.for_data(
             cfg.data.buckets, train.attention_mask, global_batch, cfg.data.max_len,
-            run.steps_per_call,
+            run.steps_per_call, (run.valid_batch_size or run.batch_size) * num_devices,
         )  # fmt: skip
         spe = batcher.steps_per_epoch()
         total = spe * run.epochs if not run.max_steps else min(spe * run.epochs, run.max_steps)
         updates = max(total // cfg.optim.accumulate, 1)
-        return cls(n_train, global_batch, spe, total, updates, batcher)
+        return cls(n_train, global_batch, spe, total, updates, batcher, cfg.optim.accumulate)
 
     def describe(self, cfg: Config, num_devices: int) -> str:
         cap = f", capped by --max-steps {cfg.run.max_steps}" if cfg.run.max_steps else ""
@@ -259,7 +265,7 @@ def score_examples(backend: Any, examples: jdata.Examples, batcher: Batcher, tas
     computes the metrics on the host over the whole set.
     Returns (metrics, scores of the examples in their order)."""
     outs, batches = [], []
-    rows = backend.local_rows(batcher.global_batch)
+    rows = backend.local_rows(batcher.eval_global_batch)
     for b in batcher.eval_batches(real_lengths(examples.attention_mask)):
         outs.append(backend.eval_batch(examples.take(b.idx[rows], b.weight[rows], b.length)))
         batches.append(b)
@@ -426,7 +432,10 @@ class _Driver:
                     break
         calls = [[job.data.train.take(idx, weight, n)] for n in used]
         lengths = batcher.eval_batch_lengths(real_lengths(valid.attention_mask))
-        evals = [valid.take(idx % len(valid), weight, n) for n in lengths]
+        egb = batcher.eval_global_batch
+        rows = self.backend.local_rows(egb)
+        idx, weight = np.arange(egb)[rows] % len(valid), np.ones(egb, np.float32)[rows]
+        evals = [valid.take(idx, weight, n) for n in lengths]
         t0 = time.time()
         built = self.backend.precompile(calls, evals)
         if built:
@@ -455,8 +464,8 @@ class _Driver:
         rate = (step - self.step_log) * self.job.plan.global_batch / dt
         wait, self.wait_log = waited - self.wait_log, waited
         self.t_log, self.step_log = time.time(), step
-        update = step // self.cfg.optim.accumulate
-        lr = learning_rate(update, self.job.plan.total_updates, self.cfg.optim, self.peak)
+        update = (step - 1) // self.cfg.optim.accumulate  # the update step `step` fed
+        lr = learning_rate(update, self.job.plan.horizon, self.cfg.optim, self.peak)
         # grad_norm is None on accumulation micro-steps of the torch side
         norms = [h["grad_norm"] for h in host if h.get("grad_norm") is not None]
         self.runlog.write(

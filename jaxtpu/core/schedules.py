@@ -7,31 +7,54 @@ Framework-free: `xp` is the array module to compute with (`numpy` on the torch s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 
-def learning_rate(step: Any, total: int, cfg: Any, peak: float, xp: Any = np) -> Any:
-    """The learning rate at optimizer update `step` of `total`.
+@dataclass(frozen=True)
+class Horizon:
+    """How long a run's schedule is: `total` optimizer updates, `per_epoch` of them in an epoch
+    (training steps per epoch / --accumulate; for --schedule-interval epoch)."""
+
+    total: int
+    per_epoch: float
+
+    def scheduler_steps(self, cfg: Any) -> int:
+        """The scheduler steps in the run: updates, or epochs when it steps per epoch."""
+        if cfg.schedule_interval == "epoch":
+            return max(int(np.ceil(self.total / max(self.per_epoch, 1e-9))), 1)
+        return max(int(self.total), 1)
+
+
+def learning_rate(step: Any, horizon: Horizon, cfg: Any, peak: float, xp: Any = np) -> Any:
+    """The learning rate at optimizer update `step` of the run.
 
     Args:
       step: update index (int or array).
-      total: number of optimizer updates in the run.
-      cfg: a `jaxtpu.core.config.OptimConfig` (schedule, warmup_frac, eta_min).
+      horizon: the run's length in updates (and per epoch).
+      cfg: a `jaxtpu.core.config.OptimConfig` (schedule, schedule_interval, warmup_frac,
+        t_max, t0, t_mult, eta_min).
       peak: the peak learning rate (after --scale-lr).
       xp: numpy or jax.numpy.
-    Schedules:
-      constant: `peak` after a linear warm-up of `warmup_frac` x `total` updates (transformers'
-        get_constant_schedule_with_warmup: peak x step / warm-up updates).
-      linear: the same warm-up to `peak`, then linear decay to 0 at `total` (transformers'
+    With --schedule-interval epoch the schedule's step is the epoch (update // updates per
+    epoch): the rate holds through an epoch, as a Lightning scheduler without an interval.
+    Schedules, with T the run's scheduler steps:
+      constant: `peak` after a linear warm-up of `warmup_frac` x T steps (transformers'
+        get_constant_schedule_with_warmup: peak x step / warm-up steps).
+      linear: the same warm-up to `peak`, then linear decay to 0 at T (transformers'
         get_linear_schedule_with_warmup).
-      cosine: torch's CosineAnnealingLR with T_max=`total`, eta_min=`cfg.eta_min`.
+      cosine: torch's CosineAnnealingLR(T_max=`t_max` or T, eta_min): eta_min + (peak -
+        eta_min)(1 + cos(pi t / T_max)) / 2, rising again past T_max as torch's does.
+      cosine-restarts: torch's CosineAnnealingWarmRestarts(T_0=`t0`, T_mult=`t_mult`, eta_min).
       onecycle: torch's OneCycleLR (cosine, pct_start = warmup_frac or 0.3, div_factor 25,
         final_div_factor 1e4).
     """
     step = xp.asarray(step, dtype=xp.float32)
-    total = max(int(total), 1)
+    if cfg.schedule_interval == "epoch":
+        step = xp.floor(step / max(horizon.per_epoch, 1e-9))
+    total = horizon.scheduler_steps(cfg)
     warm = int(cfg.warmup_frac * total)
     rising = step / max(warm, 1)  # the warm-up of both transformers schedules
     if cfg.schedule == "constant":
@@ -40,8 +63,18 @@ def learning_rate(step: Any, total: int, cfg: Any, peak: float, xp: Any = np) ->
         decay = xp.maximum(0.0, (total - step) / max(total - warm, 1))
         return peak * xp.where(step < warm, rising, decay)
     if cfg.schedule == "cosine":
-        t = xp.minimum(step, float(total))
-        return cfg.eta_min + (peak - cfg.eta_min) * (1.0 + xp.cos(np.pi * t / total)) / 2.0
+        t_max = cfg.t_max if cfg.t_max > 0 else total
+        return _cosine(step, t_max, peak, cfg.eta_min, xp)
+    if cfg.schedule == "cosine-restarts":
+        t0, mult = float(cfg.t0), float(cfg.t_mult)
+        if cfg.t_mult == 1:
+            cycle = xp.floor(step / t0)
+            t_cur, t_i = step - cycle * t0, t0
+        else:  # cycle n starts at t0 (mult^n - 1) / (mult - 1) and lasts t0 mult^n
+            n = xp.floor(xp.log(step / t0 * (mult - 1.0) + 1.0) / np.log(mult))
+            t_cur = step - t0 * (mult**n - 1.0) / (mult - 1.0)
+            t_i = t0 * mult**n
+        return _cosine(t_cur, t_i, peak, cfg.eta_min, xp)
     if cfg.schedule == "onecycle":
         pct_start = cfg.warmup_frac or 0.3
         initial, final = peak / 25.0, peak / 25.0 / 1e4
@@ -55,6 +88,10 @@ def learning_rate(step: Any, total: int, cfg: Any, peak: float, xp: Any = np) ->
         falling = anneal(peak, final, xp.clip((step - up) / max(down, 1e-9), 0.0, 1.0))
         return xp.where(step <= up, rising, falling)
     raise ValueError(f"unknown schedule {cfg.schedule!r}")
+
+
+def _cosine(t: Any, period: Any, peak: float, eta_min: float, xp: Any) -> Any:
+    return eta_min + (peak - eta_min) * (1.0 + xp.cos(np.pi * t / period)) / 2.0
 
 
 def peak_lr(cfg: Any, num_devices: int) -> float:
