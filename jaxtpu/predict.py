@@ -138,7 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "notebook's state-dict file (--init-from).",
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workdir", help="Run directory written by jaxtpu.train (its best model).")
+    source.add_argument(
+        "--workdir",
+        nargs="+",
+        help="Run directory written by jaxtpu.train (its best model); several (the folds or "
+        "seeds of one recipe) are an ensemble: the mean of their probabilities (rankers: of "
+        "their scores).",
+    )
     source.add_argument(
         "--init-from",
         help="Instead of a run: a PyTorch training notebook's state-dict file (.bin/.pt, or a "
@@ -183,38 +189,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         header = jdata.columns(args.input)
         comments = jdata.read_comments(args.input, labelled=False)
         if args.workdir:
-            model = load_trained(args.workdir)
+            models = [load_trained(w) for w in args.workdir]
+            check_ensemble(models, args.workdir)
         else:
-            model = load_notebook(args.init_from, args.model_dir, args.max_len or 128)
+            models = [load_notebook(args.init_from, args.model_dir, args.max_len or 128)]
         severity = jdata.file_kind(header) == "score"
-        task = model.spec.task
+        task = models[0].spec.task
         if severity and task.outputs > 1 and task.label_columns != LABELS:
             raise UserError(
                 f"--input {args.input}: a Rate Severity file needs one score per comment; "
                 f"this {task.name} model scores {', '.join(task.label_columns)}"
             )
-        scores = score_texts(model, comments.texts, devices, args.batch_size)
-        write_scores(out, comments, scores, task, severity)
-        print(f"wrote {len(scores)} scores to {out}")
+        columns, values = None, []
+        for i, model in enumerate(models):
+            if len(models) > 1:
+                print(f"model {i + 1} of {len(models)}: {args.workdir[i]}", flush=True)
+            scores = score_texts(model, comments.texts, devices, args.batch_size)
+            columns, model_values = outputs(scores, task, severity)
+            values.append(model_values)
+        assert columns is not None
+        mean = np.mean(values, axis=0)
+        ids = comments.ids if any(comments.ids) else [str(i) for i in range(len(mean))]
+        rows = ([i, *row] for i, row in zip(ids, mean.tolist(), strict=True))
+        write_csv(out, columns, rows)
+        what = f"the mean of {len(models)} models' " if len(models) > 1 else ""
+        print(f"wrote {what}{len(mean)} scores to {out}")
     return 0
 
 
-def write_scores(
-    out: Path, comments: jdata.Comments, scores: np.ndarray, task: Any, severity: bool
-) -> None:
-    """The output file: `comment_id,score` for a Rate Severity file (`severity`; a multi-label
-    model ranks by the severity weights of its six probabilities, as pairs are built from
-    labels), else Kaggle's submission, `id` and a probability per label the model scores."""
+def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
+    """Models averaged together must score the same thing from the same tokens."""
+    from jaxtpu.core.tokens import tokenizer_fingerprint
+
+    first = models[0]
+    fingerprint = tokenizer_fingerprint(load_tokenizer(first.tokenizer_dir))
+    for model, wd in zip(models[1:], workdirs[1:], strict=True):
+        if model.spec.task.name != first.spec.task.name:
+            raise UserError(
+                f"--workdir {wd} is a {model.spec.task.name} run, {workdirs[0]} a "
+                f"{first.spec.task.name} run; an ensemble averages runs of one task"
+            )
+        if tokenizer_fingerprint(load_tokenizer(model.tokenizer_dir)) != fingerprint:
+            raise UserError(
+                f"--workdir {wd} has another tokenizer than {workdirs[0]}; an ensemble averages "
+                "runs of one model family and tokenizer"
+            )
+
+
+def outputs(scores: np.ndarray, task: Any, severity: bool) -> tuple[list[str], np.ndarray]:
+    """(header, values (N, columns)) of the output file: `comment_id,score` for a Rate
+    Severity file (`severity`; a multi-label model ranks by the severity weights of its six
+    probabilities, as pairs are built from labels; other models by their raw score), else
+    Kaggle's submission, `id` and a probability per label the model scores."""
     if severity:
         if scores.ndim == 2:
             scores = (1.0 / (1.0 + np.exp(-scores))) @ jdata.SEVERITY_WEIGHTS
-        write_csv(out, ["comment_id", "score"], zip(comments.ids, scores.tolist(), strict=True))
-        return
-    probs = 1.0 / (1.0 + np.exp(-scores))
-    ids = comments.ids if any(comments.ids) else [str(i) for i in range(len(probs))]
+        return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
+    probs = 1.0 / (1.0 + np.exp(-np.asarray(scores, np.float64)))
     labels = list(task.label_columns) if probs.ndim == 2 else ["toxic"]
-    rows = ([i, *np.atleast_1d(p).tolist()] for i, p in zip(ids, probs, strict=True))
-    write_csv(out, ["id", *labels], rows)
+    return ["id", *labels], probs.reshape(len(probs), -1)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import Any
 from jaxtpu.core import hostmem, loop
 from jaxtpu.core.cli import parse_args
 from jaxtpu.core.config import JAX_STRATEGIES, Config, require_strategy
+from jaxtpu.core.folds import train_folds
 from jaxtpu.core.rundir import claim_workdir, exit_code, user_errors
 from jaxtpu.core.spec import RunSpec
 
@@ -100,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategies=JAX_STRATEGIES,
     )
     with user_errors():
-        summary = train_and_evaluate(cfg)
+        if cfg.run.all_folds:
+            summary = train_folds(cfg, train_and_evaluate)
+        else:
+            summary = train_and_evaluate(cfg)
     return exit_code(summary, "jaxtpu.train")
 
 

@@ -18,6 +18,7 @@ from jaxtpu.core import loop
 from jaxtpu.core.cli import parse_args
 from jaxtpu.core.config import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.folds import train_folds
 from jaxtpu.core.rundir import claim_workdir, exit_code, user_errors
 from jaxtpu.core.spec import RunSpec
 from torchxla_ref import parallel
@@ -103,7 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategies=TORCH_STRATEGIES,
     )
     with user_errors():
-        summary = train_and_evaluate(cfg)
+        if cfg.run.all_folds:
+            summary = train_folds(cfg, train_and_evaluate)
+        else:
+            summary = train_and_evaluate(cfg)
     return exit_code(summary, "torchxla_ref.train")
 
 

@@ -23,7 +23,7 @@ from jaxtpu.core.config import (
     base_type,
 )
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.presets import PRESETS, demo, get_preset
+from jaxtpu.core.presets import PRESETS, check_needs, demo, get_preset
 
 
 class _Parser(argparse.ArgumentParser):
@@ -119,7 +119,9 @@ def parse_with(
     if cfg.run.parallel not in strategies:
         overrides.setdefault("parallel", strategies[0])
     try:
-        return apply_overrides(cfg, overrides), args
+        cfg = apply_overrides(cfg, overrides)
+        check_needs(args.preset, cfg)
+        return cfg, args
     except ConfigError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits

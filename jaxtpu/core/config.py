@@ -411,6 +411,13 @@ class RunConfig:
         resume=True,
     )
     resume: bool = _f(False, "Continue from the latest checkpoint in --workdir.", resume=True)
+    all_folds: bool = _f(
+        False,
+        "Train every fold (--n-folds K, or the values of --fold-column) into --workdir/fold-K "
+        "in turn, then write folds.json (each fold's best metric, mean and spread) and oof.csv "
+        "(the out-of-fold predictions). With --resume, finished folds are kept.",
+        resume=True,
+    )
     progress: bool = _f(True, "Show a live progress bar.", resume=True)
     coordinator_address: str = _f(
         "",

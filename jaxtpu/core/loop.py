@@ -9,6 +9,7 @@ interval.
 
 from __future__ import annotations
 
+import csv
 import logging
 import math
 import queue
@@ -26,6 +27,7 @@ from jaxtpu.core import data as jdata
 from jaxtpu.core.buckets import Batcher, Rows, real_lengths
 from jaxtpu.core.config import Config, RunConfig
 from jaxtpu.core.errors import ConfigError, TrainingError, UserError
+from jaxtpu.core.files import atomic_write
 from jaxtpu.core.rundir import RunLog
 from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
 from jaxtpu.core.spec import RunSpec
@@ -259,6 +261,8 @@ def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
 
 # --------------------------------------------------------------------------- the driver
 
+VALID_SCORES = "valid_scores.csv"  # the best model's predictions of the validation set
+
 
 def score_examples(backend: Any, examples: jdata.Examples, batcher: Batcher, task: Task):
     """Scores every example exactly once across all devices (in the batcher's buckets), then
@@ -479,11 +483,23 @@ class _Driver:
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.4f}", ex_s=f"{rate:.1f}", refresh=False)
 
+    def write_valid_scores(self, scores: np.ndarray) -> None:
+        """`valid_scores.csv`: the best model's predictions (`Task.predictions`) of every
+        validation example, with its row in the training file (`row`, when the validation set
+        was split from it) or in the validation file: the out-of-fold predictions of a fold."""
+        rows = self.job.data.valid_rows
+        rows = np.arange(len(scores)) if rows is None else rows
+        preds = self.task.predictions(scores)
+        with atomic_write(self.job.workdir / VALID_SCORES, newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["row", *self.task.score_columns])
+            w.writerows([r, *p] for r, p in zip(rows.tolist(), preds.tolist(), strict=True))
+
     def validate(self, call: Call) -> bool:
         """Evaluates, logs, saves the best and the latest state; True when early stopping
         says stop."""
         t0, step, monitor = time.time(), call.end, self.job.monitor
-        result, _ = score_examples(
+        result, scores = score_examples(
             self.backend, self.job.data.valid, self.job.plan.batcher, self.task
         )
         self.check_finite("validation loss", result["val_loss"], step)
@@ -496,6 +512,8 @@ class _Driver:
         if improved:
             self.best.update(value=float(value), step=step, bad_evals=0)
             self.backend.save_best(step, {**self.meta(step), **result})
+            if self.backend.primary:
+                self.write_valid_scores(scores)
         else:
             self.best["bad_evals"] += 1
         self.backend.save_latest(step, self.meta(step))

@@ -128,6 +128,21 @@ class Task:
             for k, (shape, dtype) in self.batch_spec(max_len).items()
         }
 
+    @property
+    def score_columns(self) -> tuple[str, ...]:
+        """The columns of `predictions`: a probability per label column, or for a pairs task
+        the raw score of each comment of the pair."""
+        if self.comments_per_example == 2:
+            return ("less_toxic_score", "more_toxic_score")
+        return self.label_columns
+
+    def predictions(self, scores: np.ndarray) -> np.ndarray:
+        """What a model's outputs (logits) are reported as, (N, score columns): probabilities
+        for a classification task, the raw scores of a ranker (only their order means
+        something)."""
+        scores = np.asarray(scores, np.float64).reshape(len(scores), -1)
+        return scores if self.comments_per_example == 2 else 1.0 / (1.0 + np.exp(-scores))
+
     def validation_metrics(
         self,
         scores: np.ndarray,

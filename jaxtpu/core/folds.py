@@ -1,0 +1,117 @@
+"""Every fold in one command (`--all-folds`), as the notebooks' fold loops do: each fold trains
+into its own run directory, then the folds' best metrics (mean and spread) and their
+out-of-fold predictions are written beside them (framework-free: both sides' trainers run it).
+
+    RUN/fold-0/ ... RUN/fold-4/    one run directory per fold (config.json says which fold)
+    RUN/folds.json                 each fold's best monitored value and step; mean, std
+    RUN/oof.csv                    row, fold, the best model's prediction of each validation row
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core import data as jdata
+from jaxtpu.core.config import Config
+from jaxtpu.core.errors import ConfigError, UserError
+from jaxtpu.core.files import atomic_write, write_text
+from jaxtpu.core.loop import VALID_SCORES
+from jaxtpu.core.rundir import default_workdir, strict_json
+
+log = logging.getLogger("jaxtpu")
+
+
+def fold_ids(cfg: Config) -> list[int]:
+    """The folds of the run: 0..--n-folds - 1, or the values of the file's --fold-column."""
+    d = cfg.data
+    if d.valid_csv:
+        raise ConfigError("--all-folds draws each fold's validation set from the training file; "
+                          "drop --valid-csv")  # fmt: skip
+    if d.fold_column:
+        path = jdata.SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
+        if not path:
+            raise ConfigError("--fold-column needs a --train-csv that has the column")
+        folds = jdata.read_task_file(path, cfg.task, d.fold_column).folds
+        return sorted(set(np.asarray(folds).tolist()))
+    if not d.n_folds:
+        raise ConfigError("--all-folds needs the folds: --n-folds K, or --fold-column NAME")
+    return list(range(d.n_folds))
+
+
+def train_folds(cfg: Config, train_one: Callable[[Config], Any]) -> dict[str, Any]:
+    """Trains every fold with `train_one` (a side's `train_and_evaluate`), each in
+    RUN/fold-K; with --resume, a fold that finished is kept as it is and an interrupted one
+    continues. Returns the folds' record (also RUN/folds.json)."""
+    ids = fold_ids(cfg)
+    base = Path(cfg.run.workdir) if cfg.run.workdir else default_workdir(cfg.run.task)
+    if base.exists() and not cfg.run.resume and any(base.iterdir()):
+        raise UserError(
+            f"--workdir {base} exists; pass --resume to continue its folds, or choose another"
+        )
+    base.mkdir(parents=True, exist_ok=True)
+    results = []
+    for k in ids:
+        wd = base / f"fold-{k}"
+        if (wd / "summary.json").exists() and cfg.run.resume:
+            log.info("fold %d: finished earlier, kept (%s)", k, wd)
+        else:
+            log.info("fold %d of %s: training into %s", k, ids, wd)
+            resume = cfg.run.resume and (wd / "config.json").exists()
+            train_one(cfg.replace(fold=k, workdir=str(wd), all_folds=False, resume=resume))
+        summary = json.loads((wd / "summary.json").read_text())
+        if summary.get("stopped_by") in ("SIGTERM", "SIGINT"):
+            log.info("fold %d stopped by %s; continue with --resume", k, summary["stopped_by"])
+            return {"stopped_by": summary["stopped_by"], "workdir": str(base), "steps": 0}
+        results.append({"fold": k, "workdir": str(wd), **_best(summary)})
+    values = np.array([r["best"] for r in results], np.float64)
+    record = {
+        "monitor": results[0]["monitor"],
+        "folds": results,
+        "mean": float(np.mean(values)),
+        "std": float(np.std(values)),
+        "oof": str(base / "oof.csv"),
+    }
+    rows = write_oof(base, ids)
+    write_text(base / "folds.json", strict_json(record, indent=2) + "\n")
+    log.info("%s", table(record))
+    log.info("out-of-fold predictions of %d rows: %s", rows, base / "oof.csv")
+    return {**record, "workdir": str(base)}
+
+
+def _best(summary: dict[str, Any]) -> dict[str, Any]:
+    best = summary["best"]
+    value = best["value"] if best["value"] is not None else float("nan")
+    return {"monitor": summary["monitor"], "best": value, "step": best["step"]}
+
+
+def write_oof(base: Path, ids: list[int]) -> int:
+    """RUN/oof.csv from each fold's `valid_scores.csv`, by row; returns the rows written."""
+    header, rows = None, []
+    for k in ids:
+        with open(base / f"fold-{k}" / VALID_SCORES, newline="") as f:
+            reader = csv.reader(f)
+            first = next(reader)
+            header = header or first
+            rows += [[int(r[0]), k, *r[1:]] for r in reader]
+    rows.sort(key=lambda r: r[0])
+    assert header is not None
+    with atomic_write(base / "oof.csv", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "fold", *header[1:]])
+        w.writerows(rows)
+    return len(rows)
+
+
+def table(record: dict[str, Any]) -> str:
+    lines = [f"{'fold':>4}  best {record['monitor']:<16} step"]
+    for r in record["folds"]:
+        lines.append(f"{r['fold']:>4}  {r['best']:<21.4f} {r['step']}")
+    lines.append(f"mean {record['mean']:.4f} +- {record['std']:.4f} (std over folds)")
+    return "\n".join(lines)
