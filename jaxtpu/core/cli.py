@@ -22,6 +22,7 @@ from jaxtpu.core.config import (
     apply_overrides,
     base_type,
 )
+from jaxtpu.core.configfile import read_config_file
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.presets import PRESETS, check_needs, demo, get_preset
 
@@ -46,6 +47,13 @@ def build_parser(prog: str, description: str, strategies: Sequence[str]) -> argp
         choices=list(PRESETS),
         help="Starting configuration; the flags below override it. "
         + " ".join(f"{k}: {(v.__doc__ or '').splitlines()[0]}" for k, v in PRESETS.items()),
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="A YAML or JSON file of flag values (flag names as keys, flat or under model/data/"
+        "optim/run), applied over the preset; flags given here override it. A run directory's "
+        "config.json reruns that run (its workdir and resume are left out).",
     )
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section)
@@ -116,9 +124,11 @@ def parse_with(
     overrides = {
         k: v for k, v in vars(args).items() if k != "preset" and v is not None and k in FIELDS
     }
-    if cfg.run.parallel not in strategies:
-        overrides.setdefault("parallel", strategies[0])
     try:
+        if args.config:  # the file first; the command line's flags over it
+            overrides = {**read_config_file(args.config), **overrides}
+        if cfg.run.parallel not in strategies:
+            overrides.setdefault("parallel", strategies[0])
         cfg = apply_overrides(cfg, overrides)
         check_needs(args.preset, cfg)
         return cfg, args

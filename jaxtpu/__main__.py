@@ -1,0 +1,68 @@
+"""`jaxtpu COMMAND [flags]` (installed as a console script; also `python -m jaxtpu`): one
+command for every tool of the project. Each subcommand is its `python -m` module, with the
+same flags (`jaxtpu train --help` is `python -m jaxtpu.train --help`)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> (module whose main() it runs, one line for `jaxtpu --help`)
+COMMANDS = {
+    "train": ("jaxtpu.train", "train and evaluate a model (JAX/Flax)"),
+    "predict": ("jaxtpu.predict", "score a CSV with a run's best model (or an ensemble of runs)"),
+    "evaluate": ("jaxtpu.evaluate", "score a labelled file with its competition's metric"),
+    "export": ("jaxtpu.export", "write a run's best model as a Hugging Face dir or state dict"),
+    "preflight": ("jaxtpu.preflight", "compile for this CPU or a TPU slice: memory, fits or not"),
+    "bisect": ("parity_tests.bisect", "layer-by-layer comparison with transformers"),
+    "families": ("parity_tests.families", "build small random checkpoints of every family"),
+    "parity": ("parity_tests.report", "run the parity checks and write the report"),
+    "bench": ("benchmarks.compare", "step-time comparison of the two sides"),
+    "torch-train": ("torchxla_ref.train", "the PyTorch/XLA reference trainer (same flags)"),
+}
+# The commands that run JAX programs re-execute under huge pages, as their modules do.
+HUGE_PAGES = ("train", "predict", "evaluate")
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: jaxtpu COMMAND [flags]   (jaxtpu COMMAND --help: its flags)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "  --version  print the version"]
+    return "\n".join(lines)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("jaxtpu")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if args[0] == "--version":
+        print(f"jaxtpu {version()}")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"jaxtpu: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, _ = COMMANDS[name]
+    if name in HUGE_PAGES and argv is None:
+        from jaxtpu.core import hostmem
+
+        hostmem.reexec_with_huge_pages()
+    module = importlib.import_module(module_name)
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

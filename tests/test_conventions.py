@@ -1,0 +1,96 @@
+"""The ecosystem's conventions (issue 31): one `jaxtpu` command and `--config` files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxtpu.core.cli import parse_args
+from jaxtpu.core.configfile import read_config_file
+from jaxtpu.core.errors import ConfigError
+from parity_tests.harness import ROOT, clean_env
+
+
+def test_the_jaxtpu_command_lists_its_subcommands_and_runs_them(capsys):
+    from jaxtpu.__main__ import COMMANDS, main
+
+    assert main(["--help"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("train", "predict", "evaluate", "export", "preflight", "bisect"):
+        assert f"  {name} " in listing
+    assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("jaxtpu ")
+    assert main(["no-such-command"]) == 2
+    assert "unknown command 'no-such-command'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a subcommand is its module: the same parser
+        main(["train", "--help"])
+    assert e.value.code == 0 and "--adam-eps" in capsys.readouterr().out
+    for module, _ in COMMANDS.values():
+        __import__(module)  # every subcommand's module exists
+
+
+def test_the_console_script_is_installed():
+    script = ROOT / ".venv" / "bin" / "jaxtpu"
+    if not script.exists():
+        pytest.skip(f"{script} not installed (make setup installs the package's console script)")
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, env=clean_env(),
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "evaluate" in proc.stdout
+
+
+def _parse(*argv: str):
+    return parse_args(list(argv), prog="t", description="t")
+
+
+def test_a_config_file_sets_flags_and_the_command_line_overrides_it(tmp_path):
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("task: ranking\noptim:\n  lr: 1e-4\n  adam-eps: 1.0e-6\nbatch_size: 8\n")
+    cfg = _parse("--preset", "tiny", "--config", str(yaml_file), "--batch-size", "2")
+    assert (cfg.run.task, cfg.optim.lr, cfg.optim.adam_eps) == ("ranking", 1e-4, 1e-6)
+    assert cfg.run.batch_size == 2  # the command line wins
+    as_json = tmp_path / "run.json"
+    as_json.write_text(json.dumps({"lr": 2e-4}))
+    assert _parse("--preset", "tiny", "--config", str(as_json)).optim.lr == 2e-4
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("lrr: 1e-4\n", "unknown key 'lrr'"),
+        ("batch_size: many\n", "batch_size='many' is not a valid int"),
+        ("epochs: 1.5\n", "epochs=1.5 is not a valid int"),
+        ("- a\n- b\n", "expected a mapping of flag names to values"),
+        ("task: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_files_are_one_line_naming_the_file_and_key(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")) as e:
+        read_config_file(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_runs_config_json_reruns_it_exactly(tmp_path):
+    """A run directory's config.json is a --config: the rerun's losses are the run's."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    args = ["--preset", "tiny", "--max-steps", "4", "--log-every", "1", "--lr", "7e-4",
+            "--num-devices", "8", "--no-progress"]  # fmt: skip
+
+    def run(*argv):
+        proc = subprocess.run([sys.executable, "-m", "jaxtpu", "train", *argv], cwd=ROOT,
+                              env=clean_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+    run(*args, "--workdir", str(first))
+    run("--config", str(first / "config.json"), "--workdir", str(second))
+
+    def losses(wd):
+        lines = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+        return [x["loss"] for x in lines if x["event"] == "train"]
+
+    recorded = json.loads((second / "config.json").read_text())["config"]
+    assert recorded["optim"]["lr"] == 7e-4 and recorded["run"]["max_steps"] == 4
+    assert losses(first) == losses(second) and len(losses(first)) == 4
