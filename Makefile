@@ -4,14 +4,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test lint bench parity-report preflight clean
+.PHONY: setup train test lint bench parity-report preflight docs clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[torch,pretrained,tpu,dev]'
+	$(PY) -m pip install -e '.[torch,pretrained,tpu,dev,wandb]'
 	@touch $(STAMP)
 
 train: $(STAMP)
@@ -33,3 +33,6 @@ preflight: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict

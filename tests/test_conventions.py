@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -80,8 +81,10 @@ def test_a_runs_config_json_reruns_it_exactly(tmp_path):
             "--num-devices", "8", "--no-progress"]  # fmt: skip
 
     def run(*argv):
-        proc = subprocess.run([sys.executable, "-m", "jaxtpu", "train", *argv], cwd=ROOT,
-                              env=clean_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+        command = [sys.executable, "-m", "jaxtpu", "train", *argv]
+        proc = subprocess.run(
+            command, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
 
     run(*args, "--workdir", str(first))
@@ -94,3 +97,54 @@ def test_a_runs_config_json_reruns_it_exactly(tmp_path):
     recorded = json.loads((second / "config.json").read_text())["config"]
     assert recorded["optim"]["lr"] == 7e-4 and recorded["run"]["max_steps"] == 4
     assert losses(first) == losses(second) and len(losses(first)) == 4
+
+
+def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkeypatch):
+    """--tracker tensorboard,wandb on the shared loop (a numpy fake backend): W&B, offline,
+    holds the run config and every train loss of metrics.jsonl, read back with wandb's own
+    reader of the run's log; TensorBoard writes its events."""
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    from test_fake_backend import FakeBackend, _job
+
+    from jaxtpu.core.rundir import RunLog
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    from jaxtpu.core import loop
+
+    job = _job(tmp_path, epochs=1, lr=1e-3)
+    runlog = RunLog(tmp_path, trackers=("tensorboard", "wandb"), config=job.cfg.to_dict())
+    loop.run(job, FakeBackend({}), loop.ResumeState(), runlog)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = {x["step"]: x["loss"] for x in lines if x["event"] == "train"}
+    assert any((tmp_path / "tensorboard").iterdir())
+
+    log = next((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    proc = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(log)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    history = {r["history"]["step"]["num"]: r["history"]["item"] for r in records
+               if r.get("type") == "history"}  # fmt: skip
+    assert {s: h["train/loss"] for s, h in history.items() if "train/loss" in h} == losses
+    assert any("eval/val_auc" in h for h in history.values())
+    run = next(r["run"] for r in records if r.get("type") == "run")
+    config = run["config"]["update"]
+    assert config["optim"]["lr"] == 1e-3 and config["run"]["task"] == "toxicity"
+
+
+def test_a_tracker_whose_client_is_missing_is_one_line(monkeypatch):
+    import importlib.util
+
+    from jaxtpu.core import presets
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a)
+    )
+    with pytest.raises(ConfigError, match=r"--tracker wandb: its client wandb is not installed: "
+                                          r"pip install 'jaxtpu\[wandb\]'"):  # fmt: skip
+        presets.tiny().replace(tracker="tensorboard,wandb")
+    with pytest.raises(ConfigError, match="--tracker 'mlflow': choose from tensorboard, wandb"):
+        presets.tiny().replace(tracker="mlflow")

@@ -98,13 +98,18 @@ def _examples(n: int) -> jdata.Examples:
     return jdata.Examples(ids, ids.copy(), (np.arange(n) % 2).astype(np.float32))
 
 
-def _run(tmp_path, backend: FakeBackend, resume: bool = False, **flags) -> dict[str, Any]:
+def _job(tmp_path, resume: bool = False, **flags) -> loop.Job:
     cfg = tiny().replace(**{"epochs": 3, "log_every": 1, "batch_size": 8, "num_devices": 1,
                             "workdir": str(tmp_path), "resume": resume, **flags})  # fmt: skip
     spec = RunSpec.resolve(cfg)
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = jdata.TaskData(_examples(N_TRAIN), _examples(N_VALID), {})
-    job = loop.Job(cfg, spec, data, loop.Plan.make(cfg, data.train, 1), tmp_path, 0.0)
+    return loop.Job(cfg, spec, data, loop.Plan.make(cfg, data.train, 1), tmp_path, 0.0)
+
+
+def _run(tmp_path, backend: FakeBackend, resume: bool = False, **flags) -> dict[str, Any]:
+    job = _job(tmp_path, resume, **flags)
+    spec = job.spec
     state = backend.restore_latest(spec.identity) if resume else loop.ResumeState()
     runlog = RunLog(tmp_path, resume_step=state.step if resume else None, tensorboard=False)
     return loop.run(job, backend, state, runlog)

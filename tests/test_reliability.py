@@ -27,10 +27,10 @@ NUMERIC = sorted(name for name, (_, f) in FIELDS.items() if f.type in ("int", "f
 PROBES = [math.nan, math.inf, -math.inf, 0, -1, 10**30]
 
 
-def test_the_readme_names_the_flags_the_schema_lets_change_on_resume_and_keeps_for_jax():
-    """The README's two lists of flags are the fields' own metadata: which may change on
+def test_the_docs_name_the_flags_the_schema_lets_change_on_resume_and_keeps_for_jax():
+    """The documentation's two lists of flags are the fields' own metadata: which may change on
     --resume, and which the torch side refuses (jaxtpu-only)."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "run-directory.md").read_text()
 
     def named(start: str, end: str) -> set[str]:
         part = text[text.index(start) :]
@@ -38,6 +38,7 @@ def test_the_readme_names_the_flags_the_schema_lets_change_on_resume_and_keeps_f
         return {m.replace("-", "_") for m in re.findall(r"`--([a-z-]+)", part)}
 
     assert named("another experiment; only", "may change (") == RESUME_MAY_CHANGE - {"resume"}
+    text = (ROOT / "docs" / "commands.md").read_text()
     assert named("Memory flags\n(jaxtpu):", "reference refuses them") == set(JAX_ONLY)
 
 

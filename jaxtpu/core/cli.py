@@ -135,3 +135,38 @@ def parse_with(
     except ConfigError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits
+
+
+def flag_reference() -> str:
+    """Every training flag as Markdown, from the schema: one table per config section with
+    the help text, the accepted values, the demo preset's default, whether it is jaxtpu only
+    and whether it may change on --resume (the docs' flag reference page)."""
+    defaults = {k: getattr(getattr(demo(), s), k) for k, (s, _) in FIELDS.items()}
+    out = []
+    for section, cls in SECTIONS.items():
+        out += [f"## {section}", "", "| flag | what it does | default |", "|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            notes = []
+            if f.metadata.get("choices"):
+                notes.append("one of " + ", ".join(f"`{c}`" for c in f.metadata["choices"] if c))
+            bounds = f.metadata.get("bounds")
+            if bounds is not None:
+                notes.append("accepts " + _bounds_text(bounds))
+            if f.metadata["side"] == "jax":
+                notes.append("*jaxtpu only*")
+            if f.metadata["resume"]:
+                notes.append("*may change on --resume*")
+            text = f.metadata["help"].replace("|", "\\|")
+            if notes:
+                text += " (" + "; ".join(notes) + ")"
+            default = defaults[f.name]
+            shown = "" if default in (None, "") else f"`{default}`"
+            out.append(f"| `--{f.name.replace('_', '-')}` | {text} | {shown} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _bounds_text(bounds: Any) -> str:
+    """The values a numeric flag accepts, as `Bounds.problem` words them."""
+    probe = bounds.problem(float("nan"))  # "a finite number in [..]" (+ " or <special>")
+    return (probe or "").removeprefix("a finite number ").strip() or "any finite number"

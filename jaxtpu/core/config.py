@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
+from jaxtpu.core import trackers
 from jaxtpu.core.buckets import parse_spec
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.families import POOLINGS
@@ -419,6 +420,13 @@ class RunConfig:
         resume=True,
     )
     progress: bool = _f(True, "Show a live progress bar.", resume=True)
+    tracker: str = _f(
+        "tensorboard",
+        "Experiment trackers, comma-separated: tensorboard (RUN/tensorboard/), wandb (Weights &"
+        " Biases, its own client: pip install 'jaxtpu[wandb]'; WANDB_PROJECT, WANDB_MODE=offline"
+        " as usual), or none. metrics.jsonl is always written; only process 0 reports.",
+        resume=True,
+    )
     coordinator_address: str = _f(
         "",
         "Multi-host JAX (jax.distributed.initialize): HOST:PORT of process 0's coordinator, "
@@ -562,6 +570,7 @@ def validate(cfg: Config) -> None:
             )
     parse_spec(cfg.data.buckets, cfg.data.max_len)
     _check_schedule(cfg.optim)
+    trackers.parse(cfg.run.tracker)
     if cfg.run.margin != RANKING_MARGIN and cfg.run.task != "ranking":
         raise ConfigError(f"--margin {cfg.run.margin} applies to --task ranking only")
     if cfg.data.n_folds == 1:

@@ -33,6 +33,7 @@ from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
 from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import Task, higher_is_better
 from jaxtpu.core.tokens import load_tokenizer, save_tokenizer
+from jaxtpu.core.trackers import parse as parse_trackers
 
 log = logging.getLogger("jaxtpu")
 
@@ -556,7 +557,10 @@ def train(
     job = Job.load(cfg, spec, workdir, len(devices), primary, started)
     backend = build_backend(job)
     resume = backend.restore_latest(spec.identity) if cfg.run.resume else ResumeState()
-    runlog = RunLog(workdir, resume_step=resume.step if cfg.run.resume else None, enabled=primary)
+    runlog = RunLog(
+        workdir, resume_step=resume.step if cfg.run.resume else None, enabled=primary,
+        trackers=parse_trackers(cfg.run.tracker), config=cfg.to_dict(),
+    )  # fmt: skip
     runlog.write_config(cfg, spec, job.data.info, devices)
     return run(job, backend, resume, runlog)
 

@@ -27,6 +27,7 @@ from jaxtpu.core import files
 from jaxtpu.core.config import JAX_STRATEGIES, RESUME_MAY_CHANGE, TORCH_STRATEGIES, Config
 from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
 from jaxtpu.core.spec import RunSpec, identity
+from jaxtpu.core.trackers import open_trackers
 
 __all__ = [
     "RunLog",
@@ -270,14 +271,17 @@ class RunLog:
         resume_step: int | None = None,
         tensorboard: bool = True,
         enabled: bool = True,
+        trackers: tuple[str, ...] | None = None,
+        config: dict[str, Any] | None = None,
     ):
         """`enabled=False` (replicas other than the first, processes other than 0) writes
-        nothing."""
+        nothing. `trackers` (`jaxtpu.core.trackers`; default: TensorBoard when `tensorboard`)
+        get every scalar of every line, `config` as their run config."""
         self.workdir = workdir
         self.path = workdir / "metrics.jsonl"
         self.enabled = enabled
         self._file: Any = None
-        self._tb: Any = None
+        self._trackers: list[Any] = []
         if not enabled:
             return
         if resume_step is not None and self.path.exists():
@@ -291,13 +295,9 @@ class RunLog:
             ]
             files.write_text(self.path, "".join(line + "\n" for line in keep))
         self._file = self.path.open("a", buffering=1)
-        if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-
-                self._tb = SummaryWriter(str(workdir / "tensorboard"))
-            except ImportError:
-                pass
+        if trackers is None:
+            trackers = ("tensorboard",) if tensorboard else ()
+        self._trackers = open_trackers(trackers, workdir, config or {})
 
     def write_config(
         self, cfg: Config, spec: RunSpec, data_info: dict[str, Any], devices: Any
@@ -321,11 +321,14 @@ class RunLog:
             return
         record = {"time": round(time.time(), 3), **record}
         self._file.write(strict_json(record) + "\n")
-        if self._tb is not None and "step" in record:
-            prefix = record.get("event", "train")
-            for k, v in record.items():
-                if k not in ("step", "time", "epoch", "event") and isinstance(v, int | float):
-                    self._tb.add_scalar(f"{prefix}/{k}", v, record["step"])
+        if self._trackers and "step" in record:
+            values = {
+                k: v for k, v in record.items()
+                if k not in ("step", "time", "epoch", "event") and isinstance(v, int | float)
+                and not isinstance(v, bool) and math.isfinite(v)
+            }  # fmt: skip
+            for tracker in self._trackers:
+                tracker.log(record.get("event", "train"), values, record["step"])
 
     def finish(self, summary: dict[str, Any]) -> None:
         summary = {**summary, "peak_host_memory_mb": round(peak_host_memory_mb(), 1)}
@@ -333,13 +336,15 @@ class RunLog:
             return
         self.write({"event": "final", **summary})
         files.write_text(self.workdir / "summary.json", strict_json(summary, indent=2))
-        self.close()
+        self.close(summary)
 
-    def close(self) -> None:
+    def close(self, summary: dict[str, Any] | None = None) -> None:
         if self._file is not None:
             self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+            self._file = None
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close(summary)
 
 
 def exit_code(summary: dict[str, Any] | None, module: str) -> int:

@@ -1,0 +1,87 @@
+"""Experiment trackers behind one small interface (framework-free): `--tracker
+tensorboard,wandb`. `metrics.jsonl` is always written (`jaxtpu.core.rundir.RunLog`); each
+tracker gets the same numbers, and only process 0 (the first replica) has any.
+
+- tensorboard: TensorBoard event files in `RUN/tensorboard/` (tensorboardX).
+- wandb: Weights & Biases through its own client (`pip install 'jaxtpu[wandb]'`), the run's
+  config as the W&B run's config; `WANDB_PROJECT` names the project (default jaxtpu),
+  `WANDB_MODE=offline` keeps everything in `RUN/wandb/` (sync later with `wandb sync`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from jaxtpu.core.errors import ConfigError
+
+TRACKERS = ("tensorboard", "wandb")
+INSTALL = {"tensorboard": "pip install tensorboardX", "wandb": "pip install 'jaxtpu[wandb]'"}
+MODULE = {"tensorboard": "tensorboardX", "wandb": "wandb"}
+
+
+class Tracker(Protocol):
+    def log(self, prefix: str, values: dict[str, float], step: int) -> None:
+        """Scalars of one metrics line (`prefix`: train, eval, ...) at training step `step`."""
+
+    def close(self, summary: dict[str, Any] | None) -> None:
+        """The run's summary (None: the run did not finish), then flush and close."""
+
+
+def parse(spec: str) -> tuple[str, ...]:
+    """`--tracker` as names, each known and installed: one line naming what is missing and
+    how to install it (checked with the flags, before anything is created)."""
+    names = tuple(n.strip() for n in spec.split(",") if n.strip() and n.strip() != "none")
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(f"--tracker {name!r}: choose from {', '.join(TRACKERS)} (or none)")
+        if importlib.util.find_spec(MODULE[name]) is None:
+            raise ConfigError(
+                f"--tracker {name}: its client {MODULE[name]} is not installed: {INSTALL[name]}"
+            )
+    return names
+
+
+class TensorBoard:
+    def __init__(self, workdir: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(str(workdir / "tensorboard"))
+
+    def log(self, prefix: str, values: dict[str, float], step: int) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(f"{prefix}/{k}", v, step)
+
+    def close(self, summary: dict[str, Any] | None) -> None:
+        self.writer.close()
+
+
+class WandB:
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "jaxtpu"),
+            name=workdir.name,
+            dir=str(workdir),
+            config=config,
+            resume="allow",
+        )
+
+    def log(self, prefix: str, values: dict[str, float], step: int) -> None:
+        self.run.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
+
+    def close(self, summary: dict[str, Any] | None) -> None:
+        if summary:
+            self.run.summary.update(
+                {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
+            )
+        self.run.finish()
+
+
+def open_trackers(names: tuple[str, ...], workdir: Path, config: dict[str, Any]) -> list[Tracker]:
+    made: dict[str, Any] = {"tensorboard": lambda: TensorBoard(workdir),
+                            "wandb": lambda: WandB(workdir, config)}  # fmt: skip
+    return [made[name]() for name in names]
