@@ -148,3 +148,45 @@ def test_a_tracker_whose_client_is_missing_is_one_line(monkeypatch):
         presets.tiny().replace(tracker="tensorboard,wandb")
     with pytest.raises(ConfigError, match="--tracker 'mlflow': choose from tensorboard, wandb"):
         presets.tiny().replace(tracker="mlflow")
+
+
+def test_print_config_writes_a_file_that_gives_back_the_same_config(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        _parse("--preset", "lightning-severity", "--model-dir", "m", "--lr", "2e-5",
+               "--print-config")  # fmt: skip
+    assert e.value.code == 0
+    path = tmp_path / "lightning.yaml"
+    path.write_text(capsys.readouterr().out)
+    assert _parse("--config", str(path)) == _parse(
+        "--preset", "lightning-severity", "--model-dir", "m", "--lr", "2e-5"
+    )
+    # a preset's required model directory is a placeholder, never a silent random init
+    with pytest.raises(SystemExit):
+        _parse("--preset", "xla-notebook", "--print-config")
+    text = capsys.readouterr().out
+    assert "model_dir: 'SET-ME: the pretrained model directory'" in text
+
+
+def test_training_from_a_python_session_whose_jax_has_started(tmp_path):
+    """A notebook that already used JAX (one CPU device) trains in-process: nothing is
+    re-executed, and asking for more devices than it has is one line saying how many."""
+    script = f"""
+import jax.numpy as jnp
+jnp.ones(1).block_until_ready()  # the backend starts with its default device count
+from jaxtpu.core import presets
+from jaxtpu.core.errors import DeviceError
+from jaxtpu.train import train_and_evaluate
+s = train_and_evaluate(presets.tiny().replace(num_devices=1, max_steps=3,
+                                              workdir=r"{tmp_path / "run"}"))
+print("steps", s["steps"])
+try:
+    train_and_evaluate(presets.tiny().replace(num_devices=8, workdir=r"{tmp_path / "b"}"))
+except DeviceError as e:
+    print("refused:", e)
+"""
+    env = {k: v for k, v in clean_env().items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "steps 3" in proc.stdout
+    assert "refused: --num-devices 8: only 1 cpu device(s) available" in proc.stdout

@@ -24,7 +24,7 @@ from jaxtpu.core.config import (
 )
 from jaxtpu.core.configfile import read_config_file
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.presets import PRESETS, check_needs, demo, get_preset
+from jaxtpu.core.presets import NEEDS_MODEL_DIR, PRESETS, check_needs, demo, get_preset
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +54,13 @@ def build_parser(prog: str, description: str, strategies: Sequence[str]) -> argp
         help="A YAML or JSON file of flag values (flag names as keys, flat or under model/data/"
         "optim/run), applied over the preset; flags given here override it. A run directory's "
         "config.json reruns that run (its workdir and resume are left out).",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="Print the configuration these flags resolve to (preset, --config file, flags) as "
+        "YAML and exit: a config file to keep, edit and pass back with --config (LightningCLI's "
+        "--print_config). `--preset xla-notebook --print-config` is that preset as a file.",
     )
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section)
@@ -130,11 +137,29 @@ def parse_with(
         if cfg.run.parallel not in strategies:
             overrides.setdefault("parallel", strategies[0])
         cfg = apply_overrides(cfg, overrides)
+        if args.print_config:
+            if args.preset in NEEDS_MODEL_DIR and not cfg.model.model_dir:  # never a silent
+                cfg = cfg.replace(model_dir=MODEL_DIR_PLACEHOLDER)  # random init from the file
+            print(config_yaml(cfg, f"{prog} --preset {args.preset}"), end="")
+            sys.exit(0)
         check_needs(args.preset, cfg)
         return cfg, args
     except ConfigError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits
+
+
+# What --print-config writes for a preset's required model directory: a run from the file
+# stops at it (no such directory) instead of training a random model.
+MODEL_DIR_PLACEHOLDER = "SET-ME: the pretrained model directory"
+
+
+def config_yaml(cfg: Any, source: str) -> str:
+    """`cfg` as a YAML config file (sections of flag names), headed by where it came from."""
+    import yaml
+
+    body = yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+    return f"# jaxtpu config, from: {source}\n# use: jaxtpu train --config THIS_FILE\n{body}"
 
 
 def flag_reference() -> str:
