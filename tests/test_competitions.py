@@ -8,20 +8,19 @@ bias metric is checked against a reference written below from the competition's 
 
 from __future__ import annotations
 
-import csv
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from benchmarks.competitions import IDENTITIES, real_rows, write_bias_file, write_language_file
 from jaxtpu.core import data as jdata
 from jaxtpu.core import metrics
 from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.tasks import get_task, higher_is_better
 
-IDS = ("male", "female", "muslim")
+IDS = IDENTITIES
 
 
 # --------------------------------------------------------------------------- the reference
@@ -109,43 +108,6 @@ def test_language_aucs():
 # --------------------------------------------------------------------------- the files
 
 
-def _rows(real_csv: Path, n: int, start: int = 0) -> list[dict[str, str]]:
-    with open(real_csv, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))[start : start + n]
-
-
-def write_bias_file(real_csv: Path, path: Path, n: int, start: int, seed: int) -> Path:
-    """An Unintended Bias train.csv layout: id, comment_text, target (a fraction),
-    a sub-type column, identity columns with about a third of the rows blank."""
-    rng = np.random.default_rng(seed)
-    header = ["id", "comment_text", "target", "severe_toxicity", *IDS]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        for i, r in enumerate(_rows(real_csv, n, start)):
-            toxic = float(r["toxic"]) >= 0.5
-            target = rng.choice([0.5, 0.7, 0.9, 1.0]) if toxic else rng.choice([0.0, 0.1, 0.3])
-            ids = [""] * len(IDS) if rng.random() < 0.3 else rng.choice([0, 0.2, 0.6, 1], 3)
-            w.writerow([f"b{i}", r["comment_text"], target, 0.0, *ids])
-    return path
-
-
-def write_language_file(real_csv: Path, path: Path, n: int, start: int, seed: int,
-                        labelled: bool = True) -> Path:  # fmt: skip
-    """The Multilingual validation.csv (id, comment_text, lang, toxic), or its test.csv
-    (id, content, lang) when not `labelled`."""
-    rng = np.random.default_rng(seed)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(
-            ["id", "comment_text", "lang", "toxic"] if labelled else ["id", "content", "lang"]
-        )
-        for i, r in enumerate(_rows(real_csv, n, start)):
-            lang = rng.choice(["es", "it", "tr"])
-            w.writerow([i, r["comment_text"], lang, r["toxic"]][: 4 if labelled else 3])
-    return path
-
-
 def test_readers_of_each_competition_layout(real_csv, tmp_path):
     bias = jdata.read_comments(write_bias_file(real_csv, tmp_path / "train.csv", 60, 0, 0))
     assert np.isclose(bias.labels[:, None], [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]).any(1).all()
@@ -165,7 +127,7 @@ def test_readers_of_each_competition_layout(real_csv, tmp_path):
     test = write_language_file(real_csv, tmp_path / "test.csv", 20, 0, 1, labelled=False)
     assert jdata.file_kind(jdata.columns(test)) == "unlabelled"
     to_score = jdata.read_comments(test, labelled=False)
-    assert to_score.texts[0] == jdata.normalize_text(_rows(real_csv, 1)[0]["comment_text"])
+    assert to_score.texts[0] == jdata.normalize_text(real_rows(real_csv, 1)[0]["comment_text"])
     assert to_score.ids[:2] == ["0", "1"]
 
 

@@ -1,0 +1,121 @@
+"""Files in each Jigsaw competition's own layout, built from the real comments of ../shared/data,
+so the four competitions can be trained and evaluated here (the competitions' files are not).
+
+`python -m benchmarks.competitions --out runs/competitions` writes:
+
+  ub_train.csv, ub_valid.csv   Unintended Bias: id, comment_text, target (a fraction),
+                               severe_toxicity, identity columns (a third of the rows blank)
+  ml_validation.csv            Multilingual validation.csv: id, comment_text, lang, toxic
+  ml_test.csv                  Multilingual test.csv: id, content, lang
+  tc_train.csv                 Toxic Comment train.csv (the real file's columns)
+  tc_test_labelled.csv         Toxic Comment test rows with their labels
+  rs_validation_data.csv       Rate Severity pairs (less_toxic, more_toxic) of tc_test's rows
+
+Each file takes its own rows of the real file (`LAYOUT` says which), so no comment is in both a
+training file and the file it is judged on. The fractions, identities and languages are drawn
+from a seeded generator: only the comments and their `toxic` labels are real, so the numbers a
+run gets here show the pipeline at work, not a competition score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from jaxtpu.core import data as jdata
+
+REAL_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "jigsaw_toxic_dev.csv"
+IDENTITIES = ("male", "female", "muslim")
+
+
+def real_rows(real_csv: Path, n: int, start: int = 0) -> list[dict[str, str]]:
+    with open(real_csv, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))[start : start + n]
+
+
+def write_bias_file(real_csv: Path, path: Path, n: int, start: int, seed: int) -> Path:
+    """An Unintended Bias train.csv layout: id, comment_text, target (a fraction kept on the
+    comment's side of 0.5), a sub-type column, identity columns with about a third of the rows
+    blank."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "comment_text", "target", "severe_toxicity", *IDENTITIES])
+        for i, r in enumerate(real_rows(real_csv, n, start)):
+            toxic = float(r["toxic"]) >= 0.5
+            target = rng.choice([0.5, 0.7, 0.9, 1.0]) if toxic else rng.choice([0.0, 0.1, 0.3])
+            who = [""] * len(IDENTITIES) if rng.random() < 0.3 else rng.choice([0, 0.2, 0.6, 1], 3)
+            w.writerow([f"b{i}", r["comment_text"], target, 0.0, *who])
+    return path
+
+
+def write_language_file(
+    real_csv: Path, path: Path, n: int, start: int, seed: int, labelled: bool = True
+) -> Path:
+    """The Multilingual validation.csv (id, comment_text, lang, toxic), or its test.csv
+    (id, content, lang) when not `labelled`."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["id", "comment_text", "lang", "toxic"] if labelled else ["id", "content", "lang"]
+        )
+        for i, r in enumerate(real_rows(real_csv, n, start)):
+            lang = rng.choice(["es", "it", "tr"])
+            w.writerow([i, r["comment_text"], lang, r["toxic"]][: 4 if labelled else 3])
+    return path
+
+
+def write_real_rows(real_csv: Path, path: Path, n: int, start: int) -> Path:
+    """Rows of the real file as they are (the Toxic Comment layout)."""
+    rows = real_rows(real_csv, n, start)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def write_pairs_file(comments_csv: Path, path: Path, n_pairs: int, seed: int) -> Path:
+    """A Rate Severity validation_data.csv: pairs of the file's comments whose severities
+    (toxic + sub-labels) differ, ordered less -> more."""
+    pairs = jdata.pairs_from_labels(jdata.read_comments(comments_csv), n_pairs, seed)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["worker", "less_toxic", "more_toxic"])
+        w.writerows((0, a, b) for a, b in zip(pairs.less, pairs.more, strict=True))
+    return path
+
+
+def build(real_csv: Path, out: Path) -> list[Path]:
+    """Every competition's files in `out` (the rows of the real file each takes are fixed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tc_test = write_real_rows(real_csv, out / "tc_test_labelled.csv", 1000, 6000)
+    return [
+        write_bias_file(real_csv, out / "ub_train.csv", 3000, 0, 0),
+        write_bias_file(real_csv, out / "ub_valid.csv", 1000, 3000, 1),
+        write_language_file(real_csv, out / "ml_validation.csv", 1000, 4000, 2),
+        write_language_file(real_csv, out / "ml_test.csv", 500, 5000, 3, labelled=False),
+        write_real_rows(real_csv, out / "tc_train.csv", 3000, 0),
+        tc_test,
+        write_pairs_file(tc_test, out / "rs_validation_data.csv", 1000, 0),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", required=True, help="directory to write the files into")
+    p.add_argument("--csv", default=str(REAL_CSV), help="the real comments (default: %(default)s)")
+    args = p.parse_args(argv)
+    real = Path(args.csv)
+    if not real.exists():
+        p.error(f"--csv {real}: not found (see ../shared/data/SOURCES.md)")
+    for path in build(real, Path(args.out)):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
