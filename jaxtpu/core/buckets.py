@@ -48,12 +48,27 @@ class Rows:
     length: int | None = None
 
 
+def fixed_edges(max_len: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` below `max_len`, then `max_len`: a set of lengths fixed in
+    advance, so scoring texts one call after another (`predict`'s chunks, the Python API)
+    compiles a bounded number of programs, whatever the texts."""
+    edges, n = [], smallest
+    while n < max_len:
+        edges.append(n)
+        n *= 2
+    return (*edges, max_len)
+
+
 def real_lengths(attention_mask: np.ndarray) -> np.ndarray:
     """Columns each example needs: one past its last real token (for a ranking pair, the
     longer of the two comments). Right padding is assumed; a left-padded mask needs all."""
     mask = attention_mask.reshape(attention_mask.shape[0], -1, attention_mask.shape[-1])
-    positions = np.arange(1, mask.shape[-1] + 1)
-    return (mask * positions).max(axis=(1, 2)).astype(np.int64)
+    positions = np.arange(1, mask.shape[-1] + 1, dtype=np.int32)
+    out = np.empty(mask.shape[0], np.int64)
+    for start in range(0, mask.shape[0], 65536):  # bounded temporaries for millions of rows
+        part = mask[start : start + 65536]
+        out[start : start + len(part)] = (part * positions).max(axis=(1, 2))
+    return out
 
 
 def parse_spec(spec: str, max_len: int) -> str | tuple[int, ...] | None:
@@ -163,16 +178,15 @@ class Batcher:
     def for_data(
         cls,
         spec: str,
-        train_mask: np.ndarray,
+        lengths: np.ndarray,
         global_batch: int,
         max_len: int,
         group: int = 1,
         eval_batch: int = 0,
     ) -> Batcher:
-        """The batcher `--buckets spec` asks for, edges chosen from the training lengths
-        (`eval_batch`: rows of an evaluation batch; 0 = `global_batch`)."""
+        """The batcher `--buckets spec` asks for, edges chosen from the training examples'
+        `real_lengths` (`eval_batch`: rows of an evaluation batch; 0 = `global_batch`)."""
         parsed = parse_spec(spec, max_len)
-        lengths = real_lengths(train_mask)
         if parsed == "auto":
             parsed = choose_edges(lengths, max_len)
         return cls(lengths, global_batch, max_len, parsed, group, eval_batch)

@@ -175,12 +175,15 @@ class ModelConfig:
 class DataConfig:
     train_csv: str | None = _f(
         None,
-        "Training CSV: Kaggle classification (comment_text, toxic, ...) or, for "
-        "--task ranking, Rate Severity pairs (less_toxic, more_toxic). 'sample' = the packaged "
-        "2,000 real Jigsaw comments (the default run). Empty = generated demo comments.",
+        "Training file (CSV; .parquet/.pq and .jsonl/.ndjson read the same way): Kaggle "
+        "classification (comment_text, toxic, ...) or, for --task ranking, Rate Severity pairs "
+        "(less_toxic, more_toxic). 'sample' = the packaged 2,000 real Jigsaw comments (the "
+        "default run). Empty = generated demo comments.",
     )
     valid_csv: str | None = _f(
-        None, "Validation CSV; empty = a seeded stratified split of the training file."
+        None,
+        "Validation file (CSV, Parquet or JSON Lines); empty = a seeded stratified split of the "
+        "training file.",
     )
     valid_fraction: float = _f(
         0.1,

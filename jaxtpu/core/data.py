@@ -10,22 +10,24 @@ holds is `jaxtpu.core.buckets.Batcher`'s business.
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
 import math
 import os
-from collections.abc import Sequence
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxtpu.core.buckets import real_lengths
 from jaxtpu.core.config import Config
 from jaxtpu.core.errors import DataError
+from jaxtpu.core.tables import Table, open_table
 from jaxtpu.core.tasks import LABELS, Task, get_task
-from jaxtpu.core.tokens import tokenize
+from jaxtpu.core.tokens import cached_tokens
 
 log = logging.getLogger(__name__)
 
@@ -153,50 +155,9 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def _read_rows(path: str | os.PathLike) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
-    """Reads a CSV file into (header, [(line_number, row)]), with errors that say what is wrong."""
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"{p}: no such file")
-    if p.is_dir():
-        raise DataError(f"{p}: is a directory, expected a CSV file")
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise DataError(f"{p}: cannot be read ({e.strerror or e}); check its permissions") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataError(
-            f"{p}: not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}); "
-            "re-save the file as UTF-8"
-        ) from None
-    if not text.strip():
-        raise DataError(f"{p}: file is empty, expected a CSV header and rows")
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    repeated = sorted({h for h in header if h and header.count(h) > 1})
-    if repeated:
-        raise DataError(
-            f"{p}: column {repeated[0]} appears {header.count(repeated[0])} times in the header; "
-            "keep one column of each name"
-        )
-    reader.fieldnames = header
-    rows = []
-    try:
-        for row in reader:
-            rows.append((reader.line_num, row))
-    except csv.Error as e:
-        raise DataError(f"{p}: not a readable CSV at line {reader.line_num}: {e}") from None
-    if not rows:
-        raise DataError(f"{p}: has a header ({', '.join(header)}) but no data rows")
-    return header, rows
-
-
 def columns(path: str | os.PathLike) -> list[str]:
-    """The header of a CSV file (validated like any input file)."""
-    return _read_rows(path)[0]
+    """The header of an input file (validated like any input file)."""
+    return open_table(path).header
 
 
 def file_kind(header: list[str]) -> str | None:
@@ -232,43 +193,40 @@ def _missing_columns_error(path: Any, header: list[str], expected: str) -> DataE
     )
 
 
-def _parse_label(path: Any, line: int, column: str, value: str | None, blank_ok: bool) -> float:
+def _parse_label(path: Any, where: str, column: str, value: str | None, blank_ok: bool) -> float:
     value = (value or "").strip()
     if not value:
         if blank_ok:
             return float("nan")
-        raise DataError(f"{path}: line {line}: {column} is blank, expected a number in [0, 1]")
+        raise DataError(f"{path}: {where}: {column} is blank, expected a number in [0, 1]")
     try:
         x = float(value)
     except ValueError:
         raise DataError(
-            f"{path}: line {line}: {column}={value!r} is not a number, expected a value in [0, 1]"
+            f"{path}: {where}: {column}={value!r} is not a number, expected a value in [0, 1]"
         ) from None
     if not 0.0 <= x <= 1.0:  # also rejects nan
-        raise DataError(f"{path}: line {line}: {column}={value} is outside [0, 1]")
+        raise DataError(f"{path}: {where}: {column}={value} is outside [0, 1]")
     return x
 
 
-def _fold_ids(path: Any, header: list[str], rows: list, column: str, kept: list[int]) -> Any:
-    """The integer fold ids of the kept rows in `column` (None when no column is asked for)."""
-    if not column:
-        return None
-    if column not in header:
+def _check_fold_column(table: Table, column: str) -> None:
+    if column and column not in table.header:
         raise DataError(
-            f"--fold-column {column}: {path} has no such column; found: {', '.join(header)}"
+            f"--fold-column {column}: {table.path} has no such column; found: "
+            f"{', '.join(table.header)}"
         )
-    ids = []
-    for i in kept:
-        line, row = rows[i]
-        value = (row.get(column) or "").strip()
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not number.is_integer():
-            raise DataError(f"{path}: line {line}: {column}={value!r} is not a fold number")
-        ids.append(int(number))
-    return np.asarray(ids, np.int64)
+
+
+def _fold_id(path: Any, where: str, row: dict[str, str], column: str) -> int:
+    value = (row.get(column) or "").strip()
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not number.is_integer():
+        raise DataError(f"{path}: {where}: {column}={value!r} is not a fold number")
+    return int(number)
 
 
 def _text(row: dict[str, str], column: str) -> str:
@@ -276,19 +234,8 @@ def _text(row: dict[str, str], column: str) -> str:
     return normalize_text(value) if isinstance(value, str) else ""
 
 
-def read_comments(
-    path: str | os.PathLike, labelled: bool = True, fold_column: str = ""
-) -> Comments:
-    """Reads a Kaggle classification CSV: the comment (`comment_text`, or the Multilingual
-    test file's `content`), the label (`toxic`, or Unintended Bias's `target`, a fraction kept
-    as a soft target), optional `id`, sub-labels, identity columns (`IDENTITIES`) and `lang`.
-
-    With `labelled=False` also accepts files to score: the comment (+ optional `id`) or the
-    Rate Severity `comments_to_score.csv` (`comment_id`, `text`); there, empty comments are kept
-    (every id must get a score), counted in `dropped` and warned about.
-    Otherwise rows whose comment is empty after whitespace normalisation are dropped and counted.
-    """
-    header, rows = _read_rows(path)
+def _text_and_id(path: Any, header: list[str], labelled: bool) -> tuple[str, str]:
+    """The (text, id) columns of a classification file (`labelled`) or of any file to score."""
     kind = file_kind(header)
     ok = ("classification",) if labelled else ("classification", "score", "unlabelled")
     if kind not in ok:
@@ -297,57 +244,112 @@ def read_comments(
         )
         raise _missing_columns_error(path, header, expected)
     if kind == "score":
-        text_col, id_col = "text", "comment_id"
-    else:
-        text_col, id_col = _one_column(path, header, TEXT_COLUMNS, "comment text"), "id"
+        return "text", "comment_id"
+    return _one_column(path, header, TEXT_COLUMNS, "comment text"), "id"
+
+
+def comments_to_score(path: str | os.PathLike, chunk: int) -> Iterator[Comments]:
+    """The comments of a file to score, `chunk` rows at a time, as a stream (`predict` on
+    millions of rows): each an unlabelled `Comments` of its rows, empty comments kept (every id
+    gets a score) and counted in `dropped`; `ids` empty when the file has no id column."""
+    table = open_table(path)
+    text_col, id_col = _text_and_id(path, table.header, labelled=False)
+    with_ids = id_col in table.header
+    texts: list[str] = []
+    ids: list[str] = []
+    empty = 0
+    for _, row in table.rows():
+        text = _text(row, text_col)
+        empty += not text
+        texts.append(text)
+        if with_ids:
+            ids.append((row.get(id_col) or "").strip())
+        if len(texts) == chunk:
+            yield Comments(str(path), texts, None, ids=ids, dropped=empty)
+            texts, ids, empty = [], [], 0
+    if texts:
+        yield Comments(str(path), texts, None, ids=ids, dropped=empty)
+
+
+def read_comments(
+    path: str | os.PathLike, labelled: bool = True, fold_column: str = ""
+) -> Comments:
+    """Reads a Kaggle classification file (CSV, Parquet or JSON Lines, `jaxtpu.core.tables`):
+    the comment (`comment_text`, or the Multilingual test file's `content`), the label (`toxic`,
+    or Unintended Bias's `target`, a fraction kept as a soft target), optional `id`, sub-labels,
+    identity columns (`IDENTITIES`) and `lang`.
+
+    With `labelled=False` also accepts files to score: the comment (+ optional `id`) or the
+    Rate Severity `comments_to_score.csv` (`comment_id`, `text`); there, empty comments are kept
+    (every id must get a score), counted in `dropped` and warned about.
+    Otherwise rows whose comment is empty after whitespace normalisation are dropped and counted.
+    The rows are read as a stream: numbers go straight into compact arrays, and no row outlives
+    its turn.
+    """
+    table = open_table(path)
+    header = table.header
+    text_col, id_col = _text_and_id(path, header, labelled)
     label_col = _one_column(path, header, LABEL_COLUMNS, "label") if labelled else ""
-    subs = [c for c in SUBLABELS if c in header] if labelled else []
+    subs = [(SUBLABELS.index(c), c) for c in SUBLABELS if c in header] if labelled else []
     idents = [c for c in IDENTITIES if c in header] if labelled else []
     with_lang = labelled and LANG_COLUMN in header
-    texts, labels, sublabels, ids, dropped = [], [], [], [], 0
-    identity_values: list[list[float]] = []
+    _check_fold_column(table, fold_column)
+    texts: list[str] = []
+    ids: list[str] = []
+    labels, sublabels, identity_values = array("f"), array("f"), array("f")
     langs: list[str] = []
-    kept: list[int] = []
-    for i, (line, row) in enumerate(rows):
+    folds = array("q")
+    rows = dropped = 0
+    blank_subs = [math.nan] * len(SUBLABELS)
+    for where, row in table.rows():
+        rows += 1
         text = _text(row, text_col)
         if not text:
             dropped += 1
             if labelled:
                 continue
-        kept.append(i)
         texts.append(text)
         ids.append((row.get(id_col) or "").strip())
-        if labelled:
-            labels.append(_parse_label(path, line, label_col, row.get(label_col), blank_ok=False))
-            sub = [float("nan")] * len(SUBLABELS)
-            for c in subs:
-                sub[SUBLABELS.index(c)] = _parse_label(path, line, c, row.get(c), blank_ok=True)
-            sublabels.append(sub)
-            identity_values.append(
-                [_parse_label(path, line, c, row.get(c), blank_ok=True) for c in idents]
-            )
-            if with_lang:
-                lang = (row.get(LANG_COLUMN) or "").strip()
-                if not lang:
-                    raise DataError(f"{path}: line {line}: lang is blank, expected a language")
-                langs.append(lang)
-    if dropped == len(rows):
-        raise DataError(f"{path}: all {len(rows)} rows dropped ({text_col} empty)")
+        if fold_column:
+            folds.append(_fold_id(path, where, row, fold_column))
+        if not labelled:
+            continue
+        labels.append(_parse_label(path, where, label_col, row.get(label_col), blank_ok=False))
+        sub = list(blank_subs)
+        for i, c in subs:
+            sub[i] = _parse_label(path, where, c, row.get(c), blank_ok=True)
+        sublabels.extend(sub)
+        identity_values.extend(
+            _parse_label(path, where, c, row.get(c), blank_ok=True) for c in idents
+        )
+        if with_lang:
+            lang = (row.get(LANG_COLUMN) or "").strip()
+            if not lang:
+                raise DataError(f"{path}: {where}: lang is blank, expected a language")
+            langs.append(sys.intern(lang))
+    if dropped == rows:
+        raise DataError(f"{path}: all {rows} rows dropped ({text_col} empty)")
     if dropped:
         what = "dropped" if labelled else "scoring as empty text"
-        log.warning(
-            "%s: %s %d of %d rows with an empty %s", path, what, dropped, len(rows), text_col
-        )
+        log.warning("%s: %s %d of %d rows with an empty %s", path, what, dropped, rows, text_col)
+    n = len(texts)
     return Comments(
         str(path),
         texts,
-        np.asarray(labels, np.float32) if labelled else None,
-        np.asarray(sublabels, np.float32) if labelled else None,
+        _numpy(labels, np.float32) if labelled else None,
+        _numpy(sublabels, np.float32, (n, len(SUBLABELS))) if labelled else None,
         ids,
         dropped,
-        _groups(path, idents, np.asarray(identity_values, np.float32), with_lang and langs),
-        _fold_ids(path, header, rows, fold_column, kept),
+        _groups(
+            path, idents, _numpy(identity_values, np.float32, (n, len(idents))), with_lang and langs
+        ),  # fmt: skip
+        _numpy(folds, np.int64) if fold_column else None,
     )
+
+
+def _numpy(values: array, dtype: Any, shape: tuple[int, ...] = (-1,)) -> np.ndarray:
+    """The numbers an `array.array` collected, as a numpy array of its own."""
+    return np.frombuffer(values, dtype).reshape(shape).copy()
 
 
 def _groups(path: Any, names: list[str], values: np.ndarray, langs: list[str] | bool) -> Groups:
@@ -365,29 +367,33 @@ def _groups(path: Any, names: list[str], values: np.ndarray, langs: list[str] | 
 
 
 def read_pairs(path: str | os.PathLike, fold_column: str = "") -> Pairs:
-    """Reads a Rate Severity pairs CSV (`less_toxic`, `more_toxic`, optional `worker`)."""
-    header, rows = _read_rows(path)
-    if file_kind(header) != "pairs":
-        raise _missing_columns_error(path, header, "less_toxic, more_toxic")
-    if LANG_COLUMN in header:
+    """Reads a Rate Severity pairs file (`less_toxic`, `more_toxic`, optional `worker`)."""
+    table = open_table(path)
+    if file_kind(table.header) != "pairs":
+        raise _missing_columns_error(path, table.header, "less_toxic, more_toxic")
+    if LANG_COLUMN in table.header:
         raise DataError(
             f"{path}: a lang column goes with a classification file (per-language AUC); a "
             "pairs file is scored by agreement over all its pairs: drop the column"
         )
-    less, more, dropped, kept = [], [], 0, []
-    for i, (_, row) in enumerate(rows):
+    _check_fold_column(table, fold_column)
+    less, more, folds = [], [], array("q")
+    rows = dropped = 0
+    for where, row in table.rows():
+        rows += 1
         a, b = _text(row, "less_toxic"), _text(row, "more_toxic")
         if not a or not b:
             dropped += 1
             continue
-        kept.append(i)
         less.append(a)
         more.append(b)
+        if fold_column:
+            folds.append(_fold_id(path, where, row, fold_column))
     if not less:
-        raise DataError(f"{path}: all {len(rows)} rows dropped (less_toxic or more_toxic empty)")
+        raise DataError(f"{path}: all {rows} rows dropped (less_toxic or more_toxic empty)")
     if dropped:
-        log.warning("%s: dropped %d of %d pairs with an empty comment", path, dropped, len(rows))
-    return Pairs(str(path), less, more, dropped, _fold_ids(path, header, rows, fold_column, kept))
+        log.warning("%s: dropped %d of %d pairs with an empty comment", path, dropped, rows)
+    return Pairs(str(path), less, more, dropped, _numpy(folds, np.int64) if fold_column else None)
 
 
 _EXPECTED = {
@@ -400,7 +406,7 @@ _READERS = {"pairs": read_pairs, "classification": read_comments}
 def read_task_file(path: str | os.PathLike, task: Task, fold_column: str = "") -> Comments | Pairs:
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
     the fold ids of `fold_column` when one is asked for."""
-    header, _ = _read_rows(path)
+    header = columns(path)
     kind = file_kind(header)
     if kind not in task.reads:
         raise _missing_columns_error(path, header, " or ".join(_EXPECTED[k] for k in task.reads))
@@ -667,9 +673,17 @@ class Examples:
     label: np.ndarray  # (N, *Task.label_shape), NaN where a sub-label is blank
     cache_hit: bool = False
     groups: Groups = field(default_factory=Groups)  # for the metrics, never batched
+    lengths: np.ndarray | None = None  # (N,) `real_lengths` when the tokenizer gave them
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
+
+    def real_lengths(self) -> np.ndarray:
+        """Each example's `buckets.real_lengths`, without reading the token arrays when they
+        came from the cache (which keeps them beside the entry)."""
+        if self.lengths is not None:
+            return self.lengths
+        return real_lengths(self.attention_mask)
 
     def take(
         self, idx: np.ndarray, weight: np.ndarray | None = None, length: int | None = None
@@ -699,12 +713,16 @@ def encode(
     task = task or get_task("toxicity")
     if isinstance(data, Pairs):
         n = len(data)
-        ids, mask, hit = tokenize(data.less + data.more, tokenizer, max_len, cache_dir)
-        stack = lambda a: np.stack([a[:n], a[n:]], axis=1)  # noqa: E731
-        return Examples(stack(ids), stack(mask), np.ones(n, np.float32), hit)
-    ids, mask, hit = tokenize(data.texts, tokenizer, max_len, cache_dir)
-    labels = labels_of(data, task.label_columns)
-    return Examples(ids, mask, labels.reshape(len(data), *task.label_shape), hit, data.groups)
+        # Each pair's two comments side by side: (2n, L) is (n, 2, L) without a copy.
+        both = [text for pair in zip(data.less, data.more, strict=True) for text in pair]
+        t = cached_tokens(both, tokenizer, max_len, cache_dir)
+        pair = lambda a: a.reshape(n, 2, max_len)  # noqa: E731
+        longer = t.lengths.reshape(n, 2).max(1)
+        return Examples(pair(t.ids), pair(t.mask), np.ones(n, np.float32), t.cache_hit,
+                        lengths=longer)  # fmt: skip
+    t = cached_tokens(data.texts, tokenizer, max_len, cache_dir)
+    labels = labels_of(data, task.label_columns).reshape(len(data), *task.label_shape)
+    return Examples(t.ids, t.mask, labels, t.cache_hit, data.groups, t.lengths)
 
 
 def labels_of(data: Comments, label_columns: tuple[str, ...]) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from jaxtpu.core import data as jdata
-from jaxtpu.core.buckets import Batcher, Rows, real_lengths
+from jaxtpu.core.buckets import Batcher, Rows
 from jaxtpu.core.config import Config, RunConfig
 from jaxtpu.core.errors import ConfigError, TrainingError, UserError
 from jaxtpu.core.files import atomic_write
@@ -120,7 +120,7 @@ class Plan:
                 "smaller --batch-size or --num-devices"
             )
         batcher = Batcher.for_data(
-            cfg.data.buckets, train.attention_mask, global_batch, cfg.data.max_len,
+            cfg.data.buckets, train.real_lengths(), global_batch, cfg.data.max_len,
             run.steps_per_call, (run.valid_batch_size or run.batch_size) * num_devices,
         )  # fmt: skip
         spe = batcher.steps_per_epoch()
@@ -271,7 +271,7 @@ def score_examples(backend: Any, examples: jdata.Examples, batcher: Batcher, tas
     Returns (metrics, scores of the examples in their order)."""
     outs, batches = [], []
     rows = backend.local_rows(batcher.eval_global_batch)
-    for b in batcher.eval_batches(real_lengths(examples.attention_mask)):
+    for b in batcher.eval_batches(examples.real_lengths()):
         outs.append(backend.eval_batch(examples.take(b.idx[rows], b.weight[rows], b.length)))
         batches.append(b)
     idx = np.concatenate([b.idx for b in batches])
@@ -436,7 +436,7 @@ class _Driver:
                 if len(used) == len(every):
                     break
         calls = [[job.data.train.take(idx, weight, n)] for n in used]
-        lengths = batcher.eval_batch_lengths(real_lengths(valid.attention_mask))
+        lengths = batcher.eval_batch_lengths(valid.real_lengths())
         egb = batcher.eval_global_batch
         rows = self.backend.local_rows(egb)
         idx, weight = np.arange(egb)[rows] % len(valid), np.ones(egb, np.float32)[rows]

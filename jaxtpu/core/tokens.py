@@ -3,21 +3,31 @@
 The tokenizer is always loaded from a local directory, never from a model hub. Token ids are
 cached by a hash of the texts, the tokenizer's content and the length, so a second run over
 the same data skips tokenization and any change to one of them tokenizes again.
+
+Memory: texts are encoded `CHUNK` at a time (the fast tokenizer's batch call, on every core),
+so the tokenizer's per-text objects of one chunk are all that exists besides the int32 result.
+A cache entry is one `.npy` file of shape (texts, 2, length), each text's ids beside its mask,
+written chunk by chunk and then mapped (`np.load(mmap_mode="r")`): a run reads from it only the
+rows its batches take, and the processes of one host share the pages.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
-import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxtpu.core.buckets import real_lengths
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.files import TMP_SUFFIX, atomic_write, remove_stale_temporaries
 
@@ -48,25 +58,133 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
+CHUNK = 8192  # texts per tokenizer call: its objects for 8192 texts are a few tens of MB
+
+
+def _chunks(texts: list[str], tokenizer: Any, max_len: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(start, (k, 2, max_len) int32 ids and mask) of each chunk of `texts`."""
+    backend = _backend(tokenizer, max_len)
+    for start in range(0, len(texts), CHUNK):
+        part = texts[start : start + CHUNK]
+        if backend is None:
+            enc = tokenizer(
+                part, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
+            )
+            yield start, np.stack([enc["input_ids"], enc["attention_mask"]], 1).astype(np.int32)
+            continue
+        out = np.empty((len(part), 2, max_len), np.int32)
+        encodings = backend.encode_batch(part, add_special_tokens=True)
+        out[:, 0] = [e.ids for e in encodings]
+        out[:, 1] = [e.attention_mask for e in encodings]
+        yield start, out
+
+
+def _backend(tokenizer: Any, max_len: int) -> Any:
+    """The `tokenizers.Tokenizer` under a Hugging Face fast tokenizer, set to truncate and pad
+    to `max_len` as `tokenizer(..., truncation=True, padding="max_length")` sets it (what that
+    call runs, without its conversion of every id to a Python list and back); None when the
+    tokenizer is not a fast one or has no pad token (the call then says why)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "pad_token", None) is None:
+        return None
+    backend.enable_truncation(
+        max_len, stride=0, strategy="longest_first", direction=tokenizer.truncation_side
+    )
+    backend.enable_padding(
+        length=max_len,
+        direction=tokenizer.padding_side,
+        pad_id=tokenizer.pad_token_id,
+        pad_type_id=tokenizer.pad_token_type_id,
+        pad_token=tokenizer.pad_token,
+    )
+    return backend
+
+
 def encode_texts(texts: list[str], tokenizer: Any, max_len: int) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids, attention_mask), int32 (len(texts), max_len): truncated and padded to
     `max_len`, with no cache (`tokenize` caches)."""
-    enc = tokenizer(
-        texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
-    )
-    return enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
+    both = np.empty((len(texts), 2, max_len), np.int32)
+    for start, chunk in _chunks(texts, tokenizer, max_len):
+        both[start : start + len(chunk)] = chunk
+    return both[:, 0], both[:, 1]
+
+
+def _read_entry(path: Path, shape: tuple[int, int, int]) -> np.ndarray:
+    """The mapped cache entry; ValueError when it is not a whole entry of this shape (a
+    truncated file fails to map, and is never read)."""
+    both = np.load(path, mmap_mode="r", allow_pickle=False)
+    if both.shape != shape or both.dtype != np.int32:
+        raise ValueError(f"holds {both.dtype} {both.shape}, expected int32 {shape}")
+    return both
+
+
+def _write_entry(path: Path, texts: list[str], tokenizer: Any, max_len: int) -> np.ndarray:
+    """Tokenizes `texts` into the `.npy` file `path`, chunk by chunk (a killed run leaves a
+    temporary file, never half an entry), and each text's length beside it (`_lengths_file`).
+    Returns the lengths."""
+    header = {"descr": "<i4", "fortran_order": False, "shape": (len(texts), 2, max_len)}
+    lengths = np.zeros(len(texts), np.int32)
+    with atomic_write(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        for start, chunk in _chunks(texts, tokenizer, max_len):
+            f.write(np.ascontiguousarray(chunk, "<i4").tobytes())
+            lengths[start : start + len(chunk)] = real_lengths(chunk[:, 1])
+    _save_lengths(path, lengths)
+    return lengths
+
+
+def _lengths_file(path: Path) -> Path:
+    """Beside each entry, its texts' lengths (`buckets.real_lengths` of the mask): what the
+    length buckets need, read without touching the entry's pages."""
+    return path.with_suffix(".lengths")
+
+
+def _save_lengths(path: Path, lengths: np.ndarray) -> None:
+    with atomic_write(_lengths_file(path), "wb") as f:
+        np.save(f, lengths, allow_pickle=False)
+
+
+def _read_lengths(path: Path, mask: np.ndarray) -> np.ndarray:
+    """The entry's lengths; computed from the mask (and saved again) when their file is
+    missing or damaged."""
+    try:
+        lengths = np.load(_lengths_file(path), allow_pickle=False)
+        if lengths.shape == mask.shape[:1] and lengths.dtype == np.int32:
+            return lengths
+    except (OSError, ValueError, EOFError):
+        pass
+    lengths = real_lengths(mask).astype(np.int32)
+    with contextlib.suppress(OSError):
+        _save_lengths(path, lengths)
+    return lengths
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Texts tokenized to one length: ids and mask (N, L) int32, read-only views of the mapped
+    cache entry (in memory when there is no cache), and each text's length (N,)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    cache_hit: bool
 
 
 def tokenize(
     texts: list[str], tokenizer: Any, max_len: int, cache_dir: str | os.PathLike | None = None
 ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(input_ids, attention_mask, cache_hit) of `cached_tokens`."""
+    t = cached_tokens(texts, tokenizer, max_len, cache_dir)
+    return t.ids, t.mask, t.cache_hit
+
+
+def cached_tokens(
+    texts: list[str], tokenizer: Any, max_len: int, cache_dir: str | os.PathLike | None = None
+) -> Tokens:
     """Tokenizes with truncation and padding to `max_len`, cached on disk.
 
     The cache key is a hash of the texts, the tokenizer's content and `max_len`, so any change
     to one of them tokenizes again.
-
-    Returns:
-      (input_ids, attention_mask, cache_hit): int32 arrays of shape (len(texts), max_len).
     """
     h = hashlib.sha256()
     h.update(f"{tokenizer_fingerprint(tokenizer)}|{max_len}|{len(texts)}|".encode())
@@ -74,26 +192,50 @@ def tokenize(
         h.update(t.encode())
         h.update(b"\0")
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    path = cache / f"{h.hexdigest()[:32]}.npz"
-    if path.exists():
-        try:
-            with np.load(path) as z:
-                return z["input_ids"], z["attention_mask"], True
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-            path.unlink(missing_ok=True)
-            log.warning(
-                "token cache entry %s is damaged (%s); dropped, tokenizing again", path,
-                type(e).__name__,
-            )  # fmt: skip
-    if cache.is_dir():
-        remove_stale_temporaries(cache)  # of runs killed while writing an entry
-    ids, mask = encode_texts(texts, tokenizer, max_len)
+    path = cache / f"{h.hexdigest()[:32]}.npy"
+    shape = (len(texts), 2, max_len)
     try:
-        with atomic_write(path, "wb") as f:  # a killed run never leaves half a cache file
-            np.savez(f, input_ids=ids, attention_mask=mask)
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = os.open(cache / f".{path.stem}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
-        log.warning("could not write token cache in %s (%s); continuing without it", cache, e)
-    return ids, mask, False
+        log.warning("token cache %s cannot be used (%s); tokenizing without it", cache, e)
+        return _in_memory(texts, tokenizer, max_len)
+    # One process of a host tokenizes an entry; the others wait for it and map it.
+    with _held(lock):
+        if path.exists():
+            try:
+                both = _read_entry(path, shape)
+                return Tokens(both[:, 0], both[:, 1], _read_lengths(path, both[:, 1]), True)
+            except (OSError, ValueError, EOFError) as e:
+                path.unlink(missing_ok=True)
+                log.warning(
+                    "token cache entry %s is damaged (%s); dropped, tokenizing again", path,
+                    type(e).__name__,
+                )  # fmt: skip
+        remove_stale_temporaries(cache)  # of runs killed while writing an entry
+        try:
+            lengths = _write_entry(path, texts, tokenizer, max_len)
+            both = _read_entry(path, shape)
+        except (OSError, ValueError) as e:
+            log.warning("could not write token cache in %s (%s); continuing without it", cache, e)
+            return _in_memory(texts, tokenizer, max_len)
+    return Tokens(both[:, 0], both[:, 1], lengths, False)
+
+
+def _in_memory(texts: list[str], tokenizer: Any, max_len: int) -> Tokens:
+    ids, mask = encode_texts(texts, tokenizer, max_len)
+    return Tokens(ids, mask, real_lengths(mask).astype(np.int32), False)
+
+
+@contextlib.contextmanager
+def _held(fd: int) -> Iterator[None]:
+    """An exclusive lock on the open (empty, kept) lock file `fd`, closed after; the kernel
+    drops the lock when its process dies, so a killed run never blocks the next."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 # The files a Hugging Face tokenizer directory holds its vocabulary in: the fast tokenizer's

@@ -1,0 +1,164 @@
+"""Input files as streams (`jaxtpu.core.tables`) and tokenization in chunks into a mapped cache:
+Parquet and JSON Lines read as the same CSV, rows across chunk borders, the cache's reuse and
+invalidation. Small inputs, no training."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import fcntl
+import json
+import os
+import shutil
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jaxtpu.core import buckets, tables, tokens
+from jaxtpu.core import data as jdata
+from jaxtpu.core.errors import DataError
+from parity_tests.families import _tokenizer as family_tokenizer
+
+COLUMNS = ["id", "comment_text", "target", "male", "lang"]
+ROWS = [
+    ["a1", "first comment", 0.0, 0.5, "en"],
+    ["a2", 'a comment over\nthree lines, "quoted",\nand a comma', 0.7, None, "es"],
+    ["a3", "   ", 1.0, 0.0, "en"],  # empty after normalisation: dropped
+    ["a4", "tabs\tand  spaces", 0.3, 1.0, "it"],
+    ["a5", "ünïcödé ✓", 1.0, None, "tr"],
+]
+
+
+def write_all(tmp_path) -> dict[str, object]:
+    """The same rows as CSV, Parquet and JSON Lines."""
+    paths = {}
+    paths["csv"] = tmp_path / "t.csv"
+    with open(paths["csv"], "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        w.writerows([["" if v is None else v for v in row] for row in ROWS])
+    paths["parquet"] = tmp_path / "t.parquet"
+    table = pa.table({c: [row[i] for row in ROWS] for i, c in enumerate(COLUMNS)})
+    pq.write_table(table, paths["parquet"], row_group_size=2)  # rows across record batches
+    paths["jsonl"] = tmp_path / "t.jsonl"
+    with open(paths["jsonl"], "w", encoding="utf-8") as f:
+        for row in ROWS:
+            f.write(json.dumps(dict(zip(COLUMNS, row, strict=True))) + "\n")
+    return paths
+
+
+def test_parquet_and_json_lines_read_as_the_same_csv(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "BATCH", 2)
+    got = {fmt: jdata.read_comments(p) for fmt, p in write_all(tmp_path).items()}
+    want = got.pop("csv")
+    assert want.texts[1] == 'a comment over three lines, "quoted", and a comma'
+    assert want.ids == ["a1", "a2", "a4", "a5"] and want.dropped == 1
+    assert np.allclose(want.labels, [0.0, 0.7, 0.3, 1.0])
+    assert np.isnan(want.groups.identities["male"][[1, 3]]).all()
+    for fmt, c in got.items():
+        assert (c.texts, c.ids, c.dropped) == (want.texts, want.ids, want.dropped), fmt
+        assert np.array_equal(c.labels, want.labels), fmt
+        assert np.array_equal(c.sublabels, want.sublabels, equal_nan=True), fmt
+        assert np.array_equal(c.groups.identities["male"], want.groups.identities["male"],
+                              equal_nan=True), fmt  # fmt: skip
+        assert c.groups.lang.tolist() == want.groups.lang.tolist() == ["en", "es", "it", "tr"]
+
+
+@pytest.mark.parametrize(
+    "name, write, message",
+    [
+        ("bad json", lambda p: p.write_text('{"comment_text": "a", "toxic": 1}\n{"comm'),
+         r"t.jsonl: line 2: not a JSON object"),
+        ("a list", lambda p: p.write_text('{"comment_text": "a", "toxic": 1}\n[1, 2]\n'),
+         r"t.jsonl: line 2: not a JSON object, found list"),
+        ("label", lambda p: p.write_text('{"comment_text": "a", "toxic": 1}\n'
+                                         '{"comment_text": "b", "toxic": 3}\n'),
+         r"t.jsonl: line 2: toxic=3 is outside \[0, 1\]"),
+        ("empty", lambda p: p.write_text("\n"), r"t.jsonl: file is empty"),
+        ("columns", lambda p: p.write_text('{"text": "a"}\n'), r"t.jsonl: missing columns"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " not in v and "\\" not in v else "",
+)  # fmt: skip
+def test_json_lines_problems_are_one_line_with_the_line(tmp_path, name, write, message):
+    path = tmp_path / "t.jsonl"
+    write(path)
+    with pytest.raises(DataError, match=message) as e:
+        jdata.read_comments(path)
+    assert "\n" not in str(e.value)
+
+
+def test_parquet_problems_name_the_row_or_the_file(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"comment_text": ["a", "b"], "toxic": [1.0, 2.0]}), path)
+    with pytest.raises(DataError, match=r"t.parquet: row 2: toxic=2.0 is outside \[0, 1\]"):
+        jdata.read_comments(path)
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match=r"t.parquet: not a readable Parquet file"):
+        jdata.read_comments(path)
+
+
+def test_a_csv_is_read_as_a_stream(tmp_path):
+    """Rows are produced while the file is read: the first row arrives before the reader has
+    seen the (broken) last line."""
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"comment_text,toxic\nfine,0\n" + b"more,1\n" * 3 + b"caf\xe9,1\n")
+    rows = tables.open_table(path).rows()
+    assert next(rows) == ("line 2", {"comment_text": "fine", "toxic": "0"})
+    with pytest.raises(DataError, match=r"not UTF-8 text \(byte 0xe9 at line 6\)"):
+        list(rows)
+
+
+@pytest.mark.parametrize("kind", ["minilm", "roberta", "xlm-roberta", "left"])
+def test_chunked_tokenizing_equals_one_call_and_is_mapped(kind, tmp_path, tokenizer, monkeypatch):
+    """Chunks of the tokenizer's own encoder give what one call of the Hugging Face tokenizer
+    gives (WordPiece, byte-level BPE, Unigram; padding and truncation on the left too)."""
+    texts = [f"comment number {i} " + "word " * (i % 7) for i in range(11)]
+    if kind in ("roberta", "xlm-roberta"):
+        tokenizer = family_tokenizer(kind, texts * 3)
+    elif kind == "left":
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.padding_side = tokenizer.truncation_side = "left"
+    one = tokenizer(texts, truncation=True, max_length=6, padding="max_length")
+    monkeypatch.setattr(tokens, "CHUNK", 4)  # 11 texts: chunks of 4, 4 and a short 3
+    ids, mask, hit = tokens.tokenize(texts, tokenizer, 6, tmp_path)
+    assert not hit
+    assert np.array_equal(ids, one["input_ids"]) and np.array_equal(mask, one["attention_mask"])
+    again = tokens.cached_tokens(texts, tokenizer, 6, tmp_path)
+    assert again.cache_hit and isinstance(again.ids.base, np.memmap)
+    assert not again.ids.flags.writeable and np.array_equal(again.ids, ids)
+    # The lengths the buckets need are kept beside the entry (rebuilt when their file is gone).
+    assert np.array_equal(again.lengths, buckets.real_lengths(mask))
+    (lengths,) = tmp_path.glob("*.lengths")
+    lengths.unlink()
+    assert np.array_equal(tokens.cached_tokens(texts, tokenizer, 6, tmp_path).lengths,
+                          buckets.real_lengths(mask)) and lengths.exists()  # fmt: skip
+    # Another length or other texts: another entry.
+    assert not tokens.tokenize(texts, tokenizer, 7, tmp_path)[2]
+    assert not tokens.tokenize(texts[:-1], tokenizer, 6, tmp_path)[2]
+    assert len(list(tmp_path.glob("*.npy"))) == 3
+
+
+def test_a_process_waits_for_the_entry_another_is_writing(tmp_path, tokenizer):
+    """The processes of one host share an entry: while one holds its lock (writing it), another
+    waits, then maps what the first wrote instead of tokenizing again."""
+    texts = ["one comment", "and another"]
+    tokens.tokenize(texts, tokenizer, 8, tmp_path / "a")
+    (entry,) = (tmp_path / "a").glob("*.npy")
+    shared = tmp_path / "b"
+    shared.mkdir()
+    fd = os.open(shared / f".{entry.stem}.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "another process" is writing the entry
+    got = {}
+    waiter = threading.Thread(
+        target=lambda: got.update(r=tokens.tokenize(texts, tokenizer, 8, shared))
+    )
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive()  # blocked on the lock, not tokenizing
+    shutil.copy(entry, shared / entry.name)  # the writer finishes ...
+    os.close(fd)  # ... and lets go
+    waiter.join(timeout=30)
+    assert got["r"][2]  # a hit: it mapped the entry it waited for
