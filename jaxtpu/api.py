@@ -20,34 +20,19 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import data as jdata
-from jaxtpu.core.buckets import Batcher, real_lengths
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.tokens import encode_texts, load_tokenizer
-
-
-def bucket_edges(max_len: int, smallest: int = 16) -> tuple[int, ...]:
-    """Powers of two from `smallest` below `max_len`, then `max_len`: a fixed set of lengths,
-    so the number of programs is bounded whatever is scored."""
-    edges, n = [], smallest
-    while n < max_len:
-        edges.append(n)
-        n *= 2
-    return (*edges, max_len)
 
 
 class Model:
     """The best model of a jaxtpu run, ready to score text (see `load`)."""
 
     def __init__(self, workdir: str | Path, devices: list[Any], batch_size: int) -> None:
-        from jaxtpu.predict import load_trained, one_comment_task, scoring_backend
+        from jaxtpu.predict import Scorer, load_trained
 
         self.trained = load_trained(workdir)
-        self.task = one_comment_task(self.trained.spec.task)
-        self.tokenizer = load_tokenizer(self.trained.tokenizer_dir)
-        self.max_len = self.trained.cfg.data.max_len
-        self.global_batch = batch_size * len(devices)
-        self.backend = scoring_backend(self.trained, devices, self.task)
-        self.edges = bucket_edges(self.max_len)
+        self.scorer = Scorer(self.trained, devices, batch_size)
+        self.task = self.scorer.task
+        self.backend = self.scorer.backend
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -56,19 +41,9 @@ class Model:
 
     def logits(self, texts: Sequence[str]) -> np.ndarray:
         """The model's raw outputs: (N,) or (N, labels)."""
-        from jaxtpu.core import loop
-
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise UserError("predict takes a list of strings (one comment each)")
-        if not texts:
-            return np.zeros((0, *self.task.label_shape), np.float32)
-        cleaned = [jdata.normalize_text(t) for t in texts]
-        ids, mask = encode_texts(cleaned, self.tokenizer, self.max_len)  # no disk cache
-        label = self.task.zeros((len(texts),), self.max_len)["label"]
-        examples = jdata.Examples(ids, mask, label)
-        batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
-        _, scores = loop.score_examples(self.backend, examples, batcher, self.task)
-        return scores
+        return self.scorer.logits([jdata.normalize_text(t) for t in texts])
 
     def predict(self, texts: Sequence[str]) -> np.ndarray | dict[str, np.ndarray]:
         """One score per text: the probability of toxicity (a ranker: its raw score), or for

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +27,15 @@ import numpy as np
 
 from jaxtpu.core import data as jdata
 from jaxtpu.core import hostmem
-from jaxtpu.core.buckets import Batcher
+from jaxtpu.core.buckets import Batcher, fixed_edges, real_lengths
 from jaxtpu.core.config import Config, from_dict
 from jaxtpu.core.encoder import EncoderConfig
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.files import atomic_write
+from jaxtpu.core.files import write_text
 from jaxtpu.core.rundir import check_output_path, user_errors
 from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import LABELS
-from jaxtpu.core.tokens import load_tokenizer, tokenize
+from jaxtpu.core.tokens import encode_texts, load_tokenizer
 
 
 @dataclass
@@ -106,29 +109,132 @@ def one_comment_task(task: Any) -> Any:
     return task if task.comments_per_example == 1 else get_task("toxicity")
 
 
-def score_texts(model: TrainedModel, texts: list[str], devices: list[Any], batch_size: int):
-    """Model scores (logits) of `texts`, each scored once, data-parallel over `devices`."""
-    from jaxtpu.core import loop
+class Scorer:
+    """A model ready to score comments on `devices`: its tokenizer, a backend that keeps its
+    compiled programs, and fixed length buckets (powers of two up to the run's --max-len), so
+    each length compiles once whatever it is given (`predict`'s chunks, the Python API's
+    calls)."""
 
-    tokenizer = load_tokenizer(model.tokenizer_dir)
-    ids, mask, _ = tokenize(texts, tokenizer, model.cfg.data.max_len, model.cfg.data.cache_dir)
-    single = one_comment_task(model.spec.task)
-    label = single.zeros((len(texts),), model.cfg.data.max_len)["label"]  # Task.batch_spec's
-    examples = jdata.Examples(ids, mask, label)
-    backend = scoring_backend(model, devices, single)
-    # Scored in length buckets chosen from these texts: one compilation per bucket, the
-    # same logits as at full padding (tests/test_buckets.py).
-    batcher = Batcher.for_data("auto", mask, batch_size * len(devices), model.cfg.data.max_len)
-    _, scores = loop.score_examples(backend, examples, batcher, single)
-    return scores
+    def __init__(self, model: TrainedModel, devices: list[Any], batch_size: int) -> None:
+        self.model = model
+        self.task = one_comment_task(model.spec.task)
+        self.tokenizer = load_tokenizer(model.tokenizer_dir)
+        self.max_len = model.cfg.data.max_len
+        self.global_batch = batch_size * len(devices)
+        self.backend = scoring_backend(model, devices, self.task)
+        self.edges = fixed_edges(self.max_len)
+
+    def logits(self, texts: list[str]) -> np.ndarray:
+        """The raw outputs for (normalized) `texts`: (N,) or (N, labels); tokenized in memory,
+        without the disk cache (each text is scored once)."""
+        from jaxtpu.core import loop
+
+        if not texts:
+            return np.zeros((0, *self.task.label_shape), np.float32)
+        ids, mask = encode_texts(texts, self.tokenizer, self.max_len)
+        label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_spec's
+        batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
+        examples = jdata.Examples(ids, mask, label)
+        _, scores = loop.score_examples(self.backend, examples, batcher, self.task)
+        return scores
 
 
-def write_csv(path: Path, header: Sequence[str], rows: Any) -> None:
-    """Writes atomically: a killed run never leaves a half-written submission."""
-    with atomic_write(path, newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
+# --------------------------------------------------------------------------- the stream
+
+CHUNK_ROWS = 32768
+
+
+@dataclass
+class Progress:
+    """Where a predict into `output` stands: its rows and bytes written so far, kept beside
+    the unfinished file (`.NAME.partial`) so a killed predict can continue (`--resume`), and
+    what it was scoring, so it continues only the same work."""
+
+    output: Path
+    identity: dict[str, Any]
+
+    @property
+    def partial(self) -> Path:
+        return self.output.with_name(f".{self.output.name}.partial")
+
+    @property
+    def record(self) -> Path:
+        return self.output.with_name(f".{self.output.name}.progress.json")
+
+    def stopped(self) -> dict[str, Any] | None:
+        """The record of a predict that stopped before finishing, if any."""
+        try:
+            return json.loads(self.record.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise UserError(
+                f"{self.record}: unreadable ({e}); remove it or pass --overwrite"
+            ) from None
+
+    def save(self, rows: int, size: int) -> None:
+        write_text(self.record, json.dumps({**self.identity, "rows": rows, "bytes": size}))
+
+    def finish(self) -> None:
+        os.replace(self.partial, self.output)
+        self.record.unlink(missing_ok=True)
+
+
+def predict_stream(
+    scorers: list[Scorer], source: str, progress: Progress, severity: bool, resume: dict | None
+) -> tuple[int, int]:
+    """Scores `source` `chunk_rows` at a time (the mean over `scorers`), appending each
+    chunk's rows to the partial file and then recording them, so memory stays that of one
+    chunk and a killed run continues from its last recorded chunk with the same chunks, the
+    same batches and so the same bytes. Returns (rows, empty comments)."""
+    task = scorers[0].task
+    columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, severity)
+    chunk_rows = progress.identity["chunk_rows"]
+    done, size = (resume["rows"], resume["bytes"]) if resume else (0, 0)
+    bar = _bar(done)
+    empty = 0
+    with open(progress.partial, "r+b" if resume else "wb") as f:
+        f.truncate(size)  # rows written after the last record are written again
+        f.seek(size)
+        if not resume:
+            f.write(_csv_bytes([columns]))
+        for k, chunk in enumerate(jdata.comments_to_score(source, chunk_rows)):
+            start = k * chunk_rows
+            if start < done:
+                continue
+            empty += chunk.dropped
+            mean = np.mean([outputs(s.logits(chunk.texts), task, severity)[1] for s in scorers], 0)
+            ids = chunk.ids or [str(start + j) for j in range(len(chunk))]
+            f.write(_csv_bytes([i, *row] for i, row in zip(ids, mean.tolist(), strict=True)))
+            f.flush()
+            os.fsync(f.fileno())
+            done = start + len(chunk)
+            progress.save(done, f.tell())
+            bar(len(chunk), done)
+    progress.finish()
+    return done, empty
+
+
+def _csv_bytes(rows: Any) -> bytes:
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(rows)
+    return text.getvalue().encode("utf-8")
+
+
+def _bar(done: int) -> Any:
+    """Progress on stderr: a tqdm bar on a terminal, one line per chunk in a log."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(initial=done, unit=" rows", desc="scoring", file=sys.stderr)
+        return lambda n, _: bar.update(n)
+    started, first = time.perf_counter(), done
+
+    def line(n: int, total: int) -> None:
+        rate = (total - first) / max(time.perf_counter() - started, 1e-9)
+        print(f"scored {total} rows ({rate:.0f} rows/s)", file=sys.stderr, flush=True)
+
+    return line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,14 +276,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-devices", type=int, default=8, help="Devices to score on.")
     p.add_argument("--batch-size", type=int, default=16, help="Comments per device per batch.")
     p.add_argument("--overwrite", action="store_true", help="Replace an existing --output.")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="Continue a predict into --output that was stopped (killed, preempted) from its "
+        "last finished chunk; the file it ends with is the one an uninterrupted run writes. "
+        "Refused when the input, models or settings differ.",
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=CHUNK_ROWS,
+        help="Comments read, scored and written at a time (memory is that of one chunk) "
+        "[default: %(default)s].",
+    )
     args = p.parse_args(argv)
     with user_errors():
         out = Path(args.output)
         check_output_path(out, "--output")
         if out.exists() and not args.overwrite:
             raise UserError(f"--output {out} exists; pass --overwrite to replace it")
-        if args.batch_size < 1 or args.num_devices < 1:
-            raise UserError("--batch-size and --num-devices must be >= 1")
+        if args.resume and args.overwrite:
+            raise UserError("--resume continues a stopped predict, --overwrite starts again: one")
+        if args.batch_size < 1 or args.num_devices < 1 or args.chunk_rows < 1:
+            raise UserError("--batch-size, --num-devices and --chunk-rows must be >= 1")
         if args.init_from and not args.model_dir:
             raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
         if args.workdir and (args.model_dir or args.max_len):
@@ -187,7 +309,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         hosts.use_compilation_cache()
         devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
         header = jdata.columns(args.input)
-        comments = jdata.read_comments(args.input, labelled=False)
         if args.workdir:
             models = [load_trained(w) for w in args.workdir]
             check_ensemble(models, args.workdir)
@@ -200,21 +321,62 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--input {args.input}: a Rate Severity file needs one score per comment; "
                 f"this {task.name} model scores {', '.join(task.label_columns)}"
             )
-        columns, values = None, []
-        for i, model in enumerate(models):
-            if len(models) > 1:
-                print(f"model {i + 1} of {len(models)}: {args.workdir[i]}", flush=True)
-            scores = score_texts(model, comments.texts, devices, args.batch_size)
-            columns, model_values = outputs(scores, task, severity)
-            values.append(model_values)
-        assert columns is not None
-        mean = np.mean(values, axis=0)
-        ids = comments.ids if any(comments.ids) else [str(i) for i in range(len(mean))]
-        rows = ([i, *row] for i, row in zip(ids, mean.tolist(), strict=True))
-        write_csv(out, columns, rows)
+        progress = Progress(out, _identity(args))
+        resume = _resume(progress, args)
+        scorers = [Scorer(m, devices, args.batch_size) for m in models]
+        rows, empty = predict_stream(scorers, args.input, progress, severity, resume)
+        if empty:
+            print(f"warning: {empty} of {rows} comments are empty; scored as empty text",
+                  file=sys.stderr)  # fmt: skip
         what = f"the mean of {len(models)} models' " if len(models) > 1 else ""
-        print(f"wrote {what}{len(mean)} scores to {out}")
+        print(f"wrote {what}{rows} scores to {out}")
     return 0
+
+
+def _identity(args: argparse.Namespace) -> dict[str, Any]:
+    """What a predict scores and how: a resumed one must match it."""
+    source = Path(args.input)
+    stat = source.stat()
+    if args.workdir:
+        models = [str(Path(w).resolve()) for w in args.workdir]
+    else:
+        models = [str(Path(args.init_from).resolve()), str(args.model_dir), args.max_len or 128]
+    return {
+        "input": str(source.resolve()),
+        "input_size": stat.st_size,
+        "input_mtime_ns": stat.st_mtime_ns,
+        "models": models,
+        "chunk_rows": args.chunk_rows,
+        "batch_size": args.batch_size,
+        "num_devices": args.num_devices,
+    }
+
+
+def _resume(progress: Progress, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The stopped predict to continue (--resume), or None to start afresh; a stopped one is
+    never overwritten silently."""
+    out = progress.output
+    stopped = progress.stopped()
+    if stopped is None or not progress.partial.exists():
+        if args.resume:
+            raise UserError(f"--resume: no stopped predict into --output {out} to continue")
+        return None
+    if not args.resume:
+        if args.overwrite:
+            return None
+        raise UserError(
+            f"--output {out}: a predict into it stopped after {stopped.get('rows', 0)} rows; "
+            "pass --resume to continue it or --overwrite to start again"
+        )
+    for key, value in progress.identity.items():
+        if stopped.get(key) != value:
+            raise UserError(
+                f"--resume: the stopped predict into {out} had {key} {stopped.get(key)!r}, "
+                f"this one {value!r}; continue it with the same input and settings, or pass "
+                "--overwrite to start again"
+            )
+    print(f"resuming after {stopped['rows']} rows", file=sys.stderr)
+    return stopped
 
 
 def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
@@ -247,7 +409,7 @@ def outputs(scores: np.ndarray, task: Any, severity: bool) -> tuple[list[str], n
         return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
     probs = 1.0 / (1.0 + np.exp(-np.asarray(scores, np.float64)))
     labels = list(task.label_columns) if probs.ndim == 2 else ["toxic"]
-    return ["id", *labels], probs.reshape(len(probs), -1)
+    return ["id", *labels], probs.reshape(len(probs), len(labels))
 
 
 if __name__ == "__main__":

@@ -243,21 +243,69 @@ def test_evaluate_refuses_a_file_of_another_kind(bias_run, tmp_path, capsys):
     assert "a toxicity run is evaluated on labelled comments" in err and "a pairs file" in err
 
 
-def test_python_api_scores_texts_and_compiles_each_length_once(bias_run):
+def test_python_api_scores_texts_and_compiles_each_length_once(bias_run, tmp_path):
     import jaxtpu
-    from jaxtpu.predict import load_trained, score_texts
+    from jaxtpu import predict
 
     d, _ = bias_run
     model = jaxtpu.load(d / "run", num_devices=2, batch_size=2)
     texts = ["thanks for the edit", "you are an idiot " * 4, "ok"]
     probs = model.predict(texts)
     assert probs.shape == (3,) and ((probs > 0) & (probs < 1)).all()
-    # The same scores as jaxtpu.predict's path.
-    trained = load_trained(d / "run")
-    logits = score_texts(trained, texts, model.backend.strategy.devices, 2)
-    assert np.allclose(probs, 1 / (1 + np.exp(-logits)), atol=1e-5)
+    # The same scores as the predict command writes.
+    src = tmp_path / "in.csv"
+    src.write_text("comment_text\n" + "".join(f"{t}\n" for t in texts))
+    argv = ["--workdir", str(d / "run"), "--input", str(src), "--output", str(tmp_path / "o.csv")]
+    assert predict.main([*argv, "--num-devices", "2"]) == 0
+    written = np.loadtxt(tmp_path / "o.csv", delimiter=",", skiprows=1)[:, 1]
+    assert np.allclose(probs, written, atol=1e-6)
     eval_fn = model.backend.strategy._eval  # the jitted eval step, compiled per batch shape
     compiled = eval_fn._cache_size()
     model.predict(["another short one", "and a longer comment " * 3, "x"])  # same lengths
     assert eval_fn._cache_size() == compiled
     assert model.predict([]).shape == (0,)
+
+
+def test_a_killed_predict_resumes_to_the_same_file(bias_run, real_csv, tmp_path, monkeypatch,
+                                                   capsys):  # fmt: skip
+    """Predict reads, scores and writes in chunks; killed after its second chunk (and after
+    writing rows it had not recorded yet), `--resume` writes the uninterrupted run's bytes."""
+    from jaxtpu import predict
+
+    d, _ = bias_run
+    src = write_language_file(real_csv, tmp_path / "test.csv", 45, 500, 0, labelled=False)
+    out = tmp_path / "sub.csv"
+    common = ["--workdir", str(d / "run"), "--input", str(src), "--num-devices", "2",
+              "--chunk-rows", "16"]  # fmt: skip
+    assert predict.main([*common, "--output", str(tmp_path / "whole.csv")]) == 0
+    whole = (tmp_path / "whole.csv").read_bytes()
+    assert whole.count(b"\n") == 46 and whole.startswith(b"id,toxic\r\n0,")
+
+    save, calls = predict.Progress.save, []
+
+    def killed_after_two(self, rows, size):
+        save(self, rows, size)
+        calls.append(rows)
+        if len(calls) == 2:
+            with open(self.partial, "ab") as f:
+                f.write(b"33,0.5\r\n" * 99 + b"34,0.")  # written, not recorded: killed mid-chunk
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(predict.Progress, "save", killed_after_two)
+    with pytest.raises(SystemExit) as e:  # Ctrl-C: exit 130
+        predict.main([*common, "--output", str(out)])
+    assert e.value.code == 130
+    capsys.readouterr()
+    monkeypatch.setattr(predict.Progress, "save", save)
+    assert calls == [16, 32] and not out.exists()
+    for extra, message in [
+        ([], "stopped after 32 rows; pass --resume to continue it or --overwrite"),
+        (["--resume", "--batch-size", "3"], "--resume: the stopped predict into"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            predict.main([*common, "--output", str(out), *extra])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert predict.main([*common, "--output", str(out), "--resume"]) == 0
+    assert out.read_bytes() == whole
+    assert not list(tmp_path.glob(".sub.csv*"))  # no partial file or record left
