@@ -99,7 +99,7 @@ def matrix(quick: bool, all_configs: bool, memory_only: bool = False) -> list[di
     return out + best + memory + refs + [cfg("torch", "eager", "minilm", "fp32", 1)]
 
 
-# jaxtpu's best configuration on this 2-core CPU (README, Benchmarks): jit on 2 devices (one
+# jaxtpu's best configuration on this 2-core CPU (docs/benchmarks.md): jit on 2 devices (one
 # per core), FSDP, 8 steps per device call.
 JAX_BEST = ["--devices", "2", "--steps-per-call", "8", "--sharding", "fsdp"]
 EPOCH_MAX_LENS = (128, 256)  # the epoch benchmark's lengths (--epoch-max-len picks one)

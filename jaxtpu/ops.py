@@ -1,6 +1,6 @@
 """Performance kernels the models are built from: bf16 matmuls with a bf16 backward pass
-(custom VJP), and dropout with counter-hash masks. Both were measured on XLA:CPU (README,
-"What made it faster") and are plain JAX, so they run the same on TPU.
+(custom VJP), and dropout with counter-hash masks. Both were measured on XLA:CPU
+(docs/benchmarks.md, "What made it faster") and are plain JAX, so they run the same on TPU.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation),
     as torch.autocast does. Letting JAX differentiate `einsum(..., preferred_element_type=f32)`
     instead gives fp32 backward matmuls, which ran several times slower on XLA:CPU
-    (`python -m benchmarks.compare`; README, Benchmarks).
+    (`python -m benchmarks.compare`; docs/benchmarks.md).
     Every index must appear in exactly two of the three terms (true of matmuls).
     """
     return jnp.einsum(
@@ -72,7 +72,7 @@ def gelu(x: jax.Array) -> jax.Array:
     """Exact GELU, 0.5 x (1 + erf(x / sqrt(2))): Hugging Face's "gelu" and PyTorch's
     `F.gelu` formula. `jax.nn.gelu(approximate=False)` computes the same through erfc, whose
     XLA:CPU kernel (an exp and several branches) ran slower than erf's rational polynomial
-    (README, Benchmarks: "What made it faster"); the two agree to 1e-6 absolute (both are as
+    (docs/benchmarks.md: "What made it faster"); the two agree to 1e-6 absolute (both are as
     close to PyTorch's, tests/test_models.py)."""
     return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 
@@ -94,13 +94,13 @@ def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     seeded by the key's own two words.
 
     Cheap elementwise integer work instead of one threefry evaluation per element, which took
-    a large share of a MiniLM step on XLA:CPU (README, Benchmarks: "What made it faster").
+    a large share of a MiniLM step on XLA:CPU (docs/benchmarks.md: "What made it faster").
     The index is an iota, so under jit
     with sharded activations each device computes only its part. Indices wrap at 2^32
     elements per call (far beyond one activation tensor here). The key (a `make_rng` key: a
     threefry output) is used as the seed directly rather than hashed once more with
     `jax.random.bits`: one threefry less per dropout site and step program, which XLA:CPU
-    spent measurable compile time on (README, Benchmarks: "what shortened it").
+    spent measurable compile time on (docs/benchmarks.md: "what shortened it").
     """
     s1, s2 = jax.random.key_data(key).reshape(-1)[:2].astype(jnp.uint32)
     idx = jnp.zeros(shape, jnp.uint32)

@@ -34,11 +34,12 @@ from jaxtpu.core.spec import RunSpec
 from parity_tests.forward import FAULTS, capture_points, encoder, parse_fault
 from parity_tests.harness import run_forward
 
-# Relative to the activation's scale. Measured on MiniLM and 16 real comments (README): fp32
-# worst point 1.2e-6 (jaxtpu) and 1.5e-6 (torch_xla); 2e-5 leaves room for deeper models and
-# longer inputs and still catches the subtlest planted fault measured (tanh GELU in MiniLM's
-# layer 3: 3.5e-5 at that layer's feed-forward activation). bf16 against the fp32
-# reference: worst 7.0e-3 (jaxtpu) and 1.2e-2 (torch_xla); gradients 1.8e-2 and 4.9e-2.
+# Relative to the activation's scale. Measured on MiniLM and 16 real comments (docs/migrating.md,
+# the bisection): fp32 worst point 1.2e-6 (jaxtpu) and 1.5e-6 (torch_xla); 2e-5 leaves room
+# for deeper models and longer inputs and still catches the subtlest planted fault measured
+# (tanh GELU in MiniLM's layer 3: 3.5e-5 at that layer's feed-forward activation). bf16
+# against the fp32 reference: worst 7.0e-3 (jaxtpu) and 1.2e-2 (torch_xla); gradients 1.8e-2
+# and 4.9e-2.
 FORWARD_RTOL = {"fp32": 2e-5, "bf16": 5e-2}
 GRAD_RTOL = {"fp32": 1e-3, "bf16": 1e-1}
 # Gradients that are mathematically zero (the attention key bias: softmax ignores a constant

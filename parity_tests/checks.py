@@ -18,7 +18,7 @@ from parity_tests.harness import ROOT, relative_diff, run_forward, run_side, sha
 
 REAL_CSV = ROOT.parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
 
-# Tolerances (see the README section "Reading the parity report").
+# Tolerances (see docs/parity.md, "Parity: reading the report").
 FORWARD_FP32_ATOL = 1e-4
 # bf16 logits vs the fp32 Hugging Face model: measured here 3.1e-4 (jaxtpu), 4.1e-4 (torch_xla
 # autocast), 2.8e-4 (transformers CPU autocast) on 16 real comments. bf16 rounds matmul

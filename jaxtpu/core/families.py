@@ -67,7 +67,7 @@ class Family:
     pooler: bool  # the Hugging Face model has `pooler.dense`
     default_pooling: str
     positions: str  # 'absolute' (0..L-1), 'after_padding' (RoBERTa), 'relative' (DeBERTa)
-    tokenizer: str  # the tokenizer kind its checkpoints ship (README, start-up line)
+    tokenizer: str  # the tokenizer kind its checkpoints ship (docs/families.md)
     names: Mapping[str, str] = field(default_factory=dict)  # canonical -> config.json key
     constants: Mapping[str, Any] = field(default_factory=dict)  # fixed, not in config.json
     renames: tuple[tuple[str, str], ...] = ()  # (jaxtpu module path, Hugging Face one)

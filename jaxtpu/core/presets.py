@@ -16,7 +16,7 @@ def demo() -> Config:
 
     Run: `python -m jaxtpu.train` (or `make train`).
     Expect: about two minutes on a 2-core CPU; validation ROC AUC about 0.95 on 200 held-out
-    real comments (0.9536 measured here with jit, the default, README "The two commands").
+    real comments (0.9536 measured here with jit, the default, README, "The two commands").
     """
     return Config(
         model=ModelConfig(model_dir="minilm"),
