@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -72,31 +73,42 @@ def _chunks(texts: list[str], tokenizer: Any, max_len: int) -> Iterator[tuple[in
             )
             yield start, np.stack([enc["input_ids"], enc["attention_mask"]], 1).astype(np.int32)
             continue
-        out = np.empty((len(part), 2, max_len), np.int32)
-        encodings = backend.encode_batch(part, add_special_tokens=True)
-        out[:, 0] = [e.ids for e in encodings]
-        out[:, 1] = [e.attention_mask for e in encodings]
-        yield start, out
+        yield start, _padded(
+            [e.ids for e in backend.encode_batch(part, add_special_tokens=True)],
+            max_len, tokenizer.pad_token_id, tokenizer.padding_side == "left",
+        )  # fmt: skip
+
+
+def _padded(ids: list[list[int]], max_len: int, pad_id: int, left: bool) -> np.ndarray:
+    """(k, 2, max_len) ids and mask of `k` truncated, unpadded id lists, padded as the
+    tokenizer pads (its pad id, on its side): one flat conversion of the real ids, no list of
+    `max_len` ints per text."""
+    k = len(ids)
+    lens = np.fromiter(map(len, ids), np.int64, count=k)
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lens.sum()))
+    out = np.zeros((k, 2, max_len), np.int32)
+    out[:, 0] = pad_id
+    rows = np.repeat(np.arange(k), lens)
+    cols = np.arange(flat.size) - np.repeat(np.cumsum(lens) - lens, lens)
+    if left:
+        cols += (max_len - lens)[rows]
+    out[rows, 0, cols] = flat
+    out[rows, 1, cols] = 1
+    return out
 
 
 def _backend(tokenizer: Any, max_len: int) -> Any:
-    """The `tokenizers.Tokenizer` under a Hugging Face fast tokenizer, set to truncate and pad
-    to `max_len` as `tokenizer(..., truncation=True, padding="max_length")` sets it (what that
-    call runs, without its conversion of every id to a Python list and back); None when the
-    tokenizer is not a fast one or has no pad token (the call then says why)."""
+    """The `tokenizers.Tokenizer` under a Hugging Face fast tokenizer, set to truncate to
+    `max_len` as `tokenizer(..., truncation=True, padding="max_length")` sets it (what that call
+    runs, without its conversion of every padded id to a Python list and back; `_padded` pads);
+    None when the tokenizer is not a fast one or has no pad token (the call then says why)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or getattr(tokenizer, "pad_token", None) is None:
         return None
     backend.enable_truncation(
         max_len, stride=0, strategy="longest_first", direction=tokenizer.truncation_side
     )
-    backend.enable_padding(
-        length=max_len,
-        direction=tokenizer.padding_side,
-        pad_id=tokenizer.pad_token_id,
-        pad_type_id=tokenizer.pad_token_type_id,
-        pad_token=tokenizer.pad_token,
-    )
+    backend.no_padding()  # `_padded` pads, as the tokenizer would
     return backend
 
 
