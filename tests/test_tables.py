@@ -8,6 +8,7 @@ import copy
 import csv
 import fcntl
 import json
+import logging
 import os
 import shutil
 import threading
@@ -111,6 +112,12 @@ def test_a_csv_is_read_as_a_stream(tmp_path):
         list(rows)
 
 
+def cached(texts, tokenizer, max_len, cache):
+    return tokens.cached_tokens(
+        lambda: texts, tokens.digest_texts(texts), tokenizer, max_len, cache
+    )
+
+
 @pytest.mark.parametrize("kind", ["minilm", "roberta", "xlm-roberta", "left"])
 def test_chunked_tokenizing_equals_one_call_and_is_mapped(kind, tmp_path, tokenizer, monkeypatch):
     """Chunks of the tokenizer's own encoder give what one call of the Hugging Face tokenizer
@@ -126,14 +133,14 @@ def test_chunked_tokenizing_equals_one_call_and_is_mapped(kind, tmp_path, tokeni
     ids, mask, hit = tokens.tokenize(texts, tokenizer, 6, tmp_path)
     assert not hit
     assert np.array_equal(ids, one["input_ids"]) and np.array_equal(mask, one["attention_mask"])
-    again = tokens.cached_tokens(texts, tokenizer, 6, tmp_path)
+    again = cached(texts, tokenizer, 6, tmp_path)
     assert again.cache_hit and isinstance(again.ids.base, np.memmap)
     assert not again.ids.flags.writeable and np.array_equal(again.ids, ids)
     # The lengths the buckets need are kept beside the entry (rebuilt when their file is gone).
     assert np.array_equal(again.lengths, buckets.real_lengths(mask))
     (lengths,) = tmp_path.glob("*.lengths")
     lengths.unlink()
-    assert np.array_equal(tokens.cached_tokens(texts, tokenizer, 6, tmp_path).lengths,
+    assert np.array_equal(cached(texts, tokenizer, 6, tmp_path).lengths,
                           buckets.real_lengths(mask)) and lengths.exists()  # fmt: skip
     # Another length or other texts: another entry.
     assert not tokens.tokenize(texts, tokenizer, 7, tmp_path)[2]
@@ -162,3 +169,67 @@ def test_a_process_waits_for_the_entry_another_is_writing(tmp_path, tokenizer):
     os.close(fd)  # ... and lets go
     waiter.join(timeout=30)
     assert got["r"][2]  # a hit: it mapped the entry it waited for
+
+
+def _demo_csv(path, n: int = 120):
+    demo = jdata.demo_comments(n, seed=3)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "comment_text", "toxic", *jdata.SUBLABELS, "kfold"])
+        for i, (t, y, sub) in enumerate(zip(demo.texts, demo.labels, demo.sublabels, strict=True)):
+            w.writerow([f"c{i}", t, y, *sub, i % 3])
+    return path
+
+
+def test_a_second_run_reads_neither_the_file_nor_the_texts_until_they_change(
+    tmp_path, tokenizer, monkeypatch
+):
+    """The file cache holds what the reader returns but the texts, keyed by the file's bytes;
+    with the token entries keyed by the texts' digests, a second run needs no text at all. A
+    changed file is read again; another --max-len reads the texts (not the rest) again."""
+    from jaxtpu.core import presets
+
+    train = _demo_csv(tmp_path / "train.csv")
+    cfg = presets.tiny().replace(train_csv=str(train), cache_dir=str(tmp_path / "cache"),
+                                 fold_column="kfold", fold=1)  # fmt: skip
+    first = jdata.load_task_data(cfg, tokenizer)
+    assert not first.info["token_cache_hit"] and list((tmp_path / "cache").glob("*.table.npz"))
+    reads = []
+    real = dict(jdata._READERS)
+    monkeypatch.setattr(jdata, "_READERS", {
+        k: lambda *a, _r=r, **kw: reads.append(a[0]) or _r(*a, **kw) for k, r in real.items()
+    })  # fmt: skip
+    second = jdata.load_task_data(cfg, tokenizer)
+    assert reads == [] and second.info["token_cache_hit"]
+    for a, b in [(first.train, second.train), (first.valid, second.valid)]:
+        assert np.array_equal(a.input_ids, b.input_ids) and np.array_equal(a.label, b.label)
+        assert np.array_equal(a.real_lengths(), b.real_lengths())
+    assert np.array_equal(first.valid_rows, second.valid_rows)
+    # Another length: the texts are read again (once, for both splits), the same tokens result.
+    longer = jdata.load_task_data(cfg.replace(max_len=24), tokenizer)
+    assert reads == [train] and not longer.info["token_cache_hit"]
+    monkeypatch.setattr(jdata, "_READERS", real)
+    fresh = jdata.load_task_data(cfg.replace(max_len=24, cache_dir=str(tmp_path / "c2")), tokenizer)
+    assert np.array_equal(longer.train.input_ids, fresh.train.input_ids)
+    # A changed file is a new entry (the old one is not used).
+    with open(train, "a", encoding="utf-8") as f:
+        f.write("c999,a brand new comment,1,0,0,0,0,0,2\n")
+    monkeypatch.setattr(jdata, "_READERS", {
+        k: lambda *a, _r=r, **kw: reads.append(a[0]) or _r(*a, **kw) for k, r in real.items()
+    })  # fmt: skip
+    changed = jdata.load_task_data(cfg, tokenizer)
+    assert reads == [train, train] and len(changed.train) + len(changed.valid) == 121
+
+
+def test_a_damaged_file_cache_entry_is_read_again(tmp_path, caplog):
+    from jaxtpu.core.tasks import get_task
+
+    train = _demo_csv(tmp_path / "train.csv")
+    task = get_task("toxicity")
+    want = jdata.read_task_file(train, task, cache_dir=tmp_path)
+    (entry,) = tmp_path.glob("*.table.npz")
+    entry.write_bytes(entry.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING):
+        got = jdata.read_task_file(train, task, cache_dir=tmp_path)
+    assert "is damaged" in caplog.text and list(got.texts) == want.texts
+    assert np.array_equal(got.labels, want.labels)

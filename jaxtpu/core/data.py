@@ -10,24 +10,28 @@ holds is `jaxtpu.core.buckets.Batcher`'s business.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import math
 import os
 import sys
+import zipfile
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from jaxtpu.core.buckets import real_lengths
 from jaxtpu.core.config import Config
 from jaxtpu.core.errors import DataError
+from jaxtpu.core.files import atomic_write
 from jaxtpu.core.tables import Table, open_table
 from jaxtpu.core.tasks import LABELS, Task, get_task
-from jaxtpu.core.tokens import cached_tokens
+from jaxtpu.core.tokens import cached_tokens, default_cache_dir, digest_texts
 
 log = logging.getLogger(__name__)
 
@@ -87,31 +91,73 @@ class Groups:
         )
 
 
+class FileTexts(Sequence[str]):
+    """Rows of a file's comments that are read from the file only when first needed: a run
+    whose tokens are all in the cache never reads them (`read_task_file` with a cache). `load`
+    gives every kept row's text; the subsets of one file share what it read."""
+
+    def __init__(self, load: Callable[[], Sequence[str]], rows: np.ndarray) -> None:
+        self.load, self.rows = load, rows
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        texts = self.load()
+        if isinstance(i, slice):
+            return [texts[r] for r in self.rows[i].tolist()]
+        return texts[int(self.rows[i])]
+
+    def __iter__(self) -> Iterator[str]:
+        texts = self.load()
+        return (texts[r] for r in self.rows.tolist())
+
+    def take(self, idx: np.ndarray) -> FileTexts:
+        return FileTexts(self.load, self.rows[idx])
+
+
+def _take(texts: Sequence[str], idx: np.ndarray) -> Sequence[str]:
+    if isinstance(texts, FileTexts):
+        return texts.take(idx)
+    return [texts[i] for i in idx]
+
+
 @dataclass
 class Comments:
     """Labelled (or, for scoring, unlabelled) comments from one file."""
 
     source: str
-    texts: list[str]
+    texts: Sequence[str]  # a list, or `FileTexts` read when needed
     labels: np.ndarray | None  # (N,) float32 in [0, 1]
     sublabels: np.ndarray | None = None  # (N, 5) float32, NaN where blank
     ids: list[str] = field(default_factory=list)
     dropped: int = 0
     groups: Groups = field(default_factory=Groups)
     folds: np.ndarray | None = None  # (N,) int64: the file's --fold-column
+    digests: np.ndarray | None = None  # (N, 16) uint8 `digest_texts`, made when first asked
 
     def __len__(self) -> int:
         return len(self.texts)
 
+    def text_digests(self) -> np.ndarray:
+        if self.digests is None:
+            self.digests = digest_texts(self.texts)
+        return self.digests
+
     def subset(self, idx: np.ndarray) -> Comments:
         return Comments(
             self.source,
-            [self.texts[i] for i in idx],
+            _take(self.texts, idx),
             None if self.labels is None else self.labels[idx],
             None if self.sublabels is None else self.sublabels[idx],
             [self.ids[i] for i in idx] if self.ids else [],
             groups=self.groups.take(idx),
             folds=None if self.folds is None else self.folds[idx],
+            digests=None if self.digests is None else self.digests[idx],
         )
 
     def severity(self) -> np.ndarray:
@@ -130,20 +176,27 @@ class Pairs:
     """Ranking pairs: `more[i]` is more toxic than `less[i]`."""
 
     source: str
-    less: list[str]
-    more: list[str]
+    less: Sequence[str]  # lists, or `FileTexts` read when needed
+    more: Sequence[str]
     dropped: int = 0
     folds: np.ndarray | None = None  # (N,) int64: the file's --fold-column
+    digests: np.ndarray | None = None  # (N, 2, 16) uint8: less, more; made when first asked
 
     def __len__(self) -> int:
         return len(self.less)
 
+    def text_digests(self) -> np.ndarray:
+        if self.digests is None:
+            self.digests = np.stack([digest_texts(self.less), digest_texts(self.more)], 1)
+        return self.digests
+
     def subset(self, idx: np.ndarray) -> Pairs:
         return Pairs(
             self.source,
-            [self.less[i] for i in idx],
-            [self.more[i] for i in idx],
+            _take(self.less, idx),
+            _take(self.more, idx),
             folds=None if self.folds is None else self.folds[idx],
+            digests=None if self.digests is None else self.digests[idx],
         )
 
 
@@ -403,14 +456,20 @@ _EXPECTED = {
 _READERS = {"pairs": read_pairs, "classification": read_comments}
 
 
-def read_task_file(path: str | os.PathLike, task: Task, fold_column: str = "") -> Comments | Pairs:
+def read_task_file(
+    path: str | os.PathLike, task: Task, fold_column: str = "", cache_dir: Any = None
+) -> Comments | Pairs:
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
-    the fold ids of `fold_column` when one is asked for."""
+    the fold ids of `fold_column` when one is asked for; with a `cache_dir`, through the file
+    cache (`_read_cached`)."""
     header = columns(path)
     kind = file_kind(header)
     if kind not in task.reads:
         raise _missing_columns_error(path, header, " or ".join(_EXPECTED[k] for k in task.reads))
-    data = _READERS[kind](path, fold_column=fold_column)
+    if cache_dir is None:
+        data = _READERS[kind](path, fold_column=fold_column)
+    else:
+        data = _read_cached(kind, Path(path), fold_column, Path(cache_dir))
     if isinstance(data, Comments) and data.groups and task.comments_per_example == 2:
         log.warning(
             "%s: identity/lang columns not used: the %s task is scored by agreement over pairs",
@@ -418,6 +477,98 @@ def read_task_file(path: str | os.PathLike, task: Task, fold_column: str = "") -
         )  # fmt: skip
         data.groups = Groups()
     return data
+
+
+# --------------------------------------------------------------------------- the file cache
+
+TABLE_VERSION = 1  # bump when what a reader returns for a file changes
+
+
+def _read_cached(kind: str, path: Path, fold_column: str, cache_dir: Path) -> Comments | Pairs:
+    """A file as its reader reads it, from the cache when this content was read before.
+
+    The entry (`<key>.table.npz` beside the token entries) holds everything the reader returns
+    but the texts: labels, sub-labels, identities, languages, ids, folds and each text's
+    digest, keyed by a hash of the file's bytes (a changed file is read again). A run whose
+    token entries exist (keyed by the same digests) then never reads the texts; `FileTexts`
+    reads them from the file if it does need them (a new --max-len, another split).
+    """
+    h = hashlib.sha256(f"{TABLE_VERSION}|{kind}|{fold_column}|".encode())
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    entry = cache_dir / f"{h.hexdigest()[:32]}.table.npz"
+    if entry.exists():
+        try:
+            with np.load(entry, allow_pickle=False) as z:
+                data = _from_arrays(kind, path, fold_column, dict(z))
+            log.info("%s: read from the file cache (%d rows)", path, len(data))
+            return data
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            entry.unlink(missing_ok=True)
+            log.warning("file cache entry %s is damaged (%s); reading %s again", entry,
+                        type(e).__name__, path)  # fmt: skip
+    data = _READERS[kind](path, fold_column=fold_column)
+    data.text_digests()
+    try:
+        with atomic_write(entry, "wb") as f:
+            np.savez(f, **_to_arrays(data))
+    except OSError as e:
+        log.warning("could not write the file cache in %s (%s); continuing without it",
+                    cache_dir, e)  # fmt: skip
+    return data
+
+
+def _to_arrays(data: Comments | Pairs) -> dict[str, np.ndarray]:
+    common = {
+        "n": np.asarray(len(data)),
+        "dropped": np.asarray(data.dropped),
+        "digests": data.text_digests(),
+        "folds": np.zeros(0, np.int64) if data.folds is None else data.folds,
+        "has_folds": np.asarray(data.folds is not None),
+    }
+    if isinstance(data, Pairs):
+        return common
+    assert data.labels is not None and data.sublabels is not None
+    g = data.groups
+    names = list(g.identities)
+    return {
+        **common,
+        "labels": data.labels,
+        "sublabels": data.sublabels,
+        "ids": np.asarray(data.ids, dtype=str),
+        "identity_names": np.asarray(names, dtype=str),
+        "identities": np.stack([g.identities[k] for k in names], 1) if names
+        else np.zeros((len(data), 0), np.float32),
+        "lang": np.zeros(0, str) if g.lang is None else g.lang.astype(str),
+        "has_lang": np.asarray(g.lang is not None),
+    }  # fmt: skip
+
+
+def _from_arrays(kind: str, path: Path, fold_column: str, z: dict[str, np.ndarray]) -> Any:
+    n = int(z["n"])
+    folds = z["folds"] if bool(z["has_folds"]) else None
+
+    @functools.cache
+    def reread() -> Any:
+        """The file read again for its texts, checked to be the rows the entry describes."""
+        log.info("%s: reading its comments (their tokens are not in the cache)", path)
+        data = _READERS[kind](path, fold_column=fold_column)
+        if len(data) != n or not np.array_equal(data.text_digests(), z["digests"]):
+            raise DataError(f"{path}: changed while this run was reading it; start the run again")
+        return data
+
+    rows = np.arange(n)
+    if kind == "pairs":
+        less = FileTexts(lambda: reread().less, rows)
+        more = FileTexts(lambda: reread().more, rows)
+        return Pairs(str(path), less, more, int(z["dropped"]), folds, z["digests"])
+    names = z["identity_names"].tolist()
+    identities = {k: z["identities"][:, j] for j, k in enumerate(names)}
+    groups = Groups(identities, z["lang"] if bool(z["has_lang"]) else None)
+    texts = FileTexts(lambda: reread().texts, rows)
+    return Comments(str(path), texts, z["labels"], z["sublabels"], z["ids"].tolist(),
+                    int(z["dropped"]), groups, folds, z["digests"])  # fmt: skip
 
 
 # --------------------------------------------------------------------------- demo data
@@ -490,11 +641,13 @@ def pairs_from_labels(comments: Comments, n_pairs: int, seed: int) -> Pairs:
         swap = sev[i] > sev[j]
         less_idx.extend(np.where(swap, j, i).tolist())
         more_idx.extend(np.where(swap, i, j).tolist())
-    t = comments.texts
+    less, more = np.asarray(less_idx[:n_pairs]), np.asarray(more_idx[:n_pairs])
+    d = comments.text_digests()
     return Pairs(
         comments.source,
-        [t[k] for k in less_idx[:n_pairs]],
-        [t[k] for k in more_idx[:n_pairs]],
+        _take(comments.texts, less),
+        _take(comments.texts, more),
+        digests=np.stack([d[less], d[more]], 1),
     )
 
 
@@ -554,21 +707,28 @@ def _iterative_folds(labels: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
 def comment_groups(pairs: Pairs) -> np.ndarray:
     """The group of each pair: pairs that share a comment (directly or through others) are
     one group, the connected components of the comments-as-nodes graph (union-find)."""
-    parent: dict[str, str] = {}
+    less, more = _comment_keys(pairs)
+    parent: dict[bytes, bytes] = {}
 
-    def root(x: str) -> str:
+    def root(x: bytes) -> bytes:
         parent.setdefault(x, x)
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
-    for a, b in zip(pairs.less, pairs.more, strict=True):
+    for a, b in zip(less, more, strict=True):
         ra, rb = root(a), root(b)
         if ra != rb:
             parent[ra] = rb
-    roots = [root(a) for a in pairs.less]
+    roots = [root(a) for a in less]
     return np.unique(roots, return_inverse=True)[1].astype(np.int64)
+
+
+def _comment_keys(pairs: Pairs) -> tuple[list[bytes], list[bytes]]:
+    """Each pair's two comments as hashable keys (their digests: equal texts, equal keys)."""
+    d = pairs.text_digests()
+    return [x.tobytes() for x in d[:, 0]], [x.tobytes() for x in d[:, 1]]
 
 
 def pair_folds(pairs: Pairs, n_folds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -595,10 +755,11 @@ def pair_folds(pairs: Pairs, n_folds: int, seed: int) -> tuple[np.ndarray, np.nd
     less, more = group_fold[groups], group_fold[groups]
     split = np.flatnonzero(less < 0)  # pairs of the groups too large for one fold
     if split.size:
-        texts = sorted({pairs.less[i] for i in split} | {pairs.more[i] for i in split})
-        fold_of = dict(zip(texts, rng.integers(n_folds, size=len(texts)).tolist(), strict=True))
-        less[split] = [fold_of[pairs.less[i]] for i in split]
-        more[split] = [fold_of[pairs.more[i]] for i in split]
+        a, b = _comment_keys(pairs)
+        keys = sorted({a[i] for i in split} | {b[i] for i in split})
+        fold_of = dict(zip(keys, rng.integers(n_folds, size=len(keys)).tolist(), strict=True))
+        less[split] = [fold_of[a[i]] for i in split]
+        more[split] = [fold_of[b[i]] for i in split]
     return less, more
 
 
@@ -714,13 +875,14 @@ def encode(
     if isinstance(data, Pairs):
         n = len(data)
         # Each pair's two comments side by side: (2n, L) is (n, 2, L) without a copy.
-        both = [text for pair in zip(data.less, data.more, strict=True) for text in pair]
-        t = cached_tokens(both, tokenizer, max_len, cache_dir)
+        both = lambda: [t for pair in zip(data.less, data.more, strict=True) for t in pair]  # noqa: E731
+        digests = data.text_digests().reshape(2 * n, 16)
+        t = cached_tokens(both, digests, tokenizer, max_len, cache_dir)
         pair = lambda a: a.reshape(n, 2, max_len)  # noqa: E731
         longer = t.lengths.reshape(n, 2).max(1)
         return Examples(pair(t.ids), pair(t.mask), np.ones(n, np.float32), t.cache_hit,
                         lengths=longer)  # fmt: skip
-    t = cached_tokens(data.texts, tokenizer, max_len, cache_dir)
+    t = cached_tokens(lambda: data.texts, data.text_digests(), tokenizer, max_len, cache_dir)
     labels = labels_of(data, task.label_columns).reshape(len(data), *task.label_shape)
     return Examples(t.ids, t.mask, labels, t.cache_hit, data.groups, t.lengths)
 
@@ -778,9 +940,10 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
       train and validation `Examples` plus an `info` dict describing what was loaded.
     """
     d, task, seed = cfg.data, cfg.task, cfg.run.seed
+    cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
     if d.train_csv:
         path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
-        data = read_task_file(path, task, d.fold_column)
+        data = read_task_file(path, task, d.fold_column, cache)
         source = str(path)
     else:
         data = demo_comments(d.demo_size, seed)
@@ -792,7 +955,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         source += f" (seeded sample of {d.subsample} rows, stratified)"
     valid_rows = None
     if d.valid_csv:
-        train, valid = data, read_task_file(d.valid_csv, task)
+        train, valid = data, read_task_file(d.valid_csv, task, cache_dir=cache)
         split_desc = f"validation file {d.valid_csv}"
     else:
         tr, valid_rows, split_desc = _split_rows(data, cfg, source)

@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,36 +182,50 @@ class Tokens:
     cache_hit: bool
 
 
+def digest_texts(texts: Iterable[str]) -> np.ndarray:
+    """(N, 16) uint8: a 128-bit BLAKE2b digest of each text. The token cache is keyed by these
+    (with the tokenizer and length), so a run that has them (`jaxtpu.core.data`'s file cache)
+    finds its tokens without holding, or even reading, the texts."""
+    return np.frombuffer(
+        b"".join(hashlib.blake2b(t.encode(), digest_size=16).digest() for t in texts), np.uint8
+    ).reshape(-1, 16)
+
+
 def tokenize(
     texts: list[str], tokenizer: Any, max_len: int, cache_dir: str | os.PathLike | None = None
 ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(input_ids, attention_mask, cache_hit) of `cached_tokens`."""
-    t = cached_tokens(texts, tokenizer, max_len, cache_dir)
+    """(input_ids, attention_mask, cache_hit) of `cached_tokens` for texts in hand."""
+    t = cached_tokens(lambda: texts, digest_texts(texts), tokenizer, max_len, cache_dir)
     return t.ids, t.mask, t.cache_hit
 
 
 def cached_tokens(
-    texts: list[str], tokenizer: Any, max_len: int, cache_dir: str | os.PathLike | None = None
+    texts: Callable[[], Sequence[str]],
+    digests: np.ndarray,
+    tokenizer: Any,
+    max_len: int,
+    cache_dir: str | os.PathLike | None = None,
 ) -> Tokens:
     """Tokenizes with truncation and padding to `max_len`, cached on disk.
 
-    The cache key is a hash of the texts, the tokenizer's content and `max_len`, so any change
-    to one of them tokenizes again.
+    Args:
+      texts: gives the texts; called only when the cache does not hold them.
+      digests: `digest_texts` of those texts, the cache key with the tokenizer's content and
+        `max_len` (any change to one of them tokenizes again).
     """
+    n = digests.shape[0]
     h = hashlib.sha256()
-    h.update(f"{tokenizer_fingerprint(tokenizer)}|{max_len}|{len(texts)}|".encode())
-    for t in texts:
-        h.update(t.encode())
-        h.update(b"\0")
+    h.update(f"{tokenizer_fingerprint(tokenizer)}|{max_len}|{n}|".encode())
+    h.update(np.ascontiguousarray(digests, np.uint8).tobytes())
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache / f"{h.hexdigest()[:32]}.npy"
-    shape = (len(texts), 2, max_len)
+    shape = (n, 2, max_len)
     try:
         cache.mkdir(parents=True, exist_ok=True)
         lock = os.open(cache / f".{path.stem}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
         log.warning("token cache %s cannot be used (%s); tokenizing without it", cache, e)
-        return _in_memory(texts, tokenizer, max_len)
+        return _in_memory(list(texts()), tokenizer, max_len)
     # One process of a host tokenizes an entry; the others wait for it and map it.
     with _held(lock):
         if path.exists():
@@ -225,12 +239,15 @@ def cached_tokens(
                     type(e).__name__,
                 )  # fmt: skip
         remove_stale_temporaries(cache)  # of runs killed while writing an entry
+        listed = list(texts())
+        if len(listed) != n:
+            raise DataError(f"{len(listed)} texts to tokenize, {n} digests: they must match")
         try:
-            lengths = _write_entry(path, texts, tokenizer, max_len)
+            lengths = _write_entry(path, listed, tokenizer, max_len)
             both = _read_entry(path, shape)
         except (OSError, ValueError) as e:
             log.warning("could not write token cache in %s (%s); continuing without it", cache, e)
-            return _in_memory(texts, tokenizer, max_len)
+            return _in_memory(listed, tokenizer, max_len)
     return Tokens(both[:, 0], both[:, 1], lengths, False)
 
 
