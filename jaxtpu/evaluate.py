@@ -111,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--input",
         required=True,
-        help="Labelled CSV: comment_text (or content) with toxic or target [+ the six labels, "
-        "identity columns, lang], or less_toxic, more_toxic pairs for a ranking run.",
+        help="Labelled file (CSV, Parquet or JSON Lines): comment_text (or content) with toxic "
+        "or target [+ the six labels, identity columns, lang], or less_toxic, more_toxic pairs "
+        "for a ranking run.",
     )
     p.add_argument(
         "--out", help="Also write the metric and every part as JSON here ({metric, value, ...})."

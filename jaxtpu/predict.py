@@ -1,5 +1,6 @@
-"""`python -m jaxtpu.predict`: score a CSV with the best model of a run, or with a PyTorch
-training notebook's checkpoint (`--init-from model.bin --model-dir DIR`).
+"""`python -m jaxtpu.predict`: score a file with the best model of a run, or with a PyTorch
+training notebook's checkpoint (`--init-from model.bin --model-dir DIR`), in a stream of
+`--chunk-rows` comments (`predict_stream`: constant memory, `--resume` after a kill).
 
 Writes `comment_id,score` for the Rate Severity `comments_to_score.csv` (`comment_id`, `text`),
 or `id,toxic` for classification files (`comment_text`, optional `id`); a multi-label model
@@ -269,8 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--input",
         required=True,
-        help="CSV to score: comments_to_score.csv (comment_id,text), or comment_text (or the "
-        "Multilingual test.csv's content) with an optional id.",
+        help="File to score (CSV, or .parquet/.pq, .jsonl/.ndjson): comments_to_score.csv "
+        "(comment_id,text), or comment_text (or the Multilingual test.csv's content) with an "
+        "optional id.",
     )
     p.add_argument("--output", required=True, help="Where to write the scores (CSV).")
     p.add_argument("--num-devices", type=int, default=8, help="Devices to score on.")

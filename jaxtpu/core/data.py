@@ -503,6 +503,8 @@ def _read_cached(kind: str, path: Path, fold_column: str, cache_dir: Path) -> Co
             with np.load(entry, allow_pickle=False) as z:
                 data = _from_arrays(kind, path, fold_column, dict(z))
             log.info("%s: read from the file cache (%d rows)", path, len(data))
+            if data.dropped:
+                log.warning("%s: dropped %d rows with an empty comment", path, data.dropped)
             return data
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             entry.unlink(missing_ok=True)

@@ -24,6 +24,7 @@ from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.files import atomic_write, write_text
 from jaxtpu.core.loop import VALID_SCORES
 from jaxtpu.core.rundir import default_workdir, strict_json
+from jaxtpu.core.tokens import default_cache_dir
 
 log = logging.getLogger("jaxtpu")
 
@@ -38,7 +39,9 @@ def fold_ids(cfg: Config) -> list[int]:
         path = jdata.SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
         if not path:
             raise ConfigError("--fold-column needs a --train-csv that has the column")
-        folds = jdata.read_task_file(path, cfg.task, d.fold_column).folds
+        # through the file cache: the folds' runs then find the file read
+        cache = d.cache_dir or default_cache_dir()
+        folds = jdata.read_task_file(path, cfg.task, d.fold_column, cache).folds
         return sorted(set(np.asarray(folds).tolist()))
     if not d.n_folds:
         raise ConfigError("--all-folds needs the folds: --n-folds K, or --fold-column NAME")
