@@ -8,6 +8,7 @@ benchmark worker one to time steps with.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -122,6 +123,13 @@ class JaxBackend:
 
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
         self.ckpts.save_best(step, self.strategy.host_state(self.state).params, meta)
+
+    def profile_start(self, directory: Path) -> None:
+        """Starts a `jax.profiler` trace into `directory` (`--profile-steps`)."""
+        jax.profiler.start_trace(str(directory))
+
+    def profile_stop(self) -> None:
+        jax.profiler.stop_trace()
 
     def device_memory_mb(self) -> list[float] | None:
         """Peak memory per device of this process, where the backend reports it (TPU/GPU; not

@@ -205,7 +205,8 @@ def test_bucketed_run_cut_and_resumed_reproduces_the_uninterrupted_run(tmp_path)
 
     full = train.train_and_evaluate(cfg("full"))
     assert full["train_compiles"] == 2  # both buckets used
-    train.train_and_evaluate(cfg("cut", max_steps=11))  # stops mid-epoch 1
+    train.train_and_evaluate(cfg("cut", max_steps=11, profile_steps="2:3"))  # stops mid-epoch 1
+    assert list((tmp_path / "cut" / "profile").rglob("*.xplane.pb"))  # jax.profiler's trace
     with pytest.raises(UserError, match="groups K batches of a bucket"):
         train.train_and_evaluate(cfg("cut", resume=True, steps_per_call=2, log_every=2))
     resumed = train.train_and_evaluate(cfg("cut", resume=True))

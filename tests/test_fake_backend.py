@@ -185,3 +185,41 @@ def test_resuming_a_finished_run_only_evaluates(tmp_path):
     summary = _run(tmp_path, again, resume=True, eval_every=7)
     assert summary["steps"] == 21 and again.calls == 0
     assert again.events == [("latest", 21)]
+
+
+class ProfilingBackend(FakeBackend):
+    """Records where the profiler starts and stops among the training steps."""
+
+    def profile_start(self, directory) -> None:
+        self.events.append(("profile_start", self.step))
+        self.directory = directory
+
+    def profile_stop(self) -> None:
+        self.events.append(("profile_stop", self.step))
+
+
+@pytest.mark.parametrize("k, spec, want", [(1, "3:5", (2, 5)), (2, "3:5", (2, 6)),
+                                           (1, "20:40", (19, 21))])  # fmt: skip
+def test_profile_steps_trace_the_calls_that_hold_them(tmp_path, k, spec, want):
+    """--profile-steps A:B starts before the call holding step A and stops after the one
+    holding B (whole calls: with K steps per call a little more), and at the run's end when it
+    ends inside the range; no losses are lost to the trace's sync."""
+    backend = ProfilingBackend({})
+    _run(tmp_path, backend, profile_steps=spec, steps_per_call=k, log_every=k, eval_every=0)
+    trace = [(kind, s) for kind, s in backend.events if kind.startswith("profile")]
+    assert trace == [("profile_start", want[0]), ("profile_stop", want[1])]
+    assert backend.directory == tmp_path / "profile"
+    plain = tmp_path / "plain"
+    _run(plain, FakeBackend({}), steps_per_call=k, log_every=k, eval_every=0)
+    assert _losses(tmp_path) == _losses(plain)  # every loss logged, as without the profile
+
+
+@pytest.mark.parametrize("spec", ["5", "0:3", "4:2", "a:b", "3:"])
+def test_bad_profile_steps_are_one_line(spec):
+    from jaxtpu.core.errors import ConfigError
+
+    if spec in ("5", "3:"):  # a single step is A:A
+        assert tiny().replace(profile_steps=spec).run.profile_steps == spec
+        return
+    with pytest.raises(ConfigError, match=r"--profile-steps .*: expected A:B"):
+        tiny().replace(profile_steps=spec)

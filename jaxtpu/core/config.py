@@ -430,6 +430,14 @@ class RunConfig:
         " as usual), or none. metrics.jsonl is always written; only process 0 reports.",
         resume=True,
     )
+    profile_steps: str = _f(
+        "",
+        "A:B = write a profiler trace of training steps A to B (1-based, whole device calls) "
+        "into RUN/profile/ (jax.profiler; open it in TensorBoard's profile tab or Perfetto). "
+        "Empty = no profile.",
+        resume=True,
+        side="jax",
+    )
     coordinator_address: str = _f(
         "",
         "Multi-host JAX (jax.distributed.initialize): HOST:PORT of process 0's coordinator, "
@@ -555,6 +563,22 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     return cfg
 
 
+def profile_range(spec: str) -> tuple[int, int] | None:
+    """`--profile-steps A:B` -> (A, B), None when empty; a ConfigError says what is wrong."""
+    if not spec.strip():
+        return None
+    first, _, last = spec.partition(":")
+    try:
+        a, b = int(first), int(last or first)
+    except ValueError:
+        a = b = 0
+    if not 1 <= a <= b:
+        raise ConfigError(
+            f"--profile-steps {spec}: expected A:B, training steps with 1 <= A <= B (e.g. 10:20)"
+        )
+    return a, b
+
+
 def validate(cfg: Config) -> None:
     """Range checks of every numeric flag (`BOUNDS`: NaN and infinities never pass), then
     cross-field checks, with messages that say what to do instead."""
@@ -574,6 +598,7 @@ def validate(cfg: Config) -> None:
     parse_spec(cfg.data.buckets, cfg.data.max_len)
     _check_schedule(cfg.optim)
     trackers.parse(cfg.run.tracker)
+    profile_range(cfg.run.profile_steps)
     if cfg.run.margin != RANKING_MARGIN and cfg.run.task != "ranking":
         raise ConfigError(f"--margin {cfg.run.margin} applies to --task ranking only")
     if cfg.data.n_folds == 1:

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxtpu.core import data as jdata
 from jaxtpu.core.buckets import Batcher, Rows
-from jaxtpu.core.config import Config, RunConfig
+from jaxtpu.core.config import Config, RunConfig, profile_range
 from jaxtpu.core.errors import ConfigError, TrainingError, UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.rundir import RunLog
@@ -90,6 +90,12 @@ class Backend(Protocol):
 
     def device_memory_mb(self) -> list[float] | None:
         """Peak memory per device of this process, where the devices report it."""
+
+    def profile_start(self, directory: Path) -> None:
+        """Starts the profiler's trace into `directory` (only with `--profile-steps`, a flag
+        of the sides whose backend has a profiler)."""
+
+    def profile_stop(self) -> None: ...
 
 
 @dataclass
@@ -600,16 +606,55 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
     return _finish(drv, step, stopped_by)
 
 
+class Profile:
+    """`--profile-steps A:B`: the backend's profiler traces the device calls that hold steps A
+    to B (whole calls: with --steps-per-call K, a little more), into RUN/profile/."""
+
+    def __init__(self, spec: str, workdir: Path, backend: Any) -> None:
+        # process 0 only: it alone writes the run directory
+        self.range = profile_range(spec) if backend.primary else None
+        self.directory = workdir / "profile"
+        self.backend, self.active = backend, False
+
+    def before(self, call: Call) -> None:
+        if self.range is None or self.active:
+            return
+        first = call.end - len(call.batches) + 1
+        if first <= self.range[1] and call.end >= self.range[0]:
+            self.backend.profile_start(self.directory)
+            self.active = True
+
+    def after(self, call: Call, pending: list) -> None:
+        """Stops after the call that reaches B, once its steps are done."""
+        if self.active and self.range and call.end >= self.range[1]:
+            self.backend.fetch(pending)  # the trace holds the steps, not only their dispatch
+            self.backend.profile_stop()
+            self.active = False
+            log.info("profile of steps %d-%d written to %s (TensorBoard's profile tab, "
+                     "Perfetto)", *self.range, self.directory)  # fmt: skip
+
+    def __enter__(self) -> Profile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active:  # the run ended (or stopped) inside the range: keep what was traced
+            self.backend.profile_stop()
+            self.active = False
+
+
 def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: _StopFlag, start: int):
     """Runs the device calls of `inputs` from step `start`: the loop body of `run`.
     Returns (the last step done, what stopped the run early or None)."""
     backend, step, stopped_by, pending = drv.backend, start, None, []
-    with Prefetch(inputs) as feed:
+    profile = Profile(drv.job.cfg.run.profile_steps, drv.job.workdir, backend)
+    with Prefetch(inputs) as feed, profile:
         for call, prepared in feed:
             if call.batches:
+                profile.before(call)
                 pending += backend.train_steps(prepared)
                 if drv.compile_s is None:
                     drv.timed_first_call(pending, call.end)
+                profile.after(call, pending)
             step = call.end
             if call.log:  # the only device sync between evaluations
                 drv.log_train(backend.fetch(pending), call, feed.wait_s)
