@@ -4,7 +4,10 @@
 It builds the run's real train and eval steps from the training flags (model, task, batch,
 max length, precision, strategy, --sharding, --mesh, --remat), compiles them ahead of time
 for the target without running them or allocating a weight, and reads the compiler's own
-accounting (`memory_analysis`, `cost_analysis`) of the compiled executables.
+accounting (`memory_analysis`, `cost_analysis`) of the compiled executables. For a TPU target
+it also reports the TPU compiler's cost-model estimate of the step time (`estimate`), with the
+examples/s, tokens/s and model-FLOPs utilisation bound that implies: an estimate, not a
+measurement.
 
 TPU targets compile on a CPU-only host: PyPI's `libtpu` (installed by the project) compiles
 for a TPU topology through `jax.experimental.topologies.get_topology_desc`; the numbers are the
@@ -43,22 +46,30 @@ class Target:
     topology: str  # jax.experimental.topologies name: "<version>:<chips grid>"
     hbm_per_chip_gib: float
     source: str
+    bf16_tflops_per_chip: float = 0.0  # peak, for the model-FLOPs utilisation bound
+    hbm_gbps_per_chip: float = 0.0
 
     @property
     def chips(self) -> int:
         return math.prod(int(x) for x in self.topology.split(":")[1].split("x"))
 
 
-# HBM per chip from Google's Cloud TPU system-architecture pages (cloud.google.com/tpu/docs/
-# v2, v3, v4, v5e, v6e). A device is what the topology's compiler sees: TPU v2/v3 (and v4
-# compiled per TensorCore, as get_topology_desc does here) have 2 devices per chip.
+# HBM, bf16 peak and HBM bandwidth per chip from Google's Cloud TPU system-architecture pages
+# (cloud.google.com/tpu/docs/v2, v3, v4, v5e, v6e). A device is what the topology's compiler
+# sees: TPU v2/v3 (and v4 compiled per TensorCore, as get_topology_desc does here) have 2
+# devices per chip.
 TPU_TARGETS: dict[str, Target] = {
-    "v2-8": Target("v2:2x2", 16, "cloud.google.com/tpu/docs/v2: 16 GiB HBM per chip"),
-    "v3-8": Target("v3:2x2", 32, "cloud.google.com/tpu/docs/v3: 32 GiB HBM per chip"),
-    "v4-8": Target("v4:2x2x1", 32, "cloud.google.com/tpu/docs/v4: 32 GiB HBM per chip"),
-    "v5e-8": Target("v5e:2x4", 16, "cloud.google.com/tpu/docs/v5e: 16 GB HBM2 per chip"),
-    "v6e-8": Target("v6e:2x4", 32, "cloud.google.com/tpu/docs/v6e: 32 GB HBM per chip"),
-}
+    "v2-8": Target("v2:2x2", 16, "cloud.google.com/tpu/docs/v2: 16 GiB HBM, 45 TFLOP/s bf16, "
+                   "700 GB/s per chip", 45, 700),
+    "v3-8": Target("v3:2x2", 32, "cloud.google.com/tpu/docs/v3: 32 GiB HBM, 123 TFLOP/s bf16, "
+                   "900 GB/s per chip", 123, 900),
+    "v4-8": Target("v4:2x2x1", 32, "cloud.google.com/tpu/docs/v4: 32 GiB HBM, 275 TFLOP/s "
+                   "bf16, 1,200 GB/s per chip", 275, 1200),
+    "v5e-8": Target("v5e:2x4", 16, "cloud.google.com/tpu/docs/v5e: 16 GB HBM2, 197 TFLOP/s "
+                    "bf16, 819 GB/s per chip", 197, 819),
+    "v6e-8": Target("v6e:2x4", 32, "cloud.google.com/tpu/docs/v6e: 32 GB HBM, 918 TFLOP/s "
+                    "bf16, 1,640 GB/s per chip", 918, 1640),
+}  # fmt: skip
 TARGETS = ("cpu", *TPU_TARGETS)
 # `--sweep`: every way jaxtpu can place the state, with and without rematerialisation.
 SWEEP = [(s, r) for s in ("replicated", "zero1", "fsdp") for r in REMATS]
@@ -85,6 +96,14 @@ class Report:
     capacity: int = 0  # the target's memory per device
     fits: bool = False
     flops_per_step: float = 0.0
+    # The TPU compiler's cost model (an estimate, never a measurement): its step time and bytes
+    # accessed per device, of the unrolled program (`estimate`); 0 where there is none.
+    est_step_s: float = 0.0
+    est_bytes_per_step: float = 0.0
+    model_flops: float = 0.0  # per device per step: 6 x matmul params x tokens + attention
+    remat_flops: float = 0.0  # what rematerialisation recomputes on top, apart
+    peak_flops: float = 0.0  # the target's bf16 peak per device
+    global_batch: int = 0
     compile_s: float = 0.0
     error: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -192,7 +211,8 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
 
 def flops_per_step(cfg: Config, devices: list[Any]) -> float:
     """FLOPs of one train step per device: XLA's count of the whole (unpartitioned) step,
-    lowered for one host CPU device (a TPU lowering has no count), divided by the devices.
+    lowered for one host CPU device, divided by the devices (the same for every target and
+    placement; a TPU-compiled executable counts its own partitioned program, `estimate`).
     Counted on the unscanned model, one step per call: XLA counts a loop body once, not once
     per iteration."""
     import jax
@@ -212,11 +232,57 @@ def flops_per_step(cfg: Config, devices: list[Any]) -> float:
 _FLOPS: dict[str, float] = {}
 
 
+def model_flops(spec: RunSpec, examples: int, seq: int, remat: str) -> tuple[float, float]:
+    """(the model's FLOPs for one train step on `examples` of `seq` tokens, what --remat
+    recomputes on top): 6 x the encoder's matmul parameters x tokens (forward 2, backward 4)
+    plus attention's two seq x seq products (12 x layers x hidden x seq^2 per example), as
+    MaxText counts model FLOPs, not XLA's count of whatever the program does. Embedding
+    lookups and the small head are left out; `layer` remat recomputes the forward pass,
+    `dots` keeps the matmul outputs and recomputes none of them."""
+    enc = spec.encoder
+    h, inner, layers = enc.hidden_size, enc.intermediate_size, enc.num_hidden_layers
+    matmul_params = layers * (4 * h * h + 2 * h * inner)
+    per_comment = spec.task.comments_per_example
+    tokens = examples * per_comment * seq
+    attention = 4.0 * layers * h * seq * seq * examples * per_comment  # forward
+    flops = 6.0 * matmul_params * tokens + 3 * attention
+    recompute = 2.0 * matmul_params * tokens + attention if remat == "layer" else 0.0
+    return flops, recompute
+
+
+def estimate(cfg: Config, devices: list[Any]) -> tuple[float, float]:
+    """(step seconds, bytes accessed per step) per device, from the TPU compiler's cost model
+    (`cost_analysis()["optimal_seconds"]`) of the run's train step compiled for `devices`,
+    unrolled: the cost model counts a loop's body once, so scanned layers and K steps per call
+    would be undercounted. (0, 0) where the compiler gives no estimate (the CPU)."""
+    flat = cfg.replace(
+        scan_layers=False, steps_per_call=1, log_every=1, eval_every=0, checkpoint_every=0
+    )
+    key = f"{devices[0].device_kind}|{len(devices)}|{flat.to_json()}"
+    if key not in _ESTIMATES:
+        with _no_cache_writes(devices[0].platform != "cpu"):
+            cost = lower(flat, devices).train.compile().cost_analysis() or {}
+        if isinstance(cost, list):  # older jax: one dict per program
+            cost = cost[0] if cost else {}
+        _ESTIMATES[key] = (float(cost.get("optimal_seconds", 0.0) or 0.0),
+                           float(cost.get("bytes accessed", 0.0) or 0.0))  # fmt: skip
+    return _ESTIMATES[key]
+
+
+_ESTIMATES: dict[str, tuple[float, float]] = {}
+
+
 def check(
-    cfg: Config, target: str, devices: list[Any], capacity: int, flops: bool = True
+    cfg: Config,
+    target: str,
+    devices: list[Any],
+    capacity: int,
+    flops: bool = True,
+    speed: bool = True,
 ) -> Report:
-    """Compiles the run's train and eval steps for `devices` and reports their memory (and
-    with `flops` the FLOPs per step: one more lowering, of the unscanned model)."""
+    """Compiles the run's train and eval steps for `devices` and reports their memory (with
+    `flops` the FLOPs per step: one more lowering, of the unscanned model; with `speed` too,
+    on a TPU target, the compiler's estimated step time: one more compilation, `estimate`)."""
     import jax
 
     spec = RunSpec.resolve(cfg, len(devices))
@@ -251,7 +317,27 @@ def check(
     report.fits = max(report.total, report.eval_total) <= capacity
     if flops:
         report.flops_per_step = flops_per_step(cfg, devices)
+        if speed:
+            _add_estimate(report, cfg, target, devices, spec)
     return report
+
+
+def _add_estimate(
+    report: Report, cfg: Config, target: str, devices: list[Any], spec: RunSpec
+) -> None:
+    """The compiler's estimated step time (TPU targets) and the model FLOPs beside it."""
+    report.global_batch = cfg.run.batch_size * len(devices)
+    report.model_flops, report.remat_flops = model_flops(
+        spec, cfg.run.batch_size, cfg.data.max_len, cfg.model.remat
+    )
+    if target in TPU_TARGETS:
+        t = TPU_TARGETS[target]
+        report.peak_flops = t.bf16_tflops_per_chip * 1e12 * t.chips / len(devices)
+        seconds, bytes_accessed = estimate(cfg, devices)
+        if seconds > 0:
+            report.est_step_s, report.est_bytes_per_step = seconds, bytes_accessed
+        else:  # none (v4, v6e) or negative (v5e) from libtpu 0.0.42.1's cost model
+            report.extra["no_estimate"] = f"optimal_seconds {seconds:.4g}"
 
 
 @contextmanager
@@ -326,7 +412,9 @@ def find_batch(
     best = tried[lo] if lo else tried[min(tried)]
     best.extra["largest_batch"] = lo
     if not best.error:
-        best.flops_per_step = flops_per_step(cfg.replace(batch_size=best.batch_size), devices)
+        chosen = cfg.replace(batch_size=best.batch_size)
+        best.flops_per_step = flops_per_step(chosen, devices)
+        _add_estimate(best, chosen, target, devices, RunSpec.resolve(chosen, len(devices)))
     return best
 
 
@@ -378,8 +466,25 @@ COLUMNS = [
     ("target", lambda r: _gib(r.capacity)),
     ("fits", lambda r: "yes" if r.fits else "NO"),
     ("GFLOP/step/device", lambda r: f"{r.flops_per_step / 1e9:.1f}" if not r.error else "-"),
+    ("est. step s*", lambda r: f"{r.est_step_s:.4f}" if r.est_step_s else "-"),
+    ("est. examples/s*", lambda r: f"{r.global_batch / r.est_step_s:,.0f}" if r.est_step_s
+     else "-"),
+    ("est. tokens/s*", lambda r: f"{r.global_batch * r.max_len / r.est_step_s:,.0f}"
+     if r.est_step_s else "-"),
+    ("est. GB/step/device*", lambda r: f"{r.est_bytes_per_step / 1e9:.2f}" if r.est_step_s
+     else "-"),
+    ("model GFLOP/step/device (+remat)", lambda r: f"{r.model_flops / 1e9:.1f}"
+     + (f" (+{r.remat_flops / 1e9:.1f})" if r.remat_flops else "") if r.model_flops else "-"),
+    ("MFU bound*", lambda r: f"{r.model_flops / (r.est_step_s * r.peak_flops):.0%}"
+     if r.est_step_s and r.peak_flops else "-"),
     ("compile s", lambda r: f"{r.compile_s:.1f}"),
-]
+]  # fmt: skip
+ESTIMATE_NOTE = (
+    "* the TPU compiler's cost model (its `optimal_seconds` for the unrolled train step), an "
+    "estimate, not a measurement; tokens at --max-len; MFU bound = model FLOPs (6 x matmul "
+    "params x tokens + attention, remat's recomputation apart) / (estimated step x the "
+    "target's bf16 peak)"
+)
 
 
 def _largest(r: Report) -> str:
@@ -394,6 +499,8 @@ def table(reports: list[Report], find: bool) -> str:
         cols.insert(3, ("largest batch/dev", _largest))
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(f(r) for _, f in cols) + " |" for r in reports]
+    if any(r.est_step_s for r in reports):
+        lines += ["", ESTIMATE_NOTE]
     return "\n".join(lines)
 
 
@@ -406,10 +513,21 @@ def _say(report: Report) -> None:
     if report.error:
         print(f"  {what}: refused by the compiler ({report.error[:120]})", file=sys.stderr)
         return
+    speed = ""
+    if "no_estimate" in report.extra:
+        speed = (
+            "; the TPU compiler's cost model gave no usable step-time estimate "
+            f"({report.extra['no_estimate']})"
+        )
+    if report.est_step_s:
+        speed = (
+            f"; estimated by the TPU compiler (not measured): {report.est_step_s:.4f} s/step, "
+            f"{report.global_batch / report.est_step_s:,.0f} examples/s"
+        )
     print(
         f"  {what}: train {_gib(report.total)}, eval {_gib(report.eval_total)} of "
         f"{_gib(report.capacity)}: {'fits' if report.fits else 'does NOT fit'} "
-        f"(compiled in {report.compile_s:.1f} s)",
+        f"(compiled in {report.compile_s:.1f} s){speed}",
         file=sys.stderr,
         flush=True,
     )

@@ -11,6 +11,7 @@ import pytest
 from jaxtpu import preflight
 from jaxtpu.core import presets
 from jaxtpu.core.errors import ConfigError, DeviceError
+from jaxtpu.core.spec import RunSpec
 
 pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed: pip install "
                     "-e '.[tpu]'")  # fmt: skip
@@ -34,7 +35,10 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()]
     assert preflight.main(["--preset", "tiny", "--target", "v3-8", "--json", str(out), *flags]) == 0
     (zero1,) = json.loads(out.read_text())["reports"]
-    assert "| zero1 | none | no | data=8,fsdp=1 | 16 |" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "| zero1 | none | no | data=8,fsdp=1 | 16 |" in printed.out
+    assert "cost model" in printed.out and "an estimate, not a measurement" in printed.out
+    assert "estimated by the TPU compiler (not measured)" in printed.err
     tiny = presets.tiny().replace(**SHAPE)
     # Rematerialisation saves activation memory, which outweighs the rest of a 64-wide
     # model's temporaries only at longer sequences (at 64 tokens it saved 11 %, at 256 30 %).
@@ -50,13 +54,20 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
             parallel="shard_map", remat="layer", task="ranking"
         ),
     }  # fmt: skip
-    reports = {name: preflight.check(cfg, "v3-8", devices, capacity) for name, cfg in runs.items()}
+    # The compiler's speed estimate (one more, unrolled, compilation) for one of them.
+    reports = {name: preflight.check(cfg, "v3-8", devices, capacity, speed=name == "replicated")
+               for name, cfg in runs.items()}  # fmt: skip
     reports["zero1"] = preflight.Report(**zero1)
     for name, r in reports.items():
         assert r.device == "TPU v3", name
         assert r.fits and not r.error, name
         assert r.params > 0 and r.flops_per_step > 0 and r.compile_s > 0, name
         assert r.total >= r.params + r.optimizer + r.temporary, name
+    for name in ("zero1", "replicated"):  # the TPU compiler's estimate of the unrolled step
+        r = reports[name]
+        assert r.est_step_s > 0 and r.est_bytes_per_step > 0 and r.model_flops > 0, name
+        assert r.peak_flops == 123e12 / 2, name  # v3: 123 TFLOP/s per chip, two cores
+        assert r.remat_flops == 0, name
     rep = reports["replicated"]
     assert reports["zero1"].params == rep.params
     assert reports["zero1"].optimizer < rep.optimizer / 6  # moments split over 8
@@ -66,6 +77,23 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     remat = reports["replicated + remat layer"]
     assert remat.temporary < 0.8 * rep.temporary, (remat.temporary, rep.temporary)
     assert remat.flops_per_step > rep.flops_per_step
+
+
+def test_model_flops_are_six_times_matmul_params_times_tokens_plus_attention():
+    """BERT-base (12 x 768, FFN 3072), 32 comments of 128 tokens: 6 x 84,934,656 matmul
+    parameters x 4,096 tokens + 12 x 12 layers x 768 x 128^2 x 32 for attention, about the
+    2.17 TFLOP XLA counts for that step; `layer` remat adds one forward pass."""
+    spec = RunSpec.resolve(presets.bert_base(), 1)
+    flops, recompute = preflight.model_flops(spec, 32, 128, "none")
+    matmul = 12 * (4 * 768 * 768 + 2 * 768 * 3072)
+    assert matmul == 84_934_656
+    assert flops == 6 * matmul * 32 * 128 + 12 * 12 * 768 * 128**2 * 32
+    assert recompute == 0 and preflight.model_flops(spec, 32, 128, "dots")[1] == 0
+    assert preflight.model_flops(spec, 32, 128, "layer")[1] == (
+        2 * matmul * 32 * 128 + 4 * 12 * 768 * 128**2 * 32
+    )
+    ranking = RunSpec.resolve(presets.bert_base().replace(task="ranking"), 1)
+    assert preflight.model_flops(ranking, 32, 128, "none")[0] == 2 * flops  # two per pair
 
 
 def test_fsdp_holds_about_one_nth_of_the_state_per_device_on_the_cpu():
@@ -150,3 +178,17 @@ def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
     with pytest.raises(DeviceError, match="cannot compile for TPU topology v9:2x2") as e:
         preflight.target_devices("v9-8", 8)
     assert "\n" not in str(e.value)
+
+
+def test_a_cost_model_without_a_usable_step_time_reports_none(monkeypatch):
+    """libtpu 0.0.42.1 gives BERT-base no optimal_seconds on v4/v6e and a negative one on v5e:
+    no estimate is reported then (the model FLOPs still are), and the log says why."""
+    cfg = presets.bert_base()
+    spec = RunSpec.resolve(cfg, 8)
+    for seconds in (-650.9, 0.0):
+        monkeypatch.setattr(preflight, "estimate", lambda c, d, s=seconds: (s, 45e9))
+        r = preflight.Report("v5e-8", "zero1", "none", "data=8,fsdp=1", 32, 128)
+        preflight._add_estimate(r, cfg, "v5e-8", [None] * 8, spec)
+        assert r.est_step_s == 0 and r.est_bytes_per_step == 0 and r.model_flops > 0
+        assert r.extra["no_estimate"] == f"optimal_seconds {seconds:.4g}"
+        assert "| - | - | - | - |" in preflight.table([r], find=False)
