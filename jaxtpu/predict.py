@@ -194,6 +194,7 @@ def predict_stream(
     done, size = (resume["rows"], resume["bytes"]) if resume else (0, 0)
     bar = _bar(done)
     empty = 0
+    progress.partial.parent.mkdir(parents=True, exist_ok=True)  # checked: it can be made
     with open(progress.partial, "r+b" if resume else "wb") as f:
         f.truncate(size)  # rows written after the last record are written again
         f.seek(size)

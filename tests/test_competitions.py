@@ -274,7 +274,7 @@ def test_a_killed_predict_resumes_to_the_same_file(bias_run, real_csv, tmp_path,
 
     d, _ = bias_run
     src = write_language_file(real_csv, tmp_path / "test.csv", 45, 500, 0, labelled=False)
-    out = tmp_path / "sub.csv"
+    out = tmp_path / "new" / "sub.csv"  # its directory is made
     common = ["--workdir", str(d / "run"), "--input", str(src), "--num-devices", "2",
               "--chunk-rows", "16"]  # fmt: skip
     assert predict.main([*common, "--output", str(tmp_path / "whole.csv")]) == 0
@@ -308,4 +308,4 @@ def test_a_killed_predict_resumes_to_the_same_file(bias_run, real_csv, tmp_path,
         assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert predict.main([*common, "--output", str(out), "--resume"]) == 0
     assert out.read_bytes() == whole
-    assert not list(tmp_path.glob(".sub.csv*"))  # no partial file or record left
+    assert not list(out.parent.glob(".sub.csv*"))  # no partial file or record left

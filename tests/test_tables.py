@@ -233,3 +233,18 @@ def test_a_damaged_file_cache_entry_is_read_again(tmp_path, caplog):
         got = jdata.read_task_file(train, task, cache_dir=tmp_path)
     assert "is damaged" in caplog.text and list(got.texts) == want.texts
     assert np.array_equal(got.labels, want.labels)
+
+
+def test_predicts_chunks_end_between_rows_never_inside_a_multi_line_comment(tmp_path):
+    """`comments_to_score` cuts the stream into chunks of rows after the CSV reader has put
+    each row together: a comment over three lines sits whole in the chunk where its row is,
+    whatever the chunk size, and the chunks add up to the whole file."""
+    path = write_all(tmp_path)["csv"]
+    whole = jdata.read_comments(path, labelled=False)
+    for size in (1, 2, 3, 5, 100):
+        chunks = list(jdata.comments_to_score(path, size))
+        assert [len(c) for c in chunks[:-1]] == [size] * (len(chunks) - 1)
+        assert [t for c in chunks for t in c.texts] == whole.texts
+        assert [i for c in chunks for i in c.ids] == whole.ids
+        assert sum(c.dropped for c in chunks) == whole.dropped == 1
+    assert whole.texts[1] == 'a comment over three lines, "quoted", and a comma'
