@@ -209,6 +209,14 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
     )
 
 
+def unrolled(cfg: Config) -> Config:
+    """The run's train step as XLA's counts and the TPU cost model see it whole: layers not
+    scanned, one step per call (both count a loop's body once, not once per iteration)."""
+    return cfg.replace(
+        scan_layers=False, steps_per_call=1, log_every=1, eval_every=0, checkpoint_every=0
+    )
+
+
 def flops_per_step(cfg: Config, devices: list[Any]) -> float:
     """FLOPs of one train step per device: XLA's count of the whole (unpartitioned) step,
     lowered for one host CPU device, divided by the devices (the same for every target and
@@ -218,10 +226,9 @@ def flops_per_step(cfg: Config, devices: list[Any]) -> float:
     import jax
 
     n = len(devices)
-    flat = cfg.replace(
-        scan_layers=False, steps_per_call=1, log_every=1, eval_every=0, checkpoint_every=0,
-        parallel="jit", sharding="replicated", mesh="", batch_size=cfg.run.batch_size * n,
-    )  # fmt: skip
+    flat = unrolled(cfg).replace(
+        parallel="jit", sharding="replicated", mesh="", batch_size=cfg.run.batch_size * n
+    )
     key = flat.to_json()
     if key not in _FLOPS:  # the same for every placement: once per model, batch and remat
         cost = lower(flat, jax.local_devices(backend="cpu")[:1]).train.cost_analysis() or {}
@@ -255,9 +262,7 @@ def estimate(cfg: Config, devices: list[Any]) -> tuple[float, float]:
     (`cost_analysis()["optimal_seconds"]`) of the run's train step compiled for `devices`,
     unrolled: the cost model counts a loop's body once, so scanned layers and K steps per call
     would be undercounted. (0, 0) where the compiler gives no estimate (the CPU)."""
-    flat = cfg.replace(
-        scan_layers=False, steps_per_call=1, log_every=1, eval_every=0, checkpoint_every=0
-    )
+    flat = unrolled(cfg)
     key = f"{devices[0].device_kind}|{len(devices)}|{flat.to_json()}"
     if key not in _ESTIMATES:
         with _no_cache_writes(devices[0].platform != "cpu"):

@@ -709,7 +709,11 @@ def _iterative_folds(labels: np.ndarray, n_folds: int, seed: int) -> np.ndarray:
 def comment_groups(pairs: Pairs) -> np.ndarray:
     """The group of each pair: pairs that share a comment (directly or through others) are
     one group, the connected components of the comments-as-nodes graph (union-find)."""
-    less, more = _comment_keys(pairs)
+    return _components(*_comment_keys(pairs))
+
+
+def _components(less: list[bytes], more: list[bytes]) -> np.ndarray:
+    """`comment_groups` of the pairs whose comments are these keys."""
     parent: dict[bytes, bytes] = {}
 
     def root(x: bytes) -> bytes:
@@ -743,7 +747,8 @@ def pair_folds(pairs: Pairs, n_folds: int, seed: int) -> tuple[np.ndarray, np.nd
     Returns:
       (fold of each pair's less toxic comment, of its more toxic comment).
     """
-    groups = comment_groups(pairs)
+    keys = _comment_keys(pairs)
+    groups = _components(*keys)
     sizes = np.bincount(groups)
     rng = np.random.default_rng([seed, 23])
     order = rng.permutation(sizes.size)
@@ -757,9 +762,10 @@ def pair_folds(pairs: Pairs, n_folds: int, seed: int) -> tuple[np.ndarray, np.nd
     less, more = group_fold[groups], group_fold[groups]
     split = np.flatnonzero(less < 0)  # pairs of the groups too large for one fold
     if split.size:
-        a, b = _comment_keys(pairs)
-        keys = sorted({a[i] for i in split} | {b[i] for i in split})
-        fold_of = dict(zip(keys, rng.integers(n_folds, size=len(keys)).tolist(), strict=True))
+        a, b = keys
+        split_keys = sorted({a[i] for i in split} | {b[i] for i in split})
+        draws = rng.integers(n_folds, size=len(split_keys)).tolist()
+        fold_of = dict(zip(split_keys, draws, strict=True))
         less[split] = [fold_of[a[i]] for i in split]
         more[split] = [fold_of[b[i]] for i in split]
     return less, more
