@@ -41,6 +41,7 @@ class JaxBackend:
         self._host_state: Any = state
         self._state: Any = None
         self.num_devices = strategy.n
+        self.device_kind = strategy.devices[0].device_kind  # e.g. "TPU v3", for the MFU
         self.procs = strategy.procs
         self.num_processes = self.procs.count
         self.primary = self.procs.primary
@@ -74,8 +75,9 @@ class JaxBackend:
         return ResumeState(int(meta["step"]), meta["best"])
 
     def compile_count(self) -> int:
-        """Train programs built so far (one per call length): traces of the train step."""
-        return self.strategy.traces
+        """Train programs compiled so far (one per call length; none for a program loaded
+        from --programs)."""
+        return self.strategy.compiled_train_programs()
 
     def local_rows(self, n: int) -> slice:
         return self.procs.rows(n)
@@ -84,11 +86,7 @@ class JaxBackend:
         return self.procs.any(flag)
 
     def stack(self, batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """The batches of one call stacked on a leading axis of K slots: a call of fewer
-        batches (the end of a bucket, an epoch, a run) fills the rest with weight-0 copies of
-        its first batch, which the step skips. So one program serves every call of a length."""
-        slots = batches + [_padding(batches[0])] * (self.steps_per_call - len(batches))
-        return {k: np.stack([b[k] for b in slots]) for k in batches[0]}
+        return stack_steps(batches, self.steps_per_call)
 
     def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
         """The call's batches stacked in K slots and placed on the devices."""
@@ -99,9 +97,16 @@ class JaxBackend:
     ) -> int:
         """Compiles, before the first step, the train call of each of `calls` and the eval
         step of each of `evals` (one of each shape the run will use), several at a time.
-        Returns the number of programs compiled (0 under pmap, which compiles on first use)."""
+        Returns the number of programs compiled (0 under pmap, which compiles on first use;
+        a program loaded from --programs is not compiled)."""
         stacked = [self.stack(c) for c in calls]
-        return self.strategy.precompile(self.state, self.rng, stacked, evals)
+        loaded = len(self.strategy.programs())
+        built = self.strategy.precompile(self.state, self.rng, stacked, evals)
+        loaded = len(self.strategy.programs()) - loaded - built
+        if loaded:
+            log.info("%d programs loaded from %s, %d compiled", loaded,
+                     self.strategy.saved.directory, built)  # fmt: skip
+        return built
 
     def train_steps(self, prepared: Any) -> list[Any]:
         """One device call over the K stacked batches (K >= 1, `steps.train_steps`)."""
@@ -137,6 +142,14 @@ class JaxBackend:
         stats = [d.memory_stats() or {} for d in self.strategy.local_devices]
         peaks = [s.get("peak_bytes_in_use") for s in stats]
         return None if None in peaks else [round(p / 2**20, 1) for p in peaks]
+
+
+def stack_steps(batches: list[dict[str, np.ndarray]], k: int) -> dict[str, np.ndarray]:
+    """The batches of one call stacked on a leading axis of `k` slots: a call of fewer batches
+    (the end of a bucket, an epoch, a run) fills the rest with weight-0 copies of its first
+    batch, which the step skips. So one program serves every call of a length."""
+    slots = batches + [_padding(batches[0])] * (k - len(batches))
+    return {name: np.stack([b[name] for b in slots]) for name in batches[0]}
 
 
 def _padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -61,10 +61,13 @@ class Strategy:
         self.local_devices = [d for d in devices if d.process_index == self.procs.index]
         self.task = task
         self.margin = margin  # the ranking loss's (--margin)
-        self.traces = 0  # how often the train step was traced (compiled); 1 per call length
+        self.traces = 0  # how often the train step was traced; 1 per call length
+        self.loaded = 0  # train programs loaded from --programs instead of compiled
+        self.saved: Any = None  # `programs.SavedPrograms` of --programs DIR, if given
         self._train: Any = None
         self._eval: Any = None
         self._compiled: dict[Any, Any] = {}  # ahead-of-time programs, see `precompile`
+        self._lowered: dict[Any, Any] = {}  # what each of them was compiled from
 
     def _bound(self, fn: Any, **kw: Any) -> Any:
         """`fn` (`steps.train_steps` or `steps.eval_step`) with this run's task and margin."""
@@ -80,8 +83,12 @@ class Strategy:
     def put_state(self, state: steps.TrainState) -> steps.TrainState:
         """Places a host state on the devices and compiles the steps for that placement."""
         placed, self._train, self._eval = self._compile(state)
-        self._compiled = {}
+        self._compiled, self._lowered = {}, {}
         return placed
+
+    def compiled_train_programs(self) -> int:
+        """Train programs XLA compiled (traced and not loaded from --programs)."""
+        return self.traces - self.loaded
 
     def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
         """(placed state, train function, eval function)."""
@@ -109,7 +116,8 @@ class Strategy:
         """Compiles the train call for each of `calls` (stacked host batches, this process's
         rows, as `put_steps` takes them) and the eval step for each of `evals` (as
         `put_batch` takes them) before the run needs them; `train` and `eval` then run those
-        programs. Returns how many programs were compiled."""
+        programs; with `saved` (--programs DIR) a saved program replaces the compilation of
+        the same program. Returns how many programs were compiled."""
         raise NotImplementedError
 
     def eval(self, state: Any, batch: Any) -> dict[str, np.ndarray]:
@@ -236,6 +244,16 @@ class JitStrategy(Strategy):
         train, evaluate = self.jitted(shardings)
         return jax.device_put(state, shardings), train, evaluate
 
+    def build(self, state: Any) -> None:
+        """The steps for a state placed as `state_sharding(state)` says, without placing it
+        (`state` may be abstract): what `jaxtpu.preflight` compiles and saves for a target."""
+        self._train, self._eval = self.jitted(self.state_sharding(state))
+        self._compiled, self._lowered = {}, {}
+
+    def programs(self) -> dict[Any, tuple[Any, Any]]:
+        """Each ahead-of-time program, (kind, input shapes) -> (lowered, compiled)."""
+        return {key: (self._lowered[key], c) for key, c in self._compiled.items()}
+
     def jitted(self, shardings: Any) -> tuple[Any, Any]:
         """The jitted (train, eval) functions for a state placed with `shardings` (also what
         `jaxtpu.preflight` lowers and compiles for another target)."""
@@ -280,21 +298,28 @@ class JitStrategy(Strategy):
         # and run side by side. Each program starts compiling as soon as it is lowered, so the
         # next one's tracing overlaps it instead of waiting for every lowering first.
         pending: dict[Any, Any] = {}
+        loaded: dict[Any, Any] = {}
         inputs = [("train", h, self.steps_sharding, 1) for h in calls]
         inputs += [("eval", h, self.batch_sharding, 0) for h in evals]
         with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="jaxtpu-compile") as pool:
             for kind, host, sharding, axis in inputs:
                 batch = {k: self._abstract(v, sharding, axis) for k, v in host.items()}
                 key = (kind, _shape_key(batch))
-                if key in pending or key in self._compiled:
+                if key in pending or key in loaded or key in self._compiled:
                     continue
                 if kind == "train":
                     program = self._train.lower(state, batch, rng)
                 else:
                     program = self._eval.lower(state, batch)
-                pending[key] = pool.submit(program.compile)
+                self._lowered[key] = program
+                found = self.saved.load(kind, key[1], program) if self.saved else None
+                if found is not None:
+                    loaded[key] = found
+                    self.loaded += kind == "train"
+                else:
+                    pending[key] = pool.submit(program.compile)
             done = {key: future.result() for key, future in pending.items()}
-        self._compiled = {**self._compiled, **done}
+        self._compiled = {**self._compiled, **loaded, **done}
         return len(pending)
 
     def _global_shape(self, v: Any, axis: int) -> tuple[int, ...]:

@@ -77,6 +77,11 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         log.info("compiled programs cached in %s", jax.config.jax_compilation_cache_dir)
     if hostmem.active():
         log.info("host memory: malloc on transparent huge pages (%s)", hostmem.HUGE_PAGES)
+    saved = None
+    if run.programs:  # its environment is checked before the data are read
+        from jaxtpu.programs import SavedPrograms
+
+        saved = SavedPrograms(run.programs, devices, cfg.to_dict())
 
     def build_backend(job: loop.Job) -> JaxBackend:
         model = weights.load_model(cfg, spec)
@@ -86,6 +91,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
         placement = Placement(spec.sharding, *spec.mesh)
         strategy = parallel.make_strategy(run.parallel, devices, run.task, placement, run.margin)
+        strategy.saved = saved
         ckpts = checkpoint.Checkpoints(workdir, procs if procs.count > 1 else None)
         return JaxBackend(strategy, jax.device_get(state), run.seed, ckpts, run.steps_per_call)
 

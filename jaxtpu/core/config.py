@@ -438,6 +438,16 @@ class RunConfig:
         resume=True,
         side="jax",
     )
+    programs: str = _f(
+        "",
+        "DIR of compiled programs from python -m jaxtpu.preflight --save-programs DIR (e.g. "
+        "compiled for a TPU slice on a CPU host): each program found there is loaded instead "
+        "of compiled. Programs of another environment (devices, jax/jaxlib/libtpu version, "
+        "XLA flags) or of another program (flags or data that change it) are refused. "
+        "--parallel jit or shard_map, one process. Empty = compile here.",
+        resume=True,
+        side="jax",
+    )
     coordinator_address: str = _f(
         "",
         "Multi-host JAX (jax.distributed.initialize): HOST:PORT of process 0's coordinator, "
@@ -599,6 +609,16 @@ def validate(cfg: Config) -> None:
     _check_schedule(cfg.optim)
     trackers.parse(cfg.run.tracker)
     profile_range(cfg.run.profile_steps)
+    if cfg.run.programs and (cfg.run.parallel == "pmap" or cfg.run.num_processes > 1):
+        why = (
+            "--parallel pmap compiles on first use"
+            if cfg.run.parallel == "pmap"
+            else ("--num-processes > 1 is not supported")
+        )
+        raise ConfigError(
+            f"--programs {cfg.run.programs}: saved programs run under --parallel jit or "
+            f"shard_map in one process ({why})"
+        )
     if cfg.run.margin != RANKING_MARGIN and cfg.run.task != "ranking":
         raise ConfigError(f"--margin {cfg.run.margin} applies to --task ranking only")
     if cfg.data.n_folds == 1:
