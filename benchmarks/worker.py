@@ -45,11 +45,8 @@ STRATEGIES = {
 
 
 def model_flops(enc: EncoderConfig, batch: int, seq: int) -> float:
-    """Training FLOPs of one step: 6 x dense params x tokens + attention matmuls (12 l L H T)."""
-    h, f, n = enc.hidden_size, enc.intermediate_size, enc.num_hidden_layers
-    dense = n * (4 * h * h + 2 * h * f) + h * h + h  # encoder layers, pooler, head
-    tokens = batch * seq
-    return 6.0 * dense * tokens + 12.0 * n * seq * h * tokens
+    """Training FLOPs of one step, the model's count (`EncoderConfig.train_flops`)."""
+    return enc.train_flops(batch, seq)[0]
 
 
 def config_for(args: argparse.Namespace) -> Config:

@@ -32,6 +32,7 @@ from jaxtpu.core import files
 from jaxtpu.core.cli import parse_with
 from jaxtpu.core.config import REMATS, Config
 from jaxtpu.core.errors import ConfigError, DeviceError
+from jaxtpu.core.hardware import TPU_CHIPS, TpuChip
 from jaxtpu.core.rundir import check_output_path, user_errors
 from jaxtpu.core.schedules import Horizon
 from jaxtpu.core.spec import RunSpec
@@ -41,35 +42,34 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class Target:
-    """A TPU slice JAX can compile for without having it."""
+    """A TPU slice JAX can compile for without having it: a topology of one generation's
+    chips (`hardware.TPU_CHIPS`)."""
 
     topology: str  # jax.experimental.topologies name: "<version>:<chips grid>"
-    hbm_per_chip_gib: float
-    source: str
-    bf16_tflops_per_chip: float = 0.0  # peak, for the model-FLOPs utilisation bound
-    hbm_gbps_per_chip: float = 0.0
+    chip: TpuChip
 
     @property
     def chips(self) -> int:
         return math.prod(int(x) for x in self.topology.split(":")[1].split("x"))
 
+    @property
+    def hbm_per_chip_gib(self) -> float:
+        return self.chip.hbm_gib
 
-# HBM, bf16 peak and HBM bandwidth per chip from Google's Cloud TPU system-architecture pages
-# (cloud.google.com/tpu/docs/v2, v3, v4, v5e, v6e). A device is what the topology's compiler
-# sees: TPU v2/v3 (and v4 compiled per TensorCore, as get_topology_desc does here) have 2
-# devices per chip.
+    @property
+    def bf16_tflops_per_chip(self) -> float:
+        return self.chip.bf16_tflops
+
+
+# A device is what the topology's compiler sees: TPU v2/v3 (and v4 compiled per TensorCore, as
+# get_topology_desc does here) have 2 devices per chip.
 TPU_TARGETS: dict[str, Target] = {
-    "v2-8": Target("v2:2x2", 16, "cloud.google.com/tpu/docs/v2: 16 GiB HBM, 45 TFLOP/s bf16, "
-                   "700 GB/s per chip", 45, 700),
-    "v3-8": Target("v3:2x2", 32, "cloud.google.com/tpu/docs/v3: 32 GiB HBM, 123 TFLOP/s bf16, "
-                   "900 GB/s per chip", 123, 900),
-    "v4-8": Target("v4:2x2x1", 32, "cloud.google.com/tpu/docs/v4: 32 GiB HBM, 275 TFLOP/s "
-                   "bf16, 1,200 GB/s per chip", 275, 1200),
-    "v5e-8": Target("v5e:2x4", 16, "cloud.google.com/tpu/docs/v5e: 16 GB HBM2, 197 TFLOP/s "
-                    "bf16, 819 GB/s per chip", 197, 819),
-    "v6e-8": Target("v6e:2x4", 32, "cloud.google.com/tpu/docs/v6e: 32 GB HBM, 918 TFLOP/s "
-                    "bf16, 1,640 GB/s per chip", 918, 1640),
-}  # fmt: skip
+    "v2-8": Target("v2:2x2", TPU_CHIPS["v2"]),
+    "v3-8": Target("v3:2x2", TPU_CHIPS["v3"]),
+    "v4-8": Target("v4:2x2x1", TPU_CHIPS["v4"]),
+    "v5e-8": Target("v5e:2x4", TPU_CHIPS["v5e"]),
+    "v6e-8": Target("v6e:2x4", TPU_CHIPS["v6e"]),
+}
 TARGETS = ("cpu", *TPU_TARGETS)
 # `--sweep`: every way jaxtpu can place the state, with and without rematerialisation.
 SWEEP = [(s, r) for s in ("replicated", "zero1", "fsdp") for r in REMATS]
@@ -164,25 +164,46 @@ class Lowered:
     batches: Any  # the abstract K stacked batches of one train call
 
 
-def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lowered:
-    """Traces and lowers the run's train call (K = --steps-per-call batches) and eval step for
-    `devices` on abstract inputs: no weight is created, nothing runs."""
+_ANY_HORIZON = Horizon(1000, 1000)  # memory and FLOPs do not depend on the schedule's length
+
+
+def abstract_run(
+    cfg: Config, devices: list[Any], spec: RunSpec, horizon: Horizon = _ANY_HORIZON
+) -> tuple[Any, Any, Any, Any]:
+    """(strategy, abstract state placed by its shardings, their shardings, abstract rng) of
+    the run on `devices`: shapes only, no weight created. `horizon` (the schedule's length)
+    changes no shape, only the schedule's constants in the program."""
     import jax
 
     from jaxtpu import models, optim, parallel, steps
     from jaxtpu.sharding import Placement
 
     run = cfg.run
-    spec = spec or RunSpec.resolve(cfg, len(devices))
     module = models.for_run(cfg, spec)
     params = models.abstract_params(module, spec.task.example_shape(cfg.data.max_len))
-    tx = optim.make_optimizer(cfg.optim, Horizon(1000, 1000), len(devices))
+    tx = optim.make_optimizer(cfg.optim, horizon, len(devices))
     state = jax.eval_shape(
         lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
     )
     placement = Placement(spec.sharding, *spec.mesh)
-    strategy = parallel.make_strategy(run.parallel, devices, run.task, placement)
+    strategy = parallel.make_strategy(run.parallel, devices, run.task, placement, run.margin)
     shardings = strategy.state_sharding(state)
+    rng = jax.eval_shape(lambda: jax.random.key(0))
+    rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=strategy.replicated)
+    abstract_state = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
+    )
+    return strategy, abstract_state, shardings, rng
+
+
+def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lowered:
+    """Traces and lowers the run's train call (K = --steps-per-call batches) and eval step for
+    `devices` on abstract inputs: no weight is created, nothing runs."""
+    import jax
+
+    run = cfg.run
+    spec = spec or RunSpec.resolve(cfg, len(devices))
+    strategy, abstract_state, shardings, rng = abstract_run(cfg, devices, spec)
     train, evaluate = strategy.jitted(shardings)
     rows = run.batch_size * len(devices)
 
@@ -194,19 +215,42 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
             for k, (shape, dtype) in layout.items()
         }
 
-    rng = jax.eval_shape(lambda: jax.random.key(0))
-    rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=strategy.replicated)
-    abstract_state = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
-    )
     batches = batch((run.steps_per_call,), strategy.steps_sharding)
     return Lowered(
         train.lower(abstract_state, batches, rng),
         evaluate.lower(abstract_state, batch((), strategy.batch_sharding)),
-        state,
+        abstract_state,
         shardings,
         batches,
     )
+
+
+def save_programs(cfg: Config, target: str, devices: list[Any], directory: Path) -> list[Path]:
+    """Compiles every program a run with `cfg` uses on `devices` (a train call of each length
+    its buckets use, an evaluation batch of each length of its validation set), reading the
+    data as the run does (their size sets the schedule's length, a constant of the train
+    program), and writes them to `directory` (`jaxtpu.programs`) for `train --programs`."""
+    from jaxtpu import programs
+    from jaxtpu.backend import stack_steps
+    from jaxtpu.core import loop
+
+    n = len(devices)
+    spec = RunSpec.resolve(cfg, n)
+    job = loop.Job.load(cfg, spec, directory, n, primary=False, started=time.time())
+    strategy, state, _, rng = abstract_run(cfg, devices, spec, job.plan.horizon)
+    strategy.build(state)
+    calls, evals = loop.program_inputs(job, lambda rows: slice(0, rows))
+    stacked = [stack_steps(c, cfg.run.steps_per_call) for c in calls]
+    t0 = time.perf_counter()
+    with _no_compilation_cache():
+        built = strategy.precompile(state, rng, stacked, evals)
+    print(
+        f"  compiled {built} programs ({len(calls)} train call lengths, {len(evals)} eval "
+        f"lengths) in {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return programs.save(directory, strategy.programs(), devices, cfg.to_dict())
 
 
 def unrolled(cfg: Config) -> Config:
@@ -237,24 +281,6 @@ def flops_per_step(cfg: Config, devices: list[Any]) -> float:
 
 
 _FLOPS: dict[str, float] = {}
-
-
-def model_flops(spec: RunSpec, examples: int, seq: int, remat: str) -> tuple[float, float]:
-    """(the model's FLOPs for one train step on `examples` of `seq` tokens, what --remat
-    recomputes on top): 6 x the encoder's matmul parameters x tokens (forward 2, backward 4)
-    plus attention's two seq x seq products (12 x layers x hidden x seq^2 per example), as
-    MaxText counts model FLOPs, not XLA's count of whatever the program does. Embedding
-    lookups and the small head are left out; `layer` remat recomputes the forward pass,
-    `dots` keeps the matmul outputs and recomputes none of them."""
-    enc = spec.encoder
-    h, inner, layers = enc.hidden_size, enc.intermediate_size, enc.num_hidden_layers
-    matmul_params = layers * (4 * h * h + 2 * h * inner)
-    per_comment = spec.task.comments_per_example
-    tokens = examples * per_comment * seq
-    attention = 4.0 * layers * h * seq * seq * examples * per_comment  # forward
-    flops = 6.0 * matmul_params * tokens + 3 * attention
-    recompute = 2.0 * matmul_params * tokens + attention if remat == "layer" else 0.0
-    return flops, recompute
 
 
 def estimate(cfg: Config, devices: list[Any]) -> tuple[float, float]:
@@ -332,8 +358,8 @@ def _add_estimate(
 ) -> None:
     """The compiler's estimated step time (TPU targets) and the model FLOPs beside it."""
     report.global_batch = cfg.run.batch_size * len(devices)
-    report.model_flops, report.remat_flops = model_flops(
-        spec, cfg.run.batch_size, cfg.data.max_len, cfg.model.remat
+    report.model_flops, report.remat_flops = spec.encoder.train_flops(
+        cfg.run.batch_size * spec.task.comments_per_example, cfg.data.max_len, cfg.model.remat
     )
     if target in TPU_TARGETS:
         t = TPU_TARGETS[target]
@@ -360,6 +386,24 @@ def _no_cache_writes(active: bool) -> Iterator[None]:
         yield
     finally:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+
+
+@contextmanager
+def _no_compilation_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache off, reads too: an executable read back from it
+    serializes without its code on XLA:CPU (loading it then fails with 'Function ... not
+    found'), so programs to save are compiled afresh."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides once per process whether to use it
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()
 
 
 def _peak(mem: Any) -> int:
@@ -569,6 +613,16 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
         "then bisection; one compilation per batch tried).",
     )
     g.add_argument(
+        "--save-programs",
+        default=None,
+        metavar="DIR",
+        help="Also compile every program the run uses (a train call of each length its "
+        "buckets use, an eval batch of each validation length; the data are read as the run "
+        "reads them) for --target and save them in DIR, for python -m jaxtpu.train "
+        "--programs DIR on the target's machine (the same flags, jax, libtpu and XLA flags), "
+        "which then compiles nothing. Not with --sweep or --find-batch.",
+    )
+    g.add_argument(
         "--json",
         default=None,
         help="Where to write the reports as JSON [default: runs/preflight/<target>.json].",
@@ -590,6 +644,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--num-processes: preflight compiles for one host's devices")
         out = Path(args.json or f"runs/preflight/{args.target}.json")
         check_output_path(out, "--json")  # before the first compilation, not after the last
+        if args.save_programs:
+            _check_programs_dir(Path(args.save_programs), args)
         devices, capacity = target_devices(args.target, cfg.run.num_devices)
         configs = options(cfg, args.sweep)
         for c in configs:  # every configuration is valid before any compiles
@@ -614,7 +670,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "reports": [asdict(r) for r in reports]})  # fmt: skip
         print(table(reports, args.find_batch))
         print(f"preflight: wrote {out}", file=sys.stderr)
+        if args.save_programs:
+            if reports[0].error or not reports[0].fits:
+                raise ConfigError(
+                    f"--save-programs {args.save_programs}: the run does not fit "
+                    f"{args.target}; nothing saved (see the table)"
+                )
+            saved = save_programs(cfg, args.target, devices, Path(args.save_programs))
+            print(
+                f"preflight: saved {len(saved) - 1} programs in {args.save_programs}; train "
+                f"with the same flags and --programs {args.save_programs}",
+                file=sys.stderr,
+            )
     return 0
+
+
+def _check_programs_dir(directory: Path, args: argparse.Namespace) -> None:
+    """--save-programs goes with one configuration, into a new directory or one it wrote."""
+    from jaxtpu.programs import MANIFEST
+
+    if args.sweep is not None or args.find_batch:
+        raise ConfigError(
+            f"--save-programs {directory}: saves one run's programs; leave out "
+            f"{'--sweep' if args.sweep is not None else '--find-batch'}"
+        )
+    if directory.exists() and (not directory.is_dir() or (
+            any(directory.iterdir()) and not (directory / MANIFEST).exists())):  # fmt: skip
+        raise ConfigError(
+            f"--save-programs {directory}: exists and holds no saved programs; give a new directory"
+        )
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> None:

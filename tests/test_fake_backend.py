@@ -32,6 +32,7 @@ class FakeBackend:
 
     name = "fake"
     num_devices, num_processes, primary = 1, 1, True
+    device_kind = "TPU v3"  # a known peak: the loop reports an MFU
 
     def __init__(self, disk: dict[str, Any], nan_at: int = 0, sigterm_at: int = 0, drift=0.0):
         self.disk, self.nan_at, self.sigterm_at, self.drift = disk, nan_at, sigterm_at, drift
@@ -223,3 +224,23 @@ def test_bad_profile_steps_are_one_line(spec):
         return
     with pytest.raises(ConfigError, match=r"--profile-steps .*: expected A:B"):
         tiny().replace(profile_steps=spec)
+
+
+def test_each_metrics_line_and_the_summary_say_where_the_time_went(tmp_path):
+    """Every train line splits its interval into training, compiling, evaluating,
+    checkpointing and waiting for input, with tokens/s and, on a device whose peak is known
+    (the fake says TPU v3), the MFU; the summary says the same of the whole loop."""
+    summary = _run(tmp_path, FakeBackend({}), eval_every=3, checkpoint_every=2)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in lines if x["event"] == "train"]
+    for x in [*train, summary["loop"]]:
+        assert set(x["time_share"]) == {"train", "compile", "eval", "checkpoint", "data_wait"}
+        assert sum(x["time_share"].values()) == pytest.approx(1.0)
+        assert x["computed_tokens_per_s"] >= x["tokens_per_s"] > 0 and x["mfu"] > 0
+    assert any(x["time_share"]["eval"] > 0 for x in train)  # evaluations fall in intervals
+    assert summary["loop"]["time_share"]["checkpoint"] > 0
+    # 21 steps of 8 examples of 16 tokens (tiny: 2 x 64, FFN 128) over the loop's step time
+    flops = RunSpec.resolve(_job(tmp_path / "j").cfg).encoder.train_flops(8, 16)[0] * 21
+    loop_ = summary["loop"]
+    steps_s = loop_["wall_s"] * (loop_["time_share"]["train"] + loop_["time_share"]["data_wait"])
+    assert loop_["mfu"] == pytest.approx(flops / (steps_s * 61.5e12), rel=1e-6)

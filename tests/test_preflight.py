@@ -11,6 +11,7 @@ import pytest
 from jaxtpu import preflight
 from jaxtpu.core import presets
 from jaxtpu.core.errors import ConfigError, DeviceError
+from jaxtpu.core.hardware import TpuChip
 from jaxtpu.core.spec import RunSpec
 
 pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed: pip install "
@@ -83,17 +84,19 @@ def test_model_flops_are_six_times_matmul_params_times_tokens_plus_attention():
     """BERT-base (12 x 768, FFN 3072), 32 comments of 128 tokens: 6 x 84,934,656 matmul
     parameters x 4,096 tokens + 12 x 12 layers x 768 x 128^2 x 32 for attention, about the
     2.17 TFLOP XLA counts for that step; `layer` remat adds one forward pass."""
-    spec = RunSpec.resolve(presets.bert_base(), 1)
-    flops, recompute = preflight.model_flops(spec, 32, 128, "none")
+    enc = RunSpec.resolve(presets.bert_base(), 1).encoder
+    flops, recompute = enc.train_flops(32, 128, "none")
     matmul = 12 * (4 * 768 * 768 + 2 * 768 * 3072)
     assert matmul == 84_934_656
     assert flops == 6 * matmul * 32 * 128 + 12 * 12 * 768 * 128**2 * 32
-    assert recompute == 0 and preflight.model_flops(spec, 32, 128, "dots")[1] == 0
-    assert preflight.model_flops(spec, 32, 128, "layer")[1] == (
+    assert recompute == 0 and enc.train_flops(32, 128, "dots")[1] == 0
+    assert enc.train_flops(32, 128, "layer")[1] == (
         2 * matmul * 32 * 128 + 4 * 12 * 768 * 128**2 * 32
     )
-    ranking = RunSpec.resolve(presets.bert_base().replace(task="ranking"), 1)
-    assert preflight.model_flops(ranking, 32, 128, "none")[0] == 2 * flops  # two per pair
+    cfg = presets.bert_base().replace(task="ranking", batch_size=32, max_len=128)
+    r = preflight.Report("cpu", "zero1", "none", "data=1,fsdp=1", 32, 128)
+    preflight._add_estimate(r, cfg, "cpu", [None], RunSpec.resolve(cfg, 1))
+    assert r.model_flops == 2 * flops  # two comments per pair
 
 
 def test_fsdp_holds_about_one_nth_of_the_state_per_device_on_the_cpu():
@@ -174,7 +177,8 @@ def test_an_unwritable_json_path_is_refused_before_any_compilation(tmp_path, cap
 
 
 def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
-    monkeypatch.setitem(preflight.TPU_TARGETS, "v9-8", preflight.Target("v9:2x2", 64, "test"))
+    chip = TpuChip("TPU v9", 64, 1000, 1000, 1, "test")
+    monkeypatch.setitem(preflight.TPU_TARGETS, "v9-8", preflight.Target("v9:2x2", chip))
     with pytest.raises(DeviceError, match="cannot compile for TPU topology v9:2x2") as e:
         preflight.target_devices("v9-8", 8)
     assert "\n" not in str(e.value)

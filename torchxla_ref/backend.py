@@ -43,6 +43,7 @@ class XlaBackend:
             self.torch_xla, self.xm, self.met = torch_xla, xm, met
         self.strategy = strategy
         self.num_devices = strategy.num_devices
+        self.device_kind = ""  # not resolved on this side: no MFU figure
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.cfg = cfg
         self.micro = 0

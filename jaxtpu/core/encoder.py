@@ -67,6 +67,21 @@ class EncoderConfig:
             return self.max_position_embeddings - self.pad_token_id - 1
         return self.max_position_embeddings
 
+    def train_flops(self, comments: int, seq: int, remat: str = "none") -> tuple[float, float]:
+        """(the model's FLOPs for one training step on `comments` of `seq` tokens, what
+        --remat recomputes on top): 6 x the encoder's matmul parameters x tokens (forward 2,
+        backward 4) plus attention's two seq x seq products (12 x layers x hidden x seq^2 per
+        comment), as MaxText counts model FLOPs, not XLA's count of whatever the program does.
+        Embedding lookups, the pooler and the head are left out; `layer` remat recomputes the
+        forward pass, `dots` keeps the matmul outputs and recomputes none of them."""
+        h, inner, layers = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+        matmul_params = layers * (4 * h * h + 2 * h * inner)
+        tokens = comments * seq
+        attention = 4.0 * layers * h * seq * seq * comments  # forward
+        flops = 6.0 * matmul_params * tokens + 3 * attention
+        recompute = 2.0 * matmul_params * tokens + attention if remat == "layer" else 0.0
+        return flops, recompute
+
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> EncoderConfig:
         family = get_family(model_type_of(d, source), source)

@@ -1,10 +1,13 @@
 """What accelerators this host has, read from the operating system before any framework
-starts (framework-free): both sides decide their runtime set-up from it.
+starts, and what each TPU generation's chip offers (framework-free): both sides decide their
+runtime set-up from the first; preflight's targets and the loop's model-FLOPs utilisation read
+the second.
 """
 
 from __future__ import annotations
 
 import glob
+from dataclasses import dataclass
 from pathlib import Path
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"
@@ -20,3 +23,39 @@ def has_tpu() -> bool:
         except OSError:
             continue
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+@dataclass(frozen=True)
+class TpuChip:
+    """One TPU generation's chip, from Google's Cloud TPU system-architecture pages
+    (cloud.google.com/tpu/docs/v2, v3, v4, v5e, v6e)."""
+
+    device_kind: str  # what JAX reports as a device's `device_kind`
+    hbm_gib: float  # per chip
+    bf16_tflops: float  # peak, per chip
+    hbm_gbps: float  # per chip
+    devices_per_chip: int  # JAX devices per chip on a TPU VM (v2/v3: one per TensorCore)
+    source: str
+
+
+TPU_CHIPS: dict[str, TpuChip] = {
+    "v2": TpuChip("TPU v2", 16, 45, 700, 2, "cloud.google.com/tpu/docs/v2: 16 GiB HBM, "
+                  "45 TFLOP/s bf16, 700 GB/s per chip"),
+    "v3": TpuChip("TPU v3", 32, 123, 900, 2, "cloud.google.com/tpu/docs/v3: 32 GiB HBM, "
+                  "123 TFLOP/s bf16, 900 GB/s per chip"),
+    "v4": TpuChip("TPU v4", 32, 275, 1200, 1, "cloud.google.com/tpu/docs/v4: 32 GiB HBM, "
+                  "275 TFLOP/s bf16, 1,200 GB/s per chip"),
+    "v5e": TpuChip("TPU v5 lite", 16, 197, 819, 1, "cloud.google.com/tpu/docs/v5e: 16 GB "
+                   "HBM2, 197 TFLOP/s bf16, 819 GB/s per chip"),
+    "v6e": TpuChip("TPU v6 lite", 32, 918, 1640, 1, "cloud.google.com/tpu/docs/v6e: 32 GB "
+                   "HBM, 918 TFLOP/s bf16, 1,640 GB/s per chip"),
+}  # fmt: skip
+
+
+def peak_flops_per_device(device_kind: str) -> float | None:
+    """The bf16 peak FLOP/s of one JAX device of this kind on a TPU VM (None where it is not
+    known: CPUs, GPUs, other TPU generations), for the model-FLOPs utilisation."""
+    for chip in TPU_CHIPS.values():
+        if chip.device_kind == device_kind:
+            return chip.bf16_tflops * 1e12 / chip.devices_per_chip
+    return None

@@ -28,10 +28,12 @@ from jaxtpu.core.buckets import Batcher, Rows
 from jaxtpu.core.config import Config, RunConfig, profile_range
 from jaxtpu.core.errors import ConfigError, TrainingError, UserError
 from jaxtpu.core.files import atomic_write
+from jaxtpu.core.hardware import peak_flops_per_device
 from jaxtpu.core.rundir import RunLog
 from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
 from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import Task, higher_is_better
+from jaxtpu.core.timing import Clock, batch_work, progress_postfix
 from jaxtpu.core.tokens import load_tokenizer, save_tokenizer
 from jaxtpu.core.trackers import parse as parse_trackers
 
@@ -45,6 +47,7 @@ class Backend(Protocol):
     num_devices: int  # global, over all processes
     num_processes: int
     primary: bool  # process 0: the one that writes the run directory
+    device_kind: str  # `hardware.peak_flops_per_device` knows a TPU's; "" = unknown
 
     def local_rows(self, n: int) -> slice:
         """The rows of an n-row global batch this process feeds (all of them with one)."""
@@ -266,6 +269,32 @@ def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
                 return
 
 
+def program_inputs(
+    job: Job, local_rows: Callable[[int], slice], start: int = 0
+) -> tuple[list[list[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]:
+    """One input of each program a run from step `start` uses: a train call (of one batch) of
+    each sequence length the schedule uses (one program each, whatever the number of batches
+    in a call), and an evaluation batch of each length of the validation set; this process's
+    `local_rows` of each. What the train loop precompiles and `preflight --save-programs`
+    saves."""
+    gb = job.plan.global_batch
+    rows = local_rows(gb)
+    idx, weight = np.arange(gb)[rows] % len(job.data.train), np.ones(gb, np.float32)[rows]
+    batcher, valid = job.plan.batcher, job.data.valid
+    every, used = set(batcher.batch_lengths()), []
+    for call in schedule(job.plan, job.cfg.run, start):
+        if call.batches and call.batches[0].length not in used:
+            used.append(call.batches[0].length)
+            if len(used) == len(every):
+                break
+    calls = [[job.data.train.take(idx, weight, n)] for n in used]
+    lengths = batcher.eval_batch_lengths(valid.real_lengths())
+    egb = batcher.eval_global_batch
+    rows = local_rows(egb)
+    idx, weight = np.arange(egb)[rows] % len(valid), np.ones(egb, np.float32)[rows]
+    return calls, [valid.take(idx, weight, n) for n in lengths]
+
+
 # --------------------------------------------------------------------------- the driver
 
 VALID_SCORES = "valid_scores.csv"  # the best model's predictions of the validation set
@@ -401,8 +430,9 @@ class _Driver:
         self.best = resume.best
         self.last_eval: dict[str, Any] = {}
         self.peak = peak_lr(self.cfg.optim, backend.num_devices)
-        self.t_log, self.step_log = time.time(), resume.step
-        self.wait_log = 0.0  # Prefetch.wait_s at the last metrics line
+        self.started = time.time()
+        self.clock = Clock(peak_flops_per_device(backend.device_kind), backend.num_devices)
+        self.lengths = job.data.train.real_lengths()
         self.compile_s: float | None = None
         self.bar = None
         if self.cfg.run.progress and backend.primary:
@@ -417,6 +447,10 @@ class _Driver:
         return {**self.job.spec.identity, "step": step, "best": self.best,
                 "config": self.cfg.to_dict()}  # fmt: skip
 
+    def save_latest(self, step: int) -> None:
+        with self.clock.timing("checkpoint"):
+            self.backend.save_latest(step, self.meta(step))
+
     def check_finite(self, what: str, value: float, step: int) -> None:
         """Never goes on from (or checkpoints) a diverged state."""
         if not np.isfinite(value):
@@ -427,28 +461,12 @@ class _Driver:
             )
 
     def precompile(self, start: int) -> None:
-        """Has the backend build every program of the run before the first step: a train call
-        of each sequence length the schedule from `start` uses (one program each, whatever
-        the number of batches in a call) and an evaluation batch of each length of the
-        validation set."""
-        job, gb = self.job, self.job.plan.global_batch
-        rows = self.backend.local_rows(gb)
-        idx, weight = np.arange(gb)[rows] % len(job.data.train), np.ones(gb, np.float32)[rows]
-        batcher, valid = job.plan.batcher, job.data.valid
-        every, used = set(batcher.batch_lengths()), []
-        for call in schedule(job.plan, self.cfg.run, start):
-            if call.batches and call.batches[0].length not in used:
-                used.append(call.batches[0].length)
-                if len(used) == len(every):
-                    break
-        calls = [[job.data.train.take(idx, weight, n)] for n in used]
-        lengths = batcher.eval_batch_lengths(valid.real_lengths())
-        egb = batcher.eval_global_batch
-        rows = self.backend.local_rows(egb)
-        idx, weight = np.arange(egb)[rows] % len(valid), np.ones(egb, np.float32)[rows]
-        evals = [valid.take(idx, weight, n) for n in lengths]
+        """Has the backend build every program of the run before the first step
+        (`program_inputs`)."""
+        calls, evals = program_inputs(self.job, self.backend.local_rows, start)
         t0 = time.time()
-        built = self.backend.precompile(calls, evals)
+        with self.clock.timing("compile"):
+            built = self.backend.precompile(calls, evals)
         if built:
             seconds = time.time() - t0
             log.info(
@@ -456,25 +474,34 @@ class _Driver:
                 built, len(calls), len(evals), seconds,
             )  # fmt: skip
             self.runlog.write({"event": "compile", "programs": built, "seconds": seconds})
-            self.compile_s, self.t_log = seconds, time.time()  # no timed first call needed
+            self.compile_s = seconds  # no timed first call needed
 
-    def timed_first_call(self, handles: list[Any], step: int) -> None:
-        """Waits once for the first call, to report compilation apart from the steps."""
+    def timed_first_call(self, handles: list[Any], step: int, dispatched: float) -> None:
+        """Waits once for the first call (dispatched at `dispatched`, time.time()), to report
+        its compilation apart from the steps."""
         self.backend.fetch(handles[-1:])
-        self.compile_s = time.time() - self.t_log
-        log.info("first step (compile + run): %.1fs", self.compile_s)
-        self.t_log, self.step_log = time.time(), step
+        self.compile_s = time.time() - dispatched
+        what = "compile + run" if self.backend.compile_count() else "nothing compiled"
+        log.info("first step (%s): %.1fs", what, self.compile_s)
         self.runlog.write({"event": "compile", "step": step, "seconds": self.compile_s})
+
+    def count(self, call: Call) -> None:
+        """The work of the call's steps, for the throughput and MFU figures."""
+        enc, cpe = self.job.spec.encoder, self.task.comments_per_example
+        for b in call.batches:
+            self.clock.did(batch_work(
+                b.idx, b.weight, b.length or self.cfg.data.max_len, self.lengths, cpe,
+                lambda comments, seq: enc.train_flops(comments, seq)[0],
+            ))  # fmt: skip
 
     def log_train(self, host: list[dict[str, float]], call: Call, waited: float) -> None:
         """One metrics line; `waited` is the loop's total wait for input so far."""
         step = call.end
         loss = float(np.mean([h["loss"] for h in host]))
         self.check_finite("loss", loss, step)
-        dt = max(time.time() - self.t_log, 1e-9)
-        rate = (step - self.step_log) * self.job.plan.global_batch / dt
-        wait, self.wait_log = waited - self.wait_log, waited
-        self.t_log, self.step_log = time.time(), step
+        self.clock.waited(waited)
+        figures = self.clock.interval()
+        share = figures["time_share"]
         update = (step - 1) // self.cfg.optim.accumulate  # the update step `step` fed
         lr = learning_rate(update, self.job.plan.horizon, self.cfg.optim, self.peak)
         # grad_norm is None on accumulation micro-steps of the torch side
@@ -483,12 +510,12 @@ class _Driver:
             {
                 "event": "train", "step": step, "epoch": call.epoch, "loss": loss,
                 "grad_norm": float(np.mean(norms)) if norms else None, "lr": float(lr),
-                "examples_per_s": rate, "data_wait_s": wait, "data_wait_share": wait / dt,
-                "compiles": self.backend.compile_count(),
+                **figures, "data_wait_s": share["data_wait"] * figures["wall_s"],
+                "data_wait_share": share["data_wait"], "compiles": self.backend.compile_count(),
             }
         )  # fmt: skip
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", ex_s=f"{rate:.1f}", refresh=False)
+            self.bar.set_postfix(progress_postfix(loss, figures), refresh=False)
 
     def write_valid_scores(self, scores: np.ndarray) -> None:
         """`valid_scores.csv`: the best model's predictions (`Task.predictions`) of every
@@ -506,9 +533,10 @@ class _Driver:
         """Evaluates, logs, saves the best and the latest state; True when early stopping
         says stop."""
         t0, step, monitor = time.time(), call.end, self.job.monitor
-        result, scores = score_examples(
-            self.backend, self.job.data.valid, self.job.plan.batcher, self.task
-        )
+        with self.clock.timing("eval"):
+            result, scores = score_examples(
+                self.backend, self.job.data.valid, self.job.plan.batcher, self.task
+            )
         self.check_finite("validation loss", result["val_loss"], step)
         value, best = result[monitor], self.best["value"]
         improved = bool(np.isfinite(value)) and (
@@ -518,12 +546,13 @@ class _Driver:
         )
         if improved:
             self.best.update(value=float(value), step=step, bad_evals=0)
-            self.backend.save_best(step, {**self.meta(step), **result})
+            with self.clock.timing("checkpoint"):
+                self.backend.save_best(step, {**self.meta(step), **result})
             if self.backend.primary:
                 self.write_valid_scores(scores)
         else:
             self.best["bad_evals"] += 1
-        self.backend.save_latest(step, self.meta(step))
+        self.save_latest(step)
         self.last_eval = {"step": step, "epoch": call.epoch, **result}
         self.last_eval["eval_seconds"] = time.time() - t0
         self.runlog.write(
@@ -651,9 +680,14 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: _StopFlag, st
         for call, prepared in feed:
             if call.batches:
                 profile.before(call)
-                pending += backend.train_steps(prepared)
-                if drv.compile_s is None:
-                    drv.timed_first_call(pending, call.end)
+                if drv.compile_s is None:  # the first call compiles, unless precompiled
+                    with drv.clock.timing("compile"):
+                        dispatched = time.time()
+                        pending += backend.train_steps(prepared)
+                        drv.timed_first_call(pending, call.end, dispatched)
+                else:
+                    pending += backend.train_steps(prepared)
+                drv.count(call)
                 profile.after(call, pending)
             step = call.end
             if call.log:  # the only device sync between evaluations
@@ -666,7 +700,7 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: _StopFlag, st
             if stop.requested(backend, call):
                 stopped_by = stop.name or "SIGTERM"  # another process's signal
                 backend.fetch(pending)
-                backend.save_latest(step, drv.meta(step))
+                drv.save_latest(step)
                 log.info(
                     "%s: saved the latest state at step %d; continue with --resume",
                     stopped_by,
@@ -674,7 +708,7 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: _StopFlag, st
                 )
                 return step, stopped_by
             if call.checkpoint and not call.evaluate:  # an evaluation saved it already
-                backend.save_latest(step, drv.meta(step))  # its loss was checked when logged
+                drv.save_latest(step)  # its loss was checked when logged
     return step, stopped_by
 
 
@@ -692,6 +726,8 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
         "best": drv.best,
         "compile_seconds": drv.compile_s,
         "wall_seconds": time.time() - job.started,
+        "setup_seconds": drv.started - job.started,  # data, model, state: before the loop
+        "loop": drv.clock.totals(),  # its wall time's shares, throughput and MFU
         "devices": backend.num_devices,
         "parallel": run_cfg.parallel,
         "precision": run_cfg.precision,
