@@ -15,6 +15,7 @@ autocast does; the logits are returned in fp32.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import flax.linen as nn
 import jax
@@ -30,8 +31,18 @@ from jaxtpu.core.spec import RunSpec
 Dtype = jnp.dtype
 
 
-def _dense(cfg: EncoderConfig, features: int, name: str, dtype: Dtype, param_dtype: Dtype):
-    extra = {"dot_general": ops.mixed_dot_general} if dtype == jnp.bfloat16 else {}
+def _dense(
+    cfg: EncoderConfig,
+    features: int,
+    name: str,
+    dtype: Dtype,
+    param_dtype: Dtype,
+    out: Dtype = jnp.float32,
+):
+    """A dense layer; under bf16 compute its matmul is bf16 with fp32 accumulation and its
+    result in `out` (`--matmul-output`)."""
+    mixed = partial(ops.mixed_dot_general, out=out)
+    extra = {"dot_general": mixed} if dtype == jnp.bfloat16 else {}
     return nn.Dense(
         features,
         dtype=dtype,
@@ -40,6 +51,11 @@ def _dense(cfg: EncoderConfig, features: int, name: str, dtype: Dtype, param_dty
         name=name,
         **extra,
     )
+
+
+def _layer_dense(module: nn.Module, features: int, name: str) -> nn.Dense:
+    """`_dense` with the encoder config, dtypes and matmul output dtype of `module`."""
+    return _dense(module.cfg, features, name, module.dtype, module.param_dtype, module.matmul_out)
 
 
 # The name every dense (weight) matmul output carries, for `--remat dots`.
@@ -75,6 +91,7 @@ class Embeddings(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
 
     @nn.compact
     def __call__(
@@ -154,6 +171,7 @@ class SelfAttention(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
 
     @nn.compact
     def __call__(
@@ -164,8 +182,7 @@ class SelfAttention(nn.Module):
         head_dim = cfg.hidden_size // heads
         batch, seq_len, _ = x.shape
         dense = {
-            name: _dense(cfg, cfg.hidden_size, name, self.dtype, self.param_dtype)
-            for name in ("query", "key", "value")
+            name: _layer_dense(self, cfg.hidden_size, name) for name in ("query", "key", "value")
         }
 
         def project(name: str, y: jax.Array) -> jax.Array:
@@ -179,16 +196,16 @@ class SelfAttention(nn.Module):
         terms = 1 + len(cfg.pos_att_type) if cfg.relative_attention else 1
         scale = 1.0 / math.sqrt(head_dim * terms)
         q = q * jnp.asarray(scale, q.dtype)
-        scores = ops.matmul("bhqd,bhkd->bhqk", q, k, self.dtype)
+        scores = ops.matmul("bhqd,bhkd->bhqk", q, k, self.dtype, self.matmul_out)
         if cfg.relative_attention:
             if not cfg.share_att_key:
                 for name in ("pos_key", "pos_query"):
-                    dense[name] = _dense(cfg, cfg.hidden_size, name, self.dtype, self.param_dtype)
+                    dense[name] = _layer_dense(self, cfg.hidden_size, name)
             rel = ops.Dropout(cfg.hidden_dropout_prob)(rel, deterministic=deterministic)
             scores = scores + _disentangled(cfg, q, k, rel, project, self.dtype)
         probs = jax.nn.softmax(scores.astype(jnp.float32) + mask_bias, axis=-1)
         probs = ops.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
-        ctx = ops.matmul("bhqk,bhkd->bhqd", probs, v, self.dtype)
+        ctx = ops.matmul("bhqk,bhkd->bhqd", probs, v, self.dtype, self.matmul_out)
         return ctx.transpose(0, 2, 1, 3).reshape(batch, seq_len, cfg.hidden_size)
 
 
@@ -225,12 +242,13 @@ class DenseResidual(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     dropout: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array, residual: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.cfg
-        y = _saved(_dense(cfg, cfg.hidden_size, "dense", self.dtype, self.param_dtype)(x))
+        y = _saved(_layer_dense(self, cfg.hidden_size, "dense")(x))
         if self.dropout:
             y = ops.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
         return _layer_norm(cfg, "LayerNorm", self.param_dtype)(y.astype(jnp.float32) + residual)
@@ -240,9 +258,11 @@ class Layer(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
 
     def setup(self) -> None:
-        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype,
+                  matmul_out=self.matmul_out)  # fmt: skip
         self.attention = _Attention(**kw)
         self.intermediate = _Intermediate(**kw)
         self.output = DenseResidual(**kw)
@@ -258,9 +278,11 @@ class _Attention(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
 
     def setup(self) -> None:
-        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype,
+                  matmul_out=self.matmul_out)  # fmt: skip
         self.self = SelfAttention(**kw)
         self.output = DenseResidual(**kw, dropout=self.cfg.family.attention_output_dropout)
 
@@ -274,11 +296,12 @@ class _Intermediate(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        y = _saved(_dense(cfg, cfg.intermediate_size, "dense", self.dtype, self.param_dtype)(x))
+        y = _saved(_layer_dense(self, cfg.intermediate_size, "dense")(x))
         return ops.gelu(y)
 
 
@@ -296,13 +319,16 @@ class _ScanBlock(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     deterministic: bool = True
 
     @nn.compact
     def __call__(
         self, x: jax.Array, mask_bias: jax.Array, rel: jax.Array | None
     ) -> tuple[jax.Array, None]:
-        layer = Layer(self.cfg, self.dtype, self.param_dtype, name="layer")
+        layer = Layer(
+            self.cfg, self.dtype, self.param_dtype, matmul_out=self.matmul_out, name="layer"
+        )
         return layer(x, mask_bias, rel, self.deterministic), None
 
 
@@ -315,13 +341,15 @@ class Encoder(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     remat: str = "none"
     scan: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.cfg
-        kw = dict(cfg=cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        kw = dict(cfg=cfg, dtype=self.dtype, param_dtype=self.param_dtype,
+                  matmul_out=self.matmul_out)  # fmt: skip
         rel = None
         if cfg.relative_attention:
             span, _ = relative_span(cfg)
@@ -404,6 +432,7 @@ class Backbone(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     remat: str = "none"
     scan: bool = False
 
@@ -411,11 +440,12 @@ class Backbone(nn.Module):
     def __call__(
         self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool = True
     ) -> tuple[jax.Array, jax.Array | None]:
-        cfg, kw = self.cfg, dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        cfg, kw = self.cfg, dict(dtype=self.dtype, param_dtype=self.param_dtype,
+                                 matmul_out=self.matmul_out)  # fmt: skip
         x = Embeddings(cfg, name="embeddings", **kw)(input_ids, attention_mask, deterministic)
         width = cfg.embedding_size or cfg.hidden_size
         if cfg.family.projection == "embeddings_project" and width != cfg.hidden_size:
-            x = _dense(cfg, cfg.hidden_size, "embeddings_project", self.dtype, self.param_dtype)(x)
+            x = _layer_dense(self, cfg.hidden_size, "embeddings_project")(x)
             x = x.astype(jnp.float32)
         x = _residual(x)
         # Additive mask over keys, (B, 1, 1, L): 0 where attended, a large negative at padding.
@@ -434,10 +464,11 @@ class _Pooler(nn.Module):
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
 
     @nn.compact
     def __call__(self, cls_token: jax.Array) -> jax.Array:
-        dense = _dense(self.cfg, self.cfg.hidden_size, "dense", self.dtype, self.param_dtype)
+        dense = _layer_dense(self, self.cfg.hidden_size, "dense")
         return nn.tanh(dense(cls_token))
 
 
@@ -463,6 +494,7 @@ class Classifier(nn.Module):
     head_dropout: float = 0.0
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     remat: str = "none"
     scan: bool = False
     pooling: str = "pooler"
@@ -474,11 +506,15 @@ class Classifier(nn.Module):
     ) -> jax.Array:
         lead = input_ids.shape[:-1]
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-        bert = Backbone(self.cfg, self.dtype, self.param_dtype, self.remat, self.scan, name="bert")
+        bert = Backbone(
+            self.cfg, self.dtype, self.param_dtype, matmul_out=self.matmul_out,
+            remat=self.remat, scan=self.scan, name="bert",
+        )  # fmt: skip
         mask = flat(attention_mask)
         hidden, pooled = bert(flat(input_ids), mask, deterministic)
         x = pool(self.pooling, hidden, pooled, mask)
         x = ops.Dropout(self.head_dropout)(x, deterministic=deterministic)
+        # the logits stay fp32 whatever --matmul-output says: the loss reads them
         logits = _dense(self.cfg, self.outputs, "classifier", self.dtype, self.param_dtype)(x)
         logits = logits.astype(jnp.float32)
         return logits[:, 0].reshape(lead) if self.outputs == 1 else logits.reshape(*lead, -1)
@@ -492,17 +528,20 @@ def create_module(
     scan: bool = False,
     pooling: str | None = None,
     outputs: int = 1,
+    matmul_output: str = "fp32",
 ) -> Classifier:
     """The model with fp32 storage and the compute dtype of `precision` (every task shares it;
     `Task.example_shape` says what its inputs look like); `remat` is a key of `REMAT` or
     'none'; `scan` runs the layers as one `nn.scan` (params as `stack_layers` makes them);
-    `pooling` one of `jaxtpu.core.families.POOLINGS` (None = the family's default)."""
+    `pooling` one of `jaxtpu.core.families.POOLINGS` (None = the family's default);
+    `matmul_output` the bf16 matmuls' result dtype ('fp32' or 'bf16')."""
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
     return Classifier(
         cfg,
         head_dropout=head_dropout,
         dtype=dtype,
         param_dtype=jnp.float32,
+        matmul_out=jnp.bfloat16 if matmul_output == "bf16" else jnp.float32,
         remat=remat,
         scan=scan,
         pooling=pooling or cfg.family.default_pooling,
@@ -521,6 +560,7 @@ def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
         cfg.model.scan_layers if scan is None else scan,
         spec.pooling,
         spec.task.outputs,
+        spec.matmul_output,
     )
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -14,9 +15,10 @@ import jax.numpy as jnp
 # --------------------------------------------------------------------------- bf16 matmuls
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """A two-operand matmul-type einsum with bf16 operands and fp32 accumulation and result.
+@partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32) -> jax.Array:
+    """A two-operand matmul-type einsum with bf16 operands and fp32 accumulation, its result
+    in `out` (fp32, or bf16: `--matmul-output`, rounded once from the fp32 accumulator).
 
     The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation),
     as torch.autocast does. Letting JAX differentiate `einsum(..., preferred_element_type=f32)`
@@ -24,19 +26,17 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     (`python -m benchmarks.compare`; docs/benchmarks.md).
     Every index must appear in exactly two of the three terms (true of matmuls).
     """
-    return jnp.einsum(
-        spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32
-    )
+    return _mixed_fwd(spec, a, b, out)[0]
 
 
-def _mixed_fwd(spec: str, a: jax.Array, b: jax.Array):
+def _mixed_fwd(spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32):
     a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-    out = jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32)
+    y = jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32).astype(out)
     # Zero-size markers carry the input dtypes, which the cotangents must have.
-    return out, (a16, b16, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
+    return y, (a16, b16, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
 
 
-def _mixed_bwd(spec: str, res, g: jax.Array):
+def _mixed_bwd(spec: str, _out: Any, res, g: jax.Array):
     a16, b16, a_dtype, b_dtype = res
     ins, out = spec.split("->")
     sa, sb = ins.split(",")
@@ -50,18 +50,24 @@ def _mixed_bwd(spec: str, res, g: jax.Array):
 mixed_einsum.defvjp(_mixed_fwd, _mixed_bwd)
 
 
-def mixed_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    """`nn.Dense`'s contraction (last axis of the input with the kernel's first) in bf16."""
+def mixed_dot_general(
+    lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out=jnp.float32
+):
+    """`nn.Dense`'s contraction (last axis of the input with the kernel's first) in bf16, its
+    result in `out`."""
     (lc, rc), (lb, rb) = dimension_numbers
     if tuple(lc) != (lhs.ndim - 1,) or tuple(rc) != (0,) or lb or rb:
         raise NotImplementedError(f"unsupported contraction {dimension_numbers}")
-    return mixed_einsum("...k,kn->...n", lhs, rhs)
+    return mixed_einsum("...k,kn->...n", lhs, rhs, out)
 
 
-def matmul(spec: str, a: jax.Array, b: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """Attention matmuls: mixed bf16 under bf16 compute, plain fp32 otherwise."""
+def matmul(
+    spec: str, a: jax.Array, b: jax.Array, dtype: jnp.dtype, out: Any = jnp.float32
+) -> jax.Array:
+    """Attention matmuls: mixed bf16 under bf16 compute (result in `out`), plain fp32
+    otherwise."""
     if dtype == jnp.bfloat16:
-        return mixed_einsum(spec, a, b)
+        return mixed_einsum(spec, a, b, out)
     return jnp.einsum(spec, a, b)
 
 

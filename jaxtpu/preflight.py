@@ -141,6 +141,11 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
     return devices, per_device
 
 
+def _platform(devices: list[Any]) -> str:
+    """The platform the run's defaults are tuned for ('tpu' for a TPU target)."""
+    return devices[0].platform if devices else ""
+
+
 def _bytes_per_device(tree: Any, shardings: Any) -> int:
     import jax
     import numpy as np
@@ -202,7 +207,7 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
     import jax
 
     run = cfg.run
-    spec = spec or RunSpec.resolve(cfg, len(devices))
+    spec = spec or RunSpec.resolve(cfg, len(devices), _platform(devices))
     strategy, abstract_state, shardings, rng = abstract_run(cfg, devices, spec)
     train, evaluate = strategy.jitted(shardings)
     rows = run.batch_size * len(devices)
@@ -235,7 +240,7 @@ def save_programs(cfg: Config, target: str, devices: list[Any], directory: Path)
     from jaxtpu.core import loop
 
     n = len(devices)
-    spec = RunSpec.resolve(cfg, n)
+    spec = RunSpec.resolve(cfg, n, _platform(devices))
     job = loop.Job.load(cfg, spec, directory, n, primary=False, started=time.time())
     strategy, state, _, rng = abstract_run(cfg, devices, spec, job.plan.horizon)
     strategy.build(state)
@@ -316,7 +321,7 @@ def check(
     on a TPU target, the compiler's estimated step time: one more compilation, `estimate`)."""
     import jax
 
-    spec = RunSpec.resolve(cfg, len(devices))
+    spec = RunSpec.resolve(cfg, len(devices), _platform(devices))
     data, fsdp = spec.mesh
     report = Report(
         target, spec.sharding, cfg.model.remat, f"data={data},fsdp={fsdp}",
@@ -463,7 +468,8 @@ def find_batch(
     if not best.error:
         chosen = cfg.replace(batch_size=best.batch_size)
         best.flops_per_step = flops_per_step(chosen, devices)
-        _add_estimate(best, chosen, target, devices, RunSpec.resolve(chosen, len(devices)))
+        spec = RunSpec.resolve(chosen, len(devices), _platform(devices))
+        _add_estimate(best, chosen, target, devices, spec)
     return best
 
 
@@ -649,7 +655,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devices, capacity = target_devices(args.target, cfg.run.num_devices)
         configs = options(cfg, args.sweep)
         for c in configs:  # every configuration is valid before any compiles
-            RunSpec.resolve(c, len(devices))
+            RunSpec.resolve(c, len(devices), _platform(devices))
         print(
             f"preflight: {len(configs)} configuration(s) for {args.target} "
             f"({len(devices)} x {devices[0].device_kind}, {_gib(capacity)} each), "

@@ -61,7 +61,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
 
     run = cfg.run
     devices = hosts.init_devices(run.num_devices)
-    spec = RunSpec.resolve(cfg, len(devices))
+    spec = RunSpec.resolve(cfg, len(devices), devices[0].platform)  # defaults per platform
     log.info(
         "devices: %d x %s (%s)%s, %s, precision %s%s%s",
         len(devices),

@@ -165,3 +165,28 @@ def test_gelu_is_pytorchs_exact_gelu_and_its_gradient():
     np.testing.assert_allclose(np.asarray(value), ref.detach().numpy(), rtol=1e-6, atol=3e-6)
     np.testing.assert_allclose(np.asarray(grad), tx.grad.numpy(), rtol=1e-6, atol=3e-6)
     assert np.asarray(value)[np.abs(x) <= 1].std() > 0.1  # not a constant
+
+
+def test_bf16_matmul_results_reach_the_model_and_keep_fp32_logits():
+    """--matmul-output bf16 (a TPU's default) rounds the bf16 matmuls' results once: the same
+    params give logits within bf16 rounding of the fp32-result model's but not equal to
+    them, the logits stay fp32, and the gradients are finite. Under fp32 compute it changes
+    nothing."""
+    enc = EncoderConfig()  # tiny random-init BERT
+    ids = np.random.default_rng(0).integers(1000, 20000, (4, 16)).astype(np.int32)
+    mask = np.ones_like(ids)
+
+    params = models.init_params(models.create_module(enc, 0.0, "fp32"), (16,), 0)
+
+    def logits(precision, out):
+        module = models.create_module(enc, 0.0, precision, matmul_output=out)
+        return module, params, jax.jit(module.apply)({"params": params}, ids, mask)
+
+    _, _, exact = logits("bf16", "fp32")
+    module, params, rounded = logits("bf16", "bf16")
+    assert rounded.dtype == jnp.float32 and exact.dtype == jnp.float32
+    assert not np.array_equal(rounded, exact)
+    np.testing.assert_allclose(rounded, exact, atol=0.05)
+    grads = jax.grad(lambda p: module.apply({"params": p}, ids, mask).sum())(params)
+    assert all(np.isfinite(g).all() for g in jax.tree_util.tree_leaves(grads))
+    assert np.array_equal(logits("fp32", "bf16")[2], logits("fp32", "fp32")[2])

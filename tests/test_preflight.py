@@ -31,18 +31,20 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     fp32, jit and shard_map, one and several steps per call: five TPU compilations."""
     devices, capacity = v3
     assert len(devices) == 8 and capacity == 16 * 2**30  # v3: 32 GiB per chip, 2 cores
-    # 1: through the command line, the default placement (zero1) written as JSON
+    # 1: through the command line, the default placement written as JSON: on a TPU, auto is
+    # FSDP over every device (the cost model's choice, docs/tpu.md)
     out = tmp_path / "v3.json"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()]
     assert preflight.main(["--preset", "tiny", "--target", "v3-8", "--json", str(out), *flags]) == 0
-    (zero1,) = json.loads(out.read_text())["reports"]
+    (auto,) = json.loads(out.read_text())["reports"]
     printed = capsys.readouterr()
-    assert "| zero1 | none | no | data=8,fsdp=1 | 16 |" in printed.out
+    assert "| fsdp | none | no | data=1,fsdp=8 | 16 |" in printed.out
     assert "cost model" in printed.out and "an estimate, not a measurement" in printed.out
     assert "estimated by the TPU compiler (not measured)" in printed.err
     tiny = presets.tiny().replace(**SHAPE)
     # Rematerialisation saves activation memory, which outweighs the rest of a 64-wide
-    # model's temporaries only at longer sequences (at 64 tokens it saved 11 %, at 256 30 %).
+    # model's temporaries only at longer sequences (at 64 tokens it saved 11 %, at 256 30 %
+    # with fp32 matmul results; 18 % with the bf16 ones a TPU uses by default).
     long = tiny.replace(max_len=256)
     runs = {
         "replicated": long.replace(sharding="replicated"),
@@ -58,25 +60,25 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     # The compiler's speed estimate (one more, unrolled, compilation) for one of them.
     reports = {name: preflight.check(cfg, "v3-8", devices, capacity, speed=name == "replicated")
                for name, cfg in runs.items()}  # fmt: skip
-    reports["zero1"] = preflight.Report(**zero1)
+    reports["auto"] = preflight.Report(**auto)
     for name, r in reports.items():
         assert r.device == "TPU v3", name
         assert r.fits and not r.error, name
         assert r.params > 0 and r.flops_per_step > 0 and r.compile_s > 0, name
         assert r.total >= r.params + r.optimizer + r.temporary, name
-    for name in ("zero1", "replicated"):  # the TPU compiler's estimate of the unrolled step
+    for name in ("auto", "replicated"):  # the TPU compiler's estimate of the unrolled step
         r = reports[name]
         assert r.est_step_s > 0 and r.est_bytes_per_step > 0 and r.model_flops > 0, name
         assert r.peak_flops == 123e12 / 2, name  # v3: 123 TFLOP/s per chip, two cores
         assert r.remat_flops == 0, name
     rep = reports["replicated"]
-    assert reports["zero1"].params == rep.params
-    assert reports["zero1"].optimizer < rep.optimizer / 6  # moments split over 8
+    assert reports["auto"].params < rep.params / 6  # params and moments split over 8
+    assert reports["auto"].optimizer < rep.optimizer / 6
     fsdp = reports["fsdp data=2,fsdp=4 + remat dots + scan, 2 steps per call, fp32 ranking"]
     assert fsdp.params < rep.params / 3  # params split over fsdp = 4
     # rematerialisation trades compute for activation memory
     remat = reports["replicated + remat layer"]
-    assert remat.temporary < 0.8 * rep.temporary, (remat.temporary, rep.temporary)
+    assert remat.temporary < 0.87 * rep.temporary, (remat.temporary, rep.temporary)
     assert remat.flops_per_step > rep.flops_per_step
 
 

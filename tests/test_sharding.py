@@ -88,9 +88,35 @@ def test_batches_are_split_by_rows_over_every_device():
         ("spmd", "auto", "", 4, ("zero1", (4, 1))),  # the torch side: all on data
     ],
 )
-def test_the_flags_resolve_to_a_sharding_and_a_mesh(parallel, flag, mesh, devices, expected):
-    resolved = layout.resolve_sharding(parallel, flag)
-    assert (resolved, layout.mesh_sizes(parallel, flag, mesh, devices)) == expected
+@pytest.mark.parametrize("platform", ["cpu", ""])
+def test_the_flags_resolve_to_a_sharding_and_a_mesh(
+    parallel, flag, mesh, devices, expected, platform
+):
+    resolved = layout.resolve_sharding(parallel, flag, platform, mesh)
+    assert (resolved, layout.mesh_sizes(parallel, flag, mesh, devices, platform)) == expected
+
+
+@pytest.mark.parametrize(
+    "parallel, flag, mesh, expected",
+    [
+        ("jit", "auto", "", ("fsdp", (1, 8))),  # the TPU cost model's choice
+        ("jit", "auto", "data=4,fsdp=2", ("zero1", (4, 2))),  # a mesh given: as elsewhere
+        ("jit", "zero1", "", ("zero1", (8, 1))),  # the flag overrides
+        ("shard_map", "auto", "", ("zero1", (8, 1))),  # no FSDP under shard_map
+        ("pmap", "auto", "", ("replicated", (8, 1))),
+    ],
+)
+def test_on_a_tpu_auto_picks_fsdp_under_jit(parallel, flag, mesh, expected):
+    got = layout.resolve_sharding(parallel, flag, "tpu", mesh)
+    assert (got, layout.mesh_sizes(parallel, flag, mesh, 8, "tpu")) == expected
+
+
+def test_matmul_output_auto_is_bf16_on_a_tpu_only():
+    assert [layout.resolve_matmul_output("auto", p) for p in ("tpu", "cpu", "gpu", "")] == [
+        "bf16", "fp32", "fp32", "fp32"
+    ]  # fmt: skip
+    assert layout.resolve_matmul_output("fp32", "tpu") == "fp32"
+    assert layout.resolve_matmul_output("bf16", "cpu") == "bf16"
 
 
 @pytest.mark.parametrize(

@@ -169,6 +169,16 @@ class ModelConfig:
         "differ from the unscanned model's (each layer's own key).",
         side="jax",
     )
+    matmul_output: str = _f(
+        "auto",
+        "jaxtpu, --precision bf16: the dtype of the bf16 matmuls' results (fp32 accumulation "
+        "either way): fp32 keeps them exact until the next op, bf16 rounds them once, as "
+        "torch.autocast does, and halves the bytes between ops. auto = bf16 on a TPU (the TPU "
+        "compiler's cost model estimates the step shorter), fp32 elsewhere. The head's "
+        "logits stay fp32.",
+        ("auto", "fp32", "bf16"),
+        side="jax",
+    )
 
 
 @dataclass(frozen=True)
@@ -334,8 +344,9 @@ class RunConfig:
         "jaxtpu: where the fp32 params and AdamW moments live. 'replicated': every device "
         "holds everything; 'zero1': params replicated, moments split over all devices (ZeRO-1);"
         " 'fsdp': params, gradients and moments split over the --mesh fsdp axis, gathered per "
-        "layer by the compiler (--parallel jit). 'auto' = zero1 for jit/shard_map, replicated "
-        "for pmap.",
+        "layer by the compiler (--parallel jit). 'auto' = fsdp over every device under jit "
+        "on a TPU without --mesh (the TPU compiler's cost model estimates it faster), zero1 "
+        "for jit/shard_map otherwise, replicated for pmap.",
         SHARDINGS,
         resume=True,
         side="jax",

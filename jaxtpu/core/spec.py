@@ -24,7 +24,7 @@ from jaxtpu.core.encoder import (
 )
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.families import default_pooling
-from jaxtpu.core.layout import mesh_sizes, resolve_sharding
+from jaxtpu.core.layout import mesh_sizes, resolve_matmul_output, resolve_sharding
 from jaxtpu.core.tasks import Task, get_task
 
 
@@ -64,13 +64,15 @@ class RunSpec:
     parallel: str
     sharding: str
     mesh: tuple[int, int]
+    matmul_output: str = "fp32"  # the bf16 matmuls' result dtype (--matmul-output resolved)
 
     @classmethod
-    def resolve(cls, cfg: Config, devices: int | None = None) -> RunSpec:
+    def resolve(cls, cfg: Config, devices: int | None = None, platform: str = "") -> RunSpec:
         """Resolves `cfg` (already validated) for a run on `devices` devices over every process
-        (default: --num-devices x --num-processes)."""
+        (default: --num-devices x --num-processes) of `platform` ('tpu', 'cpu', ...; '' =
+        unknown), which picks the defaults tuned per platform (`layout`)."""
         model_dir = resolve_model_dir(cfg.model.model_dir)
-        return cls._build(cfg, _encoder(cfg, model_dir), model_dir, devices)
+        return cls._build(cfg, _encoder(cfg, model_dir), model_dir, devices, platform)
 
     @classmethod
     def of_checkpoint(
@@ -89,7 +91,12 @@ class RunSpec:
 
     @classmethod
     def _build(
-        cls, cfg: Config, enc: EncoderConfig, model_dir: str | None, devices: int | None
+        cls,
+        cfg: Config,
+        enc: EncoderConfig,
+        model_dir: str | None,
+        devices: int | None,
+        platform: str = "",
     ) -> RunSpec:
         model, run = cfg.model, cfg.run
         exported = exported_head(model_dir).get("pooling")
@@ -109,8 +116,9 @@ class RunSpec:
             weights=model.init_from or model_dir,
             tokenizer_from=model.tokenizer_dir or model_dir,
             parallel=run.parallel,
-            sharding=resolve_sharding(run.parallel, run.sharding),
-            mesh=mesh_sizes(run.parallel, run.sharding, run.mesh, n),
+            sharding=resolve_sharding(run.parallel, run.sharding, platform, run.mesh),
+            mesh=mesh_sizes(run.parallel, run.sharding, run.mesh, n, platform),
+            matmul_output=resolve_matmul_output(cfg.model.matmul_output, platform),
         )
 
     @property
@@ -151,6 +159,7 @@ class RunSpec:
             "parallel": self.parallel,
             "sharding": self.sharding,
             "mesh": {"data": self.mesh[0], "fsdp": self.mesh[1]},
+            "matmul_output": self.matmul_output,
         }
 
 

@@ -1,0 +1,79 @@
+"""The TPU compiler's estimated step time (preflight's speed estimate) for each TPU generation,
+model and length of the README's table: an estimate, not a measurement.
+
+`python -m benchmarks.estimates --out runs/estimates.json`
+
+Each row is `preflight.check` of the model at one length on one target, with jaxtpu's defaults
+for a TPU (`--sharding auto`: FSDP under jit; `--matmul-output auto`: bf16), bf16, jit:
+MiniLM (the packaged all-MiniLM-L6-v2) and BERT-base (12 x 768) at 32 comments per core,
+the XLM-RoBERTa-large shape (24 x 1024, vocabulary 250,002) at 8 per core (the Jigsaw
+Multilingual notebooks' batch). Rows print as they finish (a Markdown table at the end);
+`--out` keeps the reports as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+MODELS = {
+    "MiniLM (6 x 384)": ("minilm", {}, 32),
+    "BERT-base (12 x 768)": ("bert-base", {}, 32),
+    "XLM-R-large (24 x 1024)": ("bert-base", {"num_layers": 24, "hidden_size": 1024,
+                                "num_heads": 16, "intermediate_size": 4096,
+                                "vocab_size": 250002}, 8),
+}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.estimates", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--targets", default="v2-8,v3-8,v4-8,v5e-8,v6e-8")
+    p.add_argument("--lengths", default="128,224")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
+    p.add_argument("--out", default=None, help="JSON file of the reports")
+    args = p.parse_args(argv)
+
+    from jaxtpu import hosts, preflight
+    from jaxtpu.core import presets
+
+    hosts.set_cpu_device_count(8)
+    rows, reports = [], []
+    for target in args.targets.split(","):
+        devices, capacity = preflight.target_devices(target, 8)
+        for name in args.models.split(","):
+            preset, shape, batch = MODELS[name]
+            for length in map(int, args.lengths.split(",")):
+                cfg = presets.PRESETS[preset]().replace(
+                    max_len=length, batch_size=batch, parallel="jit", **shape
+                )
+                r = preflight.check(cfg, target, devices, capacity)
+                reports.append({"model": name, **asdict(r)})
+                est = r.est_step_s
+                row = (
+                    f"| {name} | {target} | {length} | {batch} | {r.sharding} | "
+                    + (f"{est:.4f} | {r.global_batch / est:,.0f} | "
+                       f"{r.global_batch * length / est:,.0f} | "
+                       f"{r.model_flops / (est * r.peak_flops):.0%} |" if est else
+                       f"no usable estimate ({r.extra.get('no_estimate', r.error)[:40]}) "
+                       "| - | - | - |")
+                    + f" {'yes' if r.fits else 'NO'} |"
+                )  # fmt: skip
+                rows.append(row)
+                print(row, flush=True)
+                if args.out:
+                    Path(args.out).write_text(json.dumps(reports, indent=2))
+    print(
+        "\n| model | target | max len | batch/core | sharding | est. step s | est. examples/s "
+        "| est. tokens/s | MFU bound | fits |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Each speed choice of the code, re-examined against the TPU compiler's cost model: the
+estimated step time (`preflight.estimate`, the compiler's `optimal_seconds` for the unrolled
+train step, an estimate, not a measurement) of the choices measured on this CPU ('default':
+hash dropout, fp32 results of the bf16 matmuls, exact GELU, ZeRO-1) and of each alternative,
+one change at a time; 'tpu' is what --sharding auto and --matmul-output auto pick on a TPU.
+
+`python -m benchmarks.tpu_tuning --preset bert-base --target v3-8 --max-len 128 --batch-size 32`
+
+The alternatives the code does not offer as flags are swapped in for this process only:
+  dropout=prng       JAX's own PRNG bits (`jax.random.bits`, threefry) for the dropout masks
+                     instead of the counter hash (`ops.hash_bits`)
+  matmul_out=bf16    --matmul-output bf16: the bf16 matmuls return bf16 (fp32 accumulation,
+                     then rounded) instead of fp32
+  gelu=tanh          tanh-approximated GELU instead of the exact erf form
+  dropout=off        no dropout at all: what masks cost in the step
+  sharding=...       the state replicated, or FSDP, instead of ZeRO-1
+  layernorm_out=bf16 LayerNorm returns bf16 (computed in fp32): a bf16 residual stream, as
+                     Flax models with dtype=bfloat16 have (PyTorch's autocast keeps fp32)
+A variant of several changes joins them with '+', e.g. matmul_out=bf16+sharding=fsdp.
+Scanned layers and K steps per call cannot be compared this way: the cost model counts a
+loop's body once (`preflight.unrolled`), and what K saves (host dispatch) is not in the
+device program at all.
+
+Rows print as JSON lines; `--out FILE` keeps them. The floor is the model's FLOPs at the
+target's bf16 peak (`EncoderConfig.train_flops`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+VARIANTS = ("default", "dropout=prng", "matmul_out=bf16", "gelu=tanh", "dropout=off",
+            "sharding=replicated", "sharding=fsdp", "layernorm_out=bf16", "tpu")  # fmt: skip
+
+
+@contextmanager
+def swapped(variant: str) -> Iterator[dict[str, Any]]:
+    """The variant's code swapped in for the block (each of its '+'-joined changes); yields
+    the config overrides it needs."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtpu import models, ops
+
+    saved = {name: getattr(ops, name) for name in ("hash_bits", "gelu")}
+    saved_ln = models._layer_norm
+    overrides: dict[str, Any] = {}
+    for change in variant.split("+"):
+        if change == "dropout=prng":
+            ops.hash_bits = lambda key, shape: jax.random.bits(key, shape, jnp.uint32)
+        elif change == "gelu=tanh":
+            ops.gelu = lambda x: jax.nn.gelu(x, approximate=True)
+        elif change == "matmul_out=bf16":
+            overrides.update(matmul_output="bf16")
+        elif change == "tpu":
+            overrides.update(matmul_output="auto", sharding="auto")
+        elif change == "layernorm_out=bf16":
+            models._layer_norm = lambda cfg, name, param_dtype: nn.LayerNorm(
+                epsilon=cfg.layer_norm_eps, dtype=jnp.bfloat16, param_dtype=param_dtype,
+                name=name,
+            )  # fmt: skip
+        elif change == "dropout=off":
+            overrides.update(dropout=0.0, encoder_dropout=0.0)
+        elif change.startswith("sharding="):
+            overrides.update(sharding=change.split("=")[1])
+        elif change != "default":
+            raise SystemExit(f"unknown variant {change}; choose from {', '.join(VARIANTS)}")
+    try:
+        yield overrides
+    finally:
+        for name, fn in saved.items():
+            setattr(ops, name, fn)
+        models._layer_norm = saved_ln
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tpu_tuning", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--preset", default="bert-base", help="a jaxtpu preset [bert-base]")
+    p.add_argument("--target", default="v3-8", help="a preflight TPU target [v3-8]")
+    p.add_argument("--max-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32, help="per device [32]")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated [all]")
+    p.add_argument("--model", default="", help="random-init shape overrides as JSON, e.g. "
+                   '\'{"num_layers": 24, "hidden_size": 1024, ...}\' [none]')  # fmt: skip
+    p.add_argument("--out", default=None, help="also append the rows to this JSON-lines file")
+    args = p.parse_args(argv)
+
+    from jaxtpu import hosts, preflight
+    from jaxtpu.core import presets
+    from jaxtpu.core.spec import RunSpec
+
+    hosts.set_cpu_device_count(8)
+    devices, _ = preflight.target_devices(args.target, 8)
+    target = preflight.TPU_TARGETS[args.target]
+    peak = target.bf16_tflops_per_chip * 1e12 * target.chips / len(devices)
+    base = presets.PRESETS[args.preset]().replace(
+        max_len=args.max_len, batch_size=args.batch_size, parallel="jit", sharding="zero1",
+        matmul_output="fp32",
+        **json.loads(args.model or "{}"),
+    )  # fmt: skip
+    for variant in args.variants.split(","):
+        with swapped(variant) as overrides:
+            cfg = base.replace(**overrides)
+            spec = RunSpec.resolve(cfg, len(devices))
+            t0 = time.perf_counter()
+            preflight._ESTIMATES.clear()  # keyed by the config: a swapped kernel is not in it
+            seconds, bytes_accessed = preflight.estimate(cfg, devices)
+            flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
+            row = {
+                "preset": args.preset, "model": args.model, "target": args.target,
+                "max_len": args.max_len, "batch_per_device": args.batch_size,
+                "variant": variant, "est_step_s": seconds, "est_gb_per_step": bytes_accessed / 1e9,
+                "floor_s": flops / peak, "vs_floor": seconds / (flops / peak) if seconds else None,
+                "compile_s": round(time.perf_counter() - t0, 1),
+            }  # fmt: skip
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with Path(args.out).open("a") as f:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
