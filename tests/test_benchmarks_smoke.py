@@ -127,3 +127,21 @@ def test_epoch_max_len_runs_only_that_lengths_rows(tmp_path, monkeypatch):
     assert seen == [256] * len(compare.EPOCH_ROWS)
     saved = json.loads((tmp_path / "epoch.json").read_text())["results"]
     assert [r["max_len"] for r in saved] == seen
+
+
+def test_tpu_tuning_swaps_each_change_in_and_back_out():
+    """benchmarks.tpu_tuning's variants: kernels swapped for the block only, flags as config
+    overrides, '+' joins changes, an unknown one is refused."""
+    from benchmarks import tpu_tuning
+    from jaxtpu import models, ops
+
+    gelu, layer_norm = ops.gelu, models._layer_norm
+    with tpu_tuning.swapped("gelu=tanh+matmul_out=bf16+sharding=fsdp") as overrides:
+        assert ops.gelu is not gelu and models._layer_norm is layer_norm
+        assert overrides == {"matmul_output": "bf16", "sharding": "fsdp"}
+    assert ops.gelu is gelu
+    with tpu_tuning.swapped("tpu") as overrides:
+        assert overrides == {"matmul_output": "auto", "sharding": "auto"}
+    with pytest.raises(SystemExit, match="unknown variant gelu=fast"):
+        with tpu_tuning.swapped("gelu=fast"):
+            pass
