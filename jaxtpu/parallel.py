@@ -86,6 +86,10 @@ class Strategy:
         self._compiled, self._lowered = {}, {}
         return placed
 
+    def programs(self) -> dict[Any, tuple[Any, Any]]:
+        """Each ahead-of-time program, (kind, input shapes) -> (lowered, compiled)."""
+        return {key: (self._lowered[key], c) for key, c in self._compiled.items()}
+
     def compiled_train_programs(self) -> int:
         """Train programs XLA compiled (traced and not loaded from --programs)."""
         return self.traces - self.loaded
@@ -249,10 +253,6 @@ class JitStrategy(Strategy):
         (`state` may be abstract): what `jaxtpu.preflight` compiles and saves for a target."""
         self._train, self._eval = self.jitted(self.state_sharding(state))
         self._compiled, self._lowered = {}, {}
-
-    def programs(self) -> dict[Any, tuple[Any, Any]]:
-        """Each ahead-of-time program, (kind, input shapes) -> (lowered, compiled)."""
-        return {key: (self._lowered[key], c) for key, c in self._compiled.items()}
 
     def jitted(self, shardings: Any) -> tuple[Any, Any]:
         """The jitted (train, eval) functions for a state placed with `shardings` (also what
