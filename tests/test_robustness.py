@@ -215,8 +215,8 @@ def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "loss became nan at step" in proc.stderr or "became nan" in proc.stderr
     assert "Traceback" not in proc.stderr
-    evals = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()
-             if '"eval"' in x]  # fmt: skip
+    lines = map(json.loads, (wd / "metrics.jsonl").read_text().splitlines())
+    evals = [x for x in lines if x["event"] == "eval"]
     assert evals and all(np.isfinite(e["val_loss"]) for e in evals)
     best = json.loads(next((wd / "checkpoints" / "best").glob("*/meta/metadata")).read_text())
     assert np.isfinite(best["val_loss"]) and best["step"] == evals[0]["step"] == 1
