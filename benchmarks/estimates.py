@@ -28,6 +28,10 @@ MODELS = {
 }  # fmt: skip
 
 
+# preflight's table columns each row shows, in order
+ESTIMATE_COLUMNS = ("est. step s*", "est. examples/s*", "est. tokens/s*", "MFU bound*", "fits")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.estimates", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -41,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxtpu.core import presets
 
     hosts.set_cpu_device_count(8)
+    col = dict(preflight.COLUMNS)
     rows, reports = [], []
     for target in args.targets.split(","):
         devices, capacity = preflight.target_devices(target, 8)
@@ -52,16 +57,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 r = preflight.check(cfg, target, devices, capacity)
                 reports.append({"model": name, **asdict(r)})
-                est = r.est_step_s
-                row = (
-                    f"| {name} | {target} | {length} | {batch} | {r.sharding} | "
-                    + (f"{est:.4f} | {r.global_batch / est:,.0f} | "
-                       f"{r.global_batch * length / est:,.0f} | "
-                       f"{r.model_flops / (est * r.peak_flops):.0%} |" if est else
-                       f"no usable estimate ({r.extra.get('no_estimate', r.error)[:40]}) "
-                       "| - | - | - |")
-                    + f" {'yes' if r.fits else 'NO'} |"
-                )  # fmt: skip
+                cells = [col[c](r) for c in ESTIMATE_COLUMNS]  # preflight's own formulas
+                if not r.est_step_s:
+                    why = r.extra.get("no_estimate", r.error)[:40]
+                    cells[0] = f"no usable estimate ({why})"
+                row = f"| {name} | {target} | {length} | {batch} | {r.sharding} | " + \
+                    " | ".join(cells) + " |"  # fmt: skip
                 rows.append(row)
                 print(row, flush=True)
                 if args.out:

@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hosts.set_cpu_device_count(8)
     devices, _ = preflight.target_devices(args.target, 8)
-    target = preflight.TPU_TARGETS[args.target]
-    peak = target.bf16_tflops_per_chip * 1e12 * target.chips / len(devices)
+    peak = preflight.TPU_TARGETS[args.target].peak_flops_per_device(len(devices))
     base = presets.PRESETS[args.preset]().replace(
         max_len=args.max_len, batch_size=args.batch_size, parallel="jit", sharding="zero1",
         matmul_output="fp32",

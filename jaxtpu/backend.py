@@ -100,13 +100,7 @@ class JaxBackend:
         Returns the number of programs compiled (0 under pmap, which compiles on first use;
         a program loaded from --programs is not compiled)."""
         stacked = [self.stack(c) for c in calls]
-        loaded = len(self.strategy.programs())
-        built = self.strategy.precompile(self.state, self.rng, stacked, evals)
-        loaded = len(self.strategy.programs()) - loaded - built
-        if loaded:
-            log.info("%d programs loaded from %s, %d compiled", loaded,
-                     self.strategy.saved.directory, built)  # fmt: skip
-        return built
+        return self.strategy.precompile(self.state, self.rng, stacked, evals)
 
     def train_steps(self, prepared: Any) -> list[Any]:
         """One device call over the K stacked batches (K >= 1, `steps.train_steps`)."""

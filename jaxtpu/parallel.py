@@ -21,6 +21,7 @@ or a plain step when K = 1); evaluation runs one batch. Every strategy is built 
 
 from __future__ import annotations
 
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -37,6 +38,8 @@ from jaxtpu import steps
 from jaxtpu.core.tasks import RANKING_MARGIN as MARGIN
 from jaxtpu.hosts import Processes
 from jaxtpu.sharding import Placement
+
+log = logging.getLogger("jaxtpu")
 
 AXIS = "data"  # the device axis of the per-device steps (pmap, shard_map) and of the mesh
 
@@ -320,6 +323,9 @@ class JitStrategy(Strategy):
                     pending[key] = pool.submit(program.compile)
             done = {key: future.result() for key, future in pending.items()}
         self._compiled = {**self._compiled, **loaded, **done}
+        if loaded:
+            log.info("%d programs loaded from %s, %d compiled", len(loaded),
+                     self.saved.directory, len(done))  # fmt: skip
         return len(pending)
 
     def _global_shape(self, v: Any, axis: int) -> tuple[int, ...]:

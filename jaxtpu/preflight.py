@@ -52,13 +52,9 @@ class Target:
     def chips(self) -> int:
         return math.prod(int(x) for x in self.topology.split(":")[1].split("x"))
 
-    @property
-    def hbm_per_chip_gib(self) -> float:
-        return self.chip.hbm_gib
-
-    @property
-    def bf16_tflops_per_chip(self) -> float:
-        return self.chip.bf16_tflops
+    def peak_flops_per_device(self, devices: int) -> float:
+        """The bf16 peak FLOP/s of one of the `devices` the topology compiles for."""
+        return self.chip.bf16_tflops * 1e12 * self.chips / devices
 
 
 # A device is what the topology's compiler sees: TPU v2/v3 (and v4 compiled per TensorCore, as
@@ -137,7 +133,7 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
         raise ConfigError(
             f"--target {target} has {len(devices)} devices; use --num-devices {len(devices)}"
         )
-    per_device = int(spec.hbm_per_chip_gib * GiB * spec.chips / len(devices))
+    per_device = int(spec.chip.hbm_gib * GiB * spec.chips / len(devices))
     return devices, per_device
 
 
@@ -367,8 +363,7 @@ def _add_estimate(
         cfg.run.batch_size * spec.task.comments_per_example, cfg.data.max_len, cfg.model.remat
     )
     if target in TPU_TARGETS:
-        t = TPU_TARGETS[target]
-        report.peak_flops = t.bf16_tflops_per_chip * 1e12 * t.chips / len(devices)
+        report.peak_flops = TPU_TARGETS[target].peak_flops_per_device(len(devices))
         seconds, bytes_accessed = estimate(cfg, devices)
         if seconds > 0:
             report.est_step_s, report.est_bytes_per_step = seconds, bytes_accessed
@@ -597,7 +592,7 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
         help="Where the run would train: cpu (this machine's --num-devices devices; capacity = "
         "host RAM / devices) or a TPU slice, compiled here by libtpu: "
         + ", ".join(
-            f"{k} ({v.topology}, {v.hbm_per_chip_gib:g} GiB/chip)" for k, v in TPU_TARGETS.items()
+            f"{k} ({v.topology}, {v.chip.hbm_gib:g} GiB/chip)" for k, v in TPU_TARGETS.items()
         )
         + " [default: cpu]",
     )

@@ -32,6 +32,7 @@ import jax
 from jax.experimental import serialize_executable
 
 from jaxtpu.core import files
+from jaxtpu.core.config import Config, changed_flags
 from jaxtpu.core.errors import ConfigError
 
 log = logging.getLogger("jaxtpu")
@@ -118,20 +119,10 @@ def describe(kind: str, key: Any) -> str:
     return f"{'train call' if kind == 'train' else 'eval'} of length {shape[-1]}"
 
 
-def _diff(saved: dict[str, Any], now: dict[str, Any], flags: bool = False) -> list[str]:
-    """'name now (saved: then)' for every entry that differs."""
-    out = []
-    for k in sorted(set(saved) | set(now)):
-        if saved.get(k) != now.get(k):
-            name = f"--{k.replace('_', '-')}" if flags else k
-            out.append(f"{name} {now.get(k)!r} (saved: {saved.get(k)!r})")
-    return out
-
-
-def _flat(config: dict[str, Any]) -> dict[str, Any]:
-    """A `Config.to_dict()` as one level of flag names."""
-    return {k: v for section in config.values() if isinstance(section, dict)
-            for k, v in section.items()}  # fmt: skip
+def _diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """'name now (saved: then)' for every entry of the environment that differs."""
+    return [f"{k} {now.get(k)!r} (saved: {saved.get(k)!r})"
+            for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]  # fmt: skip
 
 
 # flags that name where a run writes or how it reports, never what it computes
@@ -163,7 +154,7 @@ def save(directory: Path, programs: dict[Any, tuple[Any, Any]], devices: list[An
 class SavedPrograms:
     """The programs of `--programs DIR`, checked against this run before any is loaded."""
 
-    def __init__(self, directory: str | Path, devices: list[Any], config: dict[str, Any]) -> None:
+    def __init__(self, directory: str | Path, devices: list[Any], config: Config) -> None:
         self.directory = Path(directory)
         self.devices = devices
         self.config = config
@@ -197,9 +188,9 @@ class SavedPrograms:
 
     def config_differs(self) -> list[str]:
         """The flags (besides where the run writes) that differ from the saved run's."""
-        saved, now = _flat(self.saved_config), _flat(self.config)
-        return [d for d in _diff(saved, now, flags=True)
-                if d.split()[0][2:].replace("-", "_") not in _RUN_ONLY]  # fmt: skip
+        return [f"--{name.replace('_', '-')} {now!r} (saved: {then!r})"
+                for name, then, now in changed_flags(self.saved_config, self.config)
+                if name not in _RUN_ONLY]  # fmt: skip
 
     def load(self, kind: str, key: Any, lowered: Any) -> Any:
         """The saved program for `lowered` (this run's `kind` program with inputs `key`), or

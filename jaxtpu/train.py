@@ -81,7 +81,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
     if run.programs:  # its environment is checked before the data are read
         from jaxtpu.programs import SavedPrograms
 
-        saved = SavedPrograms(run.programs, devices, cfg.to_dict())
+        saved = SavedPrograms(run.programs, devices, cfg)
 
     def build_backend(job: loop.Job) -> JaxBackend:
         model = weights.load_model(cfg, spec)

@@ -92,11 +92,11 @@ def test_saved_programs_of_another_environment_are_refused_in_one_line(saved, tm
     (moved / programs.MANIFEST).write_text(json.dumps(manifest))
     devices = jax.devices()[:8]
     with pytest.raises(ConfigError) as e:
-        programs.SavedPrograms(moved, devices, cfg.to_dict())
+        programs.SavedPrograms(moved, devices, cfg)
     assert "compiled for another environment (jax '0.10.2' (saved: '0.4.30'); platform " \
         "'cpu' (saved: 'tpu'))" in str(e.value) and "\n" not in str(e.value)  # fmt: skip
     with pytest.raises(ConfigError, match="no programs.json; make it with"):
-        programs.SavedPrograms(tmp_path / "none", devices, cfg.to_dict())
+        programs.SavedPrograms(tmp_path / "none", devices, cfg)
 
 
 def test_program_flags_are_checked_before_anything_runs(tmp_path, capsys):

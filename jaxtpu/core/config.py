@@ -716,6 +716,18 @@ def jax_only_options(cfg: Config) -> list[str]:
     return set_away
 
 
+def changed_flags(recorded: dict[str, Any], cfg: Config) -> list[tuple[str, Any, Any]]:
+    """(field, recorded value, value in `cfg`) of each field whose value in `cfg` differs from
+    the one `recorded` (a `to_dict()`, e.g. config.json's) holds; a field it does not hold
+    (recorded by an older version) counts as unchanged."""
+    return [
+        (name, recorded.get(section, {}).get(name, value), value)
+        for section, values in cfg.to_dict().items()
+        for name, value in values.items()
+        if recorded.get(section, {}).get(name, value) != value
+    ]
+
+
 def from_dict(d: dict[str, Any]) -> Config:
     """Rebuilds a Config from `to_dict()` output (e.g. a run directory's config.json)."""
     flat = {k: v for section in SECTIONS for k, v in d.get(section, {}).items()}

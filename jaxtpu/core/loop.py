@@ -476,14 +476,18 @@ class _Driver:
             self.runlog.write({"event": "compile", "programs": built, "seconds": seconds})
             self.compile_s = seconds  # no timed first call needed
 
-    def timed_first_call(self, handles: list[Any], step: int, dispatched: float) -> None:
-        """Waits once for the first call (dispatched at `dispatched`, time.time()), to report
-        its compilation apart from the steps."""
-        self.backend.fetch(handles[-1:])
-        self.compile_s = time.time() - dispatched
+    def timed_first_call(self, prepared: Any, step: int) -> list[Any]:
+        """Runs the first call and waits for it once, to report its compilation apart from
+        the steps; returns its handles."""
+        t0 = time.time()
+        with self.clock.timing("compile"):
+            handles = self.backend.train_steps(prepared)
+            self.backend.fetch(handles[-1:])
+        self.compile_s = time.time() - t0
         what = "compile + run" if self.backend.compile_count() else "nothing compiled"
         log.info("first step (%s): %.1fs", what, self.compile_s)
         self.runlog.write({"event": "compile", "step": step, "seconds": self.compile_s})
+        return handles
 
     def count(self, call: Call) -> None:
         """The work of the call's steps, for the throughput and MFU figures."""
@@ -681,10 +685,7 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: _StopFlag, st
             if call.batches:
                 profile.before(call)
                 if drv.compile_s is None:  # the first call compiles, unless precompiled
-                    with drv.clock.timing("compile"):
-                        dispatched = time.time()
-                        pending += backend.train_steps(prepared)
-                        drv.timed_first_call(pending, call.end, dispatched)
+                    pending += drv.timed_first_call(prepared, call.end)
                 else:
                     pending += backend.train_steps(prepared)
                 drv.count(call)

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import files
-from jaxtpu.core.config import JAX_STRATEGIES, RESUME_MAY_CHANGE, TORCH_STRATEGIES, Config
+from jaxtpu.core.config import (
+    JAX_STRATEGIES,
+    RESUME_MAY_CHANGE,
+    TORCH_STRATEGIES,
+    Config,
+    changed_flags,
+)
 from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
 from jaxtpu.core.spec import RunSpec, identity
 from jaxtpu.core.trackers import open_trackers
@@ -147,12 +153,11 @@ def check_resume(cfg: Config, workdir: Path) -> None:
             f"{record}: unreadable, so --resume cannot check the run's flags; restore it or "
             "start a new --workdir"
         ) from None
-    changed = []
-    for section, values in cfg.to_dict().items():
-        for name, value in values.items():
-            before = old.get(section, {}).get(name, value)
-            if before != value and name not in RESUME_MAY_CHANGE:
-                changed.append(f"--{name.replace('_', '-')} {before} -> {value}")
+    changed = [
+        f"--{name.replace('_', '-')} {before} -> {value}"
+        for name, before, value in changed_flags(old, cfg)
+        if name not in RESUME_MAY_CHANGE
+    ]
     k_before = old.get("run", {}).get("steps_per_call", cfg.run.steps_per_call)
     if cfg.data.buckets != "none" and k_before != cfg.run.steps_per_call:
         changed.append(
