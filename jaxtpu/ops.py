@@ -20,8 +20,12 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32) 
     """A two-operand matmul-type einsum with bf16 operands and fp32 accumulation, its result
     in `out` (fp32, or bf16: `--matmul-output`, rounded once from the fp32 accumulator).
 
-    The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation),
-    as torch.autocast does. Letting JAX differentiate `einsum(..., preferred_element_type=f32)`
+    The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation,
+    results in `out`), as torch.autocast does: under autocast the gradients with respect to
+    the bf16 copies of the operands are bf16, and the casts' backward widens them. So with
+    bf16 results the operands' gradients are bf16 values even where an operand is fp32 (the
+    TPU compiler's cost model estimates BERT-base's step 2% shorter: half the bytes for the
+    attention probabilities' and the projections' input gradients). Letting JAX differentiate `einsum(..., preferred_element_type=f32)`
     instead gives fp32 backward matmuls, which ran several times slower on XLA:CPU
     (`python -m benchmarks.compare`; docs/benchmarks.md).
     Every index must appear in exactly two of the three terms (true of matmuls).
@@ -36,14 +40,14 @@ def _mixed_fwd(spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32):
     return y, (a16, b16, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
 
 
-def _mixed_bwd(spec: str, _out: Any, res, g: jax.Array):
+def _mixed_bwd(spec: str, result: Any, res, g: jax.Array):
     a16, b16, a_dtype, b_dtype = res
     ins, out = spec.split("->")
     sa, sb = ins.split(",")
     g16 = g.astype(jnp.bfloat16)
     f32 = jnp.float32
-    da = jnp.einsum(f"{out},{sb}->{sa}", g16, b16, preferred_element_type=f32)
-    db = jnp.einsum(f"{sa},{out}->{sb}", a16, g16, preferred_element_type=f32)
+    da = jnp.einsum(f"{out},{sb}->{sa}", g16, b16, preferred_element_type=f32).astype(result)
+    db = jnp.einsum(f"{sa},{out}->{sb}", a16, g16, preferred_element_type=f32).astype(result)
     return da.astype(a_dtype.dtype), db.astype(b_dtype.dtype)
 
 

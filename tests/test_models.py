@@ -190,3 +190,34 @@ def test_bf16_matmul_results_reach_the_model_and_keep_fp32_logits():
     grads = jax.grad(lambda p: module.apply({"params": p}, ids, mask).sum())(params)
     assert all(np.isfinite(g).all() for g in jax.tree_util.tree_leaves(grads))
     assert np.array_equal(logits("fp32", "bf16")[2], logits("fp32", "fp32")[2])
+
+
+def test_bf16_matmul_gradients_round_as_autocast_does():
+    """With bf16 results the mixed matmul's backward rounds both operands' gradients to bf16,
+    as torch.autocast does (its matmul runs on bf16 copies; the casts' backward widens the
+    bf16 gradients): on integer operands, where fp32 accumulation is exact and the order of
+    the sums cannot matter, the gradients equal autocast's bit for bit, and with fp32 results
+    they are the exact sums that autocast rounds away."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(-50, 50, (3, 5, 16)).astype(np.float32)
+    b = rng.integers(-50, 50, (16, 7)).astype(np.float32)
+    g = rng.integers(-50, 50, (3, 5, 7)).astype(np.float32)
+
+    def grads(out):
+        y, vjp = jax.vjp(lambda x, w: ops.mixed_einsum("...k,kn->...n", x, w, out), a, b)
+        return [np.asarray(d) for d in vjp(jnp.asarray(g, y.dtype))]
+
+    ta, tb = (torch.tensor(x, requires_grad=True) for x in (a, b))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ta @ tb
+    assert y.dtype == torch.bfloat16
+    y.backward(torch.tensor(g).to(torch.bfloat16))
+    autocast = [ta.grad.numpy(), tb.grad.numpy()]
+    exact = [g @ b.T, np.einsum("bik,bin->kn", a, g)]
+
+    for mine, theirs, full in zip(grads(jnp.bfloat16), autocast, exact, strict=True):
+        assert mine.dtype == np.float32
+        np.testing.assert_array_equal(mine, theirs)
+        assert not np.array_equal(mine, full)  # the rounding is visible on these sums
+    for mine, full in zip(grads(jnp.float32), exact, strict=True):
+        np.testing.assert_array_equal(mine, full)
