@@ -22,7 +22,10 @@ loop's body once (`preflight.unrolled`), and what K saves (host dispatch) is not
 device program at all.
 
 Rows print as JSON lines; `--out FILE` keeps them. The floor is the model's FLOPs at the
-target's bf16 peak (`EncoderConfig.train_flops`).
+target's bf16 peak (`EncoderConfig.train_flops`). `--breakdown N` also prints, for each
+variant, the N groups of the compiled step's operations whose memory traffic adds the most
+time beyond their FLOPs (`benchmarks.hlo_roofline`): where the step's distance from its floor
+comes from.
 """
 
 from __future__ import annotations
@@ -92,15 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="", help="random-init shape overrides as JSON, e.g. "
                    '\'{"num_layers": 24, "hidden_size": 1024, ...}\' [none]')  # fmt: skip
     p.add_argument("--out", default=None, help="also append the rows to this JSON-lines file")
+    p.add_argument("--breakdown", type=int, default=0, metavar="N",
+                   help="also print the N operation groups that memory traffic slows the "
+                   "most, per variant (benchmarks.hlo_roofline) [0: none]")  # fmt: skip
     args = p.parse_args(argv)
 
+    from benchmarks import hlo_roofline
     from jaxtpu import hosts, preflight
     from jaxtpu.core import presets
     from jaxtpu.core.spec import RunSpec
 
     hosts.set_cpu_device_count(8)
     devices, _ = preflight.target_devices(args.target, 8)
-    peak = preflight.TPU_TARGETS[args.target].peak_flops_per_device(len(devices))
+    target = preflight.TPU_TARGETS[args.target]
+    peak = target.peak_flops_per_device(len(devices))
     base = presets.PRESETS[args.preset]().replace(
         max_len=args.max_len, batch_size=args.batch_size, parallel="jit", sharding="zero1",
         matmul_output="fp32",
@@ -112,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = RunSpec.resolve(cfg, len(devices))
             t0 = time.perf_counter()
             preflight._ESTIMATES.clear()  # keyed by the config: a swapped kernel is not in it
-            seconds, bytes_accessed = preflight.estimate(cfg, devices)
+            compiled = preflight.compile_unrolled(cfg, devices)
+            seconds, bytes_accessed = preflight.estimate(cfg, devices, compiled)
             flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
             row = {
                 "preset": args.preset, "model": args.model, "target": args.target,
@@ -122,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                 "compile_s": round(time.perf_counter() - t0, 1),
             }  # fmt: skip
         print(json.dumps(row), flush=True)
+        if args.breakdown:
+            rows = hlo_roofline.roofline(compiled.as_text(), peak,
+                                         target.bandwidth_per_device(len(devices)))  # fmt: skip
+            print(hlo_roofline.table(rows, args.breakdown, seconds), flush=True)
         if args.out:
             with Path(args.out).open("a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -25,9 +25,10 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32) 
     the bf16 copies of the operands are bf16, and the casts' backward widens them. So with
     bf16 results the operands' gradients are bf16 values even where an operand is fp32 (the
     TPU compiler's cost model estimates BERT-base's step 2% shorter: half the bytes for the
-    attention probabilities' and the projections' input gradients). Letting JAX differentiate `einsum(..., preferred_element_type=f32)`
-    instead gives fp32 backward matmuls, which ran several times slower on XLA:CPU
-    (`python -m benchmarks.compare`; docs/benchmarks.md).
+    attention probabilities' and the projections' input gradients). Letting JAX
+    differentiate `einsum(..., preferred_element_type=f32)` instead gives fp32 backward
+    matmuls, which ran several times slower on XLA:CPU (`python -m benchmarks.compare`;
+    docs/benchmarks.md).
     Every index must appear in exactly two of the three terms (true of matmuls).
     """
     return _mixed_fwd(spec, a, b, out)[0]

@@ -56,6 +56,10 @@ class Target:
         """The bf16 peak FLOP/s of one of the `devices` the topology compiles for."""
         return self.chip.bf16_tflops * 1e12 * self.chips / devices
 
+    def bandwidth_per_device(self, devices: int) -> float:
+        """The HBM bytes/s of one of the `devices` the topology compiles for."""
+        return self.chip.hbm_gbps * 1e9 * self.chips / devices
+
 
 # A device is what the topology's compiler sees: TPU v2/v3 (and v4 compiled per TensorCore, as
 # get_topology_desc does here) have 2 devices per chip.
@@ -284,16 +288,21 @@ def flops_per_step(cfg: Config, devices: list[Any]) -> float:
 _FLOPS: dict[str, float] = {}
 
 
-def estimate(cfg: Config, devices: list[Any]) -> tuple[float, float]:
+def compile_unrolled(cfg: Config, devices: list[Any]) -> Any:
+    """The run's train step (`unrolled`) compiled for `devices`: what `estimate` reads."""
+    with _no_cache_writes(devices[0].platform != "cpu"):
+        return lower(unrolled(cfg), devices).train.compile()
+
+
+def estimate(cfg: Config, devices: list[Any], compiled: Any = None) -> tuple[float, float]:
     """(step seconds, bytes accessed per step) per device, from the TPU compiler's cost model
-    (`cost_analysis()["optimal_seconds"]`) of the run's train step compiled for `devices`,
-    unrolled: the cost model counts a loop's body once, so scanned layers and K steps per call
-    would be undercounted. (0, 0) where the compiler gives no estimate (the CPU)."""
-    flat = unrolled(cfg)
-    key = f"{devices[0].device_kind}|{len(devices)}|{flat.to_json()}"
+    (`cost_analysis()["optimal_seconds"]`) of the run's train step compiled for `devices`
+    (`compiled`, when the caller has it), unrolled: the cost model counts a loop's body once,
+    so scanned layers and K steps per call would be undercounted. (0, 0) where the compiler
+    gives no estimate (the CPU)."""
+    key = f"{devices[0].device_kind}|{len(devices)}|{unrolled(cfg).to_json()}"
     if key not in _ESTIMATES:
-        with _no_cache_writes(devices[0].platform != "cpu"):
-            cost = lower(flat, devices).train.compile().cost_analysis() or {}
+        cost = (compiled or compile_unrolled(cfg, devices)).cost_analysis() or {}
         if isinstance(cost, list):  # older jax: one dict per program
             cost = cost[0] if cost else {}
         _ESTIMATES[key] = (float(cost.get("optimal_seconds", 0.0) or 0.0),
