@@ -119,8 +119,9 @@ def _group(line: str, inst: str, op: str) -> str:
     kind = re.search(r"kind=k(\w+)", line)
     op = f"{op}/{kind.group(1).lower()}" if kind else op
     direction = "backward " if "transpose(jvp(" in name else "forward " if "jvp(" in name else ""
-    path = re.sub(r"^.*?\)/", "", re.sub(r"^(jit\([^)]*\)/)+", "", name)) if m else name
-    path = re.sub(r"layer_\d+", "layer_N", path).replace("bert/encoder/", "")
+    path = re.sub(r"^(jit\([^)]*\)/)+", "", name)  # the jit wrappers
+    path = re.sub(r"^(transpose\()?jvp\([^)]*\)\)?/", "", path)  # the autodiff transform
+    path = re.sub(r"^\w+/encoder/", "", re.sub(r"layer_\d+", "layer_N", path))
     return f"{op:16s} {direction}{path}"
 
 

@@ -171,11 +171,11 @@ class ModelConfig:
     )
     matmul_output: str = _f(
         "auto",
-        "jaxtpu, --precision bf16: the dtype of the bf16 matmuls' results (fp32 accumulation "
-        "either way): fp32 keeps them exact until the next op, bf16 rounds them once, as "
-        "torch.autocast does, and halves the bytes between ops. auto = bf16 on a TPU (the TPU "
-        "compiler's cost model estimates the step shorter), fp32 elsewhere. The head's "
-        "logits stay fp32.",
+        "jaxtpu, --precision bf16: the dtype of the bf16 matmuls' results, forward and "
+        "backward (fp32 accumulation either way): fp32 keeps them exact until the next op, "
+        "bf16 rounds them once, as torch.autocast does, and halves the bytes between ops. "
+        "auto = bf16 on a TPU (the TPU compiler's cost model estimates the step shorter), "
+        "fp32 elsewhere. The head's logits stay fp32.",
         ("auto", "fp32", "bf16"),
         side="jax",
     )
