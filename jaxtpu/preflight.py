@@ -302,7 +302,9 @@ def estimate(cfg: Config, devices: list[Any], compiled: Any = None) -> tuple[flo
     gives no estimate (the CPU)."""
     key = f"{devices[0].device_kind}|{len(devices)}|{unrolled(cfg).to_json()}"
     if key not in _ESTIMATES:
-        cost = (compiled or compile_unrolled(cfg, devices)).cost_analysis() or {}
+        if compiled is None:
+            compiled = compile_unrolled(cfg, devices)
+        cost = compiled.cost_analysis() or {}
         if isinstance(cost, list):  # older jax: one dict per program
             cost = cost[0] if cost else {}
         _ESTIMATES[key] = (float(cost.get("optimal_seconds", 0.0) or 0.0),
