@@ -171,17 +171,22 @@ def roofline(text: str, peak_flops: float, bandwidth: float) -> list[Row]:
     return sorted(rows.values(), key=lambda r: -r.beyond_flops)
 
 
+def total(rows: list[Row]) -> Row:
+    """The module's totals: its `seconds` is the roofline's estimate of the whole step."""
+    whole = Row("all operations")
+    for r in rows:
+        whole.count += r.count
+        whole.flops += r.flops
+        whole.bytes += r.bytes
+        whole.seconds += r.seconds
+        whole.beyond_flops += r.beyond_flops
+    return whole
+
+
 def table(rows: list[Row], top: int, compiler_seconds: float = 0.0) -> str:
     """The `top` rows as text, with the module's totals (and the compiler's estimate)."""
-    total = Row("all operations")
-    for r in rows:
-        total.count += r.count
-        total.flops += r.flops
-        total.bytes += r.bytes
-        total.seconds += r.seconds
-        total.beyond_flops += r.beyond_flops
     lines = [f"{'ms':>8} {'beyond':>8} {'GB':>7} {'n':>4}  operation (forward/backward, path)"]
-    for r in [*rows[:top], total]:
+    for r in [*rows[:top], total(rows)]:
         lines.append(f"{r.seconds * 1e3:8.3f} {r.beyond_flops * 1e3:8.3f} "
                      f"{r.bytes / 1e9:7.3f} {r.count:4d}  {r.group}")  # fmt: skip
     if compiler_seconds:

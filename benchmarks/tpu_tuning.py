@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds, bytes_accessed = preflight.estimate(cfg, devices, compiled)
             flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
             ops = hlo_roofline.roofline(compiled.as_text(), peak, bandwidth)
-            roofline_s = sum(r.seconds for r in ops)
+            roofline_s = hlo_roofline.total(ops).seconds
             floor = flops / peak
             row = {
                 "preset": args.preset, "model": args.model, "target": args.target,
