@@ -7,8 +7,9 @@ enters twice).
     python -m benchmarks.codeshape --no-trace  # the static parts only
 
 The jit path is traced, not read: `jax.jit` is wrapped while `jaxtpu.train.main` runs the
-tiny preset for one step, and the first call that jits a function donating its first argument (the
-train step: it donates the state) records the stack. Its frames from `jaxtpu/train.py` on are the path, one frame per named call.
+tiny preset for one step, and the first call that jits a function donating its first argument
+(the train step: it donates the state) records the stack. Its frames from `jaxtpu/train.py` on
+are the path, one frame per named call.
 """
 
 from __future__ import annotations
