@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtpu.core import data as jdata
+from jaxtpu.core.data import dataset as jdata
 
 REAL_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "jigsaw_toxic_dev.csv"
 IDENTITIES = ("male", "female", "muslim")

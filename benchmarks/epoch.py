@@ -4,7 +4,7 @@ one epoch of the real Jigsaw comments as one kind of batching feeds them, print 
 `python -m benchmarks.epoch --framework jaxtpu --parallel jit --devices 2 --steps-per-call 8
 --sharding fsdp --batching bucketed --max-len 128`
 
-Batching (all from `jaxtpu.core.buckets.Batcher`, the batch builder of both sides):
+Batching (all from `jaxtpu.core.data.buckets.Batcher`, the batch builder of both sides):
   padded    every batch at --max-len (jaxtpu's `--buckets none`)
   bucketed  length buckets chosen by `--buckets auto`, each batch cut to its bucket's edge
   random    the padded run's random batches, each cut to its own longest comment: dynamic
@@ -49,13 +49,13 @@ from benchmarks.worker import (
     restart_for_huge_pages,
     torch_cpu_trainer,
 )
-from jaxtpu.core import data as jdata
 from jaxtpu.core import hostmem
-from jaxtpu.core.buckets import Batcher, Rows, choose_edges, real_lengths
-from jaxtpu.core.config import SHARDINGS
-from jaxtpu.core.encoder import packaged_minilm_dir
-from jaxtpu.core.presets import tiny
-from jaxtpu.core.tokens import load_tokenizer
+from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data.buckets import Batcher, Rows, choose_edges, real_lengths
+from jaxtpu.core.data.tokens import load_tokenizer
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.flags.schema import SHARDINGS
+from jaxtpu.core.hf.encoder import packaged_minilm_dir
 from parity_tests.checks import REAL_CSV
 
 BATCHINGS = ("padded", "bucketed", "random")
@@ -158,7 +158,7 @@ def calls_of(batches: list[Rows], k: int) -> list[list[Rows]]:
 
 def timed(calls: list[list[Rows]], prepare: Any, step: Any, prefetch: bool):
     """Per-call seconds (blocking on each) and the total wait for input."""
-    from jaxtpu.core.loop import Prefetch
+    from jaxtpu.core.run.loop import Prefetch
 
     times, wait = [], 0.0
     if prefetch:  # jaxtpu's input thread, as in the training loop

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from jaxtpu import hosts, preflight
-    from jaxtpu.core import presets
+    from jaxtpu.core.flags import presets
 
     hosts.set_cpu_device_count(8)
     col = dict(preflight.COLUMNS)

@@ -53,7 +53,8 @@ def swapped(variant: str) -> Iterator[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
 
-    from jaxtpu import models, ops
+    from jaxtpu.models import encoder as models
+    from jaxtpu.models import ops
 
     saved = {name: getattr(ops, name) for name in ("hash_bits", "gelu")}
     saved_ln = models._layer_norm
@@ -104,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks import hlo_roofline
     from jaxtpu import hosts, preflight
-    from jaxtpu.core import presets
-    from jaxtpu.core.spec import RunSpec
+    from jaxtpu.core.flags import presets
+    from jaxtpu.core.flags.runspec import RunSpec
 
     hosts.set_cpu_device_count(8)
     devices, _ = preflight.target_devices(args.target, 8)

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import hostmem
-from jaxtpu.core.config import JAX_STRATEGIES, REMATS, SHARDINGS, Config
-from jaxtpu.core.encoder import EncoderConfig
-from jaxtpu.core.presets import tiny
-from jaxtpu.core.rundir import peak_host_memory_mb
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import JAX_STRATEGIES, REMATS, SHARDINGS, Config
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.run.rundir import peak_host_memory_mb
 from jaxtpu.core.schedules import Horizon
-from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import get_task
 
 WORKLOADS = {

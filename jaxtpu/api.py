@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import data as jdata
+from jaxtpu.core.data import dataset as jdata
 from jaxtpu.core.errors import UserError
 
 

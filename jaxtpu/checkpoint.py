@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtpu.core.errors import CheckpointError
-from jaxtpu.core.rundir import check_compatible, disk_full, disk_full_message
+from jaxtpu.core.run.rundir import check_compatible, disk_full, disk_full_message
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import data as jdata
 from jaxtpu.core import hostmem
-from jaxtpu.core.buckets import Batcher
+from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data.buckets import Batcher
+from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.files import write_text
-from jaxtpu.core.rundir import check_output_path, strict_json, user_errors
+from jaxtpu.core.run.rundir import check_output_path, strict_json, user_errors
 from jaxtpu.core.tasks import Task
-from jaxtpu.core.tokens import load_tokenizer
 
 # The headline metric's name in the output -> its key in the validation metrics.
 METRICS = {
@@ -77,7 +77,7 @@ def read_labelled(path: str, task: Task) -> jdata.Comments | jdata.Pairs:
 def evaluate(workdir: str, path: str, devices: list[Any], batch_size: int = 16) -> dict[str, Any]:
     """The metric of `path` under the best model of run `workdir`: {'metric': name, 'value':
     value, 'examples': n, ...every part}."""
-    from jaxtpu.core import loop
+    from jaxtpu.core.run import loop
     from jaxtpu.predict import load_trained, scoring_backend
 
     model = load_trained(workdir)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
-from jaxtpu.core.rundir import check_output_path, user_errors
+from jaxtpu.core.run.rundir import check_output_path, user_errors
 
 
 def save_state_dict(tensors: dict, out: Path) -> None:
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     with user_errors():
         from jaxtpu import weights
-        from jaxtpu.core.hf import notebook_state_dict
+        from jaxtpu.core.hf.directory import notebook_state_dict
         from jaxtpu.predict import load_trained
 
         out = Path(args.out)

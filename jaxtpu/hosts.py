@@ -16,8 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxtpu.core.data.tokens import cache_root
 from jaxtpu.core.errors import DeviceError
-from jaxtpu.core.tokens import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxtpu.core.config import OptimConfig
+from jaxtpu.core.flags.schema import OptimConfig
 from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
 
 # Leaves that get no weight decay: every bias and the LayerNorm scales (the seeds' `no_decay`

@@ -7,7 +7,7 @@ or `id,toxic` for classification files (`comment_text`, optional `id`); a multi-
 writes Kaggle's `id,toxic,severe_toxic,obscene,threat,insult,identity_hate`. Toxicity and
 multi-label models give sigmoid probabilities, rankers their raw score (only the order matters
 there); a multi-label model scores a Rate Severity file by the severity weights of its six
-probabilities (`jaxtpu.core.data.SEVERITY_WEIGHTS`, as ranking pairs are built from labels).
+probabilities (`jaxtpu.core.data.dataset.SEVERITY_WEIGHTS`, as ranking pairs are built from labels).
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import data as jdata
 from jaxtpu.core import hostmem
-from jaxtpu.core.buckets import Batcher, fixed_edges, real_lengths
-from jaxtpu.core.config import Config, from_dict
-from jaxtpu.core.encoder import EncoderConfig
+from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
+from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import write_text
-from jaxtpu.core.rundir import check_output_path, user_errors
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config, from_dict
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.run.rundir import check_output_path, user_errors
 from jaxtpu.core.tasks import LABELS
-from jaxtpu.core.tokens import encode_texts, load_tokenizer
 
 
 @dataclass
@@ -51,7 +51,8 @@ class TrainedModel:
 
 def load_trained(workdir: str | Path) -> TrainedModel:
     """The best checkpoint of a run directory, with its config, encoder shape and tokenizer."""
-    from jaxtpu import checkpoint, models
+    from jaxtpu import checkpoint
+    from jaxtpu.models import encoder as models
 
     wd = Path(workdir)
     record = wd / "config.json"
@@ -128,7 +129,7 @@ class Scorer:
     def logits(self, texts: list[str]) -> np.ndarray:
         """The raw outputs for (normalized) `texts`: (N,) or (N, labels); tokenized in memory,
         without the disk cache (each text is scored once)."""
-        from jaxtpu.core import loop
+        from jaxtpu.core.run import loop
 
         if not texts:
             return np.zeros((0, *self.task.label_shape), np.float32)
@@ -384,7 +385,7 @@ def _resume(progress: Progress, args: argparse.Namespace) -> dict[str, Any] | No
 
 def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
     """Models averaged together must score the same thing from the same tokens."""
-    from jaxtpu.core.tokens import tokenizer_fingerprint
+    from jaxtpu.core.data.tokens import tokenizer_fingerprint
 
     first = models[0]
     fingerprint = tokenizer_fingerprint(load_tokenizer(first.tokenizer_dir))

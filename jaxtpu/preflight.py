@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import files
-from jaxtpu.core.cli import parse_with
-from jaxtpu.core.config import REMATS, Config
 from jaxtpu.core.errors import ConfigError, DeviceError
+from jaxtpu.core.flags.cli import parse_with
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import REMATS, Config
 from jaxtpu.core.hardware import TPU_CHIPS, TpuChip
-from jaxtpu.core.rundir import check_output_path, user_errors
+from jaxtpu.core.run.rundir import check_output_path, user_errors
 from jaxtpu.core.schedules import Horizon
-from jaxtpu.core.spec import RunSpec
 
 GiB = 2**30
 
@@ -180,7 +180,8 @@ def abstract_run(
     changes no shape, only the schedule's constants in the program."""
     import jax
 
-    from jaxtpu import models, optim, parallel, steps
+    from jaxtpu import optim, parallel, steps
+    from jaxtpu.models import encoder as models
     from jaxtpu.sharding import Placement
 
     run = cfg.run
@@ -237,7 +238,7 @@ def save_programs(cfg: Config, target: str, devices: list[Any], directory: Path)
     program), and writes them to `directory` (`jaxtpu.programs`) for `train --programs`."""
     from jaxtpu import programs
     from jaxtpu.backend import stack_steps
-    from jaxtpu.core import loop
+    from jaxtpu.core.run import loop
 
     n = len(devices)
     spec = RunSpec.resolve(cfg, n, _platform(devices))

@@ -32,8 +32,8 @@ import jax
 from jax.experimental import serialize_executable
 
 from jaxtpu.core import files
-from jaxtpu.core.config import Config, changed_flags
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.schema import Config, changed_flags
 
 log = logging.getLogger("jaxtpu")
 

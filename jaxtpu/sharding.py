@@ -103,7 +103,7 @@ def logical_rules(sharding: str, sizes: Mapping[str, int]) -> tuple[tuple[str, A
 @dataclass(frozen=True)
 class Placement:
     """A run's placement: `--sharding` (resolved: replicated, zero1 or fsdp) on a data x fsdp
-    mesh of every device (`jaxtpu.core.spec.RunSpec` resolves it from the flags)."""
+    mesh of every device (`jaxtpu.core.flags.runspec.RunSpec` resolves it from the flags)."""
 
     sharding: str
     data: int

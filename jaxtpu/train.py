@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import hostmem, loop
-from jaxtpu.core.cli import parse_args
-from jaxtpu.core.config import JAX_STRATEGIES, Config, require_strategy
-from jaxtpu.core.folds import train_folds
-from jaxtpu.core.rundir import claim_workdir, exit_code, user_errors
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core import hostmem
+from jaxtpu.core.flags.cli import parse_args
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
+from jaxtpu.core.run import loop
+from jaxtpu.core.run.folds import train_folds
+from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
 
 __all__ = ["main", "train_and_evaluate"]
 

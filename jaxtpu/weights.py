@@ -2,9 +2,9 @@
 starts from (a seeded init, filled from --model-dir).
 
 The directory format and the shape checks are framework-free and shared with the torch side
-(`jaxtpu.core.hf`); this module only maps Flax parameter paths to Hugging Face keys: module
-paths one to one in BERT's names (`layer_3` is `layer.3`), then the family's rename table
-(`jaxtpu.core.families`, e.g. DistilBERT's `transformer.layer.3.attention.q_lin`).
+(`jaxtpu.core.hf.directory`); this module only maps Flax parameter paths to Hugging Face keys:
+module paths one to one in BERT's names (`layer_3` is `layer.3`), then the family's rename table
+(`jaxtpu.core.hf.families`, e.g. DistilBERT's `transformer.layer.3.attention.q_lin`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.config import Config
-from jaxtpu.core.encoder import EncoderConfig
-from jaxtpu.core.families import get_family, rename
-from jaxtpu.core.hf import fit_state_dict, write_hf_dir
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.families import get_family, rename
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
 # one to one, except that Flax's `layer_3` is Hugging Face's `layer.3`.
@@ -137,7 +137,7 @@ class Model:
 def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Model:
     """The run's model: a seeded random init, filled from the spec's weights (--init-from or
     --model-dir) when it has some (every tensor it has; a new head keeps its init)."""
-    from jaxtpu import models
+    from jaxtpu.models import encoder as models
 
     module = models.for_run(cfg, spec, scan=False)
     # Initialised (and mapped from Hugging Face names) as the unscanned model, so a scanned

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtpu.core.config import Config
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config
 from parity_tests.forward import FAULTS, capture_points, encoder, parse_fault
 from parity_tests.harness import run_forward
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.config import JAX_STRATEGIES
+from jaxtpu.core.flags.schema import JAX_STRATEGIES
 from parity_tests.harness import ROOT, relative_diff, run_forward, run_side, shared_init
 
 REAL_CSV = ROOT.parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
@@ -197,7 +197,7 @@ def family_init(work: Path, family: str, task: str = "toxicity") -> Path:
 def families_forward(work: Path) -> list[Result]:
     """Per family: forward and fp32 gradients of jaxtpu against transformers' PyTorch model on
     16 real comments (each side in its own process, as `family_results` reads them)."""
-    from jaxtpu.core.data import SAMPLE_CSV
+    from jaxtpu.core.data.dataset import SAMPLE_CSV
     from parity_tests.families import FAMILY_NAMES, VARIANTS
 
     results = []

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxtpu.core.data import read_comments
-from jaxtpu.core.encoder import EncoderConfig, read_encoder
-from jaxtpu.core.tokens import load_tokenizer, tokenize
+from jaxtpu.core.data.dataset import read_comments
+from jaxtpu.core.data.tokens import load_tokenizer, tokenize
+from jaxtpu.core.hf.encoder import EncoderConfig, read_encoder
 
 FAULTS = {
     "ln-eps": "the layer's output LayerNorm with epsilon 1e-3 instead of the checkpoint's",
@@ -129,7 +129,8 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     import jax.numpy as jnp
     import optax
 
-    from jaxtpu import models, weights
+    from jaxtpu import weights
+    from jaxtpu.models import encoder as models
 
     enc = encoder(args.model_dir)
     module = models.create_module(enc, 0.0, args.precision)

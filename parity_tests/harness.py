@@ -113,8 +113,8 @@ def shared_init(
     changed by `overrides` such as num_layers=4) plus a seeded Dense head (one output per
     score of the task). Same initial
     weights on both sides."""
-    from jaxtpu.core.presets import get_preset
-    from jaxtpu.core.spec import RunSpec
+    from jaxtpu.core.flags.presets import get_preset
+    from jaxtpu.core.flags.runspec import RunSpec
     from torchxla_ref import weights
 
     if (out_dir / "model.safetensors").exists():

@@ -27,14 +27,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> str:
-    from jaxtpu.core.encoder import packaged_minilm_dir
+    from jaxtpu.core.hf.encoder import packaged_minilm_dir
 
     return packaged_minilm_dir()
 
 
 @pytest.fixture(scope="session")
 def tokenizer(minilm_dir: str):
-    from jaxtpu.core.tokens import load_tokenizer
+    from jaxtpu.core.data.tokens import load_tokenizer
 
     return load_tokenizer(minilm_dir)
 

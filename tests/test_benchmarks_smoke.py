@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import compare, worker
 from jaxtpu.core import hostmem
-from jaxtpu.core.encoder import EncoderConfig
+from jaxtpu.core.hf.encoder import EncoderConfig
 from parity_tests.harness import ROOT, clean_env
 
 
@@ -85,7 +85,7 @@ def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
     """A whole (tiny) epoch of the packaged sample in buckets: the projection of a sample that
     is the whole epoch is what was measured, and there is one compilation per call shape
     (here with the programs loaded from the cache a first, untimed compilation filled)."""
-    from jaxtpu.core.data import SAMPLE_CSV
+    from jaxtpu.core.data.dataset import SAMPLE_CSV
 
     cmd = [sys.executable, "-m", "benchmarks.epoch", "--workload", "tiny", "--batching",
            "bucketed", "--max-len", "64", "--num-batches", "1000", "--devices", "2",
@@ -134,7 +134,8 @@ def test_tpu_tuning_swaps_each_change_in_and_back_out():
     """benchmarks.tpu_tuning's variants: kernels swapped for the block only, flags as config
     overrides, '+' joins changes, an unknown one is refused."""
     from benchmarks import tpu_tuning
-    from jaxtpu import models, ops
+    from jaxtpu.models import encoder as models
+    from jaxtpu.models import ops
 
     gelu, layer_norm = ops.gelu, models._layer_norm
     with tpu_tuning.swapped("gelu=tanh+matmul_out=bf16+sharding=fsdp") as overrides:
@@ -192,7 +193,7 @@ def test_hlo_roofline_tracks_the_tpu_compilers_cost_model():
     `optimal_seconds` (1.005x and 0.98x for BERT-base: benchmarks.tpu_tuning --breakdown)."""
     from benchmarks import hlo_roofline
     from jaxtpu import preflight
-    from jaxtpu.core import presets
+    from jaxtpu.core.flags import presets
 
     devices, _ = preflight.target_devices("v3-8", 8)
     target = preflight.TPU_TARGETS["v3-8"]

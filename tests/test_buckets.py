@@ -9,11 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu.core import buckets, loop
-from jaxtpu.core import data as jdata
+from jaxtpu.core.data import buckets
+from jaxtpu.core.data import dataset as jdata
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.presets import tiny
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.run import loop
 
 
 def skewed_lengths(n: int = 997, max_len: int = 128, seed: int = 0) -> np.ndarray:

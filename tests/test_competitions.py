@@ -15,8 +15,8 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from benchmarks.competitions import IDENTITIES, real_rows, write_bias_file, write_language_file
-from jaxtpu.core import data as jdata
 from jaxtpu.core import metrics
+from jaxtpu.core.data import dataset as jdata
 from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.tasks import get_task, higher_is_better
 
@@ -188,7 +188,7 @@ def test_evaluate_names_the_metric_of_the_files_kind():
 def bias_run(real_csv, tmp_path_factory):
     """A tiny fp32 toxicity run on Unintended Bias files, monitoring the bias metric."""
     from jaxtpu import train
-    from jaxtpu.core import presets
+    from jaxtpu.core.flags import presets
 
     d = tmp_path_factory.mktemp("bias")
     cfg = presets.tiny().replace(

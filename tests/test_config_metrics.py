@@ -12,10 +12,11 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 import jaxtpu.core
-from jaxtpu.core import metrics, presets
-from jaxtpu.core.cli import build_parser, parse_args
-from jaxtpu.core.config import JAX_STRATEGIES, TORCH_STRATEGIES, from_dict
+from jaxtpu.core import metrics
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags import presets
+from jaxtpu.core.flags.cli import build_parser, parse_args
+from jaxtpu.core.flags.schema import JAX_STRATEGIES, TORCH_STRATEGIES, from_dict
 from jaxtpu.core.tasks import TASKS, get_task
 from parity_tests.harness import ROOT, clean_env, run_side
 
@@ -79,10 +80,11 @@ def test_config_roundtrips_through_dict():
 def test_every_core_module_imports_without_any_framework():
     """Everything the torch side may import lives in jaxtpu.core; importing all of it in a
     fresh interpreter must load none of JAX, Flax, optax, orbax, torch or torch_xla."""
-    names = sorted(m.name for m in pkgutil.iter_modules(jaxtpu.core.__path__, "jaxtpu.core."))
-    assert {"jaxtpu.core.config", "jaxtpu.core.loop", "jaxtpu.core.hf", "jaxtpu.core.tasks"} <= set(
-        names
+    names = sorted(
+        m.name for m in pkgutil.walk_packages(jaxtpu.core.__path__, "jaxtpu.core.") if not m.ispkg
     )
+    expected = {"flags.schema", "run.loop", "hf.directory", "data.tokens", "tasks"}
+    assert {f"jaxtpu.core.{name}" for name in expected} <= set(names)
     code = (
         f"import importlib, sys\nfor name in {names!r}: importlib.import_module(name)\n"
         f"bad = [m for m in {FRAMEWORKS!r} if m in sys.modules]\nassert not bad, bad"

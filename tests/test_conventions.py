@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxtpu.core.cli import parse_args
-from jaxtpu.core.configfile import read_config_file
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.cli import parse_args
+from jaxtpu.core.flags.configfile import read_config_file
 from parity_tests.harness import ROOT, clean_env
 
 
@@ -106,11 +106,11 @@ def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkey
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
     from test_fake_backend import FakeBackend, _job
 
-    from jaxtpu.core.rundir import RunLog
+    from jaxtpu.core.run.rundir import RunLog
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    from jaxtpu.core import loop
+    from jaxtpu.core.run import loop
 
     job = _job(tmp_path, epochs=1, lr=1e-3)
     runlog = RunLog(tmp_path, trackers=("tensorboard", "wandb"), config=job.cfg.to_dict())
@@ -137,7 +137,7 @@ def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkey
 def test_a_tracker_whose_client_is_missing_is_one_line(monkeypatch):
     import importlib.util
 
-    from jaxtpu.core import presets
+    from jaxtpu.core.flags import presets
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -173,7 +173,7 @@ def test_training_from_a_python_session_whose_jax_has_started(tmp_path):
     script = f"""
 import jax.numpy as jnp
 jnp.ones(1).block_until_ready()  # the backend starts with its default device count
-from jaxtpu.core import presets
+from jaxtpu.core.flags import presets
 from jaxtpu.core.errors import DeviceError
 from jaxtpu.train import train_and_evaluate
 s = train_and_evaluate(presets.tiny().replace(num_devices=1, max_steps=3,

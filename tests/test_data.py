@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxtpu.core import buckets, presets, tokens
-from jaxtpu.core import data as jdata
+from jaxtpu.core.data import buckets, tokens
+from jaxtpu.core.data import dataset as jdata
 from jaxtpu.core.errors import DataError
+from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import get_task
 
 HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"

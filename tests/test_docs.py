@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxtpu.core.config import FIELDS
+from jaxtpu.core.flags.schema import FIELDS
 from parity_tests.harness import ROOT, clean_env
 
 pytest.importorskip("mkdocs", reason="the docs site needs mkdocs-material (the dev extra)")

@@ -1,4 +1,4 @@
-"""The shared loop (`jaxtpu.core.loop.run`) driven by a numpy `FakeBackend`: NaN, early
+"""The shared loop (`jaxtpu.core.run.loop.run`) driven by a numpy `FakeBackend`: NaN, early
 stopping, SIGTERM, the order of checkpoints and resume, in milliseconds and without a
 framework. The end-to-end tests keep one real run of each (tests/test_robustness.py,
 tests/test_reliability.py)."""
@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxtpu.core import data as jdata
-from jaxtpu.core import loop
+from jaxtpu.core.data import dataset as jdata
 from jaxtpu.core.errors import TrainingError
-from jaxtpu.core.presets import tiny
-from jaxtpu.core.rundir import RunLog
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.run import loop
+from jaxtpu.core.run.rundir import RunLog
 
 N_TRAIN, N_VALID, GLOBAL_BATCH = 56, 16, 8  # 7 steps per epoch
 

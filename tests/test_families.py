@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from jaxtpu import weights
-from jaxtpu.core import hf
-from jaxtpu.core.config import Config
-from jaxtpu.core.data import SAMPLE_CSV
-from jaxtpu.core.encoder import EncoderConfig
+from jaxtpu.core.data.dataset import SAMPLE_CSV
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.families import FAMILIES
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.hf import directory as hf
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.families import FAMILIES
 from parity_tests import checks, forward
 from parity_tests.families import FAMILY_NAMES, TOKENIZERS, VARIANTS, build
 
@@ -83,7 +83,7 @@ def test_family_matches_transformers_and_exports_what_automodel_loads(name, fami
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_each_family_ships_its_own_kind_of_tokenizer(name, family_dirs):
-    from jaxtpu.core.tokens import load_tokenizer
+    from jaxtpu.core.data.tokens import load_tokenizer
 
     tok = load_tokenizer(family_dirs[name])
     config = json.loads((family_dirs[name] / "config.json").read_text())
@@ -98,8 +98,8 @@ def test_a_sentencepiece_model_alone_loads_as_a_fast_tokenizer(tmp_path):
     and the ids are SentencePiece's own, between [CLS] and [SEP]."""
     import sentencepiece as spm
 
-    from jaxtpu.core.data import read_comments
-    from jaxtpu.core.tokens import load_tokenizer
+    from jaxtpu.core.data.dataset import read_comments
+    from jaxtpu.core.data.tokens import load_tokenizer
     from parity_tests.families import sentencepiece_dir
 
     d = sentencepiece_dir(tmp_path / "spm-only")
@@ -222,7 +222,7 @@ def test_bisection_has_a_module_on_both_sides_for_every_point_of_every_family():
 def test_jaxtpu_trains_each_task_from_a_family_checkpoint(name, task, family_dirs, tmp_path):
     """RoBERTa and DeBERTa train on both sides in the parity suite (test_family_trajectory)."""
     from jaxtpu import train
-    from jaxtpu.core import presets
+    from jaxtpu.core.flags import presets
 
     cfg = presets.tiny().replace(
         model_dir=str(family_dirs[name]), task=task, train_csv="sample", max_rows=320,
@@ -256,7 +256,7 @@ def test_torch_side_trains_a_family_checkpoint_from_the_command_line(family_dirs
 def test_deberta_scanned_and_rematerialised_trains_like_the_plain_model(family_dirs, tmp_path):
     """The relative embeddings every layer shares stay outside the scanned layer stack."""
     from jaxtpu import train
-    from jaxtpu.core import presets
+    from jaxtpu.core.flags import presets
 
     def losses(name, **memory):
         cfg = presets.tiny().replace(

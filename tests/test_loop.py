@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxtpu.core.buckets import Batcher, shuffled_batches
-from jaxtpu.core.loop import Plan, schedule
-from jaxtpu.core.presets import tiny
+from jaxtpu.core.data.buckets import Batcher, shuffled_batches
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.run.loop import Plan, schedule
 
 
 def plan_for(n_train: int, global_batch: int, epochs: int, max_steps: int = 0) -> Plan:

@@ -10,12 +10,13 @@ import jax
 import numpy as np
 import pytest
 
-from jaxtpu import models, train
-from jaxtpu.core import presets
-from jaxtpu.core.config import jax_only_options
-from jaxtpu.core.encoder import EncoderConfig
+from jaxtpu import train
 from jaxtpu.core.errors import ConfigError, UserError
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags import presets
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import jax_only_options
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.models import encoder as models
 
 
 def _losses(workdir) -> list[float]:

@@ -18,10 +18,10 @@ from torch import nn  # noqa: E402
 from transformers import BertConfig, BertModel  # noqa: E402
 
 from jaxtpu import export, predict, train  # noqa: E402
-from jaxtpu.core import presets  # noqa: E402
+from jaxtpu.core.data.tokens import load_tokenizer, tokenize  # noqa: E402
 from jaxtpu.core.errors import CheckpointError, ConfigError  # noqa: E402
-from jaxtpu.core.hf import read_notebook_checkpoint, write_hf_dir  # noqa: E402
-from jaxtpu.core.tokens import load_tokenizer, tokenize  # noqa: E402
+from jaxtpu.core.flags import presets  # noqa: E402
+from jaxtpu.core.hf.directory import read_notebook_checkpoint, write_hf_dir  # noqa: E402
 from parity_tests.forward import encoder  # noqa: E402
 from parity_tests.harness import shared_init  # noqa: E402
 

@@ -7,14 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtpu import models, ops, weights
-from jaxtpu.core import data as jdata
-from jaxtpu.core import hf
-from jaxtpu.core.encoder import EncoderConfig
+from jaxtpu import weights
+from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data.tokens import tokenize
 from jaxtpu.core.errors import CheckpointError
-from jaxtpu.core.presets import minilm
-from jaxtpu.core.spec import RunSpec
-from jaxtpu.core.tokens import tokenize
+from jaxtpu.core.flags.presets import minilm
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.hf import directory as hf
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.models import encoder as models
+from jaxtpu.models import ops
 
 torch = pytest.importorskip("torch", reason="the Hugging Face reference needs torch")
 transformers = pytest.importorskip("transformers")

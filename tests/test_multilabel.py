@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jaxtpu import predict, steps, train
-from jaxtpu.core import data as jdata
-from jaxtpu.core import presets
+from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import LABELS, get_task
 
 torch = pytest.importorskip("torch", reason="the torch side's loss is compared")
@@ -130,7 +130,7 @@ def test_trains_on_real_comments_and_predict_writes_the_kaggle_columns(tmp_path)
 
     from jaxtpu import export, weights
     from jaxtpu.core.errors import CheckpointError
-    from jaxtpu.core.spec import RunSpec
+    from jaxtpu.core.flags.runspec import RunSpec
 
     hf, sd = tmp_path / "hf", tmp_path / "model.bin"
     assert export.main(["--workdir", str(workdir), "--out", str(hf)]) == 0

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxtpu import predict, preflight, steps, train
-from jaxtpu.core import metrics, presets
+from jaxtpu.core import metrics
+from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import TASKS, Task, _both_classes
 
 TOY = Task(

@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from jaxtpu.core.config import OptimConfig
-from jaxtpu.core.encoder import EncoderConfig
+from jaxtpu.core.flags.schema import OptimConfig
+from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.schedules import Horizon, learning_rate
 
 torch = pytest.importorskip("torch")
@@ -49,8 +49,8 @@ def test_constant_matches_transformers(warmup_frac):
 
 
 def test_cosine_with_a_warmup_is_refused():
-    from jaxtpu.core.config import Config
     from jaxtpu.core.errors import ConfigError
+    from jaxtpu.core.flags.schema import Config
 
     with pytest.raises(ConfigError, match="cosine schedule has no warm-up"):
         Config().replace(schedule="cosine", warmup_frac=0.1)
@@ -114,8 +114,8 @@ def test_a_schedule_stepped_per_epoch_holds_its_rate_through_each_epoch():
     ],
 )
 def test_recipe_flags_out_of_range_are_one_line(flags, message):
-    from jaxtpu.core.config import Config
     from jaxtpu.core.errors import ConfigError
+    from jaxtpu.core.flags.schema import Config
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         Config().replace(**flags)
@@ -151,7 +151,8 @@ def test_jax_schedule_equals_the_numpy_one_used_by_torch():
 def test_no_decay_groups_match_between_sides():
     import jax
 
-    from jaxtpu import models, optim
+    from jaxtpu import optim
+    from jaxtpu.models import encoder as models
     from torchxla_ref import optim as torch_optim
     from torchxla_ref.models import Classifier
 

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from jaxtpu import preflight
-from jaxtpu.core import presets
 from jaxtpu.core.errors import ConfigError, DeviceError
+from jaxtpu.core.flags import presets
+from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hardware import TpuChip
-from jaxtpu.core.spec import RunSpec
 
 pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed: pip install "
                     "-e '.[tpu]'")  # fmt: skip

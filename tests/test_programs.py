@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from jaxtpu import preflight, programs, train
-from jaxtpu.core import config, presets
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags import presets
+from jaxtpu.core.flags import schema as config
 
 # a schedule that decays over the run: its length (from the data) is a constant of the program
 FLAGS = ["--preset", "tiny", "--buckets", "12,16", "--schedule", "linear", "--precision",

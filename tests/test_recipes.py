@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu.core import data as jdata
-from jaxtpu.core import presets
+from jaxtpu.core.data import dataset as jdata
 from jaxtpu.core.errors import ConfigError, DataError
+from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import LABELS
 
 
@@ -23,7 +23,7 @@ def _fold_file(tmp_path, folds, name="train_5folds.csv"):
 
 
 def test_the_files_fold_column_is_the_split(tmp_path):
-    from jaxtpu.core.tokens import load_tokenizer
+    from jaxtpu.core.data.tokens import load_tokenizer
 
     folds = np.arange(60) % 5
     cfg = presets.tiny().replace(train_csv=str(_fold_file(tmp_path, folds)), fold_column="kfold",
@@ -35,7 +35,7 @@ def test_the_files_fold_column_is_the_split(tmp_path):
 
 
 def cfg_tokenizer() -> str:
-    from jaxtpu.core.encoder import packaged_minilm_dir
+    from jaxtpu.core.hf.encoder import packaged_minilm_dir
 
     return packaged_minilm_dir()
 
@@ -172,7 +172,7 @@ def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_di
     from jaxtpu.predict import check_ensemble
 
     other_tok = tmp_path / "tok"
-    from jaxtpu.core.tokens import load_tokenizer
+    from jaxtpu.core.data.tokens import load_tokenizer
 
     tok = load_tokenizer(minilm_dir)
     tok.add_tokens(["zzzunseen"])
@@ -265,7 +265,7 @@ def _jaxtpu_losses(tmp_path, preset, model_dir, **flags):
 def _batch(model_dir, texts):
     import torch
 
-    from jaxtpu.core.tokens import load_tokenizer, tokenize
+    from jaxtpu.core.data.tokens import load_tokenizer, tokenize
 
     ids, mask, _ = tokenize([jdata.normalize_text(t) for t in texts], load_tokenizer(model_dir), 32)
     return torch.from_numpy(ids).long(), torch.from_numpy(mask).long()
@@ -339,7 +339,7 @@ def test_the_lightning_severity_preset_takes_the_notebooks_steps(tmp_path, real_
 
 
 def test_the_validation_batch_size_is_its_own(tmp_path):
-    from jaxtpu.core import loop
+    from jaxtpu.core.run import loop
 
     ids = np.ones((40, 16), np.int32)
     train = jdata.Examples(ids, ids.copy(), np.zeros(40, np.float32))

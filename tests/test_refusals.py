@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 
 from jaxtpu import export, preflight, train
-from jaxtpu.core import data as jdata
-from jaxtpu.core import files, tokens
-from jaxtpu.core.encoder import EncoderConfig, read_encoder
+from jaxtpu.core import files
+from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import tokens
 from jaxtpu.core.errors import CheckpointError, ConfigError, DataError
-from jaxtpu.core.hf import read_torch_file
-from jaxtpu.core.presets import tiny
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.hf.directory import read_torch_file
+from jaxtpu.core.hf.encoder import EncoderConfig, read_encoder
 
 HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
 
@@ -294,7 +295,7 @@ def test_export_refuses_names_no_module_can_hold(prefix, head, message):
 
 
 def test_a_head_of_another_width_is_said_to_be_one(tmp_path):
-    from jaxtpu.core.hf import fit_state_dict
+    from jaxtpu.core.hf.directory import fit_state_dict
 
     d = tmp_path / "multilabel-export"
     d.mkdir()

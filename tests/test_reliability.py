@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from conftest import resumable_args
 
-from jaxtpu.core.config import BOUNDS, FIELDS, JAX_ONLY, RESUME_MAY_CHANGE
 from jaxtpu.core.errors import ConfigError, UserError
-from jaxtpu.core.presets import tiny
-from jaxtpu.core.rundir import claim_workdir
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.flags.schema import BOUNDS, FIELDS, JAX_ONLY, RESUME_MAY_CHANGE
+from jaxtpu.core.run.rundir import claim_workdir
 from parity_tests.harness import ROOT, clean_env, final_metrics, start, wait_for_step
 
 NUMERIC = sorted(name for name, (_, f) in FIELDS.items() if f.type in ("int", "float"))
@@ -113,7 +113,8 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
     wd = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from jaxtpu.core.presets import tiny; from jaxtpu.core.rundir import claim_workdir\n"
+         "from jaxtpu.core.flags.presets import tiny\n"
+         "from jaxtpu.core.run.rundir import claim_workdir\n"
          "with claim_workdir(Path(sys.argv[1]), tiny()):\n print('held', flush=True); "
          "time.sleep(600)", str(wd)],
         cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True,

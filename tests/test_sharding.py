@@ -1,4 +1,4 @@
-"""Placement as pure functions (`jaxtpu.sharding`, `jaxtpu.core.layout`): which mesh a run's
+"""Placement as pure functions (`jaxtpu.sharding`, `jaxtpu.core.flags.layout`): which mesh a run's
 flags ask for and where every array goes on it, checked on shapes alone: no device is
 touched and nothing is compiled."""
 
@@ -11,8 +11,8 @@ from flax.training.train_state import TrainState
 from jax.sharding import PartitionSpec as P
 
 from jaxtpu import sharding
-from jaxtpu.core import layout
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags import layout
 
 MESH_8 = {"data": 8, "fsdp": 1}
 FSDP_8 = {"data": 1, "fsdp": 8}

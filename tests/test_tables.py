@@ -1,5 +1,5 @@
-"""Input files as streams (`jaxtpu.core.tables`) and tokenization in chunks into a mapped cache:
-Parquet and JSON Lines read as the same CSV, rows across chunk borders, the cache's reuse and
+"""Input files as streams (`jaxtpu.core.data.tables`) and tokenization in chunks into a mapped
+cache: Parquet and JSON Lines read as the same CSV, rows across chunk borders, the cache's reuse and
 invalidation. Small inputs, no training."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jaxtpu.core import buckets, tables, tokens
-from jaxtpu.core import data as jdata
+from jaxtpu.core.data import buckets, tables, tokens
+from jaxtpu.core.data import dataset as jdata
 from jaxtpu.core.errors import DataError
 from parity_tests.families import _tokenizer as family_tokenizer
 
@@ -187,7 +187,7 @@ def test_a_second_run_reads_neither_the_file_nor_the_texts_until_they_change(
     """The file cache holds what the reader returns but the texts, keyed by the file's bytes;
     with the token entries keyed by the texts' digests, a second run needs no text at all. A
     changed file is read again; another --max-len reads the texts (not the rest) again."""
-    from jaxtpu.core import presets
+    from jaxtpu.core.flags import presets
 
     train = _demo_csv(tmp_path / "train.csv")
     cfg = presets.tiny().replace(train_csv=str(train), cache_dir=str(tmp_path / "cache"),

@@ -1,4 +1,4 @@
-"""`jaxtpu.core.timing`: where a run's wall time goes and what its steps achieve, on a fake
+"""`jaxtpu.core.run.timing`: where a run's wall time goes and what its steps achieve, on a fake
 clock (exact) and through the shared loop with a fake backend."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxtpu.core import hardware, timing
-from jaxtpu.core.timing import Clock, Work
+from jaxtpu.core import hardware
+from jaxtpu.core.run import timing
+from jaxtpu.core.run.timing import Clock, Work
 
 
 def test_the_clock_splits_wall_time_and_counts_throughput_over_the_steps(monkeypatch):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from jaxtpu import train
-from jaxtpu.core import data as jdata
-from jaxtpu.core import presets
-from jaxtpu.core.config import JAX_STRATEGIES
+from jaxtpu.core.data import dataset as jdata
 from jaxtpu.core.errors import ConfigError, UserError
+from jaxtpu.core.flags import presets
+from jaxtpu.core.flags.schema import JAX_STRATEGIES
 
 
 def read_log(workdir):

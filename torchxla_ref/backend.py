@@ -1,4 +1,4 @@
-"""`XlaBackend`: the torch_xla side of the shared loop (`jaxtpu.core.loop.Backend`): the
+"""`XlaBackend`: the torch_xla side of the shared loop (`jaxtpu.core.run.loop.Backend`): the
 model, optimizer and schedule on the strategy's devices, and the run's checkpoints.
 """
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import loop
-from jaxtpu.core.config import Config
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.run import loop
 from torchxla_ref.checkpoint import Checkpoints
 
 log = logging.getLogger("jaxtpu")

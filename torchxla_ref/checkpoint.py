@@ -16,7 +16,7 @@ import torch
 
 from jaxtpu.core import files
 from jaxtpu.core.errors import CheckpointError
-from jaxtpu.core.rundir import check_compatible, disk_full, disk_full_message
+from jaxtpu.core.run.rundir import check_compatible, disk_full, disk_full_message
 
 
 class Checkpoints:

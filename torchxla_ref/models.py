@@ -1,5 +1,5 @@
 """The Jigsaw head on transformers' own encoder of each family (`AutoModel`): the PyTorch
-twin of `jaxtpu.models`.
+twin of `jaxtpu.models.encoder`.
 
 Same attribute names as the Flax side (`bert`, `classifier`), so one Hugging Face directory
 (`model.safetensors` + `head.safetensors`) loads into both. No device logic here.
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
-from jaxtpu.core.encoder import EncoderConfig
+from jaxtpu.core.hf.encoder import EncoderConfig
 
 
 def hf_config(enc: EncoderConfig) -> PretrainedConfig:
@@ -25,7 +25,7 @@ def hf_config(enc: EncoderConfig) -> PretrainedConfig:
 
 
 def pool(pooling: str, out, attention_mask: torch.Tensor) -> torch.Tensor:
-    """One vector per comment (`--pooling`, as `jaxtpu.models.pool`)."""
+    """One vector per comment (`--pooling`, as `jaxtpu.models.encoder.pool`)."""
     if pooling == "pooler":
         return out.pooler_output
     hidden = out.last_hidden_state

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from jaxtpu.core.config import OptimConfig
+from jaxtpu.core.flags.schema import OptimConfig
 from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
 
 # The seeds' no_decay list: biases and LayerNorm parameters get no weight decay.

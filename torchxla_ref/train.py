@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import loop
-from jaxtpu.core.cli import parse_args
-from jaxtpu.core.config import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.folds import train_folds
-from jaxtpu.core.rundir import claim_workdir, exit_code, user_errors
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.cli import parse_args
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
+from jaxtpu.core.run import loop
+from jaxtpu.core.run.folds import train_folds
+from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
 from torchxla_ref import parallel
 from torchxla_ref.backend import XlaBackend
 
@@ -56,7 +56,7 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
 
 
 def _spawn_replica(index: int, cfg: Config, workdir: Path, t_start: float) -> None:
-    from jaxtpu.core.rundir import setup_logging
+    from jaxtpu.core.run.rundir import setup_logging
 
     setup_logging()
     if index != 0:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from jaxtpu.core.encoder import EncoderConfig
-from jaxtpu.core.hf import fit_state_dict, write_hf_dir
+from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
+from jaxtpu.core.hf.encoder import EncoderConfig
 from torchxla_ref.models import Classifier
 
 
@@ -22,10 +22,10 @@ def load_model(
     outputs: int = 1,
 ) -> Classifier:
     """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
-    directory has one) through `jaxtpu.core.hf.fit_state_dict`, as on the JAX side. Every key
-    is accounted for: a tensor is either loaded or one the checks allow to keep its init (a new
-    head, a missing pooler), and `load_state_dict` runs strict. Encoder dropout comes from
-    `enc` either way."""
+    directory has one) through `jaxtpu.core.hf.directory.fit_state_dict`, as on the JAX side.
+    Every key is accounted for: a tensor is either loaded or one the checks allow to keep its
+    init (a new head, a missing pooler), and `load_state_dict` runs strict. Encoder dropout
+    comes from `enc` either way."""
     torch.manual_seed(seed)
     model = Classifier(enc, head_dropout, pooling, outputs)
     if model_dir:

@@ -6,7 +6,7 @@ Run: python docs/examples/score.py RUN_DIR
 import sys
 
 import jaxtpu
-from jaxtpu.core import presets
+from jaxtpu.core.flags import presets
 from jaxtpu.train import train_and_evaluate
 
 workdir = sys.argv[1] if len(sys.argv) > 1 else "runs/from-python"

@@ -34,7 +34,7 @@ def learning_rate(step: Any, horizon: Horizon, cfg: Any, peak: float, xp: Any = 
     Args:
       step: update index (int or array).
       horizon: the run's length in updates (and per epoch).
-      cfg: a `jaxtpu.core.config.OptimConfig` (schedule, schedule_interval, warmup_frac,
+      cfg: a `jaxtpu.core.flags.schema.OptimConfig` (schedule, schedule_interval, warmup_frac,
         t_max, t0, t_mult, eta_min).
       peak: the peak learning rate (after --scale-lr).
       xp: numpy or jax.numpy.

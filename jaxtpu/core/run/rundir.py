@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import files
-from jaxtpu.core.config import (
+from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
+from jaxtpu.core.flags.runspec import RunSpec, identity
+from jaxtpu.core.flags.schema import (
     JAX_STRATEGIES,
     RESUME_MAY_CHANGE,
     TORCH_STRATEGIES,
     Config,
     changed_flags,
 )
-from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
-from jaxtpu.core.spec import RunSpec, identity
-from jaxtpu.core.trackers import open_trackers
+from jaxtpu.core.run.trackers import open_trackers
 
 __all__ = [
     "RunLog",
@@ -280,7 +280,7 @@ class RunLog:
         config: dict[str, Any] | None = None,
     ):
         """`enabled=False` (replicas other than the first, processes other than 0) writes
-        nothing. `trackers` (`jaxtpu.core.trackers`; default: TensorBoard when `tensorboard`)
+        nothing. `trackers` (`jaxtpu.core.run.trackers`; default: TensorBoard when `tensorboard`)
         get every scalar of every line, `config` as their run config."""
         self.workdir = workdir
         self.path = workdir / "metrics.jsonl"

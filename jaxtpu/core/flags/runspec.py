@@ -14,17 +14,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from jaxtpu.core.config import Config
-from jaxtpu.core.encoder import (
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.layout import mesh_sizes, resolve_matmul_output, resolve_sharding
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.hf.encoder import (
     EncoderConfig,
     exported_head,
     packaged_minilm_dir,
     read_encoder,
     resolve_model_dir,
 )
-from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.families import default_pooling
-from jaxtpu.core.layout import mesh_sizes, resolve_matmul_output, resolve_sharding
+from jaxtpu.core.hf.families import default_pooling
 from jaxtpu.core.tasks import Task, get_task
 
 

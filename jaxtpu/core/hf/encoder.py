@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.families import FAMILIES, Family, get_family, read_fields, write_fields
+from jaxtpu.core.hf.families import FAMILIES, Family, get_family, read_fields, write_fields
 
 log = logging.getLogger("jaxtpu")
 
-# What `jaxtpu.export` writes beside a fine-tuned head (`jaxtpu.core.hf.HEAD_META`).
+# What `jaxtpu.export` writes beside a fine-tuned head (`jaxtpu.core.hf.directory.HEAD_META`).
 HEAD_META = "jaxtpu_head.json"
 
 
@@ -25,7 +25,7 @@ HEAD_META = "jaxtpu_head.json"
 class EncoderConfig:
     """An encoder's architecture, read from / written to a Hugging Face `config.json`; the
     family (`model_type`) decides which fields apply and how they are named there
-    (`jaxtpu.core.families`). The defaults are jaxtpu's tiny random-init BERT."""
+    (`jaxtpu.core.hf.families`). The defaults are jaxtpu's tiny random-init BERT."""
 
     model_type: str = "bert"
     vocab_size: int = 30522

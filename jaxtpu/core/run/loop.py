@@ -3,7 +3,7 @@ runs it (logging, evaluation, checkpoints, early stopping, NaN detection, SIGTER
 
 Framework-free. Each side supplies a `Backend` (JAX: `jaxtpu.backend.JaxBackend`; torch_xla:
 `torchxla_ref.backend.XlaBackend`) that owns the model state on its devices; the loop only ever
-hands it numpy batches from `jaxtpu.core.data` and asks for host numbers at the logging
+hands it numpy batches from `jaxtpu.core.data.dataset` and asks for host numbers at the logging
 interval.
 """
 
@@ -23,19 +23,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jaxtpu.core import data as jdata
-from jaxtpu.core.buckets import Batcher, Rows
-from jaxtpu.core.config import Config, RunConfig, profile_range
+from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data.buckets import Batcher, Rows
+from jaxtpu.core.data.tokens import load_tokenizer, save_tokenizer
 from jaxtpu.core.errors import ConfigError, TrainingError, UserError
 from jaxtpu.core.files import atomic_write
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config, RunConfig, profile_range
 from jaxtpu.core.hardware import peak_flops_per_device
-from jaxtpu.core.rundir import RunLog
+from jaxtpu.core.run.rundir import RunLog
+from jaxtpu.core.run.timing import Clock, batch_work, progress_postfix
+from jaxtpu.core.run.trackers import parse as parse_trackers
 from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
-from jaxtpu.core.spec import RunSpec
 from jaxtpu.core.tasks import Task, higher_is_better
-from jaxtpu.core.timing import Clock, batch_work, progress_postfix
-from jaxtpu.core.tokens import load_tokenizer, save_tokenizer
-from jaxtpu.core.trackers import parse as parse_trackers
 
 log = logging.getLogger("jaxtpu")
 

@@ -1,5 +1,5 @@
 """Experiment trackers behind one small interface (framework-free): `--tracker
-tensorboard,wandb`. `metrics.jsonl` is always written (`jaxtpu.core.rundir.RunLog`); each
+tensorboard,wandb`. `metrics.jsonl` is always written (`jaxtpu.core.run.rundir.RunLog`); each
 tracker gets the same numbers, and only process 0 (the first replica) has any.
 
 - tensorboard: TensorBoard event files in `RUN/tensorboard/` (tensorboardX).

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.buckets import real_lengths
+from jaxtpu.core.data.buckets import real_lengths
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.files import TMP_SUFFIX, atomic_write, remove_stale_temporaries
 
@@ -184,8 +184,8 @@ class Tokens:
 
 def digest_texts(texts: Iterable[str]) -> np.ndarray:
     """(N, 16) uint8: a 128-bit BLAKE2b digest of each text. The token cache is keyed by these
-    (with the tokenizer and length), so a run that has them (`jaxtpu.core.data`'s file cache)
-    finds its tokens without holding, or even reading, the texts."""
+    (with the tokenizer and length), so a run that has them (`jaxtpu.core.data.dataset`'s file
+    cache) finds its tokens without holding, or even reading, the texts."""
     return np.frombuffer(
         b"".join(hashlib.blake2b(t.encode(), digest_size=16).digest() for t in texts), np.uint8
     ).reshape(-1, 16)
@@ -307,7 +307,7 @@ def save_tokenizer(tokenizer: Any, directory: Path) -> None:
     """Writes `tokenizer` as `directory` (a run's `tokenizer/`), replacing what was there, in
     one rename: a run killed or refused meanwhile leaves the old copy or none, never a mix. A
     full disk is one line naming the path and the space left."""
-    from jaxtpu.core.rundir import disk_full, disk_full_message
+    from jaxtpu.core.run.rundir import disk_full, disk_full_message
 
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.{os.getpid()}{TMP_SUFFIX}")

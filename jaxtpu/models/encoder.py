@@ -2,10 +2,10 @@
 knows nothing of devices.
 
 One encoder covers BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA and DeBERTa-v2/v3; what
-differs between them is a row of `jaxtpu.core.families` (position numbering, token types, an
+differs between them is a row of `jaxtpu.core.hf.families` (position numbering, token types, an
 embedding projection, DeBERTa's disentangled relative attention). Module and parameter names
 mirror Hugging Face's `BertModel` (`embeddings/LayerNorm`, `encoder/layer_3/attention/self/
-query`, ...); each family's table in `jaxtpu.core.families` maps them to its own names.
+query`, ...); each family's table in `jaxtpu.core.hf.families` maps them to its own names.
 
 Precision: `dtype` is the compute dtype (bf16 or fp32), `param_dtype` the storage dtype
 (fp32 master weights). Softmax, LayerNorm and the residual stream run in fp32, as PyTorch's
@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxtpu import ops
-from jaxtpu.core.config import Config
-from jaxtpu.core.encoder import EncoderConfig
-from jaxtpu.core.spec import RunSpec
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.models import ops
 
 Dtype = jnp.dtype
 
@@ -533,7 +533,7 @@ def create_module(
     """The model with fp32 storage and the compute dtype of `precision` (every task shares it;
     `Task.example_shape` says what its inputs look like); `remat` is a key of `REMAT` or
     'none'; `scan` runs the layers as one `nn.scan` (params as `stack_layers` makes them);
-    `pooling` one of `jaxtpu.core.families.POOLINGS` (None = the family's default);
+    `pooling` one of `jaxtpu.core.hf.families.POOLINGS` (None = the family's default);
     `matmul_output` the bf16 matmuls' result dtype ('fp32' or 'bf16')."""
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
     return Classifier(

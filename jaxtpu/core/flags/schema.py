@@ -4,9 +4,10 @@ about it, type-checked overrides and validation (framework-free).
 Every field carries its help text, choices, accepted values (`Bounds`), whether it may change
 on --resume and which side accepts it (`_f`); the tables `BOUNDS`, `RESUME_MAY_CHANGE` and
 `JAX_ONLY` are derived from the fields. The command-line flag is the field name with dashes
-(`batch_size` -> `--batch-size`, see `jaxtpu.core.cli`). Unknown keys are an error that lists
+(`batch_size` -> `--batch-size`, see `jaxtpu.core.flags.cli`). Unknown keys are an error that lists
 the valid ones, and every value is type-checked when applied. What the flags resolve to (the
-encoder, the pooling, the mesh) is `jaxtpu.core.spec.RunSpec`; presets: `jaxtpu.core.presets`.
+encoder, the pooling, the mesh) is `jaxtpu.core.flags.runspec.RunSpec`; presets:
+`jaxtpu.core.flags.presets`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
-from jaxtpu.core import trackers
-from jaxtpu.core.buckets import parse_spec
+from jaxtpu.core.data.buckets import parse_spec
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.families import POOLINGS
-from jaxtpu.core.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
+from jaxtpu.core.flags.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
+from jaxtpu.core.hf.families import POOLINGS
+from jaxtpu.core.run import trackers
 from jaxtpu.core.tasks import RANKING_MARGIN, TASKS, Task, get_task, monitor_names
 
 PRECISIONS = ("fp32", "bf16")
@@ -36,7 +37,7 @@ DECAY_PARAMS = ("not-bias-or-norm", "all")
 SCHEDULE_INTERVALS = ("step", "epoch")
 # Where the params and AdamW moments live (jaxtpu's jit path; `jaxtpu.parallel`).
 SHARDINGS = ("auto", "replicated", "zero1", "fsdp")
-# Rematerialisation of each encoder layer in the backward pass (`jaxtpu.models.REMAT`).
+# Rematerialisation of each encoder layer in the backward pass (`jaxtpu.models.encoder.REMAT`).
 REMATS = ("none", "layer", "dots")
 
 

@@ -5,7 +5,7 @@ the two sides see exactly the same examples in the same order.
 
 A batch is laid out as its task's `Task.batch_spec` says (`Examples.take` cuts one out); a
 ranking example holds [0] the less toxic and [1] the more toxic comment. Which rows each batch
-holds is `jaxtpu.core.buckets.Batcher`'s business.
+holds is `jaxtpu.core.data.buckets.Batcher`'s business.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from typing import Any, overload
 
 import numpy as np
 
-from jaxtpu.core.buckets import real_lengths
-from jaxtpu.core.config import Config
+from jaxtpu.core.data.buckets import real_lengths
+from jaxtpu.core.data.tables import Table, open_table
+from jaxtpu.core.data.tokens import cached_tokens, default_cache_dir, digest_texts
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.files import atomic_write
-from jaxtpu.core.tables import Table, open_table
+from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.tasks import LABELS, Task, get_task
-from jaxtpu.core.tokens import cached_tokens, default_cache_dir, digest_texts
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ def comments_to_score(path: str | os.PathLike, chunk: int) -> Iterator[Comments]
 def read_comments(
     path: str | os.PathLike, labelled: bool = True, fold_column: str = ""
 ) -> Comments:
-    """Reads a Kaggle classification file (CSV, Parquet or JSON Lines, `jaxtpu.core.tables`):
+    """Reads a Kaggle classification file (CSV, Parquet or JSON Lines, `jaxtpu.core.data.tables`):
     the comment (`comment_text`, or the Multilingual test file's `content`), the label (`toxic`,
     or Unintended Bias's `target`, a fraction kept as a soft target), optional `id`, sub-labels,
     identity columns (`IDENTITIES`) and `lang`.
@@ -858,7 +858,7 @@ class Examples:
         self, idx: np.ndarray, weight: np.ndarray | None = None, length: int | None = None
     ) -> dict[str, np.ndarray]:
         """The batch of rows `idx`, cut to `length` tokens (None: all; see
-        `jaxtpu.core.buckets`)."""
+        `jaxtpu.core.data.buckets`)."""
         if weight is None:
             weight = np.ones(idx.shape[0], np.float32)
         cut = slice(None, length)

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from jaxtpu.core.config import FIELDS, SECTIONS, _check_type
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.schema import FIELDS, SECTIONS, _check_type
 
 # Where and how a recorded run ran, not what it computed: not taken from a run's config.json.
 PLACE_KEYS = ("workdir", "resume")

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import data as jdata
-from jaxtpu.core.config import Config
+from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data.tokens import default_cache_dir
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.files import atomic_write, write_text
-from jaxtpu.core.loop import VALID_SCORES
-from jaxtpu.core.rundir import default_workdir, strict_json
-from jaxtpu.core.tokens import default_cache_dir
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.run.loop import VALID_SCORES
+from jaxtpu.core.run.rundir import default_workdir, strict_json
 
 log = logging.getLogger("jaxtpu")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jaxtpu.core.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.schema import Config, DataConfig, ModelConfig, OptimConfig, RunConfig
 
 
 def demo() -> Config:

@@ -13,7 +13,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, get_type_hints
 
-from jaxtpu.core.config import (
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.configfile import read_config_file
+from jaxtpu.core.flags.presets import NEEDS_MODEL_DIR, PRESETS, check_needs, demo, get_preset
+from jaxtpu.core.flags.schema import (
     FIELDS,
     JAX_STRATEGIES,
     SECTIONS,
@@ -22,9 +25,6 @@ from jaxtpu.core.config import (
     apply_overrides,
     base_type,
 )
-from jaxtpu.core.configfile import read_config_file
-from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.presets import NEEDS_MODEL_DIR, PRESETS, check_needs, demo, get_preset
 
 
 class _Parser(argparse.ArgumentParser):

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.encoder import HEAD_META, EncoderConfig
+from jaxtpu.core.data.tokens import TOKENIZER_FILES
 from jaxtpu.core.errors import CheckpointError
-from jaxtpu.core.tokens import TOKENIZER_FILES
+from jaxtpu.core.hf.encoder import HEAD_META, EncoderConfig
 
 HEAD_FILE = "head.safetensors"
 # The output widths a task's head has (`Task.outputs`): one score, or the six labels.
