@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import pairing, readers
 
 REAL_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "jigsaw_toxic_dev.csv"
 IDENTITIES = ("male", "female", "muslim")
@@ -82,7 +82,7 @@ def write_real_rows(real_csv: Path, path: Path, n: int, start: int) -> Path:
 def write_pairs_file(comments_csv: Path, path: Path, n_pairs: int, seed: int) -> Path:
     """A Rate Severity validation_data.csv: pairs of the file's comments whose severities
     (toxic + sub-labels) differ, ordered less -> more."""
-    pairs = jdata.pairs_from_labels(jdata.read_comments(comments_csv), n_pairs, seed)
+    pairs = pairing.pairs_from_labels(readers.read_comments(comments_csv), n_pairs, seed)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["worker", "less_toxic", "more_toxic"])

@@ -9,7 +9,7 @@ process's own `ru_maxrss`, from `wait4`; CPU is user + system):
 
   baseline   read the CSV with the csv module and fill an int32 array in chunks of 10,000
              with the fast tokenizer's `encode_batch`: only the encoding, the floor to beat
-  prepare    `jaxtpu.core.data.dataset.load_task_data` with a fresh token cache (first run) ...
+  prepare    `jaxtpu.core.data.taskdata.load_task_data` with a fresh token cache (first run) ...
   cached     ... and again with that cache (the second run maps it)
   train      `jaxtpu.train --preset minilm --max-steps 2 --buckets none` on the file (cache
              warm), the whole command: data preparation, compilation, two steps, one
@@ -112,13 +112,13 @@ def baseline(csv_path: str) -> None:
 
 def prepare(csv_path: str, valid: str, cache: str) -> None:
     """jaxtpu's data preparation as `jaxtpu.train` runs it."""
-    from jaxtpu.core.data import dataset as jdata
+    from jaxtpu.core.data import taskdata
     from jaxtpu.core.data.tokens import load_tokenizer
     from jaxtpu.core.flags.presets import minilm
     from jaxtpu.core.hf.encoder import packaged_minilm_dir
 
     cfg = minilm().replace(train_csv=csv_path, valid_csv=valid, cache_dir=cache)
-    data = jdata.load_task_data(cfg, load_tokenizer(packaged_minilm_dir()))
+    data = taskdata.load_task_data(cfg, load_tokenizer(packaged_minilm_dir()))
     print(json.dumps({"rows": len(data.train), "cache_hit": data.info["token_cache_hit"]}))
 
 

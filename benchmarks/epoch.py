@@ -50,7 +50,7 @@ from benchmarks.worker import (
     torch_cpu_trainer,
 )
 from jaxtpu.core import hostmem
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import readers, tokenized
 from jaxtpu.core.data.buckets import Batcher, Rows, choose_edges, real_lengths
 from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.flags.presets import tiny
@@ -93,7 +93,7 @@ def sample(epoch: list[Rows], n: int, k: int, batching: str) -> list[Rows]:
     return out
 
 
-def jax_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
+def jax_runner(args: argparse.Namespace, cfg: Any, examples: tokenized.Examples):
     """(prepare, step, compiles, prefetch, precompile): one jaxtpu device call of K stacked
     batches; precompile(calls) builds the program of every length among `calls`. Called a
     second time (--compile-cache warm) it makes a new backend whose programs come from the
@@ -122,7 +122,7 @@ def jax_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
     return prepare, step, backend.compile_count, True, precompile
 
 
-def torch_runner(args: argparse.Namespace, cfg: Any, examples: jdata.Examples):
+def torch_runner(args: argparse.Namespace, cfg: Any, examples: tokenized.Examples):
     """(prepare, step, compiles, prefetch): plain PyTorch on the CPU, one batch per call."""
     import torch
 
@@ -247,8 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not Path(args.csv).exists():
         p.error(f"--csv {args.csv}: not found (see ../shared/data/SOURCES.md)")
-    comments = jdata.read_comments(args.csv)
-    examples = jdata.encode(comments, load_tokenizer(packaged_minilm_dir()), args.max_len)
+    comments = readers.read_comments(args.csv)
+    examples = tokenized.encode(comments, load_tokenizer(packaged_minilm_dir()), args.max_len)
     lengths = real_lengths(examples.attention_mask)
     k = args.steps_per_call if args.framework == "jaxtpu" else 1
     batches = epoch_batches(args.batching, lengths, args.batch, args.max_len, k)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
 
 
@@ -43,7 +43,7 @@ class Model:
         """The model's raw outputs: (N,) or (N, labels)."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise UserError("predict takes a list of strings (one comment each)")
-        return self.scorer.logits([jdata.normalize_text(t) for t in texts])
+        return self.scorer.logits([readers.normalize_text(t) for t in texts])
 
     def predict(self, texts: Sequence[str]) -> np.ndarray | dict[str, np.ndarray]:
         """One score per text: the probability of toxicity (a ranker: its raw score), or for

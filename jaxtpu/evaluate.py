@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import hostmem
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import readers, records, taskdata, tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError, UserError
@@ -40,7 +40,7 @@ METRICS = {
 }
 
 
-def headline(task: Task, examples: jdata.Examples) -> str:
+def headline(task: Task, examples: tokenized.Examples) -> str:
     """The metric that decides the file's competition (a name of `METRICS`)."""
     groups = examples.groups
     if task.comments_per_example == 2:
@@ -52,10 +52,10 @@ def headline(task: Task, examples: jdata.Examples) -> str:
     return "mean_column_auc" if task.outputs > 1 else "auc"
 
 
-def read_labelled(path: str, task: Task) -> jdata.Comments | jdata.Pairs:
+def read_labelled(path: str, task: Task) -> records.Comments | records.Pairs:
     """The labelled file a run of `task` can be scored on: pairs for a ranker (pairs drawn at
     random from labels would make the number depend on a seed), labelled comments otherwise."""
-    kind = jdata.file_kind(jdata.columns(path))
+    kind = readers.file_kind(readers.columns(path))
     wanted = "pairs" if task.comments_per_example == 2 else "classification"
     if kind != wanted:
         what = {
@@ -68,9 +68,9 @@ def read_labelled(path: str, task: Task) -> jdata.Comments | jdata.Pairs:
             f"--input {path}: a {task.name} run is evaluated on {what[wanted]}; this is "
             f"{found}{hint}"
         )
-    data = jdata.read_task_file(path, task)
+    data = taskdata.read_task_file(path, task)
     if task.outputs > 1:
-        jdata.check_label_columns(data, task, f"--input {path}")
+        taskdata.check_label_columns(data, task, f"--input {path}")
     return data
 
 
@@ -84,7 +84,7 @@ def evaluate(workdir: str, path: str, devices: list[Any], batch_size: int = 16) 
     task, d = model.spec.task, model.cfg.data
     data = read_labelled(path, task)
     tokenizer = load_tokenizer(model.tokenizer_dir)
-    examples = jdata.encode(data, tokenizer, d.max_len, d.cache_dir, task)
+    examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
     global_batch = batch_size * len(devices)
     batcher = Batcher.for_data("auto", examples.real_lengths(), global_batch, d.max_len)
     result, _ = loop.score_examples(scoring_backend(model, devices, task), examples, batcher, task)

@@ -7,7 +7,7 @@ or `id,toxic` for classification files (`comment_text`, optional `id`); a multi-
 writes Kaggle's `id,toxic,severe_toxic,obscene,threat,insult,identity_hate`. Toxicity and
 multi-label models give sigmoid probabilities, rankers their raw score (only the order matters
 there); a multi-label model scores a Rate Severity file by the severity weights of its six
-probabilities (`jaxtpu.core.data.dataset.SEVERITY_WEIGHTS`, as ranking pairs are built from labels).
+probabilities (`jaxtpu.core.data.records.SEVERITY_WEIGHTS`, as ranking pairs are built from labels).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import hostmem
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import readers, records, tokenized
 from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
@@ -136,7 +136,7 @@ class Scorer:
         ids, mask = encode_texts(texts, self.tokenizer, self.max_len)
         label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_spec's
         batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
-        examples = jdata.Examples(ids, mask, label)
+        examples = tokenized.Examples(ids, mask, label)
         _, scores = loop.score_examples(self.backend, examples, batcher, self.task)
         return scores
 
@@ -201,7 +201,7 @@ def predict_stream(
         f.seek(size)
         if not resume:
             f.write(_csv_bytes([columns]))
-        for k, chunk in enumerate(jdata.comments_to_score(source, chunk_rows)):
+        for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows)):
             start = k * chunk_rows
             if start < done:
                 continue
@@ -312,13 +312,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         hosts.use_compilation_cache()
         devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
-        header = jdata.columns(args.input)
+        header = readers.columns(args.input)
         if args.workdir:
             models = [load_trained(w) for w in args.workdir]
             check_ensemble(models, args.workdir)
         else:
             models = [load_notebook(args.init_from, args.model_dir, args.max_len or 128)]
-        severity = jdata.file_kind(header) == "score"
+        severity = readers.file_kind(header) == "score"
         task = models[0].spec.task
         if severity and task.outputs > 1 and task.label_columns != LABELS:
             raise UserError(
@@ -409,7 +409,7 @@ def outputs(scores: np.ndarray, task: Any, severity: bool) -> tuple[list[str], n
     Kaggle's submission, `id` and a probability per label the model scores."""
     if severity:
         if scores.ndim == 2:
-            scores = (1.0 / (1.0 + np.exp(-scores))) @ jdata.SEVERITY_WEIGHTS
+            scores = (1.0 / (1.0 + np.exp(-scores))) @ records.SEVERITY_WEIGHTS
         return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
     probs = 1.0 / (1.0 + np.exp(-np.asarray(scores, np.float64)))
     labels = list(task.label_columns) if probs.ndim == 2 else ["toxic"]

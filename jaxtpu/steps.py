@@ -64,7 +64,7 @@ def train_step(
 
     Args:
       state: the train state (replicated under pmap).
-      batch: this device's (pmap) or the global (jit) batch, see `jaxtpu.core.data.dataset`.
+      batch: this device's (pmap) or the global (jit) batch, see `jaxtpu.core.data.taskdata`.
       rng: the run's base key; dropout uses fold_in(rng, step) (and the device index).
       task: a name of `jaxtpu.core.tasks.TASKS` (picks the loss).
       axis_name: the device axis to average over, under pmap/shard_map.

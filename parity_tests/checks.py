@@ -197,7 +197,7 @@ def family_init(work: Path, family: str, task: str = "toxicity") -> Path:
 def families_forward(work: Path) -> list[Result]:
     """Per family: forward and fp32 gradients of jaxtpu against transformers' PyTorch model on
     16 real comments (each side in its own process, as `family_results` reads them)."""
-    from jaxtpu.core.data.dataset import SAMPLE_CSV
+    from jaxtpu.core.data.demo import SAMPLE_CSV
     from parity_tests.families import FAMILY_NAMES, VARIANTS
 
     results = []

@@ -23,7 +23,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxtpu.core.data.dataset import SAMPLE_CSV, read_comments
+from jaxtpu.core.data.demo import SAMPLE_CSV
+from jaxtpu.core.data.readers import read_comments
 
 VOCAB = 600
 HIDDEN = 32

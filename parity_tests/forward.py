@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxtpu.core.data.dataset import read_comments
+from jaxtpu.core.data.readers import read_comments
 from jaxtpu.core.data.tokens import load_tokenizer, tokenize
 from jaxtpu.core.hf.encoder import EncoderConfig, read_encoder
 

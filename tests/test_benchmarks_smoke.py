@@ -85,7 +85,7 @@ def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
     """A whole (tiny) epoch of the packaged sample in buckets: the projection of a sample that
     is the whole epoch is what was measured, and there is one compilation per call shape
     (here with the programs loaded from the cache a first, untimed compilation filled)."""
-    from jaxtpu.core.data.dataset import SAMPLE_CSV
+    from jaxtpu.core.data.demo import SAMPLE_CSV
 
     cmd = [sys.executable, "-m", "benchmarks.epoch", "--workload", "tiny", "--batching",
            "bucketed", "--max-len", "64", "--num-batches", "1000", "--devices", "2",

@@ -9,8 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu.core.data import buckets
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import buckets, pairing, readers, tokenized
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
@@ -109,7 +108,7 @@ def test_schedule_never_mixes_lengths_in_one_call():
 @pytest.fixture(scope="module")
 def comments(real_csv, tokenizer):
     """60 real comments of varied lengths, tokenized at 64."""
-    data = jdata.read_comments(real_csv).subset(np.arange(60))
+    data = readers.read_comments(real_csv).subset(np.arange(60))
     return data, tokenizer
 
 
@@ -126,8 +125,8 @@ def test_scores_at_bucket_length_equal_scores_at_full_padding(comments, task):
 
     data, tokenizer = comments
     if task == "ranking":
-        data = jdata.pairs_from_labels(data, 40, 0)
-    examples = jdata.encode(data, tokenizer, 64)
+        data = pairing.pairs_from_labels(data, 40, 0)
+    examples = tokenized.encode(data, tokenizer, 64)
     cfg = tiny().replace(task=task, max_len=64, precision="fp32")
     model = weights.load_model(cfg, RunSpec.resolve(cfg))
     lengths = buckets.real_lengths(examples.attention_mask)

@@ -16,7 +16,7 @@ from sklearn.metrics import roc_auc_score
 
 from benchmarks.competitions import IDENTITIES, real_rows, write_bias_file, write_language_file
 from jaxtpu.core import metrics
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import readers, records, tokenized
 from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.tasks import get_task, higher_is_better
 
@@ -109,7 +109,7 @@ def test_language_aucs():
 
 
 def test_readers_of_each_competition_layout(real_csv, tmp_path):
-    bias = jdata.read_comments(write_bias_file(real_csv, tmp_path / "train.csv", 60, 0, 0))
+    bias = readers.read_comments(write_bias_file(real_csv, tmp_path / "train.csv", 60, 0, 0))
     assert np.isclose(bias.labels[:, None], [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]).any(1).all()
     assert np.unique(bias.labels).size > 2  # fractions kept as soft targets
     assert list(bias.groups.identities) == list(IDS) and bias.groups.lang is None
@@ -120,14 +120,14 @@ def test_readers_of_each_competition_layout(real_csv, tmp_path):
     assert np.array_equal(sub.groups.identities["muslim"], bias.groups.identities["muslim"][10:20],
                           equal_nan=True)  # fmt: skip
 
-    valid = jdata.read_comments(
+    valid = readers.read_comments(
         write_language_file(real_csv, tmp_path / "validation.csv", 50, 0, 1)
     )
     assert set(valid.groups.lang.tolist()) == {"es", "it", "tr"} and not valid.groups.identities
     test = write_language_file(real_csv, tmp_path / "test.csv", 20, 0, 1, labelled=False)
-    assert jdata.file_kind(jdata.columns(test)) == "unlabelled"
-    to_score = jdata.read_comments(test, labelled=False)
-    assert to_score.texts[0] == jdata.normalize_text(real_rows(real_csv, 1)[0]["comment_text"])
+    assert readers.file_kind(readers.columns(test)) == "unlabelled"
+    to_score = readers.read_comments(test, labelled=False)
+    assert to_score.texts[0] == readers.normalize_text(real_rows(real_csv, 1)[0]["comment_text"])
     assert to_score.ids[:2] == ["0", "1"]
 
 
@@ -145,15 +145,15 @@ def test_readers_of_each_competition_layout(real_csv, tmp_path):
 def test_bad_competition_files_get_one_line(tmp_path, text, message):
     path = tmp_path / "bad.csv"
     path.write_text(text)
-    read = jdata.read_pairs if text.startswith("less") else jdata.read_comments
+    read = readers.read_pairs if text.startswith("less") else readers.read_comments
     with pytest.raises(DataError, match=message.replace("[", r"\[").replace("]", r"\]")):
         read(path)
 
 
 def test_monitors_follow_the_file():
     tox, rank = get_task("toxicity"), get_task("ranking")
-    bias = jdata.Groups({"male": np.zeros(3)})
-    langs = jdata.Groups(lang=np.array(["es", "it", "es"]))
+    bias = records.Groups({"male": np.zeros(3)})
+    langs = records.Groups(lang=np.array(["es", "it", "es"]))
     assert tox.monitors() == ("val_auc", "val_loss")
     assert tox.monitors(bias) == ("val_jigsaw_bias", "val_auc", "val_loss")
     assert tox.monitors(langs) == ("val_auc", "val_mean_language_auc", "val_loss")
@@ -169,11 +169,11 @@ def test_evaluate_names_the_metric_of_the_files_kind():
     from jaxtpu.evaluate import headline
 
     def ex(groups=None):
-        groups = groups or jdata.Groups()
-        return jdata.Examples(np.zeros((1, 4)), np.zeros((1, 4)), np.zeros(1), groups=groups)
+        groups = groups or records.Groups()
+        return tokenized.Examples(np.zeros((1, 4)), np.zeros((1, 4)), np.zeros(1), groups=groups)
 
-    bias = jdata.Groups({"male": np.zeros(1)})
-    langs = jdata.Groups(lang=np.array(["es"]))
+    bias = records.Groups({"male": np.zeros(1)})
+    langs = records.Groups(lang=np.array(["es"]))
     assert headline(get_task("toxicity"), ex()) == "auc"
     assert headline(get_task("toxicity"), ex(bias)) == "jigsaw_bias"
     assert headline(get_task("toxicity"), ex(langs)) == "mean_language_auc"

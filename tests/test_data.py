@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxtpu.core.data import buckets, tokens
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import buckets, demo, pairing, readers, records, taskdata, tokens
+from jaxtpu.core.data.splits import split
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import get_task
@@ -43,43 +43,45 @@ BAD_CLASSIFICATION = [
 def test_bad_classification_csv_names_the_problem(tmp_path, name, text, message):
     p = write(tmp_path, text)
     with pytest.raises(DataError, match=message) as e:
-        jdata.read_comments(p)
+        readers.read_comments(p)
     assert str(p) in str(e.value)
 
 
 def test_not_utf8_names_byte_and_line(tmp_path):
     p = write(tmp_path, HEADER.encode() + b"1,caf\xe9,0,0,0,0,0,0\n")
     with pytest.raises(DataError, match=r"not UTF-8 text \(byte 0xe9 at line 2\)"):
-        jdata.read_comments(p)
+        readers.read_comments(p)
 
 
 def test_directory_and_missing_file(tmp_path):
     with pytest.raises(DataError, match="is a directory"):
-        jdata.read_comments(tmp_path)
+        readers.read_comments(tmp_path)
     with pytest.raises(DataError, match="no such file"):
-        jdata.read_comments(tmp_path / "nope.csv")
+        readers.read_comments(tmp_path / "nope.csv")
 
 
 def test_pairs_file_rules(tmp_path):
     p = write(tmp_path, "worker,less_toxic,more_toxic\n1,nice,you idiot\n2,,x\n")
-    pairs = jdata.read_pairs(p)
+    pairs = readers.read_pairs(p)
     assert (pairs.less, pairs.more, pairs.dropped) == (["nice"], ["you idiot"], 1)
     with pytest.raises(DataError, match="expected: less_toxic, more_toxic"):
-        jdata.read_pairs(write(tmp_path, "a,b\n1,2\n", "g.csv"))
+        readers.read_pairs(write(tmp_path, "a,b\n1,2\n", "g.csv"))
     with pytest.raises(DataError, match=r"expected: less_toxic, more_toxic \(pairs\) or"):
-        jdata.read_task_file(write(tmp_path, "a,b\n1,2\n", "g.csv"), get_task("ranking"))
+        taskdata.read_task_file(write(tmp_path, "a,b\n1,2\n", "g.csv"), get_task("ranking"))
 
 
 def test_score_file_and_unlabelled(tmp_path):
-    s = jdata.read_comments(write(tmp_path, "comment_id,text\n7, a  b\n"), labelled=False)
+    s = readers.read_comments(write(tmp_path, "comment_id,text\n7, a  b\n"), labelled=False)
     assert s.texts == ["a b"] and s.ids == ["7"] and s.labels is None
-    u = jdata.read_comments(write(tmp_path, "id,comment_text\nx,hello\n", "u.csv"), labelled=False)
+    u = readers.read_comments(
+        write(tmp_path, "id,comment_text\nx,hello\n", "u.csv"), labelled=False
+    )
     assert u.texts == ["hello"] and u.ids == ["x"]
 
 
 def test_whitespace_normalised_dropped_counted_float_labels(tmp_path):
     text = HEADER + '1,"a\n\t b  ",0.25,,,,,\n2,"  ",1,0,0,0,0,0\n3,c,1,1,0,0,0,0\n'
-    c = jdata.read_comments(write(tmp_path, text))
+    c = readers.read_comments(write(tmp_path, text))
     assert c.texts == ["a b", "c"]
     assert c.dropped == 1
     np.testing.assert_array_equal(c.labels, np.array([0.25, 1.0], np.float32))
@@ -88,36 +90,36 @@ def test_whitespace_normalised_dropped_counted_float_labels(tmp_path):
 
 def test_severity_uses_toxic_alone_when_sublabels_blank():
     nan = np.nan
-    c = jdata.Comments(
+    c = records.Comments(
         "x",
         ["a", "b", "c"],
         np.array([1.0, 1.0, 0.0], np.float32),
         np.array([[nan] * 5, [1, 0, 0, 0, 0], [0] * 5], np.float32),
     )
-    w = jdata.SEVERITY_WEIGHTS
+    w = records.SEVERITY_WEIGHTS
     np.testing.assert_allclose(c.severity(), [w[0], w[0] + w[1], 0.0], rtol=1e-6)
 
 
 def test_pairs_from_labels_are_ordered_and_seeded():
-    c = jdata.demo_comments(200, seed=3)
+    c = demo.demo_comments(200, seed=3)
     sev = dict(zip(c.texts, c.severity(), strict=False))
-    p1 = jdata.pairs_from_labels(c, 100, seed=1)
-    p2 = jdata.pairs_from_labels(c, 100, seed=1)
+    p1 = pairing.pairs_from_labels(c, 100, seed=1)
+    p2 = pairing.pairs_from_labels(c, 100, seed=1)
     assert len(p1) == 100 and p1.less == p2.less and p1.more == p2.more
     assert all(sev[a] < sev[b] for a, b in zip(p1.less, p1.more, strict=True))
-    same = jdata.Comments("s", ["a", "b"], np.ones(2, np.float32), np.zeros((2, 5), np.float32))
+    same = records.Comments("s", ["a", "b"], np.ones(2, np.float32), np.zeros((2, 5), np.float32))
     with pytest.raises(DataError, match="same severity"):
-        jdata.pairs_from_labels(same, 5, 0)
+        pairing.pairs_from_labels(same, 5, 0)
 
 
 def test_split_is_stratified_disjoint_and_seeded():
-    c = jdata.demo_comments(500, seed=0)
-    tr, va = jdata.split(c, 0.2, seed=4)
-    tr2, va2 = jdata.split(c, 0.2, seed=4)
+    c = demo.demo_comments(500, seed=0)
+    tr, va = split(c, 0.2, seed=4)
+    tr2, va2 = split(c, 0.2, seed=4)
     np.testing.assert_array_equal(va, va2)
     assert set(tr).isdisjoint(va) and len(tr) + len(va) == 500
     assert abs(c.labels[va].mean() - c.labels.mean()) < 0.02
-    folds = [jdata.split(c, 0.1, 0, n_folds=5, fold=k)[1] for k in range(5)]
+    folds = [split(c, 0.1, 0, n_folds=5, fold=k)[1] for k in range(5)]
     assert sorted(np.concatenate(folds).tolist()) == list(range(500))
 
 
@@ -157,15 +159,15 @@ def test_tokenize_pads_truncates_and_caches(tokenizer, tmp_path):
 
 def test_load_task_data_ranking_from_labels_hits_cache_second_time(tokenizer, tmp_path):
     cfg = presets.tiny().replace(task="ranking", cache_dir=str(tmp_path))
-    first = jdata.load_task_data(cfg, tokenizer)
-    second = jdata.load_task_data(cfg, tokenizer)
+    first = taskdata.load_task_data(cfg, tokenizer)
+    second = taskdata.load_task_data(cfg, tokenizer)
     assert first.train.input_ids.shape[1:] == (2, cfg.data.max_len)
     assert not first.info["token_cache_hit"] and second.info["token_cache_hit"]
     assert np.array_equal(first.train.input_ids, second.train.input_ids)
 
 
 def test_real_jigsaw_file_loads(real_csv):
-    c = jdata.read_comments(real_csv)
+    c = readers.read_comments(real_csv)
     assert len(c) > 9000 and 0.2 < c.labels.mean() < 0.3
     blank = np.isnan(c.sublabels).all(axis=1)
     assert 0.15 < blank.mean() < 0.35  # a quarter of rows label `toxic` only

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import taskdata, tokenized
 from jaxtpu.core.errors import TrainingError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
@@ -94,9 +94,9 @@ class FakeBackend:
         self.disk["best"] = copy.deepcopy({"w": self.w, "step": step})
 
 
-def _examples(n: int) -> jdata.Examples:
+def _examples(n: int) -> tokenized.Examples:
     ids = np.ones((n, 16), np.int32)
-    return jdata.Examples(ids, ids.copy(), (np.arange(n) % 2).astype(np.float32))
+    return tokenized.Examples(ids, ids.copy(), (np.arange(n) % 2).astype(np.float32))
 
 
 def _job(tmp_path, resume: bool = False, **flags) -> loop.Job:
@@ -104,7 +104,7 @@ def _job(tmp_path, resume: bool = False, **flags) -> loop.Job:
                             "workdir": str(tmp_path), "resume": resume, **flags})  # fmt: skip
     spec = RunSpec.resolve(cfg)
     tmp_path.mkdir(parents=True, exist_ok=True)
-    data = jdata.TaskData(_examples(N_TRAIN), _examples(N_VALID), {})
+    data = taskdata.TaskData(_examples(N_TRAIN), _examples(N_VALID), {})
     return loop.Job(cfg, spec, data, loop.Plan.make(cfg, data.train, 1), tmp_path, 0.0)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxtpu import weights
-from jaxtpu.core.data.dataset import SAMPLE_CSV
+from jaxtpu.core.data.demo import SAMPLE_CSV
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
@@ -98,7 +98,7 @@ def test_a_sentencepiece_model_alone_loads_as_a_fast_tokenizer(tmp_path):
     and the ids are SentencePiece's own, between [CLS] and [SEP]."""
     import sentencepiece as spm
 
-    from jaxtpu.core.data.dataset import read_comments
+    from jaxtpu.core.data.readers import read_comments
     from jaxtpu.core.data.tokens import load_tokenizer
     from parity_tests.families import sentencepiece_dir
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxtpu import weights
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import readers
 from jaxtpu.core.data.tokens import tokenize
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.flags.presets import minilm
@@ -32,7 +32,7 @@ BF16_POOLED_ATOL = 0.005
 
 @pytest.fixture(scope="module")
 def real_batch(tokenizer, real_csv):
-    comments = jdata.read_comments(real_csv)
+    comments = readers.read_comments(real_csv)
     texts = comments.texts[:16]
     ids, mask, _ = tokenize(texts, tokenizer, 64)
     assert (mask.sum(1) < 64).any() and (mask.sum(1) == 64).any()  # padded and truncated rows

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxtpu import predict, steps, train
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import demo, readers, records, tokenized
 from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import LABELS, get_task
 
@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch", reason="the torch side's loss is compared")
 
 
 def test_real_rows_with_blank_sub_labels_keep_toxic_only():
-    comments = jdata.read_comments(jdata.SAMPLE_CSV)
-    labels = jdata.labels_of(comments, LABELS)
+    comments = readers.read_comments(demo.SAMPLE_CSV)
+    labels = tokenized.labels_of(comments, LABELS)
     assert labels.shape == (len(comments), 6)
     blank = np.isnan(labels[:, 1:]).all(1)
     assert 0.1 < blank.mean() < 0.5  # the sample has rows labelled for toxic only
@@ -120,7 +120,7 @@ def test_trains_on_real_comments_and_predict_writes_the_kaggle_columns(tmp_path)
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["comment_id", "score"]
     np.testing.assert_allclose(
-        [float(r[1]) for r in rows[1:]], probs @ jdata.SEVERITY_WEIGHTS, rtol=1e-5
+        [float(r[1]) for r in rows[1:]], probs @ records.SEVERITY_WEIGHTS, rtol=1e-5
     )
 
     # Its exports load back into the tool that wrote them: the state dict through --init-from
@@ -148,11 +148,11 @@ def test_trains_on_real_comments_and_predict_writes_the_kaggle_columns(tmp_path)
     from jaxtpu import evaluate
 
     report = tmp_path / "eval.json"
-    argv = ["--workdir", str(workdir), "--input", str(jdata.SAMPLE_CSV), "--out", str(report)]
+    argv = ["--workdir", str(workdir), "--input", str(demo.SAMPLE_CSV), "--out", str(report)]
     assert evaluate.main(argv) == 0
     got = json.loads(report.read_text())
     assert got["metric"] == "mean_column_auc" and got["examples"] == len(
-        jdata.read_comments(jdata.SAMPLE_CSV)
+        readers.read_comments(demo.SAMPLE_CSV)
     )
     assert got["value"] == pytest.approx(
         np.mean([got[f"auc_{k}"] for k in LABELS if f"auc_{k}" in got])

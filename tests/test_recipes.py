@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import demo, pairing, readers, records, splits, taskdata, tokenized
 from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import LABELS
@@ -28,7 +28,7 @@ def test_the_files_fold_column_is_the_split(tmp_path):
     folds = np.arange(60) % 5
     cfg = presets.tiny().replace(train_csv=str(_fold_file(tmp_path, folds)), fold_column="kfold",
                                  fold=3, max_len=8)  # fmt: skip
-    data = jdata.load_task_data(cfg, load_tokenizer(cfg_tokenizer()))
+    data = taskdata.load_task_data(cfg, load_tokenizer(cfg_tokenizer()))
     assert len(data.valid) == 12 and len(data.train) == 48
     assert np.array_equal(data.valid_rows, np.flatnonzero(folds == 3))
     assert "fold 3 of the file's kfold (5 folds)" in data.info["split"]
@@ -52,7 +52,7 @@ def test_bad_fold_columns_are_one_line(tmp_path, folds, flags, message):
     cfg = presets.tiny().replace(train_csv=str(_fold_file(tmp_path, folds)), fold_column="kfold",
                                  max_len=8, **flags)  # fmt: skip
     with pytest.raises(DataError, match=message):
-        jdata.load_task_data(cfg, None)
+        taskdata.load_task_data(cfg, None)
 
 
 def test_a_fold_column_with_n_folds_is_refused():
@@ -73,18 +73,18 @@ def test_pair_folds_keep_every_comment_on_one_side():
         a, b = rng.choice(30, 2, replace=False)
         less.append(big[a])
         more.append(big[b])
-    pairs = jdata.Pairs("p", less, more)
-    groups = jdata.comment_groups(pairs)
+    pairs = records.Pairs("p", less, more)
+    groups = pairing.comment_groups(pairs)
     assert np.unique(groups).size == 41
     for fold in range(5):
-        train, valid, lost = jdata.pair_split(pairs, 0.1, 0, n_folds=5, fold=fold)
+        train, valid, lost = splits.pair_split(pairs, 0.1, 0, n_folds=5, fold=fold)
         seen = {t for i in train for t in (pairs.less[i], pairs.more[i])}
         held = {t for i in valid for t in (pairs.less[i], pairs.more[i])}
         assert not seen & held
         assert train.size + valid.size + lost == len(pairs)
         assert 0 < lost < 60  # only pairs of the large group can straddle
     # the small groups are whole: each group's pairs sit in one fold
-    less_f, more_f = jdata.pair_folds(pairs, 5, 0)
+    less_f, more_f = pairing.pair_folds(pairs, 5, 0)
     small = [g for g in np.unique(groups) if (groups == g).sum() == 2]
     assert len(small) == 40
     for g in small:
@@ -96,9 +96,9 @@ def test_multilabel_folds_are_stratified_over_the_labels():
     n = 500
     labels = (rng.random(n) < 0.3).astype(np.float32)
     subs = (rng.random((n, 5)) < [0.05, 0.2, 0.02, 0.2, 0.1]).astype(np.float32)
-    c = jdata.Comments("c", [f"t{i}" for i in range(n)], labels, subs)
-    folds = jdata.fold_assignment(c, 5, seed=0, label_columns=LABELS)
-    y = jdata.labels_of(c, LABELS)
+    c = records.Comments("c", [f"t{i}" for i in range(n)], labels, subs)
+    folds = splits.fold_assignment(c, 5, seed=0, label_columns=LABELS)
+    y = tokenized.labels_of(c, LABELS)
     for j in range(6):
         per_fold = [y[folds == f, j].sum() for f in range(5)]
         assert max(per_fold) - min(per_fold) <= 2, (LABELS[j], per_fold)
@@ -107,11 +107,11 @@ def test_multilabel_folds_are_stratified_over_the_labels():
 def test_subsample_is_seeded_stratified_and_of_the_asked_size():
     rng = np.random.default_rng(2)
     labels = (rng.random(1000) < 0.25).astype(np.float32)
-    c = jdata.Comments("c", [f"t{i}" for i in range(1000)], labels)
-    a = jdata.subsample(c, 400, 0, ("toxic",))
+    c = records.Comments("c", [f"t{i}" for i in range(1000)], labels)
+    a = splits.subsample(c, 400, 0, ("toxic",))
     assert a.size == 400 and np.unique(a).size == 400
-    assert np.array_equal(a, jdata.subsample(c, 400, 0, ("toxic",)))
-    assert not np.array_equal(a, jdata.subsample(c, 400, 1, ("toxic",)))
+    assert np.array_equal(a, splits.subsample(c, 400, 0, ("toxic",)))
+    assert not np.array_equal(a, splits.subsample(c, 400, 1, ("toxic",)))
     assert labels[a].sum() == round(400 * labels.mean())
 
 
@@ -146,7 +146,7 @@ def test_all_folds_train_each_fold_and_write_their_record_and_oof(tmp_path):
         assert summary["best"]["value"] == f["best"]
     oof = np.loadtxt(base / "oof.csv", delimiter=",", skiprows=1)
     assert np.array_equal(oof[:, 0], np.arange(96))  # every row once
-    folds = jdata.fold_assignment(jdata.demo_comments(96, 0), 3, 0)
+    folds = splits.fold_assignment(demo.demo_comments(96, 0), 3, 0)
     assert np.array_equal(oof[:, 1], folds)
     assert ((oof[:, 2] > 0) & (oof[:, 2] < 1)).all()
 
@@ -267,7 +267,9 @@ def _batch(model_dir, texts):
 
     from jaxtpu.core.data.tokens import load_tokenizer, tokenize
 
-    ids, mask, _ = tokenize([jdata.normalize_text(t) for t in texts], load_tokenizer(model_dir), 32)
+    ids, mask, _ = tokenize(
+        [readers.normalize_text(t) for t in texts], load_tokenizer(model_dir), 32
+    )
     return torch.from_numpy(ids).long(), torch.from_numpy(mask).long()
 
 
@@ -342,7 +344,7 @@ def test_the_validation_batch_size_is_its_own(tmp_path):
     from jaxtpu.core.run import loop
 
     ids = np.ones((40, 16), np.int32)
-    train = jdata.Examples(ids, ids.copy(), np.zeros(40, np.float32))
+    train = tokenized.Examples(ids, ids.copy(), np.zeros(40, np.float32))
     cfg = presets.tiny().replace(batch_size=2, valid_batch_size=5, num_devices=2)
     batcher = loop.Plan.make(cfg, train, 2).batcher
     assert (batcher.global_batch, batcher.eval_global_batch) == (4, 10)

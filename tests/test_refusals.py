@@ -18,8 +18,7 @@ import pytest
 
 from jaxtpu import export, preflight, train
 from jaxtpu.core import files
-from jaxtpu.core.data import dataset as jdata
-from jaxtpu.core.data import tokens
+from jaxtpu.core.data import demo, readers, taskdata, tokens
 from jaxtpu.core.errors import CheckpointError, ConfigError, DataError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
@@ -119,7 +118,7 @@ def test_a_refused_run_leaves_no_tokenizer_and_a_run_writes_its_own(tmp_path, ca
 
 
 def _sample_without_sublabels(tmp_path: Path, blank: bool) -> Path:
-    rows = jdata.read_comments(jdata.SAMPLE_CSV)
+    rows = readers.read_comments(demo.SAMPLE_CSV)
     lines = ["id,comment_text,toxic" + (",severe_toxic,obscene,threat,insult,identity_hate"
                                         if blank else "")]  # fmt: skip
     for i, (text, y) in enumerate(zip(rows.texts[:300], rows.labels[:300], strict=True)):
@@ -135,7 +134,7 @@ def test_multilabel_without_sub_labels_is_refused(tmp_path, blank):
         task="multilabel", train_csv=str(_sample_without_sublabels(tmp_path, blank))
     )
     with pytest.raises(DataError, match="no value in any of the label columns severe_toxic"):
-        jdata.load_task_data(cfg, tokens.load_tokenizer(RunSpec.resolve(cfg).tokenizer_dir))
+        taskdata.load_task_data(cfg, tokens.load_tokenizer(RunSpec.resolve(cfg).tokenizer_dir))
 
 
 def test_a_label_left_out_of_the_mean_is_named_in_the_log(caplog):
@@ -221,7 +220,7 @@ def test_an_unreadable_csv_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "open", denied)  # root reads anything: make it fail
     with pytest.raises(DataError, match=r"train.csv: cannot be read \(Permission denied\)"):
-        jdata.read_comments(path)
+        readers.read_comments(path)
 
 
 def test_preflight_refuses_a_json_path_it_cannot_create_before_compiling(capsys):

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jaxtpu.core.data import buckets, tables, tokens
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import buckets, readers, records, tables, taskdata, tokens
+from jaxtpu.core.data.demo import demo_comments
 from jaxtpu.core.errors import DataError
 from parity_tests.families import _tokenizer as family_tokenizer
 
@@ -53,7 +53,7 @@ def write_all(tmp_path) -> dict[str, object]:
 
 def test_parquet_and_json_lines_read_as_the_same_csv(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "BATCH", 2)
-    got = {fmt: jdata.read_comments(p) for fmt, p in write_all(tmp_path).items()}
+    got = {fmt: readers.read_comments(p) for fmt, p in write_all(tmp_path).items()}
     want = got.pop("csv")
     assert want.texts[1] == 'a comment over three lines, "quoted", and a comma'
     assert want.ids == ["a1", "a2", "a4", "a5"] and want.dropped == 1
@@ -87,7 +87,7 @@ def test_json_lines_problems_are_one_line_with_the_line(tmp_path, name, write, m
     path = tmp_path / "t.jsonl"
     write(path)
     with pytest.raises(DataError, match=message) as e:
-        jdata.read_comments(path)
+        readers.read_comments(path)
     assert "\n" not in str(e.value)
 
 
@@ -95,10 +95,10 @@ def test_parquet_problems_name_the_row_or_the_file(tmp_path):
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"comment_text": ["a", "b"], "toxic": [1.0, 2.0]}), path)
     with pytest.raises(DataError, match=r"t.parquet: row 2: toxic=2.0 is outside \[0, 1\]"):
-        jdata.read_comments(path)
+        readers.read_comments(path)
     path.write_bytes(b"not parquet at all")
     with pytest.raises(DataError, match=r"t.parquet: not a readable Parquet file"):
-        jdata.read_comments(path)
+        readers.read_comments(path)
 
 
 def test_a_csv_is_read_as_a_stream(tmp_path):
@@ -172,10 +172,10 @@ def test_a_process_waits_for_the_entry_another_is_writing(tmp_path, tokenizer):
 
 
 def _demo_csv(path, n: int = 120):
-    demo = jdata.demo_comments(n, seed=3)
+    demo = demo_comments(n, seed=3)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["id", "comment_text", "toxic", *jdata.SUBLABELS, "kfold"])
+        w.writerow(["id", "comment_text", "toxic", *records.SUBLABELS, "kfold"])
         for i, (t, y, sub) in enumerate(zip(demo.texts, demo.labels, demo.sublabels, strict=True)):
             w.writerow([f"c{i}", t, y, *sub, i % 3])
     return path
@@ -192,32 +192,34 @@ def test_a_second_run_reads_neither_the_file_nor_the_texts_until_they_change(
     train = _demo_csv(tmp_path / "train.csv")
     cfg = presets.tiny().replace(train_csv=str(train), cache_dir=str(tmp_path / "cache"),
                                  fold_column="kfold", fold=1)  # fmt: skip
-    first = jdata.load_task_data(cfg, tokenizer)
+    first = taskdata.load_task_data(cfg, tokenizer)
     assert not first.info["token_cache_hit"] and list((tmp_path / "cache").glob("*.table.npz"))
     reads = []
-    real = dict(jdata._READERS)
-    monkeypatch.setattr(jdata, "_READERS", {
+    real = dict(readers.READERS)
+    monkeypatch.setattr(readers, "READERS", {
         k: lambda *a, _r=r, **kw: reads.append(a[0]) or _r(*a, **kw) for k, r in real.items()
     })  # fmt: skip
-    second = jdata.load_task_data(cfg, tokenizer)
+    second = taskdata.load_task_data(cfg, tokenizer)
     assert reads == [] and second.info["token_cache_hit"]
     for a, b in [(first.train, second.train), (first.valid, second.valid)]:
         assert np.array_equal(a.input_ids, b.input_ids) and np.array_equal(a.label, b.label)
         assert np.array_equal(a.real_lengths(), b.real_lengths())
     assert np.array_equal(first.valid_rows, second.valid_rows)
     # Another length: the texts are read again (once, for both splits), the same tokens result.
-    longer = jdata.load_task_data(cfg.replace(max_len=24), tokenizer)
+    longer = taskdata.load_task_data(cfg.replace(max_len=24), tokenizer)
     assert reads == [train] and not longer.info["token_cache_hit"]
-    monkeypatch.setattr(jdata, "_READERS", real)
-    fresh = jdata.load_task_data(cfg.replace(max_len=24, cache_dir=str(tmp_path / "c2")), tokenizer)
+    monkeypatch.setattr(readers, "READERS", real)
+    fresh = taskdata.load_task_data(
+        cfg.replace(max_len=24, cache_dir=str(tmp_path / "c2")), tokenizer
+    )
     assert np.array_equal(longer.train.input_ids, fresh.train.input_ids)
     # A changed file is a new entry (the old one is not used).
     with open(train, "a", encoding="utf-8") as f:
         f.write("c999,a brand new comment,1,0,0,0,0,0,2\n")
-    monkeypatch.setattr(jdata, "_READERS", {
+    monkeypatch.setattr(readers, "READERS", {
         k: lambda *a, _r=r, **kw: reads.append(a[0]) or _r(*a, **kw) for k, r in real.items()
     })  # fmt: skip
-    changed = jdata.load_task_data(cfg, tokenizer)
+    changed = taskdata.load_task_data(cfg, tokenizer)
     assert reads == [train, train] and len(changed.train) + len(changed.valid) == 121
 
 
@@ -226,11 +228,11 @@ def test_a_damaged_file_cache_entry_is_read_again(tmp_path, caplog):
 
     train = _demo_csv(tmp_path / "train.csv")
     task = get_task("toxicity")
-    want = jdata.read_task_file(train, task, cache_dir=tmp_path)
+    want = taskdata.read_task_file(train, task, cache_dir=tmp_path)
     (entry,) = tmp_path.glob("*.table.npz")
     entry.write_bytes(entry.read_bytes()[:100])
     with caplog.at_level(logging.WARNING):
-        got = jdata.read_task_file(train, task, cache_dir=tmp_path)
+        got = taskdata.read_task_file(train, task, cache_dir=tmp_path)
     assert "is damaged" in caplog.text and list(got.texts) == want.texts
     assert np.array_equal(got.labels, want.labels)
 
@@ -240,9 +242,9 @@ def test_predicts_chunks_end_between_rows_never_inside_a_multi_line_comment(tmp_
     each row together: a comment over three lines sits whole in the chunk where its row is,
     whatever the chunk size, and the chunks add up to the whole file."""
     path = write_all(tmp_path)["csv"]
-    whole = jdata.read_comments(path, labelled=False)
+    whole = readers.read_comments(path, labelled=False)
     for size in (1, 2, 3, 5, 100):
-        chunks = list(jdata.comments_to_score(path, size))
+        chunks = list(readers.comments_to_score(path, size))
         assert [len(c) for c in chunks[:-1]] == [size] * (len(chunks) - 1)
         assert [t for c in chunks for t in c.texts] == whole.texts
         assert [i for c in chunks for i in c.ids] == whole.ids

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxtpu import train
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import demo, readers
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags import presets
 from jaxtpu.core.flags.schema import JAX_STRATEGIES
@@ -103,12 +103,12 @@ def test_default_command_code_path(tmp_path, caplog):
 def test_packaged_sample_is_real_comments_from_the_shared_file(real_csv):
     """The default run's data: 2,000 rows, each one a row of the development file, with its
     source and licence beside it."""
-    sample = jdata.read_comments(jdata.SAMPLE_CSV)
-    dev = jdata.read_comments(real_csv)
+    sample = readers.read_comments(demo.SAMPLE_CSV)
+    dev = readers.read_comments(real_csv)
     assert len(sample) == 2000 and 0.2 < sample.labels.mean() < 0.35
     known = dict(zip(dev.texts, dev.labels.tolist(), strict=True))
     assert all(known.get(t) == y for t, y in zip(sample.texts, sample.labels.tolist(), strict=True))
-    sources = (jdata.SAMPLE_CSV.parent / "SOURCES.md").read_text()
+    sources = (demo.SAMPLE_CSV.parent / "SOURCES.md").read_text()
     assert "CC BY-SA 3.0" in sources and "CC0" in sources and "default_rng(2026)" in sources
 
 

@@ -5,8 +5,8 @@ host CPU).
 - `spmd`: one process, `xr.use_spmd()`, a `('data', 'fsdp')` mesh over all devices, each input
   tensor sharded on `data` with `xs.mark_sharding`: torch_xla's counterpart of jit+NamedSharding.
 - `spawn`: one replica per device (`xmp.spawn`), each taking its slice of every global batch
-  from `jaxtpu.core.data.dataset`, gradients all-reduced by `xm.reduce_gradients` (the first half of
-  `xm.optimizer_step`).
+  from `jaxtpu.core.data.taskdata`, gradients all-reduced by `xm.reduce_gradients` (the first
+  half of `xm.optimizer_step`).
 """
 
 from __future__ import annotations

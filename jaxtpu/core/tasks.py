@@ -73,7 +73,7 @@ class Task:
       monitor: the task's metric, which picks the best checkpoint by default (higher is
         better; `monitors` lists the others a run may choose with --monitor).
       metric: (scores, labels, weight) of the whole evaluation set -> {monitor: value}.
-      reads: the file kinds (`jaxtpu.core.data.dataset.file_kind`) a training/validation file
+      reads: the file kinds (`jaxtpu.core.data.readers.file_kind`) a training/validation file
         may be.
       unit: what one example is called in messages.
       undefined: why the metric is undefined on a validation set with these labels (None when
@@ -153,7 +153,7 @@ class Task:
         groups: Any = None,
     ) -> dict[str, float]:
         """The validation metrics from gathered per-example outputs (pad rows at weight 0),
-        with the breakdowns the file's `groups` (`jaxtpu.core.data.dataset.Groups`) allow.
+        with the breakdowns the file's `groups` (`jaxtpu.core.data.records.Groups`) allow.
 
         Returns:
           {'val_loss': ..., monitor: ..., group metrics (`group_metrics`)}.

@@ -184,7 +184,7 @@ class Tokens:
 
 def digest_texts(texts: Iterable[str]) -> np.ndarray:
     """(N, 16) uint8: a 128-bit BLAKE2b digest of each text. The token cache is keyed by these
-    (with the tokenizer and length), so a run that has them (`jaxtpu.core.data.dataset`'s file
+    (with the tokenizer and length), so a run that has them (`jaxtpu.core.data.taskdata`'s file
     cache) finds its tokens without holding, or even reading, the texts."""
     return np.frombuffer(
         b"".join(hashlib.blake2b(t.encode(), digest_size=16).digest() for t in texts), np.uint8

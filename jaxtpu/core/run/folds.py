@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import demo, taskdata
 from jaxtpu.core.data.tokens import default_cache_dir
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.files import atomic_write, write_text
@@ -36,12 +36,12 @@ def fold_ids(cfg: Config) -> list[int]:
         raise ConfigError("--all-folds draws each fold's validation set from the training file; "
                           "drop --valid-csv")  # fmt: skip
     if d.fold_column:
-        path = jdata.SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
+        path = demo.SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
         if not path:
             raise ConfigError("--fold-column needs a --train-csv that has the column")
         # through the file cache: the folds' runs then find the file read
         cache = d.cache_dir or default_cache_dir()
-        folds = jdata.read_task_file(path, cfg.task, d.fold_column, cache).folds
+        folds = taskdata.read_task_file(path, cfg.task, d.fold_column, cache).folds
         return sorted(set(np.asarray(folds).tolist()))
     if not d.n_folds:
         raise ConfigError("--all-folds needs the folds: --n-folds K, or --fold-column NAME")

@@ -3,7 +3,7 @@ runs it (logging, evaluation, checkpoints, early stopping, NaN detection, SIGTER
 
 Framework-free. Each side supplies a `Backend` (JAX: `jaxtpu.backend.JaxBackend`; torch_xla:
 `torchxla_ref.backend.XlaBackend`) that owns the model state on its devices; the loop only ever
-hands it numpy batches from `jaxtpu.core.data.dataset` and asks for host numbers at the logging
+hands it numpy batches from `jaxtpu.core.data.taskdata` and asks for host numbers at the logging
 interval.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jaxtpu.core.data import dataset as jdata
+from jaxtpu.core.data import taskdata, tokenized
 from jaxtpu.core.data.buckets import Batcher, Rows
 from jaxtpu.core.data.tokens import load_tokenizer, save_tokenizer
 from jaxtpu.core.errors import ConfigError, TrainingError, UserError
@@ -119,7 +119,7 @@ class Plan:
         return Horizon(self.total_updates, self.steps_per_epoch / self.accumulate)
 
     @classmethod
-    def make(cls, cfg: Config, train: jdata.Examples, num_devices: int) -> Plan:
+    def make(cls, cfg: Config, train: tokenized.Examples, num_devices: int) -> Plan:
         run, n_train = cfg.run, len(train)
         global_batch = run.batch_size * num_devices
         if n_train < global_batch:
@@ -163,7 +163,7 @@ class Job:
 
     cfg: Config
     spec: RunSpec
-    data: jdata.TaskData
+    data: taskdata.TaskData
     plan: Plan
     workdir: Path
     started: float
@@ -197,7 +197,7 @@ class Job:
             )
         if primary:  # always this run's tokenizer: never one left by an earlier run
             save_tokenizer(tokenizer, workdir / "tokenizer")
-        data = jdata.load_task_data(cfg, tokenizer)
+        data = taskdata.load_task_data(cfg, tokenizer)
         info = data.info
         log.info(
             "data: %s%s | %d train %s, %d validation (%s)%s",
@@ -300,7 +300,7 @@ def program_inputs(
 VALID_SCORES = "valid_scores.csv"  # the best model's predictions of the validation set
 
 
-def score_examples(backend: Any, examples: jdata.Examples, batcher: Batcher, task: Task):
+def score_examples(backend: Any, examples: tokenized.Examples, batcher: Batcher, task: Task):
     """Scores every example exactly once across all devices (in the batcher's buckets), then
     computes the metrics on the host over the whole set.
     Returns (metrics, scores of the examples in their order)."""

@@ -1,0 +1,281 @@
+"""Reading the Jigsaw files into `Comments` and `Pairs`: which kind a file is (from its header),
+its comment, label, sub-label, identity, language and fold columns, each value checked, rows
+read as a stream (framework-free)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core.data.records import (
+    IDENTITIES,
+    LABEL_COLUMNS,
+    LANG_COLUMN,
+    PAIRS_COLUMNS,
+    SCORE_COLUMNS,
+    SUBLABELS,
+    TEXT_COLUMNS,
+    Comments,
+    Groups,
+    Pairs,
+)
+from jaxtpu.core.data.tables import Table, open_table
+from jaxtpu.core.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+def normalize_text(text: str) -> str:
+    """Collapses all runs of whitespace (newlines, tabs) to one space."""
+    return " ".join(text.split())
+
+
+def columns(path: str | os.PathLike) -> list[str]:
+    """The header of an input file (validated like any input file)."""
+    return open_table(path).header
+
+
+def file_kind(header: list[str]) -> str | None:
+    """What a file is, read from its columns: 'pairs', 'score', 'classification',
+    'unlabelled' (comments to score) or None."""
+    cols = set(header)
+    text = cols & set(TEXT_COLUMNS)
+    if set(PAIRS_COLUMNS) <= cols:
+        return "pairs"
+    if text and cols & set(LABEL_COLUMNS):
+        return "classification"
+    if set(SCORE_COLUMNS) <= cols:
+        return "score"
+    if text:
+        return "unlabelled"
+    return None
+
+
+def _one_column(path: Any, header: list[str], names: Sequence[str], what: str) -> str:
+    """The one column of `names` the file has (a file with two of them is ambiguous)."""
+    found = [c for c in names if c in header]
+    if len(found) > 1:
+        raise DataError(
+            f"{path}: has both {' and '.join(found)} columns; which is the {what} is ambiguous, "
+            "keep one"
+        )
+    return found[0]
+
+
+def missing_columns_error(path: Any, header: list[str], expected: str) -> DataError:
+    return DataError(
+        f"{path}: missing columns; found: {', '.join(header) or '(none)'}; expected: {expected}"
+    )
+
+
+def _parse_label(path: Any, where: str, column: str, value: str | None, blank_ok: bool) -> float:
+    value = (value or "").strip()
+    if not value:
+        if blank_ok:
+            return float("nan")
+        raise DataError(f"{path}: {where}: {column} is blank, expected a number in [0, 1]")
+    try:
+        x = float(value)
+    except ValueError:
+        raise DataError(
+            f"{path}: {where}: {column}={value!r} is not a number, expected a value in [0, 1]"
+        ) from None
+    if not 0.0 <= x <= 1.0:  # also rejects nan
+        raise DataError(f"{path}: {where}: {column}={value} is outside [0, 1]")
+    return x
+
+
+def _check_fold_column(table: Table, column: str) -> None:
+    if column and column not in table.header:
+        raise DataError(
+            f"--fold-column {column}: {table.path} has no such column; found: "
+            f"{', '.join(table.header)}"
+        )
+
+
+def _fold_id(path: Any, where: str, row: dict[str, str], column: str) -> int:
+    value = (row.get(column) or "").strip()
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not number.is_integer():
+        raise DataError(f"{path}: {where}: {column}={value!r} is not a fold number")
+    return int(number)
+
+
+def _text(row: dict[str, str], column: str) -> str:
+    value = row.get(column)
+    return normalize_text(value) if isinstance(value, str) else ""
+
+
+def _text_and_id(path: Any, header: list[str], labelled: bool) -> tuple[str, str]:
+    """The (text, id) columns of a classification file (`labelled`) or of any file to score."""
+    kind = file_kind(header)
+    ok = ("classification",) if labelled else ("classification", "score", "unlabelled")
+    if kind not in ok:
+        expected = "comment_text, toxic (or target)" + (
+            "" if labelled else " (or comment_text or content alone, or comment_id, text)"
+        )
+        raise missing_columns_error(path, header, expected)
+    if kind == "score":
+        return "text", "comment_id"
+    return _one_column(path, header, TEXT_COLUMNS, "comment text"), "id"
+
+
+def comments_to_score(path: str | os.PathLike, chunk: int) -> Iterator[Comments]:
+    """The comments of a file to score, `chunk` rows at a time, as a stream (`predict` on
+    millions of rows): each an unlabelled `Comments` of its rows, empty comments kept (every id
+    gets a score) and counted in `dropped`; `ids` empty when the file has no id column."""
+    table = open_table(path)
+    text_col, id_col = _text_and_id(path, table.header, labelled=False)
+    with_ids = id_col in table.header
+    texts: list[str] = []
+    ids: list[str] = []
+    empty = 0
+    for _, row in table.rows():
+        text = _text(row, text_col)
+        empty += not text
+        texts.append(text)
+        if with_ids:
+            ids.append((row.get(id_col) or "").strip())
+        if len(texts) == chunk:
+            yield Comments(str(path), texts, None, ids=ids, dropped=empty)
+            texts, ids, empty = [], [], 0
+    if texts:
+        yield Comments(str(path), texts, None, ids=ids, dropped=empty)
+
+
+def read_comments(
+    path: str | os.PathLike, labelled: bool = True, fold_column: str = ""
+) -> Comments:
+    """Reads a Kaggle classification file (CSV, Parquet or JSON Lines, `jaxtpu.core.data.tables`):
+    the comment (`comment_text`, or the Multilingual test file's `content`), the label (`toxic`,
+    or Unintended Bias's `target`, a fraction kept as a soft target), optional `id`, sub-labels,
+    identity columns (`IDENTITIES`) and `lang`.
+
+    With `labelled=False` also accepts files to score: the comment (+ optional `id`) or the
+    Rate Severity `comments_to_score.csv` (`comment_id`, `text`); there, empty comments are kept
+    (every id must get a score), counted in `dropped` and warned about.
+    Otherwise rows whose comment is empty after whitespace normalisation are dropped and counted.
+    The rows are read as a stream: numbers go straight into compact arrays, and no row outlives
+    its turn.
+    """
+    table = open_table(path)
+    header = table.header
+    text_col, id_col = _text_and_id(path, header, labelled)
+    label_col = _one_column(path, header, LABEL_COLUMNS, "label") if labelled else ""
+    subs = [(SUBLABELS.index(c), c) for c in SUBLABELS if c in header] if labelled else []
+    idents = [c for c in IDENTITIES if c in header] if labelled else []
+    with_lang = labelled and LANG_COLUMN in header
+    _check_fold_column(table, fold_column)
+    texts: list[str] = []
+    ids: list[str] = []
+    labels, sublabels, identity_values = array("f"), array("f"), array("f")
+    langs: list[str] = []
+    folds = array("q")
+    rows = dropped = 0
+    blank_subs = [math.nan] * len(SUBLABELS)
+    for where, row in table.rows():
+        rows += 1
+        text = _text(row, text_col)
+        if not text:
+            dropped += 1
+            if labelled:
+                continue
+        texts.append(text)
+        ids.append((row.get(id_col) or "").strip())
+        if fold_column:
+            folds.append(_fold_id(path, where, row, fold_column))
+        if not labelled:
+            continue
+        labels.append(_parse_label(path, where, label_col, row.get(label_col), blank_ok=False))
+        sub = list(blank_subs)
+        for i, c in subs:
+            sub[i] = _parse_label(path, where, c, row.get(c), blank_ok=True)
+        sublabels.extend(sub)
+        identity_values.extend(
+            _parse_label(path, where, c, row.get(c), blank_ok=True) for c in idents
+        )
+        if with_lang:
+            lang = (row.get(LANG_COLUMN) or "").strip()
+            if not lang:
+                raise DataError(f"{path}: {where}: lang is blank, expected a language")
+            langs.append(sys.intern(lang))
+    if dropped == rows:
+        raise DataError(f"{path}: all {rows} rows dropped ({text_col} empty)")
+    if dropped:
+        what = "dropped" if labelled else "scoring as empty text"
+        log.warning("%s: %s %d of %d rows with an empty %s", path, what, dropped, rows, text_col)
+    n = len(texts)
+    return Comments(
+        str(path),
+        texts,
+        _numpy(labels, np.float32) if labelled else None,
+        _numpy(sublabels, np.float32, (n, len(SUBLABELS))) if labelled else None,
+        ids,
+        dropped,
+        _groups(
+            path, idents, _numpy(identity_values, np.float32, (n, len(idents))), with_lang and langs
+        ),  # fmt: skip
+        _numpy(folds, np.int64) if fold_column else None,
+    )
+
+
+def _numpy(values: array, dtype: Any, shape: tuple[int, ...] = (-1,)) -> np.ndarray:
+    """The numbers an `array.array` collected, as a numpy array of its own."""
+    return np.frombuffer(values, dtype).reshape(shape).copy()
+
+
+def _groups(path: Any, names: list[str], values: np.ndarray, langs: list[str] | bool) -> Groups:
+    """The identity columns (each must have a known value somewhere) and the languages (False:
+    the file has no lang column)."""
+    identities = {}
+    for j, name in enumerate(names):
+        if np.isnan(values[:, j]).all():
+            raise DataError(
+                f"{path}: identity column {name} is blank in all {values.shape[0]} rows; give "
+                "its values or drop the column"
+            )
+        identities[name] = values[:, j]
+    return Groups(identities, None if langs is False else np.asarray(langs))
+
+
+def read_pairs(path: str | os.PathLike, fold_column: str = "") -> Pairs:
+    """Reads a Rate Severity pairs file (`less_toxic`, `more_toxic`, optional `worker`)."""
+    table = open_table(path)
+    if file_kind(table.header) != "pairs":
+        raise missing_columns_error(path, table.header, "less_toxic, more_toxic")
+    if LANG_COLUMN in table.header:
+        raise DataError(
+            f"{path}: a lang column goes with a classification file (per-language AUC); a "
+            "pairs file is scored by agreement over all its pairs: drop the column"
+        )
+    _check_fold_column(table, fold_column)
+    less, more, folds = [], [], array("q")
+    rows = dropped = 0
+    for where, row in table.rows():
+        rows += 1
+        a, b = _text(row, "less_toxic"), _text(row, "more_toxic")
+        if not a or not b:
+            dropped += 1
+            continue
+        less.append(a)
+        more.append(b)
+        if fold_column:
+            folds.append(_fold_id(path, where, row, fold_column))
+    if not less:
+        raise DataError(f"{path}: all {rows} rows dropped (less_toxic or more_toxic empty)")
+    if dropped:
+        log.warning("%s: dropped %d of %d pairs with an empty comment", path, dropped, rows)
+    return Pairs(str(path), less, more, dropped, _numpy(folds, np.int64) if fold_column else None)
+
+
+READERS = {"pairs": read_pairs, "classification": read_comments}

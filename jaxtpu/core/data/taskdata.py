@@ -1,0 +1,177 @@
+"""The one entry point of a run's data: read the files a config names (through the file cache),
+split, pair (ranking) and tokenize, with the checks that refuse a set the task cannot use
+(framework-free)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core.data import readers
+from jaxtpu.core.data.demo import SAMPLE_CSV, demo_comments
+from jaxtpu.core.data.filecache import read_cached
+from jaxtpu.core.data.pairing import pairs_from_labels
+from jaxtpu.core.data.readers import columns, file_kind, missing_columns_error
+from jaxtpu.core.data.records import Comments, Groups, Pairs
+from jaxtpu.core.data.splits import split, subsample
+from jaxtpu.core.data.tokenized import Examples, encode, labels_of
+from jaxtpu.core.data.tokens import default_cache_dir
+from jaxtpu.core.errors import DataError
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+_EXPECTED = {
+    "pairs": "less_toxic, more_toxic (pairs)",
+    "classification": "comment_text, toxic or target (labels)",
+}
+
+
+def read_task_file(
+    path: str | os.PathLike, task: Task, fold_column: str = "", cache_dir: Any = None
+) -> Comments | Pairs:
+    """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
+    the fold ids of `fold_column` when one is asked for; with a `cache_dir`, through the file
+    cache (`read_cached`)."""
+    header = columns(path)
+    kind = file_kind(header)
+    if kind not in task.reads:
+        raise missing_columns_error(path, header, " or ".join(_EXPECTED[k] for k in task.reads))
+    if cache_dir is None:
+        data = readers.READERS[kind](path, fold_column=fold_column)
+    else:
+        data = read_cached(kind, Path(path), fold_column, Path(cache_dir))
+    if isinstance(data, Comments) and data.groups and task.comments_per_example == 2:
+        log.warning(
+            "%s: identity/lang columns not used: the %s task is scored by agreement over pairs",
+            path, task.name,
+        )  # fmt: skip
+        data.groups = Groups()
+    return data
+
+
+@dataclass
+class TaskData:
+    train: Examples
+    valid: Examples
+    info: dict[str, Any]
+    valid_rows: np.ndarray | None = None  # the validation rows' places in the training file
+
+
+def check_label_columns(train: Comments | Pairs, task: Task, source: str) -> None:
+    """A task of several labels needs them: refused when no label besides the first has a
+    value in the training rows (it would only ever learn that one); a label column without
+    any value is named in the log."""
+    if not isinstance(train, Comments):
+        return
+    known = ~np.isnan(labels_of(train, task.label_columns))
+    blank = [c for c, seen in zip(task.label_columns, known.any(0), strict=True) if not seen]
+    if blank and set(blank) >= set(task.label_columns[1:]):
+        raise DataError(
+            f"{source}: no value in any of the label columns {', '.join(task.label_columns[1:])}"
+            f" (missing or blank in all {len(train)} training rows); --task {task.name} needs "
+            "them (--task toxicity trains on toxic alone)"
+        )
+    if blank:
+        log.warning(
+            "%s: label column(s) %s have no value in the training rows: those outputs learn "
+            "nothing", source, ", ".join(blank),
+        )  # fmt: skip
+
+
+def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
+    """Reads, splits, (for ranking) pairs and tokenizes the data a config asks for.
+
+    Args:
+      cfg: the run's configuration.
+      tokenizer: a Hugging Face fast tokenizer.
+    Returns:
+      train and validation `Examples` plus an `info` dict describing what was loaded.
+    """
+    d, task, seed = cfg.data, cfg.task, cfg.run.seed
+    cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
+    if d.train_csv:
+        path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
+        data = read_task_file(path, task, d.fold_column, cache)
+        source = str(path)
+    else:
+        data = demo_comments(d.demo_size, seed)
+        source = f"built-in demo data ({d.demo_size} generated comments)"
+    if d.max_rows and len(data) > d.max_rows:
+        data = data.subset(np.arange(d.max_rows))
+    if d.subsample and len(data) > d.subsample:
+        data = data.subset(subsample(data, d.subsample, seed, task.label_columns))
+        source += f" (seeded sample of {d.subsample} rows, stratified)"
+    valid_rows = None
+    if d.valid_csv:
+        train, valid = data, read_task_file(d.valid_csv, task, cache_dir=cache)
+        split_desc = f"validation file {d.valid_csv}"
+    else:
+        tr, valid_rows, split_desc = _split_rows(data, cfg, source)
+        train, valid = data.subset(tr), data.subset(valid_rows)
+    if task.outputs > 1:
+        check_label_columns(train, task, source)
+    if task.comments_per_example == 2:
+        # Build pairs within each split, so no comment is in both train and validation pairs.
+        if isinstance(train, Comments):
+            train = pairs_from_labels(train, int(len(train) * d.pairs_per_comment), seed)
+        if isinstance(valid, Comments):
+            valid = pairs_from_labels(valid, int(len(valid) * d.pairs_per_comment), seed + 1)
+    why = task.undefined(valid.labels) if isinstance(valid, Comments) else None
+    if why:
+        raise DataError(
+            f"validation set ({split_desc}, {len(valid)} {task.unit}): {why}, so "
+            f"{task.monitor} is undefined and no best model could be chosen; give a --valid-csv "
+            "with both classes, a larger --valid-fraction, or more rows"
+        )
+    train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
+    valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task)
+    info = {
+        "source": source,
+        "demo": not d.train_csv,
+        "split": split_desc,
+        "train_examples": len(train_ex),
+        "valid_examples": len(valid_ex),
+        "dropped_rows": getattr(data, "dropped", 0),
+        "token_cache_hit": train_ex.cache_hit and valid_ex.cache_hit,
+        "unit": task.unit,
+    }
+    return TaskData(train_ex, valid_ex, info, valid_rows)
+
+
+def _split_rows(data: Comments | Pairs, cfg: Config, source: str) -> tuple[Any, Any, str]:
+    """(train rows, validation rows, a description) of a file without --valid-csv: the file's
+    own folds (--fold-column), fold k of --n-folds, or a held-out fraction."""
+    d, seed = cfg.data, cfg.run.seed
+    if d.fold_column:
+        assert data.folds is not None
+        ids = np.unique(data.folds)
+        if ids.size < 2:
+            raise DataError(
+                f"--fold-column {d.fold_column}: every row of {source} is in fold {ids[0]}; "
+                "k-fold needs at least two folds"
+            )
+        if d.fold not in ids:
+            raise DataError(
+                f"--fold {d.fold}: no row of {source} has {d.fold_column} = {d.fold}; its folds "
+                f"are {', '.join(map(str, ids))}"
+            )
+        tr, va = np.flatnonzero(data.folds != d.fold), np.flatnonzero(data.folds == d.fold)
+        return tr, va, f"fold {d.fold} of the file's {d.fold_column} ({ids.size} folds)"
+    tr, va = split(data, d.valid_fraction, seed, d.n_folds, d.fold, cfg.task.label_columns)
+    if va.size == 0 or tr.size == 0:
+        raise DataError(
+            f"{source}: {len(data)} rows are too few to split into train and validation; "
+            "give more rows or a --valid-csv"
+        )
+    how = "by shared comments" if isinstance(data, Pairs) else "stratified"
+    if d.n_folds:
+        return tr, va, f"fold {d.fold} of {d.n_folds} ({how}, seed {seed})"
+    return tr, va, f"held-out {d.valid_fraction:.0%} ({how}, seed {seed})"

@@ -1,0 +1,90 @@
+"""Tokenized `Examples`, ready to batch: a split's token ids, masks and labels laid out as its
+task's batch layout says (framework-free). Which rows each batch holds is
+`jaxtpu.core.data.buckets.Batcher`'s business; a ranking example holds [0] the less toxic and
+[1] the more toxic comment. Both sides take their batches from here, so they see exactly the
+same examples in the same order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core.data.buckets import real_lengths
+from jaxtpu.core.data.records import SUBLABELS, Comments, Groups, Pairs
+from jaxtpu.core.data.tokens import cached_tokens
+from jaxtpu.core.tasks import Task, get_task
+
+
+@dataclass
+class Examples:
+    """Tokenized examples of one split, ready to batch."""
+
+    input_ids: np.ndarray  # (N, L) or (N, 2, L)
+    attention_mask: np.ndarray
+    label: np.ndarray  # (N, *Task.label_shape), NaN where a sub-label is blank
+    cache_hit: bool = False
+    groups: Groups = field(default_factory=Groups)  # for the metrics, never batched
+    lengths: np.ndarray | None = None  # (N,) `real_lengths` when the tokenizer gave them
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+    def real_lengths(self) -> np.ndarray:
+        """Each example's `buckets.real_lengths`, without reading the token arrays when they
+        came from the cache (which keeps them beside the entry)."""
+        if self.lengths is not None:
+            return self.lengths
+        return real_lengths(self.attention_mask)
+
+    def take(
+        self, idx: np.ndarray, weight: np.ndarray | None = None, length: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """The batch of rows `idx`, cut to `length` tokens (None: all; see
+        `jaxtpu.core.data.buckets`)."""
+        if weight is None:
+            weight = np.ones(idx.shape[0], np.float32)
+        cut = slice(None, length)
+        return {
+            "input_ids": self.input_ids[idx, ..., cut],
+            "attention_mask": self.attention_mask[idx, ..., cut],
+            "label": self.label[idx],
+            "weight": weight.astype(np.float32),
+        }
+
+
+def encode(
+    data: Comments | Pairs,
+    tokenizer: Any,
+    max_len: int,
+    cache_dir: Any = None,
+    task: Task | None = None,
+) -> Examples:
+    """Tokenizes comments, or both sides of each pair (ranking), with the labels of `task`
+    (default: toxicity) laid out as its `Task.batch_spec` says (`labels_of`)."""
+    task = task or get_task("toxicity")
+    if isinstance(data, Pairs):
+        n = len(data)
+        # Each pair's two comments side by side: (2n, L) is (n, 2, L) without a copy.
+        both = lambda: [t for pair in zip(data.less, data.more, strict=True) for t in pair]  # noqa: E731
+        digests = data.text_digests().reshape(2 * n, 16)
+        t = cached_tokens(both, digests, tokenizer, max_len, cache_dir)
+        pair = lambda a: a.reshape(n, 2, max_len)  # noqa: E731
+        longer = t.lengths.reshape(n, 2).max(1)
+        return Examples(pair(t.ids), pair(t.mask), np.ones(n, np.float32), t.cache_hit,
+                        lengths=longer)  # fmt: skip
+    t = cached_tokens(lambda: data.texts, data.text_digests(), tokenizer, max_len, cache_dir)
+    labels = labels_of(data, task.label_columns).reshape(len(data), *task.label_shape)
+    return Examples(t.ids, t.mask, labels, t.cache_hit, data.groups, t.lengths)
+
+
+def labels_of(data: Comments, label_columns: tuple[str, ...]) -> np.ndarray:
+    """(N, columns) float32 of these label columns (`toxic` and the `SUBLABELS`), NaN where a
+    sub-label is blank (or the file has no such column); unlabelled comments get zeros."""
+    n = len(data)
+    if data.labels is None:
+        return np.zeros((n, len(label_columns)), np.float32)
+    sub = data.sublabels if data.sublabels is not None else np.full((n, len(SUBLABELS)), np.nan)
+    by_name = {"toxic": data.labels, **{c: sub[:, i] for i, c in enumerate(SUBLABELS)}}
+    return np.column_stack([by_name[c] for c in label_columns]).astype(np.float32)
