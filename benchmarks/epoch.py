@@ -158,7 +158,7 @@ def calls_of(batches: list[Rows], k: int) -> list[list[Rows]]:
 
 def timed(calls: list[list[Rows]], prepare: Any, step: Any, prefetch: bool):
     """Per-call seconds (blocking on each) and the total wait for input."""
-    from jaxtpu.core.run.loop import Prefetch
+    from jaxtpu.core.run.prefetch import Prefetch
 
     times, wait = [], 0.0
     if prefetch:  # jaxtpu's input thread, as in the training loop

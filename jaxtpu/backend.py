@@ -1,4 +1,4 @@
-"""`JaxBackend`: the JAX side of the shared loop (`jaxtpu.core.run.loop.Backend`): a strategy
+"""`JaxBackend`: the JAX side of the shared loop (`jaxtpu.core.run.protocol.Backend`): a strategy
 (pmap, jit or shard_map), the train state on its devices, and the run's checkpoints.
 
 A library module: `jaxtpu.train` builds one per run, `jaxtpu.predict` one to score with, the
@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxtpu.core.run.loop import ResumeState
+from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.parallel import Strategy
 
 log = logging.getLogger("jaxtpu")

@@ -238,14 +238,14 @@ def save_programs(cfg: Config, target: str, devices: list[Any], directory: Path)
     program), and writes them to `directory` (`jaxtpu.programs`) for `train --programs`."""
     from jaxtpu import programs
     from jaxtpu.backend import stack_steps
-    from jaxtpu.core.run import loop
+    from jaxtpu.core.run import plan
 
     n = len(devices)
     spec = RunSpec.resolve(cfg, n, _platform(devices))
-    job = loop.Job.load(cfg, spec, directory, n, primary=False, started=time.time())
+    job = plan.Job.load(cfg, spec, directory, n, primary=False, started=time.time())
     strategy, state, _, rng = abstract_run(cfg, devices, spec, job.plan.horizon)
     strategy.build(state)
-    calls, evals = loop.program_inputs(job, lambda rows: slice(0, rows))
+    calls, evals = plan.program_inputs(job, lambda rows: slice(0, rows))
     stacked = [stack_steps(c, cfg.run.steps_per_call) for c in calls]
     t0 = time.perf_counter()
     with _no_compilation_cache():

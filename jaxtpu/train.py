@@ -16,7 +16,7 @@ from jaxtpu.core import hostmem
 from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
-from jaxtpu.core.run import loop
+from jaxtpu.core.run import loop, plan
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
 
@@ -84,7 +84,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
 
         saved = SavedPrograms(run.programs, devices, cfg)
 
-    def build_backend(job: loop.Job) -> JaxBackend:
+    def build_backend(job: plan.Job) -> JaxBackend:
         model = weights.load_model(cfg, spec)
         n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
         log.info("model: %s", spec.describe_model(n_params, run.seed))

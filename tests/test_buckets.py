@@ -13,7 +13,8 @@ from jaxtpu.core.data import buckets, pairing, readers, tokenized
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.run import loop
+from jaxtpu.core.run import loop, prefetch
+from jaxtpu.core.run.plan import Job, Plan, schedule
 
 
 def skewed_lengths(n: int = 997, max_len: int = 128, seed: int = 0) -> np.ndarray:
@@ -95,9 +96,9 @@ def test_bucketed_eval_covers_every_example_once_at_its_bucket():
 def test_schedule_never_mixes_lengths_in_one_call():
     lengths = skewed_lengths(40 * 8)
     b = buckets.Batcher(lengths, 8, 128, buckets.choose_edges(lengths, 128), group=4)
-    plan = loop.Plan(lengths.size, 8, b.steps_per_epoch(), b.steps_per_epoch(), 1, b)
+    plan = Plan(lengths.size, 8, b.steps_per_epoch(), b.steps_per_epoch(), 1, b)
     cfg = tiny().replace(steps_per_call=4, log_every=8)
-    calls = list(loop.schedule(plan, cfg.run, 0))
+    calls = list(schedule(plan, cfg.run, 0))
     assert sum(len(c.batches) for c in calls) == plan.total
     assert all(len({x.length for x in c.batches}) == 1 for c in calls if c.batches)
 
@@ -162,11 +163,9 @@ def test_train_step_compiles_once_per_bucket_length_used(tmp_path, real_csv, k):
     assert all(x["data_wait_s"] >= 0 and 0 <= x["data_wait_share"] <= 1 for x in train_lines)
     # what the schedule fed, rebuilt from the same pure functions
     spec = RunSpec.resolve(cfg)
-    job = loop.Job.load(cfg, spec, tmp_path / "plan", 8, primary=False, started=0.0)
+    job = Job.load(cfg, spec, tmp_path / "plan", 8, primary=False, started=0.0)
     shapes = {
-        (c.batches[0].length, len(c.batches))
-        for c in loop.schedule(job.plan, cfg.run, 0)
-        if c.batches
+        (c.batches[0].length, len(c.batches)) for c in schedule(job.plan, cfg.run, 0) if c.batches
     }
     lengths = {length for length, _ in shapes}
     assert len(lengths) >= 2
@@ -181,7 +180,7 @@ def test_prefetch_raises_the_input_threads_error_in_the_loop():
         yield 1
         raise ValueError("bad batch")
 
-    with loop.Prefetch(items()) as feed:
+    with prefetch.Prefetch(items()) as feed:
         got = []
         with pytest.raises(ValueError, match="bad batch"):
             for x in feed:
@@ -190,7 +189,7 @@ def test_prefetch_raises_the_input_threads_error_in_the_loop():
 
 
 def test_prefetch_stops_its_thread_when_the_loop_stops_early():
-    with loop.Prefetch(iter(range(10**6)), depth=2) as feed:
+    with prefetch.Prefetch(iter(range(10**6)), depth=2) as feed:
         first = next(iter(feed))
     assert first == 0 and not feed._thread.is_alive()
 

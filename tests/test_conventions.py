@@ -111,10 +111,11 @@ def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkey
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     from jaxtpu.core.run import loop
+    from jaxtpu.core.run.protocol import ResumeState
 
     job = _job(tmp_path, epochs=1, lr=1e-3)
     runlog = RunLog(tmp_path, trackers=("tensorboard", "wandb"), config=job.cfg.to_dict())
-    loop.run(job, FakeBackend({}), loop.ResumeState(), runlog)
+    loop.run(job, FakeBackend({}), ResumeState(), runlog)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = {x["step"]: x["loss"] for x in lines if x["event"] == "train"}
     assert any((tmp_path / "tensorboard").iterdir())

@@ -18,7 +18,8 @@ from jaxtpu.core.data import taskdata, tokenized
 from jaxtpu.core.errors import TrainingError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.run import loop
+from jaxtpu.core.run import loop, plan
+from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import RunLog
 
 N_TRAIN, N_VALID, GLOBAL_BATCH = 56, 16, 8  # 7 steps per epoch
@@ -78,12 +79,12 @@ class FakeBackend:
         noise = np.sin(np.arange(len(batch["label"])) * 7.0) * self.drift * self.step
         return {"score": batch["label"] + noise, "loss": np.full(len(batch["label"]), self.w)}
 
-    def restore_latest(self, identity: dict[str, Any]) -> loop.ResumeState:
+    def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
         if "latest" not in self.disk:
-            return loop.ResumeState()
+            return ResumeState()
         saved = copy.deepcopy(self.disk["latest"])
         self.w, self.step = saved["w"], saved["step"]
-        return loop.ResumeState(saved["step"], saved["meta"]["best"])
+        return ResumeState(saved["step"], saved["meta"]["best"])
 
     def save_latest(self, step: int, meta: dict[str, Any]) -> None:
         self.events.append(("latest", step))
@@ -99,19 +100,19 @@ def _examples(n: int) -> tokenized.Examples:
     return tokenized.Examples(ids, ids.copy(), (np.arange(n) % 2).astype(np.float32))
 
 
-def _job(tmp_path, resume: bool = False, **flags) -> loop.Job:
+def _job(tmp_path, resume: bool = False, **flags) -> plan.Job:
     cfg = tiny().replace(**{"epochs": 3, "log_every": 1, "batch_size": 8, "num_devices": 1,
                             "workdir": str(tmp_path), "resume": resume, **flags})  # fmt: skip
     spec = RunSpec.resolve(cfg)
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = taskdata.TaskData(_examples(N_TRAIN), _examples(N_VALID), {})
-    return loop.Job(cfg, spec, data, loop.Plan.make(cfg, data.train, 1), tmp_path, 0.0)
+    return plan.Job(cfg, spec, data, plan.Plan.make(cfg, data.train, 1), tmp_path, 0.0)
 
 
 def _run(tmp_path, backend: FakeBackend, resume: bool = False, **flags) -> dict[str, Any]:
     job = _job(tmp_path, resume, **flags)
     spec = job.spec
-    state = backend.restore_latest(spec.identity) if resume else loop.ResumeState()
+    state = backend.restore_latest(spec.identity) if resume else ResumeState()
     runlog = RunLog(tmp_path, resume_step=state.step if resume else None, tensorboard=False)
     return loop.run(job, backend, state, runlog)
 

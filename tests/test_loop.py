@@ -8,7 +8,7 @@ import pytest
 
 from jaxtpu.core.data.buckets import Batcher, shuffled_batches
 from jaxtpu.core.flags.presets import tiny
-from jaxtpu.core.run.loop import Plan, schedule
+from jaxtpu.core.run.plan import Plan, schedule
 
 
 def plan_for(n_train: int, global_batch: int, epochs: int, max_steps: int = 0) -> Plan:

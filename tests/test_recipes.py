@@ -341,17 +341,17 @@ def test_the_lightning_severity_preset_takes_the_notebooks_steps(tmp_path, real_
 
 
 def test_the_validation_batch_size_is_its_own(tmp_path):
-    from jaxtpu.core.run import loop
+    from jaxtpu.core.run import plan
 
     ids = np.ones((40, 16), np.int32)
     train = tokenized.Examples(ids, ids.copy(), np.zeros(40, np.float32))
     cfg = presets.tiny().replace(batch_size=2, valid_batch_size=5, num_devices=2)
-    batcher = loop.Plan.make(cfg, train, 2).batcher
+    batcher = plan.Plan.make(cfg, train, 2).batcher
     assert (batcher.global_batch, batcher.eval_global_batch) == (4, 10)
     batches = list(batcher.eval_batches(np.full(23, 16)))
     assert [b.idx.size for b in batches] == [10, 10, 10]
     assert sorted(np.concatenate([b.idx[b.weight > 0] for b in batches])) == list(range(23))
-    same = loop.Plan.make(cfg.replace(valid_batch_size=0), train, 2).batcher
+    same = plan.Plan.make(cfg.replace(valid_batch_size=0), train, 2).batcher
     assert same.eval_global_batch == 4
 
 

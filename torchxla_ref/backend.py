@@ -1,4 +1,4 @@
-"""`XlaBackend`: the torch_xla side of the shared loop (`jaxtpu.core.run.loop.Backend`): the
+"""`XlaBackend`: the torch_xla side of the shared loop (`jaxtpu.core.run.protocol.Backend`): the
 model, optimizer and schedule on the strategy's devices, and the run's checkpoints.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core.flags.schema import Config
-from jaxtpu.core.run import loop
+from jaxtpu.core.run.protocol import ResumeState
 from torchxla_ref.checkpoint import Checkpoints
 
 log = logging.getLogger("jaxtpu")
@@ -163,14 +163,14 @@ class XlaBackend:
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
         self.ckpts.save("best", step, self._payload(meta, full=False))
 
-    def restore_latest(self, expect: dict[str, Any]) -> loop.ResumeState:
+    def restore_latest(self, expect: dict[str, Any]) -> ResumeState:
         """Continues from the latest checkpoint (a fresh start when there is none)."""
         payload = self.ckpts.restore_latest(expect)
         if payload is None:
-            return loop.ResumeState()
+            return ResumeState()
         self.model.load_state_dict(payload["model"], strict=True)
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         self.micro = payload["micro"]
         log.info("resumed from %s at step %d", self.ckpts.latest_path(), payload["meta"]["step"])
-        return loop.ResumeState(int(payload["meta"]["step"]), payload["meta"]["best"])
+        return ResumeState(int(payload["meta"]["step"]), payload["meta"]["best"])

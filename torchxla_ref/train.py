@@ -18,7 +18,7 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
-from jaxtpu.core.run import loop
+from jaxtpu.core.run import loop, plan
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
 from torchxla_ref import parallel
@@ -38,7 +38,7 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
     if strategy.ordinal == 0:
         log.info("devices: %d x %s (torch_xla %s)", len(devices), strategy.device, run.parallel)
 
-    def build_backend(job: loop.Job) -> XlaBackend:
+    def build_backend(job: plan.Job) -> XlaBackend:
         model = weights.load_model(
             spec.encoder, cfg.head_dropout, spec.weights, run.seed, spec.pooling,
             spec.task.outputs,

@@ -1,301 +1,42 @@
-"""The training loop both sides share: a pure schedule of device calls, and a short driver that
-runs it (logging, evaluation, checkpoints, early stopping, NaN detection, SIGTERM, progress).
+"""The training loop both sides share: `train` has the side build its backend and runs the
+`schedule` of `jaxtpu.core.run.plan` with a short driver (logging, evaluation, best and latest
+checkpoints, early stopping, NaN detection, stopping on a signal, progress).
 
-Framework-free. Each side supplies a `Backend` (JAX: `jaxtpu.backend.JaxBackend`; torch_xla:
-`torchxla_ref.backend.XlaBackend`) that owns the model state on its devices; the loop only ever
-hands it numpy batches from `jaxtpu.core.data.taskdata` and asks for host numbers at the logging
-interval.
+Framework-free: the loop only ever hands the backend (`jaxtpu.core.run.protocol.Backend`) numpy
+batches from `jaxtpu.core.data` and asks it for host numbers at the logging interval.
 """
 
 from __future__ import annotations
 
 import csv
 import logging
-import math
-import queue
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.data import taskdata, tokenized
-from jaxtpu.core.data.buckets import Batcher, Rows
-from jaxtpu.core.data.tokens import load_tokenizer, save_tokenizer
-from jaxtpu.core.errors import ConfigError, TrainingError, UserError
+from jaxtpu.core.data import tokenized
+from jaxtpu.core.data.buckets import Batcher
+from jaxtpu.core.errors import TrainingError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.flags.schema import Config, RunConfig, profile_range
+from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hardware import peak_flops_per_device
+from jaxtpu.core.run.plan import Call, Job, program_inputs, schedule
+from jaxtpu.core.run.prefetch import Prefetch
+from jaxtpu.core.run.profile import Profile
+from jaxtpu.core.run.protocol import Backend, ResumeState
 from jaxtpu.core.run.rundir import RunLog
+from jaxtpu.core.run.signals import StopFlag
 from jaxtpu.core.run.timing import Clock, batch_work, progress_postfix
 from jaxtpu.core.run.trackers import parse as parse_trackers
-from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
+from jaxtpu.core.schedules import learning_rate, peak_lr
 from jaxtpu.core.tasks import Task, higher_is_better
 
 log = logging.getLogger("jaxtpu")
 
-
-class Backend(Protocol):
-    """What a framework provides to the loop."""
-
-    name: str
-    num_devices: int  # global, over all processes
-    num_processes: int
-    primary: bool  # process 0: the one that writes the run directory
-    device_kind: str  # `hardware.peak_flops_per_device` knows a TPU's; "" = unknown
-
-    def local_rows(self, n: int) -> slice:
-        """The rows of an n-row global batch this process feeds (all of them with one)."""
-
-    def any_process(self, flag: bool) -> bool:
-        """True on every process when `flag` is True on any (a host-level collective)."""
-
-    def compile_count(self) -> int:
-        """How many train programs were built so far: one per sequence length of the train
-        calls (evaluation programs are not counted, on either side)."""
-
-    def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
-        """The input of one `train_steps` call built from these consecutive host batches
-        (e.g. stacked and already on the devices). Runs on the input thread, while the
-        devices work on earlier calls."""
-
-    def precompile(
-        self, calls: list[list[dict[str, np.ndarray]]], evals: list[dict[str, np.ndarray]]
-    ) -> int:
-        """Builds, before the first step, the programs for a train call like each of `calls`
-        and an evaluation batch like each of `evals` (one of each shape the run uses);
-        returns how many it built (0: it builds them on first use)."""
-
-    def train_steps(self, prepared: Any) -> list[Any]:
-        """Runs the steps of one `prepare`d call asynchronously (one device call on the
-        JAX side, see --steps-per-call); returns handles on their device-side metrics."""
-
-    def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
-        """Host values of the handles' metrics ('loss', 'grad_norm'), one dict per step: one
-        device sync."""
-
-    def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Per-example 'score' and 'loss' of the global batch whose local rows are `batch`,
-        on the host of every process."""
-
-    def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
-        """Continues from the run's latest checkpoint, which must match `identity` (a fresh
-        start when there is none); called before the first step."""
-
-    def save_latest(self, step: int, meta: dict[str, Any]) -> None: ...
-
-    def save_best(self, step: int, meta: dict[str, Any]) -> None: ...
-
-    def device_memory_mb(self) -> list[float] | None:
-        """Peak memory per device of this process, where the devices report it."""
-
-    def profile_start(self, directory: Path) -> None:
-        """Starts the profiler's trace into `directory` (only with `--profile-steps`, a flag
-        of the sides whose backend has a profiler)."""
-
-    def profile_stop(self) -> None: ...
-
-
-@dataclass
-class Plan:
-    """How many steps a run takes, derived once from the config and the data size."""
-
-    n_train: int
-    global_batch: int
-    steps_per_epoch: int
-    total: int
-    total_updates: int
-    batcher: Batcher  # every train and eval batch (padded, or in length buckets)
-    accumulate: int = 1
-
-    @property
-    def horizon(self) -> Horizon:
-        """The schedule's length: the run's optimizer updates, and per epoch."""
-        return Horizon(self.total_updates, self.steps_per_epoch / self.accumulate)
-
-    @classmethod
-    def make(cls, cfg: Config, train: tokenized.Examples, num_devices: int) -> Plan:
-        run, n_train = cfg.run, len(train)
-        global_batch = run.batch_size * num_devices
-        if n_train < global_batch:
-            raise UserError(
-                f"--batch-size {run.batch_size} x {num_devices} devices = global batch "
-                f"{global_batch} is larger than the {n_train} training {cfg.task.unit}; use a "
-                "smaller --batch-size or --num-devices"
-            )
-        batcher = Batcher.for_data(
-            cfg.data.buckets, train.real_lengths(), global_batch, cfg.data.max_len,
-            run.steps_per_call, (run.valid_batch_size or run.batch_size) * num_devices,
-        )  # fmt: skip
-        spe = batcher.steps_per_epoch()
-        total = spe * run.epochs if not run.max_steps else min(spe * run.epochs, run.max_steps)
-        updates = max(total // cfg.optim.accumulate, 1)
-        return cls(n_train, global_batch, spe, total, updates, batcher, cfg.optim.accumulate)
-
-    def describe(self, cfg: Config, num_devices: int) -> str:
-        cap = f", capped by --max-steps {cfg.run.max_steps}" if cfg.run.max_steps else ""
-        return (
-            f"steps: {self.total} ({self.steps_per_epoch} per epoch x {cfg.run.epochs} epochs"
-            f"{cap}), global batch {self.global_batch} = {cfg.run.batch_size} per device x "
-            f"{num_devices}"
-        )
-
-
-@dataclass
-class ResumeState:
-    """What a checkpoint carries for the loop to continue where it stopped."""
-
-    step: int = 0
-    best: dict[str, Any] = field(
-        default_factory=lambda: {"value": -math.inf, "step": None, "bad_evals": 0}
-    )
-
-
-@dataclass
-class Job:
-    """Everything a run needs besides the framework: config and its resolved spec, data, plan
-    and run directory."""
-
-    cfg: Config
-    spec: RunSpec
-    data: taskdata.TaskData
-    plan: Plan
-    workdir: Path
-    started: float
-    monitor: str = ""  # the metric that picks the best checkpoint (`Task.choose_monitor`)
-
-    def __post_init__(self) -> None:
-        if not self.monitor:
-            valid = self.data.valid
-            self.monitor = self.cfg.task.choose_monitor(self.cfg.run.monitor, valid.groups)
-
-    @classmethod
-    def load(
-        cls,
-        cfg: Config,
-        spec: RunSpec,
-        workdir: Path,
-        num_devices: int,
-        primary: bool,
-        started: float,
-    ) -> Job:
-        """Loads the tokenizer (process 0 keeps a copy in the run directory for predict and
-        export) and the data, and plans the steps. Every process of a multi-process run loads
-        the same examples (deterministic) and feeds only its rows of each global batch."""
-        tokenizer = load_tokenizer(spec.tokenizer_dir)
-        rows = spec.encoder.vocab_size
-        if len(tokenizer) > rows:
-            raise ConfigError(
-                f"tokenizer {spec.tokenizer_dir} has {len(tokenizer)} tokens but the encoder's "
-                f"embedding table has {rows} rows: its ids would index past the table; give "
-                "the tokenizer of this checkpoint (--tokenizer-dir) or a larger --vocab-size"
-            )
-        if primary:  # always this run's tokenizer: never one left by an earlier run
-            save_tokenizer(tokenizer, workdir / "tokenizer")
-        data = taskdata.load_task_data(cfg, tokenizer)
-        info = data.info
-        log.info(
-            "data: %s%s | %d train %s, %d validation (%s)%s",
-            info["source"],
-            " [DEMO DATA]" if info["demo"] else "",
-            info["train_examples"],
-            info["unit"],
-            info["valid_examples"],
-            info["split"],
-            " | tokens from cache" if info["token_cache_hit"] else "",
-        )
-        job = cls(cfg, spec, data, Plan.make(cfg, data.train, num_devices), workdir, started)
-        if data.valid.groups:
-            log.info("validation by %s; monitoring %s", data.valid.groups.describe(), job.monitor)
-        log.info(job.plan.describe(cfg, num_devices))
-        log.info(job.plan.batcher.describe())
-        return job
-
-
-# --------------------------------------------------------------------------- the schedule
-
-
-@dataclass(frozen=True)
-class Call:
-    """One device call of a run: its training steps and what follows them."""
-
-    epoch: int
-    end: int  # steps done after this call
-    batches: tuple[Rows, ...]  # one batch of the training examples per step
-    log: bool  # fetch the losses, check them, write a metrics line
-    evaluate: bool  # evaluate (and save best/latest): eval interval, epoch end, last step
-    checkpoint: bool  # save the latest state (--checkpoint-every)
-
-
-def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
-    """The device calls from step `start` to `plan.total`: a pure function of the plan, the
-    run settings and the start step.
-
-    A call holds up to --steps-per-call K steps of one sequence length and ends early on a
-    logging, evaluation, checkpoint or epoch boundary (the intervals are multiples of K, so
-    only epoch ends, the last step and a change of bucket cut a call short). Every run
-    evaluates at each epoch end and at its last step; a finished run that is resumed gets one
-    call that only evaluates.
-    """
-    spe, total, batcher = plan.steps_per_epoch, plan.total, plan.batcher
-    if start >= total:
-        yield Call(max(total - 1, 0) // spe, start, (), log=False, evaluate=True, checkpoint=False)
-        return
-    step = start
-    for epoch in range(start // spe, run.epochs):
-        chunk: list[Rows] = []
-        for batch in batcher.epoch(epoch, run.seed, step % spe):
-            if chunk and batch.length != chunk[-1].length:  # one shape per device call
-                yield Call(epoch, step, tuple(chunk), False, False, False)
-                chunk = []
-            chunk.append(batch)
-            step += 1
-            checkpoint = bool(run.checkpoint_every and step % run.checkpoint_every == 0)
-            evaluate = bool(run.eval_every and step % run.eval_every == 0)
-            evaluate = evaluate or step % spe == 0 or step == total
-            # a checkpoint step is also a logging step: its losses are checked before saving
-            log_now = step % run.log_every == 0 or step == total or checkpoint
-            if len(chunk) == run.steps_per_call or log_now or evaluate:
-                yield Call(
-                    epoch, step, tuple(chunk), log_now, evaluate, checkpoint and step < total
-                )
-                chunk = []
-            if step == total:
-                return
-
-
-def program_inputs(
-    job: Job, local_rows: Callable[[int], slice], start: int = 0
-) -> tuple[list[list[dict[str, np.ndarray]]], list[dict[str, np.ndarray]]]:
-    """One input of each program a run from step `start` uses: a train call (of one batch) of
-    each sequence length the schedule uses (one program each, whatever the number of batches
-    in a call), and an evaluation batch of each length of the validation set; this process's
-    `local_rows` of each. What the train loop precompiles and `preflight --save-programs`
-    saves."""
-    gb = job.plan.global_batch
-    rows = local_rows(gb)
-    idx, weight = np.arange(gb)[rows] % len(job.data.train), np.ones(gb, np.float32)[rows]
-    batcher, valid = job.plan.batcher, job.data.valid
-    every, used = set(batcher.batch_lengths()), []
-    for call in schedule(job.plan, job.cfg.run, start):
-        if call.batches and call.batches[0].length not in used:
-            used.append(call.batches[0].length)
-            if len(used) == len(every):
-                break
-    calls = [[job.data.train.take(idx, weight, n)] for n in used]
-    lengths = batcher.eval_batch_lengths(valid.real_lengths())
-    egb = batcher.eval_global_batch
-    rows = local_rows(egb)
-    idx, weight = np.arange(egb)[rows] % len(valid), np.ones(egb, np.float32)[rows]
-    return calls, [valid.take(idx, weight, n) for n in lengths]
-
-
-# --------------------------------------------------------------------------- the driver
 
 VALID_SCORES = "valid_scores.csv"  # the best model's predictions of the validation set
 
@@ -319,105 +60,6 @@ def score_examples(backend: Any, examples: tokenized.Examples, batcher: Batcher,
     ordered = np.empty((len(examples), *scores.shape[1:]), scores.dtype)
     ordered[idx[real]] = scores[real]
     return result, ordered
-
-
-_END = object()
-
-
-class Prefetch:
-    """Builds the next device calls' inputs on a background thread (host gather, then
-    `backend.prepare`: stacking and the transfer to the devices) while the devices run the
-    current one, through a bounded queue: torch_xla's ParallelLoader, for both sides.
-
-    `wait_s` adds up the time the loop waited for its input: when it grows, the host does not
-    keep up with the devices. Errors on the thread are raised in the loop."""
-
-    def __init__(self, items: Iterator[Any], depth: int = 2) -> None:
-        self.wait_s = 0.0
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._work, args=(items,), name="jaxtpu-input", daemon=True
-        )
-        self._thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _work(self, items: Iterator[Any]) -> None:
-        try:
-            for item in items:
-                if not self._put((item, None)):
-                    return
-            self._put((_END, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the loop, raised there
-            self._put((_END, e))
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            t0 = time.perf_counter()
-            item, error = self._queue.get()
-            self.wait_s += time.perf_counter() - t0
-            if item is _END:
-                if error is not None:
-                    raise error
-                return
-            yield item
-
-    def __enter__(self) -> Prefetch:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-class _StopFlag:
-    """Set by SIGTERM (what a TPU VM gets before preemption) or a first Ctrl-C (SIGINT): the
-    loop saves the latest state at the end of the current call and stops. A second Ctrl-C
-    stops at once (KeyboardInterrupt; finished checkpoints are kept)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        try:
-            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        except ValueError:  # not the main thread
-            self._old = {}
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT and self.signal is not None:
-            raise KeyboardInterrupt  # the second Ctrl-C
-        self.signal = signum
-        if signum == signal.SIGINT:
-            log.warning(
-                "Ctrl-C: saving the latest state after this step (Ctrl-C again to quit now)"
-            )
-
-    @property
-    def name(self) -> str | None:
-        return None if self.signal is None else signal.Signals(self.signal).name
-
-    def requested(self, backend: Backend, call: Call) -> bool:
-        """Whether to stop after this call; with several processes all agree, at log calls."""
-        if backend.num_processes == 1:
-            return self.signal is not None
-        return call.log and backend.any_process(self.signal is not None)
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
 
 
 class _Driver:
@@ -621,7 +263,7 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
             host = [train.take(b.idx[rows], b.weight[rows], b.length) for b in call.batches]
             yield call, backend.prepare(host) if host else None
 
-    with _StopFlag() as stop:
+    with StopFlag() as stop:
         if resume.step < job.plan.total:
             drv.precompile(resume.step)
         # a signal while the programs were built: nothing trained yet. Every process asks
@@ -639,43 +281,7 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
     return _finish(drv, step, stopped_by)
 
 
-class Profile:
-    """`--profile-steps A:B`: the backend's profiler traces the device calls that hold steps A
-    to B (whole calls: with --steps-per-call K, a little more), into RUN/profile/."""
-
-    def __init__(self, spec: str, workdir: Path, backend: Any) -> None:
-        # process 0 only: it alone writes the run directory
-        self.range = profile_range(spec) if backend.primary else None
-        self.directory = workdir / "profile"
-        self.backend, self.active = backend, False
-
-    def before(self, call: Call) -> None:
-        if self.range is None or self.active:
-            return
-        first = call.end - len(call.batches) + 1
-        if first <= self.range[1] and call.end >= self.range[0]:
-            self.backend.profile_start(self.directory)
-            self.active = True
-
-    def after(self, call: Call, pending: list) -> None:
-        """Stops after the call that reaches B, once its steps are done."""
-        if self.active and self.range and call.end >= self.range[1]:
-            self.backend.fetch(pending)  # the trace holds the steps, not only their dispatch
-            self.backend.profile_stop()
-            self.active = False
-            log.info("profile of steps %d-%d written to %s (TensorBoard's profile tab, "
-                     "Perfetto)", *self.range, self.directory)  # fmt: skip
-
-    def __enter__(self) -> Profile:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.active:  # the run ended (or stopped) inside the range: keep what was traced
-            self.backend.profile_stop()
-            self.active = False
-
-
-def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: _StopFlag, start: int):
+def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: StopFlag, start: int):
     """Runs the device calls of `inputs` from step `start`: the loop body of `run`.
     Returns (the last step done, what stopped the run early or None)."""
     backend, step, stopped_by, pending = drv.backend, start, None, []

@@ -1,0 +1,55 @@
+"""Stopping on request (framework-free): SIGTERM (what a TPU VM gets before preemption) or
+Ctrl-C sets a flag the loop reads after each device call, agreed on by every process."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+from jaxtpu.core.run.plan import Call
+from jaxtpu.core.run.protocol import Backend
+
+log = logging.getLogger("jaxtpu")
+
+
+class StopFlag:
+    """Set by SIGTERM (what a TPU VM gets before preemption) or a first Ctrl-C (SIGINT): the
+    loop saves the latest state at the end of the current call and stops. A second Ctrl-C
+    stops at once (KeyboardInterrupt; finished checkpoints are kept)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        try:
+            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        except ValueError:  # not the main thread
+            self._old = {}
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.signal is not None:
+            raise KeyboardInterrupt  # the second Ctrl-C
+        self.signal = signum
+        if signum == signal.SIGINT:
+            log.warning(
+                "Ctrl-C: saving the latest state after this step (Ctrl-C again to quit now)"
+            )
+
+    @property
+    def name(self) -> str | None:
+        return None if self.signal is None else signal.Signals(self.signal).name
+
+    def requested(self, backend: Backend, call: Call) -> bool:
+        """Whether to stop after this call; with several processes all agree, at log calls."""
+        if backend.num_processes == 1:
+            return self.signal is not None
+        return call.log and backend.any_process(self.signal is not None)
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
