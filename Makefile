@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test lint bench parity-report preflight docs clean
+.PHONY: setup train test test-fast lint bench parity-report preflight docs clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,12 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest $(ARGS)
+
+# The fast tier: no subprocess, no TPU or cross-framework compile, no torch_xla side, no real
+# JAX model run (conftest.py enforces the marks). `make test` runs everything.
+test-fast: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -m "not e2e and not compile and not torch and not model" $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.compare $(ARGS)

@@ -51,6 +51,8 @@ def test_train_step(benchmark, framework, strategy, devices, k):
     benchmark.pedantic(lambda: wait(step()), rounds=5, warmup_rounds=1)
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_torch_xla_spmd_step(benchmark):
     cmd = [sys.executable, "-m", "benchmarks.worker", "--framework", "torch_xla",
            "--parallel", "spmd", "--workload", WORKLOAD, "--precision", PRECISION,

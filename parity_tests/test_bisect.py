@@ -32,6 +32,7 @@ def run(model_dir, csv, out, *extra):
     return code, json.loads((out / "bisect.json").read_text())
 
 
+@pytest.mark.e2e
 def test_a_clean_port_passes_every_point(four_layers, real_data, tmp_path):
     code, report = run(four_layers, real_data, tmp_path)
     forward, grads = report["forward"][0], report["gradients"][0]
@@ -40,6 +41,7 @@ def test_a_clean_port_passes_every_point(four_layers, real_data, tmp_path):
     assert code == 0 and (tmp_path / "bisect.png").stat().st_size > 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("fault", list(EXPECTED))
 def test_a_planted_fault_is_named_and_nothing_before_it(four_layers, real_data, tmp_path, fault):
     code, report = run(four_layers, real_data, tmp_path, "--plant-fault", f"{fault}:{FAULTY_LAYER}")

@@ -9,6 +9,8 @@ import pytest
 
 from parity_tests import checks
 
+pytestmark = [pytest.mark.e2e, pytest.mark.torch]
+
 
 def assert_results(results):
     failed = [r for r in results if not r.passed]

@@ -16,6 +16,7 @@ from jaxtpu.core.hf.encoder import EncoderConfig
 from parity_tests.harness import ROOT, clean_env
 
 
+@pytest.mark.e2e
 def test_worker_times_a_jaxtpu_step_and_reports_every_field():
     cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "8",
            "--parallel", "pmap", "--seq", "16", "--min-steps", "2", "--max-steps", "2"]  # fmt: skip
@@ -51,6 +52,7 @@ def test_quick_matrix_holds_the_target_rows():
             "devices": 8, "remat": "layer"} in rows  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_worker_reports_per_step_times_with_steps_per_call_and_memory_options():
     cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "2",
            "--parallel", "jit", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
@@ -68,6 +70,7 @@ def test_worker_reports_per_step_times_with_steps_per_call_and_memory_options():
     assert r["samples_per_s"] == 32 / r["median_s"]
 
 
+@pytest.mark.e2e
 def test_model_gemms_ceiling_reports_the_step_matmul_flops():
     cmd = [sys.executable, "-m", "benchmarks.worker", "--model-gemms", "--workload", "tiny",
            "--devices", "1", "--seq", "16"]  # fmt: skip
@@ -81,6 +84,7 @@ def test_model_gemms_ceiling_reports_the_step_matmul_flops():
     assert r["gemm_gflops"] > 0 and r["ceiling_mfu"] == r["gemm_gflops"] / r["peak_gflops"]
 
 
+@pytest.mark.e2e
 def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
     """A whole (tiny) epoch of the packaged sample in buckets: the projection of a sample that
     is the whole epoch is what was measured, and there is one compilation per call shape
@@ -187,6 +191,7 @@ def test_hlo_roofline_reads_tpu_matmuls_and_tiles():
     assert rows["%copy.3"].bytes == 2 * 256 * 4  # 5 floats stored as a 256-element tile
 
 
+@pytest.mark.compile
 def test_hlo_roofline_tracks_the_tpu_compilers_cost_model():
     """On a train step compiled for a v3-8 (a narrow model, vocabulary 1,024), the roofline's
     bytes and time stay within 15% of the compiler's own `bytes accessed` and

@@ -113,6 +113,7 @@ def comments(real_csv, tokenizer):
     return data, tokenizer
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
 def test_scores_at_bucket_length_equal_scores_at_full_padding(comments, task):
     """fp32: the same logits (within 1e-5) whether a comment is cut to its bucket or padded
@@ -149,6 +150,7 @@ def test_scores_at_bucket_length_equal_scores_at_full_padding(comments, task):
     assert m_cut["val_loss"] == pytest.approx(m_pad["val_loss"], rel=1e-5)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("k", [1, 2])
 def test_train_step_compiles_once_per_bucket_length_used(tmp_path, real_csv, k):
     from jaxtpu import train
@@ -194,6 +196,7 @@ def test_prefetch_stops_its_thread_when_the_loop_stops_early():
     assert first == 0 and not feed._thread.is_alive()
 
 
+@pytest.mark.model
 def test_bucketed_run_cut_and_resumed_reproduces_the_uninterrupted_run(tmp_path):
     from jaxtpu import train
     from jaxtpu.core.errors import UserError

@@ -200,6 +200,7 @@ def bias_run(real_csv, tmp_path_factory):
     return d, summary
 
 
+@pytest.mark.model
 def test_unintended_bias_trains_monitors_and_evaluates_its_metric(bias_run, real_csv, tmp_path):
     from jaxtpu import checkpoint
     from jaxtpu.evaluate import main
@@ -230,6 +231,7 @@ def test_unintended_bias_trains_monitors_and_evaluates_its_metric(bias_run, real
     assert {"auc_lang_es", "auc_lang_it", "auc_lang_tr"} <= set(report)
 
 
+@pytest.mark.model
 def test_evaluate_refuses_a_file_of_another_kind(bias_run, tmp_path, capsys):
     from jaxtpu.evaluate import main
 
@@ -243,6 +245,7 @@ def test_evaluate_refuses_a_file_of_another_kind(bias_run, tmp_path, capsys):
     assert "a toxicity run is evaluated on labelled comments" in err and "a pairs file" in err
 
 
+@pytest.mark.model
 def test_python_api_scores_texts_and_compiles_each_length_once(bias_run, tmp_path):
     import jaxtpu
     from jaxtpu import predict
@@ -266,6 +269,7 @@ def test_python_api_scores_texts_and_compiles_each_length_once(bias_run, tmp_pat
     assert model.predict([]).shape == (0,)
 
 
+@pytest.mark.model
 def test_a_killed_predict_resumes_to_the_same_file(bias_run, real_csv, tmp_path, monkeypatch,
                                                    capsys):  # fmt: skip
     """Predict reads, scores and writes in chunks; killed after its second chunk (and after

@@ -77,6 +77,7 @@ def test_config_roundtrips_through_dict():
     assert from_dict(cfg.to_dict()) == cfg
 
 
+@pytest.mark.e2e
 def test_every_core_module_imports_without_any_framework():
     """Everything the torch side may import lives in jaxtpu.core; importing all of it in a
     fresh interpreter must load none of JAX, Flax, optax, orbax, torch or torch_xla."""
@@ -93,6 +94,8 @@ def test_every_core_module_imports_without_any_framework():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_torch_side_trains_with_jax_unimportable(tmp_path):
     """`python -m torchxla_ref.train` runs a tiny job with every JAX package blocked
     (`sys.modules[name] = None` makes `import name` fail), so the torch side cannot lean on
@@ -118,6 +121,8 @@ def test_torch_side_trains_with_jax_unimportable(tmp_path):
     "side,own,other",
     [("jax", JAX_STRATEGIES, TORCH_STRATEGIES), ("torch", TORCH_STRATEGIES, JAX_STRATEGIES)],
 )
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_each_side_lists_and_accepts_only_its_own_strategies(tmp_path, side, own, other):
     module = {"jax": "jaxtpu.train", "torch": "torchxla_ref.train"}[side]
     help_text = subprocess.run(

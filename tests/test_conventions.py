@@ -32,6 +32,7 @@ def test_the_jaxtpu_command_lists_its_subcommands_and_runs_them(capsys):
         __import__(module)  # every subcommand's module exists
 
 
+@pytest.mark.e2e
 def test_the_console_script_is_installed():
     script = ROOT / ".venv" / "bin" / "jaxtpu"
     if not script.exists():
@@ -74,6 +75,7 @@ def test_bad_config_files_are_one_line_naming_the_file_and_key(tmp_path, text, m
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.e2e
 def test_a_runs_config_json_reruns_it_exactly(tmp_path):
     """A run directory's config.json is a --config: the rerun's losses are the run's."""
     first, second = tmp_path / "first", tmp_path / "second"
@@ -99,6 +101,7 @@ def test_a_runs_config_json_reruns_it_exactly(tmp_path):
     assert losses(first) == losses(second) and len(losses(first)) == 4
 
 
+@pytest.mark.e2e
 def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkeypatch):
     """--tracker tensorboard,wandb on the shared loop (a numpy fake backend): W&B, offline,
     holds the run config and every train loss of metrics.jsonl, read back with wandb's own
@@ -168,6 +171,7 @@ def test_print_config_writes_a_file_that_gives_back_the_same_config(tmp_path, ca
     assert "model_dir: 'SET-ME: the pretrained model directory'" in text
 
 
+@pytest.mark.e2e
 def test_training_from_a_python_session_whose_jax_has_started(tmp_path):
     """A notebook that already used JAX (one CPU device) trains in-process: nothing is
     re-executed, and asking for more devices than it has is one line saying how many."""

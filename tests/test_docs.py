@@ -28,6 +28,7 @@ def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_the_site_builds_strictly_with_the_schemas_flag_reference(tmp_path):
     proc = _build(ROOT, tmp_path / "site")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,6 +37,7 @@ def test_the_site_builds_strictly_with_the_schemas_flag_reference(tmp_path):
         assert f"--{name.replace('_', '-')}" in flags, name
 
 
+@pytest.mark.e2e
 def test_a_broken_link_fails_the_build(tmp_path):
     copy = tmp_path / "repo"
     copy.mkdir()
@@ -47,6 +49,7 @@ def test_a_broken_link_fails_the_build(tmp_path):
     assert proc.returncode != 0 and "no-such-page.md" in proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
 def test_the_getting_started_commands_run_as_written(tmp_path):
     text = (ROOT / "docs" / "getting-started.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
@@ -66,6 +69,7 @@ def test_the_getting_started_commands_run_as_written(tmp_path):
     assert (tmp_path / "exported" / "config.json").exists()
 
 
+@pytest.mark.e2e
 def test_the_python_example_runs(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "docs" / "examples" / "score.py"), str(tmp_path / "run")],

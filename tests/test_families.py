@@ -47,6 +47,7 @@ def _exported(model_dir: Path, out: Path) -> Path:
     return weights.save_hf(model.params, model.encoder, out, model_dir, meta)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("name", ALL)
 def test_family_matches_transformers_and_exports_what_automodel_loads(name, family_dirs, tmp_path):
     model_dir = family_dirs[name]
@@ -219,6 +220,7 @@ def test_bisection_has_a_module_on_both_sides_for_every_point_of_every_family():
     "name, task",
     [("xlm-roberta", "toxicity"), ("distilbert", "ranking"), ("electra", "multilabel")],
 )
+@pytest.mark.model
 def test_jaxtpu_trains_each_task_from_a_family_checkpoint(name, task, family_dirs, tmp_path):
     """RoBERTa and DeBERTa train on both sides in the parity suite (test_family_trajectory)."""
     from jaxtpu import train
@@ -239,6 +241,8 @@ def test_jaxtpu_trains_each_task_from_a_family_checkpoint(name, task, family_dir
     assert np.isfinite(summary["final"][cfg.task.monitor])
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_torch_side_trains_a_family_checkpoint_from_the_command_line(family_dirs, tmp_path):
     from parity_tests.harness import run_side
 
@@ -253,6 +257,7 @@ def test_torch_side_trains_a_family_checkpoint_from_the_command_line(family_dirs
     assert "pooling cls (distilbert's default)" in run.stderr + run.stdout
 
 
+@pytest.mark.model
 def test_deberta_scanned_and_rematerialised_trains_like_the_plain_model(family_dirs, tmp_path):
     """The relative embeddings every layer shares stay outside the scanned layer stack."""
     from jaxtpu import train

@@ -40,6 +40,7 @@ def test_the_tunable_joins_the_users_other_tunables():
     assert env == {hostmem.TUNABLES: "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "X": "1"}
 
 
+@pytest.mark.e2e
 def test_the_restart_keeps_the_process_its_arguments_and_its_output():
     if not hostmem.wanted({}, hostmem.glibc_version(), hostmem.thp_mode()):
         pytest.skip("this machine has no glibc >= 2.35 with transparent huge pages")

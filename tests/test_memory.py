@@ -50,6 +50,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("task", list(VARIANTS))
 def test_memory_options_give_the_replicated_trajectory_fp32(tmp_path, task):
     ref = _run(tmp_path, "replicated", task=task, sharding="replicated")

@@ -96,6 +96,7 @@ def save_lightning(model: NotebookModel, path: Path) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("kind", ["state-dict", "lightning"])
 def test_predict_from_a_notebook_checkpoint_matches_the_pytorch_module(tmp_path, model_dir, kind):
     if kind == "state-dict":
@@ -119,6 +120,7 @@ def test_predict_from_a_notebook_checkpoint_matches_the_pytorch_module(tmp_path,
     np.testing.assert_allclose(ours, theirs, atol=2e-5, rtol=0)
 
 
+@pytest.mark.model
 def test_train_from_a_notebook_checkpoint_then_export_it_back(tmp_path, model_dir):
     """A run from --init-from starts from the file's weights (the same run as from a Hugging
     Face directory holding them), and its export loads strictly into the notebook's class."""

@@ -62,6 +62,7 @@ def hf_forward(hf_model, ids, mask):
     return out.last_hidden_state.numpy(), out.pooler_output.numpy()
 
 
+@pytest.mark.compile
 def test_forward_matches_hugging_face_fp32_and_bf16(real_batch, hf_model, flax_params):
     ids, mask = real_batch
     enc, params = flax_params
@@ -169,6 +170,7 @@ def test_gelu_is_pytorchs_exact_gelu_and_its_gradient():
     assert np.asarray(value)[np.abs(x) <= 1].std() > 0.1  # not a constant
 
 
+@pytest.mark.model
 def test_bf16_matmul_results_reach_the_model_and_keep_fp32_logits():
     """--matmul-output bf16 (a TPU's default) rounds the bf16 matmuls' results once: the same
     params give logits within bf16 rounding of the fp32-result model's but not equal to

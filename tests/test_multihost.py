@@ -83,6 +83,7 @@ def _assert_same_run(one: Path, two: Path) -> None:
     assert fb["val_auc"] == pytest.approx(fa["val_auc"], abs=1e-6)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("strategy", ["jit", "pmap", "shard_map"])
 def test_two_processes_train_like_one(tmp_path, strategy):
     one, two = tmp_path / "one", tmp_path / "two"
@@ -99,6 +100,7 @@ def test_two_processes_train_like_one(tmp_path, strategy):
     assert (two / "checkpoints" / "best").is_dir() and (two / "tokenizer").is_dir()
 
 
+@pytest.mark.e2e
 def test_sigterm_on_one_process_stops_all_then_resume_matches(tmp_path):
     longer = ["--parallel", "jit", "--epochs", "3", "--eval-every", "7"]
     one, two = tmp_path / "one", tmp_path / "two"

@@ -78,6 +78,7 @@ def test_metric_is_the_mean_column_auc_over_known_rows_and_skips_one_class_colum
     assert got["val_mean_auc"] == pytest.approx(np.mean(list(expected.values())), abs=1e-12)
 
 
+@pytest.mark.model
 def test_trains_on_real_comments_and_predict_writes_the_kaggle_columns(tmp_path):
     workdir = tmp_path / "run"
     cfg = presets.tiny().replace(

@@ -35,6 +35,7 @@ def toy(monkeypatch):
     return TOY
 
 
+@pytest.mark.model
 def test_a_toy_task_trains_predicts_and_passes_preflight(toy, tmp_path):
     assert toy.batch_spec(16)["label"] == ((2,), "float32")
     cfg = presets.tiny().replace(task=toy.name, max_steps=6, workdir=str(tmp_path / "run"))

@@ -26,6 +26,7 @@ def v3():
     return preflight.target_devices("v3-8", 8)
 
 
+@pytest.mark.compile
 def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3, capsys):
     """Each memory option, remat policy, scanned and unrolled layers, both tasks, bf16 and
     fp32, jit and shard_map, one and several steps per call: five TPU compilations."""
@@ -178,6 +179,7 @@ def test_an_unwritable_json_path_is_refused_before_any_compilation(tmp_path, cap
     assert "is not a directory" in err and "preflight:" not in err  # nothing compiled
 
 
+@pytest.mark.compile
 def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
     chip = TpuChip("TPU v9", 64, 1000, 1000, 1, "test")
     monkeypatch.setitem(preflight.TPU_TARGETS, "v9-8", preflight.Target("v9:2x2", chip))

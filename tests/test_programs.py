@@ -37,6 +37,7 @@ def _losses(workdir: str) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in map(json.loads, lines) if r["event"] == "train"]
 
 
+@pytest.mark.model
 def test_a_run_from_saved_programs_compiles_nothing_and_trains_the_same(
     saved, tmp_path, monkeypatch
 ):
@@ -71,6 +72,7 @@ def test_a_run_from_saved_programs_compiles_nothing_and_trains_the_same(
     assert b["final"]["val_loss"] == a["final"]["val_loss"]
 
 
+@pytest.mark.model
 def test_saved_programs_of_another_program_are_refused_in_one_line(saved, tmp_path):
     directory, cfg = saved
     message = r"length 1\d was compiled for another program \(flags differ: --lr 0\.001 \(saved"
@@ -82,6 +84,7 @@ def test_saved_programs_of_another_program_are_refused_in_one_line(saved, tmp_pa
     assert not (tmp_path / "lr" / "metrics.jsonl").exists()  # refused before the first step
 
 
+@pytest.mark.model
 def test_saved_programs_of_another_environment_are_refused_in_one_line(saved, tmp_path):
     import jax
 

@@ -127,6 +127,7 @@ def test_the_lr_of_a_metrics_line_is_the_rate_its_step_trained_with(tmp_path):
         assert lr == pytest.approx(1e-3 * (7 - (step - 1)) / 7, rel=1e-6), step
 
 
+@pytest.mark.model
 def test_all_folds_train_each_fold_and_write_their_record_and_oof(tmp_path):
     """--all-folds: three tiny folds, each in its own run directory; folds.json has each
     fold's best value, their mean and spread; oof.csv has every row once, predicted by the
@@ -273,6 +274,7 @@ def _batch(model_dir, texts):
     return torch.from_numpy(ids).long(), torch.from_numpy(mask).long()
 
 
+@pytest.mark.model
 def test_the_xla_notebook_preset_takes_the_notebooks_steps(tmp_path, real_csv):
     """--preset xla-notebook against the notebook's loop in plain PyTorch (its module,
     BCEWithLogitsLoss, transformers.AdamW with its no-decay groups, no scheduler, no clipping,
@@ -307,6 +309,7 @@ def test_the_xla_notebook_preset_takes_the_notebooks_steps(tmp_path, real_csv):
     assert abs(theirs[-1] - theirs[0]) > 1e-3  # it trained
 
 
+@pytest.mark.model
 def test_the_lightning_severity_preset_takes_the_notebooks_steps(tmp_path, real_csv):
     """--preset lightning-severity against the notebook's loop in plain PyTorch
     (MarginRankingLoss(0.5), transformers.AdamW on every parameter with weight decay 1e-6,

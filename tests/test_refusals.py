@@ -99,6 +99,7 @@ def test_a_tokenizer_beyond_the_embedding_table_is_refused_and_leaves_nothing(ca
     assert not wd.exists()
 
 
+@pytest.mark.model
 def test_a_refused_run_leaves_no_tokenizer_and_a_run_writes_its_own(tmp_path, capsys,
                                                                    minilm_dir):  # fmt: skip
     wd = tmp_path / "run"
@@ -257,6 +258,7 @@ def test_bisect_checks_the_model_directory_as_the_trainers_do(tmp_path, capsys, 
 # 3. interrupts and leftovers ---------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_sigterm_while_the_programs_compile_stops_with_the_documented_exit(tmp_path, monkeypatch,
                                                                            caplog):  # fmt: skip
     from jaxtpu.backend import JaxBackend

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import resumable_args
 
+from conftest import resumable_args
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.schema import BOUNDS, FIELDS, JAX_ONLY, RESUME_MAY_CHANGE
@@ -98,6 +98,7 @@ def strict_json_lines(path: Path) -> list[dict]:
 # 1. one run per directory
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("side", SIDES)
 def test_a_second_run_on_a_held_directory_is_refused_naming_the_holder(tmp_path, side):
     module, base = SIDES[side]
@@ -109,6 +110,7 @@ def test_a_second_run_on_a_held_directory_is_refused_naming_the_holder(tmp_path,
     assert not (wd / "metrics.jsonl").exists()
 
 
+@pytest.mark.e2e
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
     wd = tmp_path / "run"
     holder = subprocess.Popen(
@@ -132,6 +134,7 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
 # 2. resume that cannot drift
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("side", SIDES)
 def test_resume_refuses_changed_flags_and_records_what_ran(tmp_path, side):
     module, base = SIDES[side]
@@ -154,6 +157,7 @@ def test_resume_refuses_changed_flags_and_records_what_ran(tmp_path, side):
 # 3. Ctrl-C is as safe as SIGTERM
 
 
+@pytest.mark.e2e
 def test_ctrl_c_saves_exits_130_with_the_resume_command_and_resumes(uninterrupted, tmp_path):
     wd = tmp_path / "run"
     proc = start("jaxtpu.train", *resumable_args(wd))
@@ -176,6 +180,7 @@ def test_ctrl_c_saves_exits_130_with_the_resume_command_and_resumes(uninterrupte
     strict_json_lines(wd / "metrics.jsonl")
 
 
+@pytest.mark.e2e
 def test_a_second_ctrl_c_stops_at_once(tmp_path):
     wd = tmp_path / "run"
     proc = start("jaxtpu.train", *resumable_args(wd))
@@ -187,6 +192,8 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     assert "interrupted" in err and "Traceback" not in err
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_ctrl_c_on_the_torch_side_saves_and_resumes(tmp_path):
     wd = tmp_path / "run"
     args = [*EAGER, "--workdir", str(wd), "--epochs", "40", "--log-every", "1", "--dropout", "0"]
@@ -206,6 +213,7 @@ def test_ctrl_c_on_the_torch_side_saves_and_resumes(tmp_path):
 # 4. an undefined metric is refused before training
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("side", SIDES)
 def test_a_validation_set_with_one_class_is_refused_at_the_start(tmp_path, side):
     module, base = SIDES[side]
@@ -235,6 +243,7 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("side", SIDES)
 def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, side):
     module, base = SIDES[side]
@@ -278,6 +287,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, sid
         (["--dropout", "nan"], "--dropout must be a finite number in [0, 1) or -1, got nan"),
     ],
 )
+@pytest.mark.e2e
 @pytest.mark.parametrize("side", SIDES)
 def test_bad_flag_values_are_refused_identically_on_both_sides(tmp_path, side, flags, message):
     module, base = SIDES[side]
@@ -286,12 +296,14 @@ def test_bad_flag_values_are_refused_identically_on_both_sides(tmp_path, side, f
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e
 def test_eager_is_not_a_jax_strategy(tmp_path):
     proc = cli("jaxtpu.train", *TINY, "--workdir", tmp_path / "run", "--parallel", "eager")
     assert proc.returncode == 2 and "invalid choice: 'eager'" in proc.stderr
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("side", SIDES)
 def test_a_csv_with_a_repeated_column_is_refused(tmp_path, side):
     module, base = SIDES[side]
@@ -308,6 +320,7 @@ def finished(tmp_path_factory):
     return wd
 
 
+@pytest.mark.e2e
 def test_output_paths_are_checked_before_scoring(finished, tmp_path):
     to_score = tmp_path / "score.csv"
     to_score.write_text("comment_id,text\n1,hello\n")
@@ -330,6 +343,7 @@ def test_output_paths_are_checked_before_scoring(finished, tmp_path):
 # fault injection: SIGKILL anywhere, then resume
 
 
+@pytest.mark.e2e
 def test_sigkill_at_random_moments_then_resume_matches_the_uninterrupted_run(
     uninterrupted, tmp_path
 ):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import resumable_args
 
+from conftest import resumable_args
 from parity_tests.harness import ROOT, clean_env, final_metrics, wait_for_step
 
 HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
@@ -120,6 +120,7 @@ def _bad_argv(files: dict, tmp_path: Path, args) -> list[str]:
     return argv if "--workdir" in argv else [*argv, "--workdir", str(tmp_path / "run")]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name,args,message", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_gives_one_clear_line_and_no_traceback(files, tmp_path, name, args, message):
     # For that case the machine gets 4 devices, as a host whose device count is fixed has.
@@ -129,12 +130,15 @@ def test_bad_input_gives_one_clear_line_and_no_traceback(files, tmp_path, name, 
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 @pytest.mark.parametrize("name,args,message", TORCH_BAD_ARGS, ids=[b[0] for b in TORCH_BAD_ARGS])
 def test_bad_input_through_the_torch_side(files, tmp_path, name, args, message):
     proc = cli("torchxla_ref.train", *TINY, *_bad_argv(files, tmp_path, args))
     _assert_one_clear_line(proc, message)
 
 
+@pytest.mark.e2e
 def test_texts_far_longer_than_max_len_are_truncated_and_train(files, tmp_path):
     long = HEADER + "".join(f"{i},{'word ' * 3000},{i % 2},0,0,0,0,0\n" for i in range(64))
     proc = cli("jaxtpu.train", *TINY, "--train-csv", str(write(tmp_path / "long.csv", long)),
@@ -150,6 +154,7 @@ def finished_run(tmp_path_factory):
     return wd
 
 
+@pytest.mark.e2e
 def test_corrupted_checkpoint_is_reported_and_kept(finished_run, tmp_path):
     wd = tmp_path / "run"
     shutil.copytree(finished_run, wd)
@@ -164,6 +169,8 @@ def test_corrupted_checkpoint_is_reported_and_kept(finished_run, tmp_path):
     assert step_dir.exists()  # nothing deleted
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_torch_side_refuses_corrupted_and_foreign_checkpoints(tmp_path):
     wd = tmp_path / "run"
     eager = [*TINY, "--parallel", "eager", "--num-devices", "1", "--max-steps", "3"]
@@ -182,6 +189,7 @@ def test_torch_side_refuses_corrupted_and_foreign_checkpoints(tmp_path):
     assert ckpt.read_bytes() == b"garbage"  # kept for the user to inspect
 
 
+@pytest.mark.e2e
 def test_checkpoint_of_another_task_is_refused(finished_run, tmp_path):
     wd = tmp_path / "run"
     shutil.copytree(finished_run, wd)
@@ -191,6 +199,7 @@ def test_checkpoint_of_another_task_is_refused(finished_run, tmp_path):
     assert "checkpoint is for task 'toxicity', this run is 'ranking'" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_predict_and_export_refuse_bad_input_and_keep_results(finished_run, tmp_path):
     out = write(tmp_path / "out.csv", "keep me\n")
     to_score = write(tmp_path / "score.csv", "comment_id,text\n1,hello\n")
@@ -205,6 +214,7 @@ def test_predict_and_export_refuse_bad_input_and_keep_results(finished_run, tmp_
     assert proc.returncode == 2 and "is not an empty directory" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
     wd = tmp_path / "run"
     # Warm-up from 0 to a huge peak: step 1 trains at lr 0 (and is evaluated and checkpointed),
@@ -224,6 +234,7 @@ def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
     assert latest["step"] == evals[-1]["step"]  # the last state evaluated as finite
 
 
+@pytest.mark.e2e
 def test_sigterm_checkpoints_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
     wd = tmp_path / "run"
     cmd = [sys.executable, "-m", "jaxtpu.train", *resumable_args(wd)]
@@ -241,6 +252,7 @@ def test_sigterm_checkpoints_and_exits_cleanly_then_resumes(uninterrupted, tmp_p
     )
 
 
+@pytest.mark.e2e
 def test_leftover_partial_checkpoint_does_not_break_resume(uninterrupted, tmp_path):
     """A run killed while orbax writes leaves a temporary directory; resume ignores it."""
     wd = tmp_path / "run"

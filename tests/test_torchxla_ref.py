@@ -15,6 +15,8 @@ from parity_tests.harness import run_side  # noqa: E402
 TINY = ["--preset", "tiny", "--log-every", "1"]
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
 def test_spmd_8_devices_loss_goes_down_and_compiles_stay_put(tmp_path, task, precision):
@@ -36,6 +38,8 @@ def test_spmd_8_devices_loss_goes_down_and_compiles_stay_put(tmp_path, task, pre
     assert summary["final"][monitor] > 0.8
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_spawn_runs_on_one_cpu_device_on_unintended_bias_files(tmp_path, real_csv):
     """Spawn on one device, trained on files of the Unintended Bias layout: the reference reads
     them as jaxtpu does (`target` as a soft target) and reports and monitors the same bias
@@ -56,6 +60,8 @@ def test_spawn_runs_on_one_cpu_device_on_unintended_bias_files(tmp_path, real_cs
         assert np.isfinite(summary["final"][key]), key
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_spawn_refuses_more_cpu_devices_than_it_can_run(tmp_path):
     run = run_side(
         "torch", tmp_path / "run", *TINY, "--parallel", "spawn", "--num-devices", "2",
@@ -66,12 +72,16 @@ def test_spawn_refuses_more_cpu_devices_than_it_can_run(tmp_path):
     assert "SPAWN_ON_CPU.md" in run.stderr and "Traceback" not in run.stderr
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_jax_strategy_names_are_refused_on_the_torch_side(tmp_path):
     run = run_side("torch", tmp_path / "run", *TINY, "--parallel", "pmap")
     assert run.returncode == 2 and "invalid choice: 'pmap'" in run.stderr
     assert "(choose from 'spmd', 'spawn', 'eager')" in run.stderr
 
 
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_eager_cpu_baseline_runs_and_needs_one_device(tmp_path):
     run = run_side(
         "torch", tmp_path / "run", *TINY, "--parallel", "eager", "--num-devices", "1",

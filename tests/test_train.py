@@ -29,6 +29,7 @@ def tiny(tmp_path, name="run", **overrides):
 
 # bf16 here; fp32 runs of every strategy are compared step by step below (and with torch_xla in
 # parity_tests), where each must also compile its step once.
+@pytest.mark.model
 @pytest.mark.parametrize("precision", ["bf16"])
 @pytest.mark.parametrize("parallel", ["pmap", "jit"])
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
@@ -46,6 +47,7 @@ def test_loss_goes_down_and_step_compiles_once(tmp_path, task, parallel, precisi
     assert list((tmp_path / "run" / "checkpoints" / "best").iterdir())
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
 def test_every_strategy_gives_the_same_trajectory_fp32(tmp_path, task):
     """pmap, jit and shard_map compute the same training run (dropout off: jit draws its
@@ -67,6 +69,7 @@ def test_every_strategy_gives_the_same_trajectory_fp32(tmp_path, task):
         np.testing.assert_allclose(evals[-1]["val_loss"], ref_evals[-1]["val_loss"], rtol=1e-5)
 
 
+@pytest.mark.model
 def test_shard_map_is_pmap_with_dropout_too(tmp_path):
     """shard_map runs pmap's per-device step: same device index, same dropout masks."""
     kw = dict(precision="fp32", max_steps=6)
@@ -77,6 +80,7 @@ def test_shard_map_is_pmap_with_dropout_too(tmp_path):
     np.testing.assert_allclose([x["loss"] for x in b], [x["loss"] for x in a], rtol=1e-5)
 
 
+@pytest.mark.model
 def test_existing_run_is_never_overwritten(tmp_path):
     train.train_and_evaluate(tiny(tmp_path, max_steps=2))
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
@@ -85,6 +89,7 @@ def test_existing_run_is_never_overwritten(tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.model
 def test_default_command_code_path(tmp_path, caplog):
     """`python -m jaxtpu.train` with its defaults (pretrained MiniLM, the packaged real
     comments in length buckets, jit, bf16, 8 devices), cut to two steps on fewer, shorter
@@ -112,6 +117,7 @@ def test_packaged_sample_is_real_comments_from_the_shared_file(real_csv):
     assert "CC BY-SA 3.0" in sources and "CC0" in sources and "default_rng(2026)" in sources
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("parallel", JAX_STRATEGIES)
 def test_steps_per_call_trains_exactly_like_one_step_per_call(tmp_path, parallel):
     """--steps-per-call 3: a lax.scan over 3 batch slots per device call. 7 steps per epoch and
@@ -143,6 +149,7 @@ jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", ["default", "user dir", "off"])
 def test_compiled_programs_persist_in_the_cache_dir_unless_told_otherwise(tmp_path, case):
     import subprocess

@@ -1,0 +1,78 @@
+"""The test tiers, for every test directory. A test is marked
+- `e2e` when it runs a subprocess,
+- `compile` when it compiles for a TPU topology or compares with another framework's model,
+- `torch` when it runs the torch_xla reference side,
+- `model` when it runs a real JAX model in-process (training or scoring, or a compiled step),
+and `make test-fast` runs everything else (`-m "not e2e and not compile and not torch and not
+model"`): the pure functions, the FakeBackend loop, parsing, data, metrics and refusals.
+
+The marks are enforced where a cheap check can tell: a test without `e2e` that starts a
+process, one without `compile` that asks JAX for a TPU topology, one without `torch` that
+imports torch_xla, or one without `model` that builds a JAX backend (train or score) fails and
+names the mark it needs. Comparisons with transformers' PyTorch models and compiled steps
+outside a backend are marked by hand.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _marks(item: pytest.Item) -> set[str]:
+    return {m.name for m in item.iter_markers()}
+
+
+def _refuse(mark: str, what: str):
+    def refused(*args, **kwargs):
+        raise pytest.fail.Exception(
+            f"this test {what} but is not marked @pytest.mark.{mark} (see conftest.py)",
+            pytrace=False,
+        )
+
+    return refused
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    had_torch_xla = "torch_xla" in sys.modules
+    with _guarded(item):
+        result = yield
+    if not had_torch_xla and "torch_xla" in sys.modules and "torch" not in _marks(item):
+        pytest.fail("this test imports torch_xla but is not marked @pytest.mark.torch", False)
+    return result
+
+
+class _guarded:
+    """Within a test's setup and call: subprocesses and TPU topologies only for the marked."""
+
+    def __init__(self, item: pytest.Item) -> None:
+        self.marks = _marks(item)
+        self.patch = pytest.MonkeyPatch()
+
+    def __enter__(self) -> None:
+        if "e2e" not in self.marks:
+            self.patch.setattr(subprocess.Popen, "__init__", _refuse("e2e", "starts a process"))
+        if "model" not in self.marks:
+            from jaxtpu.backend import JaxBackend
+
+            what = "runs a real JAX model (builds a JaxBackend)"
+            self.patch.setattr(JaxBackend, "__init__", _refuse("model", what))
+        if "compile" not in self.marks:
+            try:
+                from jax.experimental import topologies
+            except ImportError:
+                return
+            what = "compiles for a TPU topology"
+            self.patch.setattr(topologies, "get_topology_desc", _refuse("compile", what))
+
+    def __exit__(self, *exc: object) -> None:
+        self.patch.undo()
