@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -42,6 +43,42 @@ def packages() -> list[tuple[str, int, int]]:
             modules, lines = counts.setdefault(package, [0, 0])
             counts[package] = [modules + 1, lines + _lines(path)]
     return [(name, m, n) for name, (m, n) in sorted(counts.items())]
+
+
+MAPPED = ("jaxtpu", "torchxla_ref", "parity_tests", "benchmarks")
+
+
+def first_sentence(docstring: str) -> str:
+    """The first sentence of a docstring's first paragraph, on one line."""
+    paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
+    cut = re.search(r"(?<!e\.g)(?<!i\.e)\.(\s|$)", paragraph)
+    return paragraph[: cut.start() + 1] if cut else paragraph
+
+
+def module_map() -> str:
+    """The architecture page's module map: every package of the project with each of its
+    modules and the first sentence of its docstring (what it owns), as markdown. Generated at
+    docs build time (docs/hooks.py), so it names every module there is.
+
+    Raises:
+      ValueError: a module has no docstring (each file says what it owns).
+    """
+    out = []
+    for top in MAPPED:
+        packages: dict[str, list[str]] = {}
+        for path in _sources(top):
+            if path.name.startswith("test_") or path.name == "conftest.py":
+                continue
+            rel = path.relative_to(ROOT)
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+            if not doc:
+                raise ValueError(f"{rel} has no module docstring: say what it owns")
+            name = "__init__" if path.name == "__init__.py" else path.stem
+            line = f"| `{name}` | {first_sentence(doc)} |".replace("\n", " ")
+            packages.setdefault("/".join(rel.parts[:-1]), []).append(line)
+        for package, rows in packages.items():
+            out += [f"### `{package}/`", "", "| module | what it owns |", "|---|---|", *rows, ""]
+    return "\n".join(out)
 
 
 def definitions(kind: type) -> list[tuple[int, str]]:

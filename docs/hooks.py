@@ -1,12 +1,17 @@
 """mkdocs hook: the flag reference page is generated from the config schema at build time, so
-it can never disagree with `--help`."""
+it can never disagree with `--help`; the architecture page's module map from the modules'
+docstrings, so it names every module there is."""
 
 from __future__ import annotations
 
 
 def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mkdocs' hook API)
-    if "<!-- flags -->" not in markdown:
-        return markdown
-    from jaxtpu.core.flags.cli import flag_reference
+    if "<!-- flags -->" in markdown:
+        from jaxtpu.core.flags.cli import flag_reference
 
-    return markdown.replace("<!-- flags -->", flag_reference())
+        markdown = markdown.replace("<!-- flags -->", flag_reference())
+    if "<!-- modules -->" in markdown:
+        from benchmarks.codeshape import module_map
+
+        markdown = markdown.replace("<!-- modules -->", module_map())
+    return markdown

@@ -1,0 +1,43 @@
+"""`benchmarks.codeshape`: the architecture page's module map and the review's measurements."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+
+from benchmarks import codeshape
+
+
+def test_the_module_map_names_every_shipped_module_with_its_docstring():
+    text = codeshape.module_map()
+    for top in codeshape.MAPPED:
+        for path in codeshape._sources(top):
+            if path.name.startswith("test_") or path.name == "conftest.py":
+                continue
+            name = "__init__" if path.name == "__init__.py" else path.stem
+            package = "/".join(path.relative_to(codeshape.ROOT).parts[:-1])
+            section = text.split(f"### `{package}/`")[1].split("### ")[0]
+            assert f"| `{name}` |" in section, (package, name)
+
+
+def test_a_module_without_a_docstring_fails_the_map(tmp_path, monkeypatch):
+    (tmp_path / "jaxtpu").mkdir()
+    (tmp_path / "jaxtpu" / "said.py").write_text('"""Owns this. And more."""\n')
+    (tmp_path / "jaxtpu" / "silent.py").write_text("x = 1\n")
+    monkeypatch.setattr(codeshape, "ROOT", tmp_path)
+    monkeypatch.setattr(codeshape, "MAPPED", ("jaxtpu",))
+    with pytest.raises(ValueError, match="jaxtpu/silent.py has no module docstring"):
+        codeshape.module_map()
+    (tmp_path / "jaxtpu" / "silent.py").write_text('"""Now it says, e.g. this.\n\nMore."""\n')
+    assert "| `silent` | Now it says, e.g. this. |" in codeshape.module_map()
+    assert "| `said` | Owns this. |" in codeshape.module_map()
+
+
+def test_reentered_names_a_file_the_path_comes_back_to():
+    def frame(name: str) -> traceback.FrameSummary:
+        return traceback.FrameSummary(name, 1, "f")
+
+    path = [frame("a.py"), frame("a.py"), frame("b.py"), frame("c.py"), frame("b.py")]
+    assert codeshape.reentered(path) == ["b.py"]
+    assert codeshape.reentered(path[:4]) == []
