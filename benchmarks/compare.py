@@ -123,8 +123,9 @@ def run_worker(args: list[str], timeout: float, module: str = "worker") -> dict[
     # Each row chooses its host-memory setting itself (--huge-pages): none is inherited.
     env = {k: v for k, v in clean_env().items() if k != hostmem.TUNABLES}
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f}s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -139,8 +140,12 @@ def progress(i: int, n: int, name: str, status: str, started: float) -> None:
 
 def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: Any) -> None:
     """The run's JSON: when, how long, what else the table needs, and one record per row."""
-    record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
-              **extra, "results": records}  # fmt: skip
+    record = {
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "seconds": time.time() - t0,
+        **extra,
+        "results": records,
+    }
     files.write_text(path, json.dumps(record, indent=1))  # a killed run keeps the old file
 
 
@@ -162,9 +167,11 @@ def _strategy(r: dict[str, Any]) -> str:
 
 
 def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
-    head = (f"{'framework':<10} {'parallel':<16} {'workload':<9} {'prec':<4} {'dev':>3} "
-            f"{'compile s':>9} {'median s':>9} {'p10-p90 s':>13} {'samples/s':>9} "
-            f"{'tokens/s':>9} {'MFU %':>6} {'host MB':>8}")  # fmt: skip
+    head = (
+        f"{'framework':<10} {'parallel':<16} {'workload':<9} {'prec':<4} {'dev':>3} "
+        f"{'compile s':>9} {'median s':>9} {'p10-p90 s':>13} {'samples/s':>9} "
+        f"{'tokens/s':>9} {'MFU %':>6} {'host MB':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in records:
         name = f"{r['framework']:<10} {_strategy(r):<16} {r['workload']:<9} {r['precision']:<4} "
@@ -177,21 +184,28 @@ def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
             f"{r['p10_s']:>6.3f}-{r['p90_s']:<6.3f} {r['samples_per_s']:>9.1f} "
             f"{r['tokens_per_s']:>9.0f} {r['mfu'] * 100:>6.1f} {r['peak_host_mb']:>8.0f}"
         )
-    lines.append("matmul peak (2048^3 GEMM via XLA, 1 device): "
-                 + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()))  # fmt: skip
+    lines.append(
+        "matmul peak (2048^3 GEMM via XLA, 1 device): "
+        + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items())
+    )
     return "\n".join(lines)
 
 
 def epoch_table(records: list[dict[str, Any]]) -> str:
     """The epoch rows, with each row's time relative to jaxtpu padded at the same length (a
     `+warm` jaxtpu row: relative to padded `+warm`, when the run has one)."""
-    head = (f"{'len':>4} {'framework':<9} {'parallel':<16} {'batching':<9} {'epoch s':>8} "
-            f"{'x padded':>8} {'compile s':>9} {'steady s':>8} {'real tok/s':>10} {'tokens':>6} "
-            f"{'lengths':>7} {'compiles':>8} {'wait %':>6} {'cores':>5}")  # fmt: skip
+    head = (
+        f"{'len':>4} {'framework':<9} {'parallel':<16} {'batching':<9} {'epoch s':>8} "
+        f"{'x padded':>8} {'compile s':>9} {'steady s':>8} {'real tok/s':>10} {'tokens':>6} "
+        f"{'lengths':>7} {'compiles':>8} {'wait %':>6} {'cores':>5}"
+    )
     lines = [head, "-" * len(head)]
     padded = [r for r in records if "epoch_s" in r and r["batching"] == "padded"]
-    base = {(r["max_len"], r.get("compile_cache") or "cold"): r["epoch_s"]
-            for r in padded if r["framework"] == "jaxtpu"}  # fmt: skip
+    base = {
+        (r["max_len"], r.get("compile_cache") or "cold"): r["epoch_s"]
+        for r in padded
+        if r["framework"] == "jaxtpu"
+    }
     for r in records:
         name = f"{r['max_len']:>4} {r['framework']:<9} {_strategy(r):<16} {r['batching']:<9} "
         if "error" in r:
@@ -207,12 +221,14 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
             f"{r['lengths']:>7} {r['compiles']:>8} {100 * r['data_wait_share']:>6.2f} "
             f"{r.get('steady_cpu_cores', float('nan')):>5.2f}"
         )
-    lines.append("epoch s = compile s + steady s (every batch of the epoch, timed); real tok/s "
-                 "= the epoch's real tokens / steady s; tokens = tokens computed / tokens at "
-                 "full padding; +hp = malloc on transparent huge pages; +warm = programs loaded "
-                 "from the persistent compilation cache (a second run); x padded = epoch s / "
-                 "jaxtpu padded's (a +warm row: / padded +warm's); cores = CPU cores busy "
-                 "while the epoch's steps ran")  # fmt: skip
+    lines.append(
+        "epoch s = compile s + steady s (every batch of the epoch, timed); real tok/s "
+        "= the epoch's real tokens / steady s; tokens = tokens computed / tokens at "
+        "full padding; +hp = malloc on transparent huge pages; +warm = programs loaded "
+        "from the persistent compilation cache (a second run); x padded = epoch s / "
+        "jaxtpu padded's (a +warm row: / padded +warm's); cores = CPU cores busy "
+        "while the epoch's steps ran"
+    )
     return "\n".join(lines)
 
 
@@ -223,12 +239,29 @@ def run_epoch(
     records = []
     configs = [(n, *row) for n in max_lens for row in EPOCH_ROWS]
     for i, (max_len, fw, st, kind, huge, cache) in enumerate(configs, 1):
-        flags = ["--framework", fw, "--parallel", st, "--batching", kind, "--huge-pages", huge,
-                 "--max-len", str(max_len), "--num-batches", str(num_batches)]  # fmt: skip
+        flags = [
+            "--framework",
+            fw,
+            "--parallel",
+            st,
+            "--batching",
+            kind,
+            "--huge-pages",
+            huge,
+            "--max-len",
+            str(max_len),
+            "--num-batches",
+            str(num_batches),
+        ]
         flags += [*JAX_BEST, "--compile-cache", cache] if fw == "jaxtpu" else []
         t = time.time()
-        r = {"framework": fw, "parallel": st, "batching": kind, "max_len": max_len,
-             **run_worker(flags, max(timeout, 3600.0), "epoch")}  # fmt: skip
+        r = {
+            "framework": fw,
+            "parallel": st,
+            "batching": kind,
+            "max_len": max_len,
+            **run_worker(flags, max(timeout, 3600.0), "epoch"),
+        }
         status = r.get("error") or f"epoch {r['epoch_s']:.0f}s"
         name = f"{max_len} {fw} {st} {kind} huge pages {huge}" + (f" {cache}" if cache else "")
         progress(i, len(configs), name, status, t)
@@ -249,14 +282,20 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     ok = [r for r in records if "error" not in r]
     if not ok:
         return
-    labels = [f"{r['framework']} {_strategy(r)}\n{r['workload']} {r['precision']} x{r['devices']}"
-              for r in ok]  # fmt: skip
+    labels = [
+        f"{r['framework']} {_strategy(r)}\n{r['workload']} {r['precision']} x{r['devices']}"
+        for r in ok
+    ]
     colors = {"jaxtpu": "tab:blue", "torch_xla": "tab:orange", "torch": "tab:gray"}
     fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(ok) + 2), 5))
     low = [r["median_s"] - r["p10_s"] for r in ok]
     high = [r["p90_s"] - r["median_s"] for r in ok]
-    ax.bar(range(len(ok)), [r["median_s"] for r in ok], yerr=[low, high],
-           color=[colors[r["framework"]] for r in ok])  # fmt: skip
+    ax.bar(
+        range(len(ok)),
+        [r["median_s"] for r in ok],
+        yerr=[low, high],
+        color=[colors[r["framework"]] for r in ok],
+    )
     ax.set_xticks(range(len(ok)), labels, rotation=90, fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("median step time, s (log; bars p10-p90)")

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
                 "2",
                 "--workdir",
                 str(scorer),
-            ]  # fmt: skip
+            ]
         )
     results = []
     for n in [int(x) for x in args.rows.split(",")]:
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
                     "--workdir",
                     str(run),
                     "--no-progress",
-                ]  # fmt: skip
+                ]
             )
             shutil.rmtree(run, ignore_errors=True)
         if not args.no_predict:
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
                     "--output",
                     str(scores),
                     "--overwrite",
-                ]  # fmt: skip
+                ]
             )
             scores.unlink()
         shutil.rmtree(cache, ignore_errors=True)

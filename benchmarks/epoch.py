@@ -212,31 +212,40 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--framework", choices=("jaxtpu", "torch"), default="jaxtpu")
-    p.add_argument("--parallel", default="jit", help="jit|pmap|shard_map (jaxtpu), "
-                   "eager|compile (torch)")  # fmt: skip
+    p.add_argument(
+        "--parallel", default="jit", help="jit|pmap|shard_map (jaxtpu), eager|compile (torch)"
+    )
     p.add_argument("--batching", choices=BATCHINGS, default="bucketed")
     p.add_argument("--max-len", type=int, default=128, help="tokens per comment at most")
     p.add_argument("--workload", choices=list(WORKLOADS), default="minilm", help="model shape")
     p.add_argument(
-        "--num-batches", type=int, default=0,
+        "--num-batches",
+        type=int,
+        default=0,
         help="batches of the epoch to run (0, the default: all of them)",
-    )  # fmt: skip
+    )
     p.add_argument("--batch", type=int, default=32, help="global batch")
     p.add_argument("--devices", type=int, default=8, help="jaxtpu: virtual devices")
     p.add_argument(
-        "--steps-per-call", type=int, default=1,
+        "--steps-per-call",
+        type=int,
+        default=1,
         help="jaxtpu: up to K batches of one length per device call (lax.scan)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--sharding", choices=SHARDINGS, default="auto",
+        "--sharding",
+        choices=SHARDINGS,
+        default="auto",
         help="jaxtpu jit: where the fp32 state lives (jaxtpu.train's --sharding)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--compile-cache", choices=("cold", "warm"), default="cold",
+        "--compile-cache",
+        choices=("cold", "warm"),
+        default="cold",
         help="jaxtpu: cold (the default) compiles every program; warm first fills a fresh "
         "persistent compilation cache untimed, then times loading the programs from it, as "
         "a second jaxtpu.train run of the same configuration does",
-    )  # fmt: skip
+    )
     add_huge_pages_flag(p)
     p.add_argument("--csv", default=str(REAL_CSV), help="the real comments")
     return p
@@ -254,12 +263,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = epoch_batches(args.batching, lengths, args.batch, args.max_len, k)
     run = sample(batches, args.num_batches, k, args.batching)
     cfg = tiny().replace(
-        model_dir="", **WORKLOADS[args.workload], precision="bf16", num_devices=args.devices,
-        batch_size=args.batch // args.devices, max_len=args.max_len, dropout=0.1,
-        encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
-        **({"sharding": args.sharding, "parallel": args.parallel}
-           if args.framework == "jaxtpu" else {}),
-    )  # fmt: skip
+        model_dir="",
+        **WORKLOADS[args.workload],
+        precision="bf16",
+        num_devices=args.devices,
+        batch_size=args.batch // args.devices,
+        max_len=args.max_len,
+        dropout=0.1,
+        encoder_dropout=0.1,
+        lr=5e-5,
+        weight_decay=0.01,
+        schedule="linear",
+        **(
+            {"sharding": args.sharding, "parallel": args.parallel}
+            if args.framework == "jaxtpu"
+            else {}
+        ),
+    )
     runner = jax_runner if args.framework == "jaxtpu" else torch_runner
     prepare, step, compiles, prefetch, precompile = runner(args, cfg, examples)
     calls = calls_of(run, k)
@@ -292,26 +312,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     computed = sum(args.batch * (b.length or args.max_len) for b in batches)
     epoch_steady = projected_steady(calls, times, batches, args.batching)
     record = {
-        "framework": args.framework, "parallel": args.parallel, "batching": args.batching,
-        "workload": args.workload, "steps_per_call": k,
+        "framework": args.framework,
+        "parallel": args.parallel,
+        "batching": args.batching,
+        "workload": args.workload,
+        "steps_per_call": k,
         "devices": args.devices if args.framework == "jaxtpu" else 1,
         "sharding": args.sharding if args.framework == "jaxtpu" else None,
         "huge_pages": hostmem.active(),
         "compile_cache": args.compile_cache if args.framework == "jaxtpu" else None,
-        "max_len": args.max_len, "batch": args.batch, "batches": len(run),
-        "epoch_batches": len(batches), "lengths": len({c[0].length for c in calls}),
+        "max_len": args.max_len,
+        "batch": args.batch,
+        "batches": len(run),
+        "epoch_batches": len(batches),
+        "lengths": len({c[0].length for c in calls}),
         "compiles": compiles(),
-        "timed_s": wall, "compile_s": compile_s, "steady_s": steady,
-        "epoch_steady_s": epoch_steady, "epoch_s": compile_s + epoch_steady,
-        "real_tokens_per_s": real / epoch_steady, "padded_share": 1 - real / computed,
+        "timed_s": wall,
+        "compile_s": compile_s,
+        "steady_s": steady,
+        "epoch_steady_s": epoch_steady,
+        "epoch_s": compile_s + epoch_steady,
+        "real_tokens_per_s": real / epoch_steady,
+        "padded_share": 1 - real / computed,
         "data_wait_share": wait / max(wall, 1e-9),
         # CPU cores busy while the epoch ran (this process's CPU seconds / wall seconds): near
         # os.cpu_count() means compilation overlapped with training would only take turns
-        "steady_cpu_cores": cpu / max(wall, 1e-9), "cpu_count": os.cpu_count(),
+        "steady_cpu_cores": cpu / max(wall, 1e-9),
+        "cpu_count": os.cpu_count(),
         "tokens_vs_full_padding": computed / (args.batch * args.max_len * len(batches)),
-        "s_per_batch": {f"{n}": float(np.mean(t)) / kk for (n, kk), t in by_shape.items()
-                        if kk == k},
-    }  # fmt: skip
+        "s_per_batch": {
+            f"{n}": float(np.mean(t)) / kk for (n, kk), t in by_shape.items() if kk == k
+        },
+    }
     print(json.dumps(record))
     return 0
 

@@ -22,10 +22,18 @@ from pathlib import Path
 MODELS = {
     "MiniLM (6 x 384)": ("minilm", {}, 32),
     "BERT-base (12 x 768)": ("bert-base", {}, 32),
-    "XLM-R-large (24 x 1024)": ("bert-base", {"num_layers": 24, "hidden_size": 1024,
-                                "num_heads": 16, "intermediate_size": 4096,
-                                "vocab_size": 250002}, 8),
-}  # fmt: skip
+    "XLM-R-large (24 x 1024)": (
+        "bert-base",
+        {
+            "num_layers": 24,
+            "hidden_size": 1024,
+            "num_heads": 16,
+            "intermediate_size": 4096,
+            "vocab_size": 250002,
+        },
+        8,
+    ),
+}
 
 
 # preflight's table columns each row shows, in order
@@ -33,8 +41,11 @@ ESTIMATE_COLUMNS = ("est. step s*", "est. examples/s*", "est. tokens/s*", "MFU b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.estimates", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.estimates",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--targets", default="v2-8,v3-8,v4-8,v5e-8,v6e-8")
     p.add_argument("--lengths", default="128,224")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
@@ -61,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
                 if not r.est_step_s:
                     why = r.extra.get("no_estimate", r.error)[:40]
                     cells[0] = f"no usable estimate ({why})"
-                row = f"| {name} | {target} | {length} | {batch} | {r.sharding} | " + \
-                    " | ".join(cells) + " |"  # fmt: skip
+                row = (
+                    f"| {name} | {target} | {length} | {batch} | {r.sharding} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
                 rows.append(row)
                 print(row, flush=True)
                 if args.out:

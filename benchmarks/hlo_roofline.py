@@ -20,15 +20,37 @@ import math
 import re
 from dataclasses import dataclass
 
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-          "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}  # fmt: skip
+_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 _ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([0-9,]*)\]")
 _STORED = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([0-9,]*)\](?:\{([^}]*)\})?")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?(%[\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\((.*)$")
 _HEADER = re.compile(r"^(ENTRY )?(%[\w.\-]+) ")
 # Bookkeeping that moves no data (a tuple's parts are counted where they are made and used).
-_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
-         "partition-id", "replica-id", "opt-barrier"}  # fmt: skip
+_FREE = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "opt-barrier",
+}
 
 
 def _dims(shape: str) -> list[int]:
@@ -141,8 +163,10 @@ def roofline(text: str, peak_flops: float, bandwidth: float) -> list[Row]:
     comps, entry = _computations(text)
     seen: dict[str, int] = {}
     header = next(line for line in text.splitlines() if line.startswith("ENTRY"))
-    shapes = {"%" + m.group(1): m.group(2) for m in re.finditer(
-        r"(\w[\w.\-]*): ((?:" + "|".join(_BYTES) + r")\[[0-9,]*\])", header)}  # fmt: skip
+    shapes = {
+        "%" + m.group(1): m.group(2)
+        for m in re.finditer(r"(\w[\w.\-]*): ((?:" + "|".join(_BYTES) + r")\[[0-9,]*\])", header)
+    }
     rows: dict[str, Row] = {}
     for line in comps[entry]:
         m = _INSTRUCTION.match(line)
@@ -187,8 +211,10 @@ def table(rows: list[Row], top: int, compiler_seconds: float = 0.0) -> str:
     """The `top` rows as text, with the module's totals (and the compiler's estimate)."""
     lines = [f"{'ms':>8} {'beyond':>8} {'GB':>7} {'n':>4}  operation (forward/backward, path)"]
     for r in [*rows[:top], total(rows)]:
-        lines.append(f"{r.seconds * 1e3:8.3f} {r.beyond_flops * 1e3:8.3f} "
-                     f"{r.bytes / 1e9:7.3f} {r.count:4d}  {r.group}")  # fmt: skip
+        lines.append(
+            f"{r.seconds * 1e3:8.3f} {r.beyond_flops * 1e3:8.3f} "
+            f"{r.bytes / 1e9:7.3f} {r.count:4d}  {r.group}"
+        )
     if compiler_seconds:
         lines.append(f"the compiler's own estimate of the step: {compiler_seconds * 1e3:.3f} ms")
     return "\n".join(lines)

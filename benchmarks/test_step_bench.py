@@ -28,16 +28,28 @@ PRECISION = os.environ.get("BENCH_PRECISION", "bf16")
 
 def args_for(framework: str, strategy: str, devices: int, k: int = 1) -> argparse.Namespace:
     return argparse.Namespace(
-        framework=framework, parallel=strategy, workload=WORKLOAD, precision=PRECISION,
-        devices=devices, batch=32, seq=128, steps_per_call=k,
-    )  # fmt: skip
+        framework=framework,
+        parallel=strategy,
+        workload=WORKLOAD,
+        precision=PRECISION,
+        devices=devices,
+        batch=32,
+        seq=128,
+        steps_per_call=k,
+    )
 
 
 @pytest.mark.parametrize(
     "framework,strategy,devices,k",
-    [("jaxtpu", "pmap", 8, 1), ("jaxtpu", "jit", 8, 1), ("jaxtpu", "jit", 1, 1),
-     ("jaxtpu", "jit", 2, 8), ("torch", "eager", 1, 1), ("torch", "compile", 1, 1)],
-)  # fmt: skip
+    [
+        ("jaxtpu", "pmap", 8, 1),
+        ("jaxtpu", "jit", 8, 1),
+        ("jaxtpu", "jit", 1, 1),
+        ("jaxtpu", "jit", 2, 8),
+        ("torch", "eager", 1, 1),
+        ("torch", "compile", 1, 1),
+    ],
+)
 def test_train_step(benchmark, framework, strategy, devices, k):
     """One round is one device call: k steps (--steps-per-call k; extra_info says k)."""
     args = args_for(framework, strategy, devices, k)
@@ -54,9 +66,25 @@ def test_train_step(benchmark, framework, strategy, devices, k):
 @pytest.mark.e2e
 @pytest.mark.torch
 def test_torch_xla_spmd_step(benchmark):
-    cmd = [sys.executable, "-m", "benchmarks.worker", "--framework", "torch_xla",
-           "--parallel", "spmd", "--workload", WORKLOAD, "--precision", PRECISION,
-           "--devices", "8", "--min-steps", "3", "--max-steps", "5"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.worker",
+        "--framework",
+        "torch_xla",
+        "--parallel",
+        "spmd",
+        "--workload",
+        WORKLOAD,
+        "--precision",
+        PRECISION,
+        "--devices",
+        "8",
+        "--min-steps",
+        "3",
+        "--max-steps",
+        "5",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -41,8 +41,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("default", "dropout=prng", "matmul_out=bf16", "gelu=tanh", "dropout=off",
-            "sharding=replicated", "sharding=fsdp", "layernorm_out=bf16", "tpu")  # fmt: skip
+VARIANTS = (
+    "default",
+    "dropout=prng",
+    "matmul_out=bf16",
+    "gelu=tanh",
+    "dropout=off",
+    "sharding=replicated",
+    "sharding=fsdp",
+    "layernorm_out=bf16",
+    "tpu",
+)
 
 
 @contextmanager
@@ -70,9 +79,11 @@ def swapped(variant: str) -> Iterator[dict[str, Any]]:
             overrides.update(matmul_output="auto", sharding="auto")
         elif change == "layernorm_out=bf16":
             models._layer_norm = lambda cfg, name, param_dtype: nn.LayerNorm(
-                epsilon=cfg.layer_norm_eps, dtype=jnp.bfloat16, param_dtype=param_dtype,
+                epsilon=cfg.layer_norm_eps,
+                dtype=jnp.bfloat16,
+                param_dtype=param_dtype,
                 name=name,
-            )  # fmt: skip
+            )
         elif change == "dropout=off":
             overrides.update(dropout=0.0, encoder_dropout=0.0)
         elif change.startswith("sharding="):
@@ -88,19 +99,31 @@ def swapped(variant: str) -> Iterator[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tpu_tuning", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.tpu_tuning",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--preset", default="bert-base", help="a jaxtpu preset [bert-base]")
     p.add_argument("--target", default="v3-8", help="a preflight TPU target [v3-8]")
     p.add_argument("--max-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32, help="per device [32]")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated [all]")
-    p.add_argument("--model", default="", help="random-init shape overrides as JSON, e.g. "
-                   '\'{"num_layers": 24, "hidden_size": 1024, ...}\' [none]')  # fmt: skip
+    p.add_argument(
+        "--model",
+        default="",
+        help="random-init shape overrides as JSON, e.g. "
+        '\'{"num_layers": 24, "hidden_size": 1024, ...}\' [none]',
+    )
     p.add_argument("--out", default=None, help="also append the rows to this JSON-lines file")
-    p.add_argument("--breakdown", type=int, default=0, metavar="N",
-                   help="also print the N operation groups that memory traffic slows the "
-                   "most, per variant (benchmarks.hlo_roofline) [0: none]")  # fmt: skip
+    p.add_argument(
+        "--breakdown",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print the N operation groups that memory traffic slows the "
+        "most, per variant (benchmarks.hlo_roofline) [0: none]",
+    )
     args = p.parse_args(argv)
 
     from benchmarks import hlo_roofline
@@ -114,10 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     peak = target.peak_flops_per_device(len(devices))
     bandwidth = target.bandwidth_per_device(len(devices))
     base = presets.PRESETS[args.preset]().replace(
-        max_len=args.max_len, batch_size=args.batch_size, parallel="jit", sharding="zero1",
+        max_len=args.max_len,
+        batch_size=args.batch_size,
+        parallel="jit",
+        sharding="zero1",
         matmul_output="fp32",
         **json.loads(args.model or "{}"),
-    )  # fmt: skip
+    )
     for variant in args.variants.split(","):
         with swapped(variant) as overrides:
             cfg = base.replace(**overrides)
@@ -131,13 +157,20 @@ def main(argv: list[str] | None = None) -> int:
             roofline_s = hlo_roofline.total(ops).seconds
             floor = flops / peak
             row = {
-                "preset": args.preset, "model": args.model, "target": args.target,
-                "max_len": args.max_len, "batch_per_device": args.batch_size,
-                "variant": variant, "est_step_s": seconds, "est_gb_per_step": bytes_accessed / 1e9,
-                "floor_s": floor, "vs_floor": seconds / floor if seconds > 0 else None,
-                "roofline_step_s": roofline_s, "roofline_vs_floor": roofline_s / floor,
+                "preset": args.preset,
+                "model": args.model,
+                "target": args.target,
+                "max_len": args.max_len,
+                "batch_per_device": args.batch_size,
+                "variant": variant,
+                "est_step_s": seconds,
+                "est_gb_per_step": bytes_accessed / 1e9,
+                "floor_s": floor,
+                "vs_floor": seconds / floor if seconds > 0 else None,
+                "roofline_step_s": roofline_s,
+                "roofline_vs_floor": roofline_s / floor,
                 "compile_s": round(time.perf_counter() - t0, 1),
-            }  # fmt: skip
+            }
         print(json.dumps(row), flush=True)
         if args.breakdown:
             print(hlo_roofline.table(ops, args.breakdown, max(seconds, 0.0)), flush=True)

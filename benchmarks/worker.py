@@ -52,12 +52,20 @@ def model_flops(enc: EncoderConfig, batch: int, seq: int) -> float:
 def config_for(args: argparse.Namespace) -> Config:
     w = WORKLOADS[args.workload]
     return tiny().replace(
-        model_dir="", **w, precision=args.precision, num_devices=args.devices,
-        batch_size=args.batch // args.devices, max_len=args.seq, dropout=0.1,
-        encoder_dropout=0.1, lr=5e-5, weight_decay=0.01, schedule="linear",
+        model_dir="",
+        **w,
+        precision=args.precision,
+        num_devices=args.devices,
+        batch_size=args.batch // args.devices,
+        max_len=args.seq,
+        dropout=0.1,
+        encoder_dropout=0.1,
+        lr=5e-5,
+        weight_decay=0.01,
+        schedule="linear",
         parallel=args.parallel if args.framework != "torch" else "jit",
         **({"sharding": args.sharding, "remat": args.remat} if args.framework == "jaxtpu" else {}),
-    )  # fmt: skip
+    )
 
 
 def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
@@ -131,9 +139,17 @@ def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[
 
     def step(batch: dict[str, Any]) -> Any:
         return steps.train_step(
-            model, opt, sched, batch, task="toxicity", precision=precision,
-            device_type="cpu", accumulate=1, update=True, clip_norm=cfg.optim.clip_norm,
-        )  # fmt: skip
+            model,
+            opt,
+            sched,
+            batch,
+            task="toxicity",
+            precision=precision,
+            device_type="cpu",
+            accumulate=1,
+            update=True,
+            clip_norm=cfg.optim.clip_norm,
+        )
 
     return step
 
@@ -212,16 +228,23 @@ def model_gemms(args: argparse.Namespace, reps: int = 10) -> dict[str, Any]:
         median += count * median_seconds(lambda a=a, b=bb: gemm(a, b).block_until_ready(), reps)
     shapes = distinct * count
     flops = sum(2.0 * n * m * k * c for n, m, k, c in shapes)
-    return {"workload": args.workload, "precision": args.precision, "gemm_gflop": flops / 1e9,
-            "gemm_s": median, "gemm_gflops": flops / median / 1e9}  # fmt: skip
+    return {
+        "workload": args.workload,
+        "precision": args.precision,
+        "gemm_gflop": flops / 1e9,
+        "gemm_s": median,
+        "gemm_gflops": flops / median / 1e9,
+    }
 
 
 def add_huge_pages_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--huge-pages", choices=("auto", "on", "off"), default="auto",
+        "--huge-pages",
+        choices=("auto", "on", "off"),
+        default="auto",
         help="glibc malloc on transparent huge pages: auto = as the framework's own command "
         "(jaxtpu on, torch and torch_xla off); the JSON records what the row ran with",
-    )  # fmt: skip
+    )
 
 
 def restart_for_huge_pages(args: argparse.Namespace) -> None:
@@ -313,17 +336,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     median = float(np.median(times))
     enc = RunSpec.resolve(cfg).encoder
     record = {
-        "framework": args.framework, "parallel": args.parallel, "workload": args.workload,
-        "precision": args.precision, "devices": args.devices, "batch": args.batch,
-        "seq": args.seq, "steps_per_call": args.steps_per_call, "compile_s": compile_s,
-        "sharding": cfg.run.sharding, "remat": cfg.model.remat, "huge_pages": hostmem.active(),
+        "framework": args.framework,
+        "parallel": args.parallel,
+        "workload": args.workload,
+        "precision": args.precision,
+        "devices": args.devices,
+        "batch": args.batch,
+        "seq": args.seq,
+        "steps_per_call": args.steps_per_call,
+        "compile_s": compile_s,
+        "sharding": cfg.run.sharding,
+        "remat": cfg.model.remat,
+        "huge_pages": hostmem.active(),
         "page_faults_per_step": faults,
-        "step_s": times, "median_s": median,
-        "p10_s": float(np.percentile(times, 10)), "p90_s": float(np.percentile(times, 90)),
-        "samples_per_s": args.batch / median, "tokens_per_s": args.batch * args.seq / median,
+        "step_s": times,
+        "median_s": median,
+        "p10_s": float(np.percentile(times, 10)),
+        "p90_s": float(np.percentile(times, 90)),
+        "samples_per_s": args.batch / median,
+        "tokens_per_s": args.batch * args.seq / median,
         "model_gflop": model_flops(enc, args.batch, args.seq) / 1e9,
         "peak_host_mb": peak_host_memory_mb(),
-    }  # fmt: skip
+    }
     if args.framework == "jaxtpu":
         import jax
 

@@ -105,8 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             encoder, head = weights.to_state_dicts(model.params, model.spec.encoder.model_type)
             tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
             save_state_dict(tensors, out)
-            print(f"exported step {step} ({task}) as {args.encoder_prefix}.* + "
-                  f"{args.head_name}.* ({len(tensors)} tensors) to {out}")  # fmt: skip
+            print(
+                f"exported step {step} ({task}) as {args.encoder_prefix}.* + "
+                f"{args.head_name}.* ({len(tensors)} tensors) to {out}"
+            )
             return 0
         head = {
             "task": task,

@@ -58,9 +58,13 @@ class TransformersAdamState(NamedTuple):
 
 
 def transformers_adamw(
-    learning_rate: optax.Schedule, b1: float, b2: float, eps: float, weight_decay: float,
+    learning_rate: optax.Schedule,
+    b1: float,
+    b2: float,
+    eps: float,
+    weight_decay: float,
     mask: Any,
-) -> optax.GradientTransformation:  # fmt: skip
+) -> optax.GradientTransformation:
     """The update of `transformers.AdamW` (transformers < 5, `correct_bias=True`), which the
     PyTorch/XLA and Lightning Jigsaw notebooks ran: with t the update number and lr its rate,
 

@@ -324,8 +324,12 @@ class JitStrategy(Strategy):
             done = {key: future.result() for key, future in pending.items()}
         self._compiled = {**self._compiled, **loaded, **done}
         if loaded:
-            log.info("%d programs loaded from %s, %d compiled", len(loaded),
-                     self.saved.directory, len(done))  # fmt: skip
+            log.info(
+                "%d programs loaded from %s, %d compiled",
+                len(loaded),
+                self.saved.directory,
+                len(done),
+            )
         return len(pending)
 
     def _global_shape(self, v: Any, axis: int) -> tuple[int, ...]:

@@ -330,8 +330,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         scorers = [Scorer(m, devices, args.batch_size) for m in models]
         rows, empty = predict_stream(scorers, args.input, progress, severity, resume)
         if empty:
-            print(f"warning: {empty} of {rows} comments are empty; scored as empty text",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"warning: {empty} of {rows} comments are empty; scored as empty text",
+                file=sys.stderr,
+            )
         what = f"the mean of {len(models)} models' " if len(models) > 1 else ""
         print(f"wrote {what}{rows} scores to {out}")
     return 0

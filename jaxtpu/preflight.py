@@ -308,8 +308,10 @@ def estimate(cfg: Config, devices: list[Any], compiled: Any = None) -> tuple[flo
         cost = compiled.cost_analysis() or {}
         if isinstance(cost, list):  # older jax: one dict per program
             cost = cost[0] if cost else {}
-        _ESTIMATES[key] = (float(cost.get("optimal_seconds", 0.0) or 0.0),
-                           float(cost.get("bytes accessed", 0.0) or 0.0))  # fmt: skip
+        _ESTIMATES[key] = (
+            float(cost.get("optimal_seconds", 0.0) or 0.0),
+            float(cost.get("bytes accessed", 0.0) or 0.0),
+        )
     return _ESTIMATES[key]
 
 
@@ -332,10 +334,16 @@ def check(
     spec = RunSpec.resolve(cfg, len(devices), _platform(devices))
     data, fsdp = spec.mesh
     report = Report(
-        target, spec.sharding, cfg.model.remat, f"data={data},fsdp={fsdp}",
-        cfg.run.batch_size, cfg.data.max_len, capacity=capacity, scan=cfg.model.scan_layers,
+        target,
+        spec.sharding,
+        cfg.model.remat,
+        f"data={data},fsdp={fsdp}",
+        cfg.run.batch_size,
+        cfg.data.max_len,
+        capacity=capacity,
+        scan=cfg.model.scan_layers,
         device=devices[0].device_kind,
-    )  # fmt: skip
+    )
     t0 = time.perf_counter()
     low = lower(cfg, devices, spec)
     try:
@@ -529,18 +537,37 @@ COLUMNS = [
     ("fits", lambda r: "yes" if r.fits else "NO"),
     ("GFLOP/step/device", lambda r: f"{r.flops_per_step / 1e9:.1f}" if not r.error else "-"),
     ("est. step s*", lambda r: f"{r.est_step_s:.4f}" if r.est_step_s else "-"),
-    ("est. examples/s*", lambda r: f"{r.global_batch / r.est_step_s:,.0f}" if r.est_step_s
-     else "-"),
-    ("est. tokens/s*", lambda r: f"{r.global_batch * r.max_len / r.est_step_s:,.0f}"
-     if r.est_step_s else "-"),
-    ("est. GB/step/device*", lambda r: f"{r.est_bytes_per_step / 1e9:.2f}" if r.est_step_s
-     else "-"),
-    ("model GFLOP/step/device (+remat)", lambda r: f"{r.model_flops / 1e9:.1f}"
-     + (f" (+{r.remat_flops / 1e9:.1f})" if r.remat_flops else "") if r.model_flops else "-"),
-    ("MFU bound*", lambda r: f"{r.model_flops / (r.est_step_s * r.peak_flops):.0%}"
-     if r.est_step_s and r.peak_flops else "-"),
+    (
+        "est. examples/s*",
+        lambda r: f"{r.global_batch / r.est_step_s:,.0f}" if r.est_step_s else "-",
+    ),
+    (
+        "est. tokens/s*",
+        lambda r: f"{r.global_batch * r.max_len / r.est_step_s:,.0f}" if r.est_step_s else "-",
+    ),
+    (
+        "est. GB/step/device*",
+        lambda r: f"{r.est_bytes_per_step / 1e9:.2f}" if r.est_step_s else "-",
+    ),
+    (
+        "model GFLOP/step/device (+remat)",
+        lambda r: (
+            f"{r.model_flops / 1e9:.1f}"
+            + (f" (+{r.remat_flops / 1e9:.1f})" if r.remat_flops else "")
+            if r.model_flops
+            else "-"
+        ),
+    ),
+    (
+        "MFU bound*",
+        lambda r: (
+            f"{r.model_flops / (r.est_step_s * r.peak_flops):.0%}"
+            if r.est_step_s and r.peak_flops
+            else "-"
+        ),
+    ),
     ("compile s", lambda r: f"{r.compile_s:.1f}"),
-]  # fmt: skip
+]
 ESTIMATE_NOTE = (
     "* the TPU compiler's cost model (its `optimal_seconds` for the unrolled train step), an "
     "estimate, not a measurement; tokens at --max-len; MFU bound = model FLOPs (6 x matmul "
@@ -679,8 +706,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 reports.append(check(c, args.target, devices, capacity))
                 _say(reports[-1])
             # after every configuration: a long sweep stopped midway keeps what it measured
-            _write_json(out, {"target": args.target, "config": cfg.to_dict(),
-                              "reports": [asdict(r) for r in reports]})  # fmt: skip
+            _write_json(
+                out,
+                {
+                    "target": args.target,
+                    "config": cfg.to_dict(),
+                    "reports": [asdict(r) for r in reports],
+                },
+            )
         print(table(reports, args.find_batch))
         print(f"preflight: wrote {out}", file=sys.stderr)
         if args.save_programs:
@@ -707,8 +740,9 @@ def _check_programs_dir(directory: Path, args: argparse.Namespace) -> None:
             f"--save-programs {directory}: saves one run's programs; leave out "
             f"{'--sweep' if args.sweep is not None else '--find-batch'}"
         )
-    if directory.exists() and (not directory.is_dir() or (
-            any(directory.iterdir()) and not (directory / MANIFEST).exists())):  # fmt: skip
+    if directory.exists() and (
+        not directory.is_dir() or (any(directory.iterdir()) and not (directory / MANIFEST).exists())
+    ):
         raise ConfigError(
             f"--save-programs {directory}: exists and holds no saved programs; give a new directory"
         )

@@ -121,16 +121,23 @@ def describe(kind: str, key: Any) -> str:
 
 def _diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """'name now (saved: then)' for every entry of the environment that differs."""
-    return [f"{k} {now.get(k)!r} (saved: {saved.get(k)!r})"
-            for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]  # fmt: skip
+    return [
+        f"{k} {now.get(k)!r} (saved: {saved.get(k)!r})"
+        for k in sorted(set(saved) | set(now))
+        if saved.get(k) != now.get(k)
+    ]
 
 
 # flags that name where a run writes or how it reports, never what it computes
 _RUN_ONLY = {"workdir", "resume", "progress", "tracker", "profile_steps", "programs"}
 
 
-def save(directory: Path, programs: dict[Any, tuple[Any, Any]], devices: list[Any],
-         config: dict[str, Any]) -> list[Path]:  # fmt: skip
+def save(
+    directory: Path,
+    programs: dict[Any, tuple[Any, Any]],
+    devices: list[Any],
+    config: dict[str, Any],
+) -> list[Path]:
     """Writes each (lowered, compiled) program of `programs` (keyed by (kind, input shapes),
     `parallel.Strategy`'s keys) and the manifest into `directory`. Returns the files written."""
     entries, written = [], []
@@ -139,11 +146,21 @@ def save(directory: Path, programs: dict[Any, tuple[Any, Any]], devices: list[An
         path = directory / _name(kind, key)
         files.write_bytes(path, blob)
         written.append(path)
-        entries.append({"kind": kind, "inputs": [[k, list(s), d] for k, s, d in key],
-                        "file": path.name, "hash": program_hash(lowered),
-                        "describe": describe(kind, key)})  # fmt: skip
-    manifest = {"format": FORMAT, "environment": environment(devices), "config": config,
-                "programs": entries}  # fmt: skip
+        entries.append(
+            {
+                "kind": kind,
+                "inputs": [[k, list(s), d] for k, s, d in key],
+                "file": path.name,
+                "hash": program_hash(lowered),
+                "describe": describe(kind, key),
+            }
+        )
+    manifest = {
+        "format": FORMAT,
+        "environment": environment(devices),
+        "config": config,
+        "programs": entries,
+    }
     files.write_text(directory / MANIFEST, json.dumps(manifest, indent=2))
     for old in directory.glob("*.bin"):  # an earlier save's programs: never loaded again
         if old not in written:
@@ -188,9 +205,11 @@ class SavedPrograms:
 
     def config_differs(self) -> list[str]:
         """The flags (besides where the run writes) that differ from the saved run's."""
-        return [f"--{name.replace('_', '-')} {now!r} (saved: {then!r})"
-                for name, then, now in changed_flags(self.saved_config, self.config)
-                if name not in _RUN_ONLY]  # fmt: skip
+        return [
+            f"--{name.replace('_', '-')} {now!r} (saved: {then!r})"
+            for name, then, now in changed_flags(self.saved_config, self.config)
+            if name not in _RUN_ONLY
+        ]
 
     def load(self, kind: str, key: Any, lowered: Any) -> Any:
         """The saved program for `lowered` (this run's `kind` program with inputs `key`), or
@@ -222,9 +241,12 @@ class SavedPrograms:
             ) from None
         try:
             compiled = serialize_executable.deserialize_and_load(
-                blob, lowered.in_tree, lowered.out_tree, backend=self.devices[0].client,
+                blob,
+                lowered.in_tree,
+                lowered.out_tree,
+                backend=self.devices[0].client,
                 execution_devices=self.devices,
-            )  # fmt: skip
+            )
         except Exception as e:  # a damaged file, or one these devices cannot run
             first = (str(e).splitlines() or [type(e).__name__])[0][:200]
             raise ConfigError(

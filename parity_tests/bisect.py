@@ -97,8 +97,16 @@ def first_failure(rows: list[Row]) -> str | None:
 
 
 def run_worker(side: str, args: argparse.Namespace, precision: str, out: Path) -> dict:
-    flags = ["--n", str(args.n), "--max-len", str(args.max_len), "--precision", precision,
-             "--grads", "--capture"]  # fmt: skip
+    flags = [
+        "--n",
+        str(args.n),
+        "--max-len",
+        str(args.max_len),
+        "--precision",
+        precision,
+        "--grads",
+        "--capture",
+    ]
     if side == "jax" and args.plant_fault:
         flags += ["--plant-fault", args.plant_fault]
     try:
@@ -131,8 +139,13 @@ def plot(report: dict, path: Path) -> None:
     for ax, kind in zip(axes, ("forward", "gradients"), strict=True):
         for entry in report[kind]:
             rows = entry["rows"]
-            ax.semilogy(range(len(rows)), [max(r["relative"], 1e-12) for r in rows], marker="o",
-                        ms=3, label=entry["side"])  # fmt: skip
+            ax.semilogy(
+                range(len(rows)),
+                [max(r["relative"], 1e-12) for r in rows],
+                marker="o",
+                ms=3,
+                label=entry["side"],
+            )
             ax.set_xticks(range(len(rows)), [r["point"] for r in rows], rotation=90, fontsize=6)
         ax.axhline(report[kind][0]["rows"][0]["tolerance"], color="gray", ls=":", lw=1)
         ax.set_ylabel("relative difference")
@@ -152,17 +165,28 @@ def bisect(args: argparse.Namespace, work: Path) -> dict:
     print(f"[1/{len(sides) + 1}] transformers fp32 (reference), {points} points", flush=True)
     ref = run_worker("hf", args, "fp32", work / "hf.npz")
     mask = ref["attention_mask"]
-    report: dict = {"model_dir": str(args.model_dir), "precision": args.precision,
-                    "comments": args.n, "max_len": args.max_len,
-                    "plant_fault": args.plant_fault, "forward": [], "gradients": []}  # fmt: skip
+    report: dict = {
+        "model_dir": str(args.model_dir),
+        "precision": args.precision,
+        "comments": args.n,
+        "max_len": args.max_len,
+        "plant_fault": args.plant_fault,
+        "forward": [],
+        "gradients": [],
+    }
     for i, (side, name) in enumerate(sides, 2):
         print(f"[{i}/{len(sides) + 1}] {name} {args.precision}", flush=True)
         out = run_worker(side, args, args.precision, work / f"{side}.npz")
         fwd = forward_rows(out, ref, mask, args.precision)
         grads = gradient_rows(out, ref, args.precision)
         for kind, rows in (("forward", fwd), ("gradients", grads)):
-            report[kind].append({"side": name, "first_failure": first_failure(rows),
-                                 "rows": [asdict(r) for r in rows]})  # fmt: skip
+            report[kind].append(
+                {
+                    "side": name,
+                    "first_failure": first_failure(rows),
+                    "rows": [asdict(r) for r in rows],
+                }
+            )
     return report
 
 
@@ -204,8 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.csv).exists():
         p.error(f"--csv {args.csv}: no such file")
     if not (Path(args.model_dir) / "head.safetensors").exists():
-        p.error(f"--model-dir {args.model_dir}: no head.safetensors (export a run with "
-                "python -m jaxtpu.export)")  # fmt: skip
+        p.error(
+            f"--model-dir {args.model_dir}: no head.safetensors (export a run with "
+            "python -m jaxtpu.export)"
+        )
     try:  # the trainers' checks: a readable config.json, --max-len within the position table
         spec = RunSpec.resolve(Config().replace(model_dir=args.model_dir, max_len=args.max_len))
     except UserError as e:

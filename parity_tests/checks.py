@@ -41,13 +41,43 @@ REAL_DATA_FLAGS = {"multilabel": ["--train-csv", "sample", "--max-rows", "256"]}
 # notebook's (decay on every parameter, a cosine stepped once per epoch, its margin) on the
 # other.
 RECIPE_FLAGS = {
-    "multilabel": ["--adamw", "transformers", "--adam-eps", "1e-6", "--weight-decay", "0.001",
-                   "--clip-norm", "0", "--schedule", "cosine-restarts", "--t0", "5",
-                   "--t-mult", "2"],
-    "ranking": ["--adamw", "transformers", "--decay-params", "all", "--weight-decay", "1e-2",
-                "--schedule", "cosine", "--schedule-interval", "epoch", "--t-max", "4",
-                "--eta-min", "1e-5", "--margin", "0.3", "--adam-beta1", "0.85"],
-}  # fmt: skip
+    "multilabel": [
+        "--adamw",
+        "transformers",
+        "--adam-eps",
+        "1e-6",
+        "--weight-decay",
+        "0.001",
+        "--clip-norm",
+        "0",
+        "--schedule",
+        "cosine-restarts",
+        "--t0",
+        "5",
+        "--t-mult",
+        "2",
+    ],
+    "ranking": [
+        "--adamw",
+        "transformers",
+        "--decay-params",
+        "all",
+        "--weight-decay",
+        "1e-2",
+        "--schedule",
+        "cosine",
+        "--schedule-interval",
+        "epoch",
+        "--t-max",
+        "4",
+        "--eta-min",
+        "1e-5",
+        "--margin",
+        "0.3",
+        "--adam-beta1",
+        "0.85",
+    ],
+}
 # bf16 trajectories, worst relative step difference measured here over 21 steps: toxicity
 # 2.1e-3, ranking 2.0e-2 (jit) and 2.5e-2 (pmap). The ranking loss is a hinge that falls to
 # ~0.016 by step 21, where the same absolute bf16 rounding is a large share of the loss; so
@@ -219,9 +249,19 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result
     a notebook's recipe knobs (`RECIPE_FLAGS`): jaxtpu jit against torch_xla spmd, each with
     its own command line."""
     model_dir = family_init(work, family, task)
-    flags = [*TRAJ_FLAGS, "--task", task, "--model-dir", str(model_dir), "--num-devices", "8",
-             "--precision", "fp32", *REAL_DATA_FLAGS.get(task, []),
-             *RECIPE_FLAGS.get(task, [])]  # fmt: skip
+    flags = [
+        *TRAJ_FLAGS,
+        "--task",
+        task,
+        "--model-dir",
+        str(model_dir),
+        "--num-devices",
+        "8",
+        "--precision",
+        "fp32",
+        *REAL_DATA_FLAGS.get(task, []),
+        *RECIPE_FLAGS.get(task, []),
+    ]
     name = f"{family}-{task}"
     ref = run_side("torch", work / f"traj-{name}-spmd", *flags, "--parallel", "spmd").check()
     run = run_side("jax", work / f"traj-{name}-jit", *flags, "--parallel", "jit").check()
@@ -238,9 +278,21 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result
 
 
 TRAJ_FLAGS = [
-    "--preset", "tiny", "--dropout", "0", "--encoder-dropout", "0", "--epochs", "3",
-    "--log-every", "1", "--seed", "0", "--lr", "5e-4",
-]  # fmt: skip
+    "--preset",
+    "tiny",
+    "--dropout",
+    "0",
+    "--encoder-dropout",
+    "0",
+    "--epochs",
+    "3",
+    "--log-every",
+    "1",
+    "--seed",
+    "0",
+    "--lr",
+    "5e-4",
+]
 # lr 5e-4 (not the preset's 3e-3) keeps 21 steps in the smooth part of training: at 3e-3 the
 # ranking hinge loss hits ~0 within 6 steps and single pairs flipping in and out of the
 # margin dominate the loss (fp32 step differences grew to 4e-3 there, from rounding alone).
@@ -254,19 +306,26 @@ def trajectories(work: Path, task: str) -> list[Result]:
     results = []
     for precision, tol in (("fp32", TRAJ_FP32_RTOL), ("bf16", TRAJ_BF16_RTOL[task])):
         flags = [*base, "--precision", precision]
-        ref = run_side("torch", work / f"traj-{task}-{precision}-spmd", *flags,
-                       "--parallel", "spmd").check()  # fmt: skip
+        ref = run_side(
+            "torch", work / f"traj-{task}-{precision}-spmd", *flags, "--parallel", "spmd"
+        ).check()
         for parallel in JAX_STRATEGIES:
-            run = run_side("jax", work / f"traj-{task}-{precision}-{parallel}", *flags,
-                           "--parallel", parallel).check()  # fmt: skip
+            run = run_side(
+                "jax", work / f"traj-{task}-{precision}-{parallel}", *flags, "--parallel", parallel
+            ).check()
             rel = relative_diff(run.losses, ref.losses)
             worst = max(rel)
-            results.append(Result(
-                f"trajectory {task} {precision}: jaxtpu {parallel} vs torch_xla spmd, 8 devices",
-                tol, worst, worst <= tol and len(rel) >= 20,
-                f"{len(rel)} steps, worst at step {int(np.argmax(rel)) + 1}",
-                {f"jaxtpu {parallel}": run.losses, "torch_xla spmd": ref.losses},
-            ))  # fmt: skip
+            results.append(
+                Result(
+                    f"trajectory {task} {precision}: jaxtpu {parallel} vs torch_xla spmd, "
+                    "8 devices",
+                    tol,
+                    worst,
+                    worst <= tol and len(rel) >= 20,
+                    f"{len(rel)} steps, worst at step {int(np.argmax(rel)) + 1}",
+                    {f"jaxtpu {parallel}": run.losses, "torch_xla spmd": ref.losses},
+                )
+            )
     return results
 
 
@@ -275,9 +334,27 @@ def bucketed_trajectory(work: Path, task: str) -> Result:
     sides draw the same bucketed batches, cut to the same lengths; jaxtpu jit against
     torch_xla spmd, fp32, 21 steps on 8 devices, dropout off."""
     model_dir = shared_init(work / f"init-tiny-{task}", task, "tiny")
-    flags = [*TRAJ_FLAGS, "--task", task, "--model-dir", str(model_dir), "--num-devices", "8",
-             "--train-csv", str(REAL_CSV), "--max-rows", "700", "--max-len", "64",
-             "--buckets", "auto", "--max-steps", "21", "--precision", "fp32"]  # fmt: skip
+    flags = [
+        *TRAJ_FLAGS,
+        "--task",
+        task,
+        "--model-dir",
+        str(model_dir),
+        "--num-devices",
+        "8",
+        "--train-csv",
+        str(REAL_CSV),
+        "--max-rows",
+        "700",
+        "--max-len",
+        "64",
+        "--buckets",
+        "auto",
+        "--max-steps",
+        "21",
+        "--precision",
+        "fp32",
+    ]
     ref = run_side("torch", work / f"traj-buckets-{task}-spmd", *flags, "--parallel", "spmd")
     run = run_side("jax", work / f"traj-buckets-{task}-jit", *flags, "--parallel", "jit")
     ref, run = ref.check(), run.check()
@@ -285,17 +362,30 @@ def bucketed_trajectory(work: Path, task: str) -> Result:
     shapes = run.summary["train_compiles"]  # one per bucket length used
     return Result(
         f"trajectory {task} fp32 in length buckets: jaxtpu jit vs torch_xla spmd, 8 devices",
-        TRAJ_FP32_RTOL, max(rel), max(rel) <= TRAJ_FP32_RTOL and len(rel) >= 20 and shapes >= 2,
+        TRAJ_FP32_RTOL,
+        max(rel),
+        max(rel) <= TRAJ_FP32_RTOL and len(rel) >= 20 and shapes >= 2,
         f"{len(rel)} steps, {shapes} bucket lengths",
         {"jaxtpu jit": run.losses, "torch_xla spmd": ref.losses},
-    )  # fmt: skip
+    )
 
 
 def spawn_trajectory(work: Path) -> Result:
     """Check 3b: torch_xla's spawn path against jaxtpu on the devices spawn runs on here (1)."""
     model_dir = shared_init(work / "init-tiny-toxicity", "toxicity", "tiny")
-    flags = [*TRAJ_FLAGS, "--task", "toxicity", "--model-dir", str(model_dir),
-             "--num-devices", "1", "--batch-size", "32", "--precision", "fp32"]  # fmt: skip
+    flags = [
+        *TRAJ_FLAGS,
+        "--task",
+        "toxicity",
+        "--model-dir",
+        str(model_dir),
+        "--num-devices",
+        "1",
+        "--batch-size",
+        "32",
+        "--precision",
+        "fp32",
+    ]
     ref = run_side("torch", work / "traj-spawn-1", *flags, "--parallel", "spawn").check()
     run = run_side("jax", work / "traj-jit-1", *flags, "--parallel", "jit").check()
     rel = relative_diff(run.losses, ref.losses)
@@ -315,12 +405,33 @@ def outcome(work: Path, task: str, full: bool = False) -> Result:
     model_dir = shared_init(work / f"init-minilm-{task}", task, "minilm")
     rows, max_len = ("10000", "128") if full else ("1500", "40")
     flags = [
-        "--preset", "minilm", "--task", task, "--model-dir", str(model_dir),
-        "--train-csv", str(REAL_CSV), "--max-rows", rows, "--valid-fraction", "0.3",
-        "--max-len", max_len, "--precision", "fp32", "--num-devices", "1", "--batch-size", "32",
-        "--lr", "5e-5", "--log-every", "5",
-        "--buckets", "none",  # as measured before buckets; bucketed batches: check 3c
-    ]  # fmt: skip
+        "--preset",
+        "minilm",
+        "--task",
+        task,
+        "--model-dir",
+        str(model_dir),
+        "--train-csv",
+        str(REAL_CSV),
+        "--max-rows",
+        rows,
+        "--valid-fraction",
+        "0.3",
+        "--max-len",
+        max_len,
+        "--precision",
+        "fp32",
+        "--num-devices",
+        "1",
+        "--batch-size",
+        "32",
+        "--lr",
+        "5e-5",
+        "--log-every",
+        "5",
+        "--buckets",
+        "none",  # as measured before buckets; bucketed batches: check 3c
+    ]
     tag = f"{task}-{'full' if full else 'slice'}"
     ref = run_side("torch", work / f"outcome-{tag}-torch", *flags, "--parallel", "spmd").check()
     run = run_side("jax", work / f"outcome-{tag}-jax", *flags, "--parallel", "jit").check()
@@ -328,7 +439,10 @@ def outcome(work: Path, task: str, full: bool = False) -> Result:
     a, b = run.summary["final"][key], ref.summary["final"][key]
     tol = OUTCOME_AUC_ATOL if task == "toxicity" else OUTCOME_AGREEMENT_ATOL
     return Result(
-        f"outcome {task} (dropout on): |{key} jaxtpu - torch_xla|", tol, abs(a - b),
-        abs(a - b) <= tol, f"jaxtpu {a:.4f}, torch_xla {b:.4f}",
+        f"outcome {task} (dropout on): |{key} jaxtpu - torch_xla|",
+        tol,
+        abs(a - b),
+        abs(a - b) <= tol,
+        f"jaxtpu {a:.4f}, torch_xla {b:.4f}",
         {"jaxtpu": run.losses, "torch_xla": ref.losses},
-    )  # fmt: skip
+    )

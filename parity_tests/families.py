@@ -70,16 +70,27 @@ def _config(name: str, pad: int):
     deberta = dict(**SHAPE, **common, max_position_embeddings=128, relative_attention=True)
     if name == "deberta-v2":  # DeBERTa-v3's options
         return t.DebertaV2Config(
-            **deberta, type_vocab_size=0, position_buckets=16, max_relative_positions=64,
-            pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm",
-            position_biased_input=False, layer_norm_eps=1e-7,
-        )  # fmt: skip
+            **deberta,
+            type_vocab_size=0,
+            position_buckets=16,
+            max_relative_positions=64,
+            pos_att_type=["p2c", "c2p"],
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            layer_norm_eps=1e-7,
+        )
     if name == "deberta-v2-unshared":
         return t.DebertaV2Config(
-            **deberta, type_vocab_size=2, max_relative_positions=24, pos_att_type="c2p|p2c",
-            share_att_key=False, position_biased_input=True, embedding_size=16,
+            **deberta,
+            type_vocab_size=2,
+            max_relative_positions=24,
+            pos_att_type="c2p|p2c",
+            share_att_key=False,
+            position_biased_input=True,
+            embedding_size=16,
             layer_norm_eps=1e-7,
-        )  # fmt: skip
+        )
     raise ValueError(f"no test checkpoint for {name!r}; known: {FAMILY_NAMES}")
 
 
@@ -160,11 +171,21 @@ def sentencepiece_dir(out: str | Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(read_comments(SAMPLE_CSV).texts), model_prefix=str(out / "spm"),
-        vocab_size=VOCAB, model_type="unigram", pad_id=0, bos_id=1, eos_id=2, unk_id=3,
-        pad_piece="[PAD]", bos_piece="[CLS]", eos_piece="[SEP]", unk_piece="[UNK]",
-        user_defined_symbols=["[MASK]"], minloglevel=2,
-    )  # fmt: skip
+        sentence_iterator=iter(read_comments(SAMPLE_CSV).texts),
+        model_prefix=str(out / "spm"),
+        vocab_size=VOCAB,
+        model_type="unigram",
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        pad_piece="[PAD]",
+        bos_piece="[CLS]",
+        eos_piece="[SEP]",
+        unk_piece="[UNK]",
+        user_defined_symbols=["[MASK]"],
+        minloglevel=2,
+    )
     (out / "spm.vocab").unlink()
     config = {"tokenizer_class": "DebertaV2Tokenizer", "do_lower_case": False}
     (out / "tokenizer_config.json").write_text(json.dumps(config))

@@ -147,10 +147,13 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
 
     def loss_fn(p):
         logits, state = module.apply(
-            {"params": p}, ids, mask, deterministic=True,
+            {"params": p},
+            ids,
+            mask,
+            deterministic=True,
             capture_intermediates=lambda m, name: name == "__call__" and m.path in wanted,
             mutable=["intermediates"],
-        )  # fmt: skip
+        )
         loss = optax.sigmoid_binary_cross_entropy(logits, jnp.asarray(labels)).mean()
         return loss, (logits, state["intermediates"])
 

@@ -96,8 +96,20 @@ def run_forward(side: str, model_dir: Path, csv: Path, out: Path, *flags: str) -
     it wrote (`out`, an npz); flags as on its command line (`--grads`, `--capture`, ...)."""
     import numpy as np
 
-    cmd = [sys.executable, "-m", "parity_tests.forward", "--side", side, "--model-dir",
-           str(model_dir), "--csv", str(csv), "--out", str(out), *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "parity_tests.forward",
+        "--side",
+        side,
+        "--model-dir",
+        str(model_dir),
+        "--csv",
+        str(csv),
+        "--out",
+        str(out),
+        *flags,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     if proc.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -135,9 +147,13 @@ def relative_diff(a: list[float], b: list[float]) -> list[float]:
 def start(module: str, *flags: str) -> subprocess.Popen:
     """One trainer in the background (output captured), e.g. to signal it mid-run."""
     return subprocess.Popen(
-        [sys.executable, "-m", module, *flags], cwd=ROOT, env=clean_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", module, *flags],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_step(workdir: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:

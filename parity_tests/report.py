@@ -76,9 +76,12 @@ def plot(rows: list[dict], path: Path) -> None:
     ncols = min(4, len(curves))
     nrows = math.ceil(len(curves) / ncols)
     fig, axes = plt.subplots(
-        2 * nrows, ncols, figsize=(4.2 * ncols, 5.2 * nrows), squeeze=False,
+        2 * nrows,
+        ncols,
+        figsize=(4.2 * ncols, 5.2 * nrows),
+        squeeze=False,
         gridspec_kw={"height_ratios": [3, 1] * nrows},
-    )  # fmt: skip
+    )
     for i, r in enumerate(curves):
         top, bottom = axes[2 * (i // ncols)][i % ncols], axes[2 * (i // ncols) + 1][i % ncols]
         (name_a, a), (name_b, b) = r["series"].items()
@@ -131,8 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         t0 = time.time()
         rows = [r.to_json() for r in run_all(out / "runs", args.full, args.quick)]
-        record = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": time.time() - t0,
-                  "results": rows}  # fmt: skip
+        record = {
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "seconds": time.time() - t0,
+            "results": rows,
+        }
         (out / "parity.json").write_text(json.dumps(record, indent=1))
     print(table(rows))
     plot(rows, out / "parity.png")

@@ -27,8 +27,21 @@ def four_layers(tmp_path_factory):
 
 
 def run(model_dir, csv, out, *extra):
-    code = bisect.main(["--model-dir", str(model_dir), "--csv", str(csv), "--n", "8",
-                        "--max-len", "48", "--out", str(out), *extra])  # fmt: skip
+    code = bisect.main(
+        [
+            "--model-dir",
+            str(model_dir),
+            "--csv",
+            str(csv),
+            "--n",
+            "8",
+            "--max-len",
+            "48",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     return code, json.loads((out / "bisect.json").read_text())
 
 

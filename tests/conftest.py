@@ -55,9 +55,23 @@ def _token_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 def resumable_args(workdir: Path) -> list[str]:
     """A tiny fp32 run of 21 steps that checkpoints every 3 and evaluates every 7: the run the
     interruption tests stop (SIGTERM, Ctrl-C, SIGKILL) and resume."""
-    return ["--preset", "tiny", "--no-progress", "--workdir", str(workdir), "--precision",
-            "fp32", "--epochs", "3", "--checkpoint-every", "3", "--log-every", "1",
-            "--eval-every", "7"]  # fmt: skip
+    return [
+        "--preset",
+        "tiny",
+        "--no-progress",
+        "--workdir",
+        str(workdir),
+        "--precision",
+        "fp32",
+        "--epochs",
+        "3",
+        "--checkpoint-every",
+        "3",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "7",
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -70,8 +84,12 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     wd = tmp_path_factory.mktemp("uninterrupted") / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxtpu.train", *resumable_args(wd)], cwd=ROOT, env=clean_env(),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [sys.executable, "-m", "jaxtpu.train", *resumable_args(wd)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return wd

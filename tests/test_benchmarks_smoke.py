@@ -18,8 +18,23 @@ from parity_tests.harness import ROOT, clean_env
 
 @pytest.mark.e2e
 def test_worker_times_a_jaxtpu_step_and_reports_every_field():
-    cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "8",
-           "--parallel", "pmap", "--seq", "16", "--min-steps", "2", "--max-steps", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.worker",
+        "--workload",
+        "tiny",
+        "--devices",
+        "8",
+        "--parallel",
+        "pmap",
+        "--seq",
+        "16",
+        "--min-steps",
+        "2",
+        "--max-steps",
+        "2",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -30,8 +45,9 @@ def test_worker_times_a_jaxtpu_step_and_reports_every_field():
 
 
 def test_model_flops_match_the_design_figure_for_minilm():
-    enc = EncoderConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                          intermediate_size=1536)  # fmt: skip
+    enc = EncoderConfig(
+        hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536
+    )
     # DESIGN.md: "The model does about 275 GFLOP per step of this workload" (32 x 128).
     assert abs(worker.model_flops(enc, 32, 128) / 1e9 - 275) < 5
 
@@ -39,24 +55,67 @@ def test_model_flops_match_the_design_figure_for_minilm():
 def test_quick_matrix_holds_the_target_rows():
     rows = compare.matrix(quick=True, all_configs=False)
     keys = {(r["framework"], r["parallel"], r["devices"]) for r in rows}
-    assert {("jaxtpu", "pmap", 8), ("jaxtpu", "jit", 8), ("jaxtpu", "shard_map", 8),
-            ("torch_xla", "spmd", 8),
-            ("torch", "eager", 1), ("torch", "compile", 1)} <= keys  # fmt: skip
+    assert {
+        ("jaxtpu", "pmap", 8),
+        ("jaxtpu", "jit", 8),
+        ("jaxtpu", "shard_map", 8),
+        ("torch_xla", "spmd", 8),
+        ("torch", "eager", 1),
+        ("torch", "compile", 1),
+    } <= keys
     assert all(r["workload"] == "minilm" and r["precision"] == "bf16" for r in rows)
-    assert {"framework": "jaxtpu", "parallel": "jit", "workload": "minilm", "precision": "bf16",
-            "devices": 2, "steps_per_call": 8} in rows  # fmt: skip
+    assert {
+        "framework": "jaxtpu",
+        "parallel": "jit",
+        "workload": "minilm",
+        "precision": "bf16",
+        "devices": 2,
+        "steps_per_call": 8,
+    } in rows
     # the memory options' rows
-    assert {"framework": "jaxtpu", "parallel": "jit", "workload": "minilm", "precision": "bf16",
-            "devices": 8, "sharding": "fsdp"} in rows  # fmt: skip
-    assert {"framework": "jaxtpu", "parallel": "jit", "workload": "minilm", "precision": "bf16",
-            "devices": 8, "remat": "layer"} in rows  # fmt: skip
+    assert {
+        "framework": "jaxtpu",
+        "parallel": "jit",
+        "workload": "minilm",
+        "precision": "bf16",
+        "devices": 8,
+        "sharding": "fsdp",
+    } in rows
+    assert {
+        "framework": "jaxtpu",
+        "parallel": "jit",
+        "workload": "minilm",
+        "precision": "bf16",
+        "devices": 8,
+        "remat": "layer",
+    } in rows
 
 
 @pytest.mark.e2e
 def test_worker_reports_per_step_times_with_steps_per_call_and_memory_options():
-    cmd = [sys.executable, "-m", "benchmarks.worker", "--workload", "tiny", "--devices", "2",
-           "--parallel", "jit", "--seq", "16", "--min-steps", "2", "--max-steps", "2",
-           "--steps-per-call", "3", "--sharding", "fsdp", "--remat", "layer"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.worker",
+        "--workload",
+        "tiny",
+        "--devices",
+        "2",
+        "--parallel",
+        "jit",
+        "--seq",
+        "16",
+        "--min-steps",
+        "2",
+        "--max-steps",
+        "2",
+        "--steps-per-call",
+        "3",
+        "--sharding",
+        "fsdp",
+        "--remat",
+        "layer",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -72,13 +131,24 @@ def test_worker_reports_per_step_times_with_steps_per_call_and_memory_options():
 
 @pytest.mark.e2e
 def test_model_gemms_ceiling_reports_the_step_matmul_flops():
-    cmd = [sys.executable, "-m", "benchmarks.worker", "--model-gemms", "--workload", "tiny",
-           "--devices", "1", "--seq", "16"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.worker",
+        "--model-gemms",
+        "--workload",
+        "tiny",
+        "--devices",
+        "1",
+        "--seq",
+        "16",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    enc = EncoderConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=128)  # fmt: skip
+    enc = EncoderConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
     # the GEMMs are the model's FLOPs (the encoder's; the pooler and head are left out)
     assert abs(r["gemm_gflop"] * 1e9 - worker.model_flops(enc, 32, 16)) < 1e3
     assert r["gemm_gflops"] > 0 and r["ceiling_mfu"] == r["gemm_gflops"] / r["peak_gflops"]
@@ -91,10 +161,27 @@ def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
     (here with the programs loaded from the cache a first, untimed compilation filled)."""
     from jaxtpu.core.data.demo import SAMPLE_CSV
 
-    cmd = [sys.executable, "-m", "benchmarks.epoch", "--workload", "tiny", "--batching",
-           "bucketed", "--max-len", "64", "--num-batches", "1000", "--devices", "2",
-           "--steps-per-call", "2", "--compile-cache", "warm",
-           "--csv", str(SAMPLE_CSV)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.epoch",
+        "--workload",
+        "tiny",
+        "--batching",
+        "bucketed",
+        "--max-len",
+        "64",
+        "--num-batches",
+        "1000",
+        "--devices",
+        "2",
+        "--steps-per-call",
+        "2",
+        "--compile-cache",
+        "warm",
+        "--csv",
+        str(SAMPLE_CSV),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -107,10 +194,22 @@ def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
 
 
 def test_epoch_table_compares_each_row_with_jaxtpu_padded():
-    rows = [{"framework": "jaxtpu", "parallel": "jit", "batching": b, "max_len": 128,
-             "epoch_s": t, "compile_s": 1.0, "real_tokens_per_s": 10.0,
-             "tokens_vs_full_padding": 1.0, "lengths": 1, "compiles": 1, "data_wait_share": 0.0}
-            for b, t in (("padded", 100.0), ("bucketed", 55.0))]  # fmt: skip
+    rows = [
+        {
+            "framework": "jaxtpu",
+            "parallel": "jit",
+            "batching": b,
+            "max_len": 128,
+            "epoch_s": t,
+            "compile_s": 1.0,
+            "real_tokens_per_s": 10.0,
+            "tokens_vs_full_padding": 1.0,
+            "lengths": 1,
+            "compiles": 1,
+            "data_wait_share": 0.0,
+        }
+        for b, t in (("padded", 100.0), ("bucketed", 55.0))
+    ]
     table = compare.epoch_table(rows)
     assert " 1.00 " in table.splitlines()[2] and " 0.55 " in table.splitlines()[3]
     # a warm (second-run) row is compared with the warm padded row
@@ -205,8 +304,10 @@ def test_hlo_roofline_tracks_the_tpu_compilers_cost_model():
     cfg = presets.PRESETS["tiny"]().replace(precision="bf16", parallel="jit", vocab_size=1024)
     compiled = preflight.compile_unrolled(cfg, devices)
     cost = compiled.cost_analysis()
-    whole = hlo_roofline.total(hlo_roofline.roofline(
-        compiled.as_text(), target.peak_flops_per_device(8), target.bandwidth_per_device(8)
-    ))  # fmt: skip
+    whole = hlo_roofline.total(
+        hlo_roofline.roofline(
+            compiled.as_text(), target.peak_flops_per_device(8), target.bandwidth_per_device(8)
+        )
+    )
     assert whole.bytes == pytest.approx(cost["bytes accessed"], rel=0.15)
     assert whole.seconds == pytest.approx(cost["optimal_seconds"], rel=0.15)

@@ -133,8 +133,9 @@ def test_scores_at_bucket_length_equal_scores_at_full_padding(comments, task):
     model = weights.load_model(cfg, RunSpec.resolve(cfg))
     lengths = buckets.real_lengths(examples.attention_mask)
     assert lengths.min() < 32 < lengths.max()  # varied: several buckets in use
-    state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params,
-                                    tx=optax.identity())  # fmt: skip
+    state = steps.TrainState.create(
+        apply_fn=model.module.apply, params=model.params, tx=optax.identity()
+    )
     devices = jax.devices()[:8]
     backend = JaxBackend(parallel.make_strategy("jit", devices, task), state, seed=0)
     padded = buckets.Batcher(lengths, 16, 64)
@@ -156,9 +157,16 @@ def test_train_step_compiles_once_per_bucket_length_used(tmp_path, real_csv, k):
     from jaxtpu import train
 
     cfg = tiny().replace(
-        train_csv=str(real_csv), max_rows=320, max_len=64, buckets="auto", parallel="jit",
-        steps_per_call=k, log_every=2 * k, epochs=2, workdir=str(tmp_path / "run"),
-    )  # fmt: skip
+        train_csv=str(real_csv),
+        max_rows=320,
+        max_len=64,
+        buckets="auto",
+        parallel="jit",
+        steps_per_call=k,
+        log_every=2 * k,
+        epochs=2,
+        workdir=str(tmp_path / "run"),
+    )
     summary = train.train_and_evaluate(cfg)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_lines = [x for x in lines if x["event"] == "train"]

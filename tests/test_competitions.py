@@ -74,9 +74,11 @@ def test_bias_metric_matches_its_definition():
     assert "subgroup_auc_male" in parts and "subgroup_auc_muslim" not in parts
     # Pad rows (weight 0) are not scored.
     padded = metrics.jigsaw_bias(
-        np.r_[scores, 9.0], np.r_[target, 0.0], {k: np.r_[v, 1.0] for k, v in identities.items()},
+        np.r_[scores, 9.0],
+        np.r_[target, 0.0],
+        {k: np.r_[v, 1.0] for k, v in identities.items()},
         np.r_[np.ones(n), 0.0],
-    )[0]  # fmt: skip
+    )[0]
     assert padded["jigsaw_bias"] == pytest.approx(want, abs=1e-12)
 
 
@@ -117,8 +119,9 @@ def test_readers_of_each_competition_layout(real_csv, tmp_path):
     assert 0 < blank.sum() < 60
     assert np.array_equal(blank, np.isnan(bias.groups.identities["female"]))
     sub = bias.subset(np.arange(10, 20))
-    assert np.array_equal(sub.groups.identities["muslim"], bias.groups.identities["muslim"][10:20],
-                          equal_nan=True)  # fmt: skip
+    assert np.array_equal(
+        sub.groups.identities["muslim"], bias.groups.identities["muslim"][10:20], equal_nan=True
+    )
 
     valid = readers.read_comments(
         write_language_file(real_csv, tmp_path / "validation.csv", 50, 0, 1)
@@ -194,8 +197,10 @@ def bias_run(real_csv, tmp_path_factory):
     cfg = presets.tiny().replace(
         train_csv=str(write_bias_file(real_csv, d / "train.csv", 320, 0, 0)),
         valid_csv=str(write_bias_file(real_csv, d / "valid.csv", 160, 2000, 1)),
-        precision="fp32", epochs=2, workdir=str(d / "run"),
-    )  # fmt: skip
+        precision="fp32",
+        epochs=2,
+        workdir=str(d / "run"),
+    )
     summary = train.train_and_evaluate(cfg)
     return d, summary
 
@@ -224,8 +229,12 @@ def test_unintended_bias_trains_monitors_and_evaluates_its_metric(bias_run, real
     assert report["subgroup_auc_male"] == pytest.approx(best["val_subgroup_auc_male"], abs=1e-5)
 
     langs = write_language_file(real_csv, tmp_path / "validation.csv", 90, 3000, 2)
-    assert main(["--workdir", str(d / "run"), "--input", str(langs),
-                 "--out", str(tmp_path / "l.json")]) == 0  # fmt: skip
+    assert (
+        main(
+            ["--workdir", str(d / "run"), "--input", str(langs), "--out", str(tmp_path / "l.json")]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "l.json").read_text())
     assert report["metric"] == "mean_language_auc"
     assert {"auc_lang_es", "auc_lang_it", "auc_lang_tr"} <= set(report)
@@ -270,8 +279,9 @@ def test_python_api_scores_texts_and_compiles_each_length_once(bias_run, tmp_pat
 
 
 @pytest.mark.model
-def test_a_killed_predict_resumes_to_the_same_file(bias_run, real_csv, tmp_path, monkeypatch,
-                                                   capsys):  # fmt: skip
+def test_a_killed_predict_resumes_to_the_same_file(
+    bias_run, real_csv, tmp_path, monkeypatch, capsys
+):
     """Predict reads, scores and writes in chunks; killed after its second chunk (and after
     writing rows it had not recorded yet), `--resume` writes the uninterrupted run's bytes."""
     from jaxtpu import predict
@@ -279,8 +289,16 @@ def test_a_killed_predict_resumes_to_the_same_file(bias_run, real_csv, tmp_path,
     d, _ = bias_run
     src = write_language_file(real_csv, tmp_path / "test.csv", 45, 500, 0, labelled=False)
     out = tmp_path / "new" / "sub.csv"  # its directory is made
-    common = ["--workdir", str(d / "run"), "--input", str(src), "--num-devices", "2",
-              "--chunk-rows", "16"]  # fmt: skip
+    common = [
+        "--workdir",
+        str(d / "run"),
+        "--input",
+        str(src),
+        "--num-devices",
+        "2",
+        "--chunk-rows",
+        "16",
+    ]
     assert predict.main([*common, "--output", str(tmp_path / "whole.csv")]) == 0
     whole = (tmp_path / "whole.csv").read_bytes()
     assert whole.count(b"\n") == 46 and whole.startswith(b"id,toxic\r\n0,")

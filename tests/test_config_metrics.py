@@ -23,10 +23,23 @@ from parity_tests.harness import ROOT, clean_env, run_side
 FRAMEWORKS = ("jax", "jaxlib", "flax", "optax", "orbax", "torch", "torch_xla")
 
 CONTRACT_FLAGS = [
-    "--task", "--train-csv", "--valid-csv", "--model-dir", "--preset", "--num-devices",
-    "--parallel", "--precision", "--epochs", "--max-steps", "--batch-size", "--max-len",
-    "--lr", "--seed", "--workdir", "--resume",
-]  # fmt: skip
+    "--task",
+    "--train-csv",
+    "--valid-csv",
+    "--model-dir",
+    "--preset",
+    "--num-devices",
+    "--parallel",
+    "--precision",
+    "--epochs",
+    "--max-steps",
+    "--batch-size",
+    "--max-len",
+    "--lr",
+    "--seed",
+    "--workdir",
+    "--resume",
+]
 
 
 def parse(*argv):
@@ -111,8 +124,12 @@ def test_torch_side_trains_with_jax_unimportable(tmp_path):
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "run")],
-        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").exists()
 
@@ -126,9 +143,12 @@ def test_torch_side_trains_with_jax_unimportable(tmp_path):
 def test_each_side_lists_and_accepts_only_its_own_strategies(tmp_path, side, own, other):
     module = {"jax": "jaxtpu.train", "torch": "torchxla_ref.train"}[side]
     help_text = subprocess.run(
-        [sys.executable, "-m", module, "--help"], cwd=ROOT, env=clean_env(),
-        capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        [sys.executable, "-m", module, "--help"],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    ).stdout
     help_text = " ".join(help_text.split())  # argparse wraps lines
     assert f"One of: {', '.join(own)}." in help_text
     assert f"[default: {own[0]}]" in help_text

@@ -37,8 +37,9 @@ def test_the_console_script_is_installed():
     script = ROOT / ".venv" / "bin" / "jaxtpu"
     if not script.exists():
         pytest.skip(f"{script} not installed (make setup installs the package's console script)")
-    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, env=clean_env(),
-                          timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, env=clean_env(), timeout=120
+    )
     assert proc.returncode == 0 and "evaluate" in proc.stdout
 
 
@@ -79,8 +80,19 @@ def test_bad_config_files_are_one_line_naming_the_file_and_key(tmp_path, text, m
 def test_a_runs_config_json_reruns_it_exactly(tmp_path):
     """A run directory's config.json is a --config: the rerun's losses are the run's."""
     first, second = tmp_path / "first", tmp_path / "second"
-    args = ["--preset", "tiny", "--max-steps", "4", "--log-every", "1", "--lr", "7e-4",
-            "--num-devices", "8", "--no-progress"]  # fmt: skip
+    args = [
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "4",
+        "--log-every",
+        "1",
+        "--lr",
+        "7e-4",
+        "--num-devices",
+        "8",
+        "--no-progress",
+    ]
 
     def run(*argv):
         command = [sys.executable, "-m", "jaxtpu", "train", *argv]
@@ -125,12 +137,19 @@ def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkey
 
     log = next((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     wandb_cli = Path(sys.executable).parent / "wandb"
-    proc = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(log)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    history = {r["history"]["step"]["num"]: r["history"]["item"] for r in records
-               if r.get("type") == "history"}  # fmt: skip
+    history = {
+        r["history"]["step"]["num"]: r["history"]["item"]
+        for r in records
+        if r.get("type") == "history"
+    }
     assert {s: h["train/loss"] for s, h in history.items() if "train/loss" in h} == losses
     assert any("eval/val_auc" in h for h in history.values())
     run = next(r["run"] for r in records if r.get("type") == "run")
@@ -147,8 +166,11 @@ def test_a_tracker_whose_client_is_missing_is_one_line(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a)
     )
-    with pytest.raises(ConfigError, match=r"--tracker wandb: its client wandb is not installed: "
-                                          r"pip install 'jaxtpu\[wandb\]'"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"--tracker wandb: its client wandb is not installed: "
+        r"pip install 'jaxtpu\[wandb\]'",
+    ):
         presets.tiny().replace(tracker="tensorboard,wandb")
     with pytest.raises(ConfigError, match="--tracker 'mlflow': choose from tensorboard, wandb"):
         presets.tiny().replace(tracker="mlflow")
@@ -156,8 +178,9 @@ def test_a_tracker_whose_client_is_missing_is_one_line(monkeypatch):
 
 def test_print_config_writes_a_file_that_gives_back_the_same_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        _parse("--preset", "lightning-severity", "--model-dir", "m", "--lr", "2e-5",
-               "--print-config")  # fmt: skip
+        _parse(
+            "--preset", "lightning-severity", "--model-dir", "m", "--lr", "2e-5", "--print-config"
+        )
     assert e.value.code == 0
     path = tmp_path / "lightning.yaml"
     path.write_text(capsys.readouterr().out)
@@ -190,8 +213,14 @@ except DeviceError as e:
     print("refused:", e)
 """
     env = {k: v for k, v in clean_env().items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "steps 3" in proc.stdout
     assert "refused: --num-devices 8: only 1 cpu device(s) available" in proc.stdout

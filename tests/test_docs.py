@@ -23,9 +23,23 @@ pytest.importorskip("mkdocs", reason="the docs site needs mkdocs-material (the d
 def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
     env = {**clean_env(), "NO_MKDOCS_2_WARNING": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml"),
-         "-d", str(site)], cwd=root, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(root / "mkdocs.yml"),
+            "-d",
+            str(site),
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.e2e
@@ -60,8 +74,14 @@ def test_the_getting_started_commands_run_as_written(tmp_path):
         pytest.skip(f"no jaxtpu console script in {bindir} (make setup installs it)")
     env = {**clean_env(), "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
     for command in commands:
-        proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        proc = subprocess.run(
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, (command, proc.stderr[-2000:])
     assert (tmp_path / "scores.csv").read_text().startswith("id,toxic")
     assert json.loads((tmp_path / "metrics.json").read_text())["metric"] == "auc"
@@ -73,8 +93,12 @@ def test_the_getting_started_commands_run_as_written(tmp_path):
 def test_the_python_example_runs(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "docs" / "examples" / "score.py"), str(tmp_path / "run")],
-        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     scored = [line for line in proc.stdout.splitlines() if line.endswith("you are an idiot")]
     assert len(scored) == 1 and 0.0 < float(scored[0].split()[0]) < 1.0

@@ -101,8 +101,17 @@ def _examples(n: int) -> tokenized.Examples:
 
 
 def _job(tmp_path, resume: bool = False, **flags) -> plan.Job:
-    cfg = tiny().replace(**{"epochs": 3, "log_every": 1, "batch_size": 8, "num_devices": 1,
-                            "workdir": str(tmp_path), "resume": resume, **flags})  # fmt: skip
+    cfg = tiny().replace(
+        **{
+            "epochs": 3,
+            "log_every": 1,
+            "batch_size": 8,
+            "num_devices": 1,
+            "workdir": str(tmp_path),
+            "resume": resume,
+            **flags,
+        }
+    )
     spec = RunSpec.resolve(cfg)
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = taskdata.TaskData(_examples(N_TRAIN), _examples(N_VALID), {})
@@ -200,8 +209,9 @@ class ProfilingBackend(FakeBackend):
         self.events.append(("profile_stop", self.step))
 
 
-@pytest.mark.parametrize("k, spec, want", [(1, "3:5", (2, 5)), (2, "3:5", (2, 6)),
-                                           (1, "20:40", (19, 21))])  # fmt: skip
+@pytest.mark.parametrize(
+    "k, spec, want", [(1, "3:5", (2, 5)), (2, "3:5", (2, 6)), (1, "20:40", (19, 21))]
+)
 def test_profile_steps_trace_the_calls_that_hold_them(tmp_path, k, spec, want):
     """--profile-steps A:B starts before the call holding step A and stops after the one
     holding B (whole calls: with K steps per call a little more), and at the run's end when it

@@ -227,10 +227,17 @@ def test_jaxtpu_trains_each_task_from_a_family_checkpoint(name, task, family_dir
     from jaxtpu.core.flags import presets
 
     cfg = presets.tiny().replace(
-        model_dir=str(family_dirs[name]), task=task, train_csv="sample", max_rows=320,
-        max_len=32, parallel="jit", precision="bf16", epochs=1, log_every=1,
+        model_dir=str(family_dirs[name]),
+        task=task,
+        train_csv="sample",
+        max_rows=320,
+        max_len=32,
+        parallel="jit",
+        precision="bf16",
+        epochs=1,
+        log_every=1,
         workdir=str(tmp_path / "run"),
-    )  # fmt: skip
+    )
     summary = train.train_and_evaluate(cfg)
     assert summary["train_compiles"] == 1 and summary["total_steps"] >= 8
     record = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -247,11 +254,31 @@ def test_torch_side_trains_a_family_checkpoint_from_the_command_line(family_dirs
     from parity_tests.harness import run_side
 
     run = run_side(
-        "torch", tmp_path / "run", "--model-dir", str(family_dirs["distilbert"]),
-        "--task", "ranking", "--train-csv", "sample", "--max-rows", "200", "--max-len", "32",
-        "--parallel", "eager", "--num-devices", "1", "--batch-size", "16", "--max-steps", "4",
-        "--precision", "fp32", "--log-every", "1",
-    ).check()  # fmt: skip
+        "torch",
+        tmp_path / "run",
+        "--model-dir",
+        str(family_dirs["distilbert"]),
+        "--task",
+        "ranking",
+        "--train-csv",
+        "sample",
+        "--max-rows",
+        "200",
+        "--max-len",
+        "32",
+        "--parallel",
+        "eager",
+        "--num-devices",
+        "1",
+        "--batch-size",
+        "16",
+        "--max-steps",
+        "4",
+        "--precision",
+        "fp32",
+        "--log-every",
+        "1",
+    ).check()
     assert len(run.losses) == 4 and all(np.isfinite(run.losses))
     assert "model: distilbert (DistilBertModel)" in run.stderr + run.stdout
     assert "pooling cls (distilbert's default)" in run.stderr + run.stdout
@@ -265,10 +292,19 @@ def test_deberta_scanned_and_rematerialised_trains_like_the_plain_model(family_d
 
     def losses(name, **memory):
         cfg = presets.tiny().replace(
-            model_dir=str(family_dirs["deberta-v2"]), train_csv="sample", max_rows=200,
-            max_len=32, parallel="jit", precision="fp32", max_steps=5, log_every=1,
-            dropout=0.0, encoder_dropout=0.0, workdir=str(tmp_path / name), **memory,
-        )  # fmt: skip
+            model_dir=str(family_dirs["deberta-v2"]),
+            train_csv="sample",
+            max_rows=200,
+            max_len=32,
+            parallel="jit",
+            precision="fp32",
+            max_steps=5,
+            log_every=1,
+            dropout=0.0,
+            encoder_dropout=0.0,
+            workdir=str(tmp_path / name),
+            **memory,
+        )
         train.train_and_evaluate(cfg)
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         return [json.loads(x)["loss"] for x in lines if json.loads(x).get("event") == "train"]

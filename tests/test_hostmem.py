@@ -52,8 +52,13 @@ def test_the_restart_keeps_the_process_its_arguments_and_its_output():
         "print(json.dumps([os.getpid(), sys.argv[1:], hostmem.active()]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in (hostmem.TUNABLES, hostmem.OPT_OUT)}
-    proc = subprocess.run([sys.executable, "-c", code, "a b", "--flag"], env=env,
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "a b", "--flag"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = proc.stdout.splitlines()
     # one run of the code before the restart, one after, in the same process
     before = [int(x.split()[1]) for x in lines if x.startswith("before")]

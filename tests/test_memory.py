@@ -27,9 +27,15 @@ def _losses(workdir) -> list[float]:
 def _run(tmp_path, name: str, **overrides) -> list[float]:
     """21 fp32 steps of the tiny model on 8 devices, jit, dropout off."""
     cfg = presets.tiny().replace(
-        workdir=str(tmp_path / name), log_every=1, precision="fp32", dropout=0.0,
-        encoder_dropout=0.0, epochs=3, parallel="jit", **overrides,
-    )  # fmt: skip
+        workdir=str(tmp_path / name),
+        log_every=1,
+        precision="fp32",
+        dropout=0.0,
+        encoder_dropout=0.0,
+        epochs=3,
+        parallel="jit",
+        **overrides,
+    )
     train.train_and_evaluate(cfg)
     return _losses(tmp_path / name)
 
@@ -41,7 +47,7 @@ VARIANTS = {
         "fsdp over 8": dict(sharding="fsdp"),
         "fsdp data=2,fsdp=4 + remat layer": dict(
             sharding="fsdp", mesh="data=2,fsdp=4", remat="layer"
-        ),  # fmt: skip
+        ),
         "scan + remat dots": dict(scan_layers=True, remat="dots"),
     },
     "ranking": {
@@ -61,8 +67,13 @@ def test_memory_options_give_the_replicated_trajectory_fp32(tmp_path, task):
 
 
 def test_stacking_layers_is_lossless_and_names_stay_hugging_face():
-    enc = EncoderConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                        intermediate_size=64, vocab_size=100)  # fmt: skip
+    enc = EncoderConfig(
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=100,
+    )
     plain = models.init_params(models.create_module(enc, 0.0, "fp32"), (8,), 0)
     stacked = models.stack_layers(plain)
     scanned_shapes = models.param_shapes(models.create_module(enc, 0.0, "fp32", scan=True), (8,))
@@ -98,8 +109,18 @@ def test_unsupported_memory_configs_are_one_line_errors(overrides, message):
 def test_bad_mesh_on_the_command_line_creates_nothing(tmp_path, capsys):
     wd = tmp_path / "run"
     with pytest.raises(SystemExit) as e:
-        train.main(["--preset", "tiny", "--parallel", "jit", "--mesh", "data=3,fsdp=2",
-                    "--workdir", str(wd)])  # fmt: skip
+        train.main(
+            [
+                "--preset",
+                "tiny",
+                "--parallel",
+                "jit",
+                "--mesh",
+                "data=3,fsdp=2",
+                "--workdir",
+                str(wd),
+            ]
+        )
     assert e.value.code == 2
     assert "data x fsdp = 6, but the run has 8" in capsys.readouterr().err
     assert not wd.exists()

@@ -90,10 +90,16 @@ def read_scores(path: Path) -> np.ndarray:
 def save_lightning(model: NotebookModel, path: Path) -> None:
     """A Lightning checkpoint's layout: the weights under 'state_dict', with bookkeeping."""
     torch.save(
-        {"epoch": 2, "global_step": 300, "pytorch-lightning_version": "2.4.0",
-         "state_dict": model.state_dict(), "optimizer_states": [], "lr_schedulers": []},
+        {
+            "epoch": 2,
+            "global_step": 300,
+            "pytorch-lightning_version": "2.4.0",
+            "state_dict": model.state_dict(),
+            "optimizer_states": [],
+            "lr_schedulers": [],
+        },
         path,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.model
@@ -112,8 +118,18 @@ def test_predict_from_a_notebook_checkpoint_matches_the_pytorch_module(tmp_path,
         ("bert.", "fc1") if kind == "state-dict" else ("model.", "fc")
     )
     out = tmp_path / "scores.csv"
-    argv = ["--init-from", str(source), "--model-dir", str(model_dir), "--max-len", str(MAX_LEN),
-            "--input", str(write_texts(tmp_path / "in.csv")), "--output", str(out)]  # fmt: skip
+    argv = [
+        "--init-from",
+        str(source),
+        "--model-dir",
+        str(model_dir),
+        "--max-len",
+        str(MAX_LEN),
+        "--input",
+        str(write_texts(tmp_path / "in.csv")),
+        "--output",
+        str(out),
+    ]
     assert predict.main(argv) == 0
     ours, theirs = read_scores(out), torch_scores(model, model_dir)
     assert np.abs(theirs).max() > 1e-3  # a real signal, not a zero head
@@ -128,8 +144,9 @@ def test_train_from_a_notebook_checkpoint_then_export_it_back(tmp_path, model_di
     source = tmp_path / "model.bin"
     torch.save(model.state_dict(), source)
     found = read_notebook_checkpoint(source)
-    as_hf = write_hf_dir(tmp_path / "as-hf", encoder(str(model_dir)), found.encoder,
-                         found.head, model_dir)  # fmt: skip
+    as_hf = write_hf_dir(
+        tmp_path / "as-hf", encoder(str(model_dir)), found.encoder, found.head, model_dir
+    )
     kw = dict(precision="fp32", parallel="jit", max_steps=3, log_every=1, max_len=MAX_LEN)
     base = presets.tiny().replace(**kw)
     train.train_and_evaluate(
@@ -141,13 +158,23 @@ def test_train_from_a_notebook_checkpoint_then_export_it_back(tmp_path, model_di
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
 
     out = tmp_path / "exported.bin"
-    assert export.main(["--workdir", str(tmp_path / "run"), "--out", str(out),
-                        "--format", "state-dict"]) == 0  # fmt: skip
+    assert (
+        export.main(
+            ["--workdir", str(tmp_path / "run"), "--out", str(out), "--format", "state-dict"]
+        )
+        == 0
+    )
     reloaded = notebook_model(model_dir, seed=11)
     reloaded.load_state_dict(torch.load(out, weights_only=True), strict=True)
     scored = tmp_path / "scores.csv"
-    argv = ["--workdir", str(tmp_path / "run"), "--input", str(write_texts(tmp_path / "in.csv")),
-            "--output", str(scored)]  # fmt: skip
+    argv = [
+        "--workdir",
+        str(tmp_path / "run"),
+        "--input",
+        str(write_texts(tmp_path / "in.csv")),
+        "--output",
+        str(scored),
+    ]
     assert predict.main(argv) == 0
     np.testing.assert_allclose(read_scores(scored), torch_scores(reloaded, model_dir), atol=2e-5)
     # trained: no longer the notebook's scores
@@ -196,8 +223,9 @@ def test_notebook_checkpoints_jaxtpu_cannot_hold_are_refused_by_name(tmp_path, m
 def test_a_notebook_checkpoint_of_another_size_or_without_its_config_is_a_one_line_error(
     tmp_path, model_dir, capsys
 ):
-    bigger = BertConfig(**{**json.loads((model_dir / "config.json").read_text()),
-                           "intermediate_size": 96})  # fmt: skip
+    bigger = BertConfig(
+        **{**json.loads((model_dir / "config.json").read_text()), "intermediate_size": 96}
+    )
     torch.save(NotebookModel(bigger).state_dict(), tmp_path / "other.bin")
     argv = [
         "--init-from",

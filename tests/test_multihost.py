@@ -34,12 +34,22 @@ def _start(wd: Path, *extra: str, processes: int = 1) -> list[subprocess.Popen]:
     else:
         port = _free_port()
         cmds = [
-            [*base, "--num-devices", str(8 // processes), "--num-processes", str(processes),
-             "--process-id", str(i), "--coordinator-address", f"127.0.0.1:{port}",
-             # every process names its own directory: only process 0's may appear
-             "--workdir", str(wd) if i == 0 else str(wd.with_name(wd.name + f"-p{i}"))]
+            [
+                *base,
+                "--num-devices",
+                str(8 // processes),
+                "--num-processes",
+                str(processes),
+                "--process-id",
+                str(i),
+                "--coordinator-address",
+                f"127.0.0.1:{port}",
+                # every process names its own directory: only process 0's may appear
+                "--workdir",
+                str(wd) if i == 0 else str(wd.with_name(wd.name + f"-p{i}")),
+            ]
             for i in range(processes)
-        ]  # fmt: skip
+        ]
     return [
         subprocess.Popen(
             cmd,
@@ -48,7 +58,7 @@ def _start(wd: Path, *extra: str, processes: int = 1) -> list[subprocess.Popen]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for cmd in cmds
     ]
 

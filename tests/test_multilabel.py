@@ -82,9 +82,15 @@ def test_metric_is_the_mean_column_auc_over_known_rows_and_skips_one_class_colum
 def test_trains_on_real_comments_and_predict_writes_the_kaggle_columns(tmp_path):
     workdir = tmp_path / "run"
     cfg = presets.tiny().replace(
-        task="multilabel", train_csv="sample", max_rows=320, max_len=32, epochs=2,
-        parallel="pmap", workdir=str(workdir), log_every=1,
-    )  # fmt: skip
+        task="multilabel",
+        train_csv="sample",
+        max_rows=320,
+        max_len=32,
+        epochs=2,
+        parallel="pmap",
+        workdir=str(workdir),
+        log_every=1,
+    )
     summary = train.train_and_evaluate(cfg)
     assert summary["train_compiles"] == 1
     evals = [

@@ -31,8 +31,9 @@ def test_linear_matches_transformers(warmup_frac):
 
     cfg = OptimConfig(schedule="linear", warmup_frac=warmup_frac)
     total = 50
-    ref = torch_lrs(lambda o: get_linear_schedule_with_warmup(o, int(warmup_frac * total), total),
-                    total, 1e-3)  # fmt: skip
+    ref = torch_lrs(
+        lambda o: get_linear_schedule_with_warmup(o, int(warmup_frac * total), total), total, 1e-3
+    )
     ours = [float(learning_rate(s, Horizon(total, total), cfg, 1e-3)) for s in range(total)]
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-12)
 
@@ -58,8 +59,9 @@ def test_cosine_with_a_warmup_is_refused():
 
 def test_cosine_matches_cosine_annealing():
     cfg = OptimConfig(schedule="cosine", eta_min=1e-5)
-    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 40, eta_min=1e-5),
-                    40, 1e-3)  # fmt: skip
+    ref = torch_lrs(
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 40, eta_min=1e-5), 40, 1e-3
+    )
     ours = [float(learning_rate(s, Horizon(40, 40), cfg, 1e-3)) for s in range(40)]
     np.testing.assert_allclose(ours, ref, rtol=1e-5)
 
@@ -69,16 +71,18 @@ def test_cosine_restarts_match_cosine_annealing_warm_restarts(t_mult):
     cfg = OptimConfig(schedule="cosine-restarts", t0=5, t_mult=t_mult, eta_min=1e-6)
     ref = torch_lrs(
         lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, 5, t_mult, 1e-6),
-        40, 1e-3,
-    )  # fmt: skip
+        40,
+        1e-3,
+    )
     ours = [float(learning_rate(s, Horizon(40, 40), cfg, 1e-3)) for s in range(40)]
     np.testing.assert_allclose(ours, ref, rtol=1e-5)
 
 
 def test_cosine_with_a_t_max_shorter_than_the_run_rises_again_as_torchs():
     cfg = OptimConfig(schedule="cosine", t_max=10, eta_min=1e-5)
-    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 10, eta_min=1e-5),
-                    30, 1e-3)  # fmt: skip
+    ref = torch_lrs(
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 10, eta_min=1e-5), 30, 1e-3
+    )
     ours = [float(learning_rate(s, Horizon(30, 30), cfg, 1e-3)) for s in range(30)]
     np.testing.assert_allclose(ours, ref, rtol=1e-5)
 
@@ -124,10 +128,12 @@ def test_recipe_flags_out_of_range_are_one_line(flags, message):
 def test_onecycle_matches_torch():
     cfg = OptimConfig(schedule="onecycle", warmup_frac=0.3)
     ref = torch_lrs(
-        lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-3, total_steps=40,
-                                                      pct_start=0.3, cycle_momentum=False),
-        40, 1e-3,
-    )  # fmt: skip
+        lambda o: torch.optim.lr_scheduler.OneCycleLR(
+            o, max_lr=1e-3, total_steps=40, pct_start=0.3, cycle_momentum=False
+        ),
+        40,
+        1e-3,
+    )
     ours = [float(learning_rate(s, Horizon(40, 40), cfg, 1e-3)) for s in range(40)]
     np.testing.assert_allclose(ours, ref, rtol=1e-4)
 
@@ -156,8 +162,13 @@ def test_no_decay_groups_match_between_sides():
     from torchxla_ref import optim as torch_optim
     from torchxla_ref.models import Classifier
 
-    enc = EncoderConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                          num_hidden_layers=1, vocab_size=100)  # fmt: skip
+    enc = EncoderConfig(
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        vocab_size=100,
+    )
     params = models.init_params(models.create_module(enc, 0.3, "fp32"), (4,), 0)
     mask = optim.decay_mask(params)
     jax_decay = sum(
@@ -228,13 +239,18 @@ def test_the_transformers_adamw_form_is_its_formula_on_both_sides():
     from torchxla_ref.optim import TransformersAdamW
 
     rng = np.random.default_rng(0)
-    params = {"kernel": rng.normal(size=(5, 3)).astype(np.float32),
-              "bias": rng.normal(size=(3,)).astype(np.float32)}  # fmt: skip
-    grads_seq = [{k: rng.normal(size=x.shape).astype(np.float32) for k, x in params.items()}
-                 for _ in range(4)]  # fmt: skip
+    params = {
+        "kernel": rng.normal(size=(5, 3)).astype(np.float32),
+        "bias": rng.normal(size=(3,)).astype(np.float32),
+    }
+    grads_seq = [
+        {k: rng.normal(size=x.shape).astype(np.float32) for k, x in params.items()}
+        for _ in range(4)
+    ]
     lr, b1, b2, eps, wd = 1e-2, 0.9, 0.999, 1e-6, 0.1
-    want = reference_transformers_adamw(params, grads_seq, lr, b1, b2, eps, wd,
-                                        {"kernel": True, "bias": False})  # fmt: skip
+    want = reference_transformers_adamw(
+        params, grads_seq, lr, b1, b2, eps, wd, {"kernel": True, "bias": False}
+    )
 
     tx = optim.transformers_adamw(optax.constant_schedule(lr), b1, b2, eps, wd, optim.decay_mask)
     p = jax.tree_util.tree_map(jax.numpy.asarray, params)
@@ -246,8 +262,10 @@ def test_the_transformers_adamw_form_is_its_formula_on_both_sides():
         np.testing.assert_allclose(np.asarray(p[k]), want[k], rtol=1e-5, atol=1e-7)
 
     tp = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in params.items()}
-    groups = [{"params": [tp["kernel"]], "weight_decay": wd},
-              {"params": [tp["bias"]], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": [tp["kernel"]], "weight_decay": wd},
+        {"params": [tp["bias"]], "weight_decay": 0.0},
+    ]
     opt = TransformersAdamW(groups, lr=lr, betas=(b1, b2), eps=eps)
     for g in grads_seq:
         for k in tp:

@@ -14,8 +14,9 @@ from jaxtpu.core.flags import presets
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hardware import TpuChip
 
-pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed: pip install "
-                    "-e '.[tpu]'")  # fmt: skip
+pytest.importorskip(
+    "libtpu", reason="libtpu (the TPU compiler) is not installed: pip install -e '.[tpu]'"
+)
 
 # Activations large enough to dominate the tiny model's state.
 SHAPE = dict(max_len=64, batch_size=16, parallel="jit")
@@ -51,16 +52,24 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
         "replicated": long.replace(sharding="replicated"),
         "replicated + remat layer": long.replace(sharding="replicated", remat="layer"),
         "fsdp data=2,fsdp=4 + remat dots + scan, 2 steps per call, fp32 ranking": tiny.replace(
-            sharding="fsdp", mesh="data=2,fsdp=4", remat="dots", scan_layers=True,
-            steps_per_call=2, log_every=2, precision="fp32", task="ranking",
+            sharding="fsdp",
+            mesh="data=2,fsdp=4",
+            remat="dots",
+            scan_layers=True,
+            steps_per_call=2,
+            log_every=2,
+            precision="fp32",
+            task="ranking",
         ),
         "shard_map + remat layer, ranking": tiny.replace(
             parallel="shard_map", remat="layer", task="ranking"
         ),
-    }  # fmt: skip
+    }
     # The compiler's speed estimate (one more, unrolled, compilation) for one of them.
-    reports = {name: preflight.check(cfg, "v3-8", devices, capacity, speed=name == "replicated")
-               for name, cfg in runs.items()}  # fmt: skip
+    reports = {
+        name: preflight.check(cfg, "v3-8", devices, capacity, speed=name == "replicated")
+        for name, cfg in runs.items()
+    }
     reports["auto"] = preflight.Report(**auto)
     for name, r in reports.items():
         assert r.device == "TPU v3", name
@@ -143,8 +152,9 @@ def test_find_batch_brackets_then_bisects(monkeypatch, start, tolerance, found, 
 
 def test_sweep_lists_are_checked():
     tiny = presets.tiny().replace(parallel="jit")
-    assert [(c.run.sharding, c.model.remat) for c in preflight.options(tiny, "zero1,fsdp+layer")] \
-        == [("zero1", "none"), ("fsdp", "layer")]  # fmt: skip
+    assert [
+        (c.run.sharding, c.model.remat) for c in preflight.options(tiny, "zero1,fsdp+layer")
+    ] == [("zero1", "none"), ("fsdp", "layer")]
     assert len(preflight.options(tiny, "all")) == 9
     with pytest.raises(ConfigError, match="'fsdp\\+fast' is not SHARDING"):
         preflight.options(tiny, "zero1,fsdp+fast")
@@ -172,8 +182,9 @@ def test_bad_preflight_flags_are_one_line_and_write_nothing(tmp_path, capsys, fl
 def test_an_unwritable_json_path_is_refused_before_any_compilation(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit) as e:
-        preflight.main(["--preset", "tiny", "--target", "v3-8", "--json",
-                        str(tmp_path / "file" / "out.json")])  # fmt: skip
+        preflight.main(
+            ["--preset", "tiny", "--target", "v3-8", "--json", str(tmp_path / "file" / "out.json")]
+        )
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "is not a directory" in err and "preflight:" not in err  # nothing compiled

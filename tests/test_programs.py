@@ -17,8 +17,22 @@ from jaxtpu.core.flags import presets
 from jaxtpu.core.flags import schema as config
 
 # a schedule that decays over the run: its length (from the data) is a constant of the program
-FLAGS = ["--preset", "tiny", "--buckets", "12,16", "--schedule", "linear", "--precision",
-         "fp32", "--steps-per-call", "2", "--log-every", "2", "--max-steps", "6"]  # fmt: skip
+FLAGS = [
+    "--preset",
+    "tiny",
+    "--buckets",
+    "12,16",
+    "--schedule",
+    "linear",
+    "--precision",
+    "fp32",
+    "--steps-per-call",
+    "2",
+    "--log-every",
+    "2",
+    "--max-steps",
+    "6",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +40,17 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, config.Config
     """A run's programs saved for this machine's 8 devices, and that run's config."""
     root = tmp_path_factory.mktemp("programs")
     out = root / "programs"
-    preflight.main([*FLAGS, "--target", "cpu", "--save-programs", str(out),
-                    "--json", str(root / "preflight.json")])  # fmt: skip
+    preflight.main(
+        [
+            *FLAGS,
+            "--target",
+            "cpu",
+            "--save-programs",
+            str(out),
+            "--json",
+            str(root / "preflight.json"),
+        ]
+    )
     manifest = json.loads((out / programs.MANIFEST).read_text())
     return out, config.from_dict(manifest["config"])
 
@@ -46,9 +69,11 @@ def test_a_run_from_saved_programs_compiles_nothing_and_trains_the_same(
     directory, cfg = saved
     manifest = json.loads((directory / programs.MANIFEST).read_text())
     assert sorted(p["describe"] for p in manifest["programs"]) == [
-        "eval of length 12", "eval of length 16",
-        "train call of length 12", "train call of length 16",
-    ]  # fmt: skip
+        "eval of length 12",
+        "eval of length 16",
+        "train call of length 12",
+        "train call of length 16",
+    ]
     compiles = []  # every XLA compilation of the process, persistent-cache hits included
     real = compiler.compile_or_get_cached
     monkeypatch.setattr(
@@ -97,8 +122,12 @@ def test_saved_programs_of_another_environment_are_refused_in_one_line(saved, tm
     devices = jax.devices()[:8]
     with pytest.raises(ConfigError) as e:
         programs.SavedPrograms(moved, devices, cfg)
-    assert "compiled for another environment (jax '0.10.2' (saved: '0.4.30'); platform " \
-        "'cpu' (saved: 'tpu'))" in str(e.value) and "\n" not in str(e.value)  # fmt: skip
+    assert (
+        "compiled for another environment (jax '0.10.2' (saved: '0.4.30'); platform "
+        "'cpu' (saved: 'tpu'))"
+        in str(e.value)
+        and "\n" not in str(e.value)
+    )
     with pytest.raises(ConfigError, match="no programs.json; make it with"):
         programs.SavedPrograms(tmp_path / "none", devices, cfg)
 
@@ -114,8 +143,17 @@ def test_program_flags_are_checked_before_anything_runs(tmp_path, capsys):
         ([], "exists and holds no saved programs"),
     ]:
         with pytest.raises(SystemExit) as e:
-            preflight.main(["--preset", "tiny", "--save-programs", str(taken), *extra,
-                            "--json", str(tmp_path / "p.json")])  # fmt: skip
+            preflight.main(
+                [
+                    "--preset",
+                    "tiny",
+                    "--save-programs",
+                    str(taken),
+                    *extra,
+                    "--json",
+                    str(tmp_path / "p.json"),
+                ]
+            )
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert re.search(message, err) and "preflight:" not in err, err

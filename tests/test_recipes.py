@@ -26,8 +26,9 @@ def test_the_files_fold_column_is_the_split(tmp_path):
     from jaxtpu.core.data.tokens import load_tokenizer
 
     folds = np.arange(60) % 5
-    cfg = presets.tiny().replace(train_csv=str(_fold_file(tmp_path, folds)), fold_column="kfold",
-                                 fold=3, max_len=8)  # fmt: skip
+    cfg = presets.tiny().replace(
+        train_csv=str(_fold_file(tmp_path, folds)), fold_column="kfold", fold=3, max_len=8
+    )
     data = taskdata.load_task_data(cfg, load_tokenizer(cfg_tokenizer()))
     assert len(data.valid) == 12 and len(data.train) == 48
     assert np.array_equal(data.valid_rows, np.flatnonzero(folds == 3))
@@ -49,8 +50,9 @@ def cfg_tokenizer() -> str:
     ],
 )
 def test_bad_fold_columns_are_one_line(tmp_path, folds, flags, message):
-    cfg = presets.tiny().replace(train_csv=str(_fold_file(tmp_path, folds)), fold_column="kfold",
-                                 max_len=8, **flags)  # fmt: skip
+    cfg = presets.tiny().replace(
+        train_csv=str(_fold_file(tmp_path, folds)), fold_column="kfold", max_len=8, **flags
+    )
     with pytest.raises(DataError, match=message):
         taskdata.load_task_data(cfg, None)
 
@@ -135,8 +137,19 @@ def test_all_folds_train_each_fold_and_write_their_record_and_oof(tmp_path):
     from jaxtpu import predict, train
 
     base = tmp_path / "cv"
-    argv = ["--preset", "tiny", "--n-folds", "3", "--all-folds", "--max-steps", "4",
-            "--demo-size", "96", "--workdir", str(base)]  # fmt: skip
+    argv = [
+        "--preset",
+        "tiny",
+        "--n-folds",
+        "3",
+        "--all-folds",
+        "--max-steps",
+        "4",
+        "--demo-size",
+        "96",
+        "--workdir",
+        str(base),
+    ]
     assert train.main(argv) == 0
     record = json.loads((base / "folds.json").read_text())
     assert [f["fold"] for f in record["folds"]] == [0, 1, 2]
@@ -160,8 +173,19 @@ def test_all_folds_train_each_fold_and_write_their_record_and_oof(tmp_path):
     outs = []
     for workdirs in (["fold-0"], ["fold-1"], ["fold-2"], ["fold-0", "fold-1", "fold-2"]):
         out = tmp_path / f"{len(outs)}.csv"
-        assert predict.main(["--workdir", *[str(base / w) for w in workdirs],
-                             "--input", str(texts), "--output", str(out)]) == 0  # fmt: skip
+        assert (
+            predict.main(
+                [
+                    "--workdir",
+                    *[str(base / w) for w in workdirs],
+                    "--input",
+                    str(texts),
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         outs.append(np.loadtxt(out, delimiter=",", skiprows=1, usecols=1))
     np.testing.assert_allclose(outs[3], np.mean(outs[:3], axis=0), rtol=1e-6)
 
@@ -180,8 +204,9 @@ def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_di
     tok.save_pretrained(other_tok)
 
     def model(task, tokenizer_dir):
-        return SimpleNamespace(spec=SimpleNamespace(task=SimpleNamespace(name=task)),
-                               tokenizer_dir=tokenizer_dir)  # fmt: skip
+        return SimpleNamespace(
+            spec=SimpleNamespace(task=SimpleNamespace(name=task)), tokenizer_dir=tokenizer_dir
+        )
 
     with pytest.raises(UserError, match="--workdir B is a ranking run, A a toxicity run"):
         check_ensemble([model("toxicity", minilm_dir), model("ranking", minilm_dir)], ["A", "B"])
@@ -240,12 +265,16 @@ def _notebook_setup(tmp_path, real_csv, task):
             w = csv.writer(f)
             if task == "ranking":
                 w.writerow(["less_toxic", "more_toxic"])
-                w.writerows([clean[lo + i]["comment_text"], toxic[lo + i]["comment_text"]]
-                            for i in range(32))  # fmt: skip
+                w.writerows(
+                    [clean[lo + i]["comment_text"], toxic[lo + i]["comment_text"]]
+                    for i in range(32)
+                )
             else:
                 w.writerow(["comment_text", "toxic"])
-                w.writerows([r["comment_text"], r["toxic"]]
-                            for r in toxic[lo : lo + 8] + clean[lo : lo + 24])  # fmt: skip
+                w.writerows(
+                    [r["comment_text"], r["toxic"]]
+                    for r in toxic[lo : lo + 8] + clean[lo : lo + 24]
+                )
     return model_dir, model
 
 
@@ -253,11 +282,21 @@ def _jaxtpu_losses(tmp_path, preset, model_dir, **flags):
     from jaxtpu import train
 
     cfg = presets.get_preset(preset).replace(
-        model_dir=str(model_dir), init_from=str(tmp_path / "model.bin"), precision="fp32",
-        dropout=0.0, encoder_dropout=0.0, train_csv=str(tmp_path / "train.csv"),
-        valid_csv=str(tmp_path / "valid.csv"), max_len=32, batch_size=4, valid_batch_size=4,
-        epochs=20, log_every=1, workdir=str(tmp_path / "run"), **flags,
-    )  # fmt: skip
+        model_dir=str(model_dir),
+        init_from=str(tmp_path / "model.bin"),
+        precision="fp32",
+        dropout=0.0,
+        encoder_dropout=0.0,
+        train_csv=str(tmp_path / "train.csv"),
+        valid_csv=str(tmp_path / "valid.csv"),
+        max_len=32,
+        batch_size=4,
+        valid_batch_size=4,
+        epochs=20,
+        log_every=1,
+        workdir=str(tmp_path / "run"),
+        **flags,
+    )
     train.train_and_evaluate(cfg)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     return np.array([x["loss"] for x in lines if x["event"] == "train"])
@@ -292,10 +331,12 @@ def test_the_xla_notebook_preset_takes_the_notebooks_steps(tmp_path, real_csv):
     no_decay = ["bias", "LayerNorm.bias", "LayerNorm.weight"]
     named = list(model.named_parameters())
     groups = [
-        {"params": [p for n, p in named if not any(nd in n for nd in no_decay)],
-         "weight_decay": 0.001},
+        {
+            "params": [p for n, p in named if not any(nd in n for nd in no_decay)],
+            "weight_decay": 0.001,
+        },
         {"params": [p for n, p in named if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
-    ]  # fmt: skip
+    ]
     opt = NotebookAdamW(groups, lr=0.4 * 1e-5 * 8)
     loss_fn, theirs = torch.nn.BCEWithLogitsLoss(), []
     model.eval()  # dropout off, as on our side

@@ -50,8 +50,12 @@ SIDES = {"jaxtpu": train.main, "torchxla_ref": torch_main}
 
 
 def test_a_config_without_model_type_takes_its_family_from_architectures_or_is_refused(caplog):
-    roberta = {"architectures": ["RobertaForSequenceClassification"], "pad_token_id": 1,
-               "max_position_embeddings": 130, "type_vocab_size": 1}  # fmt: skip
+    roberta = {
+        "architectures": ["RobertaForSequenceClassification"],
+        "pad_token_id": 1,
+        "max_position_embeddings": 130,
+        "type_vocab_size": 1,
+    }
     with caplog.at_level(logging.WARNING, logger="jaxtpu"):
         assert EncoderConfig.from_hf_dict(roberta).model_type == "roberta"
     assert "no model_type; roberta from architectures" in caplog.text
@@ -75,19 +79,33 @@ def two_layers_said_one(tmp_path_factory, minilm_dir) -> Path:
 
 
 @pytest.mark.parametrize("side", SIDES)
-def test_tensors_the_config_does_not_describe_are_refused(two_layers_said_one, capsys, tmp_path,
-                                                          side):  # fmt: skip
+def test_tensors_the_config_does_not_describe_are_refused(
+    two_layers_said_one, capsys, tmp_path, side
+):
     wd = tmp_path / "run"
-    err = one_line_exit_2(capsys, lambda: SIDES[side]([
-        "--preset", "tiny", "--model-dir", str(two_layers_said_one), "--max-steps", "1",
-        "--workdir", str(wd)]))  # fmt: skip
+    err = one_line_exit_2(
+        capsys,
+        lambda: SIDES[side](
+            [
+                "--preset",
+                "tiny",
+                "--model-dir",
+                str(two_layers_said_one),
+                "--max-steps",
+                "1",
+                "--workdir",
+                str(wd),
+            ]
+        ),
+    )
     assert "tensor(s) the model has no place for (first: encoder.layer.5." in err
     assert not wd.exists()  # a refused run leaves nothing
 
 
 @pytest.mark.parametrize("side", SIDES)
-def test_a_tokenizer_beyond_the_embedding_table_is_refused_and_leaves_nothing(capsys, tmp_path,
-                                                                              side):  # fmt: skip
+def test_a_tokenizer_beyond_the_embedding_table_is_refused_and_leaves_nothing(
+    capsys, tmp_path, side
+):
     wd = tmp_path / "run"
     err = one_line_exit_2(
         capsys,
@@ -100,8 +118,7 @@ def test_a_tokenizer_beyond_the_embedding_table_is_refused_and_leaves_nothing(ca
 
 
 @pytest.mark.model
-def test_a_refused_run_leaves_no_tokenizer_and_a_run_writes_its_own(tmp_path, capsys,
-                                                                   minilm_dir):  # fmt: skip
+def test_a_refused_run_leaves_no_tokenizer_and_a_run_writes_its_own(tmp_path, capsys, minilm_dir):
     wd = tmp_path / "run"
     wd.mkdir()  # made by the user: kept, but emptied of what the refused run added
     one_line_exit_2(
@@ -120,8 +137,10 @@ def test_a_refused_run_leaves_no_tokenizer_and_a_run_writes_its_own(tmp_path, ca
 
 def _sample_without_sublabels(tmp_path: Path, blank: bool) -> Path:
     rows = readers.read_comments(demo.SAMPLE_CSV)
-    lines = ["id,comment_text,toxic" + (",severe_toxic,obscene,threat,insult,identity_hate"
-                                        if blank else "")]  # fmt: skip
+    lines = [
+        "id,comment_text,toxic"
+        + (",severe_toxic,obscene,threat,insult,identity_hate" if blank else "")
+    ]
     for i, (text, y) in enumerate(zip(rows.texts[:300], rows.labels[:300], strict=True)):
         lines.append(f'{i},"{text.replace(chr(34), "")}",{int(y)}' + (",,,,," if blank else ""))
     path = tmp_path / ("blank.csv" if blank else "toxic-only.csv")
@@ -153,10 +172,13 @@ def test_a_label_left_out_of_the_mean_is_named_in_the_log(caplog):
 # 2. tracebacks where one line is promised ------------------------------------------------
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "holds a JSON list, expected an object"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "holds a JSON list, expected an object"),
+    ],
+)
 def test_a_config_json_that_is_not_an_object_is_one_line(tmp_path, text, message, capsys):
     (tmp_path / "config.json").write_text(text)
     with pytest.raises(ConfigError, match=message):
@@ -259,8 +281,9 @@ def test_bisect_checks_the_model_directory_as_the_trainers_do(tmp_path, capsys, 
 
 
 @pytest.mark.model
-def test_sigterm_while_the_programs_compile_stops_with_the_documented_exit(tmp_path, monkeypatch,
-                                                                           caplog):  # fmt: skip
+def test_sigterm_while_the_programs_compile_stops_with_the_documented_exit(
+    tmp_path, monkeypatch, caplog
+):
     from jaxtpu.backend import JaxBackend
 
     real = JaxBackend.precompile
@@ -282,12 +305,15 @@ def test_sigterm_while_the_programs_compile_stops_with_the_documented_exit(tmp_p
 # 4. round trips ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prefix, head, message", [
-    ("", "fc1", "--encoder-prefix '': not a module attribute"),
-    ("bert", "bert", "--head-name 'bert' is inside --encoder-prefix 'bert'"),
-    ("model", "model.fc", "--head-name 'model.fc' is inside --encoder-prefix 'model'"),
-    ("bert", "fc-1", "--head-name 'fc-1': not a module attribute"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "prefix, head, message",
+    [
+        ("", "fc1", "--encoder-prefix '': not a module attribute"),
+        ("bert", "bert", "--head-name 'bert' is inside --encoder-prefix 'bert'"),
+        ("model", "model.fc", "--head-name 'model.fc' is inside --encoder-prefix 'model'"),
+        ("bert", "fc-1", "--head-name 'fc-1': not a module attribute"),
+    ],
+)
 def test_export_refuses_names_no_module_can_hold(prefix, head, message):
     from jaxtpu.core.errors import UserError
 
@@ -303,13 +329,20 @@ def test_a_head_of_another_width_is_said_to_be_one(tmp_path):
     from safetensors.numpy import save_file
 
     hidden = 8
-    save_file({"embeddings.word_embeddings.weight": np.zeros((10, hidden), np.float32)},
-              str(d / "model.safetensors"))  # fmt: skip
-    head = {"classifier.weight": np.zeros((6, hidden), np.float32),
-            "classifier.bias": np.zeros(6, np.float32)}  # fmt: skip
+    save_file(
+        {"embeddings.word_embeddings.weight": np.zeros((10, hidden), np.float32)},
+        str(d / "model.safetensors"),
+    )
+    head = {
+        "classifier.weight": np.zeros((6, hidden), np.float32),
+        "classifier.bias": np.zeros(6, np.float32),
+    }
     save_file(head, str(d / "head.safetensors"))
-    expected = {"embeddings.word_embeddings.weight": (10, hidden),
-                "classifier.weight": (1, hidden), "classifier.bias": (1,)}  # fmt: skip
+    expected = {
+        "embeddings.word_embeddings.weight": (10, hidden),
+        "classifier.weight": (1, hidden),
+        "classifier.bias": (1,),
+    }
     with pytest.raises(CheckpointError, match="its head scores 6 outputs per comment"):
         fit_state_dict(d, expected)
 

@@ -73,9 +73,13 @@ HEADER = "id,comment_text,toxic\n"
 
 def cli(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=clean_env(),
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", module, *map(str, args)],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def one_line(proc: subprocess.CompletedProcess, message: str, code: int = 2) -> None:
@@ -114,13 +118,21 @@ def test_a_second_run_on_a_held_directory_is_refused_naming_the_holder(tmp_path,
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
     wd = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from jaxtpu.core.flags.presets import tiny\n"
-         "from jaxtpu.core.run.rundir import claim_workdir\n"
-         "with claim_workdir(Path(sys.argv[1]), tiny()):\n print('held', flush=True); "
-         "time.sleep(600)", str(wd)],
-        cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from jaxtpu.core.flags.presets import tiny\n"
+            "from jaxtpu.core.run.rundir import claim_workdir\n"
+            "with claim_workdir(Path(sys.argv[1]), tiny()):\n print('held', flush=True); "
+            "time.sleep(600)",
+            str(wd),
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(UserError, match="is in use by another run"):
         with claim_workdir(wd, tiny()):
@@ -141,8 +153,19 @@ def test_resume_refuses_changed_flags_and_records_what_ran(tmp_path, side):
     wd = tmp_path / "run"
     assert cli(module, *base, "--workdir", wd, "--max-steps", "2").returncode == 0
     recorded = (wd / "config.json").read_text()
-    proc = cli(module, *base, "--workdir", wd, "--resume", "--max-steps", "2", "--lr", "1e-3",
-               "--seed", "3")  # fmt: skip
+    proc = cli(
+        module,
+        *base,
+        "--workdir",
+        wd,
+        "--resume",
+        "--max-steps",
+        "2",
+        "--lr",
+        "1e-3",
+        "--seed",
+        "3",
+    )
     one_line(proc, "flags differ from the run's")
     assert "--lr 0.003 -> 0.001" in proc.stderr and "--seed 0 -> 3" in proc.stderr
     proc = cli(module, *base, "--workdir", wd, "--resume", "--max-steps", "2", "--task", "ranking")
@@ -221,8 +244,16 @@ def test_a_validation_set_with_one_class_is_refused_at_the_start(tmp_path, side)
     train_csv.write_text(HEADER + "".join(f"{i},comment {i},{i % 2}\n" for i in range(64)))
     valid_csv = tmp_path / "valid.csv"
     valid_csv.write_text(HEADER + "".join(f"{i},fine comment {i},0\n" for i in range(20)))
-    proc = cli(module, *base, "--workdir", tmp_path / "run", "--train-csv", train_csv,
-               "--valid-csv", valid_csv)  # fmt: skip
+    proc = cli(
+        module,
+        *base,
+        "--workdir",
+        tmp_path / "run",
+        "--train-csv",
+        train_csv,
+        "--valid-csv",
+        valid_csv,
+    )
     one_line(proc, "all 20 labels are non-toxic, so val_auc is undefined")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
@@ -360,9 +391,13 @@ def test_sigkill_at_random_moments_then_resume_matches_the_uninterrupted_run(
     for i, fault in enumerate(faults):
         args = resumable_args(wd) + (["--resume"] if i else [])
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "fault_run.py"), fault, *args], cwd=ROOT,
-            env=clean_env(), capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [sys.executable, str(ROOT / "tests" / "fault_run.py"), fault, *args],
+            cwd=ROOT,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == -signal.SIGKILL, (fault, proc.stderr[-2000:])
         assert not (wd / "summary.json").exists()
     proc = cli("jaxtpu.train", *resumable_args(wd), "--resume")

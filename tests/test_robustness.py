@@ -19,16 +19,22 @@ from conftest import resumable_args
 from parity_tests.harness import ROOT, clean_env, final_metrics, wait_for_step
 
 HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
-GOOD_ROWS = "".join(f"{i},comment number {i} {'idiot' * (i % 3 == 0)},{int(i % 3 == 0)},0,0,0,0,0\n"
-                    for i in range(60))  # fmt: skip
+GOOD_ROWS = "".join(
+    f"{i},comment number {i} {'idiot' * (i % 3 == 0)},{int(i % 3 == 0)},0,0,0,0,0\n"
+    for i in range(60)
+)
 TINY = ["--preset", "tiny", "--no-progress"]
 
 
 def cli(module: str, *args: str, timeout: float = 600, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, env=clean_env(env), capture_output=True,
-        text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=clean_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def write(path: Path, text: str | bytes) -> Path:
@@ -64,12 +70,15 @@ def files(tmp_path_factory, minilm_dir):
         "other_size": other_size,
         "no_tokenizer": no_tok,
         "a_file": write(d / "a-file", "not a directory"),
-    }  # fmt: skip
+    }
 
 
 BAD = [
-    ("missing column", lambda f: ["--train-csv", f["missing_col"]],
-     "missing columns; found: id, text"),
+    (
+        "missing column",
+        lambda f: ["--train-csv", f["missing_col"]],
+        "missing columns; found: id, text",
+    ),
     ("empty csv", lambda f: ["--train-csv", f["empty"]], "file is empty"),
     ("header only", lambda f: ["--train-csv", f["header_only"]], "but no data rows"),
     ("label 2", lambda f: ["--train-csv", f["label_2"]], "line 62: toxic=2 is outside [0, 1]"),
@@ -79,32 +88,66 @@ BAD = [
     ("single row", lambda f: ["--train-csv", f["single_row"]], "too few to split"),
     ("not utf-8", lambda f: ["--train-csv", f["latin1"]], "not UTF-8 text (byte 0xe9 at line 2)"),
     ("directory as csv", lambda f: ["--train-csv", f["dir"]], "is a directory, expected a CSV"),
-    ("model of another size", lambda f: ["--model-dir", f["other_size"]],
-     "tensor embeddings.LayerNorm.bias has shape (384,), the model expects (768,)"),
+    (
+        "model of another size",
+        lambda f: ["--model-dir", f["other_size"]],
+        "tensor embeddings.LayerNorm.bias has shape (384,), the model expects (768,)",
+    ),
     ("missing tokenizer", lambda f: ["--model-dir", f["no_tokenizer"]], "no tokenizer found"),
-    ("batch larger than data", lambda f: ["--train-csv", f["good"], "--batch-size", "64"],
-     "is larger than the 54 training comments"),
-    ("more devices than exist", lambda f: ["--num-devices", "8"],
-     "--num-devices 8: only 4 cpu device(s) available"),
+    (
+        "batch larger than data",
+        lambda f: ["--train-csv", f["good"], "--batch-size", "64"],
+        "is larger than the 54 training comments",
+    ),
+    (
+        "more devices than exist",
+        lambda f: ["--num-devices", "8"],
+        "--num-devices 8: only 4 cpu device(s) available",
+    ),
     ("workdir not writable", lambda f: ["--workdir", f["a_file"] / "run"], "is not writable"),
     ("unknown flag", lambda f: ["--learning-rate", "1"], "unrecognized arguments: --learning-rate"),
     ("bad value", lambda f: ["--epochs", "many"], "invalid int value: 'many'"),
-    ("process id out of range", lambda f: ["--num-processes", "2", "--process-id", "2",
-     "--coordinator-address", "127.0.0.1:1"], "--process-id must be in 0..1, got 2"),
-    ("processes without coordinator", lambda f: ["--num-processes", "2"],
-     "--num-processes > 1 needs --coordinator-address"),
-]  # fmt: skip
+    (
+        "process id out of range",
+        lambda f: [
+            "--num-processes",
+            "2",
+            "--process-id",
+            "2",
+            "--coordinator-address",
+            "127.0.0.1:1",
+        ],
+        "--process-id must be in 0..1, got 2",
+    ),
+    (
+        "processes without coordinator",
+        lambda f: ["--num-processes", "2"],
+        "--num-processes > 1 needs --coordinator-address",
+    ),
+]
 
 # The torch side reads data, model directories and flags through the same code; these go
 # through `python -m torchxla_ref.train` (spmd on 8 CPU devices) too.
-TORCH_BAD = ["missing column", "label 2", "label yes", "nan/empty comments", "not utf-8",
-             "model of another size", "missing tokenizer", "batch larger than data",
-             "workdir not writable", "unknown flag"]  # fmt: skip
+TORCH_BAD = [
+    "missing column",
+    "label 2",
+    "label yes",
+    "nan/empty comments",
+    "not utf-8",
+    "model of another size",
+    "missing tokenizer",
+    "batch larger than data",
+    "workdir not writable",
+    "unknown flag",
+]
 TORCH_BAD_ARGS = [
     *(b for b in BAD if b[0] in TORCH_BAD),
-    ("multi-host flags", lambda f: ["--num-processes", "2", "--coordinator-address", "h:1"],
-     "multi-host runs are jaxtpu only"),
-]  # fmt: skip
+    (
+        "multi-host flags",
+        lambda f: ["--num-processes", "2", "--coordinator-address", "h:1"],
+        "multi-host runs are jaxtpu only",
+    ),
+]
 
 
 def _assert_one_clear_line(proc: subprocess.CompletedProcess, message: str) -> None:
@@ -141,8 +184,16 @@ def test_bad_input_through_the_torch_side(files, tmp_path, name, args, message):
 @pytest.mark.e2e
 def test_texts_far_longer_than_max_len_are_truncated_and_train(files, tmp_path):
     long = HEADER + "".join(f"{i},{'word ' * 3000},{i % 2},0,0,0,0,0\n" for i in range(64))
-    proc = cli("jaxtpu.train", *TINY, "--train-csv", str(write(tmp_path / "long.csv", long)),
-               "--workdir", str(tmp_path / "run"), "--batch-size", "2")  # fmt: skip
+    proc = cli(
+        "jaxtpu.train",
+        *TINY,
+        "--train-csv",
+        str(write(tmp_path / "long.csv", long)),
+        "--workdir",
+        str(tmp_path / "run"),
+        "--batch-size",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -179,8 +230,9 @@ def test_torch_side_refuses_corrupted_and_foreign_checkpoints(tmp_path):
     other = tmp_path / "other"
     shutil.copytree(wd, other)
     (other / "config.json").unlink()  # no recorded flags: the checkpoint's identity decides
-    proc = cli("torchxla_ref.train", *eager, "--workdir", str(other), "--resume",
-               "--task", "ranking")  # fmt: skip
+    proc = cli(
+        "torchxla_ref.train", *eager, "--workdir", str(other), "--resume", "--task", "ranking"
+    )
     _assert_one_clear_line(proc, "checkpoint is for task 'toxicity', this run is 'ranking'")
     (ckpt,) = (wd / "checkpoints" / "latest").glob("step_*.pt")
     ckpt.write_bytes(b"garbage")
@@ -203,12 +255,26 @@ def test_checkpoint_of_another_task_is_refused(finished_run, tmp_path):
 def test_predict_and_export_refuse_bad_input_and_keep_results(finished_run, tmp_path):
     out = write(tmp_path / "out.csv", "keep me\n")
     to_score = write(tmp_path / "score.csv", "comment_id,text\n1,hello\n")
-    proc = cli("jaxtpu.predict", "--workdir", str(finished_run), "--input", str(to_score),
-               "--output", str(out))  # fmt: skip
+    proc = cli(
+        "jaxtpu.predict",
+        "--workdir",
+        str(finished_run),
+        "--input",
+        str(to_score),
+        "--output",
+        str(out),
+    )
     assert proc.returncode == 2 and "exists; pass --overwrite" in proc.stderr
     assert out.read_text() == "keep me\n"
-    proc = cli("jaxtpu.predict", "--workdir", str(tmp_path), "--input", str(to_score),
-               "--output", str(tmp_path / "new.csv"))  # fmt: skip
+    proc = cli(
+        "jaxtpu.predict",
+        "--workdir",
+        str(tmp_path),
+        "--input",
+        str(to_score),
+        "--output",
+        str(tmp_path / "new.csv"),
+    )
     assert proc.returncode == 2 and "not a jaxtpu run directory" in proc.stderr
     proc = cli("jaxtpu.export", "--workdir", str(finished_run), "--out", str(tmp_path))
     assert proc.returncode == 2 and "is not an empty directory" in proc.stderr
@@ -219,9 +285,28 @@ def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
     wd = tmp_path / "run"
     # Warm-up from 0 to a huge peak: step 1 trains at lr 0 (and is evaluated and checkpointed),
     # then the learning rate explodes the weights.
-    proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--lr", "1e9", "--clip-norm", "0",
-               "--schedule", "linear", "--warmup-frac", "0.5", "--epochs", "3",
-               "--eval-every", "1", "--log-every", "1", "--precision", "fp32")  # fmt: skip
+    proc = cli(
+        "jaxtpu.train",
+        *TINY,
+        "--workdir",
+        str(wd),
+        "--lr",
+        "1e9",
+        "--clip-norm",
+        "0",
+        "--schedule",
+        "linear",
+        "--warmup-frac",
+        "0.5",
+        "--epochs",
+        "3",
+        "--eval-every",
+        "1",
+        "--log-every",
+        "1",
+        "--precision",
+        "fp32",
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "loss became nan at step" in proc.stderr or "became nan" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -238,8 +323,9 @@ def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
 def test_sigterm_checkpoints_and_exits_cleanly_then_resumes(uninterrupted, tmp_path):
     wd = tmp_path / "run"
     cmd = [sys.executable, "-m", "jaxtpu.train", *resumable_args(wd)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     wait_for_step(wd, proc, 4)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)

@@ -113,8 +113,11 @@ def test_on_a_tpu_auto_picks_fsdp_under_jit(parallel, flag, mesh, expected):
 
 def test_matmul_output_auto_is_bf16_on_a_tpu_only():
     assert [layout.resolve_matmul_output("auto", p) for p in ("tpu", "cpu", "gpu", "")] == [
-        "bf16", "fp32", "fp32", "fp32"
-    ]  # fmt: skip
+        "bf16",
+        "fp32",
+        "fp32",
+        "fp32",
+    ]
     assert layout.resolve_matmul_output("fp32", "tpu") == "fp32"
     assert layout.resolve_matmul_output("bf16", "cpu") == "bf16"
 

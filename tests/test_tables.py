@@ -63,26 +63,37 @@ def test_parquet_and_json_lines_read_as_the_same_csv(tmp_path, monkeypatch):
         assert (c.texts, c.ids, c.dropped) == (want.texts, want.ids, want.dropped), fmt
         assert np.array_equal(c.labels, want.labels), fmt
         assert np.array_equal(c.sublabels, want.sublabels, equal_nan=True), fmt
-        assert np.array_equal(c.groups.identities["male"], want.groups.identities["male"],
-                              equal_nan=True), fmt  # fmt: skip
+        assert np.array_equal(
+            c.groups.identities["male"], want.groups.identities["male"], equal_nan=True
+        ), fmt
         assert c.groups.lang.tolist() == want.groups.lang.tolist() == ["en", "es", "it", "tr"]
 
 
 @pytest.mark.parametrize(
     "name, write, message",
     [
-        ("bad json", lambda p: p.write_text('{"comment_text": "a", "toxic": 1}\n{"comm'),
-         r"t.jsonl: line 2: not a JSON object"),
-        ("a list", lambda p: p.write_text('{"comment_text": "a", "toxic": 1}\n[1, 2]\n'),
-         r"t.jsonl: line 2: not a JSON object, found list"),
-        ("label", lambda p: p.write_text('{"comment_text": "a", "toxic": 1}\n'
-                                         '{"comment_text": "b", "toxic": 3}\n'),
-         r"t.jsonl: line 2: toxic=3 is outside \[0, 1\]"),
+        (
+            "bad json",
+            lambda p: p.write_text('{"comment_text": "a", "toxic": 1}\n{"comm'),
+            r"t.jsonl: line 2: not a JSON object",
+        ),
+        (
+            "a list",
+            lambda p: p.write_text('{"comment_text": "a", "toxic": 1}\n[1, 2]\n'),
+            r"t.jsonl: line 2: not a JSON object, found list",
+        ),
+        (
+            "label",
+            lambda p: p.write_text(
+                '{"comment_text": "a", "toxic": 1}\n{"comment_text": "b", "toxic": 3}\n'
+            ),
+            r"t.jsonl: line 2: toxic=3 is outside \[0, 1\]",
+        ),
         ("empty", lambda p: p.write_text("\n"), r"t.jsonl: file is empty"),
         ("columns", lambda p: p.write_text('{"text": "a"}\n'), r"t.jsonl: missing columns"),
     ],
     ids=lambda v: v if isinstance(v, str) and " " not in v and "\\" not in v else "",
-)  # fmt: skip
+)
 def test_json_lines_problems_are_one_line_with_the_line(tmp_path, name, write, message):
     path = tmp_path / "t.jsonl"
     write(path)
@@ -140,8 +151,10 @@ def test_chunked_tokenizing_equals_one_call_and_is_mapped(kind, tmp_path, tokeni
     assert np.array_equal(again.lengths, buckets.real_lengths(mask))
     (lengths,) = tmp_path.glob("*.lengths")
     lengths.unlink()
-    assert np.array_equal(cached(texts, tokenizer, 6, tmp_path).lengths,
-                          buckets.real_lengths(mask)) and lengths.exists()  # fmt: skip
+    assert (
+        np.array_equal(cached(texts, tokenizer, 6, tmp_path).lengths, buckets.real_lengths(mask))
+        and lengths.exists()
+    )
     # Another length or other texts: another entry.
     assert not tokens.tokenize(texts, tokenizer, 7, tmp_path)[2]
     assert not tokens.tokenize(texts[:-1], tokenizer, 6, tmp_path)[2]
@@ -190,15 +203,18 @@ def test_a_second_run_reads_neither_the_file_nor_the_texts_until_they_change(
     from jaxtpu.core.flags import presets
 
     train = _demo_csv(tmp_path / "train.csv")
-    cfg = presets.tiny().replace(train_csv=str(train), cache_dir=str(tmp_path / "cache"),
-                                 fold_column="kfold", fold=1)  # fmt: skip
+    cfg = presets.tiny().replace(
+        train_csv=str(train), cache_dir=str(tmp_path / "cache"), fold_column="kfold", fold=1
+    )
     first = taskdata.load_task_data(cfg, tokenizer)
     assert not first.info["token_cache_hit"] and list((tmp_path / "cache").glob("*.table.npz"))
     reads = []
     real = dict(readers.READERS)
-    monkeypatch.setattr(readers, "READERS", {
-        k: lambda *a, _r=r, **kw: reads.append(a[0]) or _r(*a, **kw) for k, r in real.items()
-    })  # fmt: skip
+    monkeypatch.setattr(
+        readers,
+        "READERS",
+        {k: lambda *a, _r=r, **kw: reads.append(a[0]) or _r(*a, **kw) for k, r in real.items()},
+    )
     second = taskdata.load_task_data(cfg, tokenizer)
     assert reads == [] and second.info["token_cache_hit"]
     for a, b in [(first.train, second.train), (first.valid, second.valid)]:
@@ -216,9 +232,11 @@ def test_a_second_run_reads_neither_the_file_nor_the_texts_until_they_change(
     # A changed file is a new entry (the old one is not used).
     with open(train, "a", encoding="utf-8") as f:
         f.write("c999,a brand new comment,1,0,0,0,0,0,2\n")
-    monkeypatch.setattr(readers, "READERS", {
-        k: lambda *a, _r=r, **kw: reads.append(a[0]) or _r(*a, **kw) for k, r in real.items()
-    })  # fmt: skip
+    monkeypatch.setattr(
+        readers,
+        "READERS",
+        {k: lambda *a, _r=r, **kw: reads.append(a[0]) or _r(*a, **kw) for k, r in real.items()},
+    )
     changed = taskdata.load_task_data(cfg, tokenizer)
     assert reads == [train, train] and len(changed.train) + len(changed.valid) == 121
 

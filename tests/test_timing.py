@@ -33,10 +33,13 @@ def test_the_clock_splits_wall_time_and_counts_throughput_over_the_steps(monkeyp
             "eval": 2 / 7,
             "checkpoint": 0.5 / 7,
             "data_wait": 0.5 / 7,
-        }  # fmt: skip
+        }
     )
-    assert (first["examples_per_s"], first["tokens_per_s"], first["computed_tokens_per_s"]) \
-        == pytest.approx((12 / 1.5, 90 / 1.5, 150 / 1.5))  # fmt: skip
+    assert (
+        first["examples_per_s"],
+        first["tokens_per_s"],
+        first["computed_tokens_per_s"],
+    ) == pytest.approx((12 / 1.5, 90 / 1.5, 150 / 1.5))
     assert first["mfu"] == pytest.approx(1.5e12 / (1.5 * 2e12))  # 2 devices of 1 TFLOP/s
     now[0] += 3.0  # only steps in the second interval
     clock.waited(0.5)
@@ -54,14 +57,18 @@ def test_a_batch_counts_real_and_computed_tokens_and_the_model_flops():
     lengths = np.array([3, 20, 7, 1])
     seen = []
     work = timing.batch_work(
-        idx=np.array([0, 1, 2, 0]), weight=np.array([1, 1, 1, 0], np.float32), length=8,
-        lengths=lengths, comments_per_example=2,
+        idx=np.array([0, 1, 2, 0]),
+        weight=np.array([1, 1, 1, 0], np.float32),
+        length=8,
+        lengths=lengths,
+        comments_per_example=2,
         flops=lambda comments, seq: seen.append((comments, seq)) or 1e9,
-    )  # fmt: skip
+    )
     # a filler row (weight 0) is computed but not an example; a row longer than the cut
     # counts the cut; a pair counts its longer comment twice
-    assert work == Work(examples=3, real_tokens=(3 + 8 + 7) * 2, computed_tokens=4 * 2 * 8,
-                        model_flops=1e9)  # fmt: skip
+    assert work == Work(
+        examples=3, real_tokens=(3 + 8 + 7) * 2, computed_tokens=4 * 2 * 8, model_flops=1e9
+    )
     assert seen == [(8, 8)]  # 4 rows x 2 comments, at 8 tokens
 
 

@@ -21,9 +21,20 @@ TINY = ["--preset", "tiny", "--log-every", "1"]
 @pytest.mark.parametrize("task", ["toxicity", "ranking"])
 def test_spmd_8_devices_loss_goes_down_and_compiles_stay_put(tmp_path, task, precision):
     run = run_side(
-        "torch", tmp_path / "run", *TINY, "--task", task, "--precision", precision,
-        "--epochs", "2", "--parallel", "spmd", "--num-devices", "8",
-    ).check()  # fmt: skip
+        "torch",
+        tmp_path / "run",
+        *TINY,
+        "--task",
+        task,
+        "--precision",
+        precision,
+        "--epochs",
+        "2",
+        "--parallel",
+        "spmd",
+        "--num-devices",
+        "8",
+    ).check()
     losses = run.losses
     assert len(losses) == 14
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
@@ -49,10 +60,24 @@ def test_spawn_runs_on_one_cpu_device_on_unintended_bias_files(tmp_path, real_cs
     train = write_bias_file(real_csv, tmp_path / "train.csv", 320, 0, 0)
     valid = write_bias_file(real_csv, tmp_path / "valid.csv", 160, 2000, 1)
     run = run_side(
-        "torch", tmp_path / "run", *TINY, "--parallel", "spawn", "--num-devices", "1",
-        "--batch-size", "32", "--max-steps", "7", "--precision", "fp32",
-        "--train-csv", str(train), "--valid-csv", str(valid),
-    ).check()  # fmt: skip
+        "torch",
+        tmp_path / "run",
+        *TINY,
+        "--parallel",
+        "spawn",
+        "--num-devices",
+        "1",
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "7",
+        "--precision",
+        "fp32",
+        "--train-csv",
+        str(train),
+        "--valid-csv",
+        str(valid),
+    ).check()
     assert len(run.losses) == 7 and all(np.isfinite(run.losses))
     summary = run.summary
     assert summary["parallel"] == "spawn" and summary["monitor"] == "val_jigsaw_bias"
@@ -64,9 +89,15 @@ def test_spawn_runs_on_one_cpu_device_on_unintended_bias_files(tmp_path, real_cs
 @pytest.mark.torch
 def test_spawn_refuses_more_cpu_devices_than_it_can_run(tmp_path):
     run = run_side(
-        "torch", tmp_path / "run", *TINY, "--parallel", "spawn", "--num-devices", "2",
+        "torch",
+        tmp_path / "run",
+        *TINY,
+        "--parallel",
+        "spawn",
+        "--num-devices",
+        "2",
         env={"PJRT_DEVICE": "CPU"},
-    )  # fmt: skip
+    )
     assert run.returncode == 2
     assert "--parallel spawn --num-devices 2: on CPU torch_xla 2.9" in run.stderr
     assert "SPAWN_ON_CPU.md" in run.stderr and "Traceback" not in run.stderr
@@ -84,9 +115,22 @@ def test_jax_strategy_names_are_refused_on_the_torch_side(tmp_path):
 @pytest.mark.torch
 def test_eager_cpu_baseline_runs_and_needs_one_device(tmp_path):
     run = run_side(
-        "torch", tmp_path / "run", *TINY, "--parallel", "eager", "--num-devices", "1",
-        "--batch-size", "32", "--max-steps", "7", "--precision", "fp32", "--accumulate", "2",
-    ).check()  # fmt: skip
+        "torch",
+        tmp_path / "run",
+        *TINY,
+        "--parallel",
+        "eager",
+        "--num-devices",
+        "1",
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "7",
+        "--precision",
+        "fp32",
+        "--accumulate",
+        "2",
+    ).check()
     assert len(run.losses) == 7 and all(np.isfinite(run.losses))
     # micro-steps without an optimizer update report no gradient norm; updates do
     assert all(np.isfinite(r["grad_norm"]) for r in run.events("train") if r["step"] % 2 == 0)

@@ -163,8 +163,9 @@ def test_compiled_programs_persist_in_the_cache_dir_unless_told_otherwise(tmp_pa
         env["JAX_COMPILATION_CACHE_DIR"] = str(expected)
     elif case == "off":
         env["JAXTPU_COMPILE_CACHE"] = "0"
-    out = subprocess.run([sys.executable, "-c", _CACHE_PROBE], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _CACHE_PROBE], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     if case == "off":
         assert out == ["None"] and not (tmp_path / "root").exists()
         return

@@ -40,9 +40,13 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
 
     def build_backend(job: plan.Job) -> XlaBackend:
         model = weights.load_model(
-            spec.encoder, cfg.head_dropout, spec.weights, run.seed, spec.pooling,
+            spec.encoder,
+            cfg.head_dropout,
+            spec.weights,
+            run.seed,
+            spec.pooling,
             spec.task.outputs,
-        ).to(strategy.device)  # fmt: skip
+        ).to(strategy.device)
         optimizer, scheduler = optim.make_optimizer(
             model, cfg.optim, job.plan.horizon, len(devices)
         )

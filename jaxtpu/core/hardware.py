@@ -39,17 +39,47 @@ class TpuChip:
 
 
 TPU_CHIPS: dict[str, TpuChip] = {
-    "v2": TpuChip("TPU v2", 16, 45, 700, 2, "cloud.google.com/tpu/docs/v2: 16 GiB HBM, "
-                  "45 TFLOP/s bf16, 700 GB/s per chip"),
-    "v3": TpuChip("TPU v3", 32, 123, 900, 2, "cloud.google.com/tpu/docs/v3: 32 GiB HBM, "
-                  "123 TFLOP/s bf16, 900 GB/s per chip"),
-    "v4": TpuChip("TPU v4", 32, 275, 1200, 1, "cloud.google.com/tpu/docs/v4: 32 GiB HBM, "
-                  "275 TFLOP/s bf16, 1,200 GB/s per chip"),
-    "v5e": TpuChip("TPU v5 lite", 16, 197, 819, 1, "cloud.google.com/tpu/docs/v5e: 16 GB "
-                   "HBM2, 197 TFLOP/s bf16, 819 GB/s per chip"),
-    "v6e": TpuChip("TPU v6 lite", 32, 918, 1640, 1, "cloud.google.com/tpu/docs/v6e: 32 GB "
-                   "HBM, 918 TFLOP/s bf16, 1,640 GB/s per chip"),
-}  # fmt: skip
+    "v2": TpuChip(
+        "TPU v2",
+        16,
+        45,
+        700,
+        2,
+        "cloud.google.com/tpu/docs/v2: 16 GiB HBM, 45 TFLOP/s bf16, 700 GB/s per chip",
+    ),
+    "v3": TpuChip(
+        "TPU v3",
+        32,
+        123,
+        900,
+        2,
+        "cloud.google.com/tpu/docs/v3: 32 GiB HBM, 123 TFLOP/s bf16, 900 GB/s per chip",
+    ),
+    "v4": TpuChip(
+        "TPU v4",
+        32,
+        275,
+        1200,
+        1,
+        "cloud.google.com/tpu/docs/v4: 32 GiB HBM, 275 TFLOP/s bf16, 1,200 GB/s per chip",
+    ),
+    "v5e": TpuChip(
+        "TPU v5 lite",
+        16,
+        197,
+        819,
+        1,
+        "cloud.google.com/tpu/docs/v5e: 16 GB HBM2, 197 TFLOP/s bf16, 819 GB/s per chip",
+    ),
+    "v6e": TpuChip(
+        "TPU v6 lite",
+        32,
+        918,
+        1640,
+        1,
+        "cloud.google.com/tpu/docs/v6e: 32 GB HBM, 918 TFLOP/s bf16, 1,640 GB/s per chip",
+    ),
+}
 
 
 def peak_flops_per_device(device_kind: str) -> float | None:

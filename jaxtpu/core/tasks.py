@@ -51,8 +51,11 @@ def _mean_column_auc(
         left_out = [k for k in aucs if k not in defined]
         log.warning(
             "val_mean_auc is the mean over %d of %d labels: %s left out (one class, or no "
-            "known value, in the validation set)", len(defined), len(aucs), ", ".join(left_out),
-        )  # fmt: skip
+            "known value, in the validation set)",
+            len(defined),
+            len(aucs),
+            ", ".join(left_out),
+        )
     mean = float(np.mean(list(defined.values()))) if defined else float("nan")
     return {"val_mean_auc": mean, **{f"val_auc_{k}": v for k, v in defined.items()}}
 
@@ -181,16 +184,18 @@ class Task:
             if left_out:
                 log.warning(
                     "val_jigsaw_bias: identity subgroup(s) %s left out (one class, or no "
-                    "rows, in the validation set)", ", ".join(left_out),
-                )  # fmt: skip
+                    "rows, in the validation set)",
+                    ", ".join(left_out),
+                )
             out.update({f"val_{k}": v for k, v in parts.items()})
         if groups.lang is not None:
             parts, left_out = metrics.language_aucs(s, y, groups.lang, weight)
             if left_out:
                 log.warning(
                     "val_mean_language_auc: language(s) %s left out (one class in the "
-                    "validation set)", ", ".join(left_out),
-                )  # fmt: skip
+                    "validation set)",
+                    ", ".join(left_out),
+                )
             out.update({f"val_{k.replace('auc_', 'auc_lang_', 1)}": v for k, v in parts.items()})
         return out
 

@@ -261,8 +261,9 @@ class Layer(nn.Module):
     matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
 
     def setup(self) -> None:
-        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype,
-                  matmul_out=self.matmul_out)  # fmt: skip
+        kw = dict(
+            cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out
+        )
         self.attention = _Attention(**kw)
         self.intermediate = _Intermediate(**kw)
         self.output = DenseResidual(**kw)
@@ -281,8 +282,9 @@ class _Attention(nn.Module):
     matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
 
     def setup(self) -> None:
-        kw = dict(cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype,
-                  matmul_out=self.matmul_out)  # fmt: skip
+        kw = dict(
+            cfg=self.cfg, dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out
+        )
         self.self = SelfAttention(**kw)
         self.output = DenseResidual(**kw, dropout=self.cfg.family.attention_output_dropout)
 
@@ -348,8 +350,9 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, mask_bias: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.cfg
-        kw = dict(cfg=cfg, dtype=self.dtype, param_dtype=self.param_dtype,
-                  matmul_out=self.matmul_out)  # fmt: skip
+        kw = dict(
+            cfg=cfg, dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out
+        )
         rel = None
         if cfg.relative_attention:
             span, _ = relative_span(cfg)
@@ -440,8 +443,10 @@ class Backbone(nn.Module):
     def __call__(
         self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool = True
     ) -> tuple[jax.Array, jax.Array | None]:
-        cfg, kw = self.cfg, dict(dtype=self.dtype, param_dtype=self.param_dtype,
-                                 matmul_out=self.matmul_out)  # fmt: skip
+        cfg, kw = (
+            self.cfg,
+            dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out),
+        )
         x = Embeddings(cfg, name="embeddings", **kw)(input_ids, attention_mask, deterministic)
         width = cfg.embedding_size or cfg.hidden_size
         if cfg.family.projection == "embeddings_project" and width != cfg.hidden_size:
@@ -507,9 +512,14 @@ class Classifier(nn.Module):
         lead = input_ids.shape[:-1]
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
         bert = Backbone(
-            self.cfg, self.dtype, self.param_dtype, matmul_out=self.matmul_out,
-            remat=self.remat, scan=self.scan, name="bert",
-        )  # fmt: skip
+            self.cfg,
+            self.dtype,
+            self.param_dtype,
+            matmul_out=self.matmul_out,
+            remat=self.remat,
+            scan=self.scan,
+            name="bert",
+        )
         mask = flat(attention_mask)
         hidden, pooled = bert(flat(input_ids), mask, deterministic)
         x = pool(self.pooling, hidden, pooled, mask)

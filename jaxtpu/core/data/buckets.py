@@ -169,8 +169,11 @@ class Batcher:
         self.n = int(train_lengths.shape[0])
         self.eval_global_batch = eval_batch or global_batch  # rows of an evaluation batch
         self.global_batch, self.max_len, self.edges, self.group = (
-            global_batch, max_len, edges, max(group, 1),
-        )  # fmt: skip
+            global_batch,
+            max_len,
+            edges,
+            max(group, 1),
+        )
         self.train_lengths = train_lengths
         self.train_edge = None if edges is None else edge_of(train_lengths, edges, max_len)
 
@@ -229,8 +232,10 @@ class Batcher:
             )
             full = pool.size // gb
             carry = pool[full * gb :]
-            batches = [Rows(pool[b * gb : (b + 1) * gb], np.ones(gb, np.float32), int(length))
-                       for b in range(full)]  # fmt: skip
+            batches = [
+                Rows(pool[b * gb : (b + 1) * gb], np.ones(gb, np.float32), int(length))
+                for b in range(full)
+            ]
             if i == len(lengths) - 1 and carry.size:
                 last = _fill(carry, gb)
                 batches.append(Rows(last.idx, last.weight, int(length)))

@@ -47,16 +47,21 @@ def read_cached(kind: str, path: Path, fold_column: str, cache_dir: Path) -> Com
             return data
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             entry.unlink(missing_ok=True)
-            log.warning("file cache entry %s is damaged (%s); reading %s again", entry,
-                        type(e).__name__, path)  # fmt: skip
+            log.warning(
+                "file cache entry %s is damaged (%s); reading %s again",
+                entry,
+                type(e).__name__,
+                path,
+            )
     data = readers.READERS[kind](path, fold_column=fold_column)
     data.text_digests()
     try:
         with atomic_write(entry, "wb") as f:
             np.savez(f, **_to_arrays(data))
     except OSError as e:
-        log.warning("could not write the file cache in %s (%s); continuing without it",
-                    cache_dir, e)  # fmt: skip
+        log.warning(
+            "could not write the file cache in %s (%s); continuing without it", cache_dir, e
+        )
     return data
 
 
@@ -79,11 +84,12 @@ def _to_arrays(data: Comments | Pairs) -> dict[str, np.ndarray]:
         "sublabels": data.sublabels,
         "ids": np.asarray(data.ids, dtype=str),
         "identity_names": np.asarray(names, dtype=str),
-        "identities": np.stack([g.identities[k] for k in names], 1) if names
+        "identities": np.stack([g.identities[k] for k in names], 1)
+        if names
         else np.zeros((len(data), 0), np.float32),
         "lang": np.zeros(0, str) if g.lang is None else g.lang.astype(str),
         "has_lang": np.asarray(g.lang is not None),
-    }  # fmt: skip
+    }
 
 
 def _from_arrays(kind: str, path: Path, fold_column: str, z: dict[str, np.ndarray]) -> Any:
@@ -108,5 +114,14 @@ def _from_arrays(kind: str, path: Path, fold_column: str, z: dict[str, np.ndarra
     identities = {k: z["identities"][:, j] for j, k in enumerate(names)}
     groups = Groups(identities, z["lang"] if bool(z["has_lang"]) else None)
     texts = FileTexts(lambda: reread().texts, rows)
-    return Comments(str(path), texts, z["labels"], z["sublabels"], z["ids"].tolist(),
-                    int(z["dropped"]), groups, folds, z["digests"])  # fmt: skip
+    return Comments(
+        str(path),
+        texts,
+        z["labels"],
+        z["sublabels"],
+        z["ids"].tolist(),
+        int(z["dropped"]),
+        groups,
+        folds,
+        z["digests"],
+    )

@@ -224,7 +224,7 @@ def read_comments(
         dropped,
         _groups(
             path, idents, _numpy(identity_values, np.float32, (n, len(idents))), with_lang and langs
-        ),  # fmt: skip
+        ),
         _numpy(folds, np.int64) if fold_column else None,
     )
 

@@ -42,9 +42,16 @@ LABEL_COLUMNS = ("toxic", "target")
 # The identities of the Unintended Bias metric (the competition's own list), fractions of
 # raters, blank where the comment was not annotated.
 IDENTITIES = (
-    "male", "female", "homosexual_gay_or_lesbian", "christian", "jewish", "muslim", "black",
-    "white", "psychiatric_or_mental_illness",
-)  # fmt: skip
+    "male",
+    "female",
+    "homosexual_gay_or_lesbian",
+    "christian",
+    "jewish",
+    "muslim",
+    "black",
+    "white",
+    "psychiatric_or_mental_illness",
+)
 
 
 LANG_COLUMN = "lang"  # the Multilingual competition's language of each comment

@@ -108,8 +108,12 @@ def pair_split(
     lost = int((inside == 1).sum())
     log.info(
         "%s: pairs split so that no comment is on both sides: %d train, %d validation, %d "
-        "pairs left out (one comment on each side)", pairs.source, train.size, valid.size, lost,
-    )  # fmt: skip
+        "pairs left out (one comment on each side)",
+        pairs.source,
+        train.size,
+        valid.size,
+        lost,
+    )
     return train, valid, lost
 
 
@@ -126,6 +130,8 @@ def subsample(
     quota = np.floor(counts * n / len(data)).astype(int)
     remainder = counts * n / len(data) - quota
     quota[np.argsort(-remainder, kind="stable")[: n - quota.sum()]] += 1
-    chosen = [rng.choice(np.flatnonzero(strata == v), q, replace=False)
-              for v, q in zip(values, quota, strict=True)]  # fmt: skip
+    chosen = [
+        rng.choice(np.flatnonzero(strata == v), q, replace=False)
+        for v, q in zip(values, quota, strict=True)
+    ]
     return np.sort(np.concatenate(chosen))

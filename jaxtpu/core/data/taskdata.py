@@ -51,8 +51,9 @@ def read_task_file(
     if isinstance(data, Comments) and data.groups and task.comments_per_example == 2:
         log.warning(
             "%s: identity/lang columns not used: the %s task is scored by agreement over pairs",
-            path, task.name,
-        )  # fmt: skip
+            path,
+            task.name,
+        )
         data.groups = Groups()
     return data
 
@@ -82,8 +83,10 @@ def check_label_columns(train: Comments | Pairs, task: Task, source: str) -> Non
     if blank:
         log.warning(
             "%s: label column(s) %s have no value in the training rows: those outputs learn "
-            "nothing", source, ", ".join(blank),
-        )  # fmt: skip
+            "nothing",
+            source,
+            ", ".join(blank),
+        )
 
 
 def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:

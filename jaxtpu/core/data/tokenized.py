@@ -72,8 +72,9 @@ def encode(
         t = cached_tokens(both, digests, tokenizer, max_len, cache_dir)
         pair = lambda a: a.reshape(n, 2, max_len)  # noqa: E731
         longer = t.lengths.reshape(n, 2).max(1)
-        return Examples(pair(t.ids), pair(t.mask), np.ones(n, np.float32), t.cache_hit,
-                        lengths=longer)  # fmt: skip
+        return Examples(
+            pair(t.ids), pair(t.mask), np.ones(n, np.float32), t.cache_hit, lengths=longer
+        )
     t = cached_tokens(lambda: data.texts, data.text_digests(), tokenizer, max_len, cache_dir)
     labels = labels_of(data, task.label_columns).reshape(len(data), *task.label_shape)
     return Examples(t.ids, t.mask, labels, t.cache_hit, data.groups, t.lengths)

@@ -73,10 +73,15 @@ def _chunks(texts: list[str], tokenizer: Any, max_len: int) -> Iterator[tuple[in
             )
             yield start, np.stack([enc["input_ids"], enc["attention_mask"]], 1).astype(np.int32)
             continue
-        yield start, _padded(
-            [e.ids for e in backend.encode_batch(part, add_special_tokens=True)],
-            max_len, tokenizer.pad_token_id, tokenizer.padding_side == "left",
-        )  # fmt: skip
+        yield (
+            start,
+            _padded(
+                [e.ids for e in backend.encode_batch(part, add_special_tokens=True)],
+                max_len,
+                tokenizer.pad_token_id,
+                tokenizer.padding_side == "left",
+            ),
+        )
 
 
 def _padded(ids: list[list[int]], max_len: int, pad_id: int, left: bool) -> np.ndarray:
@@ -235,9 +240,10 @@ def cached_tokens(
             except (OSError, ValueError, EOFError) as e:
                 path.unlink(missing_ok=True)
                 log.warning(
-                    "token cache entry %s is damaged (%s); dropped, tokenizing again", path,
+                    "token cache entry %s is damaged (%s); dropped, tokenizing again",
+                    path,
                     type(e).__name__,
-                )  # fmt: skip
+                )
         remove_stale_temporaries(cache)  # of runs killed while writing an entry
         listed = list(texts())
         if len(listed) != n:

@@ -81,6 +81,8 @@ def mesh_sizes(
             f"has {devices} devices (--num-devices x --num-processes)"
         )
     if parallel == "shard_map" and sizes["fsdp"] > 1:
-        raise ConfigError(f"--mesh {mesh}: shard_map runs on the data axis only; use "
-                          "--parallel jit for an fsdp axis")  # fmt: skip
+        raise ConfigError(
+            f"--mesh {mesh}: shard_map runs on the data axis only; use "
+            "--parallel jit for an fsdp axis"
+        )
     return sizes["data"], sizes["fsdp"]

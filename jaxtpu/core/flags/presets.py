@@ -102,7 +102,7 @@ def xla_notebook() -> Config:
             schedule="constant",
             warmup_frac=0.0,
             clip_norm=0.0,
-        ),  # fmt: skip
+        ),
         run=RunConfig(task="toxicity", batch_size=32, valid_batch_size=64, epochs=1),
     )
 
@@ -142,7 +142,7 @@ def lightning_severity() -> Config:
             t_max=500,
             eta_min=1e-6,
             clip_norm=0.0,
-        ),  # fmt: skip
+        ),
         run=RunConfig(task="ranking", margin=0.5, monitor="val_loss", patience=2, epochs=3),
     )
 

@@ -683,10 +683,18 @@ def _check_schedule(o: OptimConfig) -> None:
             "--schedule cosine-restarts needs --t0: schedule steps to the first restart "
             "(CosineAnnealingWarmRestarts' T_0)"
         )
-    given = {"t_max": o.t_max != -1, "t0": o.t0 != -1, "t_mult": o.t_mult != 1,
-             "eta_min": o.eta_min != 0}  # fmt: skip
-    owner = {"t_max": ("cosine",), "t0": ("cosine-restarts",), "t_mult": ("cosine-restarts",),
-             "eta_min": ("cosine", "cosine-restarts")}  # fmt: skip
+    given = {
+        "t_max": o.t_max != -1,
+        "t0": o.t0 != -1,
+        "t_mult": o.t_mult != 1,
+        "eta_min": o.eta_min != 0,
+    }
+    owner = {
+        "t_max": ("cosine",),
+        "t0": ("cosine-restarts",),
+        "t_mult": ("cosine-restarts",),
+        "eta_min": ("cosine", "cosine-restarts"),
+    }
     for name, set_ in given.items():
         if set_ and o.schedule not in owner[name]:
             raise ConfigError(

@@ -33,8 +33,9 @@ def fold_ids(cfg: Config) -> list[int]:
     """The folds of the run: 0..--n-folds - 1, or the values of the file's --fold-column."""
     d = cfg.data
     if d.valid_csv:
-        raise ConfigError("--all-folds draws each fold's validation set from the training file; "
-                          "drop --valid-csv")  # fmt: skip
+        raise ConfigError(
+            "--all-folds draws each fold's validation set from the training file; drop --valid-csv"
+        )
     if d.fold_column:
         path = demo.SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
         if not path:

@@ -81,13 +81,20 @@ class _Driver:
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=job.plan.total, initial=resume.step, desc="train", unit="step",
+                total=job.plan.total,
+                initial=resume.step,
+                desc="train",
+                unit="step",
                 dynamic_ncols=True,
-            )  # fmt: skip
+            )
 
     def meta(self, step: int) -> dict[str, Any]:
-        return {**self.job.spec.identity, "step": step, "best": self.best,
-                "config": self.cfg.to_dict()}  # fmt: skip
+        return {
+            **self.job.spec.identity,
+            "step": step,
+            "best": self.best,
+            "config": self.cfg.to_dict(),
+        }
 
     def save_latest(self, step: int) -> None:
         with self.clock.timing("checkpoint"):
@@ -113,8 +120,11 @@ class _Driver:
             seconds = time.time() - t0
             log.info(
                 "compiled %d programs (%d train call lengths, %d eval lengths) in %.1fs",
-                built, len(calls), len(evals), seconds,
-            )  # fmt: skip
+                built,
+                len(calls),
+                len(evals),
+                seconds,
+            )
             self.runlog.write({"event": "compile", "programs": built, "seconds": seconds})
             self.compile_s = seconds  # no timed first call needed
 
@@ -135,10 +145,16 @@ class _Driver:
         """The work of the call's steps, for the throughput and MFU figures."""
         enc, cpe = self.job.spec.encoder, self.task.comments_per_example
         for b in call.batches:
-            self.clock.did(batch_work(
-                b.idx, b.weight, b.length or self.cfg.data.max_len, self.lengths, cpe,
-                lambda comments, seq: enc.train_flops(comments, seq)[0],
-            ))  # fmt: skip
+            self.clock.did(
+                batch_work(
+                    b.idx,
+                    b.weight,
+                    b.length or self.cfg.data.max_len,
+                    self.lengths,
+                    cpe,
+                    lambda comments, seq: enc.train_flops(comments, seq)[0],
+                )
+            )
 
     def log_train(self, host: list[dict[str, float]], call: Call, waited: float) -> None:
         """One metrics line; `waited` is the loop's total wait for input so far."""
@@ -154,12 +170,18 @@ class _Driver:
         norms = [h["grad_norm"] for h in host if h.get("grad_norm") is not None]
         self.runlog.write(
             {
-                "event": "train", "step": step, "epoch": call.epoch, "loss": loss,
-                "grad_norm": float(np.mean(norms)) if norms else None, "lr": float(lr),
-                **figures, "data_wait_s": share["data_wait"] * figures["wall_s"],
-                "data_wait_share": share["data_wait"], "compiles": self.backend.compile_count(),
+                "event": "train",
+                "step": step,
+                "epoch": call.epoch,
+                "loss": loss,
+                "grad_norm": float(np.mean(norms)) if norms else None,
+                "lr": float(lr),
+                **figures,
+                "data_wait_s": share["data_wait"] * figures["wall_s"],
+                "data_wait_share": share["data_wait"],
+                "compiles": self.backend.compile_count(),
             }
-        )  # fmt: skip
+        )
         if self.bar is not None:
             self.bar.set_postfix(progress_postfix(loss, figures), refresh=False)
 
@@ -205,9 +227,14 @@ class _Driver:
             {"event": "eval", **self.last_eval, "best_" + monitor: self.best["value"]}
         )
         log.info(
-            "eval @ step %d: val_loss %.4f, %s %.4f%s (%.1fs)", step, result["val_loss"],
-            monitor, value, " (best)" if improved else "", time.time() - t0,
-        )  # fmt: skip
+            "eval @ step %d: val_loss %.4f, %s %.4f%s (%.1fs)",
+            step,
+            result["val_loss"],
+            monitor,
+            value,
+            " (best)" if improved else "",
+            time.time() - t0,
+        )
         patience = self.cfg.run.patience
         return bool(patience and self.best["bad_evals"] >= patience)
 
@@ -239,9 +266,12 @@ def train(
     backend = build_backend(job)
     resume = backend.restore_latest(spec.identity) if cfg.run.resume else ResumeState()
     runlog = RunLog(
-        workdir, resume_step=resume.step if cfg.run.resume else None, enabled=primary,
-        trackers=parse_trackers(cfg.run.tracker), config=cfg.to_dict(),
-    )  # fmt: skip
+        workdir,
+        resume_step=resume.step if cfg.run.resume else None,
+        enabled=primary,
+        trackers=parse_trackers(cfg.run.tracker),
+        config=cfg.to_dict(),
+    )
     runlog.write_config(cfg, spec, job.data.info, devices)
     return run(job, backend, resume, runlog)
 

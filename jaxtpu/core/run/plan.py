@@ -50,9 +50,13 @@ class Plan:
                 "smaller --batch-size or --num-devices"
             )
         batcher = Batcher.for_data(
-            cfg.data.buckets, train.real_lengths(), global_batch, cfg.data.max_len,
-            run.steps_per_call, (run.valid_batch_size or run.batch_size) * num_devices,
-        )  # fmt: skip
+            cfg.data.buckets,
+            train.real_lengths(),
+            global_batch,
+            cfg.data.max_len,
+            run.steps_per_call,
+            (run.valid_batch_size or run.batch_size) * num_devices,
+        )
         spe = batcher.steps_per_epoch()
         total = spe * run.epochs if not run.max_steps else min(spe * run.epochs, run.max_steps)
         updates = max(total // cfg.optim.accumulate, 1)

@@ -37,8 +37,11 @@ class Profile:
             self.backend.fetch(pending)  # the trace holds the steps, not only their dispatch
             self.backend.profile_stop()
             self.active = False
-            log.info("profile of steps %d-%d written to %s (TensorBoard's profile tab, "
-                     "Perfetto)", *self.range, self.directory)  # fmt: skip
+            log.info(
+                "profile of steps %d-%d written to %s (TensorBoard's profile tab, Perfetto)",
+                *self.range,
+                self.directory,
+            )
 
     def __enter__(self) -> Profile:
         return self

@@ -328,10 +328,13 @@ class RunLog:
         self._file.write(strict_json(record) + "\n")
         if self._trackers and "step" in record:
             values = {
-                k: v for k, v in record.items()
-                if k not in ("step", "time", "epoch", "event") and isinstance(v, int | float)
-                and not isinstance(v, bool) and math.isfinite(v)
-            }  # fmt: skip
+                k: v
+                for k, v in record.items()
+                if k not in ("step", "time", "epoch", "event")
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+            }
             for tracker in self._trackers:
                 tracker.log(record.get("event", "train"), values, record["step"])
 

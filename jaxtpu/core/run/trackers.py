@@ -82,6 +82,8 @@ class WandB:
 
 
 def open_trackers(names: tuple[str, ...], workdir: Path, config: dict[str, Any]) -> list[Tracker]:
-    made: dict[str, Any] = {"tensorboard": lambda: TensorBoard(workdir),
-                            "wandb": lambda: WandB(workdir, config)}  # fmt: skip
+    made: dict[str, Any] = {
+        "tensorboard": lambda: TensorBoard(workdir),
+        "wandb": lambda: WandB(workdir, config),
+    }
     return [made[name]() for name in names]
