@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core import metrics
 from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
 
@@ -51,7 +52,7 @@ class Model:
         scores = self.logits(texts)
         if self.trained.spec.task.comments_per_example == 2:
             return scores
-        probs = 1.0 / (1.0 + np.exp(-scores.astype(np.float64)))
+        probs = metrics.probability(scores)
         if probs.ndim == 1:
             return probs.astype(np.float32)
         return {k: probs[:, j].astype(np.float32) for j, k in enumerate(self.labels)}

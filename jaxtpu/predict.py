@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import hostmem
+from jaxtpu.core import hostmem, metrics
 from jaxtpu.core.data import readers, records, tokenized
 from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
@@ -411,9 +411,9 @@ def outputs(scores: np.ndarray, task: Any, severity: bool) -> tuple[list[str], n
     Kaggle's submission, `id` and a probability per label the model scores."""
     if severity:
         if scores.ndim == 2:
-            scores = (1.0 / (1.0 + np.exp(-scores))) @ records.SEVERITY_WEIGHTS
+            scores = metrics.probability(scores) @ records.SEVERITY_WEIGHTS
         return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
-    probs = 1.0 / (1.0 + np.exp(-np.asarray(scores, np.float64)))
+    probs = metrics.probability(scores)
     labels = list(task.label_columns) if probs.ndim == 2 else ["toxic"]
     return ["id", *labels], probs.reshape(len(probs), len(labels))
 

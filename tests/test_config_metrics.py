@@ -206,3 +206,17 @@ def test_evaluate_weighted_loss():
         scores, np.ones(3), np.array([1.0, 3.0, 100.0]), np.array([1, 1, 0])
     )
     assert out == {"val_loss": 2.0, "val_agreement": 0.5}
+
+
+def test_one_probability_for_every_report():
+    """`metrics.probability` is the sigmoid in float64 that validation scores, predict and the
+    Python API all report; a classification task's predictions are it, a ranker's are raw."""
+    from scipy.special import expit
+
+    logits = np.array([-30.0, -2.5, 0.0, 0.3, 12.0], np.float32)
+    probs = metrics.probability(logits)
+    assert probs.dtype == np.float64
+    np.testing.assert_allclose(probs, expit(logits.astype(np.float64)), rtol=1e-15)
+    toxicity, ranking = get_task("toxicity"), get_task("ranking")
+    np.testing.assert_array_equal(toxicity.predictions(logits)[:, 0], probs)
+    np.testing.assert_array_equal(ranking.predictions(logits)[:, 0], logits)

@@ -10,6 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def probability(logits: np.ndarray) -> np.ndarray:
+    """What a classifier's logit is reported as everywhere (validation scores, predict,
+    evaluate, the Python API): its sigmoid, in float64."""
+    return 1.0 / (1.0 + np.exp(-np.asarray(logits, np.float64)))
+
+
 def _valid(weight: np.ndarray | None, n: int) -> np.ndarray:
     return np.ones(n, bool) if weight is None else np.asarray(weight) > 0
 

@@ -145,7 +145,7 @@ class Task:
         for a classification task, the raw scores of a ranker (only their order means
         something)."""
         scores = np.asarray(scores, np.float64).reshape(len(scores), -1)
-        return scores if self.comments_per_example == 2 else 1.0 / (1.0 + np.exp(-scores))
+        return scores if self.comments_per_example == 2 else metrics.probability(scores)
 
     def validation_metrics(
         self,
