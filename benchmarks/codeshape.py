@@ -170,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {size:4d} lines  {where}")
     if not args.no_trace:
         frames = jit_path()
-        print(f"\n## From jaxtpu/train.py to jax.jit: {len(frames) - 1} calls\n")
+        outside = [f for f in frames if not f.filename.endswith("jaxtpu/train.py")]
+        print(
+            f"\n## From jaxtpu/train.py to jax.jit: {len(frames) - 1} calls, "
+            f"{len(outside)} of them after leaving jaxtpu/train.py\n"
+        )
         for f in frames:
             print(f"- {_rel(f.filename)}:{f.lineno} {f.name}")
         again = reentered(frames)

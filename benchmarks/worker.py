@@ -95,8 +95,10 @@ def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int, k: int =
     tx = optim.make_optimizer(cfg.optim, Horizon(1000, 1000), len(devs))
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
     placement = Placement(spec.sharding, *spec.mesh)
-    strategy_ = parallel.make_strategy(strategy, devs, "toxicity", placement)
-    return JaxBackend(strategy_, state, 0, steps_per_call=k)
+    strategy_ = parallel.make_strategy(strategy, devs, steps.for_task("toxicity"), placement)
+    backend = JaxBackend(strategy_, state, 0, steps_per_call=k)
+    backend.start()
+    return backend
 
 
 def jax_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable[[], Any], Callable]:

@@ -23,8 +23,8 @@ log = logging.getLogger("jaxtpu")
 class JaxBackend:
     """The train state of one run on the strategy's devices, and what the loop asks of it.
 
-    The state is placed on the devices on first use, so a `restore_latest` before the first
-    step replaces the initial state without placing it twice."""
+    Built with the state on the host; `restore_latest` (with --resume) replaces it there, and
+    `start` places it on the devices and builds the steps (`Strategy.place`), once."""
 
     name = "jaxtpu"
 
@@ -39,7 +39,7 @@ class JaxBackend:
         self.strategy = strategy
         self.steps_per_call = steps_per_call  # K: every train call holds K batch slots
         self._host_state: Any = state
-        self._state: Any = None
+        self.state: Any = None  # on the devices, from `start` on
         self.num_devices = strategy.n
         self.device_kind = strategy.devices[0].device_kind  # e.g. "TPU v3", for the MFU
         self.procs = strategy.procs
@@ -48,22 +48,17 @@ class JaxBackend:
         self.rng = jax.random.key(seed)
         self.ckpts = ckpts
 
-    @property
-    def state(self) -> Any:
-        """The train state on the devices (placed, and the steps built, on first use)."""
-        if self._state is None:
-            self._state = self.strategy.put_state(self._host_state)
-            self._host_state = None
-        return self._state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self._state = value
+    def start(self) -> None:
+        """Places the state on the devices and builds the compiled steps for it."""
+        if self.state is not None:
+            raise RuntimeError("the backend has started already")
+        self.state = self.strategy.place(self._host_state)
+        self._host_state = None
 
     def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
         """Continues from the run's latest checkpoint (a fresh start when there is none)."""
-        if self._state is not None:
-            raise RuntimeError("restore_latest must come before the first step")
+        if self.state is not None:
+            raise RuntimeError("restore_latest must come before start")
         if self.ckpts.latest_step() is None:
             log.info("--resume: no checkpoint in %s yet, starting at step 0", self.ckpts.root)
             return ResumeState()

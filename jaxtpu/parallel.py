@@ -16,7 +16,10 @@ All strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
   the jit mesh's `data` axis, inside `jax.jit`, with the jit path's placement.
 A training call always runs K >= 1 stacked batches through `steps.train_steps` (a `lax.scan`,
 or a plain step when K = 1); evaluation runs one batch. Every strategy is built the same way,
-`STRATEGIES[name](devices, task, placement)`.
+`STRATEGIES[name](devices, steps.for_task(...), placement, saved)`, and `place(state)` puts a
+host state on its devices and builds the compiled steps for that placement: the one `jax.jit`
+(or `jax.pmap`) of a run, with its shardings and donation, is in `JitStrategy.place` (and
+`PmapStrategy.place`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
 import flax.linen as nn
@@ -35,7 +37,6 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtpu import sharding as placing
 from jaxtpu import steps
-from jaxtpu.core.tasks import RANKING_MARGIN as MARGIN
 from jaxtpu.hosts import Processes
 from jaxtpu.sharding import Placement
 
@@ -47,13 +48,24 @@ AXIS = "data"  # the device axis of the per-device steps (pmap, shard_map) and o
 class Strategy:
     """Places the state and the batches on the devices and runs the compiled steps.
 
-    The compiled functions are built in `put_state`, the one moment the state's placement is
-    known; subclasses say how to place (`_put`) and how to compile (`_compile`), and whether
-    they can build their programs ahead of time (`precompile`).
+    The compiled functions are built in `place`, the one moment the state's placement is
+    known; subclasses say how, and whether they can build their programs ahead of time
+    (`precompile`).
+
+    Args:
+      devices: every device of the run (all processes').
+      fns: the task's pure steps (`steps.for_task`).
+      placement: where the state and the batches go (`sharding.Placement`).
+      saved: the programs of --programs DIR (`programs.SavedPrograms`), loaded instead of
+        compiled where they are the same program.
     """
 
     def __init__(
-        self, devices: list[jax.Device], task: str, placement: Placement, margin: float = MARGIN
+        self,
+        devices: list[jax.Device],
+        fns: steps.Steps,
+        placement: Placement,
+        saved: Any = None,
     ) -> None:
         if placement.devices != len(devices):
             raise ValueError(f"placement {placement} does not cover {len(devices)} devices")
@@ -62,32 +74,26 @@ class Strategy:
         self.placement = placement
         self.procs = Processes()
         self.local_devices = [d for d in devices if d.process_index == self.procs.index]
-        self.task = task
-        self.margin = margin  # the ranking loss's (--margin)
+        self.fns = fns
         self.traces = 0  # how often the train step was traced; 1 per call length
         self.loaded = 0  # train programs loaded from --programs instead of compiled
-        self.saved: Any = None  # `programs.SavedPrograms` of --programs DIR, if given
+        self.saved = saved
         self._train: Any = None
         self._eval: Any = None
         self._compiled: dict[Any, Any] = {}  # ahead-of-time programs, see `precompile`
         self._lowered: dict[Any, Any] = {}  # what each of them was compiled from
 
-    def _bound(self, fn: Any, **kw: Any) -> Any:
-        """`fn` (`steps.train_steps` or `steps.eval_step`) with this run's task and margin."""
-        return partial(fn, task=self.task, margin=self.margin, **kw)
-
     def _counted(self, fn: Any) -> Any:
-        def traced(*args: Any) -> Any:
+        def train_steps(*args: Any) -> Any:
             self.traces += 1  # runs at trace time only
             return fn(*args)
 
-        return traced
+        return train_steps
 
-    def put_state(self, state: steps.TrainState) -> steps.TrainState:
-        """Places a host state on the devices and compiles the steps for that placement."""
-        placed, self._train, self._eval = self._compile(state)
-        self._compiled, self._lowered = {}, {}
-        return placed
+    def place(self, state: steps.TrainState) -> steps.TrainState:
+        """Places a host state on the devices and builds the compiled steps for that
+        placement (compiled on first use, or ahead of time by `precompile`)."""
+        raise NotImplementedError
 
     def programs(self) -> dict[Any, tuple[Any, Any]]:
         """Each ahead-of-time program, (kind, input shapes) -> (lowered, compiled)."""
@@ -96,10 +102,6 @@ class Strategy:
     def compiled_train_programs(self) -> int:
         """Train programs XLA compiled (traced and not loaded from --programs)."""
         return self.traces - self.loaded
-
-    def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
-        """(placed state, train function, eval function)."""
-        raise NotImplementedError
 
     def put_steps(self, batches: dict[str, np.ndarray]) -> Any:
         """K stacked global batches (leading axis K; this process's rows) for one train call."""
@@ -144,31 +146,32 @@ class PmapStrategy(Strategy):
     """`jax.pmap` over this process's devices: the state replicated on each."""
 
     def __init__(
-        self, devices: list[jax.Device], task: str, placement: Placement, margin: float = MARGIN
+        self, devices: list[jax.Device], fns: steps.Steps, placement: Placement, saved: Any = None
     ) -> None:
         if placement.sharding != "replicated" or placement.fsdp != 1:
             raise ValueError(f"pmap replicates the whole state; got {placement}")
-        super().__init__(devices, task, placement, margin)
+        super().__init__(devices, fns, placement, saved)
         # pmap places the leading axis of each process's arrays on that process's devices
         self._mesh = Mesh(np.array(self.local_devices), (AXIS,))
         self._sharded = NamedSharding(self._mesh, P(AXIS))
         self.n_local = len(self.local_devices)
 
-    def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
-        train = jax.pmap(
-            self._counted(self._bound(steps.train_steps, axis_name=AXIS)),
+    def place(self, state: steps.TrainState) -> steps.TrainState:
+        """The state replicated on every device; the steps pmapped (compiled on first call)."""
+        self._train = jax.pmap(
+            self._counted(lambda *a: self.fns.train(*a, axis_name=AXIS)),
             axis_name=AXIS,
             in_axes=(0, 0, None),
             donate_argnums=(0,),
             devices=self.devices,
         )
-        evaluate = jax.pmap(self._bound(steps.eval_step), axis_name=AXIS, devices=self.devices)
+        self._eval = jax.pmap(self.fns.eval, axis_name=AXIS, devices=self.devices)
 
         def rep(x: Any) -> jax.Array:
             x = np.asarray(x)
             return jax.device_put(np.broadcast_to(x, (self.n_local, *x.shape)), self._sharded)
 
-        return jax.tree_util.tree_map(rep, state), train, evaluate
+        return jax.tree_util.tree_map(rep, state)
 
     def precompile(self, state: Any, rng: jax.Array, calls: Any, evals: Any) -> int:
         """pmap compiles each program on its first call: nothing is built ahead."""
@@ -222,9 +225,9 @@ class JitStrategy(Strategy):
     """
 
     def __init__(
-        self, devices: list[jax.Device], task: str, placement: Placement, margin: float = MARGIN
+        self, devices: list[jax.Device], fns: steps.Steps, placement: Placement, saved: Any = None
     ) -> None:
-        super().__init__(devices, task, placement, margin)
+        super().__init__(devices, fns, placement, saved)
         self.mesh = placing.make_mesh(devices, placement.data, placement.fsdp)
         sizes = placement.sizes
         self.batch_sharding = self._named(placing.batch_spec(sizes))
@@ -240,16 +243,15 @@ class JitStrategy(Strategy):
         return jax.tree_util.tree_map(self._named, specs, is_leaf=lambda x: isinstance(x, P))
 
     def _step_fns(self) -> tuple[Any, Any]:
-        """The pure (train_steps, eval_step) that jit compiles: global-batch functions."""
-        return (
-            self._bound(steps.train_steps),
-            self._bound(steps.eval_step),
-        )
+        """The pure (train, eval) steps that jit compiles: global-batch functions."""
+        return self.fns.train, self.fns.eval
 
-    def _compile(self, state: steps.TrainState) -> tuple[steps.TrainState, Any, Any]:
+    def place(self, state: steps.TrainState) -> steps.TrainState:
+        """The state placed as `state_sharding` says; the steps jitted for that placement."""
         shardings = self.state_sharding(state)
-        train, evaluate = self.jitted(shardings)
-        return jax.device_put(state, shardings), train, evaluate
+        self._train, self._eval = self.jitted(shardings)
+        self._compiled, self._lowered = {}, {}
+        return jax.device_put(state, shardings)
 
     def build(self, state: Any) -> None:
         """The steps for a state placed as `state_sharding(state)` says, without placing it
@@ -258,7 +260,8 @@ class JitStrategy(Strategy):
         self._compiled, self._lowered = {}, {}
 
     def jitted(self, shardings: Any) -> tuple[Any, Any]:
-        """The jitted (train, eval) functions for a state placed with `shardings` (also what
+        """The jitted (train, eval) functions for a state placed with `shardings`: its
+        shardings in, the batch split over the mesh, the state donated (also what
         `jaxtpu.preflight` lowers and compiles for another target)."""
         train_fn, eval_fn = map(self._traced_on_mesh, self._step_fns())
         train = jax.jit(
@@ -378,15 +381,15 @@ class ShardMapStrategy(JitStrategy):
     """
 
     def __init__(
-        self, devices: list[jax.Device], task: str, placement: Placement, margin: float = MARGIN
+        self, devices: list[jax.Device], fns: steps.Steps, placement: Placement, saved: Any = None
     ) -> None:
         if placement.sharding == "fsdp" or placement.fsdp != 1:
             raise ValueError(f"shard_map's per-device step sees the whole state; got {placement}")
-        super().__init__(devices, task, placement, margin)
+        super().__init__(devices, fns, placement, saved)
 
     def _step_fns(self) -> tuple[Any, Any]:
         train = jax.shard_map(
-            self._bound(steps.train_steps, axis_name=AXIS),
+            lambda *a: self.fns.train(*a, axis_name=AXIS),
             mesh=self.mesh,
             in_specs=(P(), P(None, AXIS), P()),  # state, (K, rows, ...), rng
             out_specs=(P(), P()),  # pmean-ed: the same on every device
@@ -395,7 +398,7 @@ class ShardMapStrategy(JitStrategy):
             check_vma=False,
         )
         evaluate = jax.shard_map(
-            self._bound(steps.eval_step),
+            self.fns.eval,
             mesh=self.mesh,
             in_specs=(P(), P(AXIS)),
             out_specs=P(AXIS),
@@ -414,12 +417,12 @@ STRATEGIES: dict[str, type[Strategy]] = {  # the order of `core.layout.JAX_STRAT
 def make_strategy(
     name: str,
     devices: list[jax.Device],
-    task: str,
+    fns: steps.Steps,
     placement: Placement | None = None,
-    margin: float = MARGIN,
+    saved: Any = None,
 ) -> Strategy:
     """The strategy `--parallel name` (names are checked with the flags, before any work) on
-    `devices` with `placement` (default: replicated over a data axis of every device), its
-    losses with the ranking `margin`."""
+    `devices`, running the task's steps `fns`, with `placement` (default: replicated over a
+    data axis of every device) and the programs `saved` of --programs DIR."""
     placement = placement or Placement("replicated", len(devices))
-    return STRATEGIES[name](devices, task, placement, margin)
+    return STRATEGIES[name](devices, fns, placement, saved)

@@ -96,11 +96,14 @@ def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
     from jaxtpu import parallel, steps
     from jaxtpu.backend import JaxBackend
 
-    strategy = parallel.make_strategy("jit", devices, task.name, margin=model.cfg.run.margin)
+    fns = steps.for_task(task.name, model.cfg.run.margin)
+    strategy = parallel.make_strategy("jit", devices, fns)
     state = steps.TrainState.create(
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()
     )
-    return JaxBackend(strategy, state, seed=0)
+    backend = JaxBackend(strategy, state, seed=0)
+    backend.start()
+    return backend
 
 
 def one_comment_task(task: Any) -> Any:

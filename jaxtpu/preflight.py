@@ -192,7 +192,8 @@ def abstract_run(
         lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
     )
     placement = Placement(spec.sharding, *spec.mesh)
-    strategy = parallel.make_strategy(run.parallel, devices, run.task, placement, run.margin)
+    fns = steps.for_task(run.task, run.margin)
+    strategy = parallel.make_strategy(run.parallel, devices, fns, placement)
     shardings = strategy.state_sharding(state)
     rng = jax.eval_shape(lambda: jax.random.key(0))
     rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=strategy.replicated)

@@ -1,4 +1,5 @@
-"""`TrainState` and the pure train/eval steps shared by the pmap and the jit path.
+"""`TrainState` and the pure train/eval steps shared by the pmap and the jit path, built once
+per task (`for_task`) with the task's loss and its hyperparameters closed over.
 
 The steps know nothing of devices. Under `pmap` (or `shard_map`) they are called with
 `axis_name`, and average gradients and metrics over that axis with `lax.pmean`; under `jit`
@@ -7,6 +8,9 @@ with shardings the batch is global and XLA inserts the reductions itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -17,8 +21,9 @@ from flax.training.train_state import TrainState
 from jaxtpu.core.tasks import RANKING_MARGIN
 
 Batch = dict[str, jax.Array]
+Loss = Callable[[jax.Array, jax.Array], jax.Array]  # (scores, label) -> per-example loss (B,)
 
-__all__ = ["LOSSES", "TrainState", "eval_step", "train_step", "train_steps"]
+__all__ = ["LOSSES", "Steps", "TrainState", "eval_step", "for_task", "train_step", "train_steps"]
 
 
 def _bce(scores: jax.Array, label: jax.Array, margin: float) -> jax.Array:
@@ -51,14 +56,31 @@ def _weighted_mean(values: jax.Array, weight: jax.Array) -> jax.Array:
     return jnp.sum(values * weight) / jnp.maximum(jnp.sum(weight), 1.0)
 
 
+@dataclass(frozen=True)
+class Steps:
+    """A task's pure steps, its loss closed over: what every strategy compiles.
+
+    `train(state, batches, rng, axis_name=None)` is `train_steps`; `eval(state, batch)` is
+    `eval_step`."""
+
+    train: Callable[..., tuple[TrainState, dict[str, jax.Array]]]
+    eval: Callable[..., dict[str, jax.Array]]
+
+
+def for_task(task: str, margin: float = RANKING_MARGIN) -> Steps:
+    """The steps of a task of `jaxtpu.core.tasks.TASKS`, with its loss from `LOSSES` and the
+    ranking `margin` (--margin, which only the ranking loss reads)."""
+    loss = partial(LOSSES[task], margin=margin)
+    return Steps(partial(train_steps, loss=loss), partial(eval_step, loss=loss))
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
     rng: jax.Array,
     *,
-    task: str,
+    loss: Loss,
     axis_name: str | None = None,
-    margin: float = RANKING_MARGIN,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step (or one accumulation micro-step under optax.MultiSteps).
 
@@ -66,9 +88,8 @@ def train_step(
       state: the train state (replicated under pmap).
       batch: this device's (pmap) or the global (jit) batch, see `jaxtpu.core.data.taskdata`.
       rng: the run's base key; dropout uses fold_in(rng, step) (and the device index).
-      task: a name of `jaxtpu.core.tasks.TASKS` (picks the loss).
+      loss: the task's per-example loss (`for_task`).
       axis_name: the device axis to average over, under pmap/shard_map.
-      margin: the ranking loss's margin (--margin).
     Returns:
       (new_state, {'loss', 'grad_norm'}), metrics averaged over all devices.
     """
@@ -84,13 +105,13 @@ def train_step(
             deterministic=False,
             rngs={"dropout": rng},
         )
-        return _weighted_mean(LOSSES[task](scores, batch["label"], margin), batch["weight"])
+        return _weighted_mean(loss(scores, batch["label"]), batch["weight"])
 
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    value, grads = jax.value_and_grad(loss_fn)(state.params)
     if axis_name is not None:
         grads = jax.lax.pmean(grads, axis_name)
-        loss = jax.lax.pmean(loss, axis_name)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+        value = jax.lax.pmean(value, axis_name)
+    metrics = {"loss": value, "grad_norm": optax.tree.norm(grads)}
     return state.apply_gradients(grads=grads), metrics
 
 
@@ -99,9 +120,8 @@ def train_steps(
     batches: Batch,
     rng: jax.Array,
     *,
-    task: str,
+    loss: Loss,
     axis_name: str | None = None,
-    margin: float = RANKING_MARGIN,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """K `train_step`s in one device call (`lax.scan` over the leading axis of `batches`), as
     Keras' `steps_per_execution` does: one dispatch and one host round trip per K steps. The
@@ -111,7 +131,7 @@ def train_steps(
     skipped slots)."""
 
     def step(st: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        return train_step(st, batch, rng, task=task, axis_name=axis_name, margin=margin)
+        return train_step(st, batch, rng, loss=loss, axis_name=axis_name)
 
     if jax.tree_util.tree_leaves(batches)[0].shape[0] == 1:
         # K = 1 (a static shape): a plain step, because a scan of length one ran slower on
@@ -133,12 +153,10 @@ def train_steps(
     return jax.lax.scan(body, state, batches)
 
 
-def eval_step(
-    state: TrainState, batch: Batch, *, task: str, margin: float = RANKING_MARGIN
-) -> dict[str, jax.Array]:
+def eval_step(state: TrainState, batch: Batch, *, loss: Loss) -> dict[str, jax.Array]:
     """Per-example scores and losses (deterministic: no dropout). Reduction happens on the host
     over the whole evaluation set, see `jaxtpu.core.tasks.Task.validation_metrics`."""
     scores = state.apply_fn(
         {"params": state.params}, batch["input_ids"], batch["attention_mask"], deterministic=True
     )
-    return {"score": scores, "loss": LOSSES[task](scores, batch["label"], margin)}
+    return {"score": scores, "loss": loss(scores, batch["label"])}

@@ -18,6 +18,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
 from jaxtpu.core.run import loop, plan
 from jaxtpu.core.run.folds import train_folds
+from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
 
 __all__ = ["main", "train_and_evaluate"]
@@ -53,12 +54,11 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
 
 
 def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, Any]:
-    """The body of a run in its claimed run directory."""
+    """The body of a run in its claimed run directory: the data, the backend, resume, start
+    (the state placed and the steps jitted), then the shared loop."""
     import jax
 
-    from jaxtpu import checkpoint, hosts, optim, parallel, steps, weights
-    from jaxtpu.backend import JaxBackend
-    from jaxtpu.sharding import Placement
+    from jaxtpu import hosts
 
     run = cfg.run
     devices = hosts.init_devices(run.num_devices)
@@ -83,20 +83,43 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         from jaxtpu.programs import SavedPrograms
 
         saved = SavedPrograms(run.programs, devices, cfg)
+    job = plan.Job.load(cfg, spec, workdir, len(devices), procs.primary, t_start)
+    backend = build_backend(job, devices, procs, saved)
+    resume = backend.restore_latest(spec.identity) if run.resume else ResumeState()
+    backend.start()  # the state on the devices, the steps jitted (`parallel.JitStrategy.place`)
+    return loop.train(job, backend, resume, devices)
 
-    def build_backend(job: plan.Job) -> JaxBackend:
-        model = weights.load_model(cfg, spec)
-        n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
-        log.info("model: %s", spec.describe_model(n_params, run.seed))
-        tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices))
-        state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
-        placement = Placement(spec.sharding, *spec.mesh)
-        strategy = parallel.make_strategy(run.parallel, devices, run.task, placement, run.margin)
-        strategy.saved = saved
-        ckpts = checkpoint.Checkpoints(workdir, procs if procs.count > 1 else None)
-        return JaxBackend(strategy, jax.device_get(state), run.seed, ckpts, run.steps_per_call)
 
-    return loop.train(cfg, spec, workdir, devices, procs.primary, t_start, build_backend)
+def build_backend(job: plan.Job, devices: list[Any], procs: Any, saved: Any = None) -> Any:
+    """The JAX side of a run, not started: the model (`weights.load_model`), its optimizer for
+    the job's schedule, the train state on the host, the strategy with the task's steps, and
+    the run directory's checkpoints.
+
+    Args:
+      job: the run's config, resolution, data and plan.
+      devices: every device of the run.
+      procs: this host's processes (`hosts.Processes`).
+      saved: the programs of --programs DIR, if given.
+    Returns:
+      A `backend.JaxBackend`.
+    """
+    import jax
+
+    from jaxtpu import checkpoint, optim, parallel, steps, weights
+    from jaxtpu.backend import JaxBackend
+    from jaxtpu.sharding import Placement
+
+    cfg, spec, run = job.cfg, job.spec, job.cfg.run
+    model = weights.load_model(cfg, spec)
+    n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
+    log.info("model: %s", spec.describe_model(n_params, run.seed))
+    tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices))
+    state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
+    fns = steps.for_task(run.task, run.margin)
+    placement = Placement(spec.sharding, *spec.mesh)
+    strategy = parallel.make_strategy(run.parallel, devices, fns, placement, saved)
+    ckpts = checkpoint.Checkpoints(job.workdir, procs if procs.count > 1 else None)
+    return JaxBackend(strategy, jax.device_get(state), run.seed, ckpts, run.steps_per_call)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -137,7 +137,8 @@ def test_scores_at_bucket_length_equal_scores_at_full_padding(comments, task):
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()
     )
     devices = jax.devices()[:8]
-    backend = JaxBackend(parallel.make_strategy("jit", devices, task), state, seed=0)
+    backend = JaxBackend(parallel.make_strategy("jit", devices, steps.for_task(task)), state, 0)
+    backend.start()
     padded = buckets.Batcher(lengths, 16, 64)
     cut = buckets.Batcher(lengths, 16, 64, (16, 24, 32, 48))
     m_pad, s_pad = loop.score_examples(backend, examples, padded, get_task(task))

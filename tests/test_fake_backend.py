@@ -55,6 +55,9 @@ class FakeBackend:
     def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
         return batches
 
+    def start(self) -> None:
+        """Nothing to place: the one number lives on the host."""
+
     def precompile(self, calls: Any, evals: Any) -> int:
         return 0
 

@@ -88,7 +88,7 @@ def test_a_run_from_saved_programs_compiles_nothing_and_trains_the_same(
     b = train.train_and_evaluate(
         cfg.replace(workdir=str(tmp_path / "loaded"), programs=str(directory))
     )
-    steps = ('"jit_traced"', '"jit_eval_step"')  # the train call's and the eval step's modules
+    steps = ('"jit_train_steps"', '"jit_eval_step"')  # the train call's and the eval step's
     first, second = compiles[:compiled_here], compiles[compiled_here:]
     assert sorted(c for c in first if c in steps) == [steps[1]] * 2 + [steps[0]] * 2
     assert [c for c in second if c in steps] == []  # (the random init's weights still compile)

@@ -163,6 +163,10 @@ class XlaBackend:
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
         self.ckpts.save("best", step, self._payload(meta, full=False))
 
+    def start(self) -> None:
+        """Nothing to place: the model is on the strategy's device from construction, and
+        torch_xla compiles each step on first use."""
+
     def restore_latest(self, expect: dict[str, Any]) -> ResumeState:
         """Continues from the latest checkpoint (a fresh start when there is none)."""
         payload = self.ckpts.restore_latest(expect)

@@ -20,6 +20,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
 from jaxtpu.core.run import loop, plan
 from jaxtpu.core.run.folds import train_folds
+from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
 from torchxla_ref import parallel
 from torchxla_ref.backend import XlaBackend
@@ -29,8 +30,6 @@ log = logging.getLogger("jaxtpu")
 
 def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
     """The body of a run, in the process (spmd, eager) or in each replica (spawn)."""
-    from torchxla_ref import optim, weights
-
     run = cfg.run
     strategy = parallel.make_strategy(run.parallel, run.num_devices)
     devices = [str(strategy.device)] * strategy.num_devices
@@ -38,25 +37,34 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
     if strategy.ordinal == 0:
         log.info("devices: %d x %s (torch_xla %s)", len(devices), strategy.device, run.parallel)
 
-    def build_backend(job: plan.Job) -> XlaBackend:
-        model = weights.load_model(
-            spec.encoder,
-            cfg.head_dropout,
-            spec.weights,
-            run.seed,
-            spec.pooling,
-            spec.task.outputs,
-        ).to(strategy.device)
-        optimizer, scheduler = optim.make_optimizer(
-            model, cfg.optim, job.plan.horizon, len(devices)
-        )
-        n_params = sum(p.numel() for p in model.parameters())
-        log.info("model: %s", spec.describe_model(n_params, run.seed))
-        return XlaBackend(
-            strategy, model, optimizer, scheduler, cfg, workdir, xla=run.parallel != "eager"
-        )
+    job = plan.Job.load(cfg, spec, workdir, len(devices), strategy.ordinal == 0, t_start)
+    backend = build_backend(job, strategy, devices)
+    resume = backend.restore_latest(spec.identity) if run.resume else ResumeState()
+    backend.start()
+    return loop.train(job, backend, resume, devices)
 
-    return loop.train(cfg, spec, workdir, devices, strategy.ordinal == 0, t_start, build_backend)
+
+def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBackend:
+    """The torch side of a run: transformers' encoder with the Jigsaw head, filled from the
+    checkpoint (`weights.load_model`), on the strategy's device, with its optimizer and
+    schedule for the job's plan: the twin of `jaxtpu.train.build_backend`."""
+    from torchxla_ref import optim, weights
+
+    cfg, spec, run = job.cfg, job.spec, job.cfg.run
+    model = weights.load_model(
+        spec.encoder,
+        cfg.head_dropout,
+        spec.weights,
+        run.seed,
+        spec.pooling,
+        spec.task.outputs,
+    ).to(strategy.device)
+    optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.horizon, len(devices))
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %s", spec.describe_model(n_params, run.seed))
+    return XlaBackend(
+        strategy, model, optimizer, scheduler, cfg, job.workdir, xla=run.parallel != "eager"
+    )
 
 
 def _spawn_replica(index: int, cfg: Config, workdir: Path, t_start: float) -> None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import csv
 import logging
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,6 @@ from jaxtpu.core.data import tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.errors import TrainingError
 from jaxtpu.core.files import atomic_write
-from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hardware import peak_flops_per_device
 from jaxtpu.core.run.plan import Call, Job, program_inputs, schedule
 from jaxtpu.core.run.prefetch import Prefetch
@@ -239,40 +236,27 @@ class _Driver:
         return bool(patience and self.best["bad_evals"] >= patience)
 
 
-def train(
-    cfg: Config,
-    spec: RunSpec,
-    workdir: Path,
-    devices: list[Any],
-    primary: bool,
-    started: float,
-    build_backend: Callable[[Job], Backend],
-) -> dict[str, Any]:
-    """One run, the same on both sides: prepare the data and the plan, have the side build its
-    backend (model, optimizer, state on its `devices`), resume if asked, record the config and
-    run the schedule.
+def train(job: Job, backend: Backend, resume: ResumeState, devices: list[Any]) -> dict[str, Any]:
+    """One run, the same on both sides, once the side has built its backend, resumed it (if
+    asked) and started it: record the config in the run directory and run the schedule.
 
     Args:
-      cfg, spec: the configuration and its resolution (`RunSpec.resolve`).
-      workdir: the claimed run directory.
+      job: the config, its resolution, the data and the plan (`Job.load`).
+      backend: the side's started backend.
+      resume: where it resumed (`Backend.restore_latest`), or a fresh start.
       devices: the run's devices (recorded in config.json).
-      primary: whether this process writes the run directory (process 0).
-      started: the run's start time (time.time()).
-      build_backend: the side's backend for the job.
     Returns:
       The run summary (`run`).
     """
-    job = Job.load(cfg, spec, workdir, len(devices), primary, started)
-    backend = build_backend(job)
-    resume = backend.restore_latest(spec.identity) if cfg.run.resume else ResumeState()
+    cfg = job.cfg
     runlog = RunLog(
-        workdir,
+        job.workdir,
         resume_step=resume.step if cfg.run.resume else None,
-        enabled=primary,
+        enabled=backend.primary,
         trackers=parse_trackers(cfg.run.tracker),
         config=cfg.to_dict(),
     )
-    runlog.write_config(cfg, spec, job.data.info, devices)
+    runlog.write_config(cfg, job.spec, job.data.info, devices)
     return run(job, backend, resume, runlog)
 
 

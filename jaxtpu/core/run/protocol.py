@@ -27,6 +27,11 @@ class Backend(Protocol):
     def any_process(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (a host-level collective)."""
 
+    def start(self) -> None:
+        """Puts the model state on the devices and builds the steps, after `restore_latest`
+        and before the first step (a backend whose state lives on its devices from the start
+        has nothing to do)."""
+
     def compile_count(self) -> int:
         """How many train programs were built so far: one per sequence length of the train
         calls (evaluation programs are not counted, on either side)."""
