@@ -16,7 +16,13 @@ from jaxtpu.core import metrics
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags import presets
 from jaxtpu.core.flags.cli import build_parser, parse_args
-from jaxtpu.core.flags.schema import JAX_STRATEGIES, TORCH_STRATEGIES, from_dict
+from jaxtpu.core.flags.schema import (
+    FIELDS,
+    JAX_STRATEGIES,
+    TORCH_STRATEGIES,
+    Config,
+    from_dict,
+)
 from jaxtpu.core.tasks import TASKS, get_task
 from parity_tests.harness import ROOT, clean_env, run_side
 
@@ -48,6 +54,20 @@ def parse(*argv):
 
 def test_defaults_are_the_demo_preset():
     assert parse() == presets.demo()
+
+
+def test_one_default_per_flag_in_python_in_help_and_in_the_command():
+    """`Config()` in Python, the command without flags and the default `--help` prints are one
+    thing: the field's default."""
+    assert Config() == parse() == presets.demo()
+    shown = 0
+    for action in build_parser("t", "t", JAX_STRATEGIES)._actions:
+        if action.dest in FIELDS and action.dest != "parallel":  # each side's first strategy
+            section, _ = FIELDS[action.dest]
+            default = getattr(getattr(Config(), section), action.dest)
+            assert action.help.endswith(f"[default: {default}]"), action.dest
+            shown += 1
+    assert shown == len(FIELDS) - 1
 
 
 def test_contract_flags_exist_and_help_explains_every_flag(capsys):

@@ -109,7 +109,8 @@ def test_a_schedule_stepped_per_epoch_holds_its_rate_through_each_epoch():
     "flags, message",
     [
         ({"schedule": "cosine", "t_max": 0}, "--t-max must be >= 1 or -1, got 0"),
-        ({"schedule": "cosine-restarts"}, "--schedule cosine-restarts needs --t0"),
+        # the default's warm-up (0.1) would be refused first: the cosine schedules have none
+        ({"schedule": "cosine-restarts", "warmup_frac": 0}, "cosine-restarts needs --t0"),
         ({"schedule": "linear", "t_max": 9}, "--t-max goes with --schedule cosine, not linear"),
         ({"adam_eps": 0.0}, "--adam-eps must be > 0, got 0.0"),
         ({"adam_beta1": 1.0}, "--adam-beta1 must be < 1, got 1.0"),

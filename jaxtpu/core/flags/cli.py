@@ -15,7 +15,7 @@ from typing import Any, get_type_hints
 
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.configfile import read_config_file
-from jaxtpu.core.flags.presets import NEEDS_MODEL_DIR, PRESETS, check_needs, demo, get_preset
+from jaxtpu.core.flags.presets import NEEDS_MODEL_DIR, PRESETS, check_needs, get_preset
 from jaxtpu.core.flags.schema import (
     FIELDS,
     JAX_STRATEGIES,
@@ -39,7 +39,7 @@ def build_parser(prog: str, description: str, strategies: Sequence[str]) -> argp
     """The parser of one trainer; `strategies` are the `--parallel` values this side runs, the
     first being its default."""
     parser = _Parser(prog=prog, description=description)
-    defaults = {k: getattr(getattr(demo(), s), k) for k, (s, _) in FIELDS.items()}
+    defaults = {k: getattr(getattr(Config(), s), k) for k, (s, _) in FIELDS.items()}
     defaults["parallel"] = strategies[0]
     parser.add_argument(
         "--preset",
@@ -164,9 +164,9 @@ def config_yaml(cfg: Any, source: str) -> str:
 
 def flag_reference() -> str:
     """Every training flag as Markdown, from the schema: one table per config section with
-    the help text, the accepted values, the demo preset's default, whether it is jaxtpu only
-    and whether it may change on --resume (the docs' flag reference page)."""
-    defaults = {k: getattr(getattr(demo(), s), k) for k, (s, _) in FIELDS.items()}
+    the help text, the accepted values, the default (`Config()`, the demo preset), whether it
+    is jaxtpu only and whether it may change on --resume (the docs' flag reference page)."""
+    defaults = {k: getattr(getattr(Config(), s), k) for k, (s, _) in FIELDS.items()}
     out = []
     for section, cls in SECTIONS.items():
         out += [f"## {section}", "", "| flag | what it does | default |", "|---|---|---|"]

@@ -22,7 +22,7 @@ from typing import Any, get_args, get_type_hints
 from jaxtpu.core.data.buckets import parse_spec
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
-from jaxtpu.core.hf.families import POOLINGS
+from jaxtpu.core.hf.families import FAMILIES, POOLINGS
 from jaxtpu.core.run import trackers
 from jaxtpu.core.tasks import RANKING_MARGIN, TASKS, Task, get_task, monitor_names
 
@@ -99,14 +99,22 @@ def _f(
     return field(default=default, metadata={**metadata, "side": side})
 
 
+def _default_poolings() -> str:
+    """'pooler for bert, roberta; cls for ...': each pooling and the families it is the
+    default of, from the family table."""
+    by = {p: [n for n, fam in FAMILIES.items() if fam.default_pooling == p] for p in POOLINGS}
+    return "; ".join(f"{p} for {', '.join(names)}" for p, names in by.items() if names)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_dir: str | None = _f(
-        None,
+        "minilm",
         "Hugging Face checkpoint directory (config.json + model.safetensors or "
-        "pytorch_model.bin + tokenizer) of model_type bert, roberta, xlm-roberta, distilbert, "
-        "electra or deberta-v2 (DeBERTa-v3). 'minilm' = the packaged pretrained "
-        "all-MiniLM-L6-v2. Empty = random init of a BERT of the shape given by "
+        "pytorch_model.bin + tokenizer) of model_type "
+        + ", ".join(FAMILIES)
+        + " (DeBERTa-v3 is deberta-v2). 'minilm' = the packaged "
+        "pretrained all-MiniLM-L6-v2. Empty ('') = random init of a BERT of the shape given by "
         "--num-layers/--hidden-size.",
     )
     init_from: str | None = _f(
@@ -157,9 +165,10 @@ class ModelConfig:
     pooling: str = _f(
         "auto",
         "How a comment becomes one vector for the head: 'pooler' (the checkpoint's pooler, "
-        "tanh(Dense(first token)); BERT, RoBERTa, XLM-R), 'cls' (the first token's hidden "
-        "state), 'mean' (mean over its real tokens). 'auto' = the family's default: pooler "
-        "for bert/roberta/xlm-roberta, cls for distilbert/electra, mean for deberta-v2.",
+        "tanh(Dense(first token)), where the family has one: "
+        + ", ".join(name for name, fam in FAMILIES.items() if fam.pooler)
+        + "), 'cls' (the first token's hidden state), 'mean' (mean over its real tokens). "
+        "'auto' = the family's default: " + _default_poolings() + ".",
         ("auto",) + POOLINGS,
     )
     scan_layers: bool = _f(
@@ -185,7 +194,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     train_csv: str | None = _f(
-        None,
+        "sample",
         "Training file (CSV; .parquet/.pq and .jsonl/.ndjson read the same way): Kaggle "
         "classification (comment_text, toxic, ...) or, for --task ranking, Rate Severity pairs "
         "(less_toxic, more_toxic). 'sample' = the packaged 2,000 real Jigsaw comments (the "
@@ -211,7 +220,7 @@ class DataConfig:
     )
     max_len: int = _f(128, "Tokens per comment (truncate / pad).", bounds=Bounds(8, 512))
     buckets: str = _f(
-        "none",
+        "auto",
         "Length buckets: 'auto' (up to 4 edges chosen from the training set's token lengths "
         "to minimise padding; printed at start), 'none' (every batch padded to --max-len), or "
         "ascending edges such as 32,64,128. Each batch holds comments of one bucket, cut to "
@@ -247,7 +256,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = _f(5e-5, "Peak learning rate.", bounds=Bounds(0, _INF, lo_open=True))
+    lr: float = _f(1e-4, "Peak learning rate.", bounds=Bounds(0, _INF, lo_open=True))
     scale_lr: bool = _f(False, "Multiply --lr by the number of devices (as the TPU notebooks do).")
     weight_decay: float = _f(
         0.01, "AdamW weight decay (see --decay-params).", bounds=Bounds(0, _INF)
@@ -290,7 +299,7 @@ class OptimConfig:
         SCHEDULE_INTERVALS,
     )
     warmup_frac: float = _f(
-        0.0,
+        0.1,
         "Warm-up steps as a share of all steps. constant and linear: the rate rises as peak x "
         "update / warm-up updates (transformers' get_constant_schedule_with_warmup and "
         "get_linear_schedule_with_warmup); onecycle: OneCycleLR's pct_start (0 = 0.3); the "
