@@ -33,7 +33,7 @@ from jax.experimental import serialize_executable
 
 from jaxtpu.core import files
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.flags.schema import Config, changed_flags
+from jaxtpu.core.flags.schema import OUTSIDE_PROGRAMS, Config, changed_flags
 
 log = logging.getLogger("jaxtpu")
 
@@ -129,9 +129,6 @@ def _diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 # flags that name where a run writes or how it reports, never what it computes
-_RUN_ONLY = {"workdir", "resume", "progress", "tracker", "profile_steps", "programs"}
-
-
 def save(
     directory: Path,
     programs: dict[Any, tuple[Any, Any]],
@@ -208,7 +205,7 @@ class SavedPrograms:
         return [
             f"--{name.replace('_', '-')} {now!r} (saved: {then!r})"
             for name, then, now in changed_flags(self.saved_config, self.config)
-            if name not in _RUN_ONLY
+            if name not in OUTSIDE_PROGRAMS
         ]
 
     def load(self, kind: str, key: Any, lowered: Any) -> Any:

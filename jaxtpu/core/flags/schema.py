@@ -2,8 +2,9 @@
 about it, type-checked overrides and validation (framework-free).
 
 Every field carries its help text, choices, accepted values (`Bounds`), whether it may change
-on --resume and which side accepts it (`_f`); the tables `BOUNDS`, `RESUME_MAY_CHANGE` and
-`JAX_ONLY` are derived from the fields. The command-line flag is the field name with dashes
+on --resume, which side accepts it and whether it may shape the compiled programs (`_f`); the
+tables `BOUNDS`, `RESUME_MAY_CHANGE`, `JAX_ONLY` and `OUTSIDE_PROGRAMS` are derived from the
+fields. The command-line flag is the field name with dashes
 (`batch_size` -> `--batch-size`, see `jaxtpu.core.flags.cli`). Unknown keys are an error that lists
 the valid ones, and every value is type-checked when applied. What the flags resolve to (the
 encoder, the pooling, the mesh) is `jaxtpu.core.flags.runspec.RunSpec`; presets:
@@ -88,15 +89,18 @@ def _f(
     bounds: Bounds | None = None,
     resume: bool = False,
     side: str = "both",
+    program: bool = True,
 ) -> Any:
     """A config field and everything known about its flag: its help text, its choices, the
     values it accepts (`bounds`, numeric flags), whether it may change when a run is resumed
     (`resume`: how long a run goes, how often it logs and saves, where things live and how
-    they are placed, never what is computed), and which side accepts it (`side`: 'jax' flags
-    are refused by the torch side rather than silently ignored)."""
+    they are placed, never what is computed), which side accepts it (`side`: 'jax' flags
+    are refused by the torch side rather than silently ignored), and whether it may shape
+    the compiled programs (`program=False`: where the run writes and what it shows, never
+    what is compiled; `--programs` ignores those when it explains why programs differ)."""
     assert side in SIDES, side
     metadata = {"help": help, "choices": choices, "bounds": bounds, "resume": resume}
-    return field(default=default, metadata={**metadata, "side": side})
+    return field(default=default, metadata={**metadata, "side": side, "program": program})
 
 
 def _default_poolings() -> str:
@@ -434,8 +438,11 @@ class RunConfig:
         "Run directory: config, metrics.jsonl, checkpoints; default runs/<task>-<date-time>. "
         "An existing run is never overwritten: continue it with --resume.",
         resume=True,
+        program=False,
     )
-    resume: bool = _f(False, "Continue from the latest checkpoint in --workdir.", resume=True)
+    resume: bool = _f(
+        False, "Continue from the latest checkpoint in --workdir.", resume=True, program=False
+    )
     all_folds: bool = _f(
         False,
         "Train every fold (--n-folds K, or the values of --fold-column) into --workdir/fold-K "
@@ -443,13 +450,14 @@ class RunConfig:
         "(the out-of-fold predictions). With --resume, finished folds are kept.",
         resume=True,
     )
-    progress: bool = _f(True, "Show a live progress bar.", resume=True)
+    progress: bool = _f(True, "Show a live progress bar.", resume=True, program=False)
     tracker: str = _f(
         "tensorboard",
         "Experiment trackers, comma-separated: tensorboard (RUN/tensorboard/), wandb (Weights &"
         " Biases, its own client: pip install 'jaxtpu[wandb]'; WANDB_PROJECT, WANDB_MODE=offline"
         " as usual), or none. metrics.jsonl is always written; only process 0 reports.",
         resume=True,
+        program=False,
     )
     profile_steps: str = _f(
         "",
@@ -458,6 +466,7 @@ class RunConfig:
         "Empty = no profile.",
         resume=True,
         side="jax",
+        program=False,
     )
     programs: str = _f(
         "",
@@ -468,6 +477,7 @@ class RunConfig:
         "--parallel jit or shard_map, one process. Empty = compile here.",
         resume=True,
         side="jax",
+        program=False,
     )
     coordinator_address: str = _f(
         "",
@@ -535,6 +545,7 @@ BOUNDS: dict[str, Bounds] = {
 }
 RESUME_MAY_CHANGE = frozenset(k for k, (_, f) in FIELDS.items() if f.metadata["resume"])
 JAX_ONLY = tuple(k for k, (_, f) in FIELDS.items() if f.metadata["side"] == "jax")
+OUTSIDE_PROGRAMS = frozenset(k for k, (_, f) in FIELDS.items() if not f.metadata["program"])
 
 
 def base_type(typ: Any) -> type:
