@@ -1,6 +1,7 @@
 """mkdocs hook: the flag reference page is generated from the config schema at build time, so
-it can never disagree with `--help`; the architecture page's module map from the modules'
-docstrings, so it names every module there is."""
+it can never disagree with `--help`, and so are the lists of flags that may change on
+--resume and that are jaxtpu's alone; the architecture page's module map is generated from the
+modules' docstrings, so it names every module there is."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
         from jaxtpu.core.flags.cli import flag_reference
 
         markdown = markdown.replace("<!-- flags -->", flag_reference())
+    for kind in ("resume", "jax-only"):
+        if f"<!-- flags:{kind} -->" in markdown:
+            from jaxtpu.core.flags.cli import flag_list
+
+            markdown = markdown.replace(f"<!-- flags:{kind} -->", flag_list(kind))
     if "<!-- modules -->" in markdown:
         from benchmarks.codeshape import module_map
 

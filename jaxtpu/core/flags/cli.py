@@ -18,7 +18,9 @@ from jaxtpu.core.flags.configfile import read_config_file
 from jaxtpu.core.flags.presets import NEEDS_MODEL_DIR, PRESETS, check_needs, get_preset
 from jaxtpu.core.flags.schema import (
     FIELDS,
+    JAX_ONLY,
     JAX_STRATEGIES,
+    RESUME_MAY_CHANGE,
     SECTIONS,
     TORCH_STRATEGIES,
     Config,
@@ -189,6 +191,14 @@ def flag_reference() -> str:
             out.append(f"| `--{f.name.replace('_', '-')}` | {text} | {shown} |")
         out.append("")
     return "\n".join(out)
+
+
+def flag_list(kind: str) -> str:
+    """The flags of a schema table as docs prose (`--a`, `--b` and `--c`): 'resume' (those
+    that may change on --resume, `RESUME_MAY_CHANGE`) or 'jax-only' (`JAX_ONLY`)."""
+    names = {"resume": RESUME_MAY_CHANGE - {"resume"}, "jax-only": set(JAX_ONLY)}[kind]
+    flags = [f"`--{n.replace('_', '-')}`" for n in FIELDS if n in names]
+    return ", ".join(flags[:-1]) + f" and {flags[-1]}"
 
 
 def _bounds_text(bounds: Any) -> str:
