@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seq": args.seq,
         "steps_per_call": args.steps_per_call,
         "compile_s": compile_s,
-        "sharding": cfg.run.sharding,
+        "sharding": cfg.placement.sharding,
         "remat": cfg.model.remat,
         "huge_pages": hostmem.active(),
         "page_faults_per_step": faults,

@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if state_dict:
             _check_module_names(args.encoder_prefix, args.head_name)
         model = load_trained(args.workdir)
-        step, task = model.meta.get("step"), model.cfg.run.task
+        step, task = model.meta.get("step"), model.cfg.train.task
         if state_dict:
             encoder, head = weights.to_state_dicts(model.params, model.spec.encoder.model_type)
             tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)

@@ -96,7 +96,7 @@ def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
     from jaxtpu import parallel, steps
     from jaxtpu.backend import JaxBackend
 
-    fns = steps.for_task(task.name, model.cfg.run.margin)
+    fns = steps.for_task(task.name, model.cfg.train.margin)
     strategy = parallel.make_strategy("jit", devices, fns)
     state = steps.TrainState.create(
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()

@@ -184,7 +184,6 @@ def abstract_run(
     from jaxtpu.models import encoder as models
     from jaxtpu.sharding import Placement
 
-    run = cfg.run
     module = models.for_run(cfg, spec)
     params = models.abstract_params(module, spec.task.example_shape(cfg.data.max_len))
     tx = optim.make_optimizer(cfg.optim, horizon, len(devices))
@@ -192,8 +191,8 @@ def abstract_run(
         lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
     )
     placement = Placement(spec.sharding, *spec.mesh)
-    fns = steps.for_task(run.task, run.margin)
-    strategy = parallel.make_strategy(run.parallel, devices, fns, placement)
+    fns = steps.for_task(cfg.train.task, cfg.train.margin)
+    strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement)
     shardings = strategy.state_sharding(state)
     rng = jax.eval_shape(lambda: jax.random.key(0))
     rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=strategy.replicated)
@@ -208,11 +207,10 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
     `devices` on abstract inputs: no weight is created, nothing runs."""
     import jax
 
-    run = cfg.run
     spec = spec or RunSpec.resolve(cfg, len(devices), _platform(devices))
     strategy, abstract_state, shardings, rng = abstract_run(cfg, devices, spec)
     train, evaluate = strategy.jitted(shardings)
-    rows = run.batch_size * len(devices)
+    rows = cfg.train.batch_size * len(devices)
 
     def batch(lead: tuple[int, ...], sharding: Any) -> dict[str, Any]:
         """The task's batch (`Task.batch_spec`) of the global rows, as shapes only."""
@@ -222,7 +220,7 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
             for k, (shape, dtype) in layout.items()
         }
 
-    batches = batch((run.steps_per_call,), strategy.steps_sharding)
+    batches = batch((cfg.placement.steps_per_call,), strategy.steps_sharding)
     return Lowered(
         train.lower(abstract_state, batches, rng),
         evaluate.lower(abstract_state, batch((), strategy.batch_sharding)),
@@ -247,7 +245,7 @@ def save_programs(cfg: Config, target: str, devices: list[Any], directory: Path)
     strategy, state, _, rng = abstract_run(cfg, devices, spec, job.plan.horizon)
     strategy.build(state)
     calls, evals = plan.program_inputs(job, lambda rows: slice(0, rows))
-    stacked = [stack_steps(c, cfg.run.steps_per_call) for c in calls]
+    stacked = [stack_steps(c, cfg.placement.steps_per_call) for c in calls]
     t0 = time.perf_counter()
     with _no_compilation_cache():
         built = strategy.precompile(state, rng, stacked, evals)
@@ -278,7 +276,7 @@ def flops_per_step(cfg: Config, devices: list[Any]) -> float:
 
     n = len(devices)
     flat = unrolled(cfg).replace(
-        parallel="jit", sharding="replicated", mesh="", batch_size=cfg.run.batch_size * n
+        parallel="jit", sharding="replicated", mesh="", batch_size=cfg.train.batch_size * n
     )
     key = flat.to_json()
     if key not in _FLOPS:  # the same for every placement: once per model, batch and remat
@@ -339,7 +337,7 @@ def check(
         spec.sharding,
         cfg.model.remat,
         f"data={data},fsdp={fsdp}",
-        cfg.run.batch_size,
+        cfg.train.batch_size,
         cfg.data.max_len,
         capacity=capacity,
         scan=cfg.model.scan_layers,
@@ -379,9 +377,9 @@ def _add_estimate(
     report: Report, cfg: Config, target: str, devices: list[Any], spec: RunSpec
 ) -> None:
     """The compiler's estimated step time (TPU targets) and the model FLOPs beside it."""
-    report.global_batch = cfg.run.batch_size * len(devices)
+    report.global_batch = cfg.train.batch_size * len(devices)
     report.model_flops, report.remat_flops = spec.encoder.train_flops(
-        cfg.run.batch_size * spec.task.comments_per_example, cfg.data.max_len, cfg.model.remat
+        cfg.train.batch_size * spec.task.comments_per_example, cfg.data.max_len, cfg.model.remat
     )
     if target in TPU_TARGETS:
         report.peak_flops = TPU_TARGETS[target].peak_flops_per_device(len(devices))
@@ -459,7 +457,7 @@ def find_batch(
         say(tried[b])
         return tried[b].fits
 
-    lo, hi = 0, cfg.run.batch_size
+    lo, hi = 0, cfg.train.batch_size
     if fits(hi):
         lo, hi = hi, 0
         while not hi and lo * 2 <= MAX_BATCH:
@@ -681,20 +679,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         add_flags=_add_flags,
     )
     with user_errors():
-        if cfg.run.num_processes > 1:
+        if cfg.placement.num_processes > 1:
             raise ConfigError("--num-processes: preflight compiles for one host's devices")
         out = Path(args.json or f"runs/preflight/{args.target}.json")
         check_output_path(out, "--json")  # before the first compilation, not after the last
         if args.save_programs:
             _check_programs_dir(Path(args.save_programs), args)
-        devices, capacity = target_devices(args.target, cfg.run.num_devices)
+        devices, capacity = target_devices(args.target, cfg.placement.num_devices)
         configs = options(cfg, args.sweep)
         for c in configs:  # every configuration is valid before any compiles
             RunSpec.resolve(c, len(devices), _platform(devices))
         print(
             f"preflight: {len(configs)} configuration(s) for {args.target} "
             f"({len(devices)} x {devices[0].device_kind}, {_gib(capacity)} each), "
-            f"{cfg.run.task}, {cfg.run.precision}, max_len {cfg.data.max_len}, model "
+            f"{cfg.train.task}, {cfg.train.precision}, max_len {cfg.data.max_len}, model "
             f"{cfg.model.model_dir or 'random init'}",
             file=sys.stderr,
             flush=True,

@@ -31,7 +31,7 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
 
     Args:
       cfg: the resolved configuration.
-      workdir: run directory (default: cfg.run.workdir).
+      workdir: run directory (default: cfg.output.workdir).
     Returns:
       A summary: final validation metrics, best metric and step, steps, wall time.
     Raises:
@@ -42,14 +42,15 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
     from jaxtpu import hosts
 
     t_start = time.time()
-    run = cfg.run
-    hosts.set_cpu_device_count(run.num_devices)
+    hosts.set_cpu_device_count(cfg.placement.num_devices)
     hosts.use_compilation_cache()
-    hosts.init_distributed(run.coordinator_address, run.num_processes, run.process_id)
+    hosts.init_distributed(
+        cfg.placement.coordinator_address, cfg.placement.num_processes, cfg.placement.process_id
+    )
     procs = hosts.Processes()
     if not procs.primary:  # process 0 reports for everyone
         log.setLevel(logging.WARNING)
-    with claim_workdir(Path(workdir or run.workdir), cfg, procs.primary) as workdir:
+    with claim_workdir(Path(workdir or cfg.output.workdir), cfg, procs.primary) as workdir:
         return _train(cfg, workdir, procs, t_start)
 
 
@@ -60,8 +61,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
 
     from jaxtpu import hosts
 
-    run = cfg.run
-    devices = hosts.init_devices(run.num_devices)
+    devices = hosts.init_devices(cfg.placement.num_devices)
     spec = RunSpec.resolve(cfg, len(devices), devices[0].platform)  # defaults per platform
     log.info(
         "devices: %d x %s (%s)%s, %s, precision %s%s%s",
@@ -70,7 +70,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         devices[0].device_kind,
         f" over {procs.count} processes" if procs.count > 1 else "",
         spec.describe_placement(),
-        run.precision,
+        cfg.train.precision,
         f", remat {cfg.model.remat}" if cfg.model.remat != "none" else "",
         ", scanned layers" if cfg.model.scan_layers else "",
     )
@@ -79,13 +79,13 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
     if hostmem.active():
         log.info("host memory: malloc on transparent huge pages (%s)", hostmem.HUGE_PAGES)
     saved = None
-    if run.programs:  # its environment is checked before the data are read
+    if cfg.placement.programs:  # its environment is checked before the data are read
         from jaxtpu.programs import SavedPrograms
 
-        saved = SavedPrograms(run.programs, devices, cfg)
+        saved = SavedPrograms(cfg.placement.programs, devices, cfg)
     job = plan.Job.load(cfg, spec, workdir, len(devices), procs.primary, t_start)
     backend = build_backend(job, devices, procs, saved)
-    resume = backend.restore_latest(spec.identity) if run.resume else ResumeState()
+    resume = backend.restore_latest(spec.identity) if cfg.output.resume else ResumeState()
     backend.start()  # the state on the devices, the steps jitted (`parallel.JitStrategy.place`)
     return loop.train(job, backend, resume, devices)
 
@@ -109,17 +109,19 @@ def build_backend(job: plan.Job, devices: list[Any], procs: Any, saved: Any = No
     from jaxtpu.backend import JaxBackend
     from jaxtpu.sharding import Placement
 
-    cfg, spec, run = job.cfg, job.spec, job.cfg.run
+    cfg, spec = job.cfg, job.spec
     model = weights.load_model(cfg, spec)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
-    log.info("model: %s", spec.describe_model(n_params, run.seed))
+    log.info("model: %s", spec.describe_model(n_params, cfg.train.seed))
     tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices))
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
-    fns = steps.for_task(run.task, run.margin)
+    fns = steps.for_task(cfg.train.task, cfg.train.margin)
     placement = Placement(spec.sharding, *spec.mesh)
-    strategy = parallel.make_strategy(run.parallel, devices, fns, placement, saved)
+    strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement, saved)
     ckpts = checkpoint.Checkpoints(job.workdir, procs if procs.count > 1 else None)
-    return JaxBackend(strategy, jax.device_get(state), run.seed, ckpts, run.steps_per_call)
+    return JaxBackend(
+        strategy, jax.device_get(state), cfg.train.seed, ckpts, cfg.placement.steps_per_call
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategies=JAX_STRATEGIES,
     )
     with user_errors():
-        if cfg.run.all_folds:
+        if cfg.train.all_folds:
             summary = train_folds(cfg, train_and_evaluate)
         else:
             summary = train_and_evaluate(cfg)

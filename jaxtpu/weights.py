@@ -143,7 +143,7 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Model
     # Initialised (and mapped from Hugging Face names) as the unscanned model, so a scanned
     # run starts from exactly the same weights, stacked.
     example = spec.task.example_shape(cfg.data.max_len)
-    params = models.init_params(module, example, cfg.run.seed)
+    params = models.init_params(module, example, cfg.train.seed)
     if spec.weights:
         params, _ = load_params(spec.weights, params, head_required, spec.encoder.model_type)
     if cfg.model.scan_layers:

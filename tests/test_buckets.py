@@ -98,7 +98,7 @@ def test_schedule_never_mixes_lengths_in_one_call():
     b = buckets.Batcher(lengths, 8, 128, buckets.choose_edges(lengths, 128), group=4)
     plan = Plan(lengths.size, 8, b.steps_per_epoch(), b.steps_per_epoch(), 1, b)
     cfg = tiny().replace(steps_per_call=4, log_every=8)
-    calls = list(schedule(plan, cfg.run, 0))
+    calls = list(schedule(plan, cfg, 0))
     assert sum(len(c.batches) for c in calls) == plan.total
     assert all(len({x.length for x in c.batches}) == 1 for c in calls if c.batches)
 
@@ -176,7 +176,7 @@ def test_train_step_compiles_once_per_bucket_length_used(tmp_path, real_csv, k):
     spec = RunSpec.resolve(cfg)
     job = Job.load(cfg, spec, tmp_path / "plan", 8, primary=False, started=0.0)
     shapes = {
-        (c.batches[0].length, len(c.batches)) for c in schedule(job.plan, cfg.run, 0) if c.batches
+        (c.batches[0].length, len(c.batches)) for c in schedule(job.plan, cfg, 0) if c.batches
     }
     lengths = {length for length, _ in shapes}
     assert len(lengths) >= 2

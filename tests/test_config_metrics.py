@@ -83,7 +83,7 @@ def test_contract_flags_exist_and_help_explains_every_flag(capsys):
 
 def test_overrides_are_applied_and_type_checked(capsys):
     cfg = parse("--preset", "tiny", "--lr", "3e-4", "--task", "ranking", "--no-progress")
-    assert (cfg.optim.lr, cfg.run.task, cfg.run.progress) == (3e-4, "ranking", False)
+    assert (cfg.optim.lr, cfg.train.task, cfg.output.progress) == (3e-4, "ranking", False)
     assert cfg.model.num_layers == presets.tiny().model.num_layers
     for argv, message in [
         (["--lr", "fast"], "invalid float value: 'fast'"),

@@ -51,8 +51,8 @@ def test_a_config_file_sets_flags_and_the_command_line_overrides_it(tmp_path):
     yaml_file = tmp_path / "run.yaml"
     yaml_file.write_text("task: ranking\noptim:\n  lr: 1e-4\n  adam-eps: 1.0e-6\nbatch_size: 8\n")
     cfg = _parse("--preset", "tiny", "--config", str(yaml_file), "--batch-size", "2")
-    assert (cfg.run.task, cfg.optim.lr, cfg.optim.adam_eps) == ("ranking", 1e-4, 1e-6)
-    assert cfg.run.batch_size == 2  # the command line wins
+    assert (cfg.train.task, cfg.optim.lr, cfg.optim.adam_eps) == ("ranking", 1e-4, 1e-6)
+    assert cfg.train.batch_size == 2  # the command line wins
     as_json = tmp_path / "run.json"
     as_json.write_text(json.dumps({"lr": 2e-4}))
     assert _parse("--preset", "tiny", "--config", str(as_json)).optim.lr == 2e-4
@@ -109,7 +109,7 @@ def test_a_runs_config_json_reruns_it_exactly(tmp_path):
         return [x["loss"] for x in lines if x["event"] == "train"]
 
     recorded = json.loads((second / "config.json").read_text())["config"]
-    assert recorded["optim"]["lr"] == 7e-4 and recorded["run"]["max_steps"] == 4
+    assert recorded["optim"]["lr"] == 7e-4 and recorded["train"]["max_steps"] == 4
     assert losses(first) == losses(second) and len(losses(first)) == 4
 
 
@@ -154,7 +154,7 @@ def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkey
     assert any("eval/val_auc" in h for h in history.values())
     run = next(r["run"] for r in records if r.get("type") == "run")
     config = run["config"]["update"]
-    assert config["optim"]["lr"] == 1e-3 and config["run"]["task"] == "toxicity"
+    assert config["optim"]["lr"] == 1e-3 and config["train"]["task"] == "toxicity"
 
 
 def test_a_tracker_whose_client_is_missing_is_one_line(monkeypatch):

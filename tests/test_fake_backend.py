@@ -234,7 +234,7 @@ def test_bad_profile_steps_are_one_line(spec):
     from jaxtpu.core.errors import ConfigError
 
     if spec in ("5", "3:"):  # a single step is A:A
-        assert tiny().replace(profile_steps=spec).run.profile_steps == spec
+        assert tiny().replace(profile_steps=spec).output.profile_steps == spec
         return
     with pytest.raises(ConfigError, match=r"--profile-steps .*: expected A:B"):
         tiny().replace(profile_steps=spec)

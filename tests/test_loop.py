@@ -21,7 +21,7 @@ def plan_for(n_train: int, global_batch: int, epochs: int, max_steps: int = 0) -
 def calls(plan: Plan, start: int = 0, **run):
     epochs = -(-plan.total // plan.steps_per_epoch)  # the epochs the plan reaches into
     cfg = tiny().replace(**{"log_every": 1, "epochs": epochs, **run})
-    return list(schedule(plan, cfg.run, start))
+    return list(schedule(plan, cfg, start))
 
 
 def test_one_step_per_call_logs_evaluates_at_epoch_ends_and_the_last_step():
@@ -84,7 +84,7 @@ def test_every_step_is_in_exactly_one_call(k):
     assert sum(len(c.batches) for c in out) == plan.total == 33
     assert all(1 <= len(c.batches) <= k for c in out)
     assert [c.end for c in out] == sorted({c.end for c in out})
-    seed = tiny().run.seed
+    seed = tiny().train.seed
     expect = [i for e in range(3) for i in shuffled_batches(88, 8, seed, e)]
     for a, b in zip([i.idx for c in out for i in c.batches], expect, strict=True):
         np.testing.assert_array_equal(a, b)

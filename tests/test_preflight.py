@@ -136,13 +136,15 @@ def test_find_batch_brackets_then_bisects(monkeypatch, start, tolerance, found, 
 
     def fake_check(cfg, target, devices, capacity, flops):
         assert not flops  # counted once, for the batch found
-        tried.append(cfg.run.batch_size)
-        r = preflight.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.run.batch_size, 16)
-        r.fits = cfg.run.batch_size <= 37
+        tried.append(cfg.train.batch_size)
+        r = preflight.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
+        r.fits = cfg.train.batch_size <= 37
         return r
 
     monkeypatch.setattr(preflight, "check", fake_check)
-    monkeypatch.setattr(preflight, "flops_per_step", lambda cfg, devices: cfg.run.batch_size * 1e9)
+    monkeypatch.setattr(
+        preflight, "flops_per_step", lambda cfg, devices: cfg.train.batch_size * 1e9
+    )
     cfg = presets.tiny().replace(batch_size=start)
     best = preflight.find_batch(cfg, "cpu", [], 0, lambda r: None, tolerance)
     assert best.extra["largest_batch"] == best.batch_size == found
@@ -153,7 +155,7 @@ def test_find_batch_brackets_then_bisects(monkeypatch, start, tolerance, found, 
 def test_sweep_lists_are_checked():
     tiny = presets.tiny().replace(parallel="jit")
     assert [
-        (c.run.sharding, c.model.remat) for c in preflight.options(tiny, "zero1,fsdp+layer")
+        (c.placement.sharding, c.model.remat) for c in preflight.options(tiny, "zero1,fsdp+layer")
     ] == [("zero1", "none"), ("fsdp", "layer")]
     assert len(preflight.options(tiny, "all")) == 9
     with pytest.raises(ConfigError, match="'fsdp\\+fast' is not SHARDING"):

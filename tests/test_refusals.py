@@ -363,7 +363,7 @@ def test_an_empty_sweep_is_refused():
 
 def test_find_batch_where_nothing_fits_says_so(monkeypatch):
     def refused(cfg, target, devices, capacity, flops):
-        r = preflight.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.run.batch_size, 16)
+        r = preflight.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
         r.error = "RESOURCE_EXHAUSTED: out of memory"
         return r
 

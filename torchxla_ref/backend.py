@@ -103,14 +103,14 @@ class XlaBackend:
             self.optimizer,
             self.scheduler,
             self.strategy.put(batch),
-            task=self.cfg.run.task,
-            precision=self.cfg.run.precision,
+            task=self.cfg.train.task,
+            precision=self.cfg.train.precision,
             device_type=self.device_type,
             accumulate=acc,
             update=self.micro % acc == 0,
             clip_norm=self.cfg.optim.clip_norm,
             reduce_gradients=self.xm.reduce_gradients if self.strategy.replicas > 1 else None,
-            margin=self.cfg.run.margin,
+            margin=self.cfg.train.margin,
         )
         if self.strategy.replicas > 1:  # each replica's loss is of its slice: average them
             loss = self.xm.all_reduce(self.xm.REDUCE_SUM, loss, scale=1.0 / self.strategy.replicas)
@@ -141,10 +141,10 @@ class XlaBackend:
         scores, losses = steps.eval_step(
             self.model,
             self.strategy.put(batch),
-            self.cfg.run.task,
-            self.cfg.run.precision,
+            self.cfg.train.task,
+            self.cfg.train.precision,
             self.device_type,
-            self.cfg.run.margin,
+            self.cfg.train.margin,
         )
         self._sync()
         return {"score": self.strategy.gather(scores), "loss": self.strategy.gather(losses)}

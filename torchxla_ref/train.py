@@ -30,16 +30,17 @@ log = logging.getLogger("jaxtpu")
 
 def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
     """The body of a run, in the process (spmd, eager) or in each replica (spawn)."""
-    run = cfg.run
-    strategy = parallel.make_strategy(run.parallel, run.num_devices)
+    strategy = parallel.make_strategy(cfg.placement.parallel, cfg.placement.num_devices)
     devices = [str(strategy.device)] * strategy.num_devices
     spec = RunSpec.resolve(cfg, len(devices))
     if strategy.ordinal == 0:
-        log.info("devices: %d x %s (torch_xla %s)", len(devices), strategy.device, run.parallel)
+        log.info(
+            "devices: %d x %s (torch_xla %s)", len(devices), strategy.device, cfg.placement.parallel
+        )
 
     job = plan.Job.load(cfg, spec, workdir, len(devices), strategy.ordinal == 0, t_start)
     backend = build_backend(job, strategy, devices)
-    resume = backend.restore_latest(spec.identity) if run.resume else ResumeState()
+    resume = backend.restore_latest(spec.identity) if cfg.output.resume else ResumeState()
     backend.start()
     return loop.train(job, backend, resume, devices)
 
@@ -50,20 +51,26 @@ def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBacken
     schedule for the job's plan: the twin of `jaxtpu.train.build_backend`."""
     from torchxla_ref import optim, weights
 
-    cfg, spec, run = job.cfg, job.spec, job.cfg.run
+    cfg, spec = job.cfg, job.spec
     model = weights.load_model(
         spec.encoder,
         cfg.head_dropout,
         spec.weights,
-        run.seed,
+        cfg.train.seed,
         spec.pooling,
         spec.task.outputs,
     ).to(strategy.device)
     optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.horizon, len(devices))
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("model: %s", spec.describe_model(n_params, run.seed))
+    log.info("model: %s", spec.describe_model(n_params, cfg.train.seed))
     return XlaBackend(
-        strategy, model, optimizer, scheduler, cfg, job.workdir, xla=run.parallel != "eager"
+        strategy,
+        model,
+        optimizer,
+        scheduler,
+        cfg,
+        job.workdir,
+        xla=cfg.placement.parallel != "eager",
     )
 
 
@@ -83,7 +90,7 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
       The run summary (spmd), or None for spawn (read `summary.json` in the run directory).
     """
     require_strategy(cfg, TORCH_STRATEGIES, "torchxla_ref")
-    if cfg.run.num_processes > 1 or cfg.run.coordinator_address:
+    if cfg.placement.num_processes > 1 or cfg.placement.coordinator_address:
         raise UserError(
             "--coordinator-address/--num-processes: multi-host runs are jaxtpu only; the "
             "torch_xla reference runs on one host"
@@ -94,12 +101,12 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
             "reference replicates its model on every device"
         )
     t_start = time.time()
-    if cfg.run.parallel == "eager" and cfg.run.num_devices != 1:
+    if cfg.placement.parallel == "eager" and cfg.placement.num_devices != 1:
         raise UserError("--parallel eager runs on the host CPU: use --num-devices 1")
-    if cfg.run.parallel != "eager":
-        parallel.configure_runtime(cfg.run.num_devices, cfg.run.parallel)
-    with claim_workdir(Path(workdir or cfg.run.workdir), cfg) as workdir:
-        if cfg.run.parallel != "spawn":
+    if cfg.placement.parallel != "eager":
+        parallel.configure_runtime(cfg.placement.num_devices, cfg.placement.parallel)
+    with claim_workdir(Path(workdir or cfg.output.workdir), cfg) as workdir:
+        if cfg.placement.parallel != "spawn":
             return _train(cfg, workdir, t_start)
         import torch_xla.distributed.xla_multiprocessing as xmp
 
@@ -116,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategies=TORCH_STRATEGIES,
     )
     with user_errors():
-        if cfg.run.all_folds:
+        if cfg.train.all_folds:
             summary = train_folds(cfg, train_and_evaluate)
         else:
             summary = train_and_evaluate(cfg)

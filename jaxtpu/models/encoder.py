@@ -565,7 +565,7 @@ def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
     return create_module(
         spec.encoder,
         cfg.head_dropout,
-        cfg.run.precision,
+        cfg.train.precision,
         cfg.model.remat,
         cfg.model.scan_layers if scan is None else scan,
         spec.pooling,

@@ -98,7 +98,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     Returns:
       train and validation `Examples` plus an `info` dict describing what was loaded.
     """
-    d, task, seed = cfg.data, cfg.task, cfg.run.seed
+    d, task, seed = cfg.data, cfg.task, cfg.train.seed
     cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
     if d.train_csv:
         path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
@@ -152,7 +152,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
 def _split_rows(data: Comments | Pairs, cfg: Config, source: str) -> tuple[Any, Any, str]:
     """(train rows, validation rows, a description) of a file without --valid-csv: the file's
     own folds (--fold-column), fold k of --n-folds, or a held-out fraction."""
-    d, seed = cfg.data, cfg.run.seed
+    d, seed = cfg.data, cfg.train.seed
     if d.fold_column:
         assert data.folds is not None
         ids = np.unique(data.folds)

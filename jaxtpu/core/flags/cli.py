@@ -53,8 +53,9 @@ def build_parser(prog: str, description: str, strategies: Sequence[str]) -> argp
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="A YAML or JSON file of flag values (flag names as keys, flat or under model/data/"
-        "optim/run), applied over the preset; flags given here override it. A run directory's "
+        help="A YAML or JSON file of flag values (flag names as keys, flat or under the "
+        f"sections {'/'.join(SECTIONS)}), applied over the preset; flags given here override "
+        "it. A run directory's "
         "config.json reruns that run (its workdir and resume are left out).",
     )
     parser.add_argument(
@@ -136,7 +137,7 @@ def parse_with(
     try:
         if args.config:  # the file first; the command line's flags over it
             overrides = {**read_config_file(args.config), **overrides}
-        if cfg.run.parallel not in strategies:
+        if cfg.placement.parallel not in strategies:
             overrides.setdefault("parallel", strategies[0])
         cfg = apply_overrides(cfg, overrides)
         if args.print_config:

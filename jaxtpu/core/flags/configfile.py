@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.flags.schema import FIELDS, SECTIONS, _check_type
+from jaxtpu.core.flags.schema import FIELDS, FORMER_SECTIONS, SECTIONS, _check_type
 
 # Where and how a recorded run ran, not what it computed: not taken from a run's config.json.
 PLACE_KEYS = ("workdir", "resume")
@@ -49,7 +49,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raw = raw["config"]
     flat: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in SECTIONS and isinstance(value, dict):
+        if (key in SECTIONS or key in FORMER_SECTIONS) and isinstance(value, dict):
             for inner, v in value.items():
                 _put(p, flat, str(inner), v)
         else:

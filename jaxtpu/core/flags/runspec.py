@@ -98,7 +98,7 @@ class RunSpec:
         devices: int | None,
         platform: str = "",
     ) -> RunSpec:
-        model, run = cfg.model, cfg.run
+        model, place = cfg.model, cfg.placement
         exported = exported_head(model_dir).get("pooling")
         if model.pooling != "auto":
             pooling, pooling_from = model.pooling, "--pooling"
@@ -106,18 +106,18 @@ class RunSpec:
             pooling, pooling_from = exported, "as exported, jaxtpu_head.json"
         else:
             pooling, pooling_from = "auto", f"{enc.model_type}'s default"
-        n = devices or run.num_devices * run.num_processes
+        n = devices or place.num_devices * place.num_processes
         return cls(
-            task=get_task(run.task),
+            task=get_task(cfg.train.task),
             encoder=enc,
             pooling=default_pooling(enc.family, pooling),
             pooling_from=pooling_from,
             model_dir=model_dir,
             weights=model.init_from or model_dir,
             tokenizer_from=model.tokenizer_dir or model_dir,
-            parallel=run.parallel,
-            sharding=resolve_sharding(run.parallel, run.sharding, platform, run.mesh),
-            mesh=mesh_sizes(run.parallel, run.sharding, run.mesh, n, platform),
+            parallel=place.parallel,
+            sharding=resolve_sharding(place.parallel, place.sharding, platform, place.mesh),
+            mesh=mesh_sizes(place.parallel, place.sharding, place.mesh, n, platform),
             matmul_output=resolve_matmul_output(cfg.model.matmul_output, platform),
         )
 

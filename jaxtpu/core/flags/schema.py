@@ -194,6 +194,17 @@ class ModelConfig:
         side="jax",
     )
 
+    def check(self) -> None:
+        if self.init_from and not self.model_dir:
+            raise ConfigError(
+                f"--init-from {self.init_from} needs --model-dir: the Hugging Face directory "
+                "with the checkpoint's config.json and tokenizer"
+            )
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"--hidden-size {self.hidden_size} is not divisible by --num-heads {self.num_heads}"
+            )
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -256,6 +267,21 @@ class DataConfig:
     cache_dir: str | None = _f(
         None, "Tokenization cache directory; default ~/.cache/jaxtpu/tokens.", resume=True
     )
+
+    def check(self) -> None:
+        parse_spec(self.buckets, self.max_len)
+        if self.n_folds == 1:
+            raise ConfigError("--n-folds must be 0 (off) or >= 2, got 1")
+        if self.fold_column and (self.n_folds or self.valid_csv):
+            other = "--n-folds" if self.n_folds else "--valid-csv"
+            raise ConfigError(
+                f"--fold-column {self.fold_column} takes the folds from the file; drop {other}"
+            )
+        if self.fold and not self.fold_column and not self.fold < self.n_folds:
+            raise ConfigError(
+                f"--fold must be in 0..{max(self.n_folds - 1, 0)}"
+                f"{'' if self.n_folds else ' (--n-folds is 0: no folds)'}, got {self.fold}"
+            )
 
 
 @dataclass(frozen=True)
@@ -335,12 +361,69 @@ class OptimConfig:
         1.0, "Clip gradients to this global norm (0 = off).", bounds=Bounds(0, _INF)
     )
 
+    def check(self) -> None:
+        _check_schedule(self)
+
 
 @dataclass(frozen=True)
-class RunConfig:
+class TrainConfig:
+    """What is trained, on what batches, for how long: the task and its loss, the precision,
+    batch sizes, epochs and steps, early stopping and the seed."""
+
     # the choices are the live table: a task added to TASKS is a valid --task
     task: str = _f("toxicity", "Which model to train.", TASKS)  # type: ignore[arg-type]
+    margin: float = _f(
+        RANKING_MARGIN,
+        "--task ranking: the margin of the ranking loss (torch's MarginRankingLoss(margin)).",
+        bounds=Bounds(0, _INF),
+    )
+    monitor: str = _f(
+        "",
+        "The validation metric that chooses the best checkpoint and drives --patience "
+        "(Lightning's ModelCheckpoint/EarlyStopping monitor): val_loss (minimised), or a "
+        "metric the task reports (maximised): val_auc, val_agreement, val_mean_auc, and on "
+        "files that have the columns, val_jigsaw_bias (identity columns) or "
+        "val_mean_language_auc (lang). Empty = val_jigsaw_bias on a file with identity "
+        "columns, else the task's metric.",
+        ("", *monitor_names()),
+    )
     precision: str = _f("bf16", "Compute precision; params and optimizer stay fp32.", PRECISIONS)
+    batch_size: int = _f(4, "Examples (or pairs) per device per step.", bounds=Bounds(1, 65536))
+    valid_batch_size: int = _f(
+        0,
+        "Examples (or pairs) per device per evaluation batch; 0 = --batch-size.",
+        bounds=Bounds(0, 65536),
+        resume=True,
+    )
+    epochs: int = _f(1, "Passes over the training data.", bounds=Bounds(1, 10**6), resume=True)
+    max_steps: int = _f(
+        0, "Stop after this many steps (0 = run all epochs).", bounds=Bounds(0, 10**12), resume=True
+    )
+    patience: int = _f(
+        0,
+        "Early stopping: evaluations without improvement (0 = off).",
+        bounds=Bounds(0, 10**6),
+        resume=True,
+    )
+    seed: int = _f(0, "Seed of data order, splits, init and dropout.", bounds=Bounds(0, 2**31 - 1))
+    all_folds: bool = _f(
+        False,
+        "Train every fold (--n-folds K, or the values of --fold-column) into --workdir/fold-K "
+        "in turn, then write folds.json (each fold's best metric, mean and spread) and oof.csv "
+        "(the out-of-fold predictions). With --resume, finished folds are kept.",
+        resume=True,
+    )
+
+    def check(self) -> None:
+        if self.margin != RANKING_MARGIN and self.task != "ranking":
+            raise ConfigError(f"--margin {self.margin} applies to --task ranking only")
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Where a run computes: the strategy, the devices and processes, where the state lives,
+    how many steps a device call holds, and programs compiled ahead."""
+
     parallel: str = _f(
         "jit",
         "Data-parallel strategy (each command accepts its own side's; see its --help).",
@@ -373,56 +456,6 @@ class RunConfig:
         resume=True,
         side="jax",
     )
-    batch_size: int = _f(4, "Examples (or pairs) per device per step.", bounds=Bounds(1, 65536))
-    valid_batch_size: int = _f(
-        0,
-        "Examples (or pairs) per device per evaluation batch; 0 = --batch-size.",
-        bounds=Bounds(0, 65536),
-        resume=True,
-    )
-    margin: float = _f(
-        RANKING_MARGIN,
-        "--task ranking: the margin of the ranking loss (torch's MarginRankingLoss(margin)).",
-        bounds=Bounds(0, _INF),
-    )
-    epochs: int = _f(1, "Passes over the training data.", bounds=Bounds(1, 10**6), resume=True)
-    max_steps: int = _f(
-        0, "Stop after this many steps (0 = run all epochs).", bounds=Bounds(0, 10**12), resume=True
-    )
-    eval_every: int = _f(
-        0,
-        "Also evaluate every N steps (0 = only at epoch end).",
-        bounds=Bounds(0, 10**12),
-        resume=True,
-    )
-    log_every: int = _f(
-        10,
-        "Fetch loss from the devices every N steps (no sync in between).",
-        bounds=Bounds(1, 10**12),
-        resume=True,
-    )
-    patience: int = _f(
-        0,
-        "Early stopping: evaluations without improvement (0 = off).",
-        bounds=Bounds(0, 10**6),
-        resume=True,
-    )
-    monitor: str = _f(
-        "",
-        "The validation metric that chooses the best checkpoint and drives --patience "
-        "(Lightning's ModelCheckpoint/EarlyStopping monitor): val_loss (minimised), or a "
-        "metric the task reports (maximised): val_auc, val_agreement, val_mean_auc, and on "
-        "files that have the columns, val_jigsaw_bias (identity columns) or "
-        "val_mean_language_auc (lang). Empty = val_jigsaw_bias on a file with identity "
-        "columns, else the task's metric.",
-        ("", *monitor_names()),
-    )
-    checkpoint_every: int = _f(
-        0,
-        "Also save the latest state every N steps, for --resume (0 = at evaluations only).",
-        bounds=Bounds(0, 10**12),
-        resume=True,
-    )
     steps_per_call: int = _f(
         1,
         "jaxtpu: run K training steps per device call (lax.scan, like Keras' "
@@ -431,42 +464,6 @@ class RunConfig:
         "length compiles once (at most K programs). The torch side runs them one by one.",
         bounds=Bounds(1, 10**4),
         resume=True,
-    )
-    seed: int = _f(0, "Seed of data order, splits, init and dropout.", bounds=Bounds(0, 2**31 - 1))
-    workdir: str = _f(
-        "",
-        "Run directory: config, metrics.jsonl, checkpoints; default runs/<task>-<date-time>. "
-        "An existing run is never overwritten: continue it with --resume.",
-        resume=True,
-        program=False,
-    )
-    resume: bool = _f(
-        False, "Continue from the latest checkpoint in --workdir.", resume=True, program=False
-    )
-    all_folds: bool = _f(
-        False,
-        "Train every fold (--n-folds K, or the values of --fold-column) into --workdir/fold-K "
-        "in turn, then write folds.json (each fold's best metric, mean and spread) and oof.csv "
-        "(the out-of-fold predictions). With --resume, finished folds are kept.",
-        resume=True,
-    )
-    progress: bool = _f(True, "Show a live progress bar.", resume=True, program=False)
-    tracker: str = _f(
-        "tensorboard",
-        "Experiment trackers, comma-separated: tensorboard (RUN/tensorboard/), wandb (Weights &"
-        " Biases, its own client: pip install 'jaxtpu[wandb]'; WANDB_PROJECT, WANDB_MODE=offline"
-        " as usual), or none. metrics.jsonl is always written; only process 0 reports.",
-        resume=True,
-        program=False,
-    )
-    profile_steps: str = _f(
-        "",
-        "A:B = write a profiler trace of training steps A to B (1-based, whole device calls) "
-        "into RUN/profile/ (jax.profiler; open it in TensorBoard's profile tab or Perfetto). "
-        "Empty = no profile.",
-        resume=True,
-        side="jax",
-        program=False,
     )
     programs: str = _f(
         "",
@@ -497,18 +494,101 @@ class RunConfig:
         resume=True,
     )
 
+    def check(self) -> None:
+        if self.programs and (self.parallel == "pmap" or self.num_processes > 1):
+            why = (
+                "--parallel pmap compiles on first use"
+                if self.parallel == "pmap"
+                else "--num-processes > 1 is not supported"
+            )
+            raise ConfigError(
+                f"--programs {self.programs}: saved programs run under --parallel jit or "
+                f"shard_map in one process ({why})"
+            )
+        if not 0 <= self.process_id < self.num_processes:
+            raise ConfigError(
+                f"--process-id must be in 0..{self.num_processes - 1}, got {self.process_id}"
+            )
+        if self.num_processes > 1 and not self.coordinator_address:
+            raise ConfigError(
+                "--num-processes > 1 needs --coordinator-address HOST:PORT (process 0's address)"
+            )
+        # a --sharding or --mesh this strategy cannot use is refused here
+        mesh_sizes(self.parallel, self.sharding, self.mesh, self.num_devices * self.num_processes)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """What a run writes and shows, and how often: the run directory, resume, the logging,
+    evaluation and checkpoint intervals, progress, trackers and profiles."""
+
+    workdir: str = _f(
+        "",
+        "Run directory: config, metrics.jsonl, checkpoints; default runs/<task>-<date-time>. "
+        "An existing run is never overwritten: continue it with --resume.",
+        resume=True,
+        program=False,
+    )
+    resume: bool = _f(
+        False, "Continue from the latest checkpoint in --workdir.", resume=True, program=False
+    )
+    log_every: int = _f(
+        10,
+        "Fetch loss from the devices every N steps (no sync in between).",
+        bounds=Bounds(1, 10**12),
+        resume=True,
+    )
+    eval_every: int = _f(
+        0,
+        "Also evaluate every N steps (0 = only at epoch end).",
+        bounds=Bounds(0, 10**12),
+        resume=True,
+    )
+    checkpoint_every: int = _f(
+        0,
+        "Also save the latest state every N steps, for --resume (0 = at evaluations only).",
+        bounds=Bounds(0, 10**12),
+        resume=True,
+    )
+    progress: bool = _f(True, "Show a live progress bar.", resume=True, program=False)
+    tracker: str = _f(
+        "tensorboard",
+        "Experiment trackers, comma-separated: tensorboard (RUN/tensorboard/), wandb (Weights &"
+        " Biases, its own client: pip install 'jaxtpu[wandb]'; WANDB_PROJECT, WANDB_MODE=offline"
+        " as usual), or none. metrics.jsonl is always written; only process 0 reports.",
+        resume=True,
+        program=False,
+    )
+    profile_steps: str = _f(
+        "",
+        "A:B = write a profiler trace of training steps A to B (1-based, whole device calls) "
+        "into RUN/profile/ (jax.profiler; open it in TensorBoard's profile tab or Perfetto). "
+        "Empty = no profile.",
+        resume=True,
+        side="jax",
+        program=False,
+    )
+
+    def check(self) -> None:
+        trackers.parse(self.tracker)
+        profile_range(self.profile_steps)
+        if self.resume and not self.workdir:
+            raise ConfigError("--resume needs --workdir: the run directory to continue")
+
 
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    run: RunConfig = field(default_factory=RunConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
 
     @property
     def task(self) -> Task:
         """The task's row of `jaxtpu.core.tasks.TASKS`."""
-        return get_task(self.run.task)
+        return get_task(self.train.task)
 
     @property
     def head_dropout(self) -> float:
@@ -526,7 +606,14 @@ class Config:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "run": RunConfig}
+SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "placement": PlacementConfig,
+    "output": OutputConfig,
+}
 
 
 def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
@@ -622,71 +709,24 @@ def profile_range(spec: str) -> tuple[int, int] | None:
 
 
 def validate(cfg: Config) -> None:
-    """Range checks of every numeric flag (`BOUNDS`: NaN and infinities never pass), then
-    cross-field checks, with messages that say what to do instead."""
+    """Range checks of every numeric flag (`BOUNDS`: NaN and infinities never pass), then each
+    section's own cross-field checks (`check`), then the checks across sections, with
+    messages that say what to do instead."""
     for name, bounds in BOUNDS.items():
         section, _ = FIELDS[name]
         value = getattr(getattr(cfg, section), name)
         problem = bounds.problem(value)
         if problem:
             raise ConfigError(f"--{name.replace('_', '-')} must be {problem}, got {value}")
-    k = max(cfg.run.steps_per_call, 1)
+    for section in SECTIONS:
+        getattr(cfg, section).check()
+    k = max(cfg.placement.steps_per_call, 1)
     for name in ("log_every", "eval_every", "checkpoint_every"):
-        value = getattr(cfg.run, name)
+        value = getattr(cfg.output, name)
         if value % k:
             raise ConfigError(
                 f"--{name.replace('_', '-')} {value} is not a multiple of --steps-per-call {k}"
             )
-    parse_spec(cfg.data.buckets, cfg.data.max_len)
-    _check_schedule(cfg.optim)
-    trackers.parse(cfg.run.tracker)
-    profile_range(cfg.run.profile_steps)
-    if cfg.run.programs and (cfg.run.parallel == "pmap" or cfg.run.num_processes > 1):
-        why = (
-            "--parallel pmap compiles on first use"
-            if cfg.run.parallel == "pmap"
-            else ("--num-processes > 1 is not supported")
-        )
-        raise ConfigError(
-            f"--programs {cfg.run.programs}: saved programs run under --parallel jit or "
-            f"shard_map in one process ({why})"
-        )
-    if cfg.run.margin != RANKING_MARGIN and cfg.run.task != "ranking":
-        raise ConfigError(f"--margin {cfg.run.margin} applies to --task ranking only")
-    if cfg.data.n_folds == 1:
-        raise ConfigError("--n-folds must be 0 (off) or >= 2, got 1")
-    if cfg.data.fold_column and (cfg.data.n_folds or cfg.data.valid_csv):
-        other = "--n-folds" if cfg.data.n_folds else "--valid-csv"
-        raise ConfigError(
-            f"--fold-column {cfg.data.fold_column} takes the folds from the file; drop {other}"
-        )
-    if cfg.data.fold and not cfg.data.fold_column and not cfg.data.fold < cfg.data.n_folds:
-        raise ConfigError(
-            f"--fold must be in 0..{max(cfg.data.n_folds - 1, 0)}"
-            f"{'' if cfg.data.n_folds else ' (--n-folds is 0: no folds)'}, got {cfg.data.fold}"
-        )
-    if not 0 <= cfg.run.process_id < cfg.run.num_processes:
-        raise ConfigError(
-            f"--process-id must be in 0..{cfg.run.num_processes - 1}, got {cfg.run.process_id}"
-        )
-    if cfg.run.num_processes > 1 and not cfg.run.coordinator_address:
-        raise ConfigError(
-            "--num-processes > 1 needs --coordinator-address HOST:PORT (process 0's address)"
-        )
-    if cfg.run.resume and not cfg.run.workdir:
-        raise ConfigError("--resume needs --workdir: the run directory to continue")
-    if cfg.model.init_from and not cfg.model.model_dir:
-        raise ConfigError(
-            f"--init-from {cfg.model.init_from} needs --model-dir: the Hugging Face directory "
-            "with the checkpoint's config.json and tokenizer"
-        )
-    run = cfg.run  # a --sharding or --mesh this run's strategy cannot use is refused here
-    mesh_sizes(run.parallel, run.sharding, run.mesh, run.num_devices * run.num_processes)
-    if cfg.model.hidden_size % cfg.model.num_heads:
-        raise ConfigError(
-            f"--hidden-size {cfg.model.hidden_size} is not divisible by "
-            f"--num-heads {cfg.model.num_heads}"
-        )
 
 
 def _check_schedule(o: OptimConfig) -> None:
@@ -726,9 +766,9 @@ def _check_schedule(o: OptimConfig) -> None:
 def require_strategy(cfg: Config, strategies: Sequence[str], side: str) -> None:
     """Refuses, before anything is created, a --parallel value that `side` does not run (the
     command line already refuses it; this guards callers of `train_and_evaluate`)."""
-    if cfg.run.parallel not in strategies:
+    if cfg.placement.parallel not in strategies:
         raise ConfigError(
-            f"--parallel {cfg.run.parallel} is not a {side} strategy; choose one of "
+            f"--parallel {cfg.placement.parallel} is not a {side} strategy; choose one of "
             f"{', '.join(strategies)}"
         )
 
@@ -745,19 +785,36 @@ def jax_only_options(cfg: Config) -> list[str]:
     return set_away
 
 
+# The sections a recorded config may have besides today's: before the flags were split by
+# owner, `run` held the train, placement and output flags (config.json of older runs).
+FORMER_SECTIONS = ("run",)
+
+
+def flat_record(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A `to_dict()` (e.g. config.json's, of this or an older version) as {field: value}: the
+    values of every section, today's or a former one, by field name."""
+    return {
+        name: value
+        for section, values in recorded.items()
+        if (section in SECTIONS or section in FORMER_SECTIONS) and isinstance(values, dict)
+        for name, value in values.items()
+    }
+
+
 def changed_flags(recorded: dict[str, Any], cfg: Config) -> list[tuple[str, Any, Any]]:
     """(field, recorded value, value in `cfg`) of each field whose value in `cfg` differs from
     the one `recorded` (a `to_dict()`, e.g. config.json's) holds; a field it does not hold
     (recorded by an older version) counts as unchanged."""
+    before = flat_record(recorded)
     return [
-        (name, recorded.get(section, {}).get(name, value), value)
-        for section, values in cfg.to_dict().items()
+        (name, before.get(name, value), value)
+        for values in cfg.to_dict().values()
         for name, value in values.items()
-        if recorded.get(section, {}).get(name, value) != value
+        if before.get(name, value) != value
     ]
 
 
 def from_dict(d: dict[str, Any]) -> Config:
-    """Rebuilds a Config from `to_dict()` output (e.g. a run directory's config.json)."""
-    flat = {k: v for section in SECTIONS for k, v in d.get(section, {}).items()}
-    return apply_overrides(Config(), flat)
+    """Rebuilds a Config from `to_dict()` output (e.g. a run directory's config.json, of this
+    or an older version)."""
+    return apply_overrides(Config(), flat_record(d))

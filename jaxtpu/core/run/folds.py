@@ -54,8 +54,8 @@ def train_folds(cfg: Config, train_one: Callable[[Config], Any]) -> dict[str, An
     RUN/fold-K; with --resume, a fold that finished is kept as it is and an interrupted one
     continues. Returns the folds' record (also RUN/folds.json)."""
     ids = fold_ids(cfg)
-    base = Path(cfg.run.workdir) if cfg.run.workdir else default_workdir(cfg.run.task)
-    if base.exists() and not cfg.run.resume and any(base.iterdir()):
+    base = Path(cfg.output.workdir) if cfg.output.workdir else default_workdir(cfg.train.task)
+    if base.exists() and not cfg.output.resume and any(base.iterdir()):
         raise UserError(
             f"--workdir {base} exists; pass --resume to continue its folds, or choose another"
         )
@@ -63,11 +63,11 @@ def train_folds(cfg: Config, train_one: Callable[[Config], Any]) -> dict[str, An
     results = []
     for k in ids:
         wd = base / f"fold-{k}"
-        if (wd / "summary.json").exists() and cfg.run.resume:
+        if (wd / "summary.json").exists() and cfg.output.resume:
             log.info("fold %d: finished earlier, kept (%s)", k, wd)
         else:
             log.info("fold %d of %s: training into %s", k, ids, wd)
-            resume = cfg.run.resume and (wd / "config.json").exists()
+            resume = cfg.output.resume and (wd / "config.json").exists()
             train_one(cfg.replace(fold=k, workdir=str(wd), all_folds=False, resume=resume))
         summary = json.loads((wd / "summary.json").read_text())
         if summary.get("stopped_by") in ("SIGTERM", "SIGINT"):

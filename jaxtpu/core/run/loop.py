@@ -74,7 +74,7 @@ class _Driver:
         self.lengths = job.data.train.real_lengths()
         self.compile_s: float | None = None
         self.bar = None
-        if self.cfg.run.progress and backend.primary:
+        if self.cfg.output.progress and backend.primary:
             from tqdm import tqdm
 
             self.bar = tqdm(
@@ -232,7 +232,7 @@ class _Driver:
             " (best)" if improved else "",
             time.time() - t0,
         )
-        patience = self.cfg.run.patience
+        patience = self.cfg.train.patience
         return bool(patience and self.best["bad_evals"] >= patience)
 
 
@@ -251,9 +251,9 @@ def train(job: Job, backend: Backend, resume: ResumeState, devices: list[Any]) -
     cfg = job.cfg
     runlog = RunLog(
         job.workdir,
-        resume_step=resume.step if cfg.run.resume else None,
+        resume_step=resume.step if cfg.output.resume else None,
         enabled=backend.primary,
-        trackers=parse_trackers(cfg.run.tracker),
+        trackers=parse_trackers(cfg.output.tracker),
         config=cfg.to_dict(),
     )
     runlog.write_config(cfg, job.spec, job.data.info, devices)
@@ -273,7 +273,7 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
     train = job.data.train
 
     def inputs() -> Iterator[tuple[Call, Any]]:  # runs on the input thread
-        for call in schedule(job.plan, job.cfg.run, resume.step):
+        for call in schedule(job.plan, job.cfg, resume.step):
             host = [train.take(b.idx[rows], b.weight[rows], b.length) for b in call.batches]
             yield call, backend.prepare(host) if host else None
 
@@ -299,7 +299,7 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: StopFlag, sta
     """Runs the device calls of `inputs` from step `start`: the loop body of `run`.
     Returns (the last step done, what stopped the run early or None)."""
     backend, step, stopped_by, pending = drv.backend, start, None, []
-    profile = Profile(drv.job.cfg.run.profile_steps, drv.job.workdir, backend)
+    profile = Profile(drv.job.cfg.output.profile_steps, drv.job.workdir, backend)
     with Prefetch(inputs) as feed, profile:
         for call, prepared in feed:
             if call.batches:
@@ -335,10 +335,9 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: StopFlag, sta
 
 def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
     job, backend, monitor = drv.job, drv.backend, drv.job.monitor
-    run_cfg = job.cfg.run
     summary = {
         "framework": backend.name,
-        "task": run_cfg.task,
+        "task": job.cfg.train.task,
         "steps": step,
         "total_steps": job.plan.total,
         "stopped_by": stopped_by,
@@ -350,8 +349,8 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
         "setup_seconds": drv.started - job.started,  # data, model, state: before the loop
         "loop": drv.clock.totals(),  # its wall time's shares, throughput and MFU
         "devices": backend.num_devices,
-        "parallel": run_cfg.parallel,
-        "precision": run_cfg.precision,
+        "parallel": job.cfg.placement.parallel,
+        "precision": job.cfg.train.precision,
         "train_compiles": backend.compile_count(),
         "device_memory_mb": backend.device_memory_mb(),
         "workdir": str(job.workdir),

@@ -16,7 +16,7 @@ from jaxtpu.core.data.buckets import Batcher, Rows
 from jaxtpu.core.data.tokens import load_tokenizer, save_tokenizer
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.flags.schema import Config, RunConfig
+from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.schedules import Horizon
 
 log = logging.getLogger("jaxtpu")
@@ -41,11 +41,11 @@ class Plan:
 
     @classmethod
     def make(cls, cfg: Config, train: tokenized.Examples, num_devices: int) -> Plan:
-        run, n_train = cfg.run, len(train)
-        global_batch = run.batch_size * num_devices
+        n_train = len(train)
+        global_batch = cfg.train.batch_size * num_devices
         if n_train < global_batch:
             raise UserError(
-                f"--batch-size {run.batch_size} x {num_devices} devices = global batch "
+                f"--batch-size {cfg.train.batch_size} x {num_devices} devices = global batch "
                 f"{global_batch} is larger than the {n_train} training {cfg.task.unit}; use a "
                 "smaller --batch-size or --num-devices"
             )
@@ -54,19 +54,23 @@ class Plan:
             train.real_lengths(),
             global_batch,
             cfg.data.max_len,
-            run.steps_per_call,
-            (run.valid_batch_size or run.batch_size) * num_devices,
+            cfg.placement.steps_per_call,
+            (cfg.train.valid_batch_size or cfg.train.batch_size) * num_devices,
         )
         spe = batcher.steps_per_epoch()
-        total = spe * run.epochs if not run.max_steps else min(spe * run.epochs, run.max_steps)
+        total = (
+            spe * cfg.train.epochs
+            if not cfg.train.max_steps
+            else min(spe * cfg.train.epochs, cfg.train.max_steps)
+        )
         updates = max(total // cfg.optim.accumulate, 1)
         return cls(n_train, global_batch, spe, total, updates, batcher, cfg.optim.accumulate)
 
     def describe(self, cfg: Config, num_devices: int) -> str:
-        cap = f", capped by --max-steps {cfg.run.max_steps}" if cfg.run.max_steps else ""
+        cap = f", capped by --max-steps {cfg.train.max_steps}" if cfg.train.max_steps else ""
         return (
-            f"steps: {self.total} ({self.steps_per_epoch} per epoch x {cfg.run.epochs} epochs"
-            f"{cap}), global batch {self.global_batch} = {cfg.run.batch_size} per device x "
+            f"steps: {self.total} ({self.steps_per_epoch} per epoch x {cfg.train.epochs} epochs"
+            f"{cap}), global batch {self.global_batch} = {cfg.train.batch_size} per device x "
             f"{num_devices}"
         )
 
@@ -87,7 +91,7 @@ class Job:
     def __post_init__(self) -> None:
         if not self.monitor:
             valid = self.data.valid
-            self.monitor = self.cfg.task.choose_monitor(self.cfg.run.monitor, valid.groups)
+            self.monitor = self.cfg.task.choose_monitor(self.cfg.train.monitor, valid.groups)
 
     @classmethod
     def load(
@@ -144,7 +148,7 @@ class Call:
     checkpoint: bool  # save the latest state (--checkpoint-every)
 
 
-def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
+def schedule(plan: Plan, cfg: Config, start: int) -> Iterator[Call]:
     """The device calls from step `start` to `plan.total`: a pure function of the plan, the
     run settings and the start step.
 
@@ -159,20 +163,22 @@ def schedule(plan: Plan, run: RunConfig, start: int) -> Iterator[Call]:
         yield Call(max(total - 1, 0) // spe, start, (), log=False, evaluate=True, checkpoint=False)
         return
     step = start
-    for epoch in range(start // spe, run.epochs):
+    for epoch in range(start // spe, cfg.train.epochs):
         chunk: list[Rows] = []
-        for batch in batcher.epoch(epoch, run.seed, step % spe):
+        for batch in batcher.epoch(epoch, cfg.train.seed, step % spe):
             if chunk and batch.length != chunk[-1].length:  # one shape per device call
                 yield Call(epoch, step, tuple(chunk), False, False, False)
                 chunk = []
             chunk.append(batch)
             step += 1
-            checkpoint = bool(run.checkpoint_every and step % run.checkpoint_every == 0)
-            evaluate = bool(run.eval_every and step % run.eval_every == 0)
+            checkpoint = bool(
+                cfg.output.checkpoint_every and step % cfg.output.checkpoint_every == 0
+            )
+            evaluate = bool(cfg.output.eval_every and step % cfg.output.eval_every == 0)
             evaluate = evaluate or step % spe == 0 or step == total
             # a checkpoint step is also a logging step: its losses are checked before saving
-            log_now = step % run.log_every == 0 or step == total or checkpoint
-            if len(chunk) == run.steps_per_call or log_now or evaluate:
+            log_now = step % cfg.output.log_every == 0 or step == total or checkpoint
+            if len(chunk) == cfg.placement.steps_per_call or log_now or evaluate:
                 yield Call(
                     epoch, step, tuple(chunk), log_now, evaluate, checkpoint and step < total
                 )
@@ -194,7 +200,7 @@ def program_inputs(
     idx, weight = np.arange(gb)[rows] % len(job.data.train), np.ones(gb, np.float32)[rows]
     batcher, valid = job.plan.batcher, job.data.valid
     every, used = set(batcher.batch_lengths()), []
-    for call in schedule(job.plan, job.cfg.run, start):
+    for call in schedule(job.plan, job.cfg, start):
         if call.batches and call.batches[0].length not in used:
             used.append(call.batches[0].length)
             if len(used) == len(every):

@@ -32,6 +32,7 @@ from jaxtpu.core.flags.schema import (
     TORCH_STRATEGIES,
     Config,
     changed_flags,
+    flat_record,
 )
 from jaxtpu.core.run.trackers import open_trackers
 
@@ -72,7 +73,7 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
     (processes other than 0 of a multi-process run, which write nothing) only checks the path.
     """
     if not str(workdir) or str(workdir) == ".":
-        workdir = default_workdir(cfg.run.task)
+        workdir = default_workdir(cfg.train.task)
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"--workdir {workdir} is a file, expected a directory")
     if not create:
@@ -89,14 +90,14 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
     before = {p.name for p in workdir.iterdir()}  # (the lock file is this run's too)
     lock = _lock(workdir)
     try:
-        if not cfg.run.resume and any(
+        if not cfg.output.resume and any(
             (workdir / name).exists() for name in ("metrics.jsonl", "checkpoints", "summary.json")
         ):
             raise UserError(
                 f"--workdir {workdir} already holds a run; continue it with --resume, or choose "
                 "another --workdir (earlier results are never overwritten)"
             )
-        if cfg.run.resume:
+        if cfg.output.resume:
             check_resume(cfg, workdir)
         yield workdir
     except UserError:
@@ -158,13 +159,14 @@ def check_resume(cfg: Config, workdir: Path) -> None:
         for name, before, value in changed_flags(old, cfg)
         if name not in RESUME_MAY_CHANGE
     ]
-    k_before = old.get("run", {}).get("steps_per_call", cfg.run.steps_per_call)
-    if cfg.data.buckets != "none" and k_before != cfg.run.steps_per_call:
+    recorded = flat_record(old)
+    k_before = recorded.get("steps_per_call", cfg.placement.steps_per_call)
+    if cfg.data.buckets != "none" and k_before != cfg.placement.steps_per_call:
         changed.append(
-            f"--steps-per-call {k_before} -> {cfg.run.steps_per_call} (with --buckets the "
+            f"--steps-per-call {k_before} -> {cfg.placement.steps_per_call} (with --buckets the "
             "epoch's batch order groups K batches of a bucket per call)"
         )
-    before, now = old.get("run", {}).get("parallel"), cfg.run.parallel
+    before, now = recorded.get("parallel"), cfg.placement.parallel
     if before and not any({before, now} <= set(s) for s in (JAX_STRATEGIES, TORCH_STRATEGIES)):
         changed.append(f"--parallel {before} -> {now} (the other framework's checkpoints)")
     if changed:
