@@ -21,6 +21,7 @@ from jaxtpu.core.flags.schema import (
     JAX_STRATEGIES,
     TORCH_STRATEGIES,
     Config,
+    changed_flags,
     from_dict,
 )
 from jaxtpu.core.tasks import TASKS, get_task
@@ -240,3 +241,14 @@ def test_one_probability_for_every_report():
     toxicity, ranking = get_task("toxicity"), get_task("ranking")
     np.testing.assert_array_equal(toxicity.predictions(logits)[:, 0], probs)
     np.testing.assert_array_equal(ranking.predictions(logits)[:, 0], logits)
+
+
+def test_a_config_recorded_before_the_sections_split_still_reads_and_compares():
+    """Runs recorded before the train/placement/output split hold those flags under `run`:
+    --config and --resume read them by field name, and a changed one is still named."""
+    cfg = presets.tiny().replace(task="ranking", max_steps=7, sharding="fsdp", log_every=1)
+    old = cfg.to_dict()
+    old["run"] = {**old.pop("train"), **old.pop("placement"), **old.pop("output")}
+    assert from_dict(old) == cfg
+    assert changed_flags(old, cfg) == []
+    assert changed_flags(old, cfg.replace(max_steps=9)) == [("max_steps", 7, 9)]
