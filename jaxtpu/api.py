@@ -22,6 +22,7 @@ import numpy as np
 from jaxtpu.core import metrics
 from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.flags.schema import SCORING
 
 
 class Model:
@@ -58,7 +59,9 @@ class Model:
         return {k: probs[:, j].astype(np.float32) for j, k in enumerate(self.labels)}
 
 
-def load(workdir: str | Path, num_devices: int | None = None, batch_size: int = 16) -> Model:
+def load(
+    workdir: str | Path, num_devices: int | None = None, batch_size: int = SCORING.batch_size
+) -> Model:
     """The best model of run directory `workdir`, on `num_devices` devices (default: every
     local device; on a machine without accelerators, virtual CPU devices are made only when
     JAX has not started yet), scoring `batch_size` texts per device per batch."""

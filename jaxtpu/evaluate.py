@@ -27,6 +27,8 @@ from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.files import write_text
+from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
+from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.run.rundir import check_output_path, strict_json, user_errors
 from jaxtpu.core.tasks import Task
 
@@ -74,7 +76,9 @@ def read_labelled(path: str, task: Task) -> records.Comments | records.Pairs:
     return data
 
 
-def evaluate(workdir: str, path: str, devices: list[Any], batch_size: int = 16) -> dict[str, Any]:
+def evaluate(
+    workdir: str, path: str, devices: list[Any], batch_size: int = SCORING.batch_size
+) -> dict[str, Any]:
     """The metric of `path` under the best model of run `workdir`: {'metric': name, 'value':
     value, 'examples': n, ...every part}."""
     from jaxtpu.core.run import loop
@@ -118,8 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--out", help="Also write the metric and every part as JSON here ({metric, value, ...})."
     )
-    p.add_argument("--num-devices", type=int, default=8, help="Devices to score on.")
-    p.add_argument("--batch-size", type=int, default=16, help="Comments per device per batch.")
+    add_scoring_flags(p, ("num_devices", "batch_size"))
     p.add_argument("--overwrite", action="store_true", help="Replace an existing --out.")
     args = p.parse_args(argv)
     with user_errors():
@@ -128,8 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_output_path(out, "--out")
             if out.exists() and not args.overwrite:
                 raise UserError(f"--out {out} exists; pass --overwrite to replace it")
-        if args.batch_size < 1 or args.num_devices < 1:
-            raise UserError("--batch-size and --num-devices must be >= 1")
+        check_scoring_flags(args)
         from jaxtpu import hosts
 
         hosts.use_compilation_cache()

@@ -32,8 +32,9 @@ from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import write_text
+from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.flags.schema import Config, from_dict
+from jaxtpu.core.flags.schema import SCORING, Config, from_dict
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.run.rundir import check_output_path, user_errors
 from jaxtpu.core.tasks import LABELS
@@ -145,8 +146,6 @@ class Scorer:
 
 
 # --------------------------------------------------------------------------- the stream
-
-CHUNK_ROWS = 32768
 
 
 @dataclass
@@ -268,11 +267,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tokenizer ('minilm' = the packaged MiniLM).",
     )
     p.add_argument(
-        "--max-len",
-        type=int,
-        help="With --init-from: tokens per comment (a run uses its own) [default: 128].",
-    )
-    p.add_argument(
         "--input",
         required=True,
         help="File to score (CSV, or .parquet/.pq, .jsonl/.ndjson): comments_to_score.csv "
@@ -280,8 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "optional id.",
     )
     p.add_argument("--output", required=True, help="Where to write the scores (CSV).")
-    p.add_argument("--num-devices", type=int, default=8, help="Devices to score on.")
-    p.add_argument("--batch-size", type=int, default=16, help="Comments per device per batch.")
+    add_scoring_flags(p, ("max_len", "num_devices", "batch_size", "chunk_rows"), unset=("max_len",))
     p.add_argument("--overwrite", action="store_true", help="Replace an existing --output.")
     p.add_argument(
         "--resume",
@@ -289,13 +282,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Continue a predict into --output that was stopped (killed, preempted) from its "
         "last finished chunk; the file it ends with is the one an uninterrupted run writes. "
         "Refused when the input, models or settings differ.",
-    )
-    p.add_argument(
-        "--chunk-rows",
-        type=int,
-        default=CHUNK_ROWS,
-        help="Comments read, scored and written at a time (memory is that of one chunk) "
-        "[default: %(default)s].",
     )
     args = p.parse_args(argv)
     with user_errors():
@@ -305,8 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"--output {out} exists; pass --overwrite to replace it")
         if args.resume and args.overwrite:
             raise UserError("--resume continues a stopped predict, --overwrite starts again: one")
-        if args.batch_size < 1 or args.num_devices < 1 or args.chunk_rows < 1:
-            raise UserError("--batch-size, --num-devices and --chunk-rows must be >= 1")
+        check_scoring_flags(args)
         if args.init_from and not args.model_dir:
             raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
         if args.workdir and (args.model_dir or args.max_len):
@@ -320,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             models = [load_trained(w) for w in args.workdir]
             check_ensemble(models, args.workdir)
         else:
-            models = [load_notebook(args.init_from, args.model_dir, args.max_len or 128)]
+            models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
         severity = readers.file_kind(header) == "score"
         task = models[0].spec.task
         if severity and task.outputs > 1 and task.label_columns != LABELS:
@@ -342,6 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _max_len(args: argparse.Namespace) -> int:
+    """--max-len of an --init-from model, or the scoring default."""
+    return args.max_len or SCORING.max_len
+
+
 def _identity(args: argparse.Namespace) -> dict[str, Any]:
     """What a predict scores and how: a resumed one must match it."""
     source = Path(args.input)
@@ -349,7 +339,7 @@ def _identity(args: argparse.Namespace) -> dict[str, Any]:
     if args.workdir:
         models = [str(Path(w).resolve()) for w in args.workdir]
     else:
-        models = [str(Path(args.init_from).resolve()), str(args.model_dir), args.max_len or 128]
+        models = [str(Path(args.init_from).resolve()), str(args.model_dir), _max_len(args)]
     return {
         "input": str(source.resolve()),
         "input_size": stat.st_size,

@@ -252,3 +252,26 @@ def test_a_config_recorded_before_the_sections_split_still_reads_and_compares():
     assert from_dict(old) == cfg
     assert changed_flags(old, cfg) == []
     assert changed_flags(old, cfg.replace(max_steps=9)) == [("max_steps", 7, 9)]
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_scoring_flags_come_from_the_schema_with_its_bounds(command, capsys, tmp_path):
+    """predict's and evaluate's --num-devices and --batch-size are the schema's ScoringConfig
+    fields: one default, one bound, one message, on every command that scores."""
+    import importlib
+
+    from jaxtpu.core.flags.schema import SCORING
+
+    main = importlib.import_module(f"jaxtpu.{command}").main
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"Devices to score on. [default: {SCORING.num_devices}]" in out
+    assert f"[default: {SCORING.batch_size}]" in out
+    base = ["--workdir", str(tmp_path), "--input", str(tmp_path / "in.csv")]
+    if command == "predict":
+        base += ["--output", str(tmp_path / "out.csv")]
+    with pytest.raises(SystemExit) as e:
+        main([*base, "--batch-size", "0"])
+    assert e.value.code == 2
+    assert "error: --batch-size must be >= 1, got 0\n" == capsys.readouterr().err

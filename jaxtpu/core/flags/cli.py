@@ -24,6 +24,7 @@ from jaxtpu.core.flags.schema import (
     SECTIONS,
     TORCH_STRATEGIES,
     Config,
+    ScoringConfig,
     apply_overrides,
     base_type,
 )
@@ -192,6 +193,35 @@ def flag_reference() -> str:
             out.append(f"| `--{f.name.replace('_', '-')}` | {text} | {shown} |")
         out.append("")
     return "\n".join(out)
+
+
+def add_scoring_flags(
+    parser: argparse.ArgumentParser, names: Sequence[str], unset: Sequence[str] = ()
+) -> None:
+    """Adds the scoring flags `names` (fields of `schema.ScoringConfig`) with their help and
+    default; those in `unset` default to None (the command applies the default when it uses
+    the flag, and can tell that it was not given)."""
+    fields = {f.name: f for f in dataclasses.fields(ScoringConfig)}
+    hints = get_type_hints(ScoringConfig)
+    for name in names:
+        f = fields[name]
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=base_type(hints[name]),
+            metavar=name.upper(),
+            default=None if name in unset else f.default,
+            help=f"{f.metadata['help']} [default: {f.default}]",
+        )
+
+
+def check_scoring_flags(args: argparse.Namespace) -> None:
+    """The scoring flags given, bounds-checked as the training flags are (ConfigError)."""
+    for f in dataclasses.fields(ScoringConfig):
+        value = getattr(args, f.name, None)
+        problem = None if value is None else f.metadata["bounds"].problem(value)
+        if problem:
+            raise ConfigError(f"--{f.name.replace('_', '-')} must be {problem}, got {value}")
 
 
 def flag_list(kind: str) -> str:

@@ -616,6 +616,31 @@ SECTIONS = {
 }
 
 
+@dataclass(frozen=True)
+class ScoringConfig:
+    """The flags of the commands that score with a trained model (`predict`, `evaluate`) and
+    the defaults of the Python API (`jaxtpu.load`): not part of a training run's `Config`,
+    but spelled, bounded and checked by the same schema (`cli.add_scoring_flags`)."""
+
+    num_devices: int = _f(8, "Devices to score on.", bounds=Bounds(1, 65536))
+    batch_size: int = _f(
+        16, "Comments (or pairs) per device per scoring batch.", bounds=Bounds(1, 65536)
+    )
+    max_len: int = _f(
+        128,
+        "With --init-from: tokens per comment (a run scores at its own --max-len).",
+        bounds=Bounds(8, 512),
+    )
+    chunk_rows: int = _f(
+        32768,
+        "Comments read, scored and written at a time (memory is that of one chunk).",
+        bounds=Bounds(1, 10**9),
+    )
+
+
+SCORING = ScoringConfig()  # the scoring commands' defaults
+
+
 def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
     index = {}
     for section, cls in SECTIONS.items():
