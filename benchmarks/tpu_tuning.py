@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     hosts.set_cpu_device_count(8)
     devices, _ = preflight.target_devices(args.target, 8)
     target = preflight.TPU_TARGETS[args.target]
-    peak = target.peak_flops_per_device(len(devices))
-    bandwidth = target.bandwidth_per_device(len(devices))
+    peak = target.peak_flops_per_device()
+    bandwidth = target.bandwidth_per_device()
     base = presets.PRESETS[args.preset]().replace(
         max_len=args.max_len,
         batch_size=args.batch_size,

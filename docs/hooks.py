@@ -16,6 +16,10 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
             from jaxtpu.core.flags.cli import flag_list
 
             markdown = markdown.replace(f"<!-- flags:{kind} -->", flag_list(kind))
+    if "<!-- tpu-targets -->" in markdown:
+        from jaxtpu.preflight import targets_table
+
+        markdown = markdown.replace("<!-- tpu-targets -->", targets_table())
     if "<!-- modules -->" in markdown:
         from benchmarks.codeshape import module_map
 

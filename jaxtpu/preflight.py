@@ -33,43 +33,64 @@ from jaxtpu.core.errors import ConfigError, DeviceError
 from jaxtpu.core.flags.cli import parse_with
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import REMATS, Config
-from jaxtpu.core.hardware import TPU_CHIPS, TpuChip
+from jaxtpu.core.hardware import TPU_CHIPS, GiB, TpuChip
 from jaxtpu.core.run.rundir import check_output_path, user_errors
 from jaxtpu.core.schedules import Horizon
-
-GiB = 2**30
 
 
 @dataclass(frozen=True)
 class Target:
     """A TPU slice JAX can compile for without having it: a topology of one generation's
-    chips (`hardware.TPU_CHIPS`)."""
+    chips (`hardware.TPU_CHIPS`) and the devices its compiler sees."""
 
     topology: str  # jax.experimental.topologies name: "<version>:<chips grid>"
     chip: TpuChip
+    devices: int  # what get_topology_desc gives (v4 here: one per TensorCore)
+    note: str = ""
 
     @property
     def chips(self) -> int:
         return math.prod(int(x) for x in self.topology.split(":")[1].split("x"))
 
-    def peak_flops_per_device(self, devices: int) -> float:
-        """The bf16 peak FLOP/s of one of the `devices` the topology compiles for."""
-        return self.chip.bf16_tflops * 1e12 * self.chips / devices
+    def memory_per_device(self) -> int:
+        """HBM bytes of one of the topology's devices."""
+        return int(self.chip.per_device(self.chips, self.devices)[0])
 
-    def bandwidth_per_device(self, devices: int) -> float:
-        """The HBM bytes/s of one of the `devices` the topology compiles for."""
-        return self.chip.hbm_gbps * 1e9 * self.chips / devices
+    def peak_flops_per_device(self) -> float:
+        """The bf16 peak FLOP/s of one of the topology's devices."""
+        return self.chip.per_device(self.chips, self.devices)[1]
+
+    def bandwidth_per_device(self) -> float:
+        """The HBM bytes/s of one of the topology's devices."""
+        return self.chip.per_device(self.chips, self.devices)[2]
 
 
-# A device is what the topology's compiler sees: TPU v2/v3 (and v4 compiled per TensorCore, as
-# get_topology_desc does here) have 2 devices per chip.
 TPU_TARGETS: dict[str, Target] = {
-    "v2-8": Target("v2:2x2", TPU_CHIPS["v2"]),
-    "v3-8": Target("v3:2x2", TPU_CHIPS["v3"]),
-    "v4-8": Target("v4:2x2x1", TPU_CHIPS["v4"]),
-    "v5e-8": Target("v5e:2x4", TPU_CHIPS["v5e"]),
-    "v6e-8": Target("v6e:2x4", TPU_CHIPS["v6e"]),
+    "v2-8": Target("v2:2x2", TPU_CHIPS["v2"], 8),
+    "v3-8": Target("v3:2x2", TPU_CHIPS["v3"], 8),
+    "v4-8": Target("v4:2x2x1", TPU_CHIPS["v4"], 8, "compiled per TensorCore"),
+    "v5e-8": Target("v5e:2x4", TPU_CHIPS["v5e"], 8),
+    "v6e-8": Target("v6e:2x4", TPU_CHIPS["v6e"], 8),
 }
+
+
+def targets_table() -> str:
+    """The TPU targets as the docs' markdown table, from `TPU_TARGETS` and the chip table."""
+    rows = [
+        "| target | topology | HBM per chip | devices | per device | bf16 peak per chip | "
+        "HBM bandwidth per chip | source |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in TPU_TARGETS.items():
+        devices = f"{t.devices} ({t.note})" if t.note else str(t.devices)
+        rows.append(
+            f"| `{name}` | `{t.topology}` | {t.chip.hbm_gib:g} GiB | {devices} | "
+            f"{t.memory_per_device() / GiB:g} GiB | {t.chip.bf16_tflops:g} TFLOP/s | "
+            f"{t.chip.hbm_gbps:,g} GB/s | {t.chip.source} |"
+        )
+    return "\n".join(rows)
+
+
 TARGETS = ("cpu", *TPU_TARGETS)
 # `--sweep`: every way jaxtpu can place the state, with and without rematerialisation.
 SWEEP = [(s, r) for s in ("replicated", "zero1", "fsdp") for r in REMATS]
@@ -133,12 +154,16 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
             f"'jax[tpu]=={jax.__version__}')?"
         ) from None
     devices = list(topo.devices)
+    if len(devices) != spec.devices:
+        raise DeviceError(
+            f"--target {target}: this libtpu compiles {spec.topology} for {len(devices)} "
+            f"devices, not the {spec.devices} jaxtpu knows it by"
+        )
     if len(devices) != n:
         raise ConfigError(
             f"--target {target} has {len(devices)} devices; use --num-devices {len(devices)}"
         )
-    per_device = int(spec.chip.hbm_gib * GiB * spec.chips / len(devices))
-    return devices, per_device
+    return devices, spec.memory_per_device()
 
 
 def _platform(devices: list[Any]) -> str:
@@ -382,7 +407,7 @@ def _add_estimate(
         cfg.train.batch_size * spec.task.comments_per_example, cfg.data.max_len, cfg.model.remat
     )
     if target in TPU_TARGETS:
-        report.peak_flops = TPU_TARGETS[target].peak_flops_per_device(len(devices))
+        report.peak_flops = TPU_TARGETS[target].peak_flops_per_device()
         seconds, bytes_accessed = estimate(cfg, devices)
         if seconds > 0:
             report.est_step_s, report.est_bytes_per_step = seconds, bytes_accessed

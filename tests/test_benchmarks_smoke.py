@@ -306,7 +306,7 @@ def test_hlo_roofline_tracks_the_tpu_compilers_cost_model():
     cost = compiled.cost_analysis()
     whole = hlo_roofline.total(
         hlo_roofline.roofline(
-            compiled.as_text(), target.peak_flops_per_device(8), target.bandwidth_per_device(8)
+            compiled.as_text(), target.peak_flops_per_device(), target.bandwidth_per_device()
         )
     )
     assert whole.bytes == pytest.approx(cost["bytes accessed"], rel=0.15)

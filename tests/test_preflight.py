@@ -195,7 +195,7 @@ def test_an_unwritable_json_path_is_refused_before_any_compilation(tmp_path, cap
 @pytest.mark.compile
 def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
     chip = TpuChip("TPU v9", 64, 1000, 1000, 1, "test")
-    monkeypatch.setitem(preflight.TPU_TARGETS, "v9-8", preflight.Target("v9:2x2", chip))
+    monkeypatch.setitem(preflight.TPU_TARGETS, "v9-8", preflight.Target("v9:2x2", chip, 8))
     with pytest.raises(DeviceError, match="cannot compile for TPU topology v9:2x2") as e:
         preflight.target_devices("v9-8", 8)
     assert "\n" not in str(e.value)

@@ -77,3 +77,16 @@ def test_every_tpu_generation_has_a_peak_per_device_and_a_cpu_none():
     assert hardware.peak_flops_per_device("TPU v5 lite") == 197e12
     assert hardware.peak_flops_per_device("cpu") is None
     assert len({c.device_kind for c in hardware.TPU_CHIPS.values()}) == len(hardware.TPU_CHIPS)
+
+
+def test_one_formula_for_a_devices_share_of_its_chips():
+    """The loop's MFU peak (a TPU VM's device) and preflight's targets (a topology's devices)
+    divide one chip table the same way: a v3 core is half a chip on a VM and in a v3-8."""
+    from jaxtpu.preflight import TPU_TARGETS
+
+    v3 = TPU_TARGETS["v3-8"]
+    assert hardware.peak_flops_per_device("TPU v3") == v3.peak_flops_per_device() == 61.5e12
+    assert v3.memory_per_device() == 16 * 2**30 and v3.bandwidth_per_device() == 450e9
+    v5e = TPU_TARGETS["v5e-8"]  # one device per chip
+    assert v5e.peak_flops_per_device() == hardware.peak_flops_per_device("TPU v5 lite")
+    assert v5e.memory_per_device() == 16 * 2**30

@@ -25,60 +25,43 @@ def has_tpu() -> bool:
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+GiB = 2**30
+
+
 @dataclass(frozen=True)
 class TpuChip:
     """One TPU generation's chip, from Google's Cloud TPU system-architecture pages
-    (cloud.google.com/tpu/docs/v2, v3, v4, v5e, v6e)."""
+    (cloud.google.com/tpu/docs/v2, v3, v4, v5e, v6e): the one table of these facts; preflight's
+    targets, the loop's MFU and the docs' target table read it.
+
+    HBM is in GiB: HBM stacks are sized in powers of two, and the v5e and v6e pages' "16 GB" and
+    "32 GB" are the same binary capacities the older pages write as GiB."""
 
     device_kind: str  # what JAX reports as a device's `device_kind`
     hbm_gib: float  # per chip
     bf16_tflops: float  # peak, per chip
-    hbm_gbps: float  # per chip
+    hbm_gbps: float  # per chip, 1e9 bytes/s
     devices_per_chip: int  # JAX devices per chip on a TPU VM (v2/v3: one per TensorCore)
     source: str
 
+    def per_device(self, chips: int = 1, devices: int | None = None) -> tuple[float, float, float]:
+        """(HBM bytes, bf16 peak FLOP/s, HBM bytes/s) of one of `devices` JAX devices over
+        `chips` chips (default: one chip's own devices on a TPU VM)."""
+        devices = devices or chips * self.devices_per_chip
+        share = chips / devices
+        return (
+            self.hbm_gib * GiB * share,
+            self.bf16_tflops * 1e12 * share,
+            self.hbm_gbps * 1e9 * share,
+        )
+
 
 TPU_CHIPS: dict[str, TpuChip] = {
-    "v2": TpuChip(
-        "TPU v2",
-        16,
-        45,
-        700,
-        2,
-        "cloud.google.com/tpu/docs/v2: 16 GiB HBM, 45 TFLOP/s bf16, 700 GB/s per chip",
-    ),
-    "v3": TpuChip(
-        "TPU v3",
-        32,
-        123,
-        900,
-        2,
-        "cloud.google.com/tpu/docs/v3: 32 GiB HBM, 123 TFLOP/s bf16, 900 GB/s per chip",
-    ),
-    "v4": TpuChip(
-        "TPU v4",
-        32,
-        275,
-        1200,
-        1,
-        "cloud.google.com/tpu/docs/v4: 32 GiB HBM, 275 TFLOP/s bf16, 1,200 GB/s per chip",
-    ),
-    "v5e": TpuChip(
-        "TPU v5 lite",
-        16,
-        197,
-        819,
-        1,
-        "cloud.google.com/tpu/docs/v5e: 16 GB HBM2, 197 TFLOP/s bf16, 819 GB/s per chip",
-    ),
-    "v6e": TpuChip(
-        "TPU v6 lite",
-        32,
-        918,
-        1640,
-        1,
-        "cloud.google.com/tpu/docs/v6e: 32 GB HBM, 918 TFLOP/s bf16, 1,640 GB/s per chip",
-    ),
+    "v2": TpuChip("TPU v2", 16, 45, 700, 2, "cloud.google.com/tpu/docs/v2"),
+    "v3": TpuChip("TPU v3", 32, 123, 900, 2, "cloud.google.com/tpu/docs/v3"),
+    "v4": TpuChip("TPU v4", 32, 275, 1200, 1, "cloud.google.com/tpu/docs/v4"),
+    "v5e": TpuChip("TPU v5 lite", 16, 197, 819, 1, "cloud.google.com/tpu/docs/v5e"),
+    "v6e": TpuChip("TPU v6 lite", 32, 918, 1640, 1, "cloud.google.com/tpu/docs/v6e"),
 }
 
 
@@ -87,5 +70,5 @@ def peak_flops_per_device(device_kind: str) -> float | None:
     known: CPUs, GPUs, other TPU generations), for the model-FLOPs utilisation."""
     for chip in TPU_CHIPS.values():
         if chip.device_kind == device_kind:
-            return chip.bf16_tflops * 1e12 / chip.devices_per_chip
+            return chip.per_device()[1]
     return None
