@@ -1,12 +1,20 @@
 """mkdocs hook: the flag reference page is generated from the config schema at build time, so
 it can never disagree with `--help`, and so are the lists of flags that may change on
 --resume and that are jaxtpu's alone; the architecture page's module map is generated from the
-modules' docstrings, so it names every module there is."""
+modules' docstrings, so it names every module there is; the home page is the README's front."""
 
 from __future__ import annotations
 
 
 def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mkdocs' hook API)
+    if "<!-- readme -->" in markdown:  # the home page is the README's front, never a copy
+        from pathlib import Path
+
+        readme = (Path(config["config_file_path"]).parent / "README.md").read_text()
+        front = readme.split("\n## A quick tour")[0]
+        markdown = markdown.replace(
+            "<!-- readme -->", front.replace("](docs/", "](").replace("`docs/", "`")
+        )
     if "<!-- flags -->" in markdown:
         from jaxtpu.core.flags.cli import flag_reference
 
