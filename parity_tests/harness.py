@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SIDES = {"jax": "jaxtpu.train", "torch": "torchxla_ref.train"}
 # JAX's persistent compilation cache for the test processes: the suite's many small runs
 # compile the same programs (same model, shapes and flags) in process after process; with
-# the cache only the first compiles (a tiny run here: 17.8 -> 10.4 s). Keyed by the program,
+# the cache only the first compiles. Keyed by the program,
 # the compile options and the jax version, so a stale entry cannot be used.
 COMPILATION_CACHE = ROOT / ".pytest_cache" / "jax-compilation-cache"
 

@@ -23,9 +23,9 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32) 
     The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation,
     results in `out`), as torch.autocast does: under autocast the gradients with respect to
     the bf16 copies of the operands are bf16, and the casts' backward widens them. So with
-    bf16 results the operands' gradients are bf16 values even where an operand is fp32 (the
-    TPU compiler's cost model estimates BERT-base's step 2% shorter: half the bytes for the
-    attention probabilities' and the projections' input gradients). Letting JAX
+    bf16 results the operands' gradients are bf16 values even where an operand is fp32 (half
+    the bytes for the attention probabilities' and the projections' input gradients; the
+    TPU compiler's estimate is in docs/tpu.md, "Tuned for the TPU"). Letting JAX
     differentiate `einsum(..., preferred_element_type=f32)` instead gives fp32 backward
     matmuls, which ran several times slower on XLA:CPU (`python -m benchmarks.compare`;
     docs/benchmarks.md).

@@ -47,8 +47,8 @@ def resolve_sharding(parallel: str, sharding: str, platform: str = "", mesh: str
 def resolve_matmul_output(flag: str, platform: str = "") -> str:
     """--matmul-output with 'auto' resolved for the devices' `platform`: the dtype of the bf16
     matmuls' results, forward and backward. bf16 on a TPU (the TPU compiler's cost model
-    estimates BERT-base's step on a v3-8 at 0.0529 s instead of 0.0579, docs/tpu.md; also
-    what torch.autocast returns), fp32 elsewhere (the choice measured on this CPU,
+    estimates BERT-base's step shorter, docs/tpu.md "Tuned for the TPU"; also what
+    torch.autocast returns), fp32 elsewhere (the choice measured on this CPU,
     docs/benchmarks.md)."""
     if flag != "auto":
         return flag
