@@ -6,8 +6,8 @@ peak, the bytes it reads and writes, as its layout's tiles store them / the devi
 bandwidth). Summed over the module this tracks the TPU compiler's own cost model (how closely,
 for BERT-base on v3-8 and for the test models, is in docs/tpu.md; the test holds it to its
 tolerances). What an operation costs beyond its FLOPs' time is what memory traffic adds to
-the step: the rows to work on when a step is far from its FLOP floor. An estimate built from the compiler's
-program, not a measurement.
+the step: the rows to work on when a step is far from its FLOP floor. An estimate built from
+the compiler's program, not a measurement.
 
 Framework-free (text in, rows out): `benchmarks.tpu_tuning --breakdown N` feeds it the TPU
 program.
