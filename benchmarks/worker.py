@@ -69,7 +69,7 @@ def config_for(args: argparse.Namespace) -> Config:
 
 
 def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
-    """One toxicity batch laid out as the task's `batch_spec`, of random ids and lengths."""
+    """One toxicity batch laid out as the task's `batch_layout`, of random ids and lengths."""
     rng = np.random.default_rng(0)
     out = get_task("toxicity").zeros((batch,), seq)
     lengths = rng.integers(seq // 2, seq + 1, batch)
@@ -85,7 +85,7 @@ def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int, k: int =
     `devices` devices with `strategy`, K steps per call (shared with `benchmarks.epoch`)."""
     from jaxtpu import hosts, optim, parallel, steps
     from jaxtpu.backend import JaxBackend
-    from jaxtpu.sharding import Placement
+    from jaxtpu.placement import Placement
     from jaxtpu.weights import load_model
 
     devs = hosts.init_devices(devices)

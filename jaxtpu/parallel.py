@@ -1,5 +1,5 @@
 """The strategies: each places the state and the batches on the devices and runs the compiled
-pure steps there. Where things go is decided by `jaxtpu.sharding` (pure functions); which
+pure steps there. Where things go is decided by `jaxtpu.placement` (pure functions); which
 devices and processes take part by `jaxtpu.hosts`; the shared loop reaches a strategy through
 `jaxtpu.backend.JaxBackend`.
 
@@ -35,10 +35,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtpu import sharding as placing
+from jaxtpu import placement as placing
 from jaxtpu import steps
 from jaxtpu.hosts import Processes
-from jaxtpu.sharding import Placement
+from jaxtpu.placement import Placement
 
 log = logging.getLogger("jaxtpu")
 
@@ -55,7 +55,7 @@ class Strategy:
     Args:
       devices: every device of the run (all processes').
       fns: the task's pure steps (`steps.for_task`).
-      placement: where the state and the batches go (`sharding.Placement`).
+      placement: where the state and the batches go (`placement.Placement`).
       saved: the programs of --programs DIR (`programs.SavedPrograms`), loaded instead of
         compiled where they are the same program.
     """
@@ -230,8 +230,8 @@ class JitStrategy(Strategy):
         super().__init__(devices, fns, placement, saved)
         self.mesh = placing.make_mesh(devices, placement.data, placement.fsdp)
         sizes = placement.sizes
-        self.batch_sharding = self._named(placing.batch_spec(sizes))
-        self.steps_sharding = self._named(placing.batch_spec(sizes, lead=1))  # (K, rows, ...)
+        self.batch_sharding = self._named(placing.batch_partition(sizes))
+        self.steps_sharding = self._named(placing.batch_partition(sizes, lead=1))  # (K, rows, ...)
         self.replicated = self._named(P())
 
     def _named(self, spec: P) -> NamedSharding:
@@ -278,7 +278,7 @@ class JitStrategy(Strategy):
         return train, evaluate
 
     def _traced_on_mesh(self, fn: Any) -> Any:
-        """`fn` traced under the placement's logical-axis rules (`sharding.logical_rules`:
+        """`fn` traced under the placement's logical-axis rules (`placement.logical_rules`:
         with FSDP, the residual stream split by batch rows)."""
         rules = placing.logical_rules(self.placement.sharding, self.placement.sizes)
         if not rules:

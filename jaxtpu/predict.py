@@ -138,7 +138,7 @@ class Scorer:
         if not texts:
             return np.zeros((0, *self.task.label_shape), np.float32)
         ids, mask = encode_texts(texts, self.tokenizer, self.max_len)
-        label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_spec's
+        label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_layout's
         batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
         examples = tokenized.Examples(ids, mask, label)
         _, scores = loop.score_examples(self.backend, examples, batcher, self.task)

@@ -142,28 +142,28 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
         return devices, host // len(devices)  # the host's RAM, shared by its virtual devices
     if target not in TPU_TARGETS:
         raise ConfigError(f"--target {target}: unknown; choose one of {', '.join(TARGETS)}")
-    spec = TPU_TARGETS[target]
+    tpu = TPU_TARGETS[target]
     from jax.experimental import topologies
 
     try:
-        topo = topologies.get_topology_desc(platform="tpu", topology_name=spec.topology)
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=tpu.topology)
     except Exception as e:  # libtpu missing, or a topology this libtpu does not know
         raise DeviceError(
-            f"--target {target}: cannot compile for TPU topology {spec.topology} here "
+            f"--target {target}: cannot compile for TPU topology {tpu.topology} here "
             f"({str(e).splitlines()[0][:160]}); is libtpu installed (pip install "
             f"'jax[tpu]=={jax.__version__}')?"
         ) from None
     devices = list(topo.devices)
-    if len(devices) != spec.devices:
+    if len(devices) != tpu.devices:
         raise DeviceError(
-            f"--target {target}: this libtpu compiles {spec.topology} for {len(devices)} "
-            f"devices, not the {spec.devices} jaxtpu knows it by"
+            f"--target {target}: this libtpu compiles {tpu.topology} for {len(devices)} "
+            f"devices, not the {tpu.devices} jaxtpu knows it by"
         )
     if len(devices) != n:
         raise ConfigError(
             f"--target {target} has {len(devices)} devices; use --num-devices {len(devices)}"
         )
-    return devices, spec.memory_per_device()
+    return devices, tpu.memory_per_device()
 
 
 def _platform(devices: list[Any]) -> str:
@@ -207,7 +207,7 @@ def abstract_run(
 
     from jaxtpu import optim, parallel, steps
     from jaxtpu.models import encoder as models
-    from jaxtpu.sharding import Placement
+    from jaxtpu.placement import Placement
 
     module = models.for_run(cfg, spec)
     params = models.abstract_params(module, spec.task.example_shape(cfg.data.max_len))
@@ -238,8 +238,8 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
     rows = cfg.train.batch_size * len(devices)
 
     def batch(lead: tuple[int, ...], sharding: Any) -> dict[str, Any]:
-        """The task's batch (`Task.batch_spec`) of the global rows, as shapes only."""
-        layout = spec.task.batch_spec(cfg.data.max_len)
+        """The task's batch (`Task.batch_layout`) of the global rows, as shapes only."""
+        layout = spec.task.batch_layout(cfg.data.max_len)
         return {
             k: jax.ShapeDtypeStruct((*lead, rows, *shape), dtype, sharding=sharding)
             for k, (shape, dtype) in layout.items()

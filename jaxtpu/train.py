@@ -107,7 +107,7 @@ def build_backend(job: plan.Job, devices: list[Any], procs: Any, saved: Any = No
 
     from jaxtpu import checkpoint, optim, parallel, steps, weights
     from jaxtpu.backend import JaxBackend
-    from jaxtpu.sharding import Placement
+    from jaxtpu.placement import Placement
 
     cfg, spec = job.cfg, job.spec
     model = weights.load_model(cfg, spec)

@@ -126,7 +126,7 @@ def save_hf(
 
 
 @dataclass
-class Model:
+class LoadedModel:
     """A model, its encoder shape and its fp32 params (pretrained, or a seeded random init)."""
 
     module: Any
@@ -134,7 +134,7 @@ class Model:
     params: Any
 
 
-def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Model:
+def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> LoadedModel:
     """The run's model: a seeded random init, filled from the spec's weights (--init-from or
     --model-dir) when it has some (every tensor it has; a new head keeps its init)."""
     from jaxtpu.models import encoder as models
@@ -149,4 +149,4 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Model
     if cfg.model.scan_layers:
         module = models.for_run(cfg, spec)
         params = models.stack_layers(params)
-    return Model(module, spec.encoder, params)
+    return LoadedModel(module, spec.encoder, params)

@@ -1,6 +1,6 @@
 """A new task is a table row, its metric and one loss: a toy fourth task registered here only
 (two outputs, `toxic` and `insult`) trains, predicts and passes preflight with nothing else
-changed, and preflight compiles every task of the table (its batch from `Task.batch_spec`)."""
+changed, and preflight compiles every task of the table (its batch from `Task.batch_layout`)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def toy(monkeypatch):
 
 @pytest.mark.model
 def test_a_toy_task_trains_predicts_and_passes_preflight(toy, tmp_path):
-    assert toy.batch_spec(16)["label"] == ((2,), "float32")
+    assert toy.batch_layout(16)["label"] == ((2,), "float32")
     cfg = presets.tiny().replace(task=toy.name, max_steps=6, workdir=str(tmp_path / "run"))
     summary = train.train_and_evaluate(cfg)
     assert summary["steps"] == 6 and np.isfinite(summary["final"]["val_toy_auc"])

@@ -111,7 +111,7 @@ class Task:
         """The shape of one example's label: () for one output, (outputs,) for several."""
         return () if self.outputs == 1 else (self.outputs,)
 
-    def batch_spec(self, max_len: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    def batch_layout(self, max_len: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """The layout of one batch row, the one description of it every batch is made to:
         `{key: (shape of one row, numpy dtype name)}`. Token ids and
         their mask are (L,) or (2, L) int32; the label `label_shape` float32; the weight a
@@ -125,11 +125,11 @@ class Task:
         }
 
     def zeros(self, lead: tuple[int, ...], max_len: int) -> dict[str, np.ndarray]:
-        """A batch of zeros laid out as `batch_spec`, with leading dimensions `lead` (e.g.
+        """A batch of zeros laid out as `batch_layout`, with leading dimensions `lead` (e.g.
         (rows,) or (K, rows)): the shape-only batch of precompiling and benchmarks."""
         return {
             k: np.zeros((*lead, *shape), dtype)
-            for k, (shape, dtype) in self.batch_spec(max_len).items()
+            for k, (shape, dtype) in self.batch_layout(max_len).items()
         }
 
     @property

@@ -71,24 +71,24 @@ def real_lengths(attention_mask: np.ndarray) -> np.ndarray:
     return out
 
 
-def parse_spec(spec: str, max_len: int) -> str | tuple[int, ...] | None:
+def parse_buckets(flag: str, max_len: int) -> str | tuple[int, ...] | None:
     """`--buckets` -> 'auto', None (no buckets) or ascending edges.
 
     Raises ConfigError naming what is wrong. Edges above --max-len are refused; comments
     longer than the last edge go to a --max-len bucket."""
-    text = spec.strip().lower()
+    text = flag.strip().lower()
     if text in ("auto", "none"):
         return None if text == "none" else "auto"
     try:
         edges = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise ConfigError(
-            f"--buckets {spec!r}: expected auto, none or ascending token lengths such as 32,64,128"
+            f"--buckets {flag!r}: expected auto, none or ascending token lengths such as 32,64,128"
         ) from None
     if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
-        raise ConfigError(f"--buckets {spec}: edges must be strictly ascending")
+        raise ConfigError(f"--buckets {flag}: edges must be strictly ascending")
     if edges[0] < 1 or edges[-1] > max_len:
-        raise ConfigError(f"--buckets {spec}: edges must be in 1..--max-len {max_len}")
+        raise ConfigError(f"--buckets {flag}: edges must be in 1..--max-len {max_len}")
     return edges
 
 
@@ -180,16 +180,16 @@ class Batcher:
     @classmethod
     def for_data(
         cls,
-        spec: str,
+        buckets: str,
         lengths: np.ndarray,
         global_batch: int,
         max_len: int,
         group: int = 1,
         eval_batch: int = 0,
     ) -> Batcher:
-        """The batcher `--buckets spec` asks for, edges chosen from the training examples'
+        """The batcher `--buckets` asks for, edges chosen from the training examples'
         `real_lengths` (`eval_batch`: rows of an evaluation batch; 0 = `global_batch`)."""
-        parsed = parse_spec(spec, max_len)
+        parsed = parse_buckets(buckets, max_len)
         if parsed == "auto":
             parsed = choose_edges(lengths, max_len)
         return cls(lengths, global_batch, max_len, parsed, group, eval_batch)

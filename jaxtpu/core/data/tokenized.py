@@ -62,7 +62,7 @@ def encode(
     task: Task | None = None,
 ) -> Examples:
     """Tokenizes comments, or both sides of each pair (ranking), with the labels of `task`
-    (default: toxicity) laid out as its `Task.batch_spec` says (`labels_of`)."""
+    (default: toxicity) laid out as its `Task.batch_layout` says (`labels_of`)."""
     task = task or get_task("toxicity")
     if isinstance(data, Pairs):
         n = len(data)

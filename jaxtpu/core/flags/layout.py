@@ -1,6 +1,6 @@
 """The device layout a run's flags ask for: `--sharding auto` resolved for the strategy, and
 the data x fsdp mesh sizes of `--mesh`, with the combinations a strategy cannot run refused
-(framework-free: flags in, sizes out; `jaxtpu.sharding` places arrays on that mesh).
+(framework-free: flags in, sizes out; `jaxtpu.placement` places arrays on that mesh).
 """
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ JAX_STRATEGIES = ("jit", "pmap", "shard_map")
 TORCH_STRATEGIES = ("spmd", "spawn", "eager")
 
 
-def parse_mesh(spec: str) -> dict[str, int]:
+def parse_mesh(mesh: str) -> dict[str, int]:
     """`'data=2,fsdp=4'` -> {'data': 2, 'fsdp': 4} (a missing axis has size 1)."""
     sizes = dict.fromkeys(MESH_AXES, 1)
     seen = set()
-    for part in spec.split(","):
+    for part in mesh.split(","):
         name, eq, value = part.strip().partition("=")
         if not eq or name not in MESH_AXES or name in seen or not value.strip().isdigit():
             raise ConfigError(
-                f"--mesh {spec}: expected data=D,fsdp=F with positive integers (axes "
+                f"--mesh {mesh}: expected data=D,fsdp=F with positive integers (axes "
                 f"{', '.join(MESH_AXES)}, each at most once)"
             )
         seen.add(name)
         sizes[name] = int(value)
         if sizes[name] < 1:
-            raise ConfigError(f"--mesh {spec}: axis {name} must be >= 1")
+            raise ConfigError(f"--mesh {mesh}: axis {name} must be >= 1")
     return sizes
 
 

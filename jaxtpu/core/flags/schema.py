@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
-from jaxtpu.core.data.buckets import parse_spec
+from jaxtpu.core.data.buckets import parse_buckets
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
 from jaxtpu.core.hf.families import FAMILIES, POOLINGS
@@ -269,7 +269,7 @@ class DataConfig:
     )
 
     def check(self) -> None:
-        parse_spec(self.buckets, self.max_len)
+        parse_buckets(self.buckets, self.max_len)
         if self.n_folds == 1:
             raise ConfigError("--n-folds must be 0 (off) or >= 2, got 1")
         if self.fold_column and (self.n_folds or self.valid_csv):
@@ -717,18 +717,18 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     return cfg
 
 
-def profile_range(spec: str) -> tuple[int, int] | None:
+def profile_range(steps: str) -> tuple[int, int] | None:
     """`--profile-steps A:B` -> (A, B), None when empty; a ConfigError says what is wrong."""
-    if not spec.strip():
+    if not steps.strip():
         return None
-    first, _, last = spec.partition(":")
+    first, _, last = steps.partition(":")
     try:
         a, b = int(first), int(last or first)
     except ValueError:
         a = b = 0
     if not 1 <= a <= b:
         raise ConfigError(
-            f"--profile-steps {spec}: expected A:B, training steps with 1 <= A <= B (e.g. 10:20)"
+            f"--profile-steps {steps}: expected A:B, training steps with 1 <= A <= B (e.g. 10:20)"
         )
     return a, b
 

@@ -1,4 +1,4 @@
-"""Placement as pure functions (`jaxtpu.sharding`, `jaxtpu.core.flags.layout`): which mesh a run's
+"""Placement as pure functions (`jaxtpu.placement`, `jaxtpu.core.flags.layout`): which mesh a run's
 flags ask for and where every array goes on it, checked on shapes alone: no device is
 touched and nothing is compiled."""
 
@@ -10,7 +10,7 @@ import pytest
 from flax.training.train_state import TrainState
 from jax.sharding import PartitionSpec as P
 
-from jaxtpu import sharding
+from jaxtpu import placement
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags import layout
 
@@ -34,7 +34,7 @@ MESH_2x4 = {"data": 2, "fsdp": 4}
     ],
 )
 def test_the_fsdp_rule_splits_the_largest_dimension_that_divides(shape, axis, sizes, expected):
-    assert sharding.split_spec(shape, axis, sizes) == expected
+    assert placement.split_spec(shape, axis, sizes) == expected
 
 
 def _state(sizes: dict[str, tuple[int, ...]]) -> TrainState:
@@ -46,34 +46,36 @@ def test_state_specs_place_params_and_moments_as_each_sharding_says():
     state = _state({"embedding": (1024, 64), "bias": (64,)})
     moments = lambda specs: specs.opt_state[0].mu  # noqa: E731 - adamw's first moment
 
-    replicated = sharding.state_specs(state, "replicated", MESH_8)
+    replicated = placement.state_specs(state, "replicated", MESH_8)
     assert replicated.params == {"embedding": P(), "bias": P()}
     assert moments(replicated) == {"embedding": P(), "bias": P()}
 
-    zero1 = sharding.state_specs(state, "zero1", MESH_8)
+    zero1 = placement.state_specs(state, "zero1", MESH_8)
     assert zero1.params == {"embedding": P(), "bias": P()}  # params replicated
     assert moments(zero1) == {"embedding": P("data"), "bias": P()}  # moments over every device
 
-    fsdp = sharding.state_specs(state, "fsdp", MESH_2x4)
+    fsdp = placement.state_specs(state, "fsdp", MESH_2x4)
     assert fsdp.params == {"embedding": P("fsdp"), "bias": P()}
     assert moments(fsdp) == {"embedding": P("fsdp"), "bias": P()}
     assert fsdp.step == P()  # the step count is replicated
 
-    zero1_2x4 = sharding.state_specs(state, "zero1", MESH_2x4)
+    zero1_2x4 = placement.state_specs(state, "zero1", MESH_2x4)
     assert moments(zero1_2x4)["embedding"] == P(("data", "fsdp"))
 
     with pytest.raises(ValueError, match="unknown sharding 'auto'"):
-        sharding.state_specs(state, "auto", MESH_8)  # resolved before it reaches placement
+        placement.state_specs(state, "auto", MESH_8)  # resolved before it reaches placement
 
 
 def test_batches_are_split_by_rows_over_every_device():
-    assert sharding.batch_spec(MESH_8) == P("data")
-    assert sharding.batch_spec(MESH_2x4) == P(("data", "fsdp"))
-    assert sharding.batch_spec(MESH_2x4, lead=1) == P(None, ("data", "fsdp"))  # (K, rows, ...)
-    assert sharding.logical_rules("zero1", MESH_8) == ()
-    assert dict(sharding.logical_rules("fsdp", {"data": 8, "fsdp": 1}))["batch"] == "data"
-    assert dict(sharding.logical_rules("fsdp", FSDP_8))["batch"] == ("data", "fsdp")
-    assert dict(sharding.logical_rules("fsdp", MESH_2x4))["batch"] == ("data", "fsdp")
+    assert placement.batch_partition(MESH_8) == P("data")
+    assert placement.batch_partition(MESH_2x4) == P(("data", "fsdp"))
+    assert placement.batch_partition(MESH_2x4, lead=1) == P(
+        None, ("data", "fsdp")
+    )  # (K, rows, ...)
+    assert placement.logical_rules("zero1", MESH_8) == ()
+    assert dict(placement.logical_rules("fsdp", {"data": 8, "fsdp": 1}))["batch"] == "data"
+    assert dict(placement.logical_rules("fsdp", FSDP_8))["batch"] == ("data", "fsdp")
+    assert dict(placement.logical_rules("fsdp", MESH_2x4))["batch"] == ("data", "fsdp")
 
 
 @pytest.mark.parametrize(
@@ -141,4 +143,4 @@ def test_a_layout_the_strategy_cannot_run_is_refused(parallel, flag, mesh, messa
 
 def test_a_mesh_must_cover_the_devices():
     with pytest.raises(ValueError, match="does not cover 8 devices"):
-        sharding.make_mesh(list(range(8)), 2, 2)
+        placement.make_mesh(list(range(8)), 2, 2)

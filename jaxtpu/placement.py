@@ -3,8 +3,8 @@ and the mesh's axis sizes: the mesh itself, the partition of every state leaf (t
 ZeRO-1 rule), and the partition of the batch.
 
 Nothing here touches a device or runs a program; the strategies (`jaxtpu.parallel`) turn these
-specs into `NamedSharding`s on their mesh. Tested directly (`tests/test_sharding.py`), as
-big_vision's `sharding.py` is.
+specs into `NamedSharding`s on their mesh. Tested directly (`tests/test_placement.py`), as
+big_vision's `placement.py` is.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def row_axes(sizes: Mapping[str, int]) -> str | tuple[str, ...]:
     return ("data", "fsdp") if sizes.get("fsdp", 1) > 1 else "data"
 
 
-def batch_spec(sizes: Mapping[str, int], lead: int = 0) -> P:
+def batch_partition(sizes: Mapping[str, int], lead: int = 0) -> P:
     """The partition of a batch array whose rows are dimension `lead` (0 for one batch, 1 for
     the K stacked batches of a train call)."""
     return P(*[None] * lead, row_axes(sizes))
