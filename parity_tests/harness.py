@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,33 +141,3 @@ def shared_init(
 
 def relative_diff(a: list[float], b: list[float]) -> list[float]:
     return [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True)]
-
-
-def start(module: str, *flags: str) -> subprocess.Popen:
-    """One trainer in the background (output captured), e.g. to signal it mid-run."""
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *flags],
-        cwd=ROOT,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for_step(workdir: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:
-    """Returns once the run has logged `step` (metrics.jsonl); fails if it ends or stalls."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        path = workdir / "metrics.jsonl"
-        if path.exists() and any(
-            json.loads(x).get("step", 0) >= step for x in path.read_text().splitlines() if x
-        ):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"run did not reach step {step}")
-
-
-def final_metrics(workdir: Path) -> dict[str, Any]:
-    """The last evaluation of a finished run (summary.json)."""
-    return json.loads((workdir / "summary.json").read_text())["final"]

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import resumable_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -50,28 +51,6 @@ def real_csv() -> Path:
 def _token_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """Every test session tokenizes into its own cache, never the user's."""
     monkeypatch.setenv("JAXTPU_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-def resumable_args(workdir: Path) -> list[str]:
-    """A tiny fp32 run of 21 steps that checkpoints every 3 and evaluates every 7: the run the
-    interruption tests stop (SIGTERM, Ctrl-C, SIGKILL) and resume."""
-    return [
-        "--preset",
-        "tiny",
-        "--no-progress",
-        "--workdir",
-        str(workdir),
-        "--precision",
-        "fp32",
-        "--epochs",
-        "3",
-        "--checkpoint-every",
-        "3",
-        "--log-every",
-        "1",
-        "--eval-every",
-        "7",
-    ]
 
 
 @pytest.fixture(scope="session")

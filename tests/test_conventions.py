@@ -119,7 +119,7 @@ def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkey
     holds the run config and every train loss of metrics.jsonl, read back with wandb's own
     reader of the run's log; TensorBoard writes its events."""
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
-    from test_fake_backend import FakeBackend, _job
+    from helpers import FakeBackend, fake_job
 
     from jaxtpu.core.run.rundir import RunLog
 
@@ -128,7 +128,7 @@ def test_trackers_get_every_metric_and_wandb_reads_back_offline(tmp_path, monkey
     from jaxtpu.core.run import loop
     from jaxtpu.core.run.protocol import ResumeState
 
-    job = _job(tmp_path, epochs=1, lr=1e-3)
+    job = fake_job(tmp_path, epochs=1, lr=1e-3)
     runlog = RunLog(tmp_path, trackers=("tensorboard", "wandb"), config=job.cfg.to_dict())
     loop.run(job, FakeBackend({}), ResumeState(), runlog)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

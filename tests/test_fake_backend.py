@@ -5,138 +5,25 @@ tests/test_reliability.py)."""
 
 from __future__ import annotations
 
-import copy
 import json
-import os
-import signal
 from typing import Any
 
-import numpy as np
 import pytest
+from helpers import (
+    FakeBackend,
+    fake_job,
+    fake_losses,
+    run_fake,
+)
 
-from jaxtpu.core.data import taskdata, tokenized
 from jaxtpu.core.errors import TrainingError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.run import loop, plan
-from jaxtpu.core.run.protocol import ResumeState
-from jaxtpu.core.run.rundir import RunLog
-
-N_TRAIN, N_VALID, GLOBAL_BATCH = 56, 16, 8  # 7 steps per epoch
-
-
-class FakeBackend:
-    """A one-number "model": each step moves `w` by the batch's mean label and reports a loss
-    that depends on `w` and the batch (so a resumed run must restore both exactly); scores
-    of an evaluation are the labels' order made noisier as `w` grows (so the monitored metric
-    can fall). Checkpoints go to `disk`, a dict shared by the runs of one test."""
-
-    name = "fake"
-    num_devices, num_processes, primary = 1, 1, True
-    device_kind = "TPU v3"  # a known peak: the loop reports an MFU
-
-    def __init__(self, disk: dict[str, Any], nan_at: int = 0, sigterm_at: int = 0, drift=0.0):
-        self.disk, self.nan_at, self.sigterm_at, self.drift = disk, nan_at, sigterm_at, drift
-        self.w, self.step, self.calls = 0.0, 0, 0
-        self.events: list[tuple[str, int]] = []
-
-    def local_rows(self, n: int) -> slice:
-        return slice(None)
-
-    def any_process(self, flag: bool) -> bool:
-        return flag
-
-    def compile_count(self) -> int:
-        return 1
-
-    def device_memory_mb(self) -> None:
-        return None
-
-    def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
-        return batches
-
-    def start(self) -> None:
-        """Nothing to place: the one number lives on the host."""
-
-    def precompile(self, calls: Any, evals: Any) -> int:
-        return 0
-
-    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
-        self.calls += 1
-        if self.calls == self.sigterm_at:
-            os.kill(os.getpid(), signal.SIGTERM)  # arrives while this call runs
-        out = []
-        for b in batches:
-            self.step += 1
-            loss = float(np.mean(b["label"]) + self.w)
-            if self.step == self.nan_at:
-                loss = float("nan")
-            self.w += 0.01 * float(np.mean(b["label"])) + 0.001
-            out.append({"loss": loss, "grad_norm": 1.0})
-        return out
-
-    def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
-        return list(handles)
-
-    def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        noise = np.sin(np.arange(len(batch["label"])) * 7.0) * self.drift * self.step
-        return {"score": batch["label"] + noise, "loss": np.full(len(batch["label"]), self.w)}
-
-    def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
-        if "latest" not in self.disk:
-            return ResumeState()
-        saved = copy.deepcopy(self.disk["latest"])
-        self.w, self.step = saved["w"], saved["step"]
-        return ResumeState(saved["step"], saved["meta"]["best"])
-
-    def save_latest(self, step: int, meta: dict[str, Any]) -> None:
-        self.events.append(("latest", step))
-        self.disk["latest"] = copy.deepcopy({"w": self.w, "step": step, "meta": meta})
-
-    def save_best(self, step: int, meta: dict[str, Any]) -> None:
-        self.events.append(("best", step))
-        self.disk["best"] = copy.deepcopy({"w": self.w, "step": step})
-
-
-def _examples(n: int) -> tokenized.Examples:
-    ids = np.ones((n, 16), np.int32)
-    return tokenized.Examples(ids, ids.copy(), (np.arange(n) % 2).astype(np.float32))
-
-
-def _job(tmp_path, resume: bool = False, **flags) -> plan.Job:
-    cfg = tiny().replace(
-        **{
-            "epochs": 3,
-            "log_every": 1,
-            "batch_size": 8,
-            "num_devices": 1,
-            "workdir": str(tmp_path),
-            "resume": resume,
-            **flags,
-        }
-    )
-    spec = RunSpec.resolve(cfg)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = taskdata.TaskData(_examples(N_TRAIN), _examples(N_VALID), {})
-    return plan.Job(cfg, spec, data, plan.Plan.make(cfg, data.train, 1), tmp_path, 0.0)
-
-
-def _run(tmp_path, backend: FakeBackend, resume: bool = False, **flags) -> dict[str, Any]:
-    job = _job(tmp_path, resume, **flags)
-    spec = job.spec
-    state = backend.restore_latest(spec.identity) if resume else ResumeState()
-    runlog = RunLog(tmp_path, resume_step=state.step if resume else None, tensorboard=False)
-    return loop.run(job, backend, state, runlog)
-
-
-def _losses(tmp_path) -> list[float]:
-    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    return [x["loss"] for x in lines if x["event"] == "train"]
 
 
 def test_checkpoints_come_in_order_best_before_latest_at_each_evaluation(tmp_path):
     backend = FakeBackend({})
-    summary = _run(tmp_path, backend, eval_every=3, checkpoint_every=2)
+    summary = run_fake(tmp_path, backend, eval_every=3, checkpoint_every=2)
     assert summary["steps"] == 21 and summary["stopped_by"] is None
     evals = [3, 6, 7, 9, 12, 14, 15, 18, 21]  # every 3 steps, and at each epoch end
     latest = sorted({*evals, *range(2, 21, 2)})  # and every 2 steps: each state saved once
@@ -150,14 +37,14 @@ def test_checkpoints_come_in_order_best_before_latest_at_each_evaluation(tmp_pat
 def test_a_nan_loss_stops_at_its_logging_step_and_saves_nothing_after_it(tmp_path):
     backend = FakeBackend({}, nan_at=9)
     with pytest.raises(TrainingError, match="loss became nan at step 9"):
-        _run(tmp_path, backend, eval_every=3, checkpoint_every=2)
+        run_fake(tmp_path, backend, eval_every=3, checkpoint_every=2)
     assert max(step for _, step in backend.events) == 8  # nothing of the diverged state
     assert backend.disk["latest"]["step"] == 8
 
 
 def test_patience_stops_after_that_many_evaluations_without_improvement(tmp_path):
     backend = FakeBackend({}, drift=0.05)  # scores get noisier: AUC falls after the first
-    summary = _run(tmp_path, backend, eval_every=2, patience=2)
+    summary = run_fake(tmp_path, backend, eval_every=2, patience=2)
     assert summary["stopped_by"] == "early stopping"
     assert summary["best"]["step"] == 2 and summary["steps"] == 6  # evaluations at 2, 4, 6
     assert [kind for kind, _ in backend.events].count("best") == 1
@@ -168,7 +55,7 @@ def test_monitor_val_loss_is_minimised(tmp_path):
     validation loss is `w`, which grows at every step, so the first evaluation stays the best
     and patience stops the run (a maximised val_loss would improve at every evaluation)."""
     backend = FakeBackend({})
-    summary = _run(tmp_path, backend, eval_every=2, patience=2, monitor="val_loss")
+    summary = run_fake(tmp_path, backend, eval_every=2, patience=2, monitor="val_loss")
     assert summary["monitor"] == "val_loss" and summary["stopped_by"] == "early stopping"
     assert summary["best"]["step"] == 2 and summary["steps"] == 6
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -179,24 +66,24 @@ def test_monitor_val_loss_is_minimised(tmp_path):
 
 def test_sigterm_saves_the_latest_state_and_resume_continues_exactly(tmp_path):
     full = FakeBackend({})
-    _run(tmp_path / "full", full, eval_every=7)
+    run_fake(tmp_path / "full", full, eval_every=7)
     disk: dict[str, Any] = {}
     cut = FakeBackend(disk, sigterm_at=10)
-    summary = _run(tmp_path / "cut", cut, eval_every=7)
+    summary = run_fake(tmp_path / "cut", cut, eval_every=7)
     assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 10
     assert cut.events[-1] == ("latest", 10)
     resumed = FakeBackend(disk)
-    summary = _run(tmp_path / "cut", resumed, resume=True, eval_every=7)
+    summary = run_fake(tmp_path / "cut", resumed, resume=True, eval_every=7)
     assert summary["steps"] == 21 and resumed.step == 21
     assert resumed.w == pytest.approx(full.w, abs=0)
-    assert _losses(tmp_path / "cut") == _losses(tmp_path / "full")  # the log has no repeats
+    assert fake_losses(tmp_path / "cut") == fake_losses(tmp_path / "full")  # the log has no repeats
 
 
 def test_resuming_a_finished_run_only_evaluates(tmp_path):
     disk: dict[str, Any] = {}
-    _run(tmp_path, FakeBackend(disk), eval_every=7)
+    run_fake(tmp_path, FakeBackend(disk), eval_every=7)
     again = FakeBackend(disk)
-    summary = _run(tmp_path, again, resume=True, eval_every=7)
+    summary = run_fake(tmp_path, again, resume=True, eval_every=7)
     assert summary["steps"] == 21 and again.calls == 0
     assert again.events == [("latest", 21)]
 
@@ -220,13 +107,13 @@ def test_profile_steps_trace_the_calls_that_hold_them(tmp_path, k, spec, want):
     holding B (whole calls: with K steps per call a little more), and at the run's end when it
     ends inside the range; no losses are lost to the trace's sync."""
     backend = ProfilingBackend({})
-    _run(tmp_path, backend, profile_steps=spec, steps_per_call=k, log_every=k, eval_every=0)
+    run_fake(tmp_path, backend, profile_steps=spec, steps_per_call=k, log_every=k, eval_every=0)
     trace = [(kind, s) for kind, s in backend.events if kind.startswith("profile")]
     assert trace == [("profile_start", want[0]), ("profile_stop", want[1])]
     assert backend.directory == tmp_path / "profile"
     plain = tmp_path / "plain"
-    _run(plain, FakeBackend({}), steps_per_call=k, log_every=k, eval_every=0)
-    assert _losses(tmp_path) == _losses(plain)  # every loss logged, as without the profile
+    run_fake(plain, FakeBackend({}), steps_per_call=k, log_every=k, eval_every=0)
+    assert fake_losses(tmp_path) == fake_losses(plain)  # every loss logged, as without the profile
 
 
 @pytest.mark.parametrize("spec", ["5", "0:3", "4:2", "a:b", "3:"])
@@ -244,7 +131,7 @@ def test_each_metrics_line_and_the_summary_say_where_the_time_went(tmp_path):
     """Every train line splits its interval into training, compiling, evaluating,
     checkpointing and waiting for input, with tokens/s and, on a device whose peak is known
     (the fake says TPU v3), the MFU; the summary says the same of the whole loop."""
-    summary = _run(tmp_path, FakeBackend({}), eval_every=3, checkpoint_every=2)
+    summary = run_fake(tmp_path, FakeBackend({}), eval_every=3, checkpoint_every=2)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in lines if x["event"] == "train"]
     for x in [*train, summary["loop"]]:
@@ -254,7 +141,7 @@ def test_each_metrics_line_and_the_summary_say_where_the_time_went(tmp_path):
     assert any(x["time_share"]["eval"] > 0 for x in train)  # evaluations fall in intervals
     assert summary["loop"]["time_share"]["checkpoint"] > 0
     # 21 steps of 8 examples of 16 tokens (tiny: 2 x 64, FFN 128) over the loop's step time
-    flops = RunSpec.resolve(_job(tmp_path / "j").cfg).encoder.train_flops(8, 16)[0] * 21
+    flops = RunSpec.resolve(fake_job(tmp_path / "j").cfg).encoder.train_flops(8, 16)[0] * 21
     loop_ = summary["loop"]
     steps_s = loop_["wall_s"] * (loop_["time_share"]["train"] + loop_["time_share"]["data_wait"])
     assert loop_["mfu"] == pytest.approx(flops / (steps_s * 61.5e12), rel=1e-6)

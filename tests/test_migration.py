@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+from helpers import notebook_class, notebook_model  # noqa: E402
 from torch import nn  # noqa: E402
-from transformers import BertConfig, BertModel  # noqa: E402
+from transformers import BertConfig  # noqa: E402
 
 from jaxtpu import export, predict, train  # noqa: E402
 from jaxtpu.core.data.tokens import load_tokenizer, tokenize  # noqa: E402
@@ -25,6 +26,7 @@ from jaxtpu.core.hf.directory import read_notebook_checkpoint, write_hf_dir  # n
 from parity_tests.forward import encoder  # noqa: E402
 from parity_tests.harness import shared_init  # noqa: E402
 
+NotebookModel = notebook_class()
 MAX_LEN = 32
 TEXTS = [
     "you are a wonderful person",
@@ -39,33 +41,10 @@ TEXTS = [
 ]
 
 
-class NotebookModel(nn.Module):
-    """Like the PyTorch/XLA Jigsaw notebook's BERTBaseUncased: pooled output -> dropout -> fc1."""
-
-    def __init__(self, config: BertConfig, encoder: str = "bert", head: str = "fc1") -> None:
-        super().__init__()
-        self.names = (encoder, head)
-        setattr(self, encoder, BertModel(config))
-        self.bert_drop = nn.Dropout(0.3)
-        setattr(self, head, nn.Linear(config.hidden_size, 1))
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        encoder, head = (getattr(self, n) for n in self.names)
-        pooled = encoder(input_ids=ids, attention_mask=mask).pooler_output
-        return getattr(self, self.names[1])(self.bert_drop(pooled))[:, 0]
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A tiny BERT directory (config.json + tokenizer + its own random weights)."""
     return shared_init(tmp_path_factory.mktemp("hf") / "tiny", "toxicity", "tiny", seed=3)
-
-
-def notebook_model(model_dir: Path, seed: int = 7, **names: str) -> NotebookModel:
-    """Weights that differ from `model_dir`'s: whatever a run scores comes from the file."""
-    config = json.loads((model_dir / "config.json").read_text())
-    torch.manual_seed(seed)
-    return NotebookModel(BertConfig(**config, attn_implementation="eager"), **names).eval()
 
 
 def torch_scores(model: NotebookModel, model_dir: Path) -> np.ndarray:

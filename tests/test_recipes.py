@@ -119,9 +119,9 @@ def test_subsample_is_seeded_stratified_and_of_the_asked_size():
 
 def test_the_lr_of_a_metrics_line_is_the_rate_its_step_trained_with(tmp_path):
     """A linear schedule over 7 updates: step s trained at lr x (7 - (s - 1)) / 7."""
-    from test_fake_backend import FakeBackend, _run
+    from helpers import FakeBackend, run_fake
 
-    _run(tmp_path, FakeBackend({}), epochs=1, schedule="linear", lr=1e-3)
+    run_fake(tmp_path, FakeBackend({}), epochs=1, schedule="linear", lr=1e-3)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     lrs = {x["step"]: x["lr"] for x in lines if x["event"] == "train"}
     assert lrs[1] == pytest.approx(1e-3)
@@ -250,7 +250,7 @@ def _notebook_setup(tmp_path, real_csv, task):
     import csv
 
     import torch
-    from test_migration import notebook_model
+    from helpers import notebook_model
 
     from parity_tests.harness import shared_init
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import final_metrics, resumable_args, start, wait_for_step
 
-from conftest import resumable_args
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.schema import BOUNDS, FIELDS, JAX_ONLY, RESUME_MAY_CHANGE
 from jaxtpu.core.run.rundir import claim_workdir
-from parity_tests.harness import ROOT, clean_env, final_metrics, start, wait_for_step
+from parity_tests.harness import ROOT, clean_env
 
 NUMERIC = sorted(name for name, (_, f) in FIELDS.items() if f.type in ("int", "float"))
 PROBES = [math.nan, math.inf, -math.inf, 0, -1, 10**30]

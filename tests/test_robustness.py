@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import final_metrics, resumable_args, wait_for_step
 
-from conftest import resumable_args
-from parity_tests.harness import ROOT, clean_env, final_metrics, wait_for_step
+from parity_tests.harness import ROOT, clean_env
 
 HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
 GOOD_ROWS = "".join(

@@ -1,0 +1,234 @@
+"""The tests' shared helpers, in one module (tests import them as `from helpers import ...`;
+never from another test file): the numpy `FakeBackend` and its runs, the interruptible tiny
+run and the background trainers the interruption tests signal, and the PyTorch/XLA
+notebook's module built with transformers (torch is imported only by that one)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core.data import taskdata, tokenized
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.run import loop, plan
+from jaxtpu.core.run.protocol import ResumeState
+from jaxtpu.core.run.rundir import RunLog
+from parity_tests.harness import ROOT, clean_env
+
+N_TRAIN, N_VALID, GLOBAL_BATCH = 56, 16, 8  # the fake runs: 7 steps per epoch
+
+# --------------------------------------------------------------------------- the fake backend
+
+
+class FakeBackend:
+    """A one-number "model": each step moves `w` by the batch's mean label and reports a loss
+    that depends on `w` and the batch (so a resumed run must restore both exactly); scores
+    of an evaluation are the labels' order made noisier as `w` grows (so the monitored metric
+    can fall). Checkpoints go to `disk`, a dict shared by the runs of one test."""
+
+    name = "fake"
+    num_devices, num_processes, primary = 1, 1, True
+    device_kind = "TPU v3"  # a known peak: the loop reports an MFU
+
+    def __init__(self, disk: dict[str, Any], nan_at: int = 0, sigterm_at: int = 0, drift=0.0):
+        self.disk, self.nan_at, self.sigterm_at, self.drift = disk, nan_at, sigterm_at, drift
+        self.w, self.step, self.calls = 0.0, 0, 0
+        self.events: list[tuple[str, int]] = []
+
+    def local_rows(self, n: int) -> slice:
+        return slice(None)
+
+    def any_process(self, flag: bool) -> bool:
+        return flag
+
+    def compile_count(self) -> int:
+        return 1
+
+    def device_memory_mb(self) -> None:
+        return None
+
+    def prepare(self, batches: list[dict[str, np.ndarray]]) -> Any:
+        return batches
+
+    def start(self) -> None:
+        """Nothing to place: the one number lives on the host."""
+
+    def precompile(self, calls: Any, evals: Any) -> int:
+        return 0
+
+    def train_steps(self, batches: list[dict[str, np.ndarray]]) -> list[Any]:
+        self.calls += 1
+        if self.calls == self.sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while this call runs
+        out = []
+        for b in batches:
+            self.step += 1
+            loss = float(np.mean(b["label"]) + self.w)
+            if self.step == self.nan_at:
+                loss = float("nan")
+            self.w += 0.01 * float(np.mean(b["label"])) + 0.001
+            out.append({"loss": loss, "grad_norm": 1.0})
+        return out
+
+    def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
+        return list(handles)
+
+    def eval_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        noise = np.sin(np.arange(len(batch["label"])) * 7.0) * self.drift * self.step
+        return {"score": batch["label"] + noise, "loss": np.full(len(batch["label"]), self.w)}
+
+    def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
+        if "latest" not in self.disk:
+            return ResumeState()
+        saved = copy.deepcopy(self.disk["latest"])
+        self.w, self.step = saved["w"], saved["step"]
+        return ResumeState(saved["step"], saved["meta"]["best"])
+
+    def save_latest(self, step: int, meta: dict[str, Any]) -> None:
+        self.events.append(("latest", step))
+        self.disk["latest"] = copy.deepcopy({"w": self.w, "step": step, "meta": meta})
+
+    def save_best(self, step: int, meta: dict[str, Any]) -> None:
+        self.events.append(("best", step))
+        self.disk["best"] = copy.deepcopy({"w": self.w, "step": step})
+
+
+def fake_examples(n: int) -> tokenized.Examples:
+    ids = np.ones((n, 16), np.int32)
+    return tokenized.Examples(ids, ids.copy(), (np.arange(n) % 2).astype(np.float32))
+
+
+def fake_job(tmp_path, resume: bool = False, **flags) -> plan.Job:
+    cfg = tiny().replace(
+        **{
+            "epochs": 3,
+            "log_every": 1,
+            "batch_size": 8,
+            "num_devices": 1,
+            "workdir": str(tmp_path),
+            "resume": resume,
+            **flags,
+        }
+    )
+    spec = RunSpec.resolve(cfg)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = taskdata.TaskData(fake_examples(N_TRAIN), fake_examples(N_VALID), {})
+    return plan.Job(cfg, spec, data, plan.Plan.make(cfg, data.train, 1), tmp_path, 0.0)
+
+
+def run_fake(tmp_path, backend: FakeBackend, resume: bool = False, **flags) -> dict[str, Any]:
+    job = fake_job(tmp_path, resume, **flags)
+    spec = job.spec
+    state = backend.restore_latest(spec.identity) if resume else ResumeState()
+    runlog = RunLog(tmp_path, resume_step=state.step if resume else None, tensorboard=False)
+    return loop.run(job, backend, state, runlog)
+
+
+def fake_losses(tmp_path) -> list[float]:
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in lines if x["event"] == "train"]
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def resumable_args(workdir: Path) -> list[str]:
+    """A tiny fp32 run of 21 steps that checkpoints every 3 and evaluates every 7: the run the
+    interruption tests stop (SIGTERM, Ctrl-C, SIGKILL) and resume."""
+    return [
+        "--preset",
+        "tiny",
+        "--no-progress",
+        "--workdir",
+        str(workdir),
+        "--precision",
+        "fp32",
+        "--epochs",
+        "3",
+        "--checkpoint-every",
+        "3",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "7",
+    ]
+
+
+def start(module: str, *flags: str) -> subprocess.Popen:
+    """One trainer in the background (output captured), e.g. to signal it mid-run."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *flags],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_step(workdir: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> None:
+    """Returns once the run has logged `step` (metrics.jsonl); fails if it ends or stalls."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        path = workdir / "metrics.jsonl"
+        if path.exists() and any(
+            json.loads(x).get("step", 0) >= step for x in path.read_text().splitlines() if x
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"run did not reach step {step}")
+
+
+def final_metrics(workdir: Path) -> dict[str, Any]:
+    """The last evaluation of a finished run (summary.json)."""
+    return json.loads((workdir / "summary.json").read_text())["final"]
+
+
+# --------------------------------------------------------------------------- the notebook's module
+
+
+@cache
+def notebook_class() -> type:
+    """`NotebookModel`, defined on first use so that only its tests import torch."""
+    import torch
+    from torch import nn
+    from transformers import BertConfig, BertModel
+
+    class NotebookModel(nn.Module):
+        """Like the PyTorch/XLA Jigsaw notebook's BERTBaseUncased: pooled output -> dropout
+        -> fc1."""
+
+        def __init__(self, config: BertConfig, encoder: str = "bert", head: str = "fc1") -> None:
+            super().__init__()
+            self.names = (encoder, head)
+            setattr(self, encoder, BertModel(config))
+            self.bert_drop = nn.Dropout(0.3)
+            setattr(self, head, nn.Linear(config.hidden_size, 1))
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            encoder, head = (getattr(self, n) for n in self.names)
+            pooled = encoder(input_ids=ids, attention_mask=mask).pooler_output
+            return getattr(self, self.names[1])(self.bert_drop(pooled))[:, 0]
+
+    return NotebookModel
+
+
+def notebook_model(model_dir: Path, seed: int = 7, **names: str) -> Any:
+    """Weights that differ from `model_dir`'s: whatever a run scores comes from the file."""
+    import torch
+    from transformers import BertConfig
+
+    config = json.loads((model_dir / "config.json").read_text())
+    torch.manual_seed(seed)
+    return notebook_class()(BertConfig(**config, attn_implementation="eager"), **names).eval()
