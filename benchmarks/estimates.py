@@ -3,7 +3,7 @@ model and length of the README's table: an estimate, not a measurement.
 
 `python -m benchmarks.estimates --out runs/estimates.json`
 
-Each row is `preflight.check` of the model at one length on one target, with jaxtpu's defaults
+Each row is `pf_fit.check` of the model at one length on one target, with jaxtpu's defaults
 for a TPU (`--sharding auto`: FSDP under jit; `--matmul-output auto`: bf16), bf16, jit:
 MiniLM (the packaged all-MiniLM-L6-v2) and BERT-base (12 x 768) at 32 comments per core,
 the XLM-RoBERTa-large shape (24 x 1024, vocabulary 250,002) at 8 per core (the Jigsaw
@@ -52,21 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON file of the reports")
     args = p.parse_args(argv)
 
-    from jaxtpu import hosts, preflight
+    from jaxtpu import hosts
     from jaxtpu.core.flags import presets
+    from jaxtpu.preflight import fit as pf_fit
+    from jaxtpu.preflight import report as pf_report
+    from jaxtpu.preflight import targets as pf_targets
 
     hosts.set_cpu_device_count(8)
-    col = dict(preflight.COLUMNS)
+    col = dict(pf_report.COLUMNS)
     rows, reports = [], []
     for target in args.targets.split(","):
-        devices, capacity = preflight.target_devices(target, 8)
+        devices, capacity = pf_targets.target_devices(target, 8)
         for name in args.models.split(","):
             preset, shape, batch = MODELS[name]
             for length in map(int, args.lengths.split(",")):
                 cfg = presets.PRESETS[preset]().replace(
                     max_len=length, batch_size=batch, parallel="jit", **shape
                 )
-                r = preflight.check(cfg, target, devices, capacity)
+                r = pf_fit.check(cfg, target, devices, capacity)
                 reports.append({"model": name, **asdict(r)})
                 cells = [col[c](r) for c in ESTIMATE_COLUMNS]  # preflight's own formulas
                 if not r.est_step_s:

@@ -1,5 +1,5 @@
 """Each speed choice of the code, re-examined against the TPU compiler's cost model: the
-estimated step time (`preflight.estimate`, the compiler's `optimal_seconds` for the unrolled
+estimated step time (`pf_speed.estimate`, the compiler's `optimal_seconds` for the unrolled
 train step, an estimate, not a measurement) of the choices measured on this CPU ('default':
 hash dropout, fp32 results of the bf16 matmuls, exact GELU, ZeRO-1) and of each alternative,
 one change at a time; 'tpu' is what --sharding auto and --matmul-output auto pick on a TPU.
@@ -18,7 +18,7 @@ The alternatives the code does not offer as flags are swapped in for this proces
                      Flax models with dtype=bfloat16 have (PyTorch's autocast keeps fp32)
 A variant of several changes joins them with '+', e.g. matmul_out=bf16+sharding=fsdp.
 Scanned layers and K steps per call cannot be compared this way: the cost model counts a
-loop's body once (`preflight.unrolled`), and what K saves (host dispatch) is not in the
+loop's body once (`pf_speed.unrolled`), and what K saves (host dispatch) is not in the
 device program at all.
 
 Rows print as JSON lines; `--out FILE` keeps them. The floor is the model's FLOPs at the
@@ -127,13 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from benchmarks import hlo_roofline
-    from jaxtpu import hosts, preflight
+    from jaxtpu import hosts
     from jaxtpu.core.flags import presets
     from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.preflight import speed as pf_speed
+    from jaxtpu.preflight import targets as pf_targets
 
     hosts.set_cpu_device_count(8)
-    devices, _ = preflight.target_devices(args.target, 8)
-    target = preflight.TPU_TARGETS[args.target]
+    devices, _ = pf_targets.target_devices(args.target, 8)
+    target = pf_targets.TPU_TARGETS[args.target]
     peak = target.peak_flops_per_device()
     bandwidth = target.bandwidth_per_device()
     base = presets.PRESETS[args.preset]().replace(
@@ -149,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = base.replace(**overrides)
             spec = RunSpec.resolve(cfg, len(devices))
             t0 = time.perf_counter()
-            preflight._ESTIMATES.clear()  # keyed by the config: a swapped kernel is not in it
-            compiled = preflight.compile_unrolled(cfg, devices)
-            seconds, bytes_accessed = preflight.estimate(cfg, devices, compiled)
+            pf_speed._ESTIMATES.clear()  # keyed by the config: a swapped kernel is not in it
+            compiled = pf_speed.compile_unrolled(cfg, devices)
+            seconds, bytes_accessed = pf_speed.estimate(cfg, devices, compiled)
             flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
             ops = hlo_roofline.roofline(compiled.as_text(), peak, bandwidth)
             roofline_s = hlo_roofline.total(ops).seconds

@@ -25,7 +25,7 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
 
             markdown = markdown.replace(f"<!-- flags:{kind} -->", flag_list(kind))
     if "<!-- tpu-targets -->" in markdown:
-        from jaxtpu.preflight import targets_table
+        from jaxtpu.preflight.targets import targets_table
 
         markdown = markdown.replace("<!-- tpu-targets -->", targets_table())
     if "<!-- modules -->" in markdown:

@@ -14,7 +14,10 @@ COMMANDS = {
     "predict": ("jaxtpu.predict", "score a CSV with a run's best model (or an ensemble of runs)"),
     "evaluate": ("jaxtpu.evaluate", "score a labelled file with its competition's metric"),
     "export": ("jaxtpu.export", "write a run's best model as a Hugging Face dir or state dict"),
-    "preflight": ("jaxtpu.preflight", "compile for this CPU or a TPU slice: memory, fits or not"),
+    "preflight": (
+        "jaxtpu.preflight.command",
+        "compile for this CPU or a TPU slice: memory, fits or not",
+    ),
     "bisect": ("parity_tests.bisect", "layer-by-layer comparison with transformers"),
     "families": ("parity_tests.families", "build small random checkpoints of every family"),
     "parity": ("parity_tests.report", "run the parity checks and write the report"),

@@ -296,13 +296,14 @@ def test_hlo_roofline_tracks_the_tpu_compilers_cost_model():
     bytes and time stay within 15% of the compiler's own `bytes accessed` and
     `optimal_seconds` (1.005x and 0.98x for BERT-base: benchmarks.tpu_tuning --breakdown)."""
     from benchmarks import hlo_roofline
-    from jaxtpu import preflight
     from jaxtpu.core.flags import presets
+    from jaxtpu.preflight import speed as pf_speed
+    from jaxtpu.preflight import targets as pf_targets
 
-    devices, _ = preflight.target_devices("v3-8", 8)
-    target = preflight.TPU_TARGETS["v3-8"]
+    devices, _ = pf_targets.target_devices("v3-8", 8)
+    target = pf_targets.TPU_TARGETS["v3-8"]
     cfg = presets.PRESETS["tiny"]().replace(precision="bf16", parallel="jit", vocab_size=1024)
-    compiled = preflight.compile_unrolled(cfg, devices)
+    compiled = pf_speed.compile_unrolled(cfg, devices)
     cost = compiled.cost_analysis()
     whole = hlo_roofline.total(
         hlo_roofline.roofline(

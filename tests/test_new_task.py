@@ -10,10 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu import predict, preflight, steps, train
+from jaxtpu import predict, steps, train
 from jaxtpu.core import metrics
 from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import TASKS, Task, _both_classes
+from jaxtpu.preflight import fit as pf_fit
+from jaxtpu.preflight import targets as pf_targets
 
 TOY = Task(
     name="toxic_insult",
@@ -53,14 +55,14 @@ def test_a_toy_task_trains_predicts_and_passes_preflight(toy, tmp_path):
     assert rows[0] == ["id", "toxic", "insult"] and [r[0] for r in rows[1:]] == ["a", "b"]
     assert all(0.0 <= float(x) <= 1.0 for r in rows[1:] for x in r[1:])
 
-    devices, capacity = preflight.target_devices("cpu", 8)
-    report = preflight.check(cfg, "cpu", devices, capacity, flops=False)
+    devices, capacity = pf_targets.target_devices("cpu", 8)
+    report = pf_fit.check(cfg, "cpu", devices, capacity, flops=False)
     assert report.fits and report.total > 0 and not report.error
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_preflight_compiles_every_task_of_the_table(task):
-    devices, capacity = preflight.target_devices("cpu", 8)
+    devices, capacity = pf_targets.target_devices("cpu", 8)
     cfg = presets.tiny().replace(task=task, parallel="jit")
-    report = preflight.check(cfg, "cpu", devices, capacity, flops=False)
+    report = pf_fit.check(cfg, "cpu", devices, capacity, flops=False)
     assert report.fits and report.params > 0 and report.total > 0 and not report.error

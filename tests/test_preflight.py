@@ -8,11 +8,15 @@ import json
 
 import pytest
 
-from jaxtpu import preflight
 from jaxtpu.core.errors import ConfigError, DeviceError
 from jaxtpu.core.flags import presets
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hardware import TpuChip
+from jaxtpu.preflight import command as pf_command
+from jaxtpu.preflight import fit as pf_fit
+from jaxtpu.preflight import report as pf_report
+from jaxtpu.preflight import speed as pf_speed
+from jaxtpu.preflight import targets as pf_targets
 
 pytest.importorskip(
     "libtpu", reason="libtpu (the TPU compiler) is not installed: pip install -e '.[tpu]'"
@@ -24,7 +28,7 @@ SHAPE = dict(max_len=64, batch_size=16, parallel="jit")
 
 @pytest.fixture(scope="module")
 def v3():
-    return preflight.target_devices("v3-8", 8)
+    return pf_targets.target_devices("v3-8", 8)
 
 
 @pytest.mark.compile
@@ -37,7 +41,9 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     # FSDP over every device (the cost model's choice, docs/tpu.md)
     out = tmp_path / "v3.json"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()]
-    assert preflight.main(["--preset", "tiny", "--target", "v3-8", "--json", str(out), *flags]) == 0
+    assert (
+        pf_command.main(["--preset", "tiny", "--target", "v3-8", "--json", str(out), *flags]) == 0
+    )
     (auto,) = json.loads(out.read_text())["reports"]
     printed = capsys.readouterr()
     assert "| fsdp | none | no | data=1,fsdp=8 | 16 |" in printed.out
@@ -67,10 +73,10 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     }
     # The compiler's speed estimate (one more, unrolled, compilation) for one of them.
     reports = {
-        name: preflight.check(cfg, "v3-8", devices, capacity, speed=name == "replicated")
+        name: pf_fit.check(cfg, "v3-8", devices, capacity, speed=name == "replicated")
         for name, cfg in runs.items()
     }
-    reports["auto"] = preflight.Report(**auto)
+    reports["auto"] = pf_report.Report(**auto)
     for name, r in reports.items():
         assert r.device == "TPU v3", name
         assert r.fits and not r.error, name
@@ -106,16 +112,16 @@ def test_model_flops_are_six_times_matmul_params_times_tokens_plus_attention():
         2 * matmul * 32 * 128 + 4 * 12 * 768 * 128**2 * 32
     )
     cfg = presets.bert_base().replace(task="ranking", batch_size=32, max_len=128)
-    r = preflight.Report("cpu", "zero1", "none", "data=1,fsdp=1", 32, 128)
-    preflight._add_estimate(r, cfg, "cpu", [None], RunSpec.resolve(cfg, 1))
+    r = pf_report.Report("cpu", "zero1", "none", "data=1,fsdp=1", 32, 128)
+    pf_speed.add_estimate(r, cfg, "cpu", [None], RunSpec.resolve(cfg, 1))
     assert r.model_flops == 2 * flops  # two comments per pair
 
 
 def test_fsdp_holds_about_one_nth_of_the_state_per_device_on_the_cpu():
-    devices, capacity = preflight.target_devices("cpu", 8)
+    devices, capacity = pf_targets.target_devices("cpu", 8)
     tiny = presets.tiny().replace(parallel="jit")
-    rep = preflight.check(tiny.replace(sharding="replicated"), "cpu", devices, capacity)
-    fsdp = preflight.check(tiny.replace(sharding="fsdp"), "cpu", devices, capacity)
+    rep = pf_fit.check(tiny.replace(sharding="replicated"), "cpu", devices, capacity)
+    fsdp = pf_fit.check(tiny.replace(sharding="fsdp"), "cpu", devices, capacity)
     assert fsdp.device == rep.device == "cpu"
     state = lambda r: r.params + r.optimizer  # noqa: E731
     # all but the arrays under MIN_SPLIT elements (biases, LayerNorm) are split over 8
@@ -137,16 +143,14 @@ def test_find_batch_brackets_then_bisects(monkeypatch, start, tolerance, found, 
     def fake_check(cfg, target, devices, capacity, flops):
         assert not flops  # counted once, for the batch found
         tried.append(cfg.train.batch_size)
-        r = preflight.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
+        r = pf_report.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
         r.fits = cfg.train.batch_size <= 37
         return r
 
-    monkeypatch.setattr(preflight, "check", fake_check)
-    monkeypatch.setattr(
-        preflight, "flops_per_step", lambda cfg, devices: cfg.train.batch_size * 1e9
-    )
+    monkeypatch.setattr(pf_fit, "check", fake_check)
+    monkeypatch.setattr(pf_fit, "flops_per_step", lambda cfg, devices: cfg.train.batch_size * 1e9)
     cfg = presets.tiny().replace(batch_size=start)
-    best = preflight.find_batch(cfg, "cpu", [], 0, lambda r: None, tolerance)
+    best = pf_fit.find_batch(cfg, "cpu", [], 0, lambda r: None, tolerance)
     assert best.extra["largest_batch"] == best.batch_size == found
     assert best.flops_per_step == found * 1e9
     assert tried == tries
@@ -155,11 +159,11 @@ def test_find_batch_brackets_then_bisects(monkeypatch, start, tolerance, found, 
 def test_sweep_lists_are_checked():
     tiny = presets.tiny().replace(parallel="jit")
     assert [
-        (c.placement.sharding, c.model.remat) for c in preflight.options(tiny, "zero1,fsdp+layer")
+        (c.placement.sharding, c.model.remat) for c in pf_fit.options(tiny, "zero1,fsdp+layer")
     ] == [("zero1", "none"), ("fsdp", "layer")]
-    assert len(preflight.options(tiny, "all")) == 9
+    assert len(pf_fit.options(tiny, "all")) == 9
     with pytest.raises(ConfigError, match="'fsdp\\+fast' is not SHARDING"):
-        preflight.options(tiny, "zero1,fsdp+fast")
+        pf_fit.options(tiny, "zero1,fsdp+fast")
 
 
 @pytest.mark.parametrize(
@@ -174,7 +178,7 @@ def test_sweep_lists_are_checked():
 def test_bad_preflight_flags_are_one_line_and_write_nothing(tmp_path, capsys, flags, message):
     out = tmp_path / "out.json"
     with pytest.raises(SystemExit) as e:
-        preflight.main(["--preset", "tiny", "--json", str(out), *flags])
+        pf_command.main(["--preset", "tiny", "--json", str(out), *flags])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) <= 2, err  # usage + the error
@@ -184,7 +188,7 @@ def test_bad_preflight_flags_are_one_line_and_write_nothing(tmp_path, capsys, fl
 def test_an_unwritable_json_path_is_refused_before_any_compilation(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit) as e:
-        preflight.main(
+        pf_command.main(
             ["--preset", "tiny", "--target", "v3-8", "--json", str(tmp_path / "file" / "out.json")]
         )
     assert e.value.code == 2
@@ -195,9 +199,9 @@ def test_an_unwritable_json_path_is_refused_before_any_compilation(tmp_path, cap
 @pytest.mark.compile
 def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
     chip = TpuChip("TPU v9", 64, 1000, 1000, 1, "test")
-    monkeypatch.setitem(preflight.TPU_TARGETS, "v9-8", preflight.Target("v9:2x2", chip, 8))
+    monkeypatch.setitem(pf_targets.TPU_TARGETS, "v9-8", pf_targets.Target("v9:2x2", chip, 8))
     with pytest.raises(DeviceError, match="cannot compile for TPU topology v9:2x2") as e:
-        preflight.target_devices("v9-8", 8)
+        pf_targets.target_devices("v9-8", 8)
     assert "\n" not in str(e.value)
 
 
@@ -207,9 +211,9 @@ def test_a_cost_model_without_a_usable_step_time_reports_none(monkeypatch):
     cfg = presets.bert_base()
     spec = RunSpec.resolve(cfg, 8)
     for seconds in (-650.9, 0.0):
-        monkeypatch.setattr(preflight, "estimate", lambda c, d, s=seconds: (s, 45e9))
-        r = preflight.Report("v5e-8", "zero1", "none", "data=8,fsdp=1", 32, 128)
-        preflight._add_estimate(r, cfg, "v5e-8", [None] * 8, spec)
+        monkeypatch.setattr(pf_speed, "estimate", lambda c, d, s=seconds: (s, 45e9))
+        r = pf_report.Report("v5e-8", "zero1", "none", "data=8,fsdp=1", 32, 128)
+        pf_speed.add_estimate(r, cfg, "v5e-8", [None] * 8, spec)
         assert r.est_step_s == 0 and r.est_bytes_per_step == 0 and r.model_flops > 0
         assert r.extra["no_estimate"] == f"optimal_seconds {seconds:.4g}"
-        assert "| - | - | - | - |" in preflight.table([r], find=False)
+        assert "| - | - | - | - |" in pf_report.table([r], find=False)

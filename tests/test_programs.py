@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtpu import preflight, programs, train
+from jaxtpu import programs, train
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags import presets
 from jaxtpu.core.flags import schema as config
+from jaxtpu.preflight import command as pf_command
 
 # a schedule that decays over the run: its length (from the data) is a constant of the program
 FLAGS = [
@@ -40,7 +41,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, config.Config
     """A run's programs saved for this machine's 8 devices, and that run's config."""
     root = tmp_path_factory.mktemp("programs")
     out = root / "programs"
-    preflight.main(
+    pf_command.main(
         [
             *FLAGS,
             "--target",
@@ -143,7 +144,7 @@ def test_program_flags_are_checked_before_anything_runs(tmp_path, capsys):
         ([], "exists and holds no saved programs"),
     ]:
         with pytest.raises(SystemExit) as e:
-            preflight.main(
+            pf_command.main(
                 [
                     "--preset",
                     "tiny",

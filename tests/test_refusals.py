@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtpu import export, preflight, train
+from jaxtpu import export, train
 from jaxtpu.core import files
 from jaxtpu.core.data import demo, readers, taskdata, tokens
 from jaxtpu.core.errors import CheckpointError, ConfigError, DataError
@@ -24,6 +24,9 @@ from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hf.directory import read_torch_file
 from jaxtpu.core.hf.encoder import EncoderConfig, read_encoder
+from jaxtpu.preflight import command as pf_command
+from jaxtpu.preflight import fit as pf_fit
+from jaxtpu.preflight import report as pf_report
 
 HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
 
@@ -248,7 +251,7 @@ def test_an_unreadable_csv_is_one_line(tmp_path, monkeypatch):
 
 def test_preflight_refuses_a_json_path_it_cannot_create_before_compiling(capsys):
     err = one_line_exit_2(
-        capsys, lambda: preflight.main(["--preset", "tiny", "--json", "/proc/jaxtpu-no/out.json"])
+        capsys, lambda: pf_command.main(["--preset", "tiny", "--json", "/proc/jaxtpu-no/out.json"])
     )
     assert "cannot create anything in /proc" in err and "preflight:" not in err
 
@@ -357,19 +360,19 @@ def test_init_from_a_file_that_is_not_a_torch_checkpoint_says_so(tmp_path, conte
 
 def test_an_empty_sweep_is_refused():
     with pytest.raises(ConfigError, match="--sweep '': empty"):
-        preflight.options(tiny(), "")
-    assert preflight.options(tiny(), None) == [tiny()]
+        pf_fit.options(tiny(), "")
+    assert pf_fit.options(tiny(), None) == [tiny()]
 
 
 def test_find_batch_where_nothing_fits_says_so(monkeypatch):
     def refused(cfg, target, devices, capacity, flops):
-        r = preflight.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
+        r = pf_report.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
         r.error = "RESOURCE_EXHAUSTED: out of memory"
         return r
 
-    monkeypatch.setattr(preflight, "check", refused)
-    best = preflight.find_batch(tiny().replace(batch_size=4), "v3-8", [], 0, lambda r: None)
-    row = preflight.table([best], find=True).splitlines()[-1]
+    monkeypatch.setattr(pf_fit, "check", refused)
+    best = pf_fit.find_batch(tiny().replace(batch_size=4), "v3-8", [], 0, lambda r: None)
+    row = pf_report.table([best], find=True).splitlines()[-1]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert "none (batch 1 refused)" in cells and "refused" in cells
     # not measured: params, optimizer, temporary, eval step, GFLOP, and the six speed columns

@@ -82,7 +82,7 @@ def test_every_tpu_generation_has_a_peak_per_device_and_a_cpu_none():
 def test_one_formula_for_a_devices_share_of_its_chips():
     """The loop's MFU peak (a TPU VM's device) and preflight's targets (a topology's devices)
     divide one chip table the same way: a v3 core is half a chip on a VM and in a v3-8."""
-    from jaxtpu.preflight import TPU_TARGETS
+    from jaxtpu.preflight.targets import TPU_TARGETS
 
     v3 = TPU_TARGETS["v3-8"]
     assert hardware.peak_flops_per_device("TPU v3") == v3.peak_flops_per_device() == 61.5e12

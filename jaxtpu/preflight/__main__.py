@@ -1,0 +1,7 @@
+"""`python -m jaxtpu.preflight`: the command (`jaxtpu.preflight.command`)."""
+
+import sys
+
+from jaxtpu.preflight.command import main
+
+sys.exit(main())

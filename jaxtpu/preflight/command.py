@@ -1,0 +1,166 @@
+"""`python -m jaxtpu.preflight`: how much memory a training run needs per device on a target
+(this machine's devices, or a TPU slice this machine does not have), before you rent it.
+
+It builds the run's real train and eval steps from the training flags (model, task, batch,
+max length, precision, strategy, --sharding, --mesh, --remat), compiles them ahead of time
+for the target without running them or allocating a weight, and reads the compiler's own
+accounting (`memory_analysis`, `cost_analysis`) of the compiled executables. For a TPU target
+it also reports the TPU compiler's cost-model estimate of the step time (`speed.estimate`),
+with the examples/s, tokens/s and model-FLOPs utilisation bound that implies: an estimate,
+not a measurement.
+
+TPU targets compile on a CPU-only host: PyPI's `libtpu` (installed by the project) compiles
+for a TPU topology through `jax.experimental.topologies.get_topology_desc`; the numbers are the
+TPU compiler's, for the same program that would run there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from jaxtpu.core import files
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.cli import parse_with
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.run.rundir import check_output_path, user_errors
+from jaxtpu.preflight.fit import check, find_batch, options
+from jaxtpu.preflight.lowering import save_programs
+from jaxtpu.preflight.report import Report, gib, say, table
+from jaxtpu.preflight.targets import TARGETS, TPU_TARGETS, platform_of, target_devices
+
+
+def _add_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("preflight")
+    g.add_argument(
+        "--target",
+        default="cpu",
+        choices=TARGETS,
+        help="Where the run would train: cpu (this machine's --num-devices devices; capacity = "
+        "host RAM / devices) or a TPU slice, compiled here by libtpu: "
+        + ", ".join(
+            f"{k} ({v.topology}, {v.chip.hbm_gib:g} GiB/chip)" for k, v in TPU_TARGETS.items()
+        )
+        + " [default: cpu]",
+    )
+    g.add_argument(
+        "--sweep",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="LIST",
+        help="Compile every memory option (--sharding replicated/zero1/fsdp x --remat "
+        "none/layer/dots) instead of only the flags' own, or those listed, e.g. "
+        "replicated,zero1,fsdp,fsdp+layer.",
+    )
+    g.add_argument(
+        "--find-batch",
+        action="store_true",
+        help="For each configuration, find the largest --batch-size (per device) whose train "
+        "and eval steps fit the target, to within 1/8 (doubling or halving from --batch-size, "
+        "then bisection; one compilation per batch tried).",
+    )
+    g.add_argument(
+        "--save-programs",
+        default=None,
+        metavar="DIR",
+        help="Also compile every program the run uses (a train call of each length its "
+        "buckets use, an eval batch of each validation length; the data are read as the run "
+        "reads them) for --target and save them in DIR, for python -m jaxtpu.train "
+        "--programs DIR on the target's machine (the same flags, jax, libtpu and XLA flags), "
+        "which then compiles nothing. Not with --sweep or --find-batch.",
+    )
+    g.add_argument(
+        "--json",
+        default=None,
+        help="Where to write the reports as JSON [default: runs/preflight/<target>.json].",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg, args = parse_with(
+        argv,
+        prog="python -m jaxtpu.preflight",
+        description="Compile a training run's train and eval steps for a target (this CPU or a "
+        "TPU slice) without running them, and print the memory each device needs, whether it "
+        "fits, FLOPs per step and compile time. Takes every training flag of jaxtpu.train.",
+        strategies=("jit", "shard_map"),
+        add_flags=_add_flags,
+    )
+    with user_errors():
+        if cfg.placement.num_processes > 1:
+            raise ConfigError("--num-processes: preflight compiles for one host's devices")
+        out = Path(args.json or f"runs/preflight/{args.target}.json")
+        check_output_path(out, "--json")  # before the first compilation, not after the last
+        if args.save_programs:
+            _check_programs_dir(Path(args.save_programs), args)
+        devices, capacity = target_devices(args.target, cfg.placement.num_devices)
+        configs = options(cfg, args.sweep)
+        for c in configs:  # every configuration is valid before any compiles
+            RunSpec.resolve(c, len(devices), platform_of(devices))
+        print(
+            f"preflight: {len(configs)} configuration(s) for {args.target} "
+            f"({len(devices)} x {devices[0].device_kind}, {gib(capacity)} each), "
+            f"{cfg.train.task}, {cfg.train.precision}, max_len {cfg.data.max_len}, model "
+            f"{cfg.model.model_dir or 'random init'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        reports: list[Report] = []
+        for c in configs:
+            if args.find_batch:
+                reports.append(find_batch(c, args.target, devices, capacity, say))
+            else:
+                reports.append(check(c, args.target, devices, capacity))
+                say(reports[-1])
+            # after every configuration: a long sweep stopped midway keeps what it measured
+            _write_json(
+                out,
+                {
+                    "target": args.target,
+                    "config": cfg.to_dict(),
+                    "reports": [asdict(r) for r in reports],
+                },
+            )
+        print(table(reports, args.find_batch))
+        print(f"preflight: wrote {out}", file=sys.stderr)
+        if args.save_programs:
+            if reports[0].error or not reports[0].fits:
+                raise ConfigError(
+                    f"--save-programs {args.save_programs}: the run does not fit "
+                    f"{args.target}; nothing saved (see the table)"
+                )
+            saved = save_programs(cfg, args.target, devices, Path(args.save_programs))
+            print(
+                f"preflight: saved {len(saved) - 1} programs in {args.save_programs}; train "
+                f"with the same flags and --programs {args.save_programs}",
+                file=sys.stderr,
+            )
+    return 0
+
+
+def _check_programs_dir(directory: Path, args: argparse.Namespace) -> None:
+    """--save-programs goes with one configuration, into a new directory or one it wrote."""
+    from jaxtpu.programs import MANIFEST
+
+    if args.sweep is not None or args.find_batch:
+        raise ConfigError(
+            f"--save-programs {directory}: saves one run's programs; leave out "
+            f"{'--sweep' if args.sweep is not None else '--find-batch'}"
+        )
+    if directory.exists() and (
+        not directory.is_dir() or (any(directory.iterdir()) and not (directory / MANIFEST).exists())
+    ):
+        raise ConfigError(
+            f"--save-programs {directory}: exists and holds no saved programs; give a new directory"
+        )
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    """Replaces `path` atomically: a killed run never leaves half a file."""
+    files.write_text(path, json.dumps(record, indent=2))
