@@ -268,3 +268,19 @@ def test_predicts_chunks_end_between_rows_never_inside_a_multi_line_comment(tmp_
         assert [i for c in chunks for i in c.ids] == whole.ids
         assert sum(c.dropped for c in chunks) == whole.dropped == 1
     assert whole.texts[1] == 'a comment over three lines, "quoted", and a comma'
+
+
+def test_a_training_file_s_header_is_read_once(tmp_path, monkeypatch):
+    """read_task_file opens the file and reads its header once; the reader (and, on a miss,
+    the file cache) continues from that table instead of opening it again for its header."""
+    from jaxtpu.core.tasks import get_task
+
+    path = tmp_path / "train.csv"
+    path.write_text("comment_text,toxic\nyou idiot,1\nthanks,0\nfine,0\n", encoding="utf-8")
+    reads = []
+    real = tables._HEADERS["csv"]
+    monkeypatch.setitem(tables._HEADERS, "csv", lambda p: reads.append(p) or real(p))
+    task = get_task("toxicity")
+    assert len(taskdata.read_task_file(path, task)) == 3 and len(reads) == 1
+    data = taskdata.read_task_file(path, task, cache_dir=tmp_path / "cache")  # a miss
+    assert len(data) == 3 and len(reads) == 2

@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxtpu.core.data import readers
 from jaxtpu.core.data.records import Comments, FileTexts, Groups, Pairs
+from jaxtpu.core.data.tables import Table
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.files import atomic_write
 
@@ -23,7 +24,9 @@ log = logging.getLogger(__name__)
 TABLE_VERSION = 1  # bump when what a reader returns for a file changes
 
 
-def read_cached(kind: str, path: Path, fold_column: str, cache_dir: Path) -> Comments | Pairs:
+def read_cached(
+    kind: str, path: Path, fold_column: str, cache_dir: Path, table: Table | None = None
+) -> Comments | Pairs:
     """A file as its reader reads it, from the cache when this content was read before.
 
     The entry (`<key>.table.npz` beside the token entries) holds everything the reader returns
@@ -31,6 +34,7 @@ def read_cached(kind: str, path: Path, fold_column: str, cache_dir: Path) -> Com
     digest, keyed by a hash of the file's bytes (a changed file is read again). A run whose
     token entries exist (keyed by the same digests) then never reads the texts; `FileTexts`
     reads them from the file if it does need them (a new --max-len, another split).
+    `table`: the file opened with its header read, when the caller has it.
     """
     h = hashlib.sha256(f"{TABLE_VERSION}|{kind}|{fold_column}|".encode())
     with open(path, "rb") as f:
@@ -53,7 +57,7 @@ def read_cached(kind: str, path: Path, fold_column: str, cache_dir: Path) -> Com
                 type(e).__name__,
                 path,
             )
-    data = readers.READERS[kind](path, fold_column=fold_column)
+    data = readers.READERS[kind](path, fold_column=fold_column, table=table)
     data.text_digests()
     try:
         with atomic_write(entry, "wb") as f:

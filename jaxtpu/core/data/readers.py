@@ -154,7 +154,10 @@ def comments_to_score(path: str | os.PathLike, chunk: int) -> Iterator[Comments]
 
 
 def read_comments(
-    path: str | os.PathLike, labelled: bool = True, fold_column: str = ""
+    path: str | os.PathLike,
+    labelled: bool = True,
+    fold_column: str = "",
+    table: Table | None = None,
 ) -> Comments:
     """Reads a Kaggle classification file (CSV, Parquet or JSON Lines, `jaxtpu.core.data.tables`):
     the comment (`comment_text`, or the Multilingual test file's `content`), the label (`toxic`,
@@ -168,7 +171,7 @@ def read_comments(
     The rows are read as a stream: numbers go straight into compact arrays, and no row outlives
     its turn.
     """
-    table = open_table(path)
+    table = table or open_table(path)  # a caller that read the header already passes it
     header = table.header
     text_col, id_col = _text_and_id(path, header, labelled)
     label_col = _one_column(path, header, LABEL_COLUMNS, "label") if labelled else ""
@@ -248,9 +251,9 @@ def _groups(path: Any, names: list[str], values: np.ndarray, langs: list[str] | 
     return Groups(identities, None if langs is False else np.asarray(langs))
 
 
-def read_pairs(path: str | os.PathLike, fold_column: str = "") -> Pairs:
+def read_pairs(path: str | os.PathLike, fold_column: str = "", table: Table | None = None) -> Pairs:
     """Reads a Rate Severity pairs file (`less_toxic`, `more_toxic`, optional `worker`)."""
-    table = open_table(path)
+    table = table or open_table(path)
     if file_kind(table.header) != "pairs":
         raise missing_columns_error(path, table.header, "less_toxic, more_toxic")
     if LANG_COLUMN in table.header:

@@ -16,9 +16,10 @@ from jaxtpu.core.data import readers
 from jaxtpu.core.data.demo import SAMPLE_CSV, demo_comments
 from jaxtpu.core.data.filecache import read_cached
 from jaxtpu.core.data.pairing import pairs_from_labels
-from jaxtpu.core.data.readers import columns, file_kind, missing_columns_error
+from jaxtpu.core.data.readers import file_kind, missing_columns_error
 from jaxtpu.core.data.records import Comments, Groups, Pairs
 from jaxtpu.core.data.splits import split, subsample
+from jaxtpu.core.data.tables import open_table
 from jaxtpu.core.data.tokenized import Examples, encode, labels_of
 from jaxtpu.core.data.tokens import default_cache_dir
 from jaxtpu.core.errors import DataError
@@ -40,14 +41,15 @@ def read_task_file(
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
     the fold ids of `fold_column` when one is asked for; with a `cache_dir`, through the file
     cache (`read_cached`)."""
-    header = columns(path)
-    kind = file_kind(header)
+    table = open_table(path)  # the header, read once: the reader takes it from here
+    kind = file_kind(table.header)
     if kind not in task.reads:
-        raise missing_columns_error(path, header, " or ".join(_EXPECTED[k] for k in task.reads))
+        expected = " or ".join(_EXPECTED[k] for k in task.reads)
+        raise missing_columns_error(path, table.header, expected)
     if cache_dir is None:
-        data = readers.READERS[kind](path, fold_column=fold_column)
+        data = readers.READERS[kind](path, fold_column=fold_column, table=table)
     else:
-        data = read_cached(kind, Path(path), fold_column, Path(cache_dir))
+        data = read_cached(kind, Path(path), fold_column, Path(cache_dir), table)
     if isinstance(data, Comments) and data.groups and task.comments_per_example == 2:
         log.warning(
             "%s: identity/lang columns not used: the %s task is scored by agreement over pairs",
