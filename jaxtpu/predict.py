@@ -140,7 +140,8 @@ class Scorer:
         ids, mask = encode_texts(texts, self.tokenizer, self.max_len)
         label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_layout's
         batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
-        examples = tokenized.Examples(ids, mask, label)
+        layout = self.task.batch_layout(self.max_len)
+        examples = tokenized.Examples(ids, mask, label, layout=layout)
         _, scores = loop.score_examples(self.backend, examples, batcher, self.task)
         return scores
 

@@ -171,3 +171,24 @@ def test_real_jigsaw_file_loads(real_csv):
     assert len(c) > 9000 and 0.2 < c.labels.mean() < 0.3
     blank = np.isnan(c.sublabels).all(axis=1)
     assert 0.15 < blank.mean() < 0.35  # a quarter of rows label `toxic` only
+
+
+def test_a_batch_is_made_to_the_tasks_batch_layout(tokenizer):
+    """`Examples.take` builds its dict from `Task.batch_layout`: its keys, its dtypes, every
+    key present; a layout key the examples cannot fill is named."""
+    from jaxtpu.core.data.tokenized import Examples, encode
+    from jaxtpu.core.tasks import get_task
+
+    task = get_task("multilabel")
+    examples = encode(demo.demo_comments(16, seed=1), tokenizer, 24, task=task)
+    assert examples.layout == task.batch_layout(24)
+    batch = examples.take(np.arange(4), length=16)
+    assert list(batch) == list(task.batch_layout(24))
+    for key, (shape, dtype) in task.batch_layout(24).items():
+        assert batch[key].dtype == np.dtype(dtype), key
+        tokens = key in ("input_ids", "attention_mask")  # cut to the batch's length
+        assert batch[key].shape[1:] == ((16,) if tokens else shape), key
+    wider = {**task.batch_layout(24), "sample_weight": ((), "float32")}
+    odd = Examples(examples.input_ids, examples.attention_mask, examples.label, layout=wider)
+    with pytest.raises(KeyError, match="sample_weight"):
+        odd.take(np.arange(2))

@@ -6,6 +6,7 @@ same examples in the same order."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,9 @@ class Examples:
     cache_hit: bool = False
     groups: Groups = field(default_factory=Groups)  # for the metrics, never batched
     lengths: np.ndarray | None = None  # (N,) `real_lengths` when the tokenizer gave them
+    # what a batch holds, `Task.batch_layout` ({key: (row shape, dtype)}); None: the four
+    # arrays as they are
+    layout: Mapping[str, tuple[tuple[int, ...], str]] | None = None
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
@@ -42,15 +46,23 @@ class Examples:
         self, idx: np.ndarray, weight: np.ndarray | None = None, length: int | None = None
     ) -> dict[str, np.ndarray]:
         """The batch of rows `idx`, cut to `length` tokens (None: all; see
-        `jaxtpu.core.data.buckets`)."""
+        `jaxtpu.core.data.buckets`), made to the task's batch layout: its keys, in its dtypes."""
         if weight is None:
             weight = np.ones(idx.shape[0], np.float32)
         cut = slice(None, length)
+        columns = {
+            "input_ids": lambda: self.input_ids[idx, ..., cut],
+            "attention_mask": lambda: self.attention_mask[idx, ..., cut],
+            "label": lambda: self.label[idx],
+            "weight": lambda: weight.astype(np.float32),
+        }
+        layout = self.layout or dict.fromkeys(columns, ((), ""))
+        missing = [k for k in layout if k not in columns]
+        if missing:
+            raise KeyError(f"the batch layout asks for {missing}; examples hold {list(columns)}")
+        batch = {k: columns[k]() for k in layout}
         return {
-            "input_ids": self.input_ids[idx, ..., cut],
-            "attention_mask": self.attention_mask[idx, ..., cut],
-            "label": self.label[idx],
-            "weight": weight.astype(np.float32),
+            k: x.astype(layout[k][1], copy=False) if layout[k][1] else x for k, x in batch.items()
         }
 
 
@@ -72,12 +84,15 @@ def encode(
         t = cached_tokens(both, digests, tokenizer, max_len, cache_dir)
         pair = lambda a: a.reshape(n, 2, max_len)  # noqa: E731
         longer = t.lengths.reshape(n, 2).max(1)
+        label = np.ones(n, np.float32)  # the more toxic comment is the second
+        layout = task.batch_layout(max_len)
         return Examples(
-            pair(t.ids), pair(t.mask), np.ones(n, np.float32), t.cache_hit, lengths=longer
+            pair(t.ids), pair(t.mask), label, t.cache_hit, lengths=longer, layout=layout
         )
     t = cached_tokens(lambda: data.texts, data.text_digests(), tokenizer, max_len, cache_dir)
     labels = labels_of(data, task.label_columns).reshape(len(data), *task.label_shape)
-    return Examples(t.ids, t.mask, labels, t.cache_hit, data.groups, t.lengths)
+    layout = task.batch_layout(max_len)
+    return Examples(t.ids, t.mask, labels, t.cache_hit, data.groups, t.lengths, layout)
 
 
 def labels_of(data: Comments, label_columns: tuple[str, ...]) -> np.ndarray:
