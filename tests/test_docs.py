@@ -56,6 +56,7 @@ def test_a_broken_link_fails_the_build(tmp_path):
     copy = tmp_path / "repo"
     copy.mkdir()
     shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+    shutil.copy(ROOT / "README.md", copy / "README.md")  # the home page is its front
     shutil.copytree(ROOT / "docs", copy / "docs")
     page = copy / "docs" / "getting-started.md"
     page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
