@@ -56,7 +56,7 @@ def _silence_closed_loop_noise() -> None:
     """After a failed write the run ends, but orbax's pool threads can still finish later and
     try to hand their results to its closed asyncio loop, which logs (or raises in the thread)
     `RuntimeError: Event loop is closed` with a traceback, possibly after the one-line error
-    (an intermittent race: tests/test_reliability.py full-disk case). Those reports, and only
+    (an intermittent race: tests/test_rundir.py full-disk case). Those reports, and only
     those, are dropped from then on."""
     import threading
 

@@ -22,6 +22,9 @@ def pytest_configure(config: pytest.Config) -> None:
         import jax
 
         jax.config.update("jax_num_cpu_devices", 8)
+        # Started now, so that a command run in-process with --num-devices 1 (which asks for
+        # that many virtual devices when JAX has not started) cannot leave later tests one.
+        jax.devices()
     except (ImportError, RuntimeError):
         pass
 
@@ -70,5 +73,16 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         timeout=600,
     )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return wd
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny run trained for 7 steps to its end, for the tests that score or damage one."""
+    from helpers import TINY, cli
+
+    wd = tmp_path_factory.mktemp("done") / "run"
+    proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--max-steps", "7")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return wd

@@ -232,3 +232,78 @@ def notebook_model(model_dir: Path, seed: int = 7, **names: str) -> Any:
     config = json.loads((model_dir / "config.json").read_text())
     torch.manual_seed(seed)
     return notebook_class()(BertConfig(**config, attn_implementation="eager"), **names).eval()
+
+
+# ------------------------------------------------------------ the commands, driven as a user would
+
+TINY = ["--preset", "tiny", "--no-progress"]
+EAGER = [*TINY, "--parallel", "eager", "--num-devices", "1", "--batch-size", "16"]
+SIDE_COMMANDS = {"jax": ("jaxtpu.train", TINY), "torch": ("torchxla_ref.train", EAGER)}
+TOXIC_HEADER = "id,comment_text,toxic\n"
+JIGSAW_HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
+
+
+def cli(module: str, *args: Any, timeout: float = 600, env=None) -> subprocess.CompletedProcess:
+    """`python -m module args` from the repository, in a clean environment, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        cwd=ROOT,
+        env=clean_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def one_line(proc: subprocess.CompletedProcess, message: str, code: int = 2) -> None:
+    """The command exited with `code` and one `error:` line holding `message`, no traceback."""
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert len([x for x in proc.stderr.splitlines() if "error:" in x]) == 1, proc.stderr
+
+
+def one_line_exit_2(capsys, call) -> str:
+    """`call()` (a command's main, in-process) exits 2 with one line on stderr; returns it."""
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        call()
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def torch_main(argv):
+    """The torch side's command, in-process, on one device in eager mode."""
+    from torchxla_ref import train as torch_train
+
+    return torch_train.main(["--parallel", "eager", "--num-devices", "1", *argv])
+
+
+def jax_main(argv):
+    from jaxtpu import train
+
+    return train.main(argv)
+
+
+SIDE_MAINS = {"jaxtpu": jax_main, "torchxla_ref": torch_main}
+
+
+def strict_json_lines(path: Path) -> list[dict]:
+    """A .jsonl file's records (or a .json file's one), refusing NaN and Infinity tokens."""
+
+    def refuse(token: str):
+        raise AssertionError(f"{path}: non-standard JSON token {token}")
+
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(x, parse_constant=refuse) for x in text.splitlines() if x]
+    return [json.loads(text, parse_constant=refuse)]
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path

@@ -1,7 +1,7 @@
 """The shared loop (`jaxtpu.core.run.loop.run`) driven by a numpy `FakeBackend`: NaN, early
 stopping, SIGTERM, the order of checkpoints and resume, in milliseconds and without a
-framework. The end-to-end tests keep one real run of each (tests/test_robustness.py,
-tests/test_reliability.py)."""
+framework. The end-to-end tests keep one real run of each (tests/test_signals.py,
+tests/test_rundir.py, tests/test_loop.py)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,11 @@ which calls log, evaluate and checkpoint."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from helpers import TINY, cli
 
 from jaxtpu.core.data.buckets import Batcher, shuffled_batches
 from jaxtpu.core.flags.presets import tiny
@@ -88,3 +91,54 @@ def test_every_step_is_in_exactly_one_call(k):
     expect = [i for e in range(3) for i in shuffled_batches(88, 8, seed, e)]
     for a, b in zip([i.idx for c in out for i in c.batches], expect, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.e2e
+def test_nan_loss_stops_with_step_and_keeps_the_best_checkpoint(tmp_path):
+    wd = tmp_path / "run"
+    # Warm-up from 0 to a huge peak: step 1 trains at lr 0 (and is evaluated and checkpointed),
+    # then the learning rate explodes the weights.
+    proc = cli(
+        "jaxtpu.train",
+        *TINY,
+        "--workdir",
+        str(wd),
+        "--lr",
+        "1e9",
+        "--clip-norm",
+        "0",
+        "--schedule",
+        "linear",
+        "--warmup-frac",
+        "0.5",
+        "--epochs",
+        "3",
+        "--eval-every",
+        "1",
+        "--log-every",
+        "1",
+        "--precision",
+        "fp32",
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "loss became nan at step" in proc.stderr or "became nan" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = map(json.loads, (wd / "metrics.jsonl").read_text().splitlines())
+    evals = [x for x in lines if x["event"] == "eval"]
+    assert evals and all(np.isfinite(e["val_loss"]) for e in evals)
+    best = json.loads(next((wd / "checkpoints" / "best").glob("*/meta/metadata")).read_text())
+    assert np.isfinite(best["val_loss"]) and best["step"] == evals[0]["step"] == 1
+    latest = json.loads(next((wd / "checkpoints" / "latest").glob("*/meta/metadata")).read_text())
+    assert latest["step"] == evals[-1]["step"]  # the last state evaluated as finite
+
+
+def test_the_lr_of_a_metrics_line_is_the_rate_its_step_trained_with(tmp_path):
+    """A linear schedule over 7 updates: step s trained at lr x (7 - (s - 1)) / 7."""
+    from helpers import FakeBackend, run_fake
+
+    run_fake(tmp_path, FakeBackend({}), epochs=1, schedule="linear", lr=1e-3)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lrs = {x["step"]: x["lr"] for x in lines if x["event"] == "train"}
+    assert lrs[1] == pytest.approx(1e-3)
+    for step, lr in lrs.items():
+        assert lr == pytest.approx(1e-3 * (7 - (step - 1)) / 7, rel=1e-6), step

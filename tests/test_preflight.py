@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import (
+    one_line_exit_2,
+)
 
 from jaxtpu.core.errors import ConfigError, DeviceError
 from jaxtpu.core.flags import presets
+from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hardware import TpuChip
 from jaxtpu.preflight import command as pf_command
@@ -217,3 +221,31 @@ def test_a_cost_model_without_a_usable_step_time_reports_none(monkeypatch):
         assert r.est_step_s == 0 and r.est_bytes_per_step == 0 and r.model_flops > 0
         assert r.extra["no_estimate"] == f"optimal_seconds {seconds:.4g}"
         assert "| - | - | - | - |" in pf_report.table([r], find=False)
+
+
+def test_preflight_refuses_a_json_path_it_cannot_create_before_compiling(capsys):
+    err = one_line_exit_2(
+        capsys, lambda: pf_command.main(["--preset", "tiny", "--json", "/proc/jaxtpu-no/out.json"])
+    )
+    assert "cannot create anything in /proc" in err and "preflight:" not in err
+
+
+def test_an_empty_sweep_is_refused():
+    with pytest.raises(ConfigError, match="--sweep '': empty"):
+        pf_fit.options(tiny(), "")
+    assert pf_fit.options(tiny(), None) == [tiny()]
+
+
+def test_find_batch_where_nothing_fits_says_so(monkeypatch):
+    def refused(cfg, target, devices, capacity, flops):
+        r = pf_report.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
+        r.error = "RESOURCE_EXHAUSTED: out of memory"
+        return r
+
+    monkeypatch.setattr(pf_fit, "check", refused)
+    best = pf_fit.find_batch(tiny().replace(batch_size=4), "v3-8", [], 0, lambda r: None)
+    row = pf_report.table([best], find=True).splitlines()[-1]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "none (batch 1 refused)" in cells and "refused" in cells
+    # not measured: params, optimizer, temporary, eval step, GFLOP, and the six speed columns
+    assert cells.count("-") == 11

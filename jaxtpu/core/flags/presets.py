@@ -84,7 +84,7 @@ def xla_notebook() -> Config:
     jigsaw-toxic-comment-train.csv --valid-csv validation.csv` (DIR: the notebook's pretrained
     BERT directory; required).
     Expect: the notebook's losses step for step in fp32 with dropout off
-    (tests/test_recipes.py); its printed AUC differs (below).
+    (tests/test_presets.py); its printed AUC differs (below).
     Not reproduced: `XLA_USE_BF16=1` keeps the weights and AdamW moments in bf16 (jaxtpu keeps
     fp32 masters and computes in bf16); the notebook's AUC is each core's AUC of its own
     slice, averaged by `xm.mesh_reduce` (jaxtpu's is one AUC over the whole set); its
@@ -128,7 +128,7 @@ def lightning_severity() -> Config:
     Run: `python -m jaxtpu.train --preset lightning-severity --model-dir DIR --train-csv
     train_5folds.csv --all-folds` (DIR: the notebook's pretrained model directory; required).
     Expect: the notebook's losses step for step in fp32 with dropout off
-    (tests/test_recipes.py); folds.json and oof.csv for the five folds.
+    (tests/test_presets.py); folds.json and oof.csv for the five folds.
     Not reproduced: the head's dropout is the ranking task's 0.2 and the batch sizes, length
     and epochs are jaxtpu's (--dropout, --batch-size, --valid-batch-size, --max-len,
     --epochs: set the notebook's); Lightning's `precision=16` is --precision bf16 here.

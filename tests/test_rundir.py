@@ -1,0 +1,203 @@
+"""The run directory (`jaxtpu.core.run.rundir`, `jaxtpu.checkpoint`): one run per directory,
+resume that cannot drift, and checkpoints kept through a full disk, corruption, another
+task's checkpoint and a killed save's leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import (
+    SIDE_COMMANDS,
+    TINY,
+    cli,
+    one_line,
+    resumable_args,
+)
+
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.run.rundir import claim_workdir
+from parity_tests.harness import ROOT, clean_env
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("side", SIDE_COMMANDS)
+def test_a_second_run_on_a_held_directory_is_refused_naming_the_holder(tmp_path, side):
+    module, base = SIDE_COMMANDS[side]
+    wd = tmp_path / "run"
+    with claim_workdir(wd, tiny()):  # this test process holds the run directory
+        for extra in ([], ["--resume"]):
+            proc = cli(module, *base, "--workdir", wd, "--max-steps", "2", *extra)
+            one_line(proc, f"--workdir {wd} is in use by another run (process {os.getpid()} on")
+    assert not (wd / "metrics.jsonl").exists()
+
+
+@pytest.mark.e2e
+def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
+    wd = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from jaxtpu.core.flags.presets import tiny\n"
+            "from jaxtpu.core.run.rundir import claim_workdir\n"
+            "with claim_workdir(Path(sys.argv[1]), tiny()):\n print('held', flush=True); "
+            "time.sleep(600)",
+            str(wd),
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(UserError, match="is in use by another run"):
+        with claim_workdir(wd, tiny()):
+            pass
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with claim_workdir(wd, tiny().replace(resume=True, workdir=str(wd))):
+        pass  # the kernel dropped the dead process's lock
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("side", SIDE_COMMANDS)
+def test_resume_refuses_changed_flags_and_records_what_ran(tmp_path, side):
+    module, base = SIDE_COMMANDS[side]
+    wd = tmp_path / "run"
+    assert cli(module, *base, "--workdir", wd, "--max-steps", "2").returncode == 0
+    recorded = (wd / "config.json").read_text()
+    proc = cli(
+        module,
+        *base,
+        "--workdir",
+        wd,
+        "--resume",
+        "--max-steps",
+        "2",
+        "--lr",
+        "1e-3",
+        "--seed",
+        "3",
+    )
+    one_line(proc, "flags differ from the run's")
+    assert "--lr 0.003 -> 0.001" in proc.stderr and "--seed 0 -> 3" in proc.stderr
+    proc = cli(module, *base, "--workdir", wd, "--resume", "--max-steps", "2", "--task", "ranking")
+    one_line(proc, "--task toxicity -> ranking")
+    assert (wd / "config.json").read_text() == recorded
+    proc = cli(module, *base, "--workdir", wd, "--resume", "--max-steps", "4")  # may change
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((wd / "config.json").read_text())["config"]["train"]["max_steps"] == 4
+    assert json.loads((wd / "summary.json").read_text())["steps"] == 4
+
+
+def _mount_tmpfs(path: Path, size_bytes: int) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    ok = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)],
+        capture_output=True,
+    )
+    return ok.returncode == 0
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("side", SIDE_COMMANDS)
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, side):
+    module, base = SIDE_COMMANDS[side]
+    args = [*base, "--epochs", "2", "--log-every", "1", "--precision", "fp32"]
+    probe = tmp_path / "probe"
+    assert cli(module, *args, "--workdir", probe, "--max-steps", "7").returncode == 0
+    disk = tmp_path / "disk"
+    # room for everything a run writes up to its first evaluation, not for a second checkpoint
+    if not _mount_tmpfs(disk, _du(probe) + 2 * 2**20):
+        pytest.skip("mounting a small tmpfs (the full disk) needs root")
+    try:
+        wd = disk / "run"
+        proc = cli(module, *args, "--workdir", wd)
+        one_line(proc, "no space left on device writing checkpoint")
+        assert "MiB free" in proc.stderr and "continue with --resume" in proc.stderr
+        failed = int(proc.stderr.split("writing checkpoint ")[1].split()[0])
+        (kept,) = (wd / "checkpoints" / "latest").iterdir()  # no temporary files left
+        assert int(kept.name.removeprefix("step_").removesuffix(".pt")) < failed
+        assert not [p for p in (wd / "checkpoints").rglob("*") if "tmp" in p.name]
+        copy = tmp_path / "freed"  # the user frees space: the kept checkpoint resumes
+        shutil.copytree(wd, copy)
+        resumed = cli(module, *args, "--workdir", copy, "--resume")
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert f"at step {kept.name.removeprefix('step_').removesuffix('.pt')}" in resumed.stdout
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.mark.e2e
+def test_corrupted_checkpoint_is_reported_and_kept(finished_run, tmp_path):
+    wd = tmp_path / "run"
+    shutil.copytree(finished_run, wd)
+    step_dir = next((wd / "checkpoints" / "latest").iterdir())
+    for f in step_dir.rglob("*"):
+        if f.is_file() and f.stat().st_size > 1000:
+            f.write_bytes(b"garbage")
+    proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--resume", "--max-steps", "7")
+    assert proc.returncode == 2
+    assert re.search(r"checkpoints/latest/7: unreadable (or incomplete )?checkpoint", proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert step_dir.exists()  # nothing deleted
+
+
+@pytest.mark.e2e
+@pytest.mark.torch
+def test_torch_side_refuses_corrupted_and_foreign_checkpoints(tmp_path):
+    wd = tmp_path / "run"
+    eager = [*TINY, "--parallel", "eager", "--num-devices", "1", "--max-steps", "3"]
+    proc = cli("torchxla_ref.train", *eager, "--workdir", str(wd))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    other = tmp_path / "other"
+    shutil.copytree(wd, other)
+    (other / "config.json").unlink()  # no recorded flags: the checkpoint's identity decides
+    proc = cli(
+        "torchxla_ref.train", *eager, "--workdir", str(other), "--resume", "--task", "ranking"
+    )
+    one_line(proc, "checkpoint is for task 'toxicity', this run is 'ranking'")
+    (ckpt,) = (wd / "checkpoints" / "latest").glob("step_*.pt")
+    ckpt.write_bytes(b"garbage")
+    proc = cli("torchxla_ref.train", *eager, "--workdir", str(wd), "--resume")
+    one_line(proc, f"{ckpt}: unreadable checkpoint")
+    assert ckpt.read_bytes() == b"garbage"  # kept for the user to inspect
+
+
+@pytest.mark.e2e
+def test_checkpoint_of_another_task_is_refused(finished_run, tmp_path):
+    wd = tmp_path / "run"
+    shutil.copytree(finished_run, wd)
+    (wd / "config.json").unlink()  # no recorded flags: the checkpoint's identity decides
+    proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--resume", "--task", "ranking")
+    assert proc.returncode == 2
+    assert "checkpoint is for task 'toxicity', this run is 'ranking'" in proc.stderr
+
+
+@pytest.mark.e2e
+def test_leftover_partial_checkpoint_does_not_break_resume(uninterrupted, tmp_path):
+    """A run killed while orbax writes leaves a temporary directory; resume ignores it."""
+    wd = tmp_path / "run"
+    shutil.copytree(uninterrupted, wd)
+    (wd / "summary.json").unlink()
+    latest = wd / "checkpoints" / "latest"
+    partial = latest / "99.orbax-checkpoint-tmp-1234567890"
+    partial.mkdir()
+    (partial / "garbage").write_bytes(os.urandom(100))
+    proc = cli("jaxtpu.train", *resumable_args(wd), "--resume")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "resumed from" in proc.stdout

@@ -1,0 +1,77 @@
+"""The tokenizer and the token cache (`jaxtpu.core.data.tokens`): a run's own tokenizer,
+damaged or stale cache entries, and a full disk while saving."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import (
+    one_line_exit_2,
+)
+
+from jaxtpu import train
+from jaxtpu.core import files
+from jaxtpu.core.data import tokens
+from jaxtpu.core.errors import DataError
+
+
+@pytest.mark.model
+def test_a_refused_run_leaves_no_tokenizer_and_a_run_writes_its_own(tmp_path, capsys, minilm_dir):
+    wd = tmp_path / "run"
+    wd.mkdir()  # made by the user: kept, but emptied of what the refused run added
+    one_line_exit_2(
+        capsys,
+        lambda: train.main(["--preset", "tiny", "--vocab-size", "1000", "--workdir", str(wd)]),
+    )
+    assert sorted(p.name for p in wd.iterdir()) == []
+    stale = wd / "tokenizer"
+    stale.mkdir()
+    (stale / "tokenizer.json").write_text("{}")  # an earlier run's, not this one's
+    assert train.main(["--preset", "tiny", "--max-steps", "2", "--workdir", str(wd)]) == 0
+    written = json.loads((stale / "tokenizer.json").read_text())
+    source = json.loads((Path(minilm_dir) / "tokenizer.json").read_text())
+    assert written["model"]["vocab"] == source["model"]["vocab"]
+
+
+def test_a_damaged_token_cache_entry_is_dropped_and_rebuilt(tmp_path, tokenizer, caplog):
+    texts = ["a comment", "another comment"]
+    ids = np.array(tokens.tokenize(texts, tokenizer, 16, tmp_path)[0])  # a copy: it is mapped
+    (entry,) = tmp_path.glob("*.npy")
+    entry.write_bytes(entry.read_bytes()[:40])  # truncated, as a full disk or a crash leaves it
+    with caplog.at_level(logging.WARNING):
+        again, _, hit = tokens.tokenize(texts, tokenizer, 16, tmp_path)
+    assert not hit and np.array_equal(ids, again)
+    assert "is damaged (ValueError); dropped, tokenizing again" in caplog.text
+    assert tokens.tokenize(texts, tokenizer, 16, tmp_path)[2]  # rebuilt: a hit now
+
+
+def test_a_stale_temporary_of_a_killed_writer_is_removed(tmp_path, tokenizer):
+    dead = 2**22 + 12345  # beyond pid_max's default: no such process
+    stale = tmp_path / f".abc.npy.{dead}.0123abcd.tmp"
+    stale.write_bytes(b"half")
+    live = tmp_path / f".abc.npy.{os.getpid()}.0123abcd.tmp"  # a writer still at work
+    live.write_bytes(b"half")
+    tokens.tokenize(["a comment"], tokenizer, 16, tmp_path)
+    assert not stale.exists() and live.exists()
+    assert files.remove_stale_temporaries(tmp_path) == 0
+
+
+def test_a_full_disk_while_saving_the_tokenizer_is_one_line_and_leaves_nothing(
+    tmp_path, tokenizer, monkeypatch
+):
+    import errno
+
+    def full(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "tokenizer.json").write_text("{")  # half written
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tokenizer, "save_pretrained", full)
+    with pytest.raises(DataError, match="no space left on device writing the tokenizer"):
+        tokens.save_tokenizer(tokenizer, tmp_path / "tokenizer")
+    assert list(tmp_path.iterdir()) == []
