@@ -62,11 +62,10 @@ def swapped(variant: str) -> Iterator[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
 
-    from jaxtpu.models import encoder as models
-    from jaxtpu.models import ops
+    from jaxtpu.models import layers, ops
 
     saved = {name: getattr(ops, name) for name in ("hash_bits", "gelu")}
-    saved_ln = models._layer_norm
+    saved_ln = layers.layer_norm
     overrides: dict[str, Any] = {}
     for change in variant.split("+"):
         if change == "dropout=prng":
@@ -78,7 +77,7 @@ def swapped(variant: str) -> Iterator[dict[str, Any]]:
         elif change == "tpu":
             overrides.update(matmul_output="auto", sharding="auto")
         elif change == "layernorm_out=bf16":
-            models._layer_norm = lambda cfg, name, param_dtype: nn.LayerNorm(
+            layers.layer_norm = lambda cfg, name, param_dtype: nn.LayerNorm(
                 epsilon=cfg.layer_norm_eps,
                 dtype=jnp.bfloat16,
                 param_dtype=param_dtype,
@@ -95,7 +94,7 @@ def swapped(variant: str) -> Iterator[dict[str, Any]]:
     finally:
         for name, fn in saved.items():
             setattr(ops, name, fn)
-        models._layer_norm = saved_ln
+        layers.layer_norm = saved_ln
 
 
 def main(argv: list[str] | None = None) -> int:

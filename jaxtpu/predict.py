@@ -54,6 +54,7 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     """The best checkpoint of a run directory, with its config, encoder shape and tokenizer."""
     from jaxtpu import checkpoint
     from jaxtpu.models import encoder as models
+    from jaxtpu.models import layers
 
     wd = Path(workdir)
     record = wd / "config.json"
@@ -72,7 +73,7 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     template = models.param_shapes(stored, spec.task.example_shape(8))
     params, meta = ckpts.restore_best(template, spec.identity)
     if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
-        params = models.unstack_layers(params)
+        params = layers.unstack_layers(params)
     return TrainedModel(cfg, spec, module, params, meta, wd / "tokenizer")
 
 

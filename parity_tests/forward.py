@@ -131,6 +131,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
 
     from jaxtpu import weights
     from jaxtpu.models import encoder as models
+    from jaxtpu.models import head
 
     enc = encoder(args.model_dir)
     module = models.create_module(enc, 0.0, args.precision)
@@ -164,7 +165,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     out = {
         "logits": np.asarray(logits, np.float32),
         "hidden": np.asarray(hidden, np.float32),
-        "pooled": np.asarray(models.pool(module.pooling, hidden, pooler, mask), np.float32),
+        "pooled": np.asarray(head.pool(module.pooling, hidden, pooler, mask), np.float32),
     }
     if args.capture:
         for path, point in points.items():

@@ -237,12 +237,11 @@ def test_tpu_tuning_swaps_each_change_in_and_back_out():
     """benchmarks.tpu_tuning's variants: kernels swapped for the block only, flags as config
     overrides, '+' joins changes, an unknown one is refused."""
     from benchmarks import tpu_tuning
-    from jaxtpu.models import encoder as models
-    from jaxtpu.models import ops
+    from jaxtpu.models import layers, ops
 
-    gelu, layer_norm = ops.gelu, models._layer_norm
+    gelu, layer_norm = ops.gelu, layers.layer_norm
     with tpu_tuning.swapped("gelu=tanh+matmul_out=bf16+sharding=fsdp") as overrides:
-        assert ops.gelu is not gelu and models._layer_norm is layer_norm
+        assert ops.gelu is not gelu and layers.layer_norm is layer_norm
         assert overrides == {"matmul_output": "bf16", "sharding": "fsdp"}
     assert ops.gelu is gelu
     with tpu_tuning.swapped("tpu") as overrides:

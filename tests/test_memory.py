@@ -17,6 +17,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import jax_only_options
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.models import encoder as models
+from jaxtpu.models import layers
 
 
 def _losses(workdir) -> list[float]:
@@ -75,14 +76,14 @@ def test_stacking_layers_is_lossless_and_names_stay_hugging_face():
         vocab_size=100,
     )
     plain = models.init_params(models.create_module(enc, 0.0, "fp32"), (8,), 0)
-    stacked = models.stack_layers(plain)
+    stacked = layers.stack_layers(plain)
     scanned_shapes = models.param_shapes(models.create_module(enc, 0.0, "fp32", scan=True), (8,))
     # the stacked tree is exactly the scanned model's tree
     assert jax.tree_util.tree_structure(stacked) == jax.tree_util.tree_structure(scanned_shapes)
     leaves = jax.tree_util.tree_leaves
     for a, b in zip(leaves(stacked), leaves(scanned_shapes), strict=True):
         assert a.shape == b.shape
-    back = models.unstack_layers(stacked)
+    back = layers.unstack_layers(stacked)
     assert set(back["bert"]["encoder"]) == {"layer_0", "layer_1", "layer_2"}
     for a, b in zip(leaves(back), leaves(plain), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -15,8 +15,8 @@ from jaxtpu.core.flags.presets import minilm
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hf import directory as hf
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.models import bert, ops
 from jaxtpu.models import encoder as models
-from jaxtpu.models import ops
 
 torch = pytest.importorskip("torch", reason="the Hugging Face reference needs torch")
 transformers = pytest.importorskip("transformers")
@@ -67,10 +67,10 @@ def test_forward_matches_hugging_face_fp32_and_bf16(real_batch, hf_model, flax_p
     ids, mask = real_batch
     enc, params = flax_params
     ref_h, ref_p = hf_forward(hf_model, ids, mask)
-    h, p = models.Backbone(enc).apply({"params": params["bert"]}, ids, mask)
+    h, p = bert.Backbone(enc).apply({"params": params["bert"]}, ids, mask)
     assert np.abs(np.asarray(h) - ref_h).max() <= 1e-4
     assert np.abs(np.asarray(p) - ref_p).max() <= 1e-4
-    h16, p16 = models.Backbone(enc, dtype=jnp.bfloat16).apply({"params": params["bert"]}, ids, mask)
+    h16, p16 = bert.Backbone(enc, dtype=jnp.bfloat16).apply({"params": params["bert"]}, ids, mask)
     real = mask.astype(bool)
     assert np.abs(np.asarray(h16) - ref_h)[real].max() <= BF16_HIDDEN_ATOL
     assert np.abs(np.asarray(p16) - ref_p).max() <= BF16_POOLED_ATOL

@@ -25,7 +25,7 @@ def hf_config(enc: EncoderConfig) -> PretrainedConfig:
 
 
 def pool(pooling: str, out, attention_mask: torch.Tensor) -> torch.Tensor:
-    """One vector per comment (`--pooling`, as `jaxtpu.models.encoder.pool`)."""
+    """One vector per comment (`--pooling`, as `jaxtpu.models.head.pool`)."""
     if pooling == "pooler":
         return out.pooler_output
     hidden = out.last_hidden_state

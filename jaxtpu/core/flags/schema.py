@@ -38,7 +38,7 @@ DECAY_PARAMS = ("not-bias-or-norm", "all")
 SCHEDULE_INTERVALS = ("step", "epoch")
 # Where the params and AdamW moments live (jaxtpu's jit path; `jaxtpu.parallel`).
 SHARDINGS = ("auto", "replicated", "zero1", "fsdp")
-# Rematerialisation of each encoder layer in the backward pass (`jaxtpu.models.encoder.REMAT`).
+# Rematerialisation of each encoder layer in the backward pass (`jaxtpu.models.layers.REMAT`).
 REMATS = ("none", "layer", "dots")
 
 
