@@ -55,7 +55,7 @@ class JaxBackend:
         self.state = self.strategy.place(self._host_state)
         self._host_state = None
 
-    def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
+    def restore_latest(self, model_key: dict[str, Any]) -> ResumeState:
         """Continues from the run's latest checkpoint (a fresh start when there is none)."""
         if self.state is not None:
             raise RuntimeError("restore_latest must come before start")
@@ -64,7 +64,7 @@ class JaxBackend:
             return ResumeState()
         host = self._host_state
         template = {"step": host.step, "params": host.params, "opt_state": host.opt_state}
-        restored, meta = self.ckpts.restore_latest(template, identity)
+        restored, meta = self.ckpts.restore_latest(template, model_key)
         self._host_state = host.replace(**restored)
         log.info("resumed from %s at step %d", self.ckpts.latest_dir, int(meta["step"]))
         return ResumeState(int(meta["step"]), meta["best"])

@@ -239,8 +239,8 @@ class JitStrategy(Strategy):
 
     def state_sharding(self, state: Any) -> Any:
         """The sharding of every leaf of `state` (arrays or `jax.ShapeDtypeStruct`s)."""
-        specs = placing.state_specs(state, self.placement.sharding, self.placement.sizes)
-        return jax.tree_util.tree_map(self._named, specs, is_leaf=lambda x: isinstance(x, P))
+        partitions = placing.state_partitions(state, self.placement.sharding, self.placement.sizes)
+        return jax.tree_util.tree_map(self._named, partitions, is_leaf=lambda x: isinstance(x, P))
 
     def _step_fns(self) -> tuple[Any, Any]:
         """The pure (train, eval) steps that jit compiles: global-batch functions."""

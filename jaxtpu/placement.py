@@ -3,8 +3,8 @@ and the mesh's axis sizes: the mesh itself, the partition of every state leaf (t
 ZeRO-1 rule), and the partition of the batch.
 
 Nothing here touches a device or runs a program; the strategies (`jaxtpu.parallel`) turn these
-specs into `NamedSharding`s on their mesh. Tested directly (`tests/test_placement.py`), as
-big_vision's `placement.py` is.
+partitions into `NamedSharding`s on their mesh. Tested directly (`tests/test_placement.py`), as
+big_vision's `sharding.py` is.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def batch_partition(sizes: Mapping[str, int], lead: int = 0) -> P:
     return P(*[None] * lead, row_axes(sizes))
 
 
-def split_spec(shape: Sequence[int], axis: Any, sizes: Mapping[str, int]) -> P:
+def split_partition(shape: Sequence[int], axis: Any, sizes: Mapping[str, int]) -> P:
     """The FSDP / ZeRO-1 rule: an array split over mesh `axis` (a name, a tuple of names, or
     None) on its largest dimension that the axis size divides (the first of equals);
     replicated (P()) when `axis` is None or of size 1, the array is under `MIN_SPLIT`
@@ -69,7 +69,7 @@ def split_spec(shape: Sequence[int], axis: Any, sizes: Mapping[str, int]) -> P:
     return P(*[None] * dim, axis)
 
 
-def state_specs(state: Any, sharding: str, sizes: Mapping[str, int]) -> Any:
+def state_partitions(state: Any, sharding: str, sizes: Mapping[str, int]) -> Any:
     """The partition of every leaf of a train state (arrays or shapes): params and AdamW
     moments as `PLACEMENT[sharding]` says, everything else (the step count) replicated."""
     if sharding not in PLACEMENT:
@@ -77,7 +77,7 @@ def state_specs(state: Any, sharding: str, sizes: Mapping[str, int]) -> Any:
     axis = {k: row_axes(sizes) if v == "rows" else v for k, v in PLACEMENT[sharding].items()}
 
     def split(tree: Any, ax: Any) -> Any:
-        return jax.tree_util.tree_map(lambda x: split_spec(_shape(x), ax, sizes), tree)
+        return jax.tree_util.tree_map(lambda x: split_partition(_shape(x), ax, sizes), tree)
 
     rest = jax.tree_util.tree_map(lambda _: P(), state)
     return rest.replace(
@@ -91,10 +91,11 @@ def _shape(x: Any) -> tuple[int, ...]:
 
 
 def logical_rules(sharding: str, sizes: Mapping[str, int]) -> tuple[tuple[str, Any], ...]:
-    """Flax logical-axis rules for the model's residual stream (`models.RESIDUAL`): with FSDP
-    the stream is kept split by batch rows over every device; left to itself, the compiler
-    may follow the weights' split and shard activations by hidden unit instead, with far more
-    temporary memory (`jaxtpu.preflight` shows it). Empty: no constraint."""
+    """Flax logical-axis rules for the model's residual stream
+    (`jaxtpu.models.layers.RESIDUAL`): with FSDP the stream is kept split by batch rows over
+    every device; left to itself, the compiler may follow the weights' split and shard
+    activations by hidden unit instead, with far more temporary memory (`jaxtpu.preflight`
+    shows it). Empty: no constraint."""
     if sharding != "fsdp":
         return ()
     return (("batch", row_axes(sizes)), ("length", None), ("embed", None))

@@ -71,7 +71,7 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     module = models.for_run(cfg, spec, scan=False)
     stored = models.for_run(cfg, spec)  # a scanned run stored its layers stacked
     template = models.param_shapes(stored, spec.task.example_shape(8))
-    params, meta = ckpts.restore_best(template, spec.identity)
+    params, meta = ckpts.restore_best(template, spec.model_key)
     if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
         params = layers.unstack_layers(params)
     return TrainedModel(cfg, spec, module, params, meta, wd / "tokenizer")
@@ -157,7 +157,7 @@ class Progress:
     what it was scoring, so it continues only the same work."""
 
     output: Path
-    identity: dict[str, Any]
+    work: dict[str, Any]
 
     @property
     def partial(self) -> Path:
@@ -179,7 +179,7 @@ class Progress:
             ) from None
 
     def save(self, rows: int, size: int) -> None:
-        write_text(self.record, json.dumps({**self.identity, "rows": rows, "bytes": size}))
+        write_text(self.record, json.dumps({**self.work, "rows": rows, "bytes": size}))
 
     def finish(self) -> None:
         os.replace(self.partial, self.output)
@@ -195,7 +195,7 @@ def predict_stream(
     same batches and so the same bytes. Returns (rows, empty comments)."""
     task = scorers[0].task
     columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, severity)
-    chunk_rows = progress.identity["chunk_rows"]
+    chunk_rows = progress.work["chunk_rows"]
     done, size = (resume["rows"], resume["bytes"]) if resume else (0, 0)
     bar = _bar(done)
     empty = 0
@@ -315,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--input {args.input}: a Rate Severity file needs one score per comment; "
                 f"this {task.name} model scores {', '.join(task.label_columns)}"
             )
-        progress = Progress(out, _identity(args))
+        progress = Progress(out, _work(args))
         resume = _resume(progress, args)
         scorers = [Scorer(m, devices, args.batch_size) for m in models]
         rows, empty = predict_stream(scorers, args.input, progress, severity, resume)
@@ -334,7 +334,7 @@ def _max_len(args: argparse.Namespace) -> int:
     return args.max_len or SCORING.max_len
 
 
-def _identity(args: argparse.Namespace) -> dict[str, Any]:
+def _work(args: argparse.Namespace) -> dict[str, Any]:
     """What a predict scores and how: a resumed one must match it."""
     source = Path(args.input)
     stat = source.stat()
@@ -369,7 +369,7 @@ def _resume(progress: Progress, args: argparse.Namespace) -> dict[str, Any] | No
             f"--output {out}: a predict into it stopped after {stopped.get('rows', 0)} rows; "
             "pass --resume to continue it or --overwrite to start again"
         )
-    for key, value in progress.identity.items():
+    for key, value in progress.work.items():
         if stopped.get(key) != value:
             raise UserError(
                 f"--resume: the stopped predict into {out} had {key} {stopped.get(key)!r}, "

@@ -85,7 +85,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
         saved = SavedPrograms(cfg.placement.programs, devices, cfg)
     job = plan.Job.load(cfg, spec, workdir, len(devices), procs.primary, t_start)
     backend = build_backend(job, devices, procs, saved)
-    resume = backend.restore_latest(spec.identity) if cfg.output.resume else ResumeState()
+    resume = backend.restore_latest(spec.model_key) if cfg.output.resume else ResumeState()
     backend.start()  # the state on the devices, the steps jitted (`parallel.JitStrategy.place`)
     return loop.train(job, backend, resume, devices)
 

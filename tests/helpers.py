@@ -88,7 +88,7 @@ class FakeBackend:
         noise = np.sin(np.arange(len(batch["label"])) * 7.0) * self.drift * self.step
         return {"score": batch["label"] + noise, "loss": np.full(len(batch["label"]), self.w)}
 
-    def restore_latest(self, identity: dict[str, Any]) -> ResumeState:
+    def restore_latest(self, model_key: dict[str, Any]) -> ResumeState:
         if "latest" not in self.disk:
             return ResumeState()
         saved = copy.deepcopy(self.disk["latest"])
@@ -130,7 +130,7 @@ def fake_job(tmp_path, resume: bool = False, **flags) -> plan.Job:
 def run_fake(tmp_path, backend: FakeBackend, resume: bool = False, **flags) -> dict[str, Any]:
     job = fake_job(tmp_path, resume, **flags)
     spec = job.spec
-    state = backend.restore_latest(spec.identity) if resume else ResumeState()
+    state = backend.restore_latest(spec.model_key) if resume else ResumeState()
     runlog = RunLog(tmp_path, resume_step=state.step if resume else None, tensorboard=False)
     return loop.run(job, backend, state, runlog)
 

@@ -34,7 +34,7 @@ MESH_2x4 = {"data": 2, "fsdp": 4}
     ],
 )
 def test_the_fsdp_rule_splits_the_largest_dimension_that_divides(shape, axis, sizes, expected):
-    assert placement.split_spec(shape, axis, sizes) == expected
+    assert placement.split_partition(shape, axis, sizes) == expected
 
 
 def _state(sizes: dict[str, tuple[int, ...]]) -> TrainState:
@@ -46,24 +46,24 @@ def test_state_specs_place_params_and_moments_as_each_sharding_says():
     state = _state({"embedding": (1024, 64), "bias": (64,)})
     moments = lambda specs: specs.opt_state[0].mu  # noqa: E731 - adamw's first moment
 
-    replicated = placement.state_specs(state, "replicated", MESH_8)
+    replicated = placement.state_partitions(state, "replicated", MESH_8)
     assert replicated.params == {"embedding": P(), "bias": P()}
     assert moments(replicated) == {"embedding": P(), "bias": P()}
 
-    zero1 = placement.state_specs(state, "zero1", MESH_8)
+    zero1 = placement.state_partitions(state, "zero1", MESH_8)
     assert zero1.params == {"embedding": P(), "bias": P()}  # params replicated
     assert moments(zero1) == {"embedding": P("data"), "bias": P()}  # moments over every device
 
-    fsdp = placement.state_specs(state, "fsdp", MESH_2x4)
+    fsdp = placement.state_partitions(state, "fsdp", MESH_2x4)
     assert fsdp.params == {"embedding": P("fsdp"), "bias": P()}
     assert moments(fsdp) == {"embedding": P("fsdp"), "bias": P()}
     assert fsdp.step == P()  # the step count is replicated
 
-    zero1_2x4 = placement.state_specs(state, "zero1", MESH_2x4)
+    zero1_2x4 = placement.state_partitions(state, "zero1", MESH_2x4)
     assert moments(zero1_2x4)["embedding"] == P(("data", "fsdp"))
 
     with pytest.raises(ValueError, match="unknown sharding 'auto'"):
-        placement.state_specs(state, "auto", MESH_8)  # resolved before it reaches placement
+        placement.state_partitions(state, "auto", MESH_8)  # resolved before it reaches placement
 
 
 def test_batches_are_split_by_rows_over_every_device():

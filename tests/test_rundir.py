@@ -166,7 +166,7 @@ def test_torch_side_refuses_corrupted_and_foreign_checkpoints(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     other = tmp_path / "other"
     shutil.copytree(wd, other)
-    (other / "config.json").unlink()  # no recorded flags: the checkpoint's identity decides
+    (other / "config.json").unlink()  # no recorded flags: the checkpoint's model key decides
     proc = cli(
         "torchxla_ref.train", *eager, "--workdir", str(other), "--resume", "--task", "ranking"
     )
@@ -182,7 +182,7 @@ def test_torch_side_refuses_corrupted_and_foreign_checkpoints(tmp_path):
 def test_checkpoint_of_another_task_is_refused(finished_run, tmp_path):
     wd = tmp_path / "run"
     shutil.copytree(finished_run, wd)
-    (wd / "config.json").unlink()  # no recorded flags: the checkpoint's identity decides
+    (wd / "config.json").unlink()  # no recorded flags: the checkpoint's model key decides
     proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--resume", "--task", "ranking")
     assert proc.returncode == 2
     assert "checkpoint is for task 'toxicity', this run is 'ranking'" in proc.stderr

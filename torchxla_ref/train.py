@@ -40,7 +40,7 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
 
     job = plan.Job.load(cfg, spec, workdir, len(devices), strategy.ordinal == 0, t_start)
     backend = build_backend(job, strategy, devices)
-    resume = backend.restore_latest(spec.identity) if cfg.output.resume else ResumeState()
+    resume = backend.restore_latest(spec.model_key) if cfg.output.resume else ResumeState()
     backend.start()
     return loop.train(job, backend, resume, devices)
 

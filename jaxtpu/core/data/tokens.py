@@ -49,14 +49,14 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A content hash of a Hugging Face fast tokenizer (vocab, normalizer, special tokens)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        spec = repr(tokenizer)
+        described = repr(tokenizer)
     else:
-        # Truncation/padding settings change with every call: not part of the identity.
+        # Truncation/padding settings change with every call: not part of the fingerprint.
         state = json.loads(backend.to_str())
         state.pop("truncation", None)
         state.pop("padding", None)
-        spec = json.dumps(state, sort_keys=True)
-    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+        described = json.dumps(state, sort_keys=True)
+    return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
 CHUNK = 8192  # texts per tokenizer call: its objects for 8192 texts are a few tens of MB

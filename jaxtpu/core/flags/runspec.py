@@ -28,7 +28,7 @@ from jaxtpu.core.hf.families import default_pooling
 from jaxtpu.core.tasks import Task, get_task
 
 
-def identity(task: str | None, encoder: dict[str, Any] | None) -> dict[str, Any]:
+def model_key(task: str | None, encoder: dict[str, Any] | None) -> dict[str, Any]:
     """What makes two checkpoints compatible, the one spelling of it (a checkpoint's metadata
     carries it): the task and the encoder's `config.json` fields."""
     return {"task": task, "encoder": encoder}
@@ -127,9 +127,9 @@ class RunSpec:
         return self.tokenizer_from or packaged_minilm_dir()
 
     @property
-    def identity(self) -> dict[str, Any]:
-        """What a checkpoint of this run must match (`identity`)."""
-        return identity(self.task.name, self.encoder.to_hf_dict())
+    def model_key(self) -> dict[str, Any]:
+        """What a checkpoint of this run must match (`model_key`)."""
+        return model_key(self.task.name, self.encoder.to_hf_dict())
 
     def describe_model(self, n_params: int, seed: int) -> str:
         """The start-up line both sides print: family, shape, size, pooling, where from."""

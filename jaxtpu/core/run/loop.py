@@ -87,7 +87,7 @@ class _Driver:
 
     def meta(self, step: int) -> dict[str, Any]:
         return {
-            **self.job.spec.identity,
+            **self.job.spec.model_key,
             "step": step,
             "best": self.best,
             "config": self.cfg.to_dict(),

@@ -1,6 +1,6 @@
 """Run directories: creating them safely, config.json, metrics.jsonl, TensorBoard, summary.json,
-the identity a checkpoint must match, and turning user errors into one clear line.
-Framework-free: the torch side writes the same layout with this module.
+the model key (task and encoder) a checkpoint must match, and turning user errors into one
+clear line. Framework-free: the torch side writes the same layout with this module.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from jaxtpu.core import files
 from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
-from jaxtpu.core.flags.runspec import RunSpec, identity
+from jaxtpu.core.flags.runspec import RunSpec, model_key
 from jaxtpu.core.flags.schema import (
     JAX_STRATEGIES,
     RESUME_MAY_CHANGE,
@@ -226,9 +226,9 @@ def disk_full_message(path: Path | str, what: str) -> str:
 
 
 def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Path) -> None:
-    """Refuses a checkpoint of another task or model (both sides' checkpoints carry an
-    identity in their metadata)."""
-    a, b = (identity(m.get("task"), m.get("encoder")) for m in (found, expected))
+    """Refuses a checkpoint of another task or model (both sides' checkpoints carry a
+    `model_key` in their metadata)."""
+    a, b = (model_key(m.get("task"), m.get("encoder")) for m in (found, expected))
     if a == b:
         return
     if a["task"] != b["task"]:
