@@ -27,17 +27,17 @@ IDS = IDENTITIES
 
 
 def reference_bias(scores, target, identities: dict[str, np.ndarray]) -> tuple[float, list[str]]:
-    """The Unintended Bias metric from its definition: 0.25 overall AUC + 0.25 x the power
-    mean (p = -5) of subgroup, BPSN and BNSP AUC over the identities; a blank identity value is
-    outside both the subgroup and its background; a subgroup where one of the three is
-    undefined is left out."""
-    y = np.asarray(target) >= 0.5
+    """The Unintended Bias metric as the competition's benchmark code computed it: labels and
+    identities binarised with `np.where(col >= 0.5, True, False)` (so a blank identity value
+    is outside the subgroup, in its background), 0.25 overall AUC + 0.25 x the power mean
+    (p = -5) of subgroup, BPSN and BNSP AUC over the identities; a subgroup where one of the
+    three is undefined is left out (where that code's NaN would make the whole score NaN)."""
+    y = np.where(np.asarray(target) >= 0.5, True, False)
     per: dict[str, list[float]] = {"sub": [], "bpsn": [], "bnsp": []}
     skipped = []
     for name, values in identities.items():
-        known = ~np.isnan(values)
-        sub = known & (np.nan_to_num(values) >= 0.5)
-        bg = known & ~sub
+        sub = np.where(np.asarray(values) >= 0.5, True, False)
+        bg = ~sub
         sets = {
             "sub": sub,
             "bpsn": (sub & ~y) | (bg & y),
@@ -80,6 +80,20 @@ def test_bias_metric_matches_its_definition():
         np.r_[np.ones(n), 0.0],
     )[0]
     assert padded["jigsaw_bias"] == pytest.approx(want, abs=1e-12)
+
+
+def test_a_blank_identity_value_is_in_the_background_as_the_competition_counted_it():
+    # Rows: a subgroup negative (0.5), a subgroup positive (0.6), background negative and
+    # positive (0.2, 0.9), and a positive whose identity cell is blank (0.1).
+    y = np.array([0, 1, 0, 1, 1], float)
+    g = np.array([1, 1, 0, 0, np.nan])
+    s = np.array([0.5, 0.6, 0.2, 0.9, 0.1])
+    parts = metrics.jigsaw_bias(s, y, {"g": g})[0]
+    # BPSN: subgroup negatives {0.5} against background positives {0.9, 0.1}: one of two
+    # pairs ranked right (0.5 if the blank row counted; 1.0 if it were left out).
+    assert parts["bpsn_auc_g"] == 0.5
+    # BNSP: subgroup positives {0.6} against background negatives {0.2}: 1.0 either way.
+    assert parts["bnsp_auc_g"] == 1.0 and parts["subgroup_auc_g"] == 1.0
 
 
 def test_bias_metric_of_a_perfect_and_a_biased_model():

@@ -109,10 +109,11 @@ def jigsaw_bias(
     """The Jigsaw Unintended Bias metric: 0.25 x overall AUC + 0.25 x the power mean
     (p = -5) over identity subgroups of each of subgroup, BPSN and BNSP AUC.
 
-    An identity's value is unknown where it is NaN (blank in the file): those rows are left out
-    of that identity's three AUCs (neither in the subgroup nor in its background). A subgroup
-    whose rows hold one class (or none), so that one of its AUCs is undefined, is left out of
-    all three means.
+    Rows are in an identity's subgroup where its value is >= 0.5, and in its background
+    otherwise, blank (NaN) values included: the competition's own benchmark code binarised each
+    identity column with `np.where(df[col] >= 0.5, True, False)`, and every leaderboard score
+    was computed that way. A subgroup whose rows hold one class (or none), so that one of its
+    AUCs is undefined, is left out of all three means (the competition's code would give NaN).
 
     Returns:
       ({'jigsaw_bias', 'overall_auc', the three power means, '<part>_<identity>' of every
@@ -125,7 +126,7 @@ def jigsaw_bias(
     left_out = []
     for name, values in identities.items():
         values = np.asarray(values, np.float64)
-        aucs = bias_aucs(scores, labels, np.nan_to_num(values), keep & ~np.isnan(values))
+        aucs = bias_aucs(scores, labels, np.nan_to_num(values, nan=0.0), keep)
         if not all(np.isfinite(v) for v in aucs.values()):
             left_out.append(name)
             continue
