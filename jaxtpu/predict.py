@@ -13,20 +13,22 @@ probabilities (`jaxtpu.core.data.records.SEVERITY_WEIGHTS`, as ranking pairs are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import hashlib
 import io
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import hostmem, metrics
+from jaxtpu.core import files, hostmem, metrics
 from jaxtpu.core.data import readers, records, tokenized
 from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
@@ -57,11 +59,7 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     from jaxtpu.models import layers
 
     wd = Path(workdir)
-    record = wd / "config.json"
-    if not record.exists():
-        raise UserError(f"--workdir {wd}: no config.json; not a jaxtpu run directory")
-    recorded = json.loads(record.read_text())
-    cfg = from_dict(recorded["config"])
+    cfg, recorded = read_run_config(wd)
     ckpts = checkpoint.Checkpoints(wd)
     meta = ckpts.best_meta()
     if meta is None:
@@ -75,6 +73,35 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
         params = layers.unstack_layers(params)
     return TrainedModel(cfg, spec, module, params, meta, wd / "tokenizer")
+
+
+def read_run_config(wd: Path) -> tuple[Config, dict[str, Any]]:
+    """The config a run directory records (its config.json), or one line saying what `wd` is
+    instead: missing, a Hugging Face model directory, or some other directory."""
+    record = wd / "config.json"
+    if not wd.is_dir():
+        raise UserError(f"--workdir {wd}: no such run directory")
+    if not record.exists():
+        raise UserError(f"--workdir {wd}: no config.json; not a jaxtpu run directory")
+    try:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--workdir {wd}: unreadable config.json ({e})") from None
+    if (
+        isinstance(recorded, dict)
+        and "config" not in recorded
+        and ("model_type" in recorded or "architectures" in recorded)
+    ):
+        raise UserError(
+            f"--workdir {wd} is a Hugging Face model directory, not a jaxtpu run directory: "
+            "train from it with --model-dir; predict scores a run (--workdir) or a notebook's "
+            "state dict (--init-from FILE --model-dir DIR)"
+        )
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("config"), dict):
+        raise UserError(
+            f"--workdir {wd}: its config.json is not a jaxtpu run's (no 'config' section)"
+        )
+    return from_dict(recorded["config"]), recorded
 
 
 def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
@@ -167,6 +194,29 @@ class Progress:
     def record(self) -> Path:
         return self.output.with_name(f".{self.output.name}.progress.json")
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """This predict's hold on `output`: a second predict into the same file is refused
+        while it lasts (as a second run on a run directory is)."""
+        lock = self.output.with_name(f".{self.output.name}.lock")
+        self.output.parent.mkdir(parents=True, exist_ok=True)  # checked: it can be made
+        fd, holder = files.take_lock(lock)
+        if fd is None:
+            raise UserError(
+                f"--output {self.output} is being written by another predict ({holder}); wait "
+                "for it to end, or choose another --output"
+            )
+        try:
+            yield
+        finally:
+            files.release_lock(fd, lock)
+
+    def discard(self) -> None:
+        """Removes the partial file and its record (a predict refused for its input leaves
+        nothing that looks like a stopped predict)."""
+        self.partial.unlink(missing_ok=True)
+        self.record.unlink(missing_ok=True)
+
     def stopped(self) -> dict[str, Any] | None:
         """The record of a predict that stopped before finishing, if any."""
         try:
@@ -178,8 +228,11 @@ class Progress:
                 f"{self.record}: unreadable ({e}); remove it or pass --overwrite"
             ) from None
 
-    def save(self, rows: int, size: int) -> None:
-        write_text(self.record, json.dumps({**self.work, "rows": rows, "bytes": size}))
+    def save(self, rows: int, size: int, digest: str) -> None:
+        """Records `rows` rows scored into `size` bytes of the partial file, and the digest
+        of the input rows read so far (a resumed predict checks it: the input is the same)."""
+        record = {**self.work, "rows": rows, "bytes": size, "digest": digest}
+        write_text(self.record, json.dumps(record))
 
     def finish(self) -> None:
         os.replace(self.partial, self.output)
@@ -199,27 +252,51 @@ def predict_stream(
     done, size = (resume["rows"], resume["bytes"]) if resume else (0, 0)
     bar = _bar(done)
     empty = 0
-    progress.partial.parent.mkdir(parents=True, exist_ok=True)  # checked: it can be made
-    with open(progress.partial, "r+b" if resume else "wb") as f:
-        f.truncate(size)  # rows written after the last record are written again
-        f.seek(size)
-        if not resume:
-            f.write(_csv_bytes([columns]))
-        for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows)):
-            start = k * chunk_rows
-            if start < done:
-                continue
-            empty += chunk.dropped
-            mean = np.mean([outputs(s.logits(chunk.texts), task, severity)[1] for s in scorers], 0)
-            ids = chunk.ids or [str(start + j) for j in range(len(chunk))]
-            f.write(_csv_bytes([i, *row] for i, row in zip(ids, mean.tolist(), strict=True)))
-            f.flush()
-            os.fsync(f.fileno())
-            done = start + len(chunk)
-            progress.save(done, f.tell())
-            bar(len(chunk), done)
+    digest = hashlib.sha256()  # of the rows read: ids and texts
+    try:  # a predict refused for its input leaves nothing that looks like a stopped one
+        with open(progress.partial, "r+b" if resume else "wb") as f:
+            f.truncate(size)  # rows written after the last record are written again
+            f.seek(size)
+            if not resume:
+                f.write(_csv_bytes([columns]))
+            for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows)):
+                start = k * chunk_rows
+                if resume and start == resume["rows"]:
+                    _check_same_rows(digest, resume, source)
+                for text in [*(chunk.ids or ()), "\x1e", *chunk.texts]:
+                    digest.update(text.encode("utf-8", "surrogatepass") + b"\x1f")
+                if start < done:
+                    continue
+                empty += chunk.dropped
+                each = [outputs(s.logits(chunk.texts), task, severity)[1] for s in scorers]
+                mean = np.mean(each, 0)
+                ids = chunk.ids or [str(start + j) for j in range(len(chunk))]
+                f.write(_csv_bytes([i, *row] for i, row in zip(ids, mean.tolist(), strict=True)))
+                f.flush()
+                os.fsync(f.fileno())
+                done = start + len(chunk)
+                progress.save(done, f.tell(), digest.hexdigest())
+                bar(len(chunk), done)
+            if resume and resume["rows"] >= done:  # no row after where it stopped: none new
+                _check_same_rows(digest, resume, source)
+    except UserError:
+        if not resume:  # a stopped predict's rows stay for --resume
+            progress.discard()
+        raise
     progress.finish()
     return done, empty
+
+
+def _check_same_rows(digest: Any, resume: dict[str, Any], source: str) -> None:
+    """Continues a stopped predict only when the input rows up to where it stopped are the
+    ones it scored (not edited or replaced since)."""
+    if digest.hexdigest() != resume.get("digest"):
+        raise UserError(
+            f"--resume: the first {resume['rows']} rows of --input {source} are not the ones "
+            "the stopped predict scored (the file changed since); pass --overwrite to score "
+            "it again from the start"
+        )
+    print(f"resuming after {resume['rows']} rows", file=sys.stderr)
 
 
 def _csv_bytes(rows: Any) -> bytes:
@@ -316,9 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"this {task.name} model scores {', '.join(task.label_columns)}"
             )
         progress = Progress(out, _work(args))
-        resume = _resume(progress, args)
-        scorers = [Scorer(m, devices, args.batch_size) for m in models]
-        rows, empty = predict_stream(scorers, args.input, progress, severity, resume)
+        with progress.held():
+            resume = _resume(progress, args)
+            scorers = [Scorer(m, devices, args.batch_size) for m in models]
+            rows, empty = predict_stream(scorers, args.input, progress, severity, resume)
         if empty:
             print(
                 f"warning: {empty} of {rows} comments are empty; scored as empty text",
@@ -337,15 +415,12 @@ def _max_len(args: argparse.Namespace) -> int:
 def _work(args: argparse.Namespace) -> dict[str, Any]:
     """What a predict scores and how: a resumed one must match it."""
     source = Path(args.input)
-    stat = source.stat()
     if args.workdir:
         models = [str(Path(w).resolve()) for w in args.workdir]
     else:
         models = [str(Path(args.init_from).resolve()), str(args.model_dir), _max_len(args)]
     return {
         "input": str(source.resolve()),
-        "input_size": stat.st_size,
-        "input_mtime_ns": stat.st_mtime_ns,
         "models": models,
         "chunk_rows": args.chunk_rows,
         "batch_size": args.batch_size,
@@ -376,7 +451,6 @@ def _resume(progress: Progress, args: argparse.Namespace) -> dict[str, Any] | No
                 f"this one {value!r}; continue it with the same input and settings, or pass "
                 "--overwrite to start again"
             )
-    print(f"resuming after {stopped['rows']} rows", file=sys.stderr)
     return stopped
 
 

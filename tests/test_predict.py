@@ -3,8 +3,10 @@ scoring, bad input refused with results kept, ensembles of unlike runs refused."
 
 from __future__ import annotations
 
+import os
+
 import pytest
-from helpers import cli, one_line, write
+from helpers import cli, one_line, one_line_exit_2, write
 
 from jaxtpu.core.errors import UserError
 
@@ -82,3 +84,123 @@ def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_di
     with pytest.raises(UserError, match="--workdir B has another tokenizer than A"):
         check_ensemble([model("toxicity", minilm_dir), model("toxicity", other_tok)], ["A", "B"])
     check_ensemble([model("toxicity", minilm_dir), model("toxicity", minilm_dir)], ["A", "B"])
+
+
+# ------------------------------------------------- one predict per output, resumes that match
+
+
+def _predict_argv(run, src, out, *extra: str) -> list[str]:
+    return [
+        "--workdir",
+        str(run),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--num-devices",
+        "1",
+        "--chunk-rows",
+        "16",
+        *extra,
+    ]
+
+
+def _numbered(path, n: int = 40, bad_row: int | None = None):
+    rows = [f"{i},comment number {i}".encode() for i in range(n)]
+    if bad_row is not None:
+        rows[bad_row] = b"%d,caf\xe9" % bad_row  # not UTF-8
+    path.write_bytes(b"id,comment_text\n" + b"\n".join(rows) + b"\n")
+    return path
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_a_resumed_predict_refuses_an_input_edited_in_place(
+    finished_run, tmp_path, monkeypatch, capsys
+):
+    from jaxtpu import predict
+
+    src, out = _numbered(tmp_path / "in.csv"), tmp_path / "out.csv"
+    argv = _predict_argv(finished_run, src, out)
+    save = predict.Progress.save
+
+    def stopped_after_one_chunk(self, rows, size, digest):
+        save(self, rows, size, digest)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(predict.Progress, "save", stopped_after_one_chunk)
+    with pytest.raises(SystemExit):
+        predict.main(argv)
+    monkeypatch.setattr(predict.Progress, "save", save)
+    capsys.readouterr()
+    before = src.stat()
+    # Row 3 (scored before the stop) edited in place: same size, same modification time.
+    src.write_bytes(src.read_bytes().replace(b"comment number 3\n", b"comment NUMBER 3\n"))
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (src.stat().st_size, src.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    err = one_line_exit_2(capsys, lambda: predict.main([*argv, "--resume"]))
+    assert "the first 16 rows of --input" in err and "are not the ones" in err
+    assert out.with_name(".out.csv.partial").exists()  # the stopped predict's rows are kept
+    # An edit after where it stopped is new work: the resumed predict scores it.
+    _numbered(src)
+    src.write_bytes(src.read_bytes().replace(b"comment number 30\n", b"comment NUMBER 30\n"))
+    assert predict.main([*argv, "--resume"]) == 0
+    fresh = tmp_path / "fresh.csv"
+    assert predict.main(_predict_argv(finished_run, src, fresh)) == 0
+    assert out.read_bytes() == fresh.read_bytes()
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_a_second_predict_into_the_same_output_is_refused(finished_run, tmp_path, capsys):
+    from jaxtpu import predict
+    from jaxtpu.core import files
+
+    src, out = _numbered(tmp_path / "in.csv"), tmp_path / "out.csv"
+    lock = tmp_path / ".out.csv.lock"
+    fd, _ = files.take_lock(lock)  # what a predict into out.csv holds while it writes
+    try:
+        err = one_line_exit_2(capsys, lambda: predict.main(_predict_argv(finished_run, src, out)))
+    finally:
+        files.release_lock(fd)
+    assert f"--output {out} is being written by another predict (process {os.getpid()}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.csv.lock", "in.csv"]
+    assert predict.main(_predict_argv(finished_run, src, out)) == 0  # once it has ended
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "out.csv"]
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+@pytest.mark.parametrize(
+    "rows, bad_row, message",
+    [(0, None, "but no data rows"), (40, 30, "not UTF-8 text (byte 0xe9 at line 32)")],
+    ids=["header only", "a bad byte after the first chunk"],
+)
+def test_a_refused_predict_leaves_nothing_that_looks_stopped(
+    finished_run, tmp_path, capsys, rows, bad_row, message
+):
+    from jaxtpu import predict
+
+    src, out = _numbered(tmp_path / "in.csv", rows, bad_row), tmp_path / "out.csv"
+    with pytest.raises(SystemExit) as e:
+        predict.main(_predict_argv(finished_run, src, out))
+    err = capsys.readouterr().err  # the chunks scored before the bad row, then the error
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: ") and message in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]
+
+
+# ------------------------------------------------------ a directory that is not a run
+
+
+def test_predict_and_evaluate_of_a_hugging_face_directory_say_what_it_is(
+    minilm_dir, tmp_path, capsys
+):
+    from jaxtpu import evaluate, predict
+
+    src = _numbered(tmp_path / "in.csv", 4)
+    for main, extra in [(predict.main, ["--output", str(tmp_path / "o.csv")]), (evaluate.main, [])]:
+        argv = ["--workdir", minilm_dir, "--input", str(src), "--num-devices", "1", *extra]
+        err = one_line_exit_2(capsys, lambda main=main, argv=argv: main(argv))
+        assert "is a Hugging Face model directory, not a jaxtpu run directory" in err
+        assert "--model-dir" in err

@@ -9,8 +9,10 @@ never a mix; a failed write removes its temporary file and leaves the old file a
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,3 +87,30 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
+
+
+def take_lock(path: Path) -> tuple[int | None, str]:
+    """Takes the advisory lock file `path` for this process, exclusive and without waiting:
+    `(fd, '')` while it holds it (the kernel drops the lock when the process ends, even by
+    SIGKILL), or `(None, holder)` naming the process that holds it. The file says who holds
+    it; `release_lock` gives it back."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        return None, holder
+    os.ftruncate(fd, 0)
+    os.write(fd, f"process {os.getpid()} on {socket.gethostname()}".encode())
+    return fd, ""
+
+
+def release_lock(fd: int, path: Path | None = None) -> None:
+    """Gives back a lock `take_lock` took; with `path`, removes its file first (a process
+    that opened the old file meanwhile is refused, one that comes later makes a new one)."""
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import math
@@ -15,7 +14,6 @@ import os
 import platform
 import resource
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -104,8 +102,7 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
         _remove_new(workdir, before, fresh)
         raise
     finally:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        os.close(lock)
+        files.release_lock(lock)
 
 
 def _remove_new(workdir: Path, before: set[str], fresh: bool) -> None:
@@ -126,18 +123,12 @@ def _remove_new(workdir: Path, before: set[str], fresh: bool) -> None:
 
 
 def _lock(workdir: Path) -> int:
-    fd = os.open(workdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-        os.close(fd)
+    fd, holder = files.take_lock(workdir / LOCK_FILE)
+    if fd is None:
         raise UserError(
             f"--workdir {workdir} is in use by another run ({holder}); wait for it to end, "
             "or choose another --workdir"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"process {os.getpid()} on {socket.gethostname()}".encode())
+        )
     return fd
 
 
