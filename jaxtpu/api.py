@@ -13,7 +13,7 @@ long-lived model compiles each bucket's program once whatever texts it is given.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +41,19 @@ class Model:
         """The names of the scores: ('toxic',) or the six labels of a multi-label model."""
         return self.task.label_columns
 
-    def logits(self, texts: Sequence[str]) -> np.ndarray:
-        """The model's raw outputs: (N,) or (N, labels)."""
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise UserError("predict takes a list of strings (one comment each)")
+    def logits(self, texts: Iterable[str]) -> np.ndarray:
+        """The model's raw outputs: (N,) or (N, labels), for any iterable of strings (a
+        list, a generator, a pandas Series, ...), read once."""
+        if isinstance(texts, str | bytes):
+            raise UserError("predict takes an iterable of strings (one comment each), not one")
+        texts = list(texts)  # a generator is read once: every item is scored
+        wrong = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+        if wrong:
+            kind = type(texts[wrong[0]]).__name__
+            raise UserError(f"predict takes strings (one comment each); item {wrong[0]} is {kind}")
         return self.scorer.logits([readers.normalize_text(t) for t in texts])
 
-    def predict(self, texts: Sequence[str]) -> np.ndarray | dict[str, np.ndarray]:
+    def predict(self, texts: Iterable[str]) -> np.ndarray | dict[str, np.ndarray]:
         """One score per text: the probability of toxicity (a ranker: its raw score), or for
         a multi-label model `{label: probabilities}` for each of its labels."""
         scores = self.logits(texts)

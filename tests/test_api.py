@@ -1,0 +1,49 @@
+"""The Python API (`jaxtpu.api`): `jaxtpu.load(run).predict(texts)` for any iterable of texts,
+and one line for a directory that is not a run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxtpu.core.errors import UserError
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_predict_scores_every_item_of_any_iterable(finished_run):
+    import jaxtpu
+
+    model = jaxtpu.load(finished_run, num_devices=1)
+    texts = ["thanks for the edit", "you are an idiot", "ok"]
+    scores = model.predict(texts)
+    assert scores.shape == (3,)
+    assert np.array_equal(model.predict(t for t in texts), scores)  # a generator, read once
+    assert np.array_equal(model.predict(tuple(texts)), scores)
+    with pytest.raises(UserError, match="item 1 is int"):
+        model.predict(["fine", 3])
+    with pytest.raises(UserError, match="not one"):
+        model.predict("one string")
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (None, "no config.json; not a jaxtpu run directory"),
+        ({"model_type": "bert", "hidden_size": 8}, "is a Hugging Face model directory"),
+        ({"something": 1}, "its config.json is not a jaxtpu run's"),
+        ([1, 2], "its config.json is not a jaxtpu run's"),
+    ],
+    ids=["empty", "hugging face", "other json", "not an object"],
+)
+def test_loading_a_directory_that_is_not_a_run_is_one_line(tmp_path, config, message):
+    import jaxtpu
+
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=message):
+        jaxtpu.load(tmp_path, num_devices=1)
+    with pytest.raises(UserError, match="no such run directory"):
+        jaxtpu.load(tmp_path / "missing", num_devices=1)
