@@ -52,13 +52,23 @@ def _closed_loop(exc: BaseException | None) -> bool:
     return isinstance(exc, RuntimeError) and "Event loop is closed" in str(exc)
 
 
+_SILENCED = False
+
+
 def _silence_closed_loop_noise() -> None:
     """After a failed write the run ends, but orbax's pool threads can still finish later and
     try to hand their results to its closed asyncio loop, which logs (or raises in the thread)
     `RuntimeError: Event loop is closed` with a traceback, possibly after the one-line error
     (an intermittent race: tests/test_rundir.py full-disk case). Those reports, and only
-    those, are dropped from then on."""
+    those, are dropped. Installed before the first save, not after a failure: a thread can
+    report while the failure is still unwinding, and the run's log handler writes to the
+    real stderr, which the save's `redirect_stderr` does not catch."""
     import threading
+
+    global _SILENCED
+    if _SILENCED:
+        return
+    _SILENCED = True
 
     def keep(record: logging.LogRecord) -> bool:
         return not (record.exc_info and _closed_loop(record.exc_info[1]))
@@ -104,6 +114,7 @@ class Checkpoints:
         """Writes one checkpoint; a full disk is one `CheckpointError` line (see below)."""
         if step in mgr.all_steps():  # e.g. resuming a finished run: that state is saved already
             return
+        _silence_closed_loop_noise()
         # orbax's worker threads print asyncio tracebacks while a failed write unwinds: keep
         # what they print, and show it unless the failure is a full disk (one line says it).
         printed = io.StringIO()
@@ -124,7 +135,6 @@ class Checkpoints:
             # orbax writes into '<step>.orbax-checkpoint-tmp-*' and renames when complete:
             # the half-written directory goes, the previous checkpoint stays.
             directory = Path(mgr.directory)
-            _silence_closed_loop_noise()
             with contextlib.suppress(Exception), contextlib.redirect_stderr(printed):
                 mgr.close()  # stop its threads: the run ends here
             for tmp in directory.glob(f"{step}.orbax-checkpoint-tmp*"):
