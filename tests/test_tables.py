@@ -89,6 +89,23 @@ def test_parquet_and_json_lines_read_as_the_same_csv(tmp_path, monkeypatch):
             ),
             r"t.jsonl: line 2: toxic=3 is outside \[0, 1\]",
         ),
+        (
+            "an object for a comment",
+            lambda p: p.write_text(
+                '{"comment_text": "a", "toxic": 1}\n{"comment_text": {"body": "b"}, "toxic": 0}\n'
+            ),
+            r"t.jsonl: line 2: comment_text holds a JSON object, not text",
+        ),
+        (
+            "a list for a comment",
+            lambda p: p.write_text('{"comment_text": ["a", "b"], "toxic": 1}\n'),
+            r"t.jsonl: line 1: comment_text holds a JSON list, not text",
+        ),
+        (
+            "one json array",
+            lambda p: p.write_text('[{"comment_text": "a", "toxic": 1}]\n'),
+            r"t.jsonl: is one JSON array; jaxtpu reads JSON Lines \(one object per line",
+        ),
         ("empty", lambda p: p.write_text("\n"), r"t.jsonl: file is empty"),
         ("columns", lambda p: p.write_text('{"text": "a"}\n'), r"t.jsonl: missing columns"),
     ],
@@ -284,3 +301,56 @@ def test_a_training_file_s_header_is_read_once(tmp_path, monkeypatch):
     assert len(taskdata.read_task_file(path, task)) == 3 and len(reads) == 1
     data = taskdata.read_task_file(path, task, cache_dir=tmp_path / "cache")  # a miss
     assert len(data) == 3 and len(reads) == 2
+
+
+def test_a_json_lines_key_the_first_record_leaves_out_is_still_a_column(tmp_path):
+    path = tmp_path / "t.jsonl"
+    lines = ['{"comment_text": "no id here", "toxic": 0}']
+    lines += [
+        f'{{"id": "c{i}", "comment_text": "comment {i}", "toxic": {i % 2}}}' for i in range(3)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    assert tables.open_table(path).header == ["comment_text", "toxic", "id"]
+    assert readers.read_comments(path).ids == ["", "c0", "c1", "c2"]
+    (chunk,) = readers.comments_to_score(path, 10)
+    assert chunk.ids == ["", "c0", "c1", "c2"]  # predict writes these, not row numbers
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        (
+            "t.csv.gz",
+            "gzip",
+            r"t.csv.gz: is gzip-compressed; decompress it first \(gunzip t.csv.gz\)",
+        ),
+        ("t.csv.bz2", "bz2", r"t.csv.bz2: is bzip2-compressed; decompress it first \(bunzip2"),
+        (
+            "t.json",
+            b'[{"comment_text": "a", "toxic": 1}]',
+            r"t.json: is one JSON array; jaxtpu reads JSON Lines",
+        ),
+        (
+            "t.json",
+            b'{\n  "comment_text": "a"\n}\n',
+            r"t.json: is a JSON document; jaxtpu reads JSON Lines",
+        ),
+        (
+            "t.json",
+            b'{"comment_text": "a", "toxic": 1}\n',
+            r"t.json: looks like JSON Lines; name it .jsonl",
+        ),
+    ],
+    ids=["gzip", "bzip2", "json array", "json document", "json lines named .json"],
+)
+def test_a_compressed_or_json_file_is_named_for_what_it_is(tmp_path, name, content, message):
+    import bz2
+    import gzip
+
+    csv_text = b"id,comment_text,toxic\n1,hello,0\n2,you idiot,1\n"
+    data = {"gzip": gzip.compress, "bz2": bz2.compress}.get(content, lambda _: content)(csv_text)
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=message) as e:
+        readers.read_comments(path)
+    assert "\n" not in str(e.value)

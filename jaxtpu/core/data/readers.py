@@ -26,7 +26,7 @@ from jaxtpu.core.data.records import (
     Groups,
     Pairs,
 )
-from jaxtpu.core.data.tables import Table, open_table
+from jaxtpu.core.data.tables import Structured, Table, open_table
 from jaxtpu.core.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -111,8 +111,13 @@ def _fold_id(path: Any, where: str, row: dict[str, str], column: str) -> int:
     return int(number)
 
 
-def _text(row: dict[str, str], column: str) -> str:
+def _text(row: dict[str, str], column: str, where: str = "", path: Any = "") -> str:
     value = row.get(column)
+    if isinstance(value, Structured):
+        raise DataError(
+            f"{path}: {where}: {column} holds a JSON {'list' if value[:1] == '[' else 'object'}"
+            ", not text; give the comment itself as a string"
+        )
     return normalize_text(value) if isinstance(value, str) else ""
 
 
@@ -140,8 +145,8 @@ def comments_to_score(path: str | os.PathLike, chunk: int) -> Iterator[Comments]
     texts: list[str] = []
     ids: list[str] = []
     empty = 0
-    for _, row in table.rows():
-        text = _text(row, text_col)
+    for where, row in table.rows():
+        text = _text(row, text_col, where, path)
         empty += not text
         texts.append(text)
         if with_ids:
@@ -188,7 +193,7 @@ def read_comments(
     blank_subs = [math.nan] * len(SUBLABELS)
     for where, row in table.rows():
         rows += 1
-        text = _text(row, text_col)
+        text = _text(row, text_col, where, path)
         if not text:
             dropped += 1
             if labelled:
@@ -266,7 +271,7 @@ def read_pairs(path: str | os.PathLike, fold_column: str = "", table: Table | No
     rows = dropped = 0
     for where, row in table.rows():
         rows += 1
-        a, b = _text(row, "less_toxic"), _text(row, "more_toxic")
+        a, b = _text(row, "less_toxic", where, path), _text(row, "more_toxic", where, path)
         if not a or not b:
             dropped += 1
             continue

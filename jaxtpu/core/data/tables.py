@@ -8,7 +8,10 @@ of the file. Every problem is one `DataError` line naming the file and, for a ro
 The format is chosen by the file's suffix: `.parquet`/`.pq` (pyarrow), `.jsonl`/`.ndjson`
 (one JSON object per line), anything else CSV. JSON Lines is read by the json module rather
 than pyarrow's JSON reader: that one infers each column's type from the first block, so a
-column blank (null) at the start and numeric further down fails half-way through a file.
+column blank (null) at the start and numeric further down fails half-way through a file. A
+JSON Lines file's header is every key any of its records has (one pass over the file: a key
+the first record leaves out, such as an optional `id`, is still a column); a record without
+a key holds a blank there, as a short CSV row does.
 
 Values: CSV gives text; Parquet and JSON Lines give their own types, handed on as text the
 way a CSV would hold them (a number as its shortest round-trip form, a boolean as 1/0, a null
@@ -51,7 +54,12 @@ def as_text(value: Any) -> str:
         return "" if math.isnan(value) else repr(value)
     if isinstance(value, int):
         return str(value)
-    return json.dumps(value)  # a list or object: not a cell any column rule accepts
+    return Structured(json.dumps(value))  # a list or object: no column rule accepts it
+
+
+class Structured(str):
+    """A list or object value of a Parquet/JSON file, as JSON text; marked so that a text
+    column refuses it (`jaxtpu.core.data.readers`) rather than train on its JSON."""
 
 
 @dataclass
@@ -81,6 +89,8 @@ def open_table(path: str | os.PathLike) -> Table:
     if p.is_dir():
         raise DataError(f"{p}: is a directory, expected a CSV, Parquet or JSON Lines file")
     fmt = file_format(p)
+    if fmt != "parquet":
+        _refuse_other_formats(p, fmt)
     header = _HEADERS[fmt](p)
     header = [h.strip() for h in header]
     repeated = sorted({h for h in header if h and header.count(h) > 1})
@@ -90,6 +100,43 @@ def open_table(path: str | os.PathLike) -> Table:
             "keep one column of each name"
         )
     return Table(p, header, fmt)
+
+
+# The first bytes of compressed files, and how to get the text out of each.
+COMPRESSED = {
+    b"\x1f\x8b": ("gzip", "gunzip"),
+    b"BZh": ("bzip2", "bunzip2"),
+    b"\xfd7zXZ\x00": ("xz", "unxz"),
+    b"PK\x03\x04": ("zip", "unzip"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "unzstd"),
+}
+
+
+def _refuse_other_formats(p: Path, fmt: str) -> None:
+    """A compressed file, or a JSON document where CSV or JSON Lines is read, is named for
+    what it is (rather than "not UTF-8 text" or a CSV of one odd column)."""
+    with _open(p) as f:
+        head = f.read(4096)
+    for magic, (kind, tool) in COMPRESSED.items():
+        if head.startswith(magic):
+            raise DataError(
+                f"{p}: is {kind}-compressed; decompress it first ({tool} {p.name}) and pass "
+                "the CSV, Parquet or JSON Lines file it holds"
+            )
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text.startswith(b"[") and (fmt == "jsonl" or p.suffix.lower() == ".json"):
+        raise DataError(
+            f"{p}: is one JSON array; jaxtpu reads JSON Lines (one object per line, "
+            ".jsonl), CSV or Parquet: write one record per line"
+        )
+    if fmt == "csv" and p.suffix.lower() == ".json" and text.startswith(b"{"):
+        first = text.split(b"\n", 1)[0].rstrip()
+        if not first.endswith(b"}"):  # an object spread over lines: a JSON document
+            raise DataError(
+                f"{p}: is a JSON document; jaxtpu reads JSON Lines (one object per line, "
+                ".jsonl), CSV or Parquet"
+            )
+        raise DataError(f"{p}: looks like JSON Lines; name it .jsonl so it is read as such")
 
 
 def _open(p: Path) -> Any:
@@ -166,9 +213,12 @@ def _json_objects(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _jsonl_header(p: Path) -> list[str]:
+    keys: dict[str, None] = {}  # in the order they first appear
     for _, obj in _json_objects(p):
-        return list(obj)
-    raise DataError(f"{p}: file is empty, expected one JSON object per line")
+        keys.update(dict.fromkeys(obj))
+    if not keys:
+        raise DataError(f"{p}: file is empty, expected one JSON object per line")
+    return list(keys)
 
 
 def _jsonl_rows(table: Table) -> Iterator[tuple[str, dict[str, str]]]:
