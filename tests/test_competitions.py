@@ -349,3 +349,51 @@ def test_a_killed_predict_resumes_to_the_same_file(
     assert predict.main([*common, "--output", str(out), "--resume"]) == 0
     assert out.read_bytes() == whole
     assert not list(out.parent.glob(".sub.csv*"))  # no partial file or record left
+
+
+def test_a_validation_set_where_the_monitored_breakdown_is_undefined_is_refused(tmp_path):
+    """Every identity subgroup (or every language) holding one class: the bias metric (or the
+    mean language AUC) is NaN at every evaluation, so no best model would ever be kept."""
+    import dataclasses
+
+    from helpers import fake_examples
+
+    from jaxtpu.core.data import records, taskdata
+    from jaxtpu.core.flags.presets import tiny
+    from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.core.run import plan
+
+    valid = fake_examples(16)  # labels 0, 1, 0, 1, ...: both classes overall
+    y = valid.label
+    one_class = {"male": np.where(y == 1, 1.0, 0.0), "female": np.where(y == 1, 1.0, np.nan)}
+    cases = [
+        ("", records.Groups(identities=one_class), "every identity subgroup (male, female)"),
+        (
+            "val_mean_language_auc",
+            records.Groups(lang=np.where(y == 1, "es", "it")),
+            "every language (es, it) holds one class",
+        ),
+    ]
+
+    def job(cfg, data):
+        return plan.Job(
+            cfg, RunSpec.resolve(cfg), data, plan.Plan.make(cfg, data.train, 1), tmp_path, 0
+        )
+
+    for monitor, groups, why in cases:
+        cfg = tiny().replace(workdir=str(tmp_path), monitor=monitor, num_devices=1)
+        data = taskdata.TaskData(
+            fake_examples(56), dataclasses.replace(valid, groups=groups), {"split": "f.csv"}
+        )
+        with pytest.raises(DataError, match="undefined at every evaluation") as e:
+            plan.Job(
+                cfg, RunSpec.resolve(cfg), data, plan.Plan.make(cfg, data.train, 1), tmp_path, 0
+            )
+        assert why in str(e.value) and "--monitor val_auc" in str(e.value)
+    # One subgroup with both classes is enough: the metric is defined.
+    defined = {**one_class, "muslim": (np.arange(16) % 3 == 0).astype(np.float64)}
+    data = taskdata.TaskData(
+        fake_examples(56), dataclasses.replace(valid, groups=records.Groups(defined)), {}
+    )
+    cfg = tiny().replace(workdir=str(tmp_path), num_devices=1)
+    assert job(cfg, data).monitor == "val_jigsaw_bias"

@@ -211,6 +211,25 @@ class Task:
                 names.append(LANGUAGE_MONITOR)
         return (*names, "val_loss")
 
+    def undefined_monitor(self, monitor: str, labels: np.ndarray, groups: Any) -> str | None:
+        """Why a competition breakdown `monitor` is undefined at every evaluation on this
+        validation data whatever the model scores (every identity subgroup, or every language,
+        holds one class), or None. The overall one-class case is `undefined`'s."""
+        if monitor not in (BIAS_MONITOR, LANGUAGE_MONITOR) or not groups:
+            return None
+        y = np.asarray(labels, np.float64)
+        y = y if y.ndim == 1 else y[:, 0]
+        scores, weight = np.zeros(len(y)), np.ones(len(y))  # AUCs exist iff both classes do
+        if monitor == BIAS_MONITOR:
+            parts, left_out = metrics.jigsaw_bias(scores, y, groups.identities, weight)
+            if not np.isfinite(parts["jigsaw_bias"]):
+                return f"every identity subgroup ({', '.join(left_out)}) holds one class"
+        else:
+            parts, left_out = metrics.language_aucs(scores, y, groups.lang, weight)
+            if not np.isfinite(parts["mean_language_auc"]):
+                return f"every language ({', '.join(left_out)}) holds one class"
+        return None
+
     def choose_monitor(self, requested: str, groups: Any = None) -> str:
         """`--monitor` (empty: the default of `monitors`), refused when this task does not
         report it on this validation data."""

@@ -14,7 +14,7 @@ import numpy as np
 from jaxtpu.core.data import taskdata, tokenized
 from jaxtpu.core.data.buckets import Batcher, Rows
 from jaxtpu.core.data.tokens import load_tokenizer, save_tokenizer
-from jaxtpu.core.errors import ConfigError, UserError
+from jaxtpu.core.errors import ConfigError, DataError, UserError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.schedules import Horizon
@@ -91,7 +91,17 @@ class Job:
     def __post_init__(self) -> None:
         if not self.monitor:
             valid = self.data.valid
-            self.monitor = self.cfg.task.choose_monitor(self.cfg.train.monitor, valid.groups)
+            task = self.cfg.task
+            self.monitor = task.choose_monitor(self.cfg.train.monitor, valid.groups)
+            why = task.undefined_monitor(self.monitor, valid.label, valid.groups)
+            if why:
+                split = self.data.info.get("split", "validation")
+                raise DataError(
+                    f"validation set ({split}): {why}, so {self.monitor} is "
+                    "undefined at every evaluation and no best model could be chosen; pass "
+                    f"--monitor {task.monitor} (the task's own metric) or give a validation "
+                    "file where some subgroup holds both classes"
+                )
 
     @classmethod
     def load(
