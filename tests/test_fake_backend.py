@@ -116,6 +116,22 @@ def test_profile_steps_trace_the_calls_that_hold_them(tmp_path, k, spec, want):
     assert fake_losses(tmp_path) == fake_losses(plain)  # every loss logged, as without the profile
 
 
+def test_profile_steps_are_logged_with_their_path_or_said_to_miss_the_run(tmp_path, caplog):
+    """The fake run takes 21 steps: a range inside it is logged with its directory (also when
+    the run ends inside it), a range after its end is said at once and traces nothing."""
+    for name, spec, said in [
+        ("a", "3:5", f"profile of steps 3-5 written to {tmp_path / 'a' / 'profile'}"),
+        ("b", "20:40", f"profile of steps 20-21 written to {tmp_path / 'b' / 'profile'}"),
+        ("c", "30:40", "--profile-steps 30:40: this run takes steps 1 to 21, none of them in"),
+    ]:
+        backend = ProfilingBackend({})
+        caplog.clear()
+        with caplog.at_level("INFO", logger="jaxtpu"):
+            run_fake(tmp_path / name, backend, profile_steps=spec, eval_every=0)
+        assert said in caplog.text
+    assert not [e for e in backend.events if e[0].startswith("profile")]
+
+
 @pytest.mark.parametrize("spec", ["5", "0:3", "4:2", "a:b", "3:"])
 def test_bad_profile_steps_are_one_line(spec):
     from jaxtpu.core.errors import ConfigError

@@ -204,3 +204,12 @@ def test_all_folds_train_each_fold_and_write_their_record_and_oof(tmp_path):
         )
         outs.append(np.loadtxt(out, delimiter=",", skiprows=1, usecols=1))
     np.testing.assert_allclose(outs[3], np.mean(outs[:3], axis=0), rtol=1e-6)
+
+
+def test_a_subsample_larger_than_the_data_says_it_trains_on_all_rows(tokenizer, caplog):
+    cfg = presets.tiny().replace(demo_size=64, subsample=500, max_len=8)
+    with caplog.at_level("WARNING"):
+        data = taskdata.load_task_data(cfg, tokenizer)
+    assert len(data.train) + len(data.valid) == 64
+    assert "--subsample 500: built-in demo data (64 generated comments) has 64 rows" in caplog.text
+    assert "training on all of them" in caplog.text

@@ -114,6 +114,13 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     if d.subsample and len(data) > d.subsample:
         data = data.subset(subsample(data, d.subsample, seed, task.label_columns))
         source += f" (seeded sample of {d.subsample} rows, stratified)"
+    elif d.subsample:
+        log.warning(
+            "--subsample %d: %s has %d rows, no more than that: training on all of them",
+            d.subsample,
+            source,
+            len(data),
+        )
     valid_rows = None
     if d.valid_csv:
         train, valid = data, read_task_file(d.valid_csv, task, cache_dir=cache)

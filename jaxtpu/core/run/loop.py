@@ -299,7 +299,8 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: StopFlag, sta
     """Runs the device calls of `inputs` from step `start`: the loop body of `run`.
     Returns (the last step done, what stopped the run early or None)."""
     backend, step, stopped_by, pending = drv.backend, start, None, []
-    profile = Profile(drv.job.cfg.output.profile_steps, drv.job.workdir, backend)
+    job = drv.job
+    profile = Profile(job.cfg.output.profile_steps, job.workdir, backend, start, job.plan.total)
     with Prefetch(inputs) as feed, profile:
         for call, prepared in feed:
             if call.batches:
