@@ -74,3 +74,31 @@ def test_a_tracker_whose_client_is_missing_is_one_line(monkeypatch):
         presets.tiny().replace(tracker="tensorboard,wandb")
     with pytest.raises(ConfigError, match="--tracker 'mlflow': choose from tensorboard, wandb"):
         presets.tiny().replace(tracker="mlflow")
+
+
+def test_wandb_online_without_credentials_is_one_line_before_anything_is_made(
+    tmp_path, monkeypatch
+):
+    from jaxtpu.core.flags import presets
+    from jaxtpu.core.run.rundir import claim_workdir
+    from jaxtpu.core.run.trackers import check_ready
+
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))  # none yet: `wandb login` was never run
+    cfg = presets.tiny().replace(tracker="wandb")
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"--tracker wandb: no W&B credentials for api.wandb.ai"):
+        with claim_workdir(run, cfg):
+            pass
+    assert not run.exists()  # no lock, no metrics.jsonl, no tokenizer: the next run is not refused
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_ready(("wandb",))
+    monkeypatch.delenv("WANDB_MODE")
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.chmod(0o600)
+    check_ready(("wandb",))  # what `wandb login` writes
+    netrc.unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    check_ready(("wandb",))

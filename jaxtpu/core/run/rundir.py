@@ -32,7 +32,8 @@ from jaxtpu.core.flags.schema import (
     changed_flags,
     flat_record,
 )
-from jaxtpu.core.run.trackers import open_trackers
+from jaxtpu.core.run.trackers import check_ready, open_trackers
+from jaxtpu.core.run.trackers import parse as parse_trackers
 
 __all__ = [
     "RunLog",
@@ -77,6 +78,7 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
     if not create:
         yield workdir
         return
+    check_ready(parse_trackers(cfg.output.tracker))  # before anything is created
     fresh = not workdir.exists()
     try:
         workdir.mkdir(parents=True, exist_ok=True)

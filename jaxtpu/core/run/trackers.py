@@ -11,9 +11,11 @@ tracker gets the same numbers, and only process 0 (the first replica) has any.
 from __future__ import annotations
 
 import importlib.util
+import netrc
 import os
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from jaxtpu.core.errors import ConfigError
 
@@ -44,6 +46,32 @@ def parse(spec: str) -> tuple[str, ...]:
     return names
 
 
+OFFLINE = ("offline", "dryrun", "disabled")
+
+
+def check_ready(names: tuple[str, ...]) -> None:
+    """Refuses, before a run creates anything, a tracker that would fail on its first call:
+    W&B online without credentials (the client would raise with a traceback after the run
+    directory, its lock and its tokenizer were made). Credentials are looked for where the
+    client looks first: WANDB_API_KEY (or WANDB_IDENTITY_TOKEN_FILE) and the .netrc entry
+    that `wandb login` writes for the server's host."""
+    if "wandb" not in names or os.environ.get("WANDB_MODE", "").lower() in OFFLINE:
+        return
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or ""
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        if netrc.netrc(path).authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    raise ConfigError(
+        f"--tracker wandb: no W&B credentials for {host} (WANDB_API_KEY, or `wandb login`); "
+        "set WANDB_MODE=offline to keep the run in RUN/wandb/ and `wandb sync` it later"
+    )
+
+
 class TensorBoard:
     def __init__(self, workdir: Path) -> None:
         from tensorboardX import SummaryWriter
@@ -62,13 +90,20 @@ class WandB:
     def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
         import wandb
 
-        self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "jaxtpu"),
-            name=workdir.name,
-            dir=str(workdir),
-            config=config,
-            resume="allow",
-        )
+        try:
+            self.run = wandb.init(
+                project=os.environ.get("WANDB_PROJECT", "jaxtpu"),
+                name=workdir.name,
+                dir=str(workdir),
+                config=config,
+                resume="allow",
+            )
+        except Exception as e:  # its errors are many and its own: one line, the run refused
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(
+                f"--tracker wandb: the W&B client did not start ({type(e).__name__}: {first}); "
+                "WANDB_MODE=offline keeps the run in RUN/wandb/"
+            ) from None
 
     def log(self, prefix: str, values: dict[str, float], step: int) -> None:
         self.run.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
