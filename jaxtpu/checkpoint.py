@@ -17,6 +17,7 @@ import io
 import logging
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,15 @@ def _silence_closed_loop_noise() -> None:
             previous(args)
 
     threading.excepthook = hook
+
+
+class _Replaced(Exception):
+    """The checkpoint being read went away meanwhile: the run that owns the directory is still
+    training and replaced it with a newer one (orbax writes the new step, then deletes the
+    old). Read again, from the directory as it is now."""
+
+
+READS = 20  # attempts at reading a checkpoint that keeps being replaced
 
 
 class Checkpoints:
@@ -156,16 +166,36 @@ class Checkpoints:
             step = self.latest.latest_step()
         return step if self.procs is None else self.procs.broadcast_json(step)
 
+    def _reading(self, name: str, read: Any) -> Any:
+        """`read(manager)` of the `latest` or `best` directory, again from a fresh look at the
+        directory while the checkpoint it was reading is replaced under it (`jaxtpu.load`
+        or predict of a run that is still training sees the previous best model or the new
+        one, never an error)."""
+        for attempt in range(READS):
+            try:
+                return read(getattr(self, name))
+            except _Replaced:
+                setattr(self, f"_{name}", None)  # its list of steps is stale
+                time.sleep(0.01 * attempt)
+        raise CheckpointError(
+            f"{self.root / name}: its checkpoint was replaced {READS} times while being read; "
+            "try again"
+        )
+
     def _restore_everywhere(
-        self, mgr: Any, where: Path, template: Any, expect: dict[str, Any]
+        self, name: str, where: Path, template: Any, expect: dict[str, Any]
     ) -> tuple[Any, dict[str, Any]]:
         """Process 0 restores; the others get its state, its metadata or its error."""
+
+        def restore(mgr: ocp.CheckpointManager) -> tuple[Any, dict[str, Any]]:
+            return self._restore(mgr, where, template, expect)
+
         if self.procs is None:
-            return self._restore(mgr(), where, template, expect)
+            return self._reading(name, restore)
         state, found = template, {"error": None, "meta": None}
         if self.primary:
             try:
-                state, found["meta"] = self._restore(mgr(), where, template, expect)
+                state, found["meta"] = self._reading(name, restore)
             except CheckpointError as e:
                 found["error"] = str(e)
         found = self.procs.broadcast_json(found)
@@ -181,14 +211,16 @@ class Checkpoints:
             raise CheckpointError(f"{where}: no checkpoint found")
         path = where / str(step)
         try:
-            meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+            meta = _read_meta(mgr, step)
         except Exception as e:  # orbax raises many types for damaged files
+            _check_still_there(path)
             raise CheckpointError(f"{path}: unreadable checkpoint metadata ({e})") from None
         check_compatible(meta, expect, path)
         target = ocp.args.StandardRestore(jax.tree_util.tree_map(np.asarray, template))
         try:
             state = mgr.restore(step, args=ocp.args.Composite(state=target)).state
         except Exception as e:
+            _check_still_there(path)
             raise CheckpointError(
                 f"{path}: unreadable or incomplete checkpoint ({type(e).__name__}: {e}); "
                 "move it away to start from the previous one, or start a new --workdir"
@@ -196,16 +228,39 @@ class Checkpoints:
         return state, meta
 
     def restore_latest(self, template: Any, expect: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        return self._restore_everywhere(lambda: self.latest, self.latest_dir, template, expect)
+        return self._restore_everywhere("latest", self.latest_dir, template, expect)
 
     def restore_best(self, template: Any, expect: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        state, meta = self._restore_everywhere(
-            lambda: self.best, self.best_dir, {"params": template}, expect
-        )
+        state, meta = self._restore_everywhere("best", self.best_dir, {"params": template}, expect)
         return state["params"], meta
 
     def best_meta(self) -> dict[str, Any] | None:
-        if not self.best_dir.exists() or self.best.latest_step() is None:
+        if not self.best_dir.exists():
             return None
-        step = self.best.latest_step()
-        return self.best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+        def meta(mgr: ocp.CheckpointManager) -> dict[str, Any] | None:
+            step = mgr.latest_step()
+            if step is None:
+                return None
+            try:
+                return _read_meta(mgr, step)
+            except Exception as e:
+                _check_still_there(self.best_dir / str(step))
+                raise CheckpointError(
+                    f"{self.best_dir / str(step)}: unreadable checkpoint metadata ({e})"
+                ) from None
+
+        return self._reading("best", meta)
+
+
+def _read_meta(mgr: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+    return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+
+def _check_still_there(path: Path) -> None:
+    """After a failed read of step directory `path`: `_Replaced` when it is gone or going (a
+    newer step sits beside it: the run that owns the directory replaced it, and deletes the
+    old one file by file), so that the caller reads the directory again."""
+    steps = [int(p.name) for p in path.parent.glob("[0-9]*") if p.name.isdigit()]
+    if not path.exists() or max(steps, default=-1) > int(path.name):
+        raise _Replaced(str(path))

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import (
     SIDE_COMMANDS,
@@ -201,3 +202,24 @@ def test_leftover_partial_checkpoint_does_not_break_resume(uninterrupted, tmp_pa
     proc = cli("jaxtpu.train", *resumable_args(wd), "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "resumed from" in proc.stdout
+
+
+def test_loading_a_best_model_that_the_training_run_replaces_meanwhile_reads_the_new_one(
+    tmp_path,
+):
+    """A reader (predict, `jaxtpu.load`) lists the best checkpoint, then the run that is still
+    training replaces it (orbax writes the new step, then deletes the old one): the reader
+    reads the new one instead of failing on the old one's half-deleted files."""
+    from jaxtpu.checkpoint import Checkpoints
+
+    run = Checkpoints(tmp_path)
+    key = {"task": "toxicity", "encoder": {"hidden_size": 4}}
+    params = {"w": np.zeros((2, 3), np.float32)}
+    run.save_best(1, params, {**key, "step": 1})
+    reader = Checkpoints(tmp_path)
+    assert reader.best_meta()["step"] == 1  # its list of steps says 1
+    run.save_best(2, {"w": np.ones((2, 3), np.float32)}, {**key, "step": 2})
+    assert not (tmp_path / "checkpoints" / "best" / "1").exists()
+    got, meta = reader.restore_best(params, key)
+    assert meta["step"] == 2 and np.array_equal(got["w"], np.ones((2, 3)))
+    assert Checkpoints(tmp_path).best_meta()["step"] == 2
