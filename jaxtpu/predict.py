@@ -106,11 +106,19 @@ def read_run_config(wd: Path) -> tuple[Config, dict[str, Any]]:
 
 def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
     """A training notebook's state-dict file (`--init-from`) with the config and tokenizer of
-    `model_dir`, scored in fp32 as the notebook's module does in eval mode."""
+    `model_dir`, scored in fp32 as the notebook's module does in eval mode. Its task is what
+    its head scores: one output is scored as toxicity (a ranker's score is the same number),
+    six as the multi-label model (`export --format state-dict` of a multilabel run)."""
     from jaxtpu import weights
+    from jaxtpu.core.hf.directory import read_notebook_checkpoint
 
+    task = "toxicity"
+    if Path(init_from).is_file():
+        head = read_notebook_checkpoint(init_from).head.get("classifier.weight")
+        if head is not None and head.shape[0] == len(LABELS):
+            task = "multilabel"
     cfg = Config().replace(  # validated, as every flag
-        init_from=init_from, model_dir=model_dir, max_len=max_len, precision="fp32"
+        init_from=init_from, model_dir=model_dir, max_len=max_len, precision="fp32", task=task
     )
     spec = RunSpec.resolve(cfg, 1)
     model = weights.load_model(cfg, spec, head_required=True)

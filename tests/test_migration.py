@@ -230,3 +230,38 @@ def argparse_namespace():
     import argparse
 
     return argparse.Namespace(lr=3e-5)
+
+
+@pytest.mark.model
+def test_predict_init_from_a_six_output_state_dict_scores_the_six_labels(tmp_path, model_dir):
+    """A notebook state dict whose head has six outputs (a multi-label model, as `export
+    --format state-dict` of a multilabel run writes) is scored as one: its task comes from the
+    head, since predict has no --task."""
+    import torch
+
+    from jaxtpu.core.tasks import LABELS
+
+    model = notebook_model(model_dir)
+    torch.manual_seed(5)
+    model.fc1 = nn.Linear(model.fc1.in_features, len(LABELS)).eval()
+    source = tmp_path / "six.bin"
+    torch.save(model.state_dict(), source)
+    src = tmp_path / "in.csv"
+    with src.open("w", newline="") as f:
+        csv.writer(f).writerows(
+            [("id", "comment_text"), *((str(i), t) for i, t in enumerate(TEXTS))]
+        )
+    out = tmp_path / "out.csv"
+    argv = ["--init-from", str(source), "--model-dir", str(model_dir), "--max-len", str(MAX_LEN)]
+    argv += ["--input", str(src), "--output", str(out), "--num-devices", "1"]
+    assert predict.main(argv) == 0
+    with out.open() as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["id", *LABELS] and len(rows) == len(TEXTS) + 1
+    ids, mask, _ = tokenize(TEXTS, load_tokenizer(model_dir), MAX_LEN)
+    with torch.no_grad():
+        pooled = model.bert(
+            input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long()
+        ).pooler_output
+        want = torch.sigmoid(model.fc1(pooled)).numpy()
+    np.testing.assert_allclose(np.array(rows[1:], float)[:, 1:], want, atol=2e-5)
