@@ -239,6 +239,7 @@ def test_an_empty_sweep_is_refused():
 def test_find_batch_where_nothing_fits_says_so(monkeypatch):
     def refused(cfg, target, devices, capacity, flops):
         r = pf_report.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
+        r.params, r.optimizer = 3 * 2**20, 6 * 2**20  # known before compiling (`check`)
         r.error = "RESOURCE_EXHAUSTED: out of memory"
         return r
 
@@ -247,5 +248,20 @@ def test_find_batch_where_nothing_fits_says_so(monkeypatch):
     row = pf_report.table([best], find=True).splitlines()[-1]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert "none (batch 1 refused)" in cells and "refused" in cells
-    # not measured: params, optimizer, temporary, eval step, GFLOP, and the six speed columns
-    assert cells.count("-") == 11
+    assert "3.0 MiB" in cells and "6.0 MiB" in cells  # the sizes that do not depend on the batch
+    # not measured: temporary, eval step, GFLOP, and the six speed columns
+    assert cells.count("-") == 9
+
+
+def test_a_configuration_the_compiler_refuses_still_reports_params_and_optimizer(monkeypatch):
+    import jax
+
+    def out_of_memory(self, *args, **kwargs):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while trying to allocate 9 GiB")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", out_of_memory)
+    r = pf_fit.check(tiny(), "cpu", jax.devices()[:8], 2**30, flops=False)
+    assert r.error.startswith("RESOURCE_EXHAUSTED") and not r.fits
+    # fp32 Adam: two moments per weight, split over the 8 devices by ZeRO-1 (the default)
+    assert r.sharding == "zero1" and r.params > 0
+    assert r.optimizer == pytest.approx(2 * r.params / 8, rel=0.01)

@@ -47,6 +47,9 @@ def check(
     )
     t0 = time.perf_counter()
     low = lower(cfg, devices, spec)
+    # known from the shapes and shardings alone: reported even when the compiler refuses
+    report.params = bytes_per_device(low.state.params, low.shardings.params)
+    report.optimizer = bytes_per_device(low.state.opt_state, low.shardings.opt_state)
     try:
         with no_cache_writes(target != "cpu"):
             compiled, compiled_eval = low.train.compile(), low.eval.compile()
@@ -59,8 +62,6 @@ def check(
         return report
     report.compile_s = round(time.perf_counter() - t0, 1)
     mem, eval_mem = compiled.memory_analysis(), compiled_eval.memory_analysis()
-    report.params = bytes_per_device(low.state.params, low.shardings.params)
-    report.optimizer = bytes_per_device(low.state.opt_state, low.shardings.opt_state)
     report.batch = bytes_per_device(
         low.batches, jax.tree_util.tree_map(lambda x: x.sharding, low.batches)
     )

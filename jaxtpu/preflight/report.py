@@ -55,8 +55,10 @@ COLUMNS = [
     ("scan", lambda r: "yes" if r.scan else "no"),
     ("mesh", lambda r: r.mesh),
     ("batch/dev", lambda r: str(r.batch_size)),
-    ("params", lambda r: gib(r.params) if not r.error else "-"),
-    ("optimizer", lambda r: gib(r.optimizer) if not r.error else "-"),
+    # parameters and optimizer state do not depend on the batch: known when the compiler
+    # refuses too (0 only where nothing was lowered)
+    ("params", lambda r: gib(r.params) if r.params or not r.error else "-"),
+    ("optimizer", lambda r: gib(r.optimizer) if r.optimizer or not r.error else "-"),
     ("temporary", lambda r: gib(r.temporary) if not r.error else "-"),
     ("train step", lambda r: gib(r.total) if not r.error else "refused"),
     ("eval step", lambda r: gib(r.eval_total) if not r.error else "-"),
