@@ -75,3 +75,21 @@ def test_a_full_disk_while_saving_the_tokenizer_is_one_line_and_leaves_nothing(
     with pytest.raises(DataError, match="no space left on device writing the tokenizer"):
         tokens.save_tokenizer(tokenizer, tmp_path / "tokenizer")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_in_the_fast_tokenizers_own_writer_is_one_line_and_leaves_nothing(
+    tmp_path, tokenizer, monkeypatch
+):
+    """The Rust writer of tokenizer.json reports a full disk as a plain Exception (not an
+    OSError): the same one line, nothing left behind (a DataError, so a run cleans its new
+    directory and lock too)."""
+
+    def full(path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "tokenizer_config.json").write_text("{}")
+        raise Exception("No space left on device (os error 28)")
+
+    monkeypatch.setattr(tokenizer, "save_pretrained", full)
+    with pytest.raises(DataError, match="no space left on device writing the tokenizer"):
+        tokens.save_tokenizer(tokenizer, tmp_path / "tokenizer")
+    assert list(tmp_path.iterdir()) == []

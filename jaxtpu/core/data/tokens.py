@@ -323,8 +323,10 @@ def save_tokenizer(tokenizer: Any, directory: Path) -> None:
         if directory.exists():
             shutil.rmtree(directory)
         os.rename(tmp, directory)
-    except OSError as e:
+    except Exception as e:  # the Rust writer's errors are plain Exceptions ("os error 28")
         shutil.rmtree(tmp, ignore_errors=True)
         if disk_full(e) is None:
             raise
-        raise DataError(disk_full_message(directory, "the tokenizer")) from None
+        # written when a run starts (or resumes), before any step: nothing of it is lost
+        advice = "free some space and run the same command again"
+        raise DataError(disk_full_message(directory, "the tokenizer", advice)) from None

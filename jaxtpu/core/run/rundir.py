@@ -203,8 +203,12 @@ def disk_full(error: BaseException) -> OSError | None:
     return None
 
 
-def disk_full_message(path: Path | str, what: str) -> str:
-    """One line: what could not be written where, and the space left there."""
+def disk_full_message(
+    path: Path | str,
+    what: str,
+    advice: str = "earlier checkpoints are intact: free some space and continue with --resume",
+) -> str:
+    """One line: what could not be written where, the space left there, and what to do."""
     probe = Path(path)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -212,10 +216,7 @@ def disk_full_message(path: Path | str, what: str) -> str:
         free = f"{shutil.disk_usage(probe).free / 2**20:.1f} MiB free"
     except OSError:
         free = "free space unknown"
-    return (
-        f"{path}: no space left on device writing {what} ({free}); earlier checkpoints are "
-        "intact: free some space and continue with --resume"
-    )
+    return f"{path}: no space left on device writing {what} ({free}); {advice}"
 
 
 def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Path) -> None:
