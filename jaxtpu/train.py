@@ -16,7 +16,7 @@ from jaxtpu.core import hostmem
 from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
-from jaxtpu.core.run import loop, plan
+from jaxtpu.core.run import loop, plan, signals
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
@@ -50,11 +50,16 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
     procs = hosts.Processes()
     if not procs.primary:  # process 0 reports for everyone
         log.setLevel(logging.WARNING)
-    with claim_workdir(Path(workdir or cfg.output.workdir), cfg, procs.primary) as workdir:
-        return _train(cfg, workdir, procs, t_start)
+    with (
+        signals.early() as early,
+        claim_workdir(Path(workdir or cfg.output.workdir), cfg, procs.primary) as workdir,
+    ):
+        return _train(cfg, workdir, procs, t_start, early)
 
 
-def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, Any]:
+def _train(
+    cfg: Config, workdir: Path, procs: Any, t_start: float, early: Any = None
+) -> dict[str, Any]:
     """The body of a run in its claimed run directory: the data, the backend, resume, start
     (the state placed and the steps jitted), then the shared loop."""
     import jax
@@ -87,7 +92,7 @@ def _train(cfg: Config, workdir: Path, procs: Any, t_start: float) -> dict[str, 
     backend = build_backend(job, devices, procs, saved)
     resume = backend.restore_latest(spec.model_key) if cfg.output.resume else ResumeState()
     backend.start()  # the state on the devices, the steps jitted (`parallel.JitStrategy.place`)
-    return loop.train(job, backend, resume, devices)
+    return loop.train(job, backend, resume, devices, early)
 
 
 def build_backend(job: plan.Job, devices: list[Any], procs: Any, saved: Any = None) -> Any:

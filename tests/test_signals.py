@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers import (
     EAGER,
+    TINY,
     cli,
     final_metrics,
     resumable_args,
@@ -158,3 +159,24 @@ def test_sigterm_checkpoints_and_exits_cleanly_then_resumes(uninterrupted, tmp_p
     assert final_metrics(wd)["val_loss"] == pytest.approx(
         final_metrics(uninterrupted)["val_loss"], rel=1e-6
     )
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("module", ["jaxtpu.train", "torchxla_ref.train"])
+def test_sigterm_while_the_data_and_model_are_made_stops_before_the_first_step(tmp_path, module):
+    """A SIGTERM that arrives before the loop's own handler (while the data are read, the
+    model is built, the state placed) stops the run before its first step as the docs say,
+    instead of dying with XLA's 'RAW: Raising signal 15 with default behavior' (exit -15)."""
+    wd = tmp_path / "run"
+    flags = EAGER if module.startswith("torchxla") else TINY
+    proc = start(module, *flags, "--workdir", str(wd), "--log-every", "1")
+    for line in proc.stdout:  # the first log line: the devices, before the data are read
+        if line.startswith("devices:"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "SIGTERM before the first step: nothing trained, nothing to save" in out + err
+    assert "RAW:" not in err and "Traceback" not in err
+    summary = json.loads((wd / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 0

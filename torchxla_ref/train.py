@@ -18,7 +18,7 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
-from jaxtpu.core.run import loop, plan
+from jaxtpu.core.run import loop, plan, signals
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
@@ -29,7 +29,13 @@ log = logging.getLogger("jaxtpu")
 
 
 def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
-    """The body of a run, in the process (spmd, eager) or in each replica (spawn)."""
+    """The body of a run, in the process (spmd, eager) or in each replica (spawn); a SIGTERM
+    from its start on stops it before its first step (`signals.early`)."""
+    with signals.early() as early:
+        return _run(cfg, workdir, t_start, early)
+
+
+def _run(cfg: Config, workdir: Path, t_start: float, early: Any) -> dict[str, Any]:
     strategy = parallel.make_strategy(cfg.placement.parallel, cfg.placement.num_devices)
     devices = [str(strategy.device)] * strategy.num_devices
     spec = RunSpec.resolve(cfg, len(devices))
@@ -42,7 +48,7 @@ def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
     backend = build_backend(job, strategy, devices)
     resume = backend.restore_latest(spec.model_key) if cfg.output.resume else ResumeState()
     backend.start()
-    return loop.train(job, backend, resume, devices)
+    return loop.train(job, backend, resume, devices, early)
 
 
 def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBackend:

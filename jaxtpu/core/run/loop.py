@@ -236,7 +236,13 @@ class _Driver:
         return bool(patience and self.best["bad_evals"] >= patience)
 
 
-def train(job: Job, backend: Backend, resume: ResumeState, devices: list[Any]) -> dict[str, Any]:
+def train(
+    job: Job,
+    backend: Backend,
+    resume: ResumeState,
+    devices: list[Any],
+    early: StopFlag | None = None,
+) -> dict[str, Any]:
     """One run, the same on both sides, once the side has built its backend, resumed it (if
     asked) and started it: record the config in the run directory and run the schedule.
 
@@ -245,6 +251,9 @@ def train(job: Job, backend: Backend, resume: ResumeState, devices: list[Any]) -
       backend: the side's started backend.
       resume: where it resumed (`Backend.restore_latest`), or a fresh start.
       devices: the run's devices (recorded in config.json).
+      early: the side's `signals.early` flag, held since the run started (a SIGTERM that
+        came while the data, model and programs were made stops the run before its first
+        step).
     Returns:
       The run summary (`run`).
     """
@@ -257,10 +266,16 @@ def train(job: Job, backend: Backend, resume: ResumeState, devices: list[Any]) -
         config=cfg.to_dict(),
     )
     runlog.write_config(cfg, job.spec, job.data.info, devices)
-    return run(job, backend, resume, runlog)
+    return run(job, backend, resume, runlog, early)
 
 
-def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict[str, Any]:
+def run(
+    job: Job,
+    backend: Backend,
+    resume: ResumeState,
+    runlog: RunLog,
+    early: StopFlag | None = None,
+) -> dict[str, Any]:
     """Trains from `resume.step` to `job.plan.total` as `schedule` says.
 
     Returns:
@@ -277,8 +292,8 @@ def run(job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> dict
             host = [train.take(b.idx[rows], b.weight[rows], b.length) for b in call.batches]
             yield call, backend.prepare(host) if host else None
 
-    with StopFlag() as stop:
-        if resume.step < job.plan.total:
+    with StopFlag(pending=early) as stop:
+        if resume.step < job.plan.total and stop.signal is None:
             drv.precompile(resume.step)
         # a signal while the programs were built: nothing trained yet. Every process asks
         # (a host-level collective), so all of a multi-process run stop here together.

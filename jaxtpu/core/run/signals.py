@@ -20,13 +20,16 @@ class StopFlag:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self) -> None:
-        self.signal: int | None = None
+    def __init__(self, signals: tuple[int, ...] = SIGNALS, pending: StopFlag | None = None) -> None:
+        """`signals`: the ones it handles; `pending`: an earlier flag whose signal, if one
+        came, this one starts with (`early`)."""
+        self.signals = signals
+        self.signal: int | None = pending.signal if pending is not None else None
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> StopFlag:
         try:
-            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            self._old = {s: signal.signal(s, self._handle) for s in self.signals}
         except ValueError:  # not the main thread
             self._old = {}
         return self
@@ -53,3 +56,13 @@ class StopFlag:
     def __exit__(self, *exc: Any) -> None:
         for s, old in self._old.items():
             signal.signal(s, old)
+
+
+def early() -> StopFlag:
+    """SIGTERM from the moment a run starts (its data, model and programs are made before the
+    loop's own flag): recorded, so that the run stops before its first step with the
+    documented message and exit, instead of dying at once with the default handler (which
+    XLA's own replaces with `RAW: Raising signal 15 with default behavior`, exit -15).
+    Ctrl-C is left as it is there: nothing is saved before the first step, so it stops at
+    once."""
+    return StopFlag(signals=(signal.SIGTERM,))
