@@ -178,5 +178,6 @@ def test_sigterm_while_the_data_and_model_are_made_stops_before_the_first_step(t
     assert proc.returncode == 0, err[-2000:]
     assert "SIGTERM before the first step: nothing trained, nothing to save" in out + err
     assert "RAW:" not in err and "Traceback" not in err
+    assert "no evaluation yet, no best model" in out + err  # not 'best -inf at step None'
     summary = json.loads((wd / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 0

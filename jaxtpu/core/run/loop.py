@@ -372,6 +372,14 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
         "workdir": str(job.workdir),
     }
     drv.runlog.finish(summary)
+    if drv.best["step"] is None:  # never evaluated (stopped before its first evaluation)
+        log.info(
+            "done: %d steps in %.0fs; no evaluation yet, no best model; run dir %s",
+            step,
+            summary["wall_seconds"],
+            job.workdir,
+        )
+        return summary
     log.info(
         "done: %d steps in %.0fs; final %s %.4f, best %.4f at step %s; run dir %s",
         step,
