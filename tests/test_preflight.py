@@ -210,17 +210,33 @@ def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
 
 
 def test_a_cost_model_without_a_usable_step_time_reports_none(monkeypatch):
-    """libtpu 0.0.42.1 gives BERT-base no optimal_seconds on v4/v6e and a negative one on v5e:
-    no estimate is reported then (the model FLOPs still are), and the log says why."""
+    """A cost model that gives no optimal_seconds, or a negative one: no estimate is reported
+    then (the model FLOPs still are), and the log says why."""
     cfg = presets.bert_base()
     spec = RunSpec.resolve(cfg, 8)
     for seconds in (-650.9, 0.0):
         monkeypatch.setattr(pf_speed, "estimate", lambda c, d, s=seconds: (s, 45e9))
-        r = pf_report.Report("v5e-8", "zero1", "none", "data=8,fsdp=1", 32, 128)
-        pf_speed.add_estimate(r, cfg, "v5e-8", [None] * 8, spec)
+        r = pf_report.Report("v3-8", "zero1", "none", "data=8,fsdp=1", 32, 128)
+        pf_speed.add_estimate(r, cfg, "v3-8", [None] * 8, spec)
         assert r.est_step_s == 0 and r.est_bytes_per_step == 0 and r.model_flops > 0
         assert r.extra["no_estimate"] == f"optimal_seconds {seconds:.4g}"
         assert "| - | - | - | - |" in pf_report.table([r], find=False)
+
+
+@pytest.mark.parametrize("target", ["v4-8", "v5e-8", "v6e-8"])
+def test_a_generation_whose_cost_model_is_unusable_gets_no_estimate_even_a_positive_one(
+    monkeypatch, target
+):
+    """libtpu's cost model gives real models negative step times on v4, v5e and v6e on a host
+    without a TPU; a positive one for a tiny model is not shown as the compiler's figure."""
+    cfg = tiny()
+    monkeypatch.setattr(pf_speed, "estimate", lambda c, d: (0.0031, 1e9))
+    r = pf_report.Report(target, "zero1", "none", "data=8,fsdp=1", 4, 16)
+    pf_speed.add_estimate(r, cfg, target, [None] * 8, RunSpec.resolve(cfg, 8))
+    assert r.est_step_s == 0 and r.model_flops > 0
+    kind = pf_targets.TPU_TARGETS[target].chip.device_kind
+    assert r.extra["no_estimate"].startswith(f"its cost model is not usable for {kind}")
+    assert "| - | - | - | - |" in pf_report.table([r], find=False)
 
 
 def test_preflight_refuses_a_json_path_it_cannot_create_before_compiling(capsys):

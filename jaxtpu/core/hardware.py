@@ -43,6 +43,10 @@ class TpuChip:
     hbm_gbps: float  # per chip, 1e9 bytes/s
     devices_per_chip: int  # JAX devices per chip on a TPU VM (v2/v3: one per TensorCore)
     source: str
+    # Whether libtpu's cost model gives usable step times for this generation on a host
+    # without a TPU (preflight's estimate): for v4, v5e and v6e it returns negative
+    # `optimal_seconds` for real models (docs/tpu.md), so a positive one is luck, not a figure.
+    cost_model: bool = False
 
     def per_device(self, chips: int = 1, devices: int | None = None) -> tuple[float, float, float]:
         """(HBM bytes, bf16 peak FLOP/s, HBM bytes/s) of one of `devices` JAX devices over
@@ -57,8 +61,8 @@ class TpuChip:
 
 
 TPU_CHIPS: dict[str, TpuChip] = {
-    "v2": TpuChip("TPU v2", 16, 45, 700, 2, "cloud.google.com/tpu/docs/v2"),
-    "v3": TpuChip("TPU v3", 32, 123, 900, 2, "cloud.google.com/tpu/docs/v3"),
+    "v2": TpuChip("TPU v2", 16, 45, 700, 2, "cloud.google.com/tpu/docs/v2", cost_model=True),
+    "v3": TpuChip("TPU v3", 32, 123, 900, 2, "cloud.google.com/tpu/docs/v3", cost_model=True),
     "v4": TpuChip("TPU v4", 32, 275, 1200, 1, "cloud.google.com/tpu/docs/v4"),
     "v5e": TpuChip("TPU v5 lite", 16, 197, 819, 1, "cloud.google.com/tpu/docs/v5e"),
     "v6e": TpuChip("TPU v6 lite", 32, 918, 1640, 1, "cloud.google.com/tpu/docs/v6e"),

@@ -81,9 +81,16 @@ def add_estimate(
         cfg.train.batch_size * spec.task.comments_per_example, cfg.data.max_len, cfg.model.remat
     )
     if target in TPU_TARGETS:
+        chip = TPU_TARGETS[target].chip
         report.peak_flops = TPU_TARGETS[target].peak_flops_per_device()
+        if not chip.cost_model:  # never shown as the compiler's figure, even when positive
+            report.extra["no_estimate"] = (
+                f"its cost model is not usable for {chip.device_kind} on a host without a TPU "
+                "(negative step times for real models; docs/tpu.md)"
+            )
+            return
         seconds, bytes_accessed = estimate(cfg, devices)
         if seconds > 0:
             report.est_step_s, report.est_bytes_per_step = seconds, bytes_accessed
-        else:  # none (v4, v6e) or negative (v5e) from libtpu 0.0.42.1's cost model
+        else:
             report.extra["no_estimate"] = f"optimal_seconds {seconds:.4g}"
