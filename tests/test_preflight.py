@@ -223,7 +223,7 @@ def test_a_cost_model_without_a_usable_step_time_reports_none(monkeypatch):
         assert "| - | - | - | - |" in pf_report.table([r], find=False)
 
 
-@pytest.mark.parametrize("target", ["v4-8", "v5e-8", "v6e-8"])
+@pytest.mark.parametrize("target", ["v4-8", "v5e-8", "v6e-8", "v5p-8"])
 def test_a_generation_whose_cost_model_is_unusable_gets_no_estimate_even_a_positive_one(
     monkeypatch, target
 ):
@@ -235,7 +235,7 @@ def test_a_generation_whose_cost_model_is_unusable_gets_no_estimate_even_a_posit
     pf_speed.add_estimate(r, cfg, target, [None] * 8, RunSpec.resolve(cfg, 8))
     assert r.est_step_s == 0 and r.model_flops > 0
     kind = pf_targets.TPU_TARGETS[target].chip.device_kind
-    assert r.extra["no_estimate"].startswith(f"its cost model is not usable for {kind}")
+    assert r.extra["no_estimate"].startswith(f"its cost model is not validated for {kind}")
     assert "| - | - | - | - |" in pf_report.table([r], find=False)
 
 
@@ -281,3 +281,27 @@ def test_a_configuration_the_compiler_refuses_still_reports_params_and_optimizer
     # fp32 Adam: two moments per weight, split over the 8 devices by ZeRO-1 (the default)
     assert r.sharding == "zero1" and r.params > 0
     assert r.optimizer == pytest.approx(2 * r.params / 8, rel=0.01)
+
+
+@pytest.mark.compile
+def test_every_tpu_target_compiles_for_the_devices_it_is_known_by():
+    """One device per chip on v5e, v6e and v5p (two per chip, one per TensorCore, on v2/v3 and
+    as this libtpu compiles v4); single-host slices as one host (Kaggle's v5e-8, Colab's
+    v5e-1), larger slices over several."""
+    for name, tpu in pf_targets.TPU_TARGETS.items():
+        devices, memory = pf_targets.target_devices(name, tpu.devices)
+        assert len(devices) == tpu.devices and devices[0].device_kind == tpu.chip.device_kind
+        assert memory == tpu.memory_per_device(), name
+        hosts = len({d.process_index for d in devices})
+        assert hosts == 1 if tpu.host_chips else hosts > 1 or tpu.chips <= 4, (name, hosts)
+    assert pf_targets.TPU_TARGETS["v5e-8"].memory_per_device() == 16 * 2**30  # a chip each
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("target", ["v5e-1", "v5e-16"])
+def test_colabs_v5e_1_and_a_multi_host_v5e_16_compile_a_run(target):
+    n = pf_targets.TPU_TARGETS[target].devices
+    devices, capacity = pf_targets.target_devices(target, n)
+    r = pf_fit.check(tiny().replace(num_devices=n), target, devices, capacity, flops=False)
+    assert r.fits and not r.error and r.params > 0
+    assert r.mesh == ("data=1,fsdp=1" if n == 1 else f"data=1,fsdp={n}")  # the TPU default

@@ -65,6 +65,8 @@ TPU_CHIPS: dict[str, TpuChip] = {
     "v3": TpuChip("TPU v3", 32, 123, 900, 2, "cloud.google.com/tpu/docs/v3", cost_model=True),
     "v4": TpuChip("TPU v4", 32, 275, 1200, 1, "cloud.google.com/tpu/docs/v4"),
     "v5e": TpuChip("TPU v5 lite", 16, 197, 819, 1, "cloud.google.com/tpu/docs/v5e"),
+    # v5p's page writes "95 GB" of HBM2e (not a power of two): taken as written
+    "v5p": TpuChip("TPU v5", 95, 459, 2765, 1, "cloud.google.com/tpu/docs/v5p"),
     "v6e": TpuChip("TPU v6 lite", 32, 918, 1640, 1, "cloud.google.com/tpu/docs/v6e"),
 }
 

@@ -85,8 +85,8 @@ def add_estimate(
         report.peak_flops = TPU_TARGETS[target].peak_flops_per_device()
         if not chip.cost_model:  # never shown as the compiler's figure, even when positive
             report.extra["no_estimate"] = (
-                f"its cost model is not usable for {chip.device_kind} on a host without a TPU "
-                "(negative step times for real models; docs/tpu.md)"
+                f"its cost model is not validated for {chip.device_kind} on a host without a "
+                "TPU (it gives real models negative step times on v4, v5e and v6e; docs/tpu.md)"
             )
             return
         seconds, bytes_accessed = estimate(cfg, devices)

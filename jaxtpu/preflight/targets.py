@@ -22,6 +22,9 @@ class Target:
     chip: TpuChip
     devices: int  # what get_topology_desc gives (v4 here: one per TensorCore)
     note: str = ""
+    # chips per host when the slice is one host (a v5e-8 VM, Kaggle's); None: libtpu's default
+    # (4 chips per host: a larger slice is several hosts, one process each)
+    host_chips: tuple[int, int, int] | None = None
 
     @property
     def chips(self) -> int:
@@ -40,12 +43,21 @@ class Target:
         return self.chip.per_device(self.chips, self.devices)[2]
 
 
+PER_CORE = "compiled per TensorCore"
 TPU_TARGETS: dict[str, Target] = {
     "v2-8": Target("v2:2x2", TPU_CHIPS["v2"], 8),
     "v3-8": Target("v3:2x2", TPU_CHIPS["v3"], 8),
-    "v4-8": Target("v4:2x2x1", TPU_CHIPS["v4"], 8, "compiled per TensorCore"),
-    "v5e-8": Target("v5e:2x4", TPU_CHIPS["v5e"], 8),
-    "v6e-8": Target("v6e:2x4", TPU_CHIPS["v6e"], 8),
+    "v4-8": Target("v4:2x2x1", TPU_CHIPS["v4"], 8, PER_CORE),
+    "v4-32": Target("v4:2x2x4", TPU_CHIPS["v4"], 32, f"{PER_CORE}; 4 hosts"),
+    # v5e and v6e: one device per chip. v5e-1 and v6e-1 are Colab's, v5e-8 is Kaggle's.
+    "v5e-1": Target("v5e:1x1", TPU_CHIPS["v5e"], 1, host_chips=(1, 1, 1)),
+    "v5e-4": Target("v5e:2x2", TPU_CHIPS["v5e"], 4, host_chips=(2, 2, 1)),
+    "v5e-8": Target("v5e:2x4", TPU_CHIPS["v5e"], 8, host_chips=(2, 4, 1)),
+    "v5e-16": Target("v5e:4x4", TPU_CHIPS["v5e"], 16, "4 hosts"),
+    "v5e-32": Target("v5e:4x8", TPU_CHIPS["v5e"], 32, "8 hosts"),
+    "v5p-8": Target("v5p:2x2x1", TPU_CHIPS["v5p"], 4, "one device per chip (megacore)"),
+    "v6e-1": Target("v6e:1x1", TPU_CHIPS["v6e"], 1, host_chips=(1, 1, 1)),
+    "v6e-8": Target("v6e:2x4", TPU_CHIPS["v6e"], 8, host_chips=(2, 4, 1)),
 }
 
 
@@ -84,8 +96,9 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
     tpu = TPU_TARGETS[target]
     from jax.experimental import topologies
 
+    host = {"chips_per_host_bounds": tpu.host_chips} if tpu.host_chips else {}
     try:
-        topo = topologies.get_topology_desc(platform="tpu", topology_name=tpu.topology)
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=tpu.topology, **host)
     except Exception as e:  # libtpu missing, or a topology this libtpu does not know
         raise DeviceError(
             f"--target {target}: cannot compile for TPU topology {tpu.topology} here "
