@@ -124,8 +124,8 @@ def test_saved_programs_of_another_environment_are_refused_in_one_line(saved, tm
     with pytest.raises(ConfigError) as e:
         programs.SavedPrograms(moved, devices, cfg)
     assert (
-        "compiled for another environment (jax '0.10.2' (saved: '0.4.30'); platform "
-        "'cpu' (saved: 'tpu'))"
+        f"compiled for another environment (jax '{jax.__version__}' (saved: '0.4.30'); "
+        "platform 'cpu' (saved: 'tpu'))"
         in str(e.value)
         and "\n" not in str(e.value)
     )

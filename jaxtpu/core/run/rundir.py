@@ -378,17 +378,29 @@ def user_errors() -> Iterator[None]:
         yield
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _exit(e, 2)
     except TrainingError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        _exit(e, 1)
     except OSError as e:
         if disk_full(e) is None:
             raise
         print(f"error: {disk_full_message(e.filename or '.', 'a file')}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
+        _exit(e, 2)
+    except KeyboardInterrupt as e:
         print(
             "interrupted; finished checkpoints are kept (continue with --resume)", file=sys.stderr
         )
-        sys.exit(130)
+        _exit(e, 130)
+
+
+def _exit(error: BaseException, code: int) -> None:
+    """Exits with `code` after freeing what the failed run's frames held, while every module
+    is still alive: left to the interpreter's shutdown, the garbage of a torch run stopped
+    mid-step (its tensors, the autograd graph) segfaults Python 3.12 as torch's modules go
+    (exit 139 after the one-line error, seen on a full disk)."""
+    import gc
+
+    error.__traceback__ = None
+    gc.collect()
+    sys.exit(code)
