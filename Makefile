@@ -1,17 +1,34 @@
 # Two commands do all the set-up: `make train` and `make test`.
-PYTHON ?= python3.11
+#
+# They use the newest supported stack (requirements/newest.txt: jax 0.12, Python 3.12, what
+# Colab and Kaggle run) when the machine has Python 3.12, else the oldest (requirements/
+# oldest.txt: jax 0.10.2 on Python 3.11). `make test-oldest` runs CI's second leg: the oldest
+# stack in .venv-oldest on a representative subset of the tests.
+NEWEST := $(shell requirements/find-python 3.12)
+ifneq ($(NEWEST),)
+PYTHON ?= $(NEWEST)
+LOCK   ?= requirements/newest.txt
+else
+PYTHON ?= $(shell requirements/find-python 3.11)
+LOCK   ?= requirements/oldest.txt
+endif
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+EXTRAS := torch,pretrained,tpu,dev,wandb
 
-.PHONY: setup train test test-fast lint bench parity-report preflight docs clean
+.PHONY: setup train test test-fast test-oldest lint bench parity-report preflight docs clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+# A venv of another Python (or none) is made again; the lock's exact versions are installed.
+$(STAMP): pyproject.toml $(LOCK)
+	@test -n "$(PYTHON)" || { echo "make: needs Python 3.12 or 3.11 (python3.12 or python3.11 on PATH, or pyenv)"; exit 1; }
+	@if [ -x $(PY) ] && [ "$$($(PY) -c 'import sys; print(sys.version_info[:2])')" != "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ]; then \
+		echo "$(VENV) is another Python's: made again with $(PYTHON)"; rm -rf $(VENV); fi
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[torch,pretrained,tpu,dev,wandb]'
+	$(PY) -m pip install -c $(LOCK) -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
 train: $(STAMP)
@@ -28,6 +45,18 @@ test-fast: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not e2e and not compile and not torch and not model" $(ARGS)
 
+# CI's second leg: the oldest supported stack (Python 3.11, jax 0.10.2, flax 0.12.8) on a
+# representative subset: every strategy and task, the BERT layer kind, the torch side, a TPU
+# target's compile, installing beside an existing JAX, and the fast tier.
+OLDEST_TESTS := tests/test_train.py tests/test_multilabel.py tests/test_torchxla_ref.py \
+	tests/test_packaging.py tests/test_notebook.py \
+	"tests/test_preflight.py::test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice"
+test-oldest:
+	$(MAKE) --no-print-directory setup VENV=.venv-oldest LOCK=requirements/oldest.txt \
+		PYTHON=$(shell requirements/find-python 3.11)
+	.venv-oldest/bin/python -m pytest -p no:cacheprovider $(OLDEST_TESTS) $(ARGS)
+	.venv-oldest/bin/python -m pytest -p no:cacheprovider -m "not e2e and not compile and not torch and not model" $(ARGS)
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.compare $(ARGS)
 
@@ -38,7 +67,7 @@ preflight: $(STAMP)
 	$(PY) -m jaxtpu.preflight $(ARGS)
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-oldest
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
