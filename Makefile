@@ -17,7 +17,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := torch,pretrained,tpu,dev,wandb
 
-.PHONY: setup train test test-fast test-oldest lint bench parity-report preflight docs clean
+.PHONY: setup train test test-fast test-oldest test-py313 lint bench parity-report preflight docs clean
 
 setup: $(STAMP)
 
@@ -57,6 +57,15 @@ test-oldest:
 	.venv-oldest/bin/python -m pytest -p no:cacheprovider $(OLDEST_TESTS) $(ARGS)
 	.venv-oldest/bin/python -m pytest -p no:cacheprovider -m "not e2e and not compile and not torch and not model" $(ARGS)
 
+# The other end of the Python range: 3.13 (when the machine has it) on the newest lock, for
+# the fast tier, packaging and the notebook.
+test-py313:
+	@test -n "$(shell requirements/find-python 3.13)" || { echo "make: no Python 3.13 here; skipped"; exit 0; }; \
+	$(MAKE) --no-print-directory setup VENV=.venv-py313 LOCK=requirements/newest.txt \
+		PYTHON=$(shell requirements/find-python 3.13) && \
+	.venv-py313/bin/python -m pytest -p no:cacheprovider tests/test_packaging.py tests/test_notebook.py $(ARGS) && \
+	.venv-py313/bin/python -m pytest -p no:cacheprovider -m "not e2e and not compile and not torch and not model" $(ARGS)
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.compare $(ARGS)
 
@@ -67,7 +76,7 @@ preflight: $(STAMP)
 	$(PY) -m jaxtpu.preflight $(ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-oldest
+	rm -rf $(VENV) .venv-oldest .venv-py313
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
