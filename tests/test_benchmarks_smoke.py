@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -249,65 +248,3 @@ def test_tpu_tuning_swaps_each_change_in_and_back_out():
     with pytest.raises(SystemExit, match="unknown variant gelu=fast"):
         with tpu_tuning.swapped("gelu=fast"):
             pass
-
-
-def test_hlo_roofline_counts_a_programs_bytes_and_matmul_flops():
-    """benchmarks.hlo_roofline on an XLA:CPU program (no tiled layouts): its bytes are XLA's
-    own `bytes accessed`, its FLOPs the matmul's 2 x M x N x K, and the rows sort by the time
-    memory traffic adds beyond the FLOPs."""
-    import jax
-    import jax.numpy as jnp
-
-    from benchmarks import hlo_roofline
-
-    a, b = jnp.ones((64, 32)), jnp.ones((32, 48))
-    compiled = jax.jit(lambda a, b: jnp.tanh(a @ b) * 3.0).lower(a, b).compile()
-    rows = hlo_roofline.roofline(compiled.as_text(), peak_flops=1e12, bandwidth=1e11)
-    assert sum(r.bytes for r in rows) == compiled.cost_analysis()["bytes accessed"]
-    assert sum(r.flops for r in rows) == 2 * 64 * 48 * 32
-    beyond = [r.beyond_flops for r in rows]
-    assert beyond == sorted(beyond, reverse=True) and beyond[0] > 0
-    assert "all operations" in hlo_roofline.table(rows, 1, 1e-3).splitlines()[-2]
-
-
-def test_hlo_roofline_reads_tpu_matmuls_and_tiles():
-    """A TPU program writes matmuls as convolutions (batch dimensions as dilated windows) and
-    pads arrays to its layout's tile; the lines are the TPU compiler's, for BERT's attention
-    scores (32 x 12 heads, 128 x 128, head dim 64) and a dense layer (768 -> 3072), in
-    tests/tpu_matmuls.hlo."""
-    from benchmarks import hlo_roofline
-
-    text = (Path(__file__).parent / "tpu_matmuls.hlo").read_text()
-    rows = {r.group.split()[-1]: r for r in hlo_roofline.roofline(text, 61.5e12, 450e9)}
-    scores = rows["layer_N/attention/self/bhqd,bhkd->bhqk/dot_general"]
-    assert scores.flops == 2 * (32 * 12 * 128 * 128) * 64  # the windows are batch, not sums
-    # the head dimension, 64, is stored padded to 128 lanes: q twice and the f32 scores
-    assert scores.bytes == 2 * (32 * 12 * 128 * 128 * 2) + 32 * 12 * 128 * 128 * 4
-    dense = rows["layer_N/intermediate/dense/...k,kn->...n/dot_general"]
-    assert dense.flops == 2 * (32 * 128 * 3072) * 768
-    assert dense.seconds == dense.flops / 61.5e12  # compute-bound: nothing beyond its FLOPs
-    assert rows["%copy.3"].bytes == 2 * 256 * 4  # 5 floats stored as a 256-element tile
-
-
-@pytest.mark.compile
-def test_hlo_roofline_tracks_the_tpu_compilers_cost_model():
-    """On a train step compiled for a v3-8 (a narrow model, vocabulary 1,024), the roofline's
-    bytes and time stay within 15% of the compiler's own `bytes accessed` and
-    `optimal_seconds` (1.005x and 0.98x for BERT-base: benchmarks.tpu_tuning --breakdown)."""
-    from benchmarks import hlo_roofline
-    from jaxtpu.core.flags import presets
-    from jaxtpu.preflight import speed as pf_speed
-    from jaxtpu.preflight import targets as pf_targets
-
-    devices, _ = pf_targets.target_devices("v3-8", 8)
-    target = pf_targets.TPU_TARGETS["v3-8"]
-    cfg = presets.PRESETS["tiny"]().replace(precision="bf16", parallel="jit", vocab_size=1024)
-    compiled = pf_speed.compile_unrolled(cfg, devices)
-    cost = compiled.cost_analysis()
-    whole = hlo_roofline.total(
-        hlo_roofline.roofline(
-            compiled.as_text(), target.peak_flops_per_device(), target.bandwidth_per_device()
-        )
-    )
-    assert whole.bytes == pytest.approx(cost["bytes accessed"], rel=0.15)
-    assert whole.seconds == pytest.approx(cost["optimal_seconds"], rel=0.15)
