@@ -152,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             pf_speed._ESTIMATES.clear()  # keyed by the config: a swapped kernel is not in it
             compiled = pf_speed.compile_unrolled(cfg, devices)
-            seconds, bytes_accessed = pf_speed.estimate(cfg, devices, compiled)
+            e = pf_speed.estimate(cfg, devices, target, compiled)
+            seconds, bytes_accessed, roofline_s = e.compiler_s, e.compiler_bytes, e.roofline_s
             flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
             ops = hlo_roofline.roofline(compiled.as_text(), peak, bandwidth)
-            roofline_s = hlo_roofline.total(ops).seconds
             floor = flops / peak
             row = {
                 "preset": args.preset,

@@ -52,7 +52,8 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     printed = capsys.readouterr()
     assert "| fsdp | none | no | data=1,fsdp=8 | 16 |" in printed.out
     assert "cost model" in printed.out and "an estimate, not a measurement" in printed.out
-    assert "estimated by the TPU compiler (not measured)" in printed.err
+    assert "estimated by the TPU compiler's cost model (not measured)" in printed.err
+    assert "an epoch (" in printed.err  # of the demo data the flags ask for
     tiny = presets.tiny().replace(**SHAPE)
     # Rematerialisation saves activation memory, which outweighs the rest of a 64-wide
     # model's temporaries only at longer sequences (at 64 tokens it saved 11 %, at 256 30 %
@@ -209,34 +210,94 @@ def test_a_topology_libtpu_does_not_know_is_one_line(monkeypatch):
     assert "\n" not in str(e.value)
 
 
-def test_a_cost_model_without_a_usable_step_time_reports_none(monkeypatch):
-    """A cost model that gives no optimal_seconds, or a negative one: no estimate is reported
-    then (the model FLOPs still are), and the log says why."""
+def _estimate(compiler_s: float) -> pf_speed.StepEstimate:
+    return pf_speed.StepEstimate(compiler_s, 45e9, 0.0412, 30e9, 2e12)
+
+
+def test_a_cost_model_without_a_usable_step_time_falls_back_to_the_roofline(monkeypatch):
+    """A v3 cost model that gives no optimal_seconds, or a negative one: the roofline's time
+    is the estimate, labelled as such (the model FLOPs are reported too), and the JSON keeps
+    what the compiler said."""
     cfg = presets.bert_base()
     spec = RunSpec.resolve(cfg, 8)
     for seconds in (-650.9, 0.0):
-        monkeypatch.setattr(pf_speed, "estimate", lambda c, d, s=seconds: (s, 45e9))
+        monkeypatch.setattr(pf_speed, "estimate", lambda c, d, t, x, s=seconds: _estimate(s))
         r = pf_report.Report("v3-8", "zero1", "none", "data=8,fsdp=1", 32, 128)
         pf_speed.add_estimate(r, cfg, "v3-8", [None] * 8, spec)
-        assert r.est_step_s == 0 and r.est_bytes_per_step == 0 and r.model_flops > 0
-        assert r.extra["no_estimate"] == f"optimal_seconds {seconds:.4g}"
-        assert "| - | - | - | - |" in pf_report.table([r], find=False)
+        assert (r.est_step_s, r.est_bytes_per_step, r.est_method) == (0.0412, 30e9, "roofline")
+        assert r.compiler_step_s == seconds and r.model_flops > 0
+        assert r.extra["no_compiler_estimate"] == f"its optimal_seconds is {seconds:.4g}"
+        assert "| 0.0412 | roofline |" in pf_report.table([r], find=False)
+    monkeypatch.setattr(pf_speed, "estimate", lambda c, d, t, x: _estimate(0.0491))
+    r = pf_report.Report("v3-8", "zero1", "none", "data=8,fsdp=1", 32, 128)
+    pf_speed.add_estimate(r, cfg, "v3-8", [None] * 8, spec)
+    assert (r.est_step_s, r.est_method, r.roofline_step_s) == (0.0491, "compiler", 0.0412)
+    assert "the TPU compiler's cost model" in pf_report.table([r], find=False)
 
 
 @pytest.mark.parametrize("target", ["v4-8", "v5e-8", "v6e-8", "v5p-8"])
-def test_a_generation_whose_cost_model_is_unusable_gets_no_estimate_even_a_positive_one(
-    monkeypatch, target
+def test_a_generation_whose_cost_model_is_unusable_is_estimated_by_the_roofline(
+    monkeypatch, target, capsys
 ):
     """libtpu's cost model gives real models negative step times on v4, v5e and v6e on a host
-    without a TPU; a positive one for a tiny model is not shown as the compiler's figure."""
+    without a TPU; even a positive one for a tiny model is not shown: the roofline's is, and
+    the table, the log and the JSON say which method it is."""
     cfg = tiny()
-    monkeypatch.setattr(pf_speed, "estimate", lambda c, d: (0.0031, 1e9))
-    r = pf_report.Report(target, "zero1", "none", "data=8,fsdp=1", 4, 16)
+    monkeypatch.setattr(pf_speed, "estimate", lambda c, d, t, x: _estimate(0.0031))
+    r = pf_report.Report(target, "zero1", "none", "data=8,fsdp=1", 4, 16, global_batch=32)
     pf_speed.add_estimate(r, cfg, target, [None] * 8, RunSpec.resolve(cfg, 8))
-    assert r.est_step_s == 0 and r.model_flops > 0
+    assert (r.est_step_s, r.est_method, r.compiler_step_s) == (0.0412, "roofline", 0.0031)
     kind = pf_targets.TPU_TARGETS[target].chip.device_kind
-    assert r.extra["no_estimate"].startswith(f"its cost model is not validated for {kind}")
-    assert "| - | - | - | - |" in pf_report.table([r], find=False)
+    assert r.extra["no_compiler_estimate"].startswith(f"its cost model is not validated for {kind}")
+    table = pf_report.table([r], find=False)
+    assert "| 0.0412 | roofline |" in table and "jaxtpu's roofline of the program" in table
+    pf_report.say(r)
+    assert "estimated by jaxtpu's roofline of the compiled program (not measured)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_epoch_and_the_run_are_the_estimated_step_times_their_steps(monkeypatch):
+    """An epoch of 1,000 examples at a global batch of 8 x 16 is 7 steps (the run drops the
+    partial last batch); a 3-epoch run 21; on Kaggle's v5e-8 the report says whether that
+    fits a 9-hour session and the 20-hour week, judged at the high end of a range."""
+    train = _examples(1000)
+    cfg = tiny().replace(epochs=3, batch_size=16, max_len=16)
+    r = pf_report.Report("v5e-8", "fsdp", "none", "data=1,fsdp=8", 16, 16, est_step_s=2.0)
+    pf_speed.add_epoch(r, cfg, train, 8)
+    assert (r.steps_per_epoch, r.run_steps) == (7, 21)
+    assert (r.est_epoch_s, r.est_run_s) == (14.0, 42.0)
+    assert r.extra["kaggle"].startswith("fits one Kaggle session (0.01 h of its 9 h")
+    for step_s, verdict in [
+        (9 * 3600 / 21 + 1, "does NOT fit one Kaggle session (9.0 h > 9 h): 2 sessions"),
+        (20 * 3600 / 21 + 1, "does NOT fit Kaggle's limits: 20.0 h is more than a week's 20 h"),
+    ]:
+        r = pf_report.Report("v5e-8", "fsdp", "none", "", 16, 16, est_step_s=step_s)
+        pf_speed.add_epoch(r, cfg, train, 8)
+        assert r.extra["kaggle"].startswith(verdict), r.extra["kaggle"]
+    r = pf_report.Report("v5e-8", "", "", "", 16, 16, est_step_s=1200.0, est_step_high_s=2400.0)
+    pf_speed.add_epoch(r, cfg, train, 8)  # 7 to 14 hours
+    assert (r.est_epoch_high_s, r.est_run_high_s) == (7 * 2400.0, 21 * 2400.0)
+    assert r.extra["kaggle"] == (
+        "does NOT fit one Kaggle session (14.0 h > 9 h): 2 sessions with --resume, within the "
+        "20 h weekly quota; at the low end of the estimate (7.0 h) it would fit"
+    )
+    r = pf_report.Report("v6e-8", "fsdp", "none", "", 16, 16, est_step_s=2.0)
+    pf_speed.add_epoch(r, cfg, train, 8)
+    assert r.est_epoch_s == 14.0 and "kaggle" not in r.extra  # Kaggle's TPU is a v5e-8
+    r = pf_report.Report("v5e-8", "fsdp", "none", "", 256, 16, est_step_s=2.0)
+    pf_speed.add_epoch(r, cfg, train, 8)  # a batch of 2,048 is more than the data
+    assert r.est_epoch_s == 0 and "larger than the 1000 training" in r.extra["no_epoch_estimate"]
+
+
+def _examples(n: int):
+    """`n` tokenized comments of 16 tokens each (what `training_examples` gives)."""
+    import numpy as np
+
+    from jaxtpu.core.data import tokenized
+
+    ones = np.ones((n, 16), np.int32)
+    return tokenized.Examples(ones, ones, np.zeros(n, np.float32))
 
 
 def test_preflight_refuses_a_json_path_it_cannot_create_before_compiling(capsys):
@@ -265,8 +326,8 @@ def test_find_batch_where_nothing_fits_says_so(monkeypatch):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert "none (batch 1 refused)" in cells and "refused" in cells
     assert "3.0 MiB" in cells and "6.0 MiB" in cells  # the sizes that do not depend on the batch
-    # not measured: temporary, eval step, GFLOP, and the six speed columns
-    assert cells.count("-") == 9
+    # not measured: temporary, eval step, GFLOP, and the eight speed columns
+    assert cells.count("-") == 11
 
 
 def test_a_configuration_the_compiler_refuses_still_reports_params_and_optimizer(monkeypatch):
@@ -305,3 +366,29 @@ def test_colabs_v5e_1_and_a_multi_host_v5e_16_compile_a_run(target):
     r = pf_fit.check(tiny().replace(num_devices=n), target, devices, capacity, flops=False)
     assert r.fits and not r.error and r.params > 0
     assert r.mesh == ("data=1,fsdp=1" if n == 1 else f"data=1,fsdp={n}")  # the TPU default
+
+
+@pytest.mark.compile
+def test_find_batch_on_kaggles_v5e_8_estimates_the_epoch_and_the_session(
+    tmp_path, capsys, monkeypatch
+):
+    """--find-batch on Kaggle's v5e-8 (doubling stopped at 64 here to keep it short): the
+    largest batch, its step time by the roofline (a range, labelled), the epoch of the data
+    the flags name (4,500 training comments of the 5,000-comment demo: 8 steps of 8 x 64) and
+    whether the run fits a Kaggle session, in the log, the table and the JSON."""
+    monkeypatch.setattr(pf_fit, "MAX_BATCH", 64)
+    out = tmp_path / "v5e.json"
+    flags = ["--preset", "tiny", "--target", "v5e-8", "--max-len", "32", "--batch-size", "16"]
+    flags += ["--demo-size", "5000", "--find-batch", "--json", str(out)]
+    assert pf_command.main(flags) == 0
+    (r,) = json.loads(out.read_text())["reports"]
+    assert r["extra"]["largest_batch"] == 64 and r["batch_size"] == 64 and r["fits"]
+    assert r["est_method"] == "roofline" and 0 < r["est_step_s"] < r["est_step_high_s"]
+    assert r["compiler_step_s"] != r["est_step_s"]  # the cost model's is kept, not used
+    assert (r["steps_per_epoch"], r["run_steps"]) == (8, 8 * presets.tiny().train.epochs)
+    assert r["est_epoch_s"] == pytest.approx(8 * r["est_step_s"])
+    assert r["extra"]["kaggle"].startswith("fits one Kaggle session")
+    printed = capsys.readouterr()
+    assert "epochs estimated for 4500 train comments" in printed.err
+    assert "largest batch found:" in printed.err and "fits one Kaggle session" in printed.err
+    assert "| roofline |" in printed.out and "v5e-8: fits one Kaggle session" in printed.out

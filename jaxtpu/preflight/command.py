@@ -5,9 +5,11 @@ It builds the run's real train and eval steps from the training flags (model, ta
 max length, precision, strategy, --sharding, --mesh, --remat), compiles them ahead of time
 for the target without running them or allocating a weight, and reads the compiler's own
 accounting (`memory_analysis`, `cost_analysis`) of the compiled executables. For a TPU target
-it also reports the TPU compiler's cost-model estimate of the step time (`speed.estimate`),
-with the examples/s, tokens/s and model-FLOPs utilisation bound that implies: an estimate,
-not a measurement.
+it also estimates the step time (`speed.estimate`: the TPU compiler's cost model on v2/v3,
+jaxtpu's roofline of the compiled program on v4, v5e, v5p and v6e), with the examples/s,
+tokens/s and model-FLOPs utilisation bound that implies, and from the training data the time
+of an epoch and of the run, and on a v5e-8 whether it fits Kaggle's session limits:
+estimates, not measurements.
 
 TPU targets compile on a CPU-only host: PyPI's `libtpu` (installed by the project) compiles
 for a TPU topology through `jax.experimental.topologies.get_topology_desc`; the numbers are the
@@ -32,6 +34,7 @@ from jaxtpu.core.run.rundir import check_output_path, user_errors
 from jaxtpu.preflight.fit import check, find_batch, options
 from jaxtpu.preflight.lowering import save_programs
 from jaxtpu.preflight.report import Report, gib, say, table
+from jaxtpu.preflight.speed import add_epoch, training_examples
 from jaxtpu.preflight.targets import TARGETS, TPU_TARGETS, platform_of, target_devices
 
 
@@ -88,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m jaxtpu.preflight",
         description="Compile a training run's train and eval steps for a target (this CPU or a "
         "TPU slice) without running them, and print the memory each device needs, whether it "
-        "fits, FLOPs per step and compile time. Takes every training flag of jaxtpu.train.",
+        "fits, FLOPs per step and compile time, and for a TPU target the estimated (not "
+        "measured) step time, epoch time and, on v5e-8, whether the run fits a Kaggle session. "
+        "Takes every training flag of jaxtpu.train.",
         strategies=("jit", "shard_map"),
         add_flags=_add_flags,
     )
@@ -111,13 +116,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        train = None
+        if args.target in TPU_TARGETS:  # for the epoch estimate, before any compilation
+            train, what = training_examples(cfg, len(devices), platform_of(devices))
+            print(f"preflight: epochs estimated for {what}", file=sys.stderr, flush=True)
         reports: list[Report] = []
         for c in configs:
             if args.find_batch:
                 reports.append(find_batch(c, args.target, devices, capacity, say))
+                print("  largest batch found:", file=sys.stderr)
             else:
                 reports.append(check(c, args.target, devices, capacity))
-                say(reports[-1])
+            if train is not None:
+                add_epoch(reports[-1], c, train, len(devices))
+            say(reports[-1])
             # after every configuration: a long sweep stopped midway keeps what it measured
             _write_json(
                 out,

@@ -12,7 +12,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import REMATS, Config
 from jaxtpu.preflight.lowering import bytes_per_device, lower, no_cache_writes
 from jaxtpu.preflight.report import Report
-from jaxtpu.preflight.speed import add_estimate, flops_per_step
+from jaxtpu.preflight.speed import add_estimate, flops_per_step, is_unrolled
 from jaxtpu.preflight.targets import platform_of
 
 # `--sweep`: every way jaxtpu can place the state, with and without rematerialisation.
@@ -29,7 +29,8 @@ def check(
 ) -> Report:
     """Compiles the run's train and eval steps for `devices` and reports their memory (with
     `flops` the FLOPs per step: one more lowering, of the unscanned model; with `speed` too,
-    on a TPU target, the compiler's estimated step time: one more compilation, `estimate`)."""
+    on a TPU target, the estimated step time, `estimate`: read from the train program when it
+    is the unrolled one, else one more compilation)."""
     import jax
 
     spec = RunSpec.resolve(cfg, len(devices), platform_of(devices))
@@ -72,7 +73,7 @@ def check(
     if flops:
         report.flops_per_step = flops_per_step(cfg, devices)
         if speed:
-            add_estimate(report, cfg, target, devices, spec)
+            add_estimate(report, cfg, target, devices, spec, compiled if is_unrolled(cfg) else None)
     return report
 
 

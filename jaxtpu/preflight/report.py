@@ -31,10 +31,22 @@ class Report:
     capacity: int = 0  # the target's memory per device
     fits: bool = False
     flops_per_step: float = 0.0
-    # The TPU compiler's cost model (an estimate, never a measurement): its step time and bytes
-    # accessed per device, of the unrolled program (`estimate`); 0 where there is none.
+    # The estimated step time and bytes per device of the unrolled train program (`estimate`;
+    # never a measurement), by `est_method`; 0 where there is none (the CPU).
     est_step_s: float = 0.0
     est_bytes_per_step: float = 0.0
+    est_method: str = ""  # COMPILER or ROOFLINE
+    # ROOFLINE: the upper end of its bracket (on-chip arrays at the HBM rate); 0: no range
+    est_step_high_s: float = 0.0
+    compiler_step_s: float = 0.0  # both methods' step times, whichever is used (TPU targets)
+    roofline_step_s: float = 0.0
+    # from est_step_s and the training data: every step at max_len (an upper bound)
+    steps_per_epoch: int = 0
+    run_steps: int = 0
+    est_epoch_s: float = 0.0
+    est_run_s: float = 0.0
+    est_epoch_high_s: float = 0.0
+    est_run_high_s: float = 0.0
     model_flops: float = 0.0  # per device per step: 6 x matmul params x tokens + attention
     remat_flops: float = 0.0  # what rematerialisation recomputes on top, apart
     peak_flops: float = 0.0  # the target's bf16 peak per device
@@ -44,9 +56,38 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+COMPILER = "compiler"  # the TPU compiler's cost model, `optimal_seconds`
+ROOFLINE = "roofline"  # jaxtpu.core.roofline of the compiled program
+METHODS = {
+    COMPILER: "the TPU compiler's cost model (its `optimal_seconds`)",
+    ROOFLINE: "jaxtpu's roofline of the program compiled for the target (each operation: "
+    "max(matmul FLOPs / bf16 peak, HBM bytes / HBM bandwidth); a range where the program keeps "
+    "arrays in on-chip memory: those bytes free, or counted at the HBM rate)",
+}
+
+
 def gib(x: float) -> str:
     """Bytes in GiB, or MiB below 1 GiB (tiny models are all zeros in GiB)."""
     return f"{x / GiB:.2f} GiB" if x >= GiB else f"{x / 2**20:.1f} MiB"
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.4f}" if x >= 1e-3 else f"{x:.2g}"
+
+
+def span(low: float, high: float, fmt: Any) -> str:
+    """An estimate, or the range of a bracketed one ('-' where there is none)."""
+    if not low:
+        return "-"
+    return f"{fmt(low)}-{fmt(high)}" if high > low * 1.005 else fmt(low)
+
+
+def _per_second(r: Report, per_step: float) -> str:
+    """`per_step` items at the estimated step time (its range: the slow end first)."""
+    if not r.est_step_s:
+        return "-"
+    slow = per_step / r.est_step_high_s if r.est_step_high_s else 0.0
+    return span(slow or per_step / r.est_step_s, per_step / r.est_step_s, lambda x: f"{x:,.0f}")
 
 
 COLUMNS = [
@@ -65,15 +106,10 @@ COLUMNS = [
     ("target", lambda r: gib(r.capacity)),
     ("fits", lambda r: "yes" if r.fits else "NO"),
     ("GFLOP/step/device", lambda r: f"{r.flops_per_step / 1e9:.1f}" if not r.error else "-"),
-    ("est. step s*", lambda r: f"{r.est_step_s:.4f}" if r.est_step_s else "-"),
-    (
-        "est. examples/s*",
-        lambda r: f"{r.global_batch / r.est_step_s:,.0f}" if r.est_step_s else "-",
-    ),
-    (
-        "est. tokens/s*",
-        lambda r: f"{r.global_batch * r.max_len / r.est_step_s:,.0f}" if r.est_step_s else "-",
-    ),
+    ("est. step s*", lambda r: span(r.est_step_s, r.est_step_high_s, _seconds)),
+    ("est. by", lambda r: r.est_method or "-"),
+    ("est. examples/s*", lambda r: _per_second(r, r.global_batch)),
+    ("est. tokens/s*", lambda r: _per_second(r, r.global_batch * r.max_len)),
     (
         "est. GB/step/device*",
         lambda r: f"{r.est_bytes_per_step / 1e9:.2f}" if r.est_step_s else "-",
@@ -95,16 +131,31 @@ COLUMNS = [
             else "-"
         ),
     ),
+    (
+        "est. epoch h*",
+        lambda r: span(r.est_epoch_s, r.est_epoch_high_s, lambda x: f"{x / 3600:.2f}"),
+    ),
     ("compile s", lambda r: f"{r.compile_s:.1f}"),
 ]
 
 
 ESTIMATE_NOTE = (
-    "* the TPU compiler's cost model (its `optimal_seconds` for the unrolled train step), an "
-    "estimate, not a measurement; tokens at --max-len; MFU bound = model FLOPs (6 x matmul "
-    "params x tokens + attention, remat's recomputation apart) / (estimated step x the "
-    "target's bf16 peak)"
+    "* estimates, not measurements, of the unrolled train step, by {methods}; tokens at "
+    "--max-len; MFU bound = model FLOPs (6 x matmul params x tokens + attention, remat's "
+    "recomputation apart) / (estimated step x the target's bf16 peak); epoch = its steps x "
+    "the estimated step, every step at --max-len (an upper bound when length buckets shorten "
+    "batches; compilation and evaluation apart)"
 )
+
+
+def estimate_note(reports: list[Report]) -> str:
+    """The table's footnote, naming the methods its rows used."""
+    used = [
+        f"{name}: {what}"
+        for name, what in METHODS.items()
+        if any(r.est_method == name for r in reports)
+    ]
+    return ESTIMATE_NOTE.format(methods="; ".join(used))
 
 
 def _largest(r: Report) -> str:
@@ -120,7 +171,8 @@ def table(reports: list[Report], find: bool) -> str:
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(f(r) for _, f in cols) + " |" for r in reports]
     if any(r.est_step_s for r in reports):
-        lines += ["", ESTIMATE_NOTE]
+        lines += ["", estimate_note(reports)]
+    lines += [f"{r.target}: {r.extra['kaggle']}" for r in reports if "kaggle" in r.extra]
     return "\n".join(lines)
 
 
@@ -134,16 +186,27 @@ def say(report: Report) -> None:
         print(f"  {what}: refused by the compiler ({report.error[:120]})", file=sys.stderr)
         return
     speed = ""
-    if "no_estimate" in report.extra:
-        speed = (
-            "; the TPU compiler's cost model gave no usable step-time estimate "
-            f"({report.extra['no_estimate']})"
-        )
     if report.est_step_s:
-        speed = (
-            f"; estimated by the TPU compiler (not measured): {report.est_step_s:.4f} s/step, "
-            f"{report.global_batch / report.est_step_s:,.0f} examples/s"
+        by = (
+            "by the TPU compiler's cost model"
+            if report.est_method == COMPILER
+            else "by jaxtpu's roofline of the compiled program"
         )
+        if report.est_step_high_s > report.est_step_s:
+            by += " (a range: on-chip memory free, or at the HBM rate)"
+        speed = (
+            f"; estimated {by} (not measured): "
+            f"{span(report.est_step_s, report.est_step_high_s, _seconds)} s/step, "
+            f"{_per_second(report, report.global_batch)} examples/s"
+        )
+        if report.est_epoch_s:
+            speed += (
+                f"; an epoch ({report.steps_per_epoch} steps at --max-len) at most "
+                f"{span(report.est_epoch_s, report.est_epoch_high_s, _hours)}, the run's "
+                f"{report.run_steps} steps {span(report.est_run_s, report.est_run_high_s, _hours)}"
+            )
+        if "kaggle" in report.extra:
+            speed += f"; {report.extra['kaggle']}"
     print(
         f"  {what}: train {gib(report.total)}, eval {gib(report.eval_total)} of "
         f"{gib(report.capacity)}: {'fits' if report.fits else 'does NOT fit'} "
@@ -151,3 +214,7 @@ def say(report: Report) -> None:
         file=sys.stderr,
         flush=True,
     )
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
