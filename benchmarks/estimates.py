@@ -1,43 +1,117 @@
-"""The TPU compiler's estimated step time (preflight's speed estimate) for each TPU generation,
-model and length of the README's table: an estimate, not a measurement.
+"""Preflight's memory check and speed estimate for each TPU target, model and length of
+docs/tpu.md's table: estimates, not measurements.
 
 `python -m benchmarks.estimates --out runs/estimates.json`
 
 Each row is `pf_fit.check` of the model at one length on one target, with jaxtpu's defaults
 for a TPU (`--sharding auto`: FSDP under jit; `--matmul-output auto`: bf16), bf16, jit:
-MiniLM (the packaged all-MiniLM-L6-v2) and BERT-base (12 x 768) at 32 comments per core,
-the XLM-RoBERTa-large shape (24 x 1024, vocabulary 250,002) at 8 per core (the Jigsaw
-Multilingual notebooks' batch). Rows print as they finish (a Markdown table at the end);
-`--out` keeps the reports as JSON.
+MiniLM (the packaged all-MiniLM-L6-v2), BERT-base (12 x 768) and DeBERTa-v3-base (12 x 768,
+relative attention, vocabulary 128,100; its config.json written here, random init) at 32
+comments per device, the XLM-RoBERTa-large shape (24 x 1024, vocabulary 250,002) at 8 per
+device (the Jigsaw Multilingual notebooks' batch). The step time is preflight's estimate with
+its method (`speed.add_estimate`): the compiler's cost model on v2/v3, jaxtpu's roofline of the
+compiled program elsewhere; both methods' times are in every TPU row, so the v3 rows validate
+the roofline against the compiler. The epoch is Jigsaw Toxic Comment's train.csv (159,571
+comments) at the row's global batch, every step at the row's length (an upper bound with
+length buckets), and on v5e-8 whether the run's epochs fit a Kaggle session.
+
+Rows print as they finish (a Markdown table at the end); `--out` keeps the reports as JSON
+after every row, and `--resume` skips the rows a previous `--out` already has.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-MODELS = {
-    "MiniLM (6 x 384)": ("minilm", {}, 32),
-    "BERT-base (12 x 768)": ("bert-base", {}, 32),
-    "XLM-R-large (24 x 1024)": (
-        "bert-base",
-        {
-            "num_layers": 24,
-            "hidden_size": 1024,
-            "num_heads": 16,
-            "intermediate_size": 4096,
-            "vocab_size": 250002,
-        },
-        8,
-    ),
+JIGSAW_TOXIC_TRAIN = 159_571  # rows of the Toxic Comment Classification Challenge's train.csv
+
+# DeBERTa-v3-base's config.json (microsoft/deberta-v3-base), the fields jaxtpu reads
+DEBERTA_V3_BASE = {
+    "model_type": "deberta-v2",
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 0,
+    "initializer_range": 0.02,
+    "layer_norm_eps": 1e-7,
+    "relative_attention": True,
+    "max_relative_positions": -1,
+    "position_buckets": 256,
+    "norm_rel_ebd": "layer_norm",
+    "share_att_key": True,
+    "pos_att_type": ["p2c", "c2p"],
+    "position_biased_input": False,
+    "pad_token_id": 0,
+    "vocab_size": 128100,
 }
 
+XLMR_LARGE = {
+    "num_layers": 24,
+    "hidden_size": 1024,
+    "num_heads": 16,
+    "intermediate_size": 4096,
+    "vocab_size": 250002,
+}
 
-# preflight's table columns each row shows, in order
-ESTIMATE_COLUMNS = ("est. step s*", "est. examples/s*", "est. tokens/s*", "MFU bound*", "fits")
+MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
+    "MiniLM (6 x 384)": ("minilm", {}, 32),
+    "BERT-base (12 x 768)": ("bert-base", {}, 32),
+    "DeBERTa-v3-base (12 x 768)": ("bert-base", {"model_dir": "deberta-v3-base"}, 32),
+    "XLM-R-large (24 x 1024)": ("bert-base", XLMR_LARGE, 8),
+}
+
+TARGETS = "v3-8,v5e-1,v5e-4,v5e-8,v5e-16,v6e-1,v6e-8,v5p-8,v4-8,v4-32"
+
+
+def deberta_dir(root: Path) -> Path:
+    """A checkpoint directory holding only DeBERTa-v3-base's config.json: preflight creates no
+    weight and reads no data here."""
+    path = root / "deberta-v3-base"
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(DEBERTA_V3_BASE))
+    return path
+
+
+def row_cells(r: Any, col: dict[str, Any]) -> list[str]:
+    """The Markdown cells of one report (preflight's own formulas where it has them)."""
+    from jaxtpu.preflight.report import span
+
+    steps = math.ceil(JIGSAW_TOXIC_TRAIN / r.global_batch) if r.global_batch else 0
+    ratio = (
+        f"{r.roofline_step_s / r.compiler_step_s:.2f}"
+        if r.roofline_step_s and r.compiler_step_s > 0
+        else "-"
+    )
+    epoch = span(steps * r.est_step_s, steps * r.est_step_high_s, lambda x: f"{x / 60:.1f}")
+    return [
+        col["train step"](r),
+        col["fits"](r),
+        col["est. step s*"](r),
+        r.est_method or "-",
+        f"{r.compiler_step_s:.4f}" if r.compiler_step_s > 0 else f"({r.compiler_step_s:.3g})",
+        ratio,
+        col["est. examples/s*"](r),
+        col["MFU bound*"](r),
+        epoch,
+    ]
+
+
+HEADER = (
+    "| model | target | max len | batch/dev | sharding | train step | fits | est. step s | by "
+    "| compiler s | roofline / compiler | est. examples/s | MFU bound | est. Jigsaw epoch min |"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,49 +120,57 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--targets", default="v2-8,v3-8,v4-8,v5e-8,v6e-8")
-    p.add_argument("--lengths", default="128,224")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated names")
+    p.add_argument("--targets", default=TARGETS, help=f"comma-separated [{TARGETS}]")
+    p.add_argument("--lengths", default="128,256", help="comma-separated [128,256]")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated names [all]")
     p.add_argument("--out", default=None, help="JSON file of the reports")
+    p.add_argument("--resume", action="store_true", help="keep --out's rows and skip them [off]")
     args = p.parse_args(argv)
 
     from jaxtpu import hosts
     from jaxtpu.core.flags import presets
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import report as pf_report
+    from jaxtpu.preflight import speed as pf_speed
     from jaxtpu.preflight import targets as pf_targets
 
     hosts.set_cpu_device_count(8)
     col = dict(pf_report.COLUMNS)
-    rows, reports = [], []
+    reports: list[dict[str, Any]] = []
+    if args.resume and args.out and Path(args.out).exists():
+        reports = json.loads(Path(args.out).read_text())
+    done = {(r["model"], r["target"], r["max_len"]) for r in reports}
+    rows = []
+    root = Path(tempfile.mkdtemp(prefix="jaxtpu-estimates-"))
     for target in args.targets.split(","):
-        devices, capacity = pf_targets.target_devices(target, 8)
+        n = pf_targets.TPU_TARGETS[target].devices
+        devices, capacity = pf_targets.target_devices(target, n)
         for name in args.models.split(","):
             preset, shape, batch = MODELS[name]
+            if shape.get("model_dir") == "deberta-v3-base":
+                shape = {"model_dir": str(deberta_dir(root))}
             for length in map(int, args.lengths.split(",")):
+                if (name, target, length) in done:
+                    continue
                 cfg = presets.PRESETS[preset]().replace(
-                    max_len=length, batch_size=batch, parallel="jit", **shape
+                    max_len=length, batch_size=batch, parallel="jit", num_devices=n, **shape
                 )
                 r = pf_fit.check(cfg, target, devices, capacity)
+                if r.est_step_s and target == pf_speed.KAGGLE_TARGET:
+                    steps = math.ceil(JIGSAW_TOXIC_TRAIN / r.global_batch) * cfg.train.epochs
+                    r.extra["kaggle"] = pf_speed.kaggle_verdict(
+                        steps * r.est_step_s, steps * r.est_step_high_s
+                    )
                 reports.append({"model": name, **asdict(r)})
-                cells = [col[c](r) for c in ESTIMATE_COLUMNS]  # preflight's own formulas
-                if not r.est_step_s:
-                    why = r.extra.get("no_estimate", r.error)[:40]
-                    cells[0] = f"no usable estimate ({why})"
-                row = (
-                    f"| {name} | {target} | {length} | {batch} | {r.sharding} | "
-                    + " | ".join(cells)
-                    + " |"
+                row = f"| {name} | {target} | {length} | {batch} | {r.sharding} | " + " | ".join(
+                    row_cells(r, col)
                 )
-                rows.append(row)
-                print(row, flush=True)
+                rows.append(row + " |")
+                print(rows[-1], flush=True)
                 if args.out:
                     Path(args.out).write_text(json.dumps(reports, indent=2))
-    print(
-        "\n| model | target | max len | batch/core | sharding | est. step s | est. examples/s "
-        "| est. tokens/s | MFU bound | fits |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n" + HEADER)
+    print("|" + "---|" * HEADER.count(" | ") + "---|")
     print("\n".join(rows))
     return 0
 

@@ -114,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         help="random-init shape overrides as JSON, e.g. "
         '\'{"num_layers": 24, "hidden_size": 1024, ...}\' [none]',
     )
+    p.add_argument(
+        "--rates-of",
+        default="",
+        metavar="TARGETS",
+        help="also the roofline of the program compiled for --target at these other targets' "
+        "per-device bf16 peak and HBM bandwidth, e.g. v5e-8,v6e-8: what the --target "
+        "program would take there (docs/tpu.md's cross-check of the v5e estimate) [none]",
+    )
     p.add_argument("--out", default=None, help="also append the rows to this JSON-lines file")
     p.add_argument(
         "--breakdown",
@@ -169,9 +177,16 @@ def main(argv: list[str] | None = None) -> int:
                 "floor_s": floor,
                 "vs_floor": seconds / floor if seconds > 0 else None,
                 "roofline_step_s": roofline_s,
+                "roofline_high_s": e.roofline_high_s,
                 "roofline_vs_floor": roofline_s / floor,
                 "compile_s": round(time.perf_counter() - t0, 1),
             }
+        for other in filter(None, args.rates_of.split(",")):
+            there = pf_targets.TPU_TARGETS[other]
+            rates = there.peak_flops_per_device(), there.bandwidth_per_device()
+            row[f"roofline_at_{other}_s"] = hlo_roofline.total(
+                hlo_roofline.roofline(compiled.as_text(), *rates)
+            ).seconds
         print(json.dumps(row), flush=True)
         if args.breakdown:
             print(hlo_roofline.table(ops, args.breakdown, max(seconds, 0.0)), flush=True)
