@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _BYTES = {
     "pred": 1,
@@ -137,25 +138,36 @@ def _contraction_flops(line: str, out: str, op: str, shapes: dict[str, str]) -> 
     return 2 * size * k
 
 
-def _flops(comps: dict[str, list[str]], name: str, seen: dict[str, int]) -> int:
-    """Matmul FLOPs of a computation, fusions it calls included."""
-    if name in seen:
-        return seen[name]
+def _summed(comps: dict[str, list[str]], name: str, seen: dict[str, int], count: Any) -> int:
+    """`count(line, out, op, args, shapes)` summed over a computation's instructions, the
+    fusions it calls included (memoised in `seen` per computation and count)."""
+    key = f"{count.__name__} {name}"
+    if key in seen:
+        return seen[key]
     shapes: dict[str, str] = {}
     total = 0
     for line in comps.get(name, []):
         m = _INSTRUCTION.match(line)
         if not m:
             continue
-        inst, out, op, _ = m.groups()
+        inst, out, op, args = m.groups()
         shapes[inst] = out
-        if op in ("dot", "convolution"):
-            total += _contraction_flops(line, out, op, shapes)
-        elif op == "fusion":
+        if op == "fusion":
             called = re.search(r"calls=(%[\w.\-]+)", line)
-            total += _flops(comps, called.group(1), seen) if called else 0
-    seen[name] = total
+            total += _summed(comps, called.group(1), seen, count) if called else 0
+        else:
+            total += count(line, out, op, args, shapes)
+    seen[key] = total
     return total
+
+
+def _matmul_flops(line: str, out: str, op: str, args: str, shapes: dict[str, str]) -> int:
+    return _contraction_flops(line, out, op, shapes) if op in ("dot", "convolution") else 0
+
+
+def _flops(comps: dict[str, list[str]], name: str, seen: dict[str, int]) -> int:
+    """Matmul FLOPs of a computation, fusions it calls included."""
+    return _summed(comps, name, seen, _matmul_flops)
 
 
 # What the TPU compiler's cost model charges a gather that picks single elements along the
@@ -172,39 +184,24 @@ GATHER_INDEX_BYTES = 512
 def _gather_bytes(comps: dict[str, list[str]], name: str, seen: dict[str, int]) -> int:
     """The bytes element-wise gathers in a computation (fusions it calls included) cost beyond
     their arrays: per index, the (8, 128) tiles its slice touches and `GATHER_INDEX_BYTES`."""
-    key = "gather " + name
-    if key in seen:
-        return seen[key]
-    shapes: dict[str, str] = {}
-    total = 0
-    for line in comps.get(name, []):
-        m = _INSTRUCTION.match(line)
-        if not m:
-            continue
-        inst, out, op, args = m.groups()
-        shapes[inst] = out
-        if op == "fusion":
-            called = re.search(r"calls=(%[\w.\-]+)", line)
-            total += _gather_bytes(comps, called.group(1), seen) if called else 0
-            continue
-        sizes = re.search(r"slice_sizes=\{([0-9,]*)\}", line)
-        operand = re.findall(r"%[\w.\-]+", args.split(")")[0])
-        stored = _STORED.search(shapes.get(operand[0], "")) if op == "gather" and operand else None
-        if not sizes or not stored:
-            continue
-        dims = [int(d) for d in stored.group(2).split(",") if d]
-        layout = [int(i) for i in (stored.group(3) or "").split(":")[0].split(",") if i]
-        order = layout or list(reversed(range(len(dims))))  # minor first
-        slice_sizes = [int(x) for x in sizes.group(1).split(",") if x]
-        if len(order) < 2 or dims[order[0]] <= 1 or slice_sizes[order[0]] != 1:
-            continue  # not element-wise along the lanes
-        tiles = -(-slice_sizes[order[1]] // 8) * math.prod(slice_sizes[d] for d in order[2:])
-        indices = math.prod(_dims(out)) // max(math.prod(slice_sizes), 1)
-        total += indices * (
-            tiles * GATHER_TILE_ELEMENTS * _BYTES[stored.group(1)] + GATHER_INDEX_BYTES
-        )
-    seen[key] = total
-    return total
+    return _summed(comps, name, seen, _element_gather)
+
+
+def _element_gather(line: str, out: str, op: str, args: str, shapes: dict[str, str]) -> int:
+    sizes = re.search(r"slice_sizes=\{([0-9,]*)\}", line) if op == "gather" else None
+    operand = re.findall(r"%[\w.\-]+", args.split(")")[0])
+    stored = _STORED.search(shapes.get(operand[0], "")) if sizes and operand else None
+    if not stored:
+        return 0
+    dims = [int(d) for d in stored.group(2).split(",") if d]
+    layout = [int(i) for i in (stored.group(3) or "").split(":")[0].split(",") if i]
+    order = layout or list(reversed(range(len(dims))))  # minor first
+    slice_sizes = [int(x) for x in sizes.group(1).split(",") if x]
+    if len(order) < 2 or dims[order[0]] <= 1 or slice_sizes[order[0]] != 1:
+        return 0  # not element-wise along the lanes
+    tiles = -(-slice_sizes[order[1]] // 8) * math.prod(slice_sizes[d] for d in order[2:])
+    indices = math.prod(_dims(out)) // max(math.prod(slice_sizes), 1)
+    return indices * (tiles * GATHER_TILE_ELEMENTS * _BYTES[stored.group(1)] + GATHER_INDEX_BYTES)
 
 
 # Custom calls that only rename or reserve memory (the TPU compiler's bookkeeping).
@@ -242,7 +239,12 @@ def trip_count(comps: dict[str, list[str]], line: str) -> int | None:
         return None
     in_cond = _defined(comps.get(cond.group(1), []))
     compare = _root(in_cond)
-    if compare is None or compare[0] != "compare" or "direction=LT" not in compare[2]:
+    if (
+        compare is None
+        or compare[0] != "compare"
+        or "direction=LT" not in compare[2]
+        or len(compare[1]) != 2
+    ):
         return None
     counter, limit = compare[1][0], _constant(in_cond, compare[1][1])
     _, _, counter_line = in_cond.get(counter, ("", [], ""))
