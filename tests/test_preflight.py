@@ -392,3 +392,34 @@ def test_find_batch_on_kaggles_v5e_8_estimates_the_epoch_and_the_session(
     assert "epochs estimated for 4500 train comments" in printed.err
     assert "largest batch found:" in printed.err and "fits one Kaggle session" in printed.err
     assert "| roofline |" in printed.out and "v5e-8: fits one Kaggle session" in printed.out
+
+
+def test_the_epoch_estimate_reads_the_flags_data_and_does_without_it(tmp_path, capsys, monkeypatch):
+    """The epoch comes from the training data the flags name (the demo's 230 training
+    comments at 8 x 4 per step: 7 steps); data that cannot be read costs only the epoch
+    estimate, said in one line, not the memory check (the target and its compilation faked
+    here)."""
+
+    def compiled(cfg, target, devices, capacity):
+        r = pf_report.Report(target, "fsdp", "none", "data=1,fsdp=8", cfg.train.batch_size, 16)
+        r.fits, r.est_step_s, r.est_method, r.global_batch = True, 0.5, "roofline", 32
+        return r
+
+    import jax
+
+    monkeypatch.setattr(pf_command, "check", compiled)
+    # this machine's 8 devices stand in for the v5e-8's (no topology is compiled for)
+    monkeypatch.setattr(pf_command, "target_devices", lambda t, n: (jax.devices()[:8], 2**34))
+    out = tmp_path / "v5e.json"
+    base = ["--preset", "tiny", "--target", "v5e-8", "--json", str(out)]
+    assert pf_command.main(base) == 0
+    (r,) = json.loads(out.read_text())["reports"]
+    assert (r["steps_per_epoch"], r["est_epoch_s"]) == (7, 3.5)
+    assert "fits one Kaggle session" in r["extra"]["kaggle"]
+    assert "epochs estimated for 230 train comments" in capsys.readouterr().err
+    missing = tmp_path / "missing.csv"
+    assert pf_command.main([*base, "--train-csv", str(missing)]) == 0
+    (r,) = json.loads(out.read_text())["reports"]
+    assert r["est_epoch_s"] == 0 and r["fits"]
+    err = capsys.readouterr().err
+    assert "preflight: no epoch estimate: " in err and str(missing) in err

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import files
-from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.cli import parse_with
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.run.rundir import check_output_path, user_errors
@@ -118,8 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         train = None
         if args.target in TPU_TARGETS:  # for the epoch estimate, before any compilation
-            train, what = training_examples(cfg, len(devices), platform_of(devices))
-            print(f"preflight: epochs estimated for {what}", file=sys.stderr, flush=True)
+            try:
+                train, what = training_examples(cfg, len(devices), platform_of(devices))
+                print(f"preflight: epochs estimated for {what}", file=sys.stderr, flush=True)
+            except UserError as e:  # the memory and step estimates do not need the data
+                print(f"preflight: no epoch estimate: {e}", file=sys.stderr, flush=True)
         reports: list[Report] = []
         for c in configs:
             if args.find_batch:
