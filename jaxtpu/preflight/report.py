@@ -217,4 +217,6 @@ def say(report: Report) -> None:
 
 
 def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
