@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                 "vs_floor": seconds / floor if seconds > 0 else None,
                 "roofline_step_s": roofline_s,
                 "roofline_high_s": e.roofline_high_s,
+                "roofline_gb_per_step": e.roofline_bytes / 1e9,  # HBM bytes
+                "roofline_high_gb_per_step": e.roofline_high_bytes / 1e9,  # on-chip too
                 "roofline_vs_floor": roofline_s / floor,
                 "compile_s": round(time.perf_counter() - t0, 1),
             }
