@@ -51,7 +51,8 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     (auto,) = json.loads(out.read_text())["reports"]
     printed = capsys.readouterr()
     assert "| fsdp | none | no | data=1,fsdp=8 | 16 |" in printed.out
-    assert "cost model" in printed.out and "an estimate, not a measurement" in printed.out
+    assert "by compiler: the TPU compiler's cost model" in printed.out
+    assert "estimates, not measurements" in printed.out
     assert "estimated by the TPU compiler's cost model (not measured)" in printed.err
     assert "an epoch (" in printed.err  # of the demo data the flags ask for
     tiny = presets.tiny().replace(**SHAPE)

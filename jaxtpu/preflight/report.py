@@ -203,7 +203,8 @@ def say(report: Report) -> None:
             speed += (
                 f"; an epoch ({report.steps_per_epoch} steps at --max-len) at most "
                 f"{span(report.est_epoch_s, report.est_epoch_high_s, _hours)}, the run's "
-                f"{report.run_steps} steps {span(report.est_run_s, report.est_run_high_s, _hours)}"
+                f"{report.run_steps} step{'' if report.run_steps == 1 else 's'} "
+                f"{span(report.est_run_s, report.est_run_high_s, _hours)}"
             )
         if "kaggle" in report.extra:
             speed += f"; {report.extra['kaggle']}"
