@@ -6,14 +6,17 @@ download a pretrained one.
 `config.json` + `model.safetensors` (`save_pretrained` of the family's `*Model`) and
 `tokenizer.json` + `tokenizer_config.json` (a `tokenizers` tokenizer wrapped by transformers'
 fast tokenizer): WordPiece for BERT, DistilBERT and ELECTRA, byte-level BPE for RoBERTa,
-SentencePiece-style Unigram for XLM-R and DeBERTa-v3, with each family's special tokens and
-padding id.
+SentencePiece-style Unigram for XLM-R and DeBERTa-v3, byte-level BPE with BERT's special
+tokens for ModernBERT, with each family's special tokens and padding id.
 
 Every weight is perturbed away from transformers' init (LayerNorms are not 1 and 0, the
 weights are wider than 0.02), so a mixed-up tensor or a missing term changes the outputs well
 beyond the parity tolerances. DeBERTa uses DeBERTa-v3's options (relative attention with log
 buckets, shared keys, LayerNorm'd relative embeddings, no absolute positions), with buckets
-small enough that real comments reach the log range.
+small enough that real comments reach the log range. ModernBERT has 3 layers, global,
+sliding-window, global (`global_attn_every_n_layers` 2), a window of 16 tokens (8 on each side:
+real comments of 64 tokens reach past it) and rotary bases of its own, so both layer kinds and
+the window are exercised.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ TOKENIZERS = {
     "roberta": ("bpe", ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], ("<s>", "</s>")),
     "xlm-roberta": ("unigram", ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], ("<s>", "</s>")),
     "deberta-v2": ("unigram", ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"], ("[CLS]", "[SEP]")),
+    "modernbert": ("bpe", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], ("[CLS]", "[SEP]")),
 }
 FAMILY_NAMES = tuple(TOKENIZERS)
 # A second DeBERTa: the options DeBERTa-v3 does not use (separate position projections,
@@ -67,6 +71,24 @@ def _config(name: str, pad: int):
         )
     if name == "electra":
         return t.ElectraConfig(**SHAPE, **common, embedding_size=16, max_position_embeddings=128)
+    if name == "modernbert":
+        return t.ModernBertConfig(
+            **{**common, "initializer_range": 0.02},
+            hidden_size=HIDDEN,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=48,
+            max_position_embeddings=256,
+            global_attn_every_n_layers=2,
+            local_attention=16,
+            global_rope_theta=1000.0,
+            local_rope_theta=100.0,
+            classifier_pooling="mean",
+            bos_token_id=2,
+            cls_token_id=2,
+            eos_token_id=3,
+            sep_token_id=3,
+        )
     deberta = dict(**SHAPE, **common, max_position_embeddings=128, relative_attention=True)
     if name == "deberta-v2":  # DeBERTa-v3's options
         return t.DebertaV2Config(
@@ -136,7 +158,7 @@ def _tokenizer(family: str, texts: list[str]):
     tok.train_from_iterator(texts, trainer)
     ids = {s: tok.token_to_id(s) for s in specials}
     assert [ids[s] for s in specials] == list(range(len(specials))), ids
-    if kind == "bpe":
+    if kind == "bpe" and first == "<s>":
         tok.post_processor = processors.RobertaProcessing((last, ids[last]), (first, ids[first]))
     else:
         tok.post_processor = processors.TemplateProcessing(

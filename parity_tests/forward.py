@@ -24,6 +24,7 @@ import numpy as np
 from jaxtpu.core.data.readers import read_comments
 from jaxtpu.core.data.tokens import load_tokenizer, tokenize
 from jaxtpu.core.hf.encoder import EncoderConfig, read_encoder
+from jaxtpu.core.hf.families import get_family, rename
 
 FAULTS = {
     "ln-eps": "the layer's output LayerNorm with epsilon 1e-3 instead of the checkpoint's",
@@ -34,10 +35,16 @@ FAULT_LN_EPS = 1e-3
 
 
 def capture_points(enc: EncoderConfig) -> list[str]:
-    """The outputs compared layer by layer, in forward order, as `BertModel` module names
-    (`torch_module` gives the family's own)."""
+    """The outputs compared layer by layer, in forward order, as jaxtpu's module names
+    (`BertModel`'s, or `ModernBertModel`'s with layers `encoder.layer.{i}`; `torch_module`
+    gives the family's own)."""
+    n = enc.num_hidden_layers
+    if enc.family.layer_kind == "modernbert":  # attention and feed-forward blocks, the layer
+        per_layer = ("attn", "mlp", "")
+        layers = [f"encoder.layer.{i}" + (f".{m}" if m else "") for i in range(n) for m in per_layer]
+        return ["embeddings", *layers, "final_norm", "classifier"]
     per_layer = ("attention", "intermediate", "output")
-    layers = [f"encoder.layer.{i}.{m}" for i in range(enc.num_hidden_layers) for m in per_layer]
+    layers = [f"encoder.layer.{i}.{m}" for i in range(n) for m in per_layer]
     return ["embeddings", *layers, *(["pooler"] if enc.family.pooler else []), "classifier"]
 
 
@@ -54,6 +61,8 @@ def torch_module(point: str, model_type: str) -> str:
     """The torch Classifier's module whose output is capture point `point`."""
     if point == "classifier":
         return point
+    if get_family(model_type).layer_kind == "modernbert":
+        return "bert." + rename(get_family(model_type), point)
     m = re.fullmatch(r"encoder\.layer\.(\d+)\.(\w+)", point)
     if model_type == "distilbert" and m:
         return "bert." + _DISTILBERT_POINTS[m.group(2)].format(i=m.group(1))
@@ -82,7 +91,8 @@ def parse_fault(fault: str, num_layers: int) -> tuple[str, int]:
 
 
 def _flax_path(point: str) -> tuple[str, ...]:
-    """'encoder.layer.3.output' -> ('bert', 'encoder', 'layer_3', 'output')."""
+    """'encoder.layer.3.output' -> ('bert', 'encoder', 'layer_3', 'output'); the same for
+    ModernBERT's points."""
     parts = tuple(re.sub(r"layer\.(\d+)", r"layer_\1", point).split("."))
     return parts if point == "classifier" else ("bert", *parts)
 
@@ -142,6 +152,8 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     assert not kept, kept
     interceptor = None
     if args.plant_fault:
+        if enc.family.layer_kind != "bert":
+            raise SystemExit(f"--plant-fault: the faults are BERT-layer ones, not {enc.model_type}")
         params, interceptor = _planted(args.plant_fault, params, enc.num_hidden_layers)
     points = {_flax_path(p): p for p in capture_points(enc)}
     wanted = {*points, ("bert",)}

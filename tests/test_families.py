@@ -133,6 +133,18 @@ def _cfg(model_type: str, **changes) -> dict:
         (_cfg("deberta-v2", pos_att_type=["p2p"]), "pos_att_type=['p2p'] is not supported"),
         (_cfg("deberta-v2", norm_rel_ebd="batch_norm"), "norm_rel_ebd='batch_norm'"),
         (_cfg("deberta-v2", attention_head_size=16), "attention_head_size=16 is not supported"),
+        (_cfg("modernbert", attention_bias=True), "attention_bias=True is not supported"),
+        (_cfg("modernbert", hidden_activation="silu"), "hidden_activation='silu' is not"),
+        (
+            _cfg("modernbert", num_hidden_layers=2, layer_types=["full_attention", "chunked"]),
+            "layer_types=['full_attention', 'chunked'] is not supported",
+        ),
+        (
+            _cfg("modernbert", rope_parameters={"full_attention": {"rope_type": "linear"}}),
+            "rope_parameters['full_attention'].rope_type='linear' is not supported",
+        ),
+        (_cfg("modernbert", vocab_size=600), "pad_token_id=50283 is outside the vocabulary"),
+        (_cfg("modernbert", classifier_pooling="max"), "classifier_pooling='max'"),
     ],
 )
 def test_unsupported_config_options_are_one_line_errors_naming_them(config, message):
@@ -160,10 +172,30 @@ def test_max_len_beyond_the_position_table_is_a_one_line_error(family_dirs):
 def test_every_family_has_a_default_pooling_and_refuses_a_pooler_it_lacks(family_dirs):
     for name, family in FAMILIES.items():
         cfg = Config().replace(model_dir=str(family_dirs[name]))
-        assert RunSpec.resolve(cfg).pooling == family.default_pooling
+        spec = RunSpec.resolve(cfg)
+        if name == "modernbert":  # its config's classifier_pooling ('mean' in the test one)
+            assert spec.pooling == "mean" != family.default_pooling
+            assert "config.json's classifier_pooling" in spec.describe_model(10**6, 0)
+        else:
+            assert spec.pooling == family.default_pooling
         if not family.pooler:
             with pytest.raises(ConfigError, match=f"--pooling pooler: {name} has no pooler"):
                 RunSpec.resolve(cfg.replace(pooling="pooler"))
+
+
+def test_modernbert_reads_both_config_forms_and_refuses_scanned_layers(family_dirs):
+    """The hub's older ModernBERT configs (global_attn_every_n_layers, *_rope_theta) read as
+    the layer kinds and bases transformers 5 writes; --scan-layers is one line, not a crash."""
+    new = json.loads((family_dirs["modernbert"] / "config.json").read_text())
+    old = {k: v for k, v in new.items() if k not in ("layer_types", "rope_parameters")}
+    old.update(global_attn_every_n_layers=2, global_rope_theta=1000.0, local_rope_theta=100.0)
+    a, b = EncoderConfig.from_hf_dict(new), EncoderConfig.from_hf_dict(old)
+    assert a == b and a.layer_types == ("full_attention", "sliding_attention", "full_attention")
+    assert (a.global_rope_theta, a.local_rope_theta, a.local_attention) == (1000.0, 100.0, 16)
+    assert EncoderConfig.from_hf_dict(a.to_hf_dict()) == a
+    cfg = Config().replace(model_dir=str(family_dirs["modernbert"]), scan_layers=True)
+    with pytest.raises(ConfigError, match="--scan-layers: not available for modernbert"):
+        RunSpec.resolve(cfg)
 
 
 def test_an_exported_head_keeps_the_pooling_it_was_trained_with(family_dirs, tmp_path):
@@ -188,8 +220,10 @@ def test_family_defaults_are_transformers_config_defaults():
         "distilbert": transformers.DistilBertConfig,
         "electra": transformers.ElectraConfig,
         "deberta-v2": transformers.DebertaV2Config,
+        "modernbert": transformers.ModernBertConfig,
     }
     assert set(classes) == set(FAMILIES)
+    rope = {"global_rope_theta": "full_attention", "local_rope_theta": "sliding_attention"}
     for name, cls in classes.items():
         ours = EncoderConfig.from_hf_dict({"model_type": name})
         theirs = cls()
@@ -201,6 +235,10 @@ def test_family_defaults_are_transformers_config_defaults():
                 value = getattr(theirs, "embedding_size", theirs.hidden_size)
             if field in ("position_buckets", "share_att_key", "norm_rel_ebd"):
                 continue  # read with getattr defaults by the model, not set by the class
+            if field == "layer_types":
+                value = tuple(theirs.layer_types)
+            if field in rope:
+                value = theirs.rope_parameters[rope[field]]["rope_theta"]
             assert getattr(ours, field) == value, (name, field)
 
 
@@ -208,7 +246,8 @@ def test_bisection_has_a_module_on_both_sides_for_every_point_of_every_family():
     from torchxla_ref.models import Classifier
 
     for name in FAMILIES:
-        enc = EncoderConfig.from_hf_dict(_cfg(name, vocab_size=50, max_position_embeddings=40))
+        config = _cfg(name, vocab_size=50, max_position_embeddings=40, pad_token_id=1)
+        enc = EncoderConfig.from_hf_dict(config)
         modules = dict(Classifier(enc, 0.0).named_modules())
         points = forward.capture_points(enc)
         assert ("pooler" in points) == FAMILIES[name].pooler

@@ -184,7 +184,7 @@ def test_notebook_checkpoints_jaxtpu_cannot_hold_are_refused_by_name(tmp_path, m
     cases = {
         "wide.bin": (WideHead(config).state_dict(), "head fc1 is Linear(128, 1) but the encoder's"),
         "two.bin": (TwoHeads(config).state_dict(), "cannot hold: aux.bias, aux.weight"),
-        "none.bin": ({"fc1.weight": torch.zeros(1, 64)}, "expected one BERT encoder"),
+        "none.bin": ({"fc1.weight": torch.zeros(1, 64)}, "expected one encoder"),
         "empty.bin": ({"note": "hi"}, "no tensors"),
     }
     for name, (sd, message) in cases.items():

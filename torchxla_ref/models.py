@@ -48,7 +48,7 @@ class Classifier(nn.Module):
         outputs: int = 1,
     ) -> None:
         super().__init__()
-        self.pooling = pooling or enc.family.default_pooling
+        self.pooling = pooling or enc.default_pooling
         self.outputs = outputs
         self.bert = AutoModel.from_config(hf_config(enc))
         self.dropout = nn.Dropout(head_dropout)

@@ -41,7 +41,7 @@ def create_module(
         matmul_out=jnp.bfloat16 if matmul_output == "bf16" else jnp.float32,
         remat=remat,
         scan=scan,
-        pooling=pooling or cfg.family.default_pooling,
+        pooling=pooling or cfg.default_pooling,
         outputs=outputs,
     )
 

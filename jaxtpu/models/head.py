@@ -9,10 +9,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.models import layers, ops
-from jaxtpu.models.bert import Backbone
+from jaxtpu.models import bert, layers, modernbert, ops
 
 Dtype = jnp.dtype
+# The encoder of each layer kind (`Family.layer_kind`): one interface, (hidden, pooled or None).
+BACKBONES = {"bert": bert.Backbone, "modernbert": modernbert.Backbone}
 
 
 def pool(pooling: str, hidden: jax.Array, pooled: jax.Array | None, mask: jax.Array) -> jax.Array:
@@ -49,7 +50,7 @@ class Classifier(nn.Module):
     ) -> jax.Array:
         lead = input_ids.shape[:-1]
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-        bert = Backbone(
+        bert = BACKBONES[self.cfg.family.layer_kind](
             self.cfg,
             self.dtype,
             self.param_dtype,

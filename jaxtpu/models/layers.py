@@ -26,6 +26,7 @@ def dense(
     dtype: Dtype,
     param_dtype: Dtype,
     out: Dtype = jnp.float32,
+    use_bias: bool = True,
 ):
     """A dense layer; under bf16 compute its matmul is bf16 with fp32 accumulation and its
     result in `out` (`--matmul-output`)."""
@@ -36,14 +37,17 @@ def dense(
         dtype=dtype,
         param_dtype=param_dtype,
         kernel_init=nn.initializers.normal(cfg.initializer_range),
+        use_bias=use_bias,
         name=name,
         **extra,
     )
 
 
-def layer_dense(module: nn.Module, features: int, name: str) -> nn.Dense:
+def layer_dense(module: nn.Module, features: int, name: str, use_bias: bool = True) -> nn.Dense:
     """`dense` with the encoder config, dtypes and matmul output dtype of `module`."""
-    return dense(module.cfg, features, name, module.dtype, module.param_dtype, module.matmul_out)
+    return dense(
+        module.cfg, features, name, module.dtype, module.param_dtype, module.matmul_out, use_bias
+    )
 
 
 # The name every dense (weight) matmul output carries, for `--remat dots`.
@@ -65,9 +69,15 @@ def residual(x: jax.Array) -> jax.Array:
     return nn.with_logical_constraint(x, RESIDUAL)
 
 
-def layer_norm(cfg: EncoderConfig, name: str, param_dtype: Dtype) -> nn.LayerNorm:
+def layer_norm(
+    cfg: EncoderConfig, name: str, param_dtype: Dtype, use_bias: bool = True
+) -> nn.LayerNorm:
     return nn.LayerNorm(
-        epsilon=cfg.layer_norm_eps, dtype=jnp.float32, param_dtype=param_dtype, name=name
+        epsilon=cfg.layer_norm_eps,
+        dtype=jnp.float32,
+        param_dtype=param_dtype,
+        use_bias=use_bias,
+        name=name,
     )
 
 

@@ -104,13 +104,15 @@ class RunSpec:
             pooling, pooling_from = model.pooling, "--pooling"
         elif exported:
             pooling, pooling_from = exported, "as exported, jaxtpu_head.json"
+        elif enc.classifier_pooling:
+            pooling, pooling_from = "auto", "config.json's classifier_pooling"
         else:
             pooling, pooling_from = "auto", f"{enc.model_type}'s default"
         n = devices or place.num_devices * place.num_processes
         return cls(
             task=get_task(cfg.train.task),
             encoder=enc,
-            pooling=default_pooling(enc.family, pooling),
+            pooling=default_pooling(enc.family, pooling, enc.classifier_pooling),
             pooling_from=pooling_from,
             model_dir=model_dir,
             weights=model.init_from or model_dir,
@@ -182,6 +184,12 @@ def _encoder(cfg: Config, model_dir: str | None) -> EncoderConfig:
             enc,
             hidden_dropout_prob=m.encoder_dropout,
             attention_probs_dropout_prob=m.encoder_dropout,
+            embedding_dropout=m.encoder_dropout if enc.family.layer_kind == "modernbert" else 0.0,
+        )
+    if cfg.model.scan_layers and enc.family.layer_kind != "bert":
+        raise ConfigError(
+            f"--scan-layers: not available for {enc.model_type} yet (its first layer has no "
+            "attention LayerNorm, so its layers are not one stack); run without it"
         )
     limit = enc.max_tokens
     if limit is not None and cfg.data.max_len > limit:

@@ -30,8 +30,16 @@ HEAD_FILE = "head.safetensors"
 HEAD_OUTPUTS = (1, 6)
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
-# Every encoder (of every family) has exactly one of these; what precedes it is its prefix.
-ENCODER_ANCHOR = "embeddings.word_embeddings.weight"
+# Every encoder has exactly one token embedding table (BERT's layer kind's name, ModernBERT's);
+# what precedes it is its prefix.
+ENCODER_ANCHORS = ("embeddings.word_embeddings.weight", "embeddings.tok_embeddings.weight")
+
+
+def _anchored(keys) -> dict[str, str]:
+    """{prefix: anchor} of the token embedding tables among state-dict `keys`."""
+    return {k[: -len(a)]: a for k in keys for a in ENCODER_ANCHORS if k.endswith(a)}
+
+
 # Checkpoint keys that are not part of the encoder and are safely ignored.
 _IGNORED = re.compile(r"^(cls\.|.*position_ids$)")
 
@@ -54,7 +62,7 @@ def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
         raw = read_torch_file(binf)
     else:
         raise CheckpointError(f"{d}: no model.safetensors or pytorch_model.bin")
-    prefixes = {k[: -len(ENCODER_ANCHOR)] for k in raw if k.endswith(ENCODER_ANCHOR)}
+    prefixes = set(_anchored(raw))
     prefix = prefixes.pop() if len(prefixes) == 1 else ""
     return _encoder_keys(raw, prefix)
 
@@ -138,15 +146,17 @@ def read_notebook_checkpoint(path: str | Path) -> NotebookCheckpoint:
     """
     path = Path(path)
     sd = read_torch_file(path)
-    prefixes = sorted({k[: -len(ENCODER_ANCHOR)] for k in sd if k.endswith(ENCODER_ANCHOR)})
+    anchors = _anchored(sd)
+    prefixes = sorted(anchors)
     if len(prefixes) != 1:
         found = f"several: {', '.join(p or '(none)' for p in prefixes)}" if prefixes else "none"
         raise CheckpointError(
-            f"{path}: expected one BERT encoder (a tensor *{ENCODER_ANCHOR}), found {found}"
+            f"{path}: expected one encoder (a tensor *{ENCODER_ANCHORS[0]} or "
+            f"*{ENCODER_ANCHORS[1]}), found {found}"
         )
     prefix = prefixes[0]
     encoder = _encoder_keys(sd, prefix)
-    hidden = encoder[ENCODER_ANCHOR].shape[1]
+    hidden = encoder[anchors[prefix]].shape[1]
     modules: dict[str, dict[str, np.ndarray]] = {}
     for k, v in sd.items():
         if not k.startswith(prefix):

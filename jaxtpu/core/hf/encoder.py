@@ -51,10 +51,26 @@ class EncoderConfig:
     pos_att_type: tuple[str, ...] = ()
     share_att_key: bool = False
     norm_rel_ebd: str = "none"
+    # ModernBERT (transformers' ModernBertConfig names): each layer's attention (`FULL` or
+    # `SLIDING`), the sliding window (a token attends to local_attention // 2 tokens on each
+    # side), the rotary bases of the two kinds, the embeddings' own dropout, and the pooling
+    # its checkpoint was trained with ('' = the family's default)
+    layer_types: tuple[str, ...] = ()
+    local_attention: int = 0
+    global_rope_theta: float = 0.0
+    local_rope_theta: float = 0.0
+    embedding_dropout: float = 0.0
+    classifier_pooling: str = ""
 
     @property
     def family(self) -> Family:
         return get_family(self.model_type)
+
+    @property
+    def default_pooling(self) -> str:
+        """The pooling `--pooling auto` means: the checkpoint's own (ModernBERT's
+        `classifier_pooling`), else the family's."""
+        return self.classifier_pooling or self.family.default_pooling
 
     @property
     def max_tokens(self) -> int | None:
@@ -75,7 +91,9 @@ class EncoderConfig:
         Embedding lookups, the pooler and the head are left out; `layer` remat recomputes the
         forward pass, `dots` keeps the matmul outputs and recomputes none of them."""
         h, inner, layers = self.hidden_size, self.intermediate_size, self.num_hidden_layers
-        matmul_params = layers * (4 * h * h + 2 * h * inner)
+        # the feed-forward's matrices: up and down, and ModernBERT's GeGLU gate
+        ffn = 3 if self.family.layer_kind == "modernbert" else 2
+        matmul_params = layers * (4 * h * h + ffn * h * inner)
         tokens = comments * seq
         attention = 4.0 * layers * h * seq * seq * comments  # forward
         flops = 6.0 * matmul_params * tokens + 3 * attention

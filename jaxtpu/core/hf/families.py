@@ -1,16 +1,18 @@
 """The encoder families jaxtpu reads and writes, one table row each (framework-free).
 
 A row says everything that differs between Hugging Face's `BertModel`, `RobertaModel`,
-`XLMRobertaModel`, `DistilBertModel`, `ElectraModel` and `DebertaV2Model` as far as a
-checkpoint directory is concerned: which `config.json` keys it reads and under which names,
-their defaults (transformers' config-class defaults, for keys `save_pretrained` left out),
-the options the port does not implement, whether the model has a pooler, how positions are
-numbered, the default pooling, and the one weight-name table that maps jaxtpu's parameter
-names to the family's Hugging Face keys (used in both directions by `jaxtpu.weights`).
+`XLMRobertaModel`, `DistilBertModel`, `ElectraModel`, `DebertaV2Model` and `ModernBertModel` as
+far as a checkpoint directory is concerned: which layer kind builds it, which `config.json`
+keys it reads and under which names, their defaults (transformers' config-class defaults, for
+keys `save_pretrained` left out), the options the port does not implement, whether the model
+has a pooler, how positions are numbered, the default pooling, and the one weight-name table
+that maps jaxtpu's parameter names to the family's Hugging Face keys (used in both directions
+by `jaxtpu.weights`).
 
-jaxtpu's Flax encoder names its modules as `BertModel` does; a family whose Hugging Face
-names differ (DistilBERT, DeBERTa) lists the differences as (jaxtpu, Hugging Face) module-path
-pairs, `{i}` standing for a layer index.
+jaxtpu's Flax encoders name their modules as `BertModel` does (the BERT layer kind) or as
+`ModernBertModel` does (the ModernBERT layer kind), their layers `encoder/layer_{i}` either way; a
+family whose Hugging Face names differ (DistilBERT, DeBERTa, ModernBERT's `layers.{i}`) lists the
+differences as (jaxtpu, Hugging Face) module-path pairs, `{i}` standing for a layer index.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from typing import Any
 from jaxtpu.core.errors import ConfigError
 
 POOLINGS = ("pooler", "cls", "mean")
+# The attention kinds of ModernBERT's `layer_types`: every token, or a window of
+# `local_attention // 2` tokens on each side.
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 # Canonical encoder fields every family has (jaxtpu's names = BertConfig's).
 _COMMON = (
@@ -66,7 +71,9 @@ class Family:
     required: Mapping[str, Any]  # config.json options the port implements one value of
     pooler: bool  # the Hugging Face model has `pooler.dense`
     default_pooling: str
-    positions: str  # 'absolute' (0..L-1), 'after_padding' (RoBERTa), 'relative' (DeBERTa)
+    # 'absolute' (0..L-1), 'after_padding' (RoBERTa), 'relative' (DeBERTa), 'rotary'
+    # (ModernBERT: rotary embeddings of 0..L-1 in every attention layer, no position table)
+    positions: str
     tokenizer: str  # the tokenizer kind its checkpoints ship (docs/families.md)
     names: Mapping[str, str] = field(default_factory=dict)  # canonical -> config.json key
     constants: Mapping[str, Any] = field(default_factory=dict)  # fixed, not in config.json
@@ -76,6 +83,10 @@ class Family:
     # a Dense after the embeddings' LayerNorm) or 'embed_proj' (DeBERTa: no bias, before it).
     projection: str = "embeddings_project"
     mask_embeddings: bool = False  # DeBERTa zeroes the embeddings of padding tokens
+    # The layer kind (`jaxtpu.models`): 'bert' (post-LayerNorm, absolute or relative
+    # positions) or 'modernbert' (pre-LayerNorm, no biases, fused Wqkv, rotary positions,
+    # alternating global and sliding-window attention, GeGLU).
+    layer_kind: str = "bert"
 
     def hf_name(self, canonical: str) -> str:
         return self.names.get(canonical, canonical)
@@ -90,6 +101,16 @@ _DEBERTA = (
     "pos_att_type",
     "share_att_key",
     "norm_rel_ebd",
+)
+
+_MODERNBERT = (
+    "layer_norm_eps",
+    "embedding_dropout",
+    "layer_types",
+    "local_attention",
+    "global_rope_theta",
+    "local_rope_theta",
+    "classifier_pooling",
 )
 
 FAMILIES: dict[str, Family] = {
@@ -234,6 +255,49 @@ FAMILIES: dict[str, Family] = {
                 ),
             ),
         ),
+        Family(
+            "modernbert",
+            "ModernBertModel",
+            _COMMON + _MODERNBERT,
+            {
+                # transformers 5's ModernBertConfig defaults (ModernBERT-base)
+                "vocab_size": 50368,
+                "hidden_size": 768,
+                "num_hidden_layers": 22,
+                "num_attention_heads": 12,
+                "intermediate_size": 1152,
+                "max_position_embeddings": 8192,
+                "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.0,
+                "initializer_range": 0.02,
+                "pad_token_id": 50283,
+                "layer_norm_eps": 1e-5,
+                "embedding_dropout": 0.0,
+                "layer_types": None,  # from global_attn_every_n_layers (`_modernbert_fields`)
+                "local_attention": 128,
+                "global_rope_theta": 160_000.0,
+                "local_rope_theta": 10_000.0,
+                "classifier_pooling": "cls",
+            },
+            {
+                "hidden_activation": "gelu",
+                "norm_bias": False,
+                "attention_bias": False,
+                "mlp_bias": False,
+            },
+            pooler=False,
+            default_pooling="cls",
+            positions="rotary",
+            tokenizer="BPE (mmBERT: Gemma's)",
+            names={
+                "hidden_dropout_prob": "mlp_dropout",
+                "attention_probs_dropout_prob": "attention_dropout",
+                "layer_norm_eps": "norm_eps",
+            },
+            constants={"type_vocab_size": 0},
+            renames=(("encoder.layer.{i}", "layers.{i}"),),
+            layer_kind="modernbert",
+        ),
     )
 }
 
@@ -269,6 +333,8 @@ def read_fields(family: Family, d: Mapping[str, Any], source: str) -> dict[str, 
             )
     out = {name: d.get(family.hf_name(name), family.defaults[name]) for name in family.fields}
     out.update(family.constants)
+    if family.layer_kind == "modernbert":
+        out.update(_modernbert_fields(d, out, source))
     if "embedding_size" in out and not out["embedding_size"]:
         out["embedding_size"] = out["hidden_size"]  # DeBERTa: absent = hidden_size
     if "pos_att_type" in out:
@@ -296,12 +362,56 @@ def read_fields(family: Family, d: Mapping[str, Any], source: str) -> dict[str, 
     return out
 
 
+def _modernbert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
+    """ModernBERT's layer kinds and rotary bases as both config.json forms write them:
+    transformers 5's `layer_types` and `rope_parameters` per layer kind, or the hub's older
+    `global_attn_every_n_layers`, `global_rope_theta` and `local_rope_theta`. Anything but the
+    default rotary embedding, or a layer kind the port does not know, is a one-line error."""
+    n = out["num_hidden_layers"]
+    every = d.get("global_attn_every_n_layers", 3)
+    kinds = d.get("layer_types") or [SLIDING if i % every else FULL for i in range(n)]
+    if len(kinds) != n or any(k not in (FULL, SLIDING) for k in kinds):
+        raise ConfigError(
+            f"{source}: layer_types={list(kinds)!r} is not supported (jaxtpu implements "
+            f"{n} layers of {FULL!r} or {SLIDING!r})"
+        )
+    if d.get("rope_scaling"):
+        raise ConfigError(f"{source}: rope_scaling={d['rope_scaling']!r} is not supported")
+    rope = d.get("rope_parameters") or {}
+    thetas = {}
+    for kind, name in ((FULL, "global_rope_theta"), (SLIDING, "local_rope_theta")):
+        params = rope.get(kind) or {}
+        if params.get("rope_type", "default") != "default":
+            raise ConfigError(
+                f"{source}: rope_parameters[{kind!r}].rope_type={params['rope_type']!r} is not "
+                "supported (jaxtpu implements 'default')"
+            )
+        thetas[name] = float(params.get("rope_theta", d.get(name, out[name])))
+    if not 0 <= out["pad_token_id"] < out["vocab_size"]:
+        raise ConfigError(
+            f"{source}: pad_token_id={out['pad_token_id']} is outside the vocabulary "
+            f"(vocab_size={out['vocab_size']}); ModernBERT's embedding pads with it"
+        )
+    pooling, window = out["classifier_pooling"], out["local_attention"]
+    if pooling not in ("cls", "mean"):
+        raise ConfigError(f"{source}: classifier_pooling={pooling!r} (expected cls or mean)")
+    if not isinstance(window, int) or window < 2:
+        raise ConfigError(f"{source}: local_attention={window!r} (expected an integer >= 2)")
+    return {"layer_types": tuple(str(k) for k in kinds), **thetas}
+
+
 def write_fields(family: Family, values: Mapping[str, Any]) -> dict[str, Any]:
     """The `config.json` dict of a family's canonical field values (inverse of `read_fields`),
     complete enough that transformers' `AutoModel` builds the same model from it."""
     out = {family.hf_name(name): values[name] for name in family.fields}
     if "pos_att_type" in out:
         out["pos_att_type"] = list(out["pos_att_type"])
+    if family.layer_kind == "modernbert":
+        out["layer_types"] = list(out["layer_types"])
+        out["rope_parameters"] = {
+            kind: {"rope_type": "default", "rope_theta": out.pop(name)}
+            for kind, name in ((FULL, "global_rope_theta"), (SLIDING, "local_rope_theta"))
+        }
     out.update(family.required)
     out.update(model_type=family.model_type, architectures=[family.architecture])
     return out
@@ -324,10 +434,11 @@ def rename(family: Family, key: str, to_hf: bool = True) -> str:
     return key
 
 
-def default_pooling(family: Family, pooling: str) -> str:
-    """`--pooling` resolved for a family: 'auto' is the family's default; a pooler it does not
-    have is a one-line error."""
-    chosen = family.default_pooling if pooling == "auto" else pooling
+def default_pooling(family: Family, pooling: str, configured: str = "") -> str:
+    """`--pooling` resolved for a family: 'auto' is the checkpoint's own pooling when its
+    config names one (`configured`: ModernBERT's `classifier_pooling`), else the family's
+    default; a pooler it does not have is a one-line error."""
+    chosen = (configured or family.default_pooling) if pooling == "auto" else pooling
     if chosen not in POOLINGS:
         raise ConfigError(f"--pooling {pooling!r}: expected auto or one of {', '.join(POOLINGS)}")
     if chosen == "pooler" and not family.pooler:

@@ -1,0 +1,214 @@
+"""The ModernBERT layer kind (ModernBERT, and mmBERT, which is a ModernBERT with another
+vocabulary): transformers' `ModernBertModel`, operation for operation.
+
+What differs from the BERT layer kind (`jaxtpu.models.bert`): no biases and LayerNorms without
+a bias; the LayerNorm before each block (pre-LN) instead of after it, none before the first
+layer's attention and a final one after the last layer; one fused `Wqkv` projection (its output
+is [query | key | value], each heads x head_dim); rotary position embeddings instead of a
+position table, with a base per attention kind; every layer's attention either global or a
+sliding window (`layer_types`: a token attends to the tokens at most `local_attention // 2`
+away, padding masked either way); a GeGLU feed-forward (`Wi` to twice the intermediate width,
+gelu(first half) x second half, `Wo`); and three dropouts of its own (embeddings, attention
+probabilities and output, inside the feed-forward).
+
+Module names mirror Hugging Face's (`embeddings/tok_embeddings`, `attn/Wqkv`, `mlp/Wi`,
+`final_norm`), except that the layers are `encoder/layer_{i}` as in every jaxtpu encoder (the
+family table renames them to `layers.{i}`). Precision as in `jaxtpu.models.bert`: bf16
+matmuls, and softmax, LayerNorm, the rotary embedding and the residual stream in fp32.
+Architecture only: knows nothing of devices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.families import SLIDING
+from jaxtpu.models import layers, ops
+
+Dtype = jnp.dtype
+NEG = -1e9  # the additive bias of a key a query must not attend to
+
+
+def rotary_tables(length: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) of the rotary embedding of positions 0..length-1, (L, head_dim) fp32, as
+    transformers' default RoPE computes them: inverse frequencies theta^(-2k / head_dim) for
+    k < head_dim / 2, each angle used twice (the two halves that `_rotate_half` pairs).
+    Computed on the host: the length is static."""
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    angles = np.arange(length, dtype=np.float32)[:, None] * inv.astype(np.float32)[None, :]
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def _rotate_half(x: jax.Array) -> jax.Array:
+    half = x.shape[-1] // 2
+    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rotary(x: jax.Array, cos: np.ndarray, sin: np.ndarray) -> jax.Array:
+    """The rotary embedding of x (..., L, D), computed in fp32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * cos + _rotate_half(x32) * sin).astype(x.dtype)
+
+
+def window_bias(length: int, half_window: int) -> np.ndarray:
+    """(1, 1, L, L) additive bias of a sliding-window layer: 0 where |query - key| <=
+    half_window, NEG elsewhere (transformers' bidirectional sliding-window mask)."""
+    pos = np.arange(length)
+    inside = np.abs(pos[:, None] - pos[None, :]) <= half_window
+    return np.where(inside, 0.0, NEG).astype(np.float32)[None, None]
+
+
+class Attention(nn.Module):
+    """Fused-QKV self-attention with rotary positions; a sliding-window layer adds the band
+    to the padding mask. `sliding` is the layer's kind (`layer_types`)."""
+
+    cfg: EncoderConfig
+    sliding: bool = False
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
+
+    @nn.compact
+    def __call__(self, x: jax.Array, pad_bias: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.cfg
+        heads = cfg.num_attention_heads
+        head_dim = cfg.hidden_size // heads
+        batch, length, _ = x.shape
+        qkv = layers.saved(layers.layer_dense(self, 3 * cfg.hidden_size, "Wqkv", use_bias=False)(x))
+        # (B, L, 3, H, D) -> three (B, H, L, D): the bhqd layout, fast on XLA:CPU
+        qkv = jnp.moveaxis(qkv.reshape(batch, length, 3, heads, head_dim), (2, 3), (0, 2))
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        theta = cfg.local_rope_theta if self.sliding else cfg.global_rope_theta
+        cos, sin = rotary_tables(length, head_dim, theta)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
+        scores = ops.matmul("bhqd,bhkd->bhqk", q, k, self.dtype, self.matmul_out)
+        bias = pad_bias
+        if self.sliding:
+            bias = bias + window_bias(length, cfg.local_attention // 2)
+        probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1)
+        probs = ops.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
+        ctx = ops.matmul("bhqk,bhkd->bhqd", probs, v, self.dtype, self.matmul_out)
+        ctx = ctx.transpose(0, 2, 1, 3).reshape(batch, length, cfg.hidden_size)
+        out = layers.saved(layers.layer_dense(self, cfg.hidden_size, "Wo", use_bias=False)(ctx))
+        return ops.Dropout(cfg.attention_probs_dropout_prob)(out, deterministic=deterministic)
+
+
+class MLP(nn.Module):
+    """GeGLU: Wi -> gelu(input) x gate -> dropout -> Wo."""
+
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.cfg
+        wi = layers.layer_dense(self, 2 * cfg.intermediate_size, "Wi", use_bias=False)
+        inner, gate = jnp.split(layers.saved(wi(x)), 2, axis=-1)
+        y = ops.gelu(inner) * gate
+        y = ops.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+        return layers.saved(layers.layer_dense(self, cfg.hidden_size, "Wo", use_bias=False)(y))
+
+
+class Layer(nn.Module):
+    """One pre-LN layer: x + attn(attn_norm(x)), then + mlp(mlp_norm(.)); layer 0 has no
+    attention norm (its input is the embeddings' norm)."""
+
+    cfg: EncoderConfig
+    index: int = 0
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
+
+    @nn.compact
+    def __call__(self, x: jax.Array, pad_bias: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.cfg
+        kw = dict(cfg=cfg, dtype=self.dtype, param_dtype=self.param_dtype)
+        kw["matmul_out"] = self.matmul_out
+        h = x
+        if self.index > 0:
+            h = layers.layer_norm(cfg, "attn_norm", self.param_dtype, use_bias=False)(x)
+        sliding = cfg.layer_types[self.index] == SLIDING
+        attn = Attention(**kw, sliding=sliding, name="attn")
+        x = x + attn(h, pad_bias, deterministic).astype(jnp.float32)
+        h = layers.layer_norm(cfg, "mlp_norm", self.param_dtype, use_bias=False)(x)
+        x = x + MLP(**kw, name="mlp")(h, deterministic).astype(jnp.float32)
+        return layers.residual(x)
+
+
+class Encoder(nn.Module):
+    """`layer_0` ... `layer_{n-1}` (no scanned form yet: layer 0 differs from the others)."""
+
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
+    remat: str = "none"
+
+    @nn.compact
+    def __call__(self, x: jax.Array, pad_bias: jax.Array, deterministic: bool) -> jax.Array:
+        layer = Layer
+        if self.remat != "none":
+            # argument 3 of Layer.__call__ (self = 0) is the Python bool `deterministic`
+            layer = nn.remat(Layer, policy=layers.REMAT[self.remat], static_argnums=(3,))
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out)
+        for i in range(self.cfg.num_hidden_layers):
+            x = layer(self.cfg, i, **kw, name=f"layer_{i}")(x, pad_bias, deterministic)
+        return x
+
+
+class Backbone(nn.Module):
+    """Embeddings (tok_embeddings -> norm -> dropout), the layers, final_norm. Returns
+    (last_hidden_state fp32, None): ModernBERT has no pooler. The same interface as
+    `jaxtpu.models.bert.Backbone`, whose place it takes under 'bert' in `Classifier`."""
+
+    cfg: EncoderConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
+    remat: str = "none"
+    scan: bool = False
+
+    @nn.compact
+    def __call__(
+        self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool = True
+    ) -> tuple[jax.Array, None]:
+        cfg = self.cfg
+        if self.scan:
+            raise ValueError("the ModernBERT layer kind has no scanned form (--scan-layers)")
+        embeddings = _Embeddings(cfg, self.param_dtype, name="embeddings")
+        x = embeddings(input_ids, deterministic)
+        # Additive mask over keys, (B, 1, 1, L): 0 where attended, NEG at padding.
+        pad_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, NEG).astype(jnp.float32)
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out)
+        x = Encoder(cfg, **kw, remat=self.remat, name="encoder")(x, pad_bias, deterministic)
+        x = layers.layer_norm(cfg, "final_norm", self.param_dtype, use_bias=False)(x)
+        return x, None
+
+
+class _Embeddings(nn.Module):
+    cfg: EncoderConfig
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.cfg
+        x = nn.Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            param_dtype=self.param_dtype,
+            embedding_init=nn.initializers.normal(cfg.initializer_range),
+            name="tok_embeddings",
+        )(input_ids)
+        x = layers.layer_norm(cfg, "norm", self.param_dtype, use_bias=False)(x.astype(jnp.float32))
+        x = ops.Dropout(cfg.embedding_dropout)(x, deterministic=deterministic)
+        return layers.residual(x)
