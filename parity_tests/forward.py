@@ -41,7 +41,9 @@ def capture_points(enc: EncoderConfig) -> list[str]:
     n = enc.num_hidden_layers
     if enc.family.layer_kind == "modernbert":  # attention and feed-forward blocks, the layer
         per_layer = ("attn", "mlp", "")
-        layers = [f"encoder.layer.{i}" + (f".{m}" if m else "") for i in range(n) for m in per_layer]
+        layers = [
+            f"encoder.layer.{i}" + (f".{m}" if m else "") for i in range(n) for m in per_layer
+        ]
         return ["embeddings", *layers, "final_norm", "classifier"]
     per_layer = ("attention", "intermediate", "output")
     layers = [f"encoder.layer.{i}.{m}" for i in range(n) for m in per_layer]

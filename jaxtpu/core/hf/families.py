@@ -113,6 +113,13 @@ _MODERNBERT = (
     "classifier_pooling",
 )
 
+_MODERNBERT_SPECIAL_IDS = {
+    "bos_token_id": 50281,
+    "cls_token_id": 50281,
+    "eos_token_id": 50282,
+    "sep_token_id": 50282,
+}
+
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
@@ -407,6 +414,11 @@ def write_fields(family: Family, values: Mapping[str, Any]) -> dict[str, Any]:
     if "pos_att_type" in out:
         out["pos_att_type"] = list(out["pos_att_type"])
     if family.layer_kind == "modernbert":
+        # transformers' default special-token ids (ModernBERT's vocabulary), unused by the
+        # encoder, written as null where a smaller vocabulary has no such row
+        for key, default in _MODERNBERT_SPECIAL_IDS.items():
+            if default >= out["vocab_size"]:
+                out[key] = None
         out["layer_types"] = list(out["layer_types"])
         out["rope_parameters"] = {
             kind: {"rope_type": "default", "rope_theta": out.pop(name)}
