@@ -7,7 +7,8 @@ download a pretrained one.
 `tokenizer.json` + `tokenizer_config.json` (a `tokenizers` tokenizer wrapped by transformers'
 fast tokenizer): WordPiece for BERT, DistilBERT and ELECTRA, byte-level BPE for RoBERTa,
 SentencePiece-style Unigram for XLM-R and DeBERTa-v3, byte-level BPE with BERT's special
-tokens for ModernBERT, with each family's special tokens and padding id.
+tokens for ModernBERT, SentencePiece-style BPE with Gemma's special tokens for mmBERT, with each
+family's special tokens and padding id.
 
 Every weight is perturbed away from transformers' init (LayerNorms are not 1 and 0, the
 weights are wider than 0.02), so a mixed-up tensor or a missing term changes the outputs well
@@ -52,7 +53,12 @@ TOKENIZERS = {
 FAMILY_NAMES = tuple(TOKENIZERS)
 # A second DeBERTa: the options DeBERTa-v3 does not use (separate position projections,
 # absolute positions and token types too, no log buckets, a narrower embedding projected up).
-VARIANTS = {"deberta-v2-unshared": "deberta-v2"}
+# mmBERT: ModernBERT's layers with a Gemma-style SentencePiece BPE vocabulary (its own special
+# tokens), the default rotary bases, a layer pattern of every third layer global and CLS pooling.
+VARIANTS = {"deberta-v2-unshared": "deberta-v2", "mmbert": "modernbert"}
+VARIANT_TOKENIZERS = {
+    "mmbert": ("spm-bpe", ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"], ("<bos>", "<eos>")),
+}
 
 
 def _config(name: str, pad: int):
@@ -71,6 +77,20 @@ def _config(name: str, pad: int):
         )
     if name == "electra":
         return t.ElectraConfig(**SHAPE, **common, embedding_size=16, max_position_embeddings=128)
+    if name == "mmbert":
+        return t.ModernBertConfig(
+            **{**common, "initializer_range": 0.02},
+            hidden_size=HIDDEN,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            intermediate_size=40,
+            max_position_embeddings=512,
+            local_attention=8,
+            bos_token_id=2,
+            cls_token_id=2,
+            eos_token_id=1,
+            sep_token_id=1,
+        )
     if name == "modernbert":
         return t.ModernBertConfig(
             **{**common, "initializer_range": 0.02},
@@ -116,8 +136,14 @@ def _config(name: str, pad: int):
     raise ValueError(f"no test checkpoint for {name!r}; known: {FAMILY_NAMES}")
 
 
-def _tokenizer(family: str, texts: list[str]):
-    """A fast tokenizer of the family's kind trained on `texts`."""
+def tokenizer_kind(name: str) -> tuple[str, list[str], tuple[str, str]]:
+    """(kind, special tokens in id order, (first, last)) of `name`'s test tokenizer."""
+    return VARIANT_TOKENIZERS.get(name) or TOKENIZERS[VARIANTS.get(name, name)]
+
+
+def _tokenizer(name: str, texts: list[str]):
+    """A fast tokenizer of the kind of `name`'s checkpoints (a family's, or a variant's own)
+    trained on `texts`."""
     from tokenizers import (
         Regex,
         Tokenizer,
@@ -130,7 +156,9 @@ def _tokenizer(family: str, texts: list[str]):
     )
     from transformers import PreTrainedTokenizerFast
 
-    kind, specials, (first, last) = TOKENIZERS[family]
+    kind, specials, (first, last) = (
+        VARIANT_TOKENIZERS.get(name) or TOKENIZERS[VARIANTS.get(name, name)]
+    )
     if kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -146,6 +174,11 @@ def _tokenizer(family: str, texts: list[str]):
             special_tokens=specials,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
+    elif kind == "spm-bpe":  # SentencePiece-style BPE (Gemma's): metaspace, byte fallback
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials)
     else:
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.Sequence(
@@ -219,10 +252,9 @@ def build(name: str, out: str | Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoModel
 
-    family = VARIANTS.get(name, name)
     out = Path(out)
     texts = read_comments(SAMPLE_CSV).texts
-    tokenizer = _tokenizer(family, texts)
+    tokenizer = _tokenizer(name, texts)
     torch.manual_seed(seed)
     model = AutoModel.from_config(_config(name, tokenizer.pad_token_id))
     with torch.no_grad():

@@ -23,13 +23,13 @@ from jaxtpu.core.hf import directory as hf
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import FAMILIES
 from parity_tests import checks, forward
-from parity_tests.families import FAMILY_NAMES, TOKENIZERS, VARIANTS, build
+from parity_tests.families import FAMILY_NAMES, VARIANT_TOKENIZERS, VARIANTS, build, tokenizer_kind
 
 torch = pytest.importorskip("torch", reason="the transformers reference needs torch")
 transformers = pytest.importorskip("transformers")
 
 ALL = FAMILY_NAMES + tuple(VARIANTS)
-TOKENIZER_MODEL = {"wordpiece": "WordPiece", "bpe": "BPE", "unigram": "Unigram"}
+TOKENIZER_MODEL = {"wordpiece": "WordPiece", "bpe": "BPE", "unigram": "Unigram", "spm-bpe": "BPE"}
 
 
 @pytest.fixture(scope="session")
@@ -82,16 +82,17 @@ def test_family_matches_transformers_and_exports_what_automodel_loads(name, fami
     )
 
 
-@pytest.mark.parametrize("name", FAMILY_NAMES)
+@pytest.mark.parametrize("name", FAMILY_NAMES + tuple(VARIANT_TOKENIZERS))
 def test_each_family_ships_its_own_kind_of_tokenizer(name, family_dirs):
     from jaxtpu.core.data.tokens import load_tokenizer
 
     tok = load_tokenizer(family_dirs[name])
     config = json.loads((family_dirs[name] / "config.json").read_text())
-    assert type(tok.backend_tokenizer.model).__name__ == TOKENIZER_MODEL[TOKENIZERS[name][0]]
+    kind, _, (first, last) = tokenizer_kind(name)
+    assert type(tok.backend_tokenizer.model).__name__ == TOKENIZER_MODEL[kind]
     assert tok.pad_token_id == config["pad_token_id"]
     ids = tok(["you are a nice person"])["input_ids"][0]
-    assert tok.convert_ids_to_tokens(ids[0]) == TOKENIZERS[name][2][0]  # [CLS] / <s>
+    assert tok.convert_ids_to_tokens([ids[0], ids[-1]]) == [first, last]  # [CLS] ... [SEP]
 
 
 def test_a_sentencepiece_model_alone_loads_as_a_fast_tokenizer(tmp_path):
