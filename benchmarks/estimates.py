@@ -57,6 +57,40 @@ DEBERTA_V3_BASE = {
     "vocab_size": 128100,
 }
 
+# ModernBERT-base and -large, and mmBERT-base (ModernBERT's layers, Gemma's 256k vocabulary),
+# the fields jaxtpu reads (answerdotai/ModernBERT-base, -large, jhu-clsp/mmBERT-base), in the
+# hub's older form: every third layer global, a 128-token window, rotary bases 160k / 10k.
+MODERNBERT_BASE = {
+    "model_type": "modernbert",
+    "vocab_size": 50368,
+    "hidden_size": 768,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "intermediate_size": 1152,
+    "max_position_embeddings": 8192,
+    "norm_eps": 1e-5,
+    "pad_token_id": 50283,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 128,
+    "global_rope_theta": 160000.0,
+    "local_rope_theta": 10000.0,
+    "classifier_pooling": "mean",
+}
+MODERNBERT_LARGE = {
+    **MODERNBERT_BASE,
+    "hidden_size": 1024,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "intermediate_size": 2624,
+}
+MMBERT_BASE = {**MODERNBERT_BASE, "vocab_size": 256000, "pad_token_id": 0}
+CONFIGS = {
+    "deberta-v3-base": DEBERTA_V3_BASE,
+    "modernbert-base": MODERNBERT_BASE,
+    "modernbert-large": MODERNBERT_LARGE,
+    "mmbert-base": MMBERT_BASE,
+}
+
 XLMR_LARGE = {
     "num_layers": 24,
     "hidden_size": 1024,
@@ -70,17 +104,22 @@ MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
     "BERT-base (12 x 768)": ("bert-base", {}, 32),
     "DeBERTa-v3-base (12 x 768)": ("bert-base", {"model_dir": "deberta-v3-base"}, 32),
     "XLM-R-large (24 x 1024)": ("bert-base", XLMR_LARGE, 8),
+    # at --lengths 512,1024: the lengths ModernBERT makes practical for long comments
+    "ModernBERT-base (22 x 768)": ("bert-base", {"model_dir": "modernbert-base"}, 8),
+    "ModernBERT-large (28 x 1024)": ("bert-base", {"model_dir": "modernbert-large"}, 8),
+    "mmBERT-base (22 x 768; 256k vocab)": ("bert-base", {"model_dir": "mmbert-base"}, 8),
 }
+MODERN = [name for name, (_, shape, _) in MODELS.items() if "bert-" in shape.get("model_dir", "")]
 
 TARGETS = "v3-8,v5e-1,v5e-4,v5e-8,v5e-16,v6e-1,v6e-8,v5p-8,v4-8,v4-32"
 
 
-def deberta_dir(root: Path) -> Path:
-    """A checkpoint directory holding only DeBERTa-v3-base's config.json: preflight creates no
-    weight and reads no data here."""
-    path = root / "deberta-v3-base"
+def config_dir(root: Path, name: str) -> Path:
+    """A checkpoint directory holding only the config.json of `CONFIGS[name]`: preflight
+    creates no weight and reads no data here."""
+    path = root / name
     path.mkdir(exist_ok=True)
-    (path / "config.json").write_text(json.dumps(DEBERTA_V3_BASE))
+    (path / "config.json").write_text(json.dumps(CONFIGS[name]))
     return path
 
 
@@ -122,7 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--targets", default=TARGETS, help=f"comma-separated [{TARGETS}]")
     p.add_argument("--lengths", default="128,256", help="comma-separated [128,256]")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated names [all]")
+    p.add_argument(
+        "--models",
+        default=",".join(m for m in MODELS if m not in MODERN),
+        help="comma-separated names [the four of the 128/256 table; the ModernBERT rows: "
+        + ",".join(MODERN)
+        + "]",
+    )
     p.add_argument("--out", default=None, help="JSON file of the reports")
     p.add_argument("--resume", action="store_true", help="keep --out's rows and skip them [off]")
     args = p.parse_args(argv)
@@ -147,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         devices, capacity = pf_targets.target_devices(target, n)
         for name in args.models.split(","):
             preset, shape, batch = MODELS[name]
-            if shape.get("model_dir") == "deberta-v3-base":
-                shape = {"model_dir": str(deberta_dir(root))}
+            if shape.get("model_dir") in CONFIGS:
+                shape = {"model_dir": str(config_dir(root, shape["model_dir"]))}
             for length in map(int, args.lengths.split(",")):
                 if (name, target, length) in done:
                     continue

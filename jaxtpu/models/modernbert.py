@@ -65,15 +65,45 @@ def window_bias(length: int, half_window: int) -> np.ndarray:
     return np.where(inside, 0.0, NEG).astype(np.float32)[None, None]
 
 
+def banded(length: int, half_window: int) -> bool:
+    """Whether a sliding-window layer at `length` tokens computes its scores in the banded
+    form (`Attention._banded`: each chunk of `half_window` queries against its own and the two
+    neighbouring chunks' keys, 3 x half_window scores per query) rather than as the full
+    L x L matrix with the band masked: from 8 half-windows (512 tokens for ModernBERT's
+    128-token window), where `benchmarks.local_attention` found it faster both on this CPU
+    (1.7x at 512, 4.9x at 2,048) and in the roofline estimate of the v5e program (1.15x at
+    512, 4.5x at 2,048); at 384 tokens the CPU still gains (1.3x) but the v5e estimate loses
+    (0.7x), so the TPU decides (docs/families.md, "Sliding-window attention")."""
+    return length >= 8 * half_window
+
+
+def _windows(x: jax.Array, chunk: int, fill: float = 0.0) -> jax.Array:
+    """(B, [H,] L, ...) -> (B, [H,] n, 3 x chunk, ...): for each chunk of `chunk` positions,
+    the positions of the chunk before it, itself and the one after (`fill` outside 0..L-1),
+    n = ceil(L / chunk); positions are axis 2 of a 4-d (B, H, L, D), axis 1 otherwise."""
+    axis = 2 if x.ndim == 4 else 1
+    length = x.shape[axis]
+    n = -(-length // chunk)
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (chunk, (n * chunk - length) + chunk)
+    x = jnp.pad(x, widths, constant_values=fill)
+    x = x.reshape(*x.shape[:axis], n + 2, chunk, *x.shape[axis + 1 :])
+    parts = [jax.lax.slice_in_dim(x, i, i + n, axis=axis) for i in range(3)]
+    return jnp.concatenate(parts, axis=axis + 1)
+
+
 class Attention(nn.Module):
     """Fused-QKV self-attention with rotary positions; a sliding-window layer adds the band
-    to the padding mask. `sliding` is the layer's kind (`layer_types`)."""
+    to the padding mask. `sliding` is the layer's kind (`layer_types`); `local_form` how a
+    sliding layer computes: 'auto' (`banded`'s rule), 'full' or 'banded' (the same function,
+    for tests and `benchmarks.local_attention`)."""
 
     cfg: EncoderConfig
     sliding: bool = False
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
+    local_form: str = "auto"
 
     @nn.compact
     def __call__(self, x: jax.Array, pad_bias: jax.Array, deterministic: bool) -> jax.Array:
@@ -89,16 +119,46 @@ class Attention(nn.Module):
         cos, sin = rotary_tables(length, head_dim, theta)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q = q * jnp.asarray(1.0 / math.sqrt(head_dim), q.dtype)
-        scores = ops.matmul("bhqd,bhkd->bhqk", q, k, self.dtype, self.matmul_out)
-        bias = pad_bias
-        if self.sliding:
-            bias = bias + window_bias(length, cfg.local_attention // 2)
-        probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1)
-        probs = ops.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=deterministic)
-        ctx = ops.matmul("bhqk,bhkd->bhqd", probs, v, self.dtype, self.matmul_out)
+        half = cfg.local_attention // 2
+        form = self.local_form
+        if form == "auto":
+            form = "banded" if banded(length, half) else "full"
+        if self.sliding and form == "banded":
+            ctx = self._banded(q, k, v, pad_bias, half, deterministic)
+        else:
+            bias = pad_bias + window_bias(length, half) if self.sliding else pad_bias
+            scores = ops.matmul("bhqd,bhkd->bhqk", q, k, self.dtype, self.matmul_out)
+            probs = self._probs(scores, bias, deterministic)
+            ctx = ops.matmul("bhqk,bhkd->bhqd", probs, v, self.dtype, self.matmul_out)
         ctx = ctx.transpose(0, 2, 1, 3).reshape(batch, length, cfg.hidden_size)
         out = layers.saved(layers.layer_dense(self, cfg.hidden_size, "Wo", use_bias=False)(ctx))
         return ops.Dropout(cfg.attention_probs_dropout_prob)(out, deterministic=deterministic)
+
+
+    def _probs(self, scores: jax.Array, bias: jax.Array, deterministic: bool) -> jax.Array:
+        """Softmax in fp32 over the last axis, then attention dropout."""
+        probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1)
+        rate = self.cfg.attention_probs_dropout_prob
+        return ops.Dropout(rate)(probs, deterministic=deterministic)
+
+    def _banded(self, q, k, v, pad_bias, half: int, deterministic: bool) -> jax.Array:
+        """The sliding-window layer's attention without the L x L matrix: queries in chunks
+        of `half` positions, each against the keys of its chunk and the two beside it (which
+        hold every key within `half` of each of its queries), the band and the padding
+        masked there. (B, H, L, D) in and out; the same function as the masked full form."""
+        length = q.shape[2]
+        n = -(-length // half)
+        qb = jnp.pad(q, ((0, 0), (0, 0), (0, n * half - length), (0, 0)))
+        qb = qb.reshape(*q.shape[:2], n, half, q.shape[-1])
+        kw, vw = _windows(k, half), _windows(v, half)  # (B, H, n, 3 x half, D)
+        scores = ops.matmul("bhncd,bhnkd->bhnck", qb, kw, self.dtype, self.matmul_out)
+        query = np.arange(n)[:, None, None] * half + np.arange(half)[None, :, None]
+        key = (np.arange(n)[:, None, None] - 1) * half + np.arange(3 * half)[None, None, :]
+        band = np.where(np.abs(query - key) <= half, 0.0, NEG).astype(np.float32)
+        keys = _windows(pad_bias[:, 0, 0, :], half, NEG)  # (B, n, 3 x half)
+        probs = self._probs(scores, band + keys[:, None, :, None, :], deterministic)
+        ctx = ops.matmul("bhnck,bhnkd->bhncd", probs, vw, self.dtype, self.matmul_out)
+        return ctx.reshape(*q.shape[:2], n * half, q.shape[-1])[:, :, :length]
 
 
 class MLP(nn.Module):

@@ -233,7 +233,12 @@ class DataConfig:
         "Which fold (0..n_folds-1) is the validation set when --n-folds > 0.",
         bounds=Bounds(0, 999),
     )
-    max_len: int = _f(128, "Tokens per comment (truncate / pad).", bounds=Bounds(8, 512))
+    max_len: int = _f(
+        128,
+        "Tokens per comment (truncate / pad); at most what the encoder's positions number "
+        "(512 for BERT; ModernBERT's rotary positions: its max_position_embeddings, 8,192).",
+        bounds=Bounds(8, 8192),
+    )
     buckets: str = _f(
         "auto",
         "Length buckets: 'auto' (up to 4 edges chosen from the training set's token lengths "
@@ -629,7 +634,7 @@ class ScoringConfig:
     max_len: int = _f(
         128,
         "With --init-from: tokens per comment (a run scores at its own --max-len).",
-        bounds=Bounds(8, 512),
+        bounds=Bounds(8, 8192),
     )
     chunk_rows: int = _f(
         32768,

@@ -1,0 +1,144 @@
+"""ModernBERT's sliding-window attention, both forms: the full L x L score matrix with the band
+masked, and the banded form (`jaxtpu.models.modernbert.Attention._banded`: chunks of half a
+window against three chunks of keys), on the same inputs.
+
+`python -m benchmarks.local_attention [--lengths 256,512,1024,2048] [--target v5e-1]`
+
+One ModernBERT-base attention layer (hidden 768, 12 heads, a 128-token window), bf16 compute
+as in training, forward and backward (`value_and_grad` of the squared outputs), 4,096 tokens a
+call (batch = 4096 / length):
+- on this machine's CPU: measured, the median of `--repeats` calls after a warm-up;
+- on a TPU: an estimate, not a measurement: the same function compiled for one device of
+  `--target` (libtpu, no TPU needed) and priced by jaxtpu's roofline at the target's rates
+  (`jaxtpu.core.roofline`, the method preflight uses; the range is on-chip traffic free .. at
+  the HBM rate).
+The rule `jaxtpu.models.modernbert.banded` (banded from 8 half-windows) is read off this table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+HIDDEN, HEADS, WINDOW, TOKENS = 768, 12, 128, 4096
+
+
+def _layer(form: str):
+    import jax.numpy as jnp
+
+    from jaxtpu.core.hf.encoder import EncoderConfig
+    from jaxtpu.models import modernbert
+
+    enc = EncoderConfig(
+        model_type="modernbert",
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        num_hidden_layers=2,
+        intermediate_size=1152,
+        layer_types=("full_attention", "sliding_attention"),
+        local_attention=WINDOW,
+        global_rope_theta=160000.0,
+        local_rope_theta=10000.0,
+        type_vocab_size=0,
+        max_position_embeddings=8192,
+    )
+    return modernbert.Attention(enc, sliding=True, dtype=jnp.bfloat16, local_form=form)
+
+
+def _step(form: str, length: int):
+    """(jitted fwd+bwd, params, inputs) of one form at `length`."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxtpu.models import modernbert
+
+    module = _layer(form)
+    batch = max(1, TOKENS // length)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(batch, length, HIDDEN)), jnp.float32)
+    mask = np.ones((batch, length), np.int32)
+    mask[: batch // 2, length * 3 // 4 :] = 0  # some padding, as real batches have
+    bias = jnp.where(jnp.asarray(mask)[:, None, None, :] > 0, 0.0, modernbert.NEG)
+    params = module.init(jax.random.key(0), x, bias, True)
+
+    def loss(p, x, bias):
+        return jnp.sum(jnp.square(module.apply(p, x, bias, True).astype(jnp.float32)))
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))), (params, x, bias)
+
+
+def cpu_ms(form: str, length: int, repeats: int) -> float:
+    import jax
+
+    fn, args = _step(form, length)
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def tpu_ms(form: str, length: int, target: str) -> tuple[float, float]:
+    """The roofline's (low, high) milliseconds of the step compiled for one `target` device."""
+    import jax
+
+    from jaxtpu.core import roofline
+    from jaxtpu.preflight import targets
+
+    tpu = targets.TPU_TARGETS[target]
+    devices, _ = targets.target_devices(target, tpu.devices)
+    fn, args = _step(form, length)
+    sharding = jax.sharding.SingleDeviceSharding(devices[0])
+    abstract = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args
+    )
+    text = fn.lower(*abstract).compile().as_text()
+    rates = tpu.peak_flops_per_device(), tpu.bandwidth_per_device()
+    low = roofline.total(roofline.roofline(text, *rates)).seconds
+    high = roofline.total(roofline.roofline(text, *rates, on_chip=True)).seconds
+    return low * 1e3, high * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.local_attention",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--lengths", default="256,512,1024,2048", help="comma-separated [%(default)s]")
+    p.add_argument("--repeats", type=int, default=5, help="timed CPU calls per cell [5]")
+    p.add_argument("--target", default="v5e-1", help="TPU target of the estimate [v5e-1]")
+    p.add_argument("--no-tpu", action="store_true", help="skip the TPU estimate")
+    args = p.parse_args(argv)
+    header = (
+        "| length | batch | CPU full ms | CPU banded ms | CPU full / banded "
+        f"| {args.target} est. full ms* | {args.target} est. banded ms* | est. full / banded |"
+    )
+    rows: list[str] = []
+    for length in map(int, args.lengths.split(",")):
+        cells: list[Any] = [length, max(1, TOKENS // length)]
+        full, band = cpu_ms("full", length, args.repeats), cpu_ms("banded", length, args.repeats)
+        cells += [f"{full:.1f}", f"{band:.1f}", f"{full / band:.2f}x"]
+        if args.no_tpu:
+            cells += ["-", "-", "-"]
+        else:
+            (fl, fh), (bl, bh) = tpu_ms("full", length, args.target), tpu_ms(
+                "banded", length, args.target
+            )
+            cells += [f"{fl:.3f}-{fh:.3f}", f"{bl:.3f}-{bh:.3f}", f"{fl / bl:.2f}x"]
+        rows.append("| " + " | ".join(map(str, cells)) + " |")
+        print(rows[-1], flush=True)
+    print("\n" + header + "\n|" + "---|" * header.count(" | ") + "---|")
+    print("\n".join(rows))
+    print("* estimate: jaxtpu's roofline of the program compiled for the target, not measured")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
