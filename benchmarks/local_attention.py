@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_tpu:
             cells += ["-", "-", "-"]
         else:
-            (fl, fh), (bl, bh) = tpu_ms("full", length, args.target), tpu_ms(
-                "banded", length, args.target
+            (fl, fh), (bl, bh) = (
+                tpu_ms("full", length, args.target),
+                tpu_ms("banded", length, args.target),
             )
             cells += [f"{fl:.3f}-{fh:.3f}", f"{bl:.3f}-{bh:.3f}", f"{fl / bl:.2f}x"]
         rows.append("| " + " | ".join(map(str, cells)) + " |")

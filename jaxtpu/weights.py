@@ -138,7 +138,6 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
     """The run's model: a seeded random init, filled from the spec's weights (--init-from or
     --model-dir) when it has some (every tensor it has; a new head keeps its init)."""
     from jaxtpu.models import encoder as models
-    from jaxtpu.models import layers
 
     module = models.for_run(cfg, spec, scan=False)
     # Initialised (and mapped from Hugging Face names) as the unscanned model, so a scanned
@@ -149,5 +148,5 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
         params, _ = load_params(spec.weights, params, head_required, spec.encoder.model_type)
     if cfg.model.scan_layers:
         module = models.for_run(cfg, spec)
-        params = layers.stack_layers(params)
+        params = models.stack_for_scan(spec.encoder, params)
     return LoadedModel(module, spec.encoder, params)

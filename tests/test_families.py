@@ -184,9 +184,9 @@ def test_every_family_has_a_default_pooling_and_refuses_a_pooler_it_lacks(family
                 RunSpec.resolve(cfg.replace(pooling="pooler"))
 
 
-def test_modernbert_reads_both_config_forms_and_refuses_scanned_layers(family_dirs):
+def test_modernbert_reads_both_config_forms(family_dirs):
     """The hub's older ModernBERT configs (global_attn_every_n_layers, *_rope_theta) read as
-    the layer kinds and bases transformers 5 writes; --scan-layers is one line, not a crash."""
+    the layer kinds and bases transformers 5 writes, and write back to the same encoder."""
     new = json.loads((family_dirs["modernbert"] / "config.json").read_text())
     old = {k: v for k, v in new.items() if k not in ("layer_types", "rope_parameters")}
     old.update(global_attn_every_n_layers=2, global_rope_theta=1000.0, local_rope_theta=100.0)
@@ -194,9 +194,35 @@ def test_modernbert_reads_both_config_forms_and_refuses_scanned_layers(family_di
     assert a == b and a.layer_types == ("full_attention", "sliding_attention", "full_attention")
     assert (a.global_rope_theta, a.local_rope_theta, a.local_attention) == (1000.0, 100.0, 16)
     assert EncoderConfig.from_hf_dict(a.to_hf_dict()) == a
-    cfg = Config().replace(model_dir=str(family_dirs["modernbert"]), scan_layers=True)
-    with pytest.raises(ConfigError, match="--scan-layers: not available for modernbert"):
-        RunSpec.resolve(cfg)
+
+
+@pytest.mark.parametrize("name", ["modernbert", "mmbert"])
+def test_scanned_modernbert_is_the_unscanned_model(name, family_dirs):
+    """--scan-layers: layer 0 on its own, then groups of the layer-kind period (2 for the
+    test ModernBERT's global/sliding, 3 for mmBERT's sliding, sliding, global) scanned;
+    the stacked params unstack to the originals and the scores are the unscanned model's."""
+    import jax
+
+    from jaxtpu.models import encoder as models
+    from jaxtpu.models import layers
+
+    cfg = Config().replace(model_dir=str(family_dirs[name]), precision="fp32", max_len=64)
+    plain = weights.load_model(cfg, RunSpec.resolve(cfg))
+    scanned = weights.load_model(cfg.replace(scan_layers=True), RunSpec.resolve(cfg))
+    enc = scanned.params["bert"]["encoder"]
+    period = {"modernbert": 2, "mmbert": 3}[name]
+    assert set(enc) == {"layer_0", "layers"}
+    assert set(enc["layers"]) == {f"layer_{j}" for j in range(period)}
+    back = layers.unstack_layers(scanned.params)
+    flat = jax.tree_util.tree_leaves_with_path
+    assert [p for p, _ in flat(back)] == [p for p, _ in flat(plain.params)]
+    for (_, a), (_, b) in zip(flat(back), flat(plain.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    ids, mask, _ = forward.batch(str(SAMPLE_CSV), str(family_dirs[name]), 8, 64)
+    ours = scanned.module.apply({"params": scanned.params}, ids, mask)
+    theirs = plain.module.apply({"params": plain.params}, ids, mask)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)
+    assert models.stack_for_scan(plain.encoder, plain.params).keys() == scanned.params.keys()
 
 
 def test_an_exported_head_keeps_the_pooling_it_was_trained_with(family_dirs, tmp_path):

@@ -104,3 +104,28 @@ def test_rotary_tables_rotate_each_pair_by_position_times_frequency():
 
     assert dot(3, 1) == pytest.approx(dot(4, 2), rel=1e-5)
     assert dot(3, 1) != pytest.approx(dot(3, 2), rel=1e-3)
+
+
+def test_a_scanned_stack_of_several_groups_is_the_unscanned_model():
+    """7 layers, every third global: layer 0, then 2 groups of (sliding, sliding, global),
+    each group's weights at their own index of the stacked axis; with --remat too."""
+    from jaxtpu.core.hf.families import scan_period
+    from jaxtpu.models import encoder as models
+    from jaxtpu.models import layers
+
+    kinds = tuple("sliding_attention" if i % 3 else "full_attention" for i in range(7))
+    enc = dataclasses.replace(ENC, num_hidden_layers=7, layer_types=kinds)
+    assert scan_period(kinds) == 3
+    plain = models.init_params(models.create_module(enc, 0.0, "fp32"), (20,), 0)
+    stacked = models.stack_for_scan(enc, plain)
+    assert set(stacked["bert"]["encoder"]) == {"layer_0", "layers"}
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, 50, size=(2, 20)), jnp.int32)
+    mask = jnp.ones_like(ids).at[1, 15:].set(0)
+    want = models.create_module(enc, 0.0, "fp32").apply({"params": plain}, ids, mask)
+    for remat in ("none", "layer"):
+        module = models.create_module(enc, 0.0, "fp32", remat=remat, scan=True)
+        got = module.apply({"params": stacked}, ids, mask)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    back = layers.unstack_layers(stacked)
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(plain), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -14,6 +14,8 @@ import numpy as np
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.families import scan_period
+from jaxtpu.models import layers
 from jaxtpu.models.head import Classifier
 
 
@@ -59,6 +61,15 @@ def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
         spec.task.outputs,
         spec.matmul_output,
     )
+
+
+def stack_for_scan(enc: EncoderConfig, params: dict) -> dict:
+    """The unscanned model's params in the layout of the scanned one (`--scan-layers`): every
+    layer stacked (BERT's layer kind), or ModernBERT's layer 0 kept and the rest stacked in
+    groups of its layer-kind period (`scan_period`)."""
+    if enc.family.layer_kind == "modernbert":
+        return layers.stack_layers(params, 1, scan_period(enc.layer_types))
+    return layers.stack_layers(params)
 
 
 def init_params(module: nn.Module, example_shape: tuple[int, ...], seed: int) -> dict:

@@ -97,29 +97,52 @@ def _is_layer(name: str) -> bool:
     return name.startswith("layer_") and name[6:].isdigit()
 
 
-def stack_layers(params: dict) -> dict:
-    """Params of the unscanned model -> the scanned model's (every `layer_i` stacked on a
-    leading axis under `encoder/layers/layer`); the inverse of `unstack_layers`."""
+def stack_layers(params: dict, first: int = 0, period: int = 0) -> dict:
+    """Params of the unscanned model -> the scanned model's; the inverse of `unstack_layers`.
+
+    `period` 0 (the BERT layer kind): every `layer_i` stacked on a leading axis under
+    `encoder/layers/layer`. `period` p (ModernBERT): `layer_0` .. `layer_{first-1}` stay as
+    they are, and the rest, in groups of p consecutive layers, go under
+    `encoder/layers/layer_{j}` (layer first + g x p + j at index g)."""
     enc = params["bert"]["encoder"]
     n = sum(_is_layer(name) for name in enc)
-    layers = [enc[f"layer_{i}"] for i in range(n)]
-    stacked = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)
     shared = {k: v for k, v in enc.items() if not _is_layer(k)}
-    return _with_encoder(params, {**shared, SCANNED: {"layer": stacked}})
+
+    def stack(indices: range) -> dict:
+        return jax.tree_util.tree_map(
+            lambda *xs: np.stack(xs), *[enc[f"layer_{i}"] for i in indices]
+        )
+
+    if not period:
+        return _with_encoder(params, {**shared, SCANNED: {"layer": stack(range(n))}})
+    if n <= first:
+        return params  # nothing to scan
+    kept = {f"layer_{i}": enc[f"layer_{i}"] for i in range(first)}
+    group = {f"layer_{j}": stack(range(first + j, n, period)) for j in range(period)}
+    return _with_encoder(params, {**shared, **kept, SCANNED: group})
 
 
 def unstack_layers(params: dict) -> dict:
     """Params of the scanned model -> the unscanned model's (`layer_0` ... `layer_{n-1}`,
-    the names `jaxtpu.weights` maps to Hugging Face's)."""
+    the names `jaxtpu.weights` maps to Hugging Face's), in either form `stack_layers` makes."""
     enc = params["bert"]["encoder"]
-    stacked = enc[SCANNED]["layer"]
-    n = jax.tree_util.tree_leaves(stacked)[0].shape[0]
-    layers = {
-        f"layer_{i}": jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i]), stacked)
-        for i in range(n)
-    }
-    shared = {k: v for k, v in enc.items() if k != SCANNED}
-    return _with_encoder(params, {**shared, **layers})
+    if SCANNED not in enc:
+        return params  # nothing was scanned
+    scanned = enc[SCANNED]
+    kept = {k: v for k, v in enc.items() if k != SCANNED}
+    first = sum(_is_layer(name) for name in kept)
+    groups = (
+        [scanned["layer"]]
+        if "layer" in scanned
+        else [scanned[f"layer_{j}"] for j in range(len(scanned))]
+    )
+    count = jax.tree_util.tree_leaves(groups[0])[0].shape[0]
+    out = {}
+    for g in range(count):
+        for j, stacked in enumerate(groups):
+            i = first + g * len(groups) + j
+            out[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, g=g: np.asarray(x[g]), stacked)
+    return _with_encoder(params, {**kept, **out})
 
 
 def _with_encoder(params: dict, encoder: dict) -> dict:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.core.hf.families import SLIDING
+from jaxtpu.core.hf.families import SLIDING, scan_period
 from jaxtpu.models import layers, ops
 
 Dtype = jnp.dtype
@@ -134,7 +134,6 @@ class Attention(nn.Module):
         out = layers.saved(layers.layer_dense(self, cfg.hidden_size, "Wo", use_bias=False)(ctx))
         return ops.Dropout(cfg.attention_probs_dropout_prob)(out, deterministic=deterministic)
 
-
     def _probs(self, scores: jax.Array, bias: jax.Array, deterministic: bool) -> jax.Array:
         """Softmax in fp32 over the last axis, then attention dropout."""
         probs = jax.nn.softmax(scores.astype(jnp.float32) + bias, axis=-1)
@@ -205,24 +204,66 @@ class Layer(nn.Module):
         return layers.residual(x)
 
 
+class _ScanGroup(nn.Module):
+    """One period of layers (`scan_period`: the kinds repeat after it), layers `first` ..
+    `first + period - 1` of the model, in the (carry, x) -> (carry, y) form `nn.scan` runs:
+    each group of the stack computes what those layers compute, with its own weights."""
+
+    cfg: EncoderConfig
+    first: int = 1
+    period: int = 1
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, pad_bias: jax.Array) -> tuple[jax.Array, None]:
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out)
+        for j in range(self.period):
+            layer = Layer(self.cfg, self.first + j, **kw, name=f"layer_{j}")
+            x = layer(x, pad_bias, self.deterministic)
+        return x, None
+
+
 class Encoder(nn.Module):
-    """`layer_0` ... `layer_{n-1}` (no scanned form yet: layer 0 differs from the others)."""
+    """`layer_0` ... `layer_{n-1}`; with `scan`, `layer_0` (it has no attention norm) and then
+    one `layers` module scanning groups of `scan_period` layers, whose params carry a leading
+    group axis (`jaxtpu.models.layers.stack_layers(params, 1, period)` converts)."""
 
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     remat: str = "none"
+    scan: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, pad_bias: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.cfg
         layer = Layer
         if self.remat != "none":
             # argument 3 of Layer.__call__ (self = 0) is the Python bool `deterministic`
             layer = nn.remat(Layer, policy=layers.REMAT[self.remat], static_argnums=(3,))
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out)
-        for i in range(self.cfg.num_hidden_layers):
-            x = layer(self.cfg, i, **kw, name=f"layer_{i}")(x, pad_bias, deterministic)
+        unscanned = 1 if self.scan else cfg.num_hidden_layers
+        for i in range(unscanned):
+            x = layer(cfg, i, **kw, name=f"layer_{i}")(x, pad_bias, deterministic)
+        if not self.scan or cfg.num_hidden_layers == 1:
+            return x
+        period = scan_period(cfg.layer_types)
+        block = _ScanGroup
+        if self.remat != "none":
+            block = nn.remat(block, policy=layers.REMAT[self.remat], prevent_cse=False)
+        stack = nn.scan(
+            block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=nn.broadcast,
+            length=(cfg.num_hidden_layers - 1) // period,
+        )
+        group = stack(cfg, 1, period, **kw, deterministic=deterministic, name=layers.SCANNED)
+        x, _ = group(x, pad_bias)
         return x
 
 
@@ -243,14 +284,13 @@ class Backbone(nn.Module):
         self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool = True
     ) -> tuple[jax.Array, None]:
         cfg = self.cfg
-        if self.scan:
-            raise ValueError("the ModernBERT layer kind has no scanned form (--scan-layers)")
         embeddings = _Embeddings(cfg, self.param_dtype, name="embeddings")
         x = embeddings(input_ids, deterministic)
         # Additive mask over keys, (B, 1, 1, L): 0 where attended, NEG at padding.
         pad_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, NEG).astype(jnp.float32)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out)
-        x = Encoder(cfg, **kw, remat=self.remat, name="encoder")(x, pad_bias, deterministic)
+        encoder = Encoder(cfg, **kw, remat=self.remat, scan=self.scan, name="encoder")
+        x = encoder(x, pad_bias, deterministic)
         x = layers.layer_norm(cfg, "final_norm", self.param_dtype, use_bias=False)(x)
         return x, None
 

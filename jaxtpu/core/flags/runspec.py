@@ -186,11 +186,6 @@ def _encoder(cfg: Config, model_dir: str | None) -> EncoderConfig:
             attention_probs_dropout_prob=m.encoder_dropout,
             embedding_dropout=m.encoder_dropout if enc.family.layer_kind == "modernbert" else 0.0,
         )
-    if cfg.model.scan_layers and enc.family.layer_kind != "bert":
-        raise ConfigError(
-            f"--scan-layers: not available for {enc.model_type} yet (its first layer has no "
-            "attention LayerNorm, so its layers are not one stack); run without it"
-        )
     limit = enc.max_tokens
     if limit is not None and cfg.data.max_len > limit:
         raise ConfigError(

@@ -407,6 +407,18 @@ def _modernbert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str
     return {"layer_types": tuple(str(k) for k in kinds), **thetas}
 
 
+def scan_period(layer_types: tuple[str, ...]) -> int:
+    """The layers a scanned ModernBERT repeats as one group: the shortest period of the kinds
+    of layers 1..n-1 (layer 0, without an attention LayerNorm, runs on its own): 3 for
+    ModernBERT's every-third-global (sliding, sliding, global); all of them (one group) when
+    they repeat no shorter pattern; 0 for a one-layer model."""
+    rest = tuple(layer_types[1:])
+    for period in range(1, len(rest) + 1):
+        if len(rest) % period == 0 and rest == rest[:period] * (len(rest) // period):
+            return period
+    return 0
+
+
 def write_fields(family: Family, values: Mapping[str, Any]) -> dict[str, Any]:
     """The `config.json` dict of a family's canonical field values (inverse of `read_fields`),
     complete enough that transformers' `AutoModel` builds the same model from it."""
