@@ -20,7 +20,7 @@ from pathlib import Path
 from parity_tests import checks
 
 
-def run_all(work: Path, full: bool, quick: bool) -> list[checks.Result]:
+def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.Result]:
     work.mkdir(parents=True, exist_ok=True)
     steps = [
         ("forward + gradients", lambda: checks.forward_and_gradients(work)),
@@ -42,6 +42,9 @@ def run_all(work: Path, full: bool, quick: bool) -> list[checks.Result]:
             ("outcome toxicity", lambda: [checks.outcome(work, "toxicity", full)]),
             ("outcome ranking", lambda: [checks.outcome(work, "ranking", full)]),
         ]
+    steps = [(name, fn) for name, fn in steps if only in name]
+    if not steps:
+        raise SystemExit(f"--only {only!r}: no check is named so")
     results: list[checks.Result] = []
     for i, (name, fn) in enumerate(steps, 1):
         t0 = time.time()
@@ -120,6 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="outcome checks on all 10,000 real comments at length 128 (slow)",
     )
     p.add_argument(
+        "--only",
+        default="",
+        metavar="TEXT",
+        help="run only the checks whose step name contains TEXT (e.g. 'families', "
+        "'trajectory modernbert') [every check]",
+    )
+    p.add_argument(
         "--from-json",
         action="store_true",
         help="re-print and re-plot DIR/parity.json instead of running",
@@ -133,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: real comments not found at {checks.REAL_CSV}", file=sys.stderr)
             return 2
         t0 = time.time()
-        rows = [r.to_json() for r in run_all(out / "runs", args.full, args.quick)]
+        rows = [r.to_json() for r in run_all(out / "runs", args.full, args.quick, args.only)]
         record = {
             "created": time.strftime("%Y-%m-%d %H:%M:%S"),
             "seconds": time.time() - t0,

@@ -284,11 +284,18 @@ def test_bisection_has_a_module_on_both_sides_for_every_point_of_every_family():
 
 @pytest.mark.parametrize(
     "name, task",
-    [("xlm-roberta", "toxicity"), ("distilbert", "ranking"), ("electra", "multilabel")],
+    [
+        ("xlm-roberta", "toxicity"),
+        ("distilbert", "ranking"),
+        ("electra", "multilabel"),
+        ("modernbert", "ranking"),
+        ("mmbert", "multilabel"),
+    ],
 )
 @pytest.mark.model
 def test_jaxtpu_trains_each_task_from_a_family_checkpoint(name, task, family_dirs, tmp_path):
-    """RoBERTa and DeBERTa train on both sides in the parity suite (test_family_trajectory)."""
+    """RoBERTa, DeBERTa and ModernBERT train on both sides in the parity suite
+    (test_family_trajectory); ModernBERT's ranking and mmBERT's multi-label run here."""
     from jaxtpu import train
     from jaxtpu.core.flags import presets
 
