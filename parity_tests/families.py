@@ -7,8 +7,8 @@ download a pretrained one.
 `tokenizer.json` + `tokenizer_config.json` (a `tokenizers` tokenizer wrapped by transformers'
 fast tokenizer): WordPiece for BERT, DistilBERT and ELECTRA, byte-level BPE for RoBERTa,
 SentencePiece-style Unigram for XLM-R and DeBERTa-v3, byte-level BPE with BERT's special
-tokens for ModernBERT, SentencePiece-style BPE with Gemma's special tokens for mmBERT, with each
-family's special tokens and padding id.
+tokens for ModernBERT and Llama 3's for EuroBERT, SentencePiece-style BPE with Gemma's special
+tokens for mmBERT, with each family's special tokens and padding id.
 
 Every weight is perturbed away from transformers' init (LayerNorms are not 1 and 0, the
 weights are wider than 0.02), so a mixed-up tensor or a missing term changes the outputs well
@@ -17,7 +17,9 @@ buckets, shared keys, LayerNorm'd relative embeddings, no absolute positions), w
 small enough that real comments reach the log range. ModernBERT has 3 layers, global,
 sliding-window, global (`global_attn_every_n_layers` 2), a window of 16 tokens (8 on each side:
 real comments of 64 tokens reach past it) and rotary bases of its own, so both layer kinds and
-the window are exercised.
+the window are exercised. EuroBERT has 2 layers with grouped-query attention (2 key/value heads
+for 4 query heads), a rotary base of its own and a byte-level BPE tokenizer with Llama 3's
+special tokens.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ TOKENIZERS = {
     "xlm-roberta": ("unigram", ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], ("<s>", "</s>")),
     "deberta-v2": ("unigram", ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"], ("[CLS]", "[SEP]")),
     "modernbert": ("bpe", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], ("[CLS]", "[SEP]")),
+    "eurobert": (
+        "bpe",
+        ["<|pad|>", "<|unk|>", "<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"],
+        ("<|begin_of_text|>", "<|end_of_text|>"),
+    ),
 }
 FAMILY_NAMES = tuple(TOKENIZERS)
 # A second DeBERTa: the options DeBERTa-v3 does not use (separate position projections,
@@ -77,6 +84,20 @@ def _config(name: str, pad: int):
         )
     if name == "electra":
         return t.ElectraConfig(**SHAPE, **common, embedding_size=16, max_position_embeddings=128)
+    if name == "eurobert":  # grouped-query attention: 2 key/value heads for 4 query heads
+        return t.EuroBertConfig(
+            **{**common, "initializer_range": 0.02},
+            hidden_size=HIDDEN,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+            bos_token_id=2,
+            eos_token_id=3,
+            mask_token_id=4,
+        )
     if name == "mmbert":
         return t.ModernBertConfig(
             **{**common, "initializer_range": 0.02},

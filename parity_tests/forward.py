@@ -36,15 +36,20 @@ FAULT_LN_EPS = 1e-3
 
 def capture_points(enc: EncoderConfig) -> list[str]:
     """The outputs compared layer by layer, in forward order, as jaxtpu's module names
-    (`BertModel`'s, or `ModernBertModel`'s with layers `encoder.layer.{i}`; `torch_module`
-    gives the family's own)."""
+    (`BertModel`'s, or those of `ModernBertModel` and `EuroBertModel` with layers
+    `encoder.layer.{i}`; `torch_module` gives the family's own)."""
     n = enc.num_hidden_layers
-    if enc.family.layer_kind == "modernbert":  # attention and feed-forward blocks, the layer
-        per_layer = ("attn", "mlp", "")
+    kind = enc.family.layer_kind
+    if kind != "bert":  # the embedding, attention and feed-forward blocks, layers, final norm
+        first, attn, last = {
+            "modernbert": ("embeddings", "attn", "final_norm"),
+            "eurobert": ("embed_tokens", "self_attn", "norm"),
+        }[kind]
+        per_layer = (attn, "mlp", "")
         layers = [
             f"encoder.layer.{i}" + (f".{m}" if m else "") for i in range(n) for m in per_layer
         ]
-        return ["embeddings", *layers, "final_norm", "classifier"]
+        return [first, *layers, last, "classifier"]
     per_layer = ("attention", "intermediate", "output")
     layers = [f"encoder.layer.{i}.{m}" for i in range(n) for m in per_layer]
     return ["embeddings", *layers, *(["pooler"] if enc.family.pooler else []), "classifier"]
@@ -63,7 +68,7 @@ def torch_module(point: str, model_type: str) -> str:
     """The torch Classifier's module whose output is capture point `point`."""
     if point == "classifier":
         return point
-    if get_family(model_type).layer_kind == "modernbert":
+    if get_family(model_type).layer_kind != "bert":
         return "bert." + rename(get_family(model_type), point)
     m = re.fullmatch(r"encoder\.layer\.(\d+)\.(\w+)", point)
     if model_type == "distilbert" and m:

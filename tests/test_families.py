@@ -146,6 +146,13 @@ def _cfg(model_type: str, **changes) -> dict:
         ),
         (_cfg("modernbert", vocab_size=600), "pad_token_id=50283 is outside the vocabulary"),
         (_cfg("modernbert", classifier_pooling="max"), "classifier_pooling='max'"),
+        (_cfg("eurobert", hidden_act="gelu"), "hidden_act='gelu' is not supported for eurobert"),
+        (
+            _cfg("eurobert", vocab_size=600, pad_token_id=0, num_key_value_heads=3),
+            "num_key_value_heads=3 does not divide num_attention_heads=4",
+        ),
+        (_cfg("eurobert", vocab_size=600, pad_token_id=0, head_dim=16), "head_dim=16"),
+        (_cfg("eurobert", vocab_size=600), "pad_token_id=128001 is outside the vocabulary"),
     ],
 )
 def test_unsupported_config_options_are_one_line_errors_naming_them(config, message):
@@ -196,11 +203,12 @@ def test_modernbert_reads_both_config_forms(family_dirs):
     assert EncoderConfig.from_hf_dict(a.to_hf_dict()) == a
 
 
-@pytest.mark.parametrize("name", ["modernbert", "mmbert"])
+@pytest.mark.parametrize("name", ["modernbert", "mmbert", "eurobert"])
 def test_scanned_modernbert_is_the_unscanned_model(name, family_dirs):
-    """--scan-layers: layer 0 on its own, then groups of the layer-kind period (2 for the
-    test ModernBERT's global/sliding, 3 for mmBERT's sliding, sliding, global) scanned;
-    the stacked params unstack to the originals and the scores are the unscanned model's."""
+    """--scan-layers: ModernBERT's layer 0 on its own, then groups of the layer-kind period
+    (2 for the test ModernBERT's global/sliding, 3 for mmBERT's sliding, sliding, global)
+    scanned; EuroBERT's layers one by one; the stacked params unstack to the originals and the
+    scores are the unscanned model's."""
     import jax
 
     from jaxtpu.models import encoder as models
@@ -210,8 +218,8 @@ def test_scanned_modernbert_is_the_unscanned_model(name, family_dirs):
     plain = weights.load_model(cfg, RunSpec.resolve(cfg))
     scanned = weights.load_model(cfg.replace(scan_layers=True), RunSpec.resolve(cfg))
     enc = scanned.params["bert"]["encoder"]
-    period = {"modernbert": 2, "mmbert": 3}[name]
-    assert set(enc) == {"layer_0", "layers"}
+    period = {"modernbert": 2, "mmbert": 3, "eurobert": 1}[name]
+    assert set(enc) == ({"layers"} if name == "eurobert" else {"layer_0", "layers"})
     assert set(enc["layers"]) == {f"layer_{j}" for j in range(period)}
     back = layers.unstack_layers(scanned.params)
     flat = jax.tree_util.tree_leaves_with_path
@@ -248,6 +256,7 @@ def test_family_defaults_are_transformers_config_defaults():
         "electra": transformers.ElectraConfig,
         "deberta-v2": transformers.DebertaV2Config,
         "modernbert": transformers.ModernBertConfig,
+        "eurobert": transformers.EuroBertConfig,
     }
     assert set(classes) == set(FAMILIES)
     rope = {"global_rope_theta": "full_attention", "local_rope_theta": "sliding_attention"}
@@ -264,7 +273,9 @@ def test_family_defaults_are_transformers_config_defaults():
                 continue  # read with getattr defaults by the model, not set by the class
             if field == "layer_types":
                 value = tuple(theirs.layer_types)
-            if field in rope:
+            if field in rope and name == "eurobert":  # one rotary base
+                value = theirs.rope_parameters["rope_theta"]
+            elif field in rope:
                 value = theirs.rope_parameters[rope[field]]["rope_theta"]
             assert getattr(ours, field) == value, (name, field)
 
@@ -290,6 +301,7 @@ def test_bisection_has_a_module_on_both_sides_for_every_point_of_every_family():
         ("electra", "multilabel"),
         ("modernbert", "ranking"),
         ("mmbert", "multilabel"),
+        ("eurobert", "toxicity"),
     ],
 )
 @pytest.mark.model

@@ -14,7 +14,7 @@ import numpy as np
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.core.hf.families import scan_period
+from jaxtpu.core.hf.families import scan_layout
 from jaxtpu.models import layers
 from jaxtpu.models.head import Classifier
 
@@ -64,12 +64,10 @@ def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
 
 
 def stack_for_scan(enc: EncoderConfig, params: dict) -> dict:
-    """The unscanned model's params in the layout of the scanned one (`--scan-layers`): every
-    layer stacked (BERT's layer kind), or ModernBERT's layer 0 kept and the rest stacked in
-    groups of its layer-kind period (`scan_period`)."""
-    if enc.family.layer_kind == "modernbert":
-        return layers.stack_layers(params, 1, scan_period(enc.layer_types))
-    return layers.stack_layers(params)
+    """The unscanned model's params in the layout of the scanned one (`--scan-layers`,
+    `scan_layout`): every layer stacked (BERT's layer kind), ModernBERT's layer 0 kept and the
+    rest stacked in groups of its layer-kind period, EuroBERT's layers in groups of one."""
+    return layers.stack_layers(params, *scan_layout(enc.family.layer_kind, enc.layer_types))
 
 
 def init_params(module: nn.Module, example_shape: tuple[int, ...], seed: int) -> dict:

@@ -9,11 +9,15 @@ import jax
 import jax.numpy as jnp
 
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.models import bert, layers, modernbert, ops
+from jaxtpu.models import bert, eurobert, layers, modernbert, ops
 
 Dtype = jnp.dtype
 # The encoder of each layer kind (`Family.layer_kind`): one interface, (hidden, pooled or None).
-BACKBONES = {"bert": bert.Backbone, "modernbert": modernbert.Backbone}
+BACKBONES = {
+    "bert": bert.Backbone,
+    "modernbert": modernbert.Backbone,
+    "eurobert": eurobert.Backbone,
+}
 
 
 def pool(pooling: str, hidden: jax.Array, pooled: jax.Array | None, mask: jax.Array) -> jax.Array:

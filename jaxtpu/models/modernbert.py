@@ -21,6 +21,7 @@ Architecture only: knows nothing of devices.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.core.hf.families import SLIDING, scan_period
+from jaxtpu.core.hf.families import SLIDING, scan_layout
 from jaxtpu.models import layers, ops
 
 Dtype = jnp.dtype
@@ -216,20 +217,22 @@ class _ScanGroup(nn.Module):
     param_dtype: Dtype = jnp.float32
     matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     deterministic: bool = True
+    layer: Any = None  # the layer kind's layer module (default: this module's `Layer`)
 
     @nn.compact
     def __call__(self, x: jax.Array, pad_bias: jax.Array) -> tuple[jax.Array, None]:
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out)
         for j in range(self.period):
-            layer = Layer(self.cfg, self.first + j, **kw, name=f"layer_{j}")
+            layer = (self.layer or Layer)(self.cfg, self.first + j, **kw, name=f"layer_{j}")
             x = layer(x, pad_bias, self.deterministic)
         return x, None
 
 
 class Encoder(nn.Module):
-    """`layer_0` ... `layer_{n-1}`; with `scan`, `layer_0` (it has no attention norm) and then
-    one `layers` module scanning groups of `scan_period` layers, whose params carry a leading
-    group axis (`jaxtpu.models.layers.stack_layers(params, 1, period)` converts)."""
+    """`layer_0` ... `layer_{n-1}` of the layer kind's `layer` module (this module's `Layer`
+    by default; EuroBERT's too); with `scan`, the layers `scan_layout` keeps apart (ModernBERT's
+    `layer_0`: no attention norm) and then one `layers` module scanning groups of its period,
+    whose params carry a leading group axis (`jaxtpu.models.layers.stack_layers` converts)."""
 
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
@@ -237,21 +240,22 @@ class Encoder(nn.Module):
     matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     remat: str = "none"
     scan: bool = False
+    layer: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array, pad_bias: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.cfg
-        layer = Layer
+        layer = self.layer or Layer
         if self.remat != "none":
             # argument 3 of Layer.__call__ (self = 0) is the Python bool `deterministic`
-            layer = nn.remat(Layer, policy=layers.REMAT[self.remat], static_argnums=(3,))
+            layer = nn.remat(layer, policy=layers.REMAT[self.remat], static_argnums=(3,))
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out)
-        unscanned = 1 if self.scan else cfg.num_hidden_layers
+        first, period = scan_layout(cfg.family.layer_kind, cfg.layer_types)
+        unscanned = first if self.scan else cfg.num_hidden_layers
         for i in range(unscanned):
             x = layer(cfg, i, **kw, name=f"layer_{i}")(x, pad_bias, deterministic)
-        if not self.scan or cfg.num_hidden_layers == 1:
+        if not self.scan or cfg.num_hidden_layers <= first:
             return x
-        period = scan_period(cfg.layer_types)
         block = _ScanGroup
         if self.remat != "none":
             block = nn.remat(block, policy=layers.REMAT[self.remat], prevent_cse=False)
@@ -260,9 +264,17 @@ class Encoder(nn.Module):
             variable_axes={"params": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=nn.broadcast,
-            length=(cfg.num_hidden_layers - 1) // period,
+            length=(cfg.num_hidden_layers - first) // period,
         )
-        group = stack(cfg, 1, period, **kw, deterministic=deterministic, name=layers.SCANNED)
+        group = stack(
+            cfg,
+            first,
+            period,
+            **kw,
+            deterministic=deterministic,
+            layer=self.layer,
+            name=layers.SCANNED,
+        )
         x, _ = group(x, pad_bias)
         return x
 

@@ -30,9 +30,13 @@ HEAD_FILE = "head.safetensors"
 HEAD_OUTPUTS = (1, 6)
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
-# Every encoder has exactly one token embedding table (BERT's layer kind's name, ModernBERT's);
-# what precedes it is its prefix.
-ENCODER_ANCHORS = ("embeddings.word_embeddings.weight", "embeddings.tok_embeddings.weight")
+# Every encoder has exactly one token embedding table (BERT's layer kind's name, ModernBERT's,
+# EuroBERT's); what precedes it is its prefix.
+ENCODER_ANCHORS = (
+    "embeddings.word_embeddings.weight",
+    "embeddings.tok_embeddings.weight",
+    "embed_tokens.weight",
+)
 
 
 def _anchored(keys) -> dict[str, str]:
@@ -151,8 +155,7 @@ def read_notebook_checkpoint(path: str | Path) -> NotebookCheckpoint:
     if len(prefixes) != 1:
         found = f"several: {', '.join(p or '(none)' for p in prefixes)}" if prefixes else "none"
         raise CheckpointError(
-            f"{path}: expected one encoder (a tensor *{ENCODER_ANCHORS[0]} or "
-            f"*{ENCODER_ANCHORS[1]}), found {found}"
+            f"{path}: expected one encoder (a tensor *{', *'.join(ENCODER_ANCHORS)}), found {found}"
         )
     prefix = prefixes[0]
     encoder = _encoder_keys(sd, prefix)

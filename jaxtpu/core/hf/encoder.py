@@ -61,6 +61,9 @@ class EncoderConfig:
     local_rope_theta: float = 0.0
     embedding_dropout: float = 0.0
     classifier_pooling: str = ""
+    # EuroBERT: grouped-query attention's key/value heads (0 = num_attention_heads); its one
+    # rotary base is global_rope_theta
+    num_key_value_heads: int = 0
 
     @property
     def family(self) -> Family:

@@ -1,18 +1,19 @@
 """The encoder families jaxtpu reads and writes, one table row each (framework-free).
 
 A row says everything that differs between Hugging Face's `BertModel`, `RobertaModel`,
-`XLMRobertaModel`, `DistilBertModel`, `ElectraModel`, `DebertaV2Model` and `ModernBertModel` as
-far as a checkpoint directory is concerned: which layer kind builds it, which `config.json`
-keys it reads and under which names, their defaults (transformers' config-class defaults, for
-keys `save_pretrained` left out), the options the port does not implement, whether the model
-has a pooler, how positions are numbered, the default pooling, and the one weight-name table
-that maps jaxtpu's parameter names to the family's Hugging Face keys (used in both directions
-by `jaxtpu.weights`).
+`XLMRobertaModel`, `DistilBertModel`, `ElectraModel`, `DebertaV2Model`, `ModernBertModel` and
+`EuroBertModel` as far as a checkpoint directory is concerned: which layer kind builds it,
+which `config.json` keys it reads and under which names, their defaults (transformers'
+config-class defaults, for keys `save_pretrained` left out), the options the port does not
+implement, whether the model has a pooler, how positions are numbered, the default pooling,
+and the one weight-name table that maps jaxtpu's parameter names to the family's Hugging Face
+keys (used in both directions by `jaxtpu.weights`).
 
-jaxtpu's Flax encoders name their modules as `BertModel` does (the BERT layer kind) or as
-`ModernBertModel` does (the ModernBERT layer kind), their layers `encoder/layer_{i}` either way; a
-family whose Hugging Face names differ (DistilBERT, DeBERTa, ModernBERT's `layers.{i}`) lists the
-differences as (jaxtpu, Hugging Face) module-path pairs, `{i}` standing for a layer index.
+jaxtpu's Flax encoders name their modules as `BertModel` does (the BERT layer kind), as
+`ModernBertModel` or as `EuroBertModel` does, their layers `encoder/layer_{i}` in every kind;
+a family whose Hugging Face names differ (DistilBERT, DeBERTa, the `layers.{i}` of ModernBERT
+and EuroBERT) lists the differences as (jaxtpu, Hugging Face) module-path pairs, `{i}` standing
+for a layer index.
 """
 
 from __future__ import annotations
@@ -84,9 +85,13 @@ class Family:
     projection: str = "embeddings_project"
     mask_embeddings: bool = False  # DeBERTa zeroes the embeddings of padding tokens
     # The layer kind (`jaxtpu.models`): 'bert' (post-LayerNorm, absolute or relative
-    # positions) or 'modernbert' (pre-LayerNorm, no biases, fused Wqkv, rotary positions,
+    # positions), 'eurobert' (Llama-style: RMSNorm, grouped-query attention, SwiGLU, rotary)
+    # or 'modernbert' (pre-LayerNorm, no biases, fused Wqkv, rotary positions,
     # alternating global and sliding-window attention, GeGLU).
     layer_kind: str = "bert"
+    # transformers' default ids of special tokens the encoder does not use (written as null
+    # in an export whose vocabulary has no such row, which transformers warns about)
+    special_ids: Mapping[str, int] = field(default_factory=dict)
 
     def hf_name(self, canonical: str) -> str:
         return self.names.get(canonical, canonical)
@@ -113,12 +118,7 @@ _MODERNBERT = (
     "classifier_pooling",
 )
 
-_MODERNBERT_SPECIAL_IDS = {
-    "bos_token_id": 50281,
-    "cls_token_id": 50281,
-    "eos_token_id": 50282,
-    "sep_token_id": 50282,
-}
+_EUROBERT = ("layer_norm_eps", "num_key_value_heads", "global_rope_theta")
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
@@ -304,6 +304,45 @@ FAMILIES: dict[str, Family] = {
             constants={"type_vocab_size": 0},
             renames=(("encoder.layer.{i}", "layers.{i}"),),
             layer_kind="modernbert",
+            special_ids={
+                "bos_token_id": 50281,
+                "cls_token_id": 50281,
+                "eos_token_id": 50282,
+                "sep_token_id": 50282,
+            },
+        ),
+        Family(
+            "eurobert",
+            "EuroBertModel",
+            tuple(f for f in _COMMON if f != "hidden_dropout_prob") + _EUROBERT,
+            {
+                # transformers 5's EuroBertConfig defaults (EuroBERT-210m's shape)
+                "vocab_size": 128256,
+                "hidden_size": 768,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "intermediate_size": 3072,
+                "max_position_embeddings": 8192,
+                "attention_probs_dropout_prob": 0.0,
+                "initializer_range": 0.02,
+                "pad_token_id": 128001,
+                "layer_norm_eps": 1e-5,
+                "num_key_value_heads": None,  # = num_attention_heads
+                "global_rope_theta": 10_000.0,
+            },
+            {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
+            pooler=False,
+            default_pooling="mean",
+            positions="rotary",
+            tokenizer="byte-level BPE (Llama 3's)",
+            names={
+                "attention_probs_dropout_prob": "attention_dropout",
+                "layer_norm_eps": "rms_norm_eps",
+            },
+            constants={"type_vocab_size": 0, "hidden_dropout_prob": 0.0},
+            renames=(("encoder.layer.{i}", "layers.{i}"),),
+            layer_kind="eurobert",
+            special_ids={"bos_token_id": 128000, "eos_token_id": 128001},
         ),
     )
 }
@@ -342,6 +381,8 @@ def read_fields(family: Family, d: Mapping[str, Any], source: str) -> dict[str, 
     out.update(family.constants)
     if family.layer_kind == "modernbert":
         out.update(_modernbert_fields(d, out, source))
+    if family.layer_kind == "eurobert":
+        out.update(_eurobert_fields(d, out, source))
     if "embedding_size" in out and not out["embedding_size"]:
         out["embedding_size"] = out["hidden_size"]  # DeBERTa: absent = hidden_size
     if "pos_att_type" in out:
@@ -407,6 +448,37 @@ def _modernbert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str
     return {"layer_types": tuple(str(k) for k in kinds), **thetas}
 
 
+def _eurobert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
+    """EuroBERT's key/value heads (absent = one per query head) and its one rotary base
+    (`rope_parameters.rope_theta`, or an older `rope_theta`); another rotary type, a head_dim
+    other than hidden / heads, or a padding id outside the vocabulary is a one-line error."""
+    heads = out["num_attention_heads"]
+    kv = out["num_key_value_heads"] or heads
+    if kv <= 0 or heads % kv:
+        raise ConfigError(
+            f"{source}: num_key_value_heads={kv} does not divide num_attention_heads={heads}"
+        )
+    head_dim = d.get("head_dim") or out["hidden_size"] // max(heads, 1)
+    if head_dim * heads != out["hidden_size"]:
+        raise ConfigError(
+            f"{source}: head_dim={head_dim} is not supported (jaxtpu needs hidden_size / "
+            "num_attention_heads)"
+        )
+    rope = d.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default" or d.get("rope_scaling"):
+        raise ConfigError(
+            f"{source}: rope_parameters={rope!r} is not supported (jaxtpu implements "
+            "rope_type 'default')"
+        )
+    if not 0 <= out["pad_token_id"] < out["vocab_size"]:
+        raise ConfigError(
+            f"{source}: pad_token_id={out['pad_token_id']} is outside the vocabulary "
+            f"(vocab_size={out['vocab_size']})"
+        )
+    theta = rope.get("rope_theta", d.get("rope_theta", out["global_rope_theta"]))
+    return {"num_key_value_heads": kv, "global_rope_theta": float(theta)}
+
+
 def scan_period(layer_types: tuple[str, ...]) -> int:
     """The layers a scanned ModernBERT repeats as one group: the shortest period of the kinds
     of layers 1..n-1 (layer 0, without an attention LayerNorm, runs on its own): 3 for
@@ -419,18 +491,35 @@ def scan_period(layer_types: tuple[str, ...]) -> int:
     return 0
 
 
+def scan_layout(layer_kind: str, layer_types: tuple[str, ...]) -> tuple[int, int]:
+    """(first, period) of a scanned encoder of `layer_kind` (`jaxtpu.models.layers.
+    stack_layers`): the layers before `first` run on their own, the rest are scanned in groups
+    of `period` (0: BERT's single stack of every layer). ModernBERT's layer 0 has no attention
+    norm, and its layer kinds repeat with `scan_period`; EuroBERT's layers are all alike."""
+    if layer_kind == "modernbert":
+        return 1, scan_period(layer_types)
+    if layer_kind == "eurobert":
+        return 0, 1
+    return 0, 0
+
+
 def write_fields(family: Family, values: Mapping[str, Any]) -> dict[str, Any]:
     """The `config.json` dict of a family's canonical field values (inverse of `read_fields`),
     complete enough that transformers' `AutoModel` builds the same model from it."""
     out = {family.hf_name(name): values[name] for name in family.fields}
     if "pos_att_type" in out:
         out["pos_att_type"] = list(out["pos_att_type"])
+    if family.layer_kind == "eurobert":
+        out["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": out.pop("global_rope_theta"),
+        }
+    # transformers' default special-token ids (of the family's vocabulary), unused by the
+    # encoder, written as null where a smaller vocabulary has no such row
+    for key, default in family.special_ids.items():
+        if default >= out["vocab_size"]:
+            out[key] = None
     if family.layer_kind == "modernbert":
-        # transformers' default special-token ids (ModernBERT's vocabulary), unused by the
-        # encoder, written as null where a smaller vocabulary has no such row
-        for key, default in _MODERNBERT_SPECIAL_IDS.items():
-            if default >= out["vocab_size"]:
-                out[key] = None
         out["layer_types"] = list(out["layer_types"])
         out["rope_parameters"] = {
             kind: {"rope_type": "default", "rope_theta": out.pop(name)}
