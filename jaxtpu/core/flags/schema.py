@@ -172,7 +172,8 @@ class ModelConfig:
         "tanh(Dense(first token)), where the family has one: "
         + ", ".join(name for name, fam in FAMILIES.items() if fam.pooler)
         + "), 'cls' (the first token's hidden state), 'mean' (mean over its real tokens). "
-        "'auto' = the family's default: " + _default_poolings() + ".",
+        "'auto' = the checkpoint's classifier_pooling where its config names one (ModernBERT, "
+        "mmBERT), else the family's default: " + _default_poolings() + ".",
         ("auto",) + POOLINGS,
     )
     scan_layers: bool = _f(
