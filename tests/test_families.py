@@ -175,6 +175,11 @@ def test_max_len_beyond_the_position_table_is_a_one_line_error(family_dirs):
     # DeBERTa-v3 numbers no absolute positions: relative ones reach any length
     deberta = Config().replace(model_dir=str(family_dirs["deberta-v2"]), max_len=512)
     assert encoder_config(deberta).max_tokens is None
+    # ModernBERT's rotary positions go to its max_position_embeddings (256 in the test one)
+    modern = Config().replace(model_dir=str(family_dirs["modernbert"]), max_len=256)
+    assert encoder_config(modern).max_tokens == 256
+    with pytest.raises(ConfigError, match="modernbert encoder's rotary positions go to 256 tok"):
+        encoder_config(modern.replace(max_len=1024))
 
 
 def test_every_family_has_a_default_pooling_and_refuses_a_pooler_it_lacks(family_dirs):

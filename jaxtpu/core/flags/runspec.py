@@ -188,9 +188,14 @@ def _encoder(cfg: Config, model_dir: str | None) -> EncoderConfig:
         )
     limit = enc.max_tokens
     if limit is not None and cfg.data.max_len > limit:
+        positions = (
+            "rotary positions go to"
+            if enc.family.positions == "rotary"
+            else "position table holds at most"
+        )
         raise ConfigError(
-            f"--max-len {cfg.data.max_len}: the {enc.model_type} encoder's position table "
-            f"(max_position_embeddings={enc.max_position_embeddings}) holds at most {limit} "
-            f"tokens; use --max-len {limit} or less"
+            f"--max-len {cfg.data.max_len}: the {enc.model_type} encoder's {positions} {limit} "
+            f"tokens (max_position_embeddings={enc.max_position_embeddings}); use --max-len "
+            f"{limit} or less"
         )
     return enc
