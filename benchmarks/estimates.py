@@ -15,8 +15,14 @@ the roofline against the compiler. The epoch is Jigsaw Toxic Comment's train.csv
 comments) at the row's global batch, every step at the row's length (an upper bound with
 length buckets), and on v5e-8 whether the run's epochs fit a Kaggle session.
 
+The ModernBERT rows (`--models` of ModernBERT-base, ModernBERT-large, mmBERT-base; `--lengths
+512,1024`, 8 comments per device; config.json files written here from the published shapes)
+are docs/big-models.md's table.
+
 Rows print as they finish (a Markdown table at the end); `--out` keeps the reports as JSON
-after every row, and `--resume` skips the rows a previous `--out` already has.
+after every row, `--resume` skips the rows a previous `--out` already has, and `--table-of
+FILE` prints the table of such a file (one process per target keeps memory down: the TPU
+compiler's memory grows with each large program compiled in a process).
 """
 
 from __future__ import annotations
@@ -147,6 +153,29 @@ def row_cells(r: Any, col: dict[str, Any]) -> list[str]:
     ]
 
 
+def table_of(reports: list[dict[str, Any]], targets: list[str]) -> str:
+    """The Markdown table of saved reports, ordered by target (as listed), model (as in
+    `MODELS`), then length."""
+    from jaxtpu.preflight import report as pf_report
+
+    col = dict(pf_report.COLUMNS)
+    names = list(MODELS)
+    order = sorted(
+        (r for r in reports if r["target"] in targets),
+        key=lambda r: (targets.index(r["target"]), names.index(r["model"]), r["max_len"]),
+    )
+    lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
+    for saved in order:
+        fields = {k: v for k, v in saved.items() if k != "model"}
+        r = pf_report.Report(**fields)
+        lines.append(
+            f"| {saved['model']} | {r.target} | {r.max_len} | {r.batch_size} | {r.sharding} | "
+            + " | ".join(row_cells(r, col))
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 HEADER = (
     "| model | target | max len | batch/dev | sharding | train step | fits | est. step s | by "
     "| compiler s | roofline / compiler | est. examples/s | MFU bound | est. Jigsaw epoch min |"
@@ -170,7 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=None, help="JSON file of the reports")
     p.add_argument("--resume", action="store_true", help="keep --out's rows and skip them [off]")
+    p.add_argument(
+        "--table-of",
+        metavar="JSON",
+        help="print the Markdown table of an earlier --out file (rows in --targets order, "
+        "then --models, then length) and compute nothing",
+    )
     args = p.parse_args(argv)
+    if args.table_of:
+        print(table_of(json.loads(Path(args.table_of).read_text()), args.targets.split(",")))
+        return 0
 
     from jaxtpu import hosts
     from jaxtpu.core.flags import presets
