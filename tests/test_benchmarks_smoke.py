@@ -248,3 +248,41 @@ def test_tpu_tuning_swaps_each_change_in_and_back_out():
     with pytest.raises(SystemExit, match="unknown variant gelu=fast"):
         with tpu_tuning.swapped("gelu=fast"):
             pass
+
+
+@pytest.mark.model
+def test_local_attention_times_both_forms_of_the_sliding_window(capsys, monkeypatch):
+    """The CPU half of benchmarks.local_attention on one short length (a sliding layer of
+    ModernBERT-base's width; the TPU estimate is left out here)."""
+    from benchmarks import local_attention
+
+    monkeypatch.setattr(local_attention, "TOKENS", 128)
+    assert local_attention.main(["--lengths", "128", "--repeats", "1", "--no-tpu"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 128 |")]
+    cells = [c.strip() for c in row[-1].strip("|").split("|")]
+    assert cells[1] == "1" and float(cells[2]) > 0 and float(cells[3]) > 0
+    assert cells[4].endswith("x") and cells[5:] == ["-", "-", "-"]
+
+
+def test_estimates_table_of_prints_saved_reports_in_target_and_model_order():
+    from benchmarks import estimates
+    from jaxtpu.preflight.report import Report
+
+    def saved(model: str, target: str, length: int, step: float) -> dict:
+        r = Report(target, "fsdp", "none", "data=1,fsdp=8", 8, length, total=2**30)
+        r.fits, r.est_step_s, r.est_method, r.global_batch = True, step, "roofline", 64
+        return {"model": model, **r.__dict__}
+
+    base, large = "ModernBERT-base (22 x 768)", "ModernBERT-large (28 x 1024)"
+    rows = [saved(large, "v5e-8", 512, 0.3), saved(base, "v6e-8", 512, 0.1)]
+    rows += [saved(base, "v5e-8", 1024, 0.2), saved(base, "v5e-8", 512, 0.1)]
+    table = estimates.table_of(rows, ["v5e-8", "v6e-8"]).splitlines()
+    order = [(c[1].strip(), c[2].strip(), c[3].strip()) for c in (t.split("|") for t in table[2:])]
+    assert order == [
+        (base, "v5e-8", "512"),
+        (base, "v5e-8", "1024"),
+        (large, "v5e-8", "512"),
+        (base, "v6e-8", "512"),
+    ]
+    # the epoch: ceil(159,571 / 64) steps of 0.1 s = 4.2 min
+    assert "0.1000" in table[2] and "roofline" in table[2] and table[-1].endswith("| 4.2 |")
