@@ -9,7 +9,9 @@ position table, with a base per attention kind; every layer's attention either g
 sliding window (`layer_types`: a token attends to the tokens at most `local_attention // 2`
 away, padding masked either way); a GeGLU feed-forward (`Wi` to twice the intermediate width,
 gelu(first half) x second half, `Wo`); and three dropouts of its own (embeddings, attention
-probabilities and output, inside the feed-forward).
+probabilities and output, inside the feed-forward). A sliding-window layer at long lengths is
+computed banded, without the L x L matrix (`banded`); scanned, layer 0 runs on its own and the
+rest in groups of the layer-kind period (`Encoder`).
 
 Module names mirror Hugging Face's (`embeddings/tok_embeddings`, `attn/Wqkv`, `mlp/Wi`,
 `final_norm`), except that the layers are `encoder/layer_{i}` as in every jaxtpu encoder (the
