@@ -197,14 +197,18 @@ def test_every_family_has_a_default_pooling_and_refuses_a_pooler_it_lacks(family
 
 
 def test_modernbert_reads_both_config_forms(family_dirs):
-    """The hub's older ModernBERT configs (global_attn_every_n_layers, *_rope_theta) read as
-    the layer kinds and bases transformers 5 writes, and write back to the same encoder."""
+    """The hub's older ModernBERT configs (global_attn_every_n_layers, *_rope_theta,
+    layer_norm_eps) read as the layer kinds, bases and epsilon transformers 5 writes, and write
+    back to the same encoder."""
     new = json.loads((family_dirs["modernbert"] / "config.json").read_text())
+    new["norm_eps"] = 2e-5  # not the default, so the older spelling must be read
     old = {k: v for k, v in new.items() if k not in ("layer_types", "rope_parameters")}
     old.update(global_attn_every_n_layers=2, global_rope_theta=1000.0, local_rope_theta=100.0)
+    old["layer_norm_eps"] = old.pop("norm_eps")  # sentence-transformers' older spelling
     a, b = EncoderConfig.from_hf_dict(new), EncoderConfig.from_hf_dict(old)
     assert a == b and a.layer_types == ("full_attention", "sliding_attention", "full_attention")
     assert (a.global_rope_theta, a.local_rope_theta, a.local_attention) == (1000.0, 100.0, 16)
+    assert a.layer_norm_eps == 2e-5
     assert EncoderConfig.from_hf_dict(a.to_hf_dict()) == a
 
 

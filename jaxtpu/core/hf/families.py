@@ -445,7 +445,9 @@ def _modernbert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str
         raise ConfigError(f"{source}: classifier_pooling={pooling!r} (expected cls or mean)")
     if not isinstance(window, int) or window < 2:
         raise ConfigError(f"{source}: local_attention={window!r} (expected an integer >= 2)")
-    return {"layer_types": tuple(str(k) for k in kinds), **thetas}
+    # sentence-transformers' older ModernBERT configs spell norm_eps as layer_norm_eps
+    eps = d.get("norm_eps", d.get("layer_norm_eps", out["layer_norm_eps"]))
+    return {"layer_types": tuple(str(k) for k in kinds), **thetas, "layer_norm_eps": eps}
 
 
 def _eurobert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
