@@ -112,7 +112,7 @@ class RunSpec:
         return cls(
             task=get_task(cfg.train.task),
             encoder=enc,
-            pooling=default_pooling(enc.family, pooling, enc.classifier_pooling),
+            pooling=default_pooling(enc.family, pooling, enc.default_pooling),
             pooling_from=pooling_from,
             model_dir=model_dir,
             weights=model.init_from or model_dir,

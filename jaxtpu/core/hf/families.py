@@ -379,6 +379,14 @@ def read_fields(family: Family, d: Mapping[str, Any], source: str) -> dict[str, 
             )
     out = {name: d.get(family.hf_name(name), family.defaults[name]) for name in family.fields}
     out.update(family.constants)
+    if family.layer_kind != "bert":
+        # transformers builds these kinds' token embedding with padding_idx=pad_token_id
+        if not 0 <= out["pad_token_id"] < out["vocab_size"]:
+            raise ConfigError(
+                f"{source}: pad_token_id={out['pad_token_id']} is outside the vocabulary "
+                f"(vocab_size={out['vocab_size']}); the {family.model_type} embedding pads "
+                "with it"
+            )
     if family.layer_kind == "modernbert":
         out.update(_modernbert_fields(d, out, source))
     if family.layer_kind == "eurobert":
@@ -435,11 +443,6 @@ def _modernbert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str
                 "supported (jaxtpu implements 'default')"
             )
         thetas[name] = float(params.get("rope_theta", d.get(name, out[name])))
-    if not 0 <= out["pad_token_id"] < out["vocab_size"]:
-        raise ConfigError(
-            f"{source}: pad_token_id={out['pad_token_id']} is outside the vocabulary "
-            f"(vocab_size={out['vocab_size']}); ModernBERT's embedding pads with it"
-        )
     pooling, window = out["classifier_pooling"], out["local_attention"]
     if pooling not in ("cls", "mean"):
         raise ConfigError(f"{source}: classifier_pooling={pooling!r} (expected cls or mean)")
@@ -453,7 +456,7 @@ def _modernbert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str
 def _eurobert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
     """EuroBERT's key/value heads (absent = one per query head) and its one rotary base
     (`rope_parameters.rope_theta`, or an older `rope_theta`); another rotary type, a head_dim
-    other than hidden / heads, or a padding id outside the vocabulary is a one-line error."""
+    other than hidden / heads is a one-line error."""
     heads = out["num_attention_heads"]
     kv = out["num_key_value_heads"] or heads
     if kv <= 0 or heads % kv:
@@ -471,11 +474,6 @@ def _eurobert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) 
         raise ConfigError(
             f"{source}: rope_parameters={rope!r} is not supported (jaxtpu implements "
             "rope_type 'default')"
-        )
-    if not 0 <= out["pad_token_id"] < out["vocab_size"]:
-        raise ConfigError(
-            f"{source}: pad_token_id={out['pad_token_id']} is outside the vocabulary "
-            f"(vocab_size={out['vocab_size']})"
         )
     theta = rope.get("rope_theta", d.get("rope_theta", out["global_rope_theta"]))
     return {"num_key_value_heads": kv, "global_rope_theta": float(theta)}
@@ -549,11 +547,11 @@ def rename(family: Family, key: str, to_hf: bool = True) -> str:
     return key
 
 
-def default_pooling(family: Family, pooling: str, configured: str = "") -> str:
-    """`--pooling` resolved for a family: 'auto' is the checkpoint's own pooling when its
-    config names one (`configured`: ModernBERT's `classifier_pooling`), else the family's
-    default; a pooler it does not have is a one-line error."""
-    chosen = (configured or family.default_pooling) if pooling == "auto" else pooling
+def default_pooling(family: Family, pooling: str, auto: str = "") -> str:
+    """`--pooling` resolved for a family: 'auto' is `auto` (the encoder's
+    `EncoderConfig.default_pooling`: its checkpoint's own, else the family's), or the
+    family's default when not given; a pooler it does not have is a one-line error."""
+    chosen = (auto or family.default_pooling) if pooling == "auto" else pooling
     if chosen not in POOLINGS:
         raise ConfigError(f"--pooling {pooling!r}: expected auto or one of {', '.join(POOLINGS)}")
     if chosen == "pooler" and not family.pooler:
