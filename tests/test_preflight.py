@@ -16,6 +16,7 @@ from jaxtpu.core.flags import presets
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hardware import TpuChip
+from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.preflight import command as pf_command
 from jaxtpu.preflight import fit as pf_fit
 from jaxtpu.preflight import report as pf_report
@@ -117,6 +118,21 @@ def test_model_flops_are_six_times_matmul_params_times_tokens_plus_attention():
     assert enc.train_flops(32, 128, "layer")[1] == (
         2 * matmul * 32 * 128 + 4 * 12 * 768 * 128**2 * 32
     )
+    # EuroBERT: keys and values of 2 of 4 heads' width, a gated (SwiGLU) feed-forward
+    euro = EncoderConfig.from_hf_dict(
+        {
+            "model_type": "eurobert",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 96,
+            "vocab_size": 100,
+            "pad_token_id": 0,
+        }
+    )
+    euro_matmul = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 96)
+    assert euro.train_flops(1, 8)[0] == 6 * euro_matmul * 8 + 12 * 2 * 64 * 8**2
     cfg = presets.bert_base().replace(task="ranking", batch_size=32, max_len=128)
     r = pf_report.Report("cpu", "zero1", "none", "data=1,fsdp=1", 32, 128)
     pf_speed.add_estimate(r, cfg, "cpu", [None], RunSpec.resolve(cfg, 1))

@@ -94,9 +94,13 @@ class EncoderConfig:
         Embedding lookups, the pooler and the head are left out; `layer` remat recomputes the
         forward pass, `dots` keeps the matmul outputs and recomputes none of them."""
         h, inner, layers = self.hidden_size, self.intermediate_size, self.num_hidden_layers
-        # the feed-forward's matrices: up and down, and ModernBERT's GeGLU gate
-        ffn = 3 if self.family.layer_kind == "modernbert" else 2
-        matmul_params = layers * (4 * h * h + ffn * h * inner)
+        # attention: query and output h x h, key and value h x (key/value heads x head_dim)
+        # (EuroBERT's grouped-query attention has fewer); the feed-forward: up and down, and
+        # the gate of ModernBERT's GeGLU and EuroBERT's SwiGLU
+        heads = self.num_attention_heads
+        kv_width = h * (self.num_key_value_heads or heads) // heads
+        ffn = 2 if self.family.layer_kind == "bert" else 3
+        matmul_params = layers * (2 * h * h + 2 * h * kv_width + ffn * h * inner)
         tokens = comments * seq
         attention = 4.0 * layers * h * seq * seq * comments  # forward
         flops = 6.0 * matmul_params * tokens + 3 * attention
