@@ -57,6 +57,25 @@ class TransformersAdamState(NamedTuple):
     nu: Any
 
 
+def scale_leaves(scales: Any) -> optax.GradientTransformation:
+    """Each update times its leaf's learning-rate multiplier (`jaxtpu.weights.lr_scales`): after
+    `optax.adamw`, whose update is -lr (adam + weight_decay p), this is torch.optim.AdamW with a
+    parameter group at lr x scale, decay included. A scale of a scanned leaf is one per stacked
+    layer (shape (layers,)), broadcast over the rest of the leaf."""
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        del params
+        return jax.tree_util.tree_map(_times, updates, scales), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+def _times(x: Any, scale: Any) -> Any:
+    scale = jnp.asarray(scale, jnp.float32)
+    scale = scale.reshape(scale.shape + (1,) * (x.ndim - scale.ndim))
+    return (x * scale).astype(x.dtype)
+
+
 def transformers_adamw(
     learning_rate: optax.Schedule,
     b1: float,
@@ -64,6 +83,7 @@ def transformers_adamw(
     eps: float,
     weight_decay: float,
     mask: Any,
+    scales: Any = None,
 ) -> optax.GradientTransformation:
     """The update of `transformers.AdamW` (transformers < 5, `correct_bias=True`), which the
     PyTorch/XLA and Lightning Jigsaw notebooks ran: with t the update number and lr its rate,
@@ -73,7 +93,9 @@ def transformers_adamw(
         p'' = p' - lr * weight_decay * p'        (decayed parameters only)
 
     eps is added to sqrt(v) before the bias correction and the decay applies to the stepped
-    weights: both differ from torch.optim.AdamW (eps after correction, decay first)."""
+    weights: both differ from torch.optim.AdamW (eps after correction, decay first).
+    `scales` (`jaxtpu.weights.lr_scales`, or None for 1 everywhere) multiplies lr per leaf,
+    as a parameter group's own rate does: the decay then uses the scaled rate too."""
 
     def init(params: Any) -> TransformersAdamState:
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
@@ -86,21 +108,22 @@ def transformers_adamw(
         nu = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, grads)
         step_size = lr * jnp.sqrt(1 - b2**t) / (1 - b1**t)
         decays = mask(params) if callable(mask) else mask
+        per_leaf = scales if scales is not None else jax.tree_util.tree_map(lambda _: 1.0, params)
 
-        def one(p: Any, m: Any, v: Any, decay: bool) -> Any:
-            step = -step_size * m / (jnp.sqrt(v) + eps)
+        def one(p: Any, m: Any, v: Any, decay: bool, scale: Any) -> Any:
+            step = _times(-step_size * m / (jnp.sqrt(v) + eps), scale)
             if decay and weight_decay:
-                step = step - lr * weight_decay * (p + step)
+                step = step - _times(lr * weight_decay * (p + step), scale)
             return step.astype(p.dtype)
 
-        updates = jax.tree_util.tree_map(one, params, mu, nu, decays)
+        updates = jax.tree_util.tree_map(one, params, mu, nu, decays, per_leaf)
         return updates, TransformersAdamState(state.count + 1, mu, nu)
 
     return optax.GradientTransformation(init, update)
 
 
 def make_optimizer(
-    cfg: OptimConfig, horizon: Horizon, num_devices: int
+    cfg: OptimConfig, horizon: Horizon, num_devices: int, scales: Any = None
 ) -> optax.GradientTransformation:
     """AdamW (`--adamw` form, betas `--adam-beta1/2`, `--adam-eps`; decay on
     `--decay-params`) after global-norm clipping, wrapped in `optax.MultiSteps` when
@@ -110,21 +133,27 @@ def make_optimizer(
       cfg: optimizer settings.
       horizon: the run's optimizer updates (train steps // accumulate), and per epoch.
       num_devices: for --scale-lr.
+      scales: per-leaf learning-rate multipliers (`jaxtpu.weights.lr_scales`, stacked as the
+        params are) for --layer-lr-decay/--head-lr; None when every parameter trains at the
+        schedule's rate (the optimizer state is then as it always was).
     """
     chain = []
     if cfg.clip_norm > 0:
         chain.append(clip_by_global_norm(cfg.clip_norm))
-    adamw = transformers_adamw if cfg.adamw == "transformers" else optax.adamw
-    chain.append(
-        adamw(
-            make_schedule(cfg, horizon, num_devices),
-            b1=cfg.adam_beta1,
-            b2=cfg.adam_beta2,
-            eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
-            mask=partial(decay_mask, which=cfg.decay_params),
-        )
+    common = dict(
+        b1=cfg.adam_beta1,
+        b2=cfg.adam_beta2,
+        eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+        mask=partial(decay_mask, which=cfg.decay_params),
     )
+    schedule = make_schedule(cfg, horizon, num_devices)
+    if cfg.adamw == "transformers":
+        chain.append(transformers_adamw(schedule, **common, scales=scales))
+    else:
+        chain.append(optax.adamw(schedule, **common))
+        if scales is not None:
+            chain.append(scale_leaves(scales))
     tx = optax.chain(*chain)
     if cfg.accumulate > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=cfg.accumulate)

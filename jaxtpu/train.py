@@ -20,6 +20,7 @@ from jaxtpu.core.run import loop, plan, signals
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
+from jaxtpu.core.schedules import describe_layer_rates
 
 __all__ = ["main", "train_and_evaluate"]
 
@@ -118,7 +119,10 @@ def build_backend(job: plan.Job, devices: list[Any], procs: Any, saved: Any = No
     model = weights.load_model(cfg, spec)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
     log.info("model: %s", spec.describe_model(n_params, cfg.train.seed))
-    tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices))
+    if cfg.optim.layerwise:
+        rates = describe_layer_rates(cfg.optim, spec.encoder.num_hidden_layers, len(devices))
+        log.info("learning rates: %s", rates)
+    tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices), model.lr_scales)
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
     fns = steps.for_task(cfg.train.task, cfg.train.margin)
     placement = Placement(spec.sharding, *spec.mesh)

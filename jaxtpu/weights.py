@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.flags.schema import Config, OptimConfig
 from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import get_family, rename
+from jaxtpu.core.schedules import layer_lr_scale
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
 # one to one, except that Flax's `layer_3` is Hugging Face's `layer.3`.
@@ -39,6 +40,33 @@ def hf_key(path: tuple[str, ...], model_type: str = "bert") -> str:
     *modules, leaf = path
     parts = [re.sub(r"^layer_(\d+)$", r"layer.\1", m) for m in modules]
     return rename(get_family(model_type), ".".join(parts + [LEAVES[leaf][0]]))
+
+
+def param_name(path: tuple[str, ...], model_type: str = "bert") -> str:
+    """A Flax param path -> the torch side's parameter name (`bert.` + the Hugging Face key for
+    the encoder, the head's key as it is)."""
+    if path[0] == "bert":
+        return "bert." + hf_key(path[1:], model_type)
+    return hf_key(path, model_type)
+
+
+def lr_scales(params: Mapping[str, Any], enc: EncoderConfig, cfg: OptimConfig) -> Any:
+    """Every leaf's learning-rate multiplier under --layer-lr-decay/--head-lr, by the rule the
+    torch side's parameter groups use (`jaxtpu.core.schedules.layer_lr_scale`), for the
+    unscanned params (`jaxtpu.models.encoder.stack_for_scan` stacks it as it stacks them)."""
+    return _unflatten(
+        {
+            path: np.float32(
+                layer_lr_scale(
+                    param_name(path, enc.model_type),
+                    enc.num_hidden_layers,
+                    cfg.layer_lr_decay,
+                    cfg.head_scale,
+                )
+            )
+            for path in _flatten(params)
+        }
+    )
 
 
 def _flatten(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple, Any]:
@@ -132,6 +160,7 @@ class LoadedModel:
     module: Any
     encoder: EncoderConfig
     params: Any
+    lr_scales: Any = None  # per-leaf rate multipliers, stacked as params; None = all 1
 
 
 def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> LoadedModel:
@@ -146,7 +175,9 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
     params = models.init_params(module, example, cfg.train.seed)
     if spec.weights:
         params, _ = load_params(spec.weights, params, head_required, spec.encoder.model_type)
+    scales = lr_scales(params, spec.encoder, cfg.optim) if cfg.optim.layerwise else None
     if cfg.model.scan_layers:
         module = models.for_run(cfg, spec)
         params = models.stack_for_scan(spec.encoder, params)
-    return LoadedModel(module, spec.encoder, params)
+        scales = None if scales is None else models.stack_for_scan(spec.encoder, scales)
+    return LoadedModel(module, spec.encoder, params, scales)

@@ -41,7 +41,11 @@ FAMILY_TRAJECTORIES = (
 REAL_DATA_FLAGS = {"multilabel": ["--train-csv", "sample", "--max-rows", "256"]}
 # ModernBERT's test checkpoint attends 8 tokens on each side in its sliding-window layer: 48
 # tokens (not the tiny preset's 16) put most key positions outside a query's window.
-FAMILY_FLAGS = {"modernbert": ["--max-len", "48"]}
+# Its trajectory also holds the torch AdamW form to torch's parameter groups with layer-wise
+# rates (issue 45); the multilabel recipe holds the transformers form.
+FAMILY_FLAGS = {
+    "modernbert": ["--max-len", "48", "--layer-lr-decay", "0.7", "--head-lr", "2e-3"],
+}
 # The notebooks' recipe knobs (issue 27), driven through the family trajectories so both
 # sides are held to the same steps with them set: the PyTorch/XLA notebook's optimizer
 # (transformers.AdamW, eps 1e-6, no clipping) with warm restarts on one, the Lightning severity
@@ -63,6 +67,10 @@ RECIPE_FLAGS = {
         "5",
         "--t-mult",
         "2",
+        "--layer-lr-decay",
+        "0.85",
+        "--head-lr",
+        "1e-3",
     ],
     "ranking": [
         "--adamw",

@@ -4,28 +4,38 @@ groups and step-for-step the same schedule as optax."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from jaxtpu.core.flags.schema import OptimConfig
-from jaxtpu.core.schedules import Horizon, learning_rate, peak_lr
+from jaxtpu.core.schedules import Horizon, layer_lr_scale, learning_rate, peak_lr
 
 # The seeds' no_decay list: biases and LayerNorm parameters get no weight decay.
 NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias")
 
 
 def param_groups(
-    model: torch.nn.Module, weight_decay: float, which: str = "not-bias-or-norm"
+    model: torch.nn.Module,
+    weight_decay: float,
+    which: str = "not-bias-or-norm",
+    scale: Callable[[str], float] | None = None,
 ) -> list[dict]:
-    """The decayed and the undecayed parameters (`--decay-params`)."""
-    decay, no_decay = [], []
+    """The decayed and the undecayed parameters (`--decay-params`), and with `scale` (a
+    parameter name -> its learning-rate multiplier, `layer_lr_scale`) one such pair per
+    multiplier, each group's `lr_scale` set (`make_optimizer` turns it into the group's lr)."""
+    groups: dict[tuple[float, bool], list] = {}
     for name, p in model.named_parameters():
         skip = which != "all" and any(nd in name for nd in NO_DECAY)
-        (no_decay if skip else decay).append(p)
+        key = (scale(name) if scale else 1.0, not skip)
+        groups.setdefault(key, []).append(p)
+    if scale is None:  # the notebooks' two groups, in their order, even when one is empty
+        groups.setdefault((1.0, True), [])
+        groups.setdefault((1.0, False), [])
     return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": ps, "weight_decay": weight_decay if decayed else 0.0, "lr_scale": s}
+        for (s, decayed), ps in sorted(groups.items(), key=lambda kv: (kv[0][0], not kv[0][1]))
     ]
 
 
@@ -62,10 +72,20 @@ class TransformersAdamW(torch.optim.Optimizer):
 def make_optimizer(
     model: torch.nn.Module, cfg: OptimConfig, horizon: Horizon, num_devices: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (`--adamw`, `--adam-beta1/2`, `--adam-eps`, `--decay-params`) and a LambdaLR
-    evaluating `jaxtpu.core.schedules`."""
+    """AdamW (`--adamw`, `--adam-beta1/2`, `--adam-eps`, `--decay-params`, with
+    --layer-lr-decay/--head-lr a parameter group per rate) and a LambdaLR evaluating
+    `jaxtpu.core.schedules` (it scales every group's own peak rate)."""
     peak = peak_lr(cfg, num_devices)
-    groups = param_groups(model, cfg.weight_decay, cfg.decay_params)
+    scale = None
+    if cfg.layerwise:
+        layers = model.bert.config.num_hidden_layers
+
+        def scale(name: str) -> float:
+            return layer_lr_scale(name, layers, cfg.layer_lr_decay, cfg.head_scale)
+
+    groups = param_groups(model, cfg.weight_decay, cfg.decay_params, scale)
+    for group in groups:
+        group["lr"] = peak * group.pop("lr_scale")
     betas, eps = (cfg.adam_beta1, cfg.adam_beta2), cfg.adam_eps
     if cfg.adamw == "transformers":
         opt: torch.optim.Optimizer = TransformersAdamW(groups, lr=peak, betas=betas, eps=eps)

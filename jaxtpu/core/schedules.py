@@ -1,4 +1,5 @@
-"""Learning-rate schedules as plain formulas, shared by the JAX and the torch side.
+"""Learning-rate schedules as plain formulas, and the layer-wise rate of each parameter
+(`layer_lr_scale`), shared by the JAX and the torch side.
 
 Framework-free: `xp` is the array module to compute with (`numpy` on the torch side, where
 `torch.optim.lr_scheduler.LambdaLR` calls it with a Python int, or `jax.numpy` inside optax).
@@ -7,6 +8,7 @@ Framework-free: `xp` is the array module to compute with (`numpy` on the torch s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,3 +99,53 @@ def _cosine(t: Any, period: Any, peak: float, eta_min: float, xp: Any) -> Any:
 def peak_lr(cfg: Any, num_devices: int) -> float:
     """--lr, multiplied by the device count when --scale-lr is set (as the TPU notebooks do)."""
     return cfg.lr * num_devices if cfg.scale_lr else cfg.lr
+
+
+# Where a parameter sits in the layer-wise learning-rate decay (`layer_lr_scale`): the first
+# module of the encoder that is its embedding (BERT's `embeddings` and ELECTRA's
+# `embeddings_project`, EuroBERT's `embed_tokens`), and the numbered layers (`layer.3`,
+# DistilBERT's `transformer.layer.3`, ModernBERT's and EuroBERT's `layers.3`).
+EMBEDDING_MODULES = ("embeddings", "embeddings_project", "embed_tokens")
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def layer_lr_scale(name: str, num_layers: int, decay: float, head_scale: float) -> float:
+    """The multiplier of a parameter's learning rate under `--layer-lr-decay` and `--head-lr`,
+    one rule for both sides.
+
+    Args:
+      name: the parameter's name as the torch side's `named_parameters` gives it: `bert.` and
+        the family's Hugging Face key for the encoder, anything else for the head (the Flax
+        side names its leaves the same way, `jaxtpu.weights.hf_key`).
+      num_layers: the encoder's layers, N.
+      decay: F in (0, 1] (1 = off).
+      head_scale: --head-lr / --lr (1 when --head-lr is not given).
+    Returns:
+      layer i (0 = the one nearest the embeddings): F^(N-1-i), so the top layer keeps the
+      rate; the embeddings F^N, the lowest; the rest of the encoder (the final norm, BERT's
+      pooler, DeBERTa's relative-position table) F^0 = 1, as the top layer; the head
+      `head_scale`.
+    """
+    if not name.startswith("bert."):
+        return head_scale
+    key = name[len("bert.") :]
+    if key.split(".", 1)[0] in EMBEDDING_MODULES:
+        return decay**num_layers
+    layer = _LAYER.search(key)
+    if layer is None:
+        return 1.0
+    return decay ** (num_layers - 1 - int(layer.group(1)))
+
+
+def describe_layer_rates(cfg: Any, num_layers: int, num_devices: int) -> str:
+    """The peak rates of --layer-lr-decay/--head-lr in one line, for the run's log."""
+    peak = peak_lr(cfg, num_devices)
+    f = cfg.layer_lr_decay
+    layers = (
+        f"layers 0-{num_layers - 1} {peak * f ** (num_layers - 1):.3g} to {peak:.3g} "
+        f"(x{f:g} per layer down)"
+    )
+    return (
+        f"embeddings {peak * f**num_layers:.3g}, {layers}, the rest of the encoder "
+        f"{peak:.3g}, head {peak * cfg.head_scale:.3g} (peaks of the schedule)"
+    )

@@ -294,6 +294,21 @@ class DataConfig:
 class OptimConfig:
     lr: float = _f(1e-4, "Peak learning rate.", bounds=Bounds(0, _INF, lo_open=True))
     scale_lr: bool = _f(False, "Multiply --lr by the number of devices (as the TPU notebooks do).")
+    layer_lr_decay: float = _f(
+        1.0,
+        "Layer-wise learning-rate decay F (Kaggle fine-tuning's 0.8-0.95): the top encoder "
+        "layer trains at --lr, each layer below at F times the one above, the embeddings at "
+        "F^layers; the rest of the encoder (final norm, pooler) as the top layer. 1 = off. "
+        "Composes with the schedule, warm-up, --decay-params and both --adamw forms (rule: "
+        "jaxtpu/core/schedules.py layer_lr_scale).",
+        bounds=Bounds(0, 1, lo_open=True),
+    )
+    head_lr: float = _f(
+        0.0,
+        "Peak learning rate of the classification head (larger than --lr in Kaggle recipes); "
+        "follows the same schedule and --scale-lr. 0 = --lr.",
+        bounds=Bounds(0, _INF),
+    )
     weight_decay: float = _f(
         0.01, "AdamW weight decay (see --decay-params).", bounds=Bounds(0, _INF)
     )
@@ -366,6 +381,16 @@ class OptimConfig:
     clip_norm: float = _f(
         1.0, "Clip gradients to this global norm (0 = off).", bounds=Bounds(0, _INF)
     )
+
+    @property
+    def head_scale(self) -> float:
+        """The head's learning rate as a multiple of --lr (--head-lr / --lr; 1 without it)."""
+        return self.head_lr / self.lr if self.head_lr > 0 else 1.0
+
+    @property
+    def layerwise(self) -> bool:
+        """Whether parameters train at different rates (--layer-lr-decay or --head-lr)."""
+        return self.layer_lr_decay != 1.0 or self.head_scale != 1.0
 
     def check(self) -> None:
         _check_schedule(self)
