@@ -380,7 +380,8 @@ def test_torch_side_trains_a_family_checkpoint_from_the_command_line(family_dirs
 
 @pytest.mark.model
 def test_deberta_scanned_and_rematerialised_trains_like_the_plain_model(family_dirs, tmp_path):
-    """The relative embeddings every layer shares stay outside the scanned layer stack."""
+    """The relative embeddings every layer shares stay outside the scanned layer stack; each
+    stacked layer keeps its own --layer-lr-decay rate."""
     from jaxtpu import train
     from jaxtpu.core.flags import presets
 
@@ -396,6 +397,8 @@ def test_deberta_scanned_and_rematerialised_trains_like_the_plain_model(family_d
             log_every=1,
             dropout=0.0,
             encoder_dropout=0.0,
+            layer_lr_decay=0.3,
+            head_lr=1e-2,
             workdir=str(tmp_path / name),
             **memory,
         )
