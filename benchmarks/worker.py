@@ -77,6 +77,7 @@ def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
     out["input_ids"][:] = rng.integers(1000, vocab, (batch, seq)) * out["attention_mask"]
     out["label"][:] = rng.integers(0, 2, batch)
     out["weight"][:] = 1.0
+    out["row_weight"][:] = 1.0
     return out
 
 

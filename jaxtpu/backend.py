@@ -143,4 +143,8 @@ def stack_steps(batches: list[dict[str, np.ndarray]], k: int) -> dict[str, np.nd
 
 def _padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A padding slot: `batch` with every row's weight 0 (`steps.train_steps` skips it)."""
-    return {**batch, "weight": np.zeros_like(batch["weight"])}
+    return {
+        **batch,
+        "weight": np.zeros_like(batch["weight"]),
+        "row_weight": np.zeros_like(batch["weight"]),
+    }

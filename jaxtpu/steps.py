@@ -53,7 +53,10 @@ LOSSES = {
 
 
 def _weighted_mean(values: jax.Array, weight: jax.Array) -> jax.Array:
-    return jnp.sum(values * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+    """sum(w x) / sum(w); 0 when every weight is 0 (weights may be fractions, so no clamp at
+    1: the torch side's `loss_fn` is the same)."""
+    total = jnp.sum(weight)
+    return jnp.sum(values * weight) / jnp.where(total > 0, total, 1.0)
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def train_step(
             deterministic=False,
             rngs={"dropout": rng},
         )
-        return _weighted_mean(loss(scores, batch["label"]), batch["weight"])
+        return _weighted_mean(loss(scores, batch["label"]), batch["row_weight"])
 
     value, grads = jax.value_and_grad(loss_fn)(state.params)
     if axis_name is not None:

@@ -259,11 +259,36 @@ def families_forward(work: Path) -> list[Result]:
     return results
 
 
+def weighted_sample(work: Path) -> Path:
+    """The packaged sample with a `sample_weight` column (seeded: a fifth of the rows 0, the
+    rest uniform in [0.2, 3]), for a trajectory with per-row loss weights."""
+    import csv
+
+    from jaxtpu.core.data.demo import SAMPLE_CSV
+
+    out = work / "weighted-sample.csv"
+    if not out.exists():
+        with open(SAMPLE_CSV, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        rng = np.random.default_rng(45)
+        weights = np.where(rng.random(len(rows)) < 0.2, 0.0, rng.uniform(0.2, 3.0, len(rows)))
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, [*rows[0], "sample_weight"])
+            writer.writeheader()
+            writer.writerows(
+                {**r, "sample_weight": f"{w:.3f}"} for r, w in zip(rows, weights, strict=True)
+            )
+    return out
+
+
 def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result:
     """21 fp32 steps on 8 devices with dropout off from one init of a family's checkpoint, with
     a notebook's recipe knobs (`RECIPE_FLAGS`): jaxtpu jit against torch_xla spmd, each with
-    its own command line."""
+    its own command line. The multi-label one weights its rows' losses (`weighted_sample`)."""
     model_dir = family_init(work, family, task)
+    weighted = []
+    if task == "multilabel":
+        weighted = ["--train-csv", str(weighted_sample(work)), "--weight-column", "sample_weight"]
     flags = [
         *TRAJ_FLAGS,
         "--task",
@@ -275,6 +300,7 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result
         "--precision",
         "fp32",
         *REAL_DATA_FLAGS.get(task, []),
+        *weighted,
         *RECIPE_FLAGS.get(task, []),
         *FAMILY_FLAGS.get(family, []),
     ]

@@ -47,12 +47,14 @@ def loss_fn(
     device_type: str,
     margin: float = RANKING_MARGIN,
 ) -> torch.Tensor:
-    """Weighted mean loss of one (per-replica or global) batch."""
+    """Mean loss of one (per-replica or global) batch weighted by its row weights
+    (`jaxtpu.core.tasks.Task.batch_layout`): sum(w x) / sum(w), 0 when every weight is 0."""
     with autocast(precision, device_type):
         scores = model(batch["input_ids"], batch["attention_mask"])
     losses = LOSSES[task](scores.float(), batch["label"], margin)
-    weight = batch["weight"]
-    return (losses * weight).sum() / weight.sum().clamp(min=1.0)
+    weight = batch["row_weight"]
+    total = weight.sum()
+    return (losses * weight).sum() / torch.where(total > 0, total, torch.ones_like(total))
 
 
 def train_step(

@@ -115,13 +115,17 @@ class Task:
         """The layout of one batch row, the one description of it every batch is made to:
         `{key: (shape of one row, numpy dtype name)}`. Token ids and
         their mask are (L,) or (2, L) int32; the label `label_shape` float32; the weight a
-        float32 scalar (0 for rows that pad an evaluation batch or a call)."""
+        float32 scalar, 1 for a real row and 0 for rows that pad an evaluation batch or a call
+        (what metrics and the skipping of padding slots read); the row weight a float32 scalar,
+        the row's weight in the training loss (`--weight-column`, `--bias-weights`; else the
+        weight), which may be 0 on a real row."""
         example = self.example_shape(max_len)
         return {
             "input_ids": (example, "int32"),
             "attention_mask": (example, "int32"),
             "label": (self.label_shape, "float32"),
             "weight": ((), "float32"),
+            "row_weight": ((), "float32"),
         }
 
     def zeros(self, lead: tuple[int, ...], max_len: int) -> dict[str, np.ndarray]:

@@ -7,13 +7,14 @@ import functools
 import hashlib
 import logging
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jaxtpu.core.data import readers
-from jaxtpu.core.data.records import Comments, FileTexts, Groups, Pairs
+from jaxtpu.core.data.records import Comments, FileTexts, Groups, NumberColumn, Pairs
 from jaxtpu.core.data.tables import Table
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.files import atomic_write
@@ -21,11 +22,16 @@ from jaxtpu.core.files import atomic_write
 log = logging.getLogger(__name__)
 
 
-TABLE_VERSION = 1  # bump when what a reader returns for a file changes
+TABLE_VERSION = 2  # bump when what a reader returns for a file changes
 
 
 def read_cached(
-    kind: str, path: Path, fold_column: str, cache_dir: Path, table: Table | None = None
+    kind: str,
+    path: Path,
+    fold_column: str,
+    cache_dir: Path,
+    table: Table | None = None,
+    columns: Mapping[str, NumberColumn] | None = None,
 ) -> Comments | Pairs:
     """A file as its reader reads it, from the cache when this content was read before.
 
@@ -34,9 +40,12 @@ def read_cached(
     digest, keyed by a hash of the file's bytes (a changed file is read again). A run whose
     token entries exist (keyed by the same digests) then never reads the texts; `FileTexts`
     reads them from the file if it does need them (a new --max-len, another split).
-    `table`: the file opened with its header read, when the caller has it.
+    `table`: the file opened with its header read, when the caller has it; `columns`: the
+    further numeric columns asked for (`NumberColumn`s, part of the key).
     """
-    h = hashlib.sha256(f"{TABLE_VERSION}|{kind}|{fold_column}|".encode())
+    columns = dict(columns or {})
+    asked = sorted((k, repr(v)) for k, v in columns.items())
+    h = hashlib.sha256(f"{TABLE_VERSION}|{kind}|{fold_column}|{asked}|".encode())
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
             h.update(block)
@@ -44,7 +53,7 @@ def read_cached(
     if entry.exists():
         try:
             with np.load(entry, allow_pickle=False) as z:
-                data = _from_arrays(kind, path, fold_column, dict(z))
+                data = _from_arrays(kind, path, fold_column, dict(z), columns)
             log.info("%s: read from the file cache (%d rows)", path, len(data))
             if data.dropped:
                 log.warning("%s: dropped %d rows with an empty comment", path, data.dropped)
@@ -57,7 +66,7 @@ def read_cached(
                 type(e).__name__,
                 path,
             )
-    data = readers.READERS[kind](path, fold_column=fold_column, table=table)
+    data = readers.READERS[kind](path, fold_column=fold_column, table=table, columns=columns)
     data.text_digests()
     try:
         with atomic_write(entry, "wb") as f:
@@ -76,6 +85,10 @@ def _to_arrays(data: Comments | Pairs) -> dict[str, np.ndarray]:
         "digests": data.text_digests(),
         "folds": np.zeros(0, np.int64) if data.folds is None else data.folds,
         "has_folds": np.asarray(data.folds is not None),
+        "column_names": np.asarray(list(data.columns), dtype=str),
+        "columns": np.stack(list(data.columns.values()), 1)
+        if data.columns
+        else np.zeros((len(data), 0), np.float32),
     }
     if isinstance(data, Pairs):
         return common
@@ -96,15 +109,22 @@ def _to_arrays(data: Comments | Pairs) -> dict[str, np.ndarray]:
     }
 
 
-def _from_arrays(kind: str, path: Path, fold_column: str, z: dict[str, np.ndarray]) -> Any:
+def _from_arrays(
+    kind: str,
+    path: Path,
+    fold_column: str,
+    z: dict[str, np.ndarray],
+    columns: Mapping[str, NumberColumn],
+) -> Any:
     n = int(z["n"])
     folds = z["folds"] if bool(z["has_folds"]) else None
+    numbers = {k: z["columns"][:, j] for j, k in enumerate(z["column_names"].tolist())}
 
     @functools.cache
     def reread() -> Any:
         """The file read again for its texts, checked to be the rows the entry describes."""
         log.info("%s: reading its comments (their tokens are not in the cache)", path)
-        data = readers.READERS[kind](path, fold_column=fold_column)
+        data = readers.READERS[kind](path, fold_column=fold_column, columns=columns)
         if len(data) != n or not np.array_equal(data.text_digests(), z["digests"]):
             raise DataError(f"{path}: changed while this run was reading it; start the run again")
         return data
@@ -113,7 +133,7 @@ def _from_arrays(kind: str, path: Path, fold_column: str, z: dict[str, np.ndarra
     if kind == "pairs":
         less = FileTexts(lambda: reread().less, rows)
         more = FileTexts(lambda: reread().more, rows)
-        return Pairs(str(path), less, more, int(z["dropped"]), folds, z["digests"])
+        return Pairs(str(path), less, more, int(z["dropped"]), folds, z["digests"], numbers)
     names = z["identity_names"].tolist()
     identities = {k: z["identities"][:, j] for j, k in enumerate(names)}
     groups = Groups(identities, z["lang"] if bool(z["has_lang"]) else None)
@@ -128,4 +148,5 @@ def _from_arrays(kind: str, path: Path, fold_column: str, z: dict[str, np.ndarra
         groups,
         folds,
         z["digests"],
+        numbers,
     )

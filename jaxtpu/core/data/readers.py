@@ -9,7 +9,7 @@ import math
 import os
 import sys
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from jaxtpu.core.data.records import (
     TEXT_COLUMNS,
     Comments,
     Groups,
+    NumberColumn,
     Pairs,
 )
 from jaxtpu.core.data.tables import Structured, Table, open_table
@@ -90,6 +91,51 @@ def _parse_label(path: Any, where: str, column: str, value: str | None, blank_ok
     if not 0.0 <= x <= 1.0:  # also rejects nan
         raise DataError(f"{path}: {where}: {column}={value} is outside [0, 1]")
     return x
+
+
+def _check_number_columns(table: Table, columns: Mapping[str, NumberColumn]) -> None:
+    for name, rule in columns.items():
+        if name not in table.header:
+            raise DataError(
+                f"{rule.flag} {name}: {table.path} has no such column; found: "
+                f"{', '.join(table.header)}"
+            )
+
+
+def _parse_number(path: Any, where: str, column: str, value: Any, rule: NumberColumn) -> float:
+    """A value of a `NumberColumn`: NaN for a blank where allowed, else a number in range."""
+    text = (value or "").strip() if isinstance(value, str) or value is None else str(value)
+    within = f"[{_num(rule.lo)}, {_num(rule.hi)}]" if math.isfinite(rule.hi) else f">= {rule.lo:g}"
+    if not text:
+        if rule.blank_ok:
+            return math.nan
+        raise DataError(
+            f"{path}: {where}: {column} ({rule.flag}) is blank, expected a number {within}"
+        )
+    try:
+        x = float(text)
+    except ValueError:
+        raise DataError(
+            f"{path}: {where}: {column}={text!r} ({rule.flag}) is not a number, expected {within}"
+        ) from None
+    if not rule.lo <= x <= rule.hi:  # also rejects nan
+        raise DataError(f"{path}: {where}: {column}={text} ({rule.flag}) is outside {within}")
+    return x
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _read_numbers(
+    path: Any, where: str, row: dict[str, Any], columns: Mapping[str, NumberColumn], out: array
+) -> None:
+    out.extend(_parse_number(path, where, c, row.get(c), rule) for c, rule in columns.items())
+
+
+def _number_arrays(columns: Mapping[str, NumberColumn], values: array, n: int) -> dict:
+    table = _numpy(values, np.float32, (n, len(columns)))
+    return {c: table[:, j] for j, c in enumerate(columns)}
 
 
 def _check_fold_column(table: Table, column: str) -> None:
@@ -163,6 +209,7 @@ def read_comments(
     labelled: bool = True,
     fold_column: str = "",
     table: Table | None = None,
+    columns: Mapping[str, NumberColumn] | None = None,
 ) -> Comments:
     """Reads a Kaggle classification file (CSV, Parquet or JSON Lines, `jaxtpu.core.data.tables`):
     the comment (`comment_text`, or the Multilingual test file's `content`), the label (`toxic`,
@@ -173,6 +220,7 @@ def read_comments(
     Rate Severity `comments_to_score.csv` (`comment_id`, `text`); there, empty comments are kept
     (every id must get a score), counted in `dropped` and warned about.
     Otherwise rows whose comment is empty after whitespace normalisation are dropped and counted.
+    `columns`: further numeric columns a run asks for (`NumberColumn`), into `Comments.columns`.
     The rows are read as a stream: numbers go straight into compact arrays, and no row outlives
     its turn.
     """
@@ -183,7 +231,10 @@ def read_comments(
     subs = [(SUBLABELS.index(c), c) for c in SUBLABELS if c in header] if labelled else []
     idents = [c for c in IDENTITIES if c in header] if labelled else []
     with_lang = labelled and LANG_COLUMN in header
+    columns = columns or {}
     _check_fold_column(table, fold_column)
+    _check_number_columns(table, columns)
+    numbers = array("f")
     texts: list[str] = []
     ids: list[str] = []
     labels, sublabels, identity_values = array("f"), array("f"), array("f")
@@ -202,6 +253,7 @@ def read_comments(
         ids.append((row.get(id_col) or "").strip())
         if fold_column:
             folds.append(_fold_id(path, where, row, fold_column))
+        _read_numbers(path, where, row, columns, numbers)
         if not labelled:
             continue
         labels.append(_parse_label(path, where, label_col, row.get(label_col), blank_ok=False))
@@ -234,6 +286,7 @@ def read_comments(
             path, idents, _numpy(identity_values, np.float32, (n, len(idents))), with_lang and langs
         ),
         _numpy(folds, np.int64) if fold_column else None,
+        columns=_number_arrays(columns, numbers, n),
     )
 
 
@@ -256,8 +309,14 @@ def _groups(path: Any, names: list[str], values: np.ndarray, langs: list[str] | 
     return Groups(identities, None if langs is False else np.asarray(langs))
 
 
-def read_pairs(path: str | os.PathLike, fold_column: str = "", table: Table | None = None) -> Pairs:
-    """Reads a Rate Severity pairs file (`less_toxic`, `more_toxic`, optional `worker`)."""
+def read_pairs(
+    path: str | os.PathLike,
+    fold_column: str = "",
+    table: Table | None = None,
+    columns: Mapping[str, NumberColumn] | None = None,
+) -> Pairs:
+    """Reads a Rate Severity pairs file (`less_toxic`, `more_toxic`, optional `worker`, and
+    the numeric `columns` a run asks for)."""
     table = table or open_table(path)
     if file_kind(table.header) != "pairs":
         raise missing_columns_error(path, table.header, "less_toxic, more_toxic")
@@ -266,8 +325,10 @@ def read_pairs(path: str | os.PathLike, fold_column: str = "", table: Table | No
             f"{path}: a lang column goes with a classification file (per-language AUC); a "
             "pairs file is scored by agreement over all its pairs: drop the column"
         )
+    columns = columns or {}
     _check_fold_column(table, fold_column)
-    less, more, folds = [], [], array("q")
+    _check_number_columns(table, columns)
+    less, more, folds, numbers = [], [], array("q"), array("f")
     rows = dropped = 0
     for where, row in table.rows():
         rows += 1
@@ -279,11 +340,14 @@ def read_pairs(path: str | os.PathLike, fold_column: str = "", table: Table | No
         more.append(b)
         if fold_column:
             folds.append(_fold_id(path, where, row, fold_column))
+        _read_numbers(path, where, row, columns, numbers)
     if not less:
         raise DataError(f"{path}: all {rows} rows dropped (less_toxic or more_toxic empty)")
     if dropped:
         log.warning("%s: dropped %d of %d pairs with an empty comment", path, dropped, rows)
-    return Pairs(str(path), less, more, dropped, _numpy(folds, np.int64) if fold_column else None)
+    folds_or_none = _numpy(folds, np.int64) if fold_column else None
+    numbers_of = _number_arrays(columns, numbers, len(less))
+    return Pairs(str(path), less, more, dropped, folds_or_none, columns=numbers_of)
 
 
 READERS = {"pairs": read_pairs, "classification": read_comments}

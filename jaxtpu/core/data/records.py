@@ -57,6 +57,17 @@ IDENTITIES = (
 LANG_COLUMN = "lang"  # the Multilingual competition's language of each comment
 
 
+@dataclass(frozen=True)
+class NumberColumn:
+    """A numeric column a run asks a file for beyond the Jigsaw ones (a row weight, an
+    auxiliary target): which flag asked, whether a blank is allowed (NaN) and the range."""
+
+    flag: str
+    blank_ok: bool
+    lo: float
+    hi: float = float("inf")
+
+
 @dataclass
 class Groups:
     """What a file says about each comment besides its labels, for the metrics that break
@@ -133,6 +144,8 @@ class Comments:
     groups: Groups = field(default_factory=Groups)
     folds: np.ndarray | None = None  # (N,) int64: the file's --fold-column
     digests: np.ndarray | None = None  # (N, 16) uint8 `digest_texts`, made when first asked
+    # the `NumberColumn`s a run asked for: name -> (N,) float32, NaN where blank
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -152,6 +165,7 @@ class Comments:
             groups=self.groups.take(idx),
             folds=None if self.folds is None else self.folds[idx],
             digests=None if self.digests is None else self.digests[idx],
+            columns={k: v[idx] for k, v in self.columns.items()},
         )
 
     def severity(self) -> np.ndarray:
@@ -175,6 +189,7 @@ class Pairs:
     dropped: int = 0
     folds: np.ndarray | None = None  # (N,) int64: the file's --fold-column
     digests: np.ndarray | None = None  # (N, 2, 16) uint8: less, more; made when first asked
+    columns: dict[str, np.ndarray] = field(default_factory=dict)  # as `Comments.columns`
 
     def __len__(self) -> int:
         return len(self.less)
@@ -191,4 +206,5 @@ class Pairs:
             take_texts(self.more, idx),
             folds=None if self.folds is None else self.folds[idx],
             digests=None if self.digests is None else self.digests[idx],
+            columns={k: v[idx] for k, v in self.columns.items()},
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ from jaxtpu.core.data.demo import SAMPLE_CSV, demo_comments
 from jaxtpu.core.data.filecache import read_cached
 from jaxtpu.core.data.pairing import pairs_from_labels
 from jaxtpu.core.data.readers import file_kind, missing_columns_error
-from jaxtpu.core.data.records import Comments, Groups, Pairs
+from jaxtpu.core.data.records import Comments, Groups, NumberColumn, Pairs
+from jaxtpu.core.data.rowweights import row_weights, weight_columns
 from jaxtpu.core.data.splits import split, subsample
 from jaxtpu.core.data.tables import open_table
 from jaxtpu.core.data.tokenized import Examples, encode, labels_of
@@ -36,20 +38,24 @@ _EXPECTED = {
 
 
 def read_task_file(
-    path: str | os.PathLike, task: Task, fold_column: str = "", cache_dir: Any = None
+    path: str | os.PathLike,
+    task: Task,
+    fold_column: str = "",
+    cache_dir: Any = None,
+    columns: Mapping[str, NumberColumn] | None = None,
 ) -> Comments | Pairs:
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
-    the fold ids of `fold_column` when one is asked for; with a `cache_dir`, through the file
-    cache (`read_cached`)."""
+    the fold ids of `fold_column` when one is asked for and the numeric `columns` a run asks
+    for; with a `cache_dir`, through the file cache (`read_cached`)."""
     table = open_table(path)  # the header, read once: the reader takes it from here
     kind = file_kind(table.header)
     if kind not in task.reads:
         expected = " or ".join(_EXPECTED[k] for k in task.reads)
         raise missing_columns_error(path, table.header, expected)
     if cache_dir is None:
-        data = readers.READERS[kind](path, fold_column=fold_column, table=table)
+        data = readers.READERS[kind](path, fold_column=fold_column, table=table, columns=columns)
     else:
-        data = read_cached(kind, Path(path), fold_column, Path(cache_dir), table)
+        data = read_cached(kind, Path(path), fold_column, Path(cache_dir), table, columns)
     if isinstance(data, Comments) and data.groups and task.comments_per_example == 2:
         log.warning(
             "%s: identity/lang columns not used: the %s task is scored by agreement over pairs",
@@ -104,7 +110,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
     if d.train_csv:
         path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
-        data = read_task_file(path, task, d.fold_column, cache)
+        data = read_task_file(path, task, d.fold_column, cache, weight_columns(cfg))
         source = str(path)
     else:
         data = demo_comments(d.demo_size, seed)
@@ -143,7 +149,9 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
             f"{task.monitor} is undefined and no best model could be chosen; give a --valid-csv "
             "with both classes, a larger --valid-fraction, or more rows"
         )
+    weights = row_weights(train, cfg, source)
     train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
+    train_ex.row_weights = weights
     valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task)
     info = {
         "source": source,

@@ -31,6 +31,8 @@ class Examples:
     # what a batch holds, `Task.batch_layout` ({key: (row shape, dtype)}); None: the four
     # arrays as they are
     layout: Mapping[str, tuple[tuple[int, ...], str]] | None = None
+    # (N,) float32 >= 0: each example's weight in the training loss (`row_weights`); None: 1
+    row_weights: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.label.shape[0])
@@ -46,15 +48,19 @@ class Examples:
         self, idx: np.ndarray, weight: np.ndarray | None = None, length: int | None = None
     ) -> dict[str, np.ndarray]:
         """The batch of rows `idx`, cut to `length` tokens (None: all; see
-        `jaxtpu.core.data.buckets`), made to the task's batch layout: its keys, in its dtypes."""
+        `jaxtpu.core.data.buckets`), made to the task's batch layout: its keys, in its dtypes.
+        `weight` marks the real rows (0: a row that pads the batch); the row weight is it times
+        the example's own (`row_weights`)."""
         if weight is None:
             weight = np.ones(idx.shape[0], np.float32)
         cut = slice(None, length)
+        own = (lambda: 1.0) if self.row_weights is None else (lambda: self.row_weights[idx])
         columns = {
             "input_ids": lambda: self.input_ids[idx, ..., cut],
             "attention_mask": lambda: self.attention_mask[idx, ..., cut],
             "label": lambda: self.label[idx],
             "weight": lambda: weight.astype(np.float32),
+            "row_weight": lambda: (weight * own()).astype(np.float32),
         }
         layout = self.layout or dict.fromkeys(columns, ((), ""))
         missing = [k for k in layout if k not in columns]

@@ -262,6 +262,20 @@ class DataConfig:
         "train_5folds.csv): --fold K validates on the rows whose value is K and trains on the "
         "rest. Replaces --n-folds.",
     )
+    weight_column: str = _f(
+        "",
+        "Weight each training row's loss by this column of the training file (numbers >= 0; "
+        "a row of weight 0 contributes nothing): the loss is sum(w x loss) / sum(w) over a "
+        "batch, on both sides. Any task; ranking needs a pairs file that has the column. "
+        "Validation stays unweighted (val_loss and the metrics compare across weightings).",
+    )
+    bias_weights: bool = _f(
+        False,
+        "Weight the training rows by the Unintended Bias rule (detoxify's, after the 2nd-place "
+        "solution; docs/competitions/unintended-bias.md): 0.25, +0.25 for a toxic comment "
+        "without an identity or a non-toxic one with, +0.25 for an identity mention "
+        "(any identity column >= 0.5). Needs the file's identity columns; one-comment tasks.",
+    )
     pairs_per_comment: float = _f(
         1.0,
         "Ranking from labels: pairs built = this x number of comments.",
@@ -282,6 +296,11 @@ class DataConfig:
             other = "--n-folds" if self.n_folds else "--valid-csv"
             raise ConfigError(
                 f"--fold-column {self.fold_column} takes the folds from the file; drop {other}"
+            )
+        if self.weight_column and self.bias_weights:
+            raise ConfigError(
+                f"--weight-column {self.weight_column} and --bias-weights both weight the rows; "
+                "give one"
             )
         if self.fold and not self.fold_column and not self.fold < self.n_folds:
             raise ConfigError(
@@ -776,6 +795,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be {problem}, got {value}")
     for section in SECTIONS:
         getattr(cfg, section).check()
+    if cfg.data.bias_weights and cfg.task.comments_per_example != 1:
+        raise ConfigError(
+            f"--bias-weights weights comments by identity mentions; --task {cfg.train.task} "
+            "trains on pairs (use --weight-column with a pairs file)"
+        )
     k = max(cfg.placement.steps_per_call, 1)
     for name in ("log_every", "eval_every", "checkpoint_every"):
         value = getattr(cfg.output, name)
