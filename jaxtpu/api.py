@@ -42,8 +42,9 @@ class Model:
         return self.task.label_columns
 
     def logits(self, texts: Iterable[str]) -> np.ndarray:
-        """The model's raw outputs: (N,) or (N, labels), for any iterable of strings (a
-        list, a generator, a pandas Series, ...), read once."""
+        """The model's raw outputs: (N,) or (N, outputs) (the labels', then any auxiliary
+        targets'), for any iterable of strings (a list, a generator, a pandas Series, ...),
+        read once."""
         if isinstance(texts, str | bytes):
             raise UserError("predict takes an iterable of strings (one comment each), not one")
         texts = list(texts)  # a generator is read once: every item is scored
@@ -53,13 +54,20 @@ class Model:
             raise UserError(f"predict takes strings (one comment each); item {wrong[0]} is {kind}")
         return self.scorer.logits([readers.normalize_text(t) for t in texts])
 
-    def predict(self, texts: Iterable[str]) -> np.ndarray | dict[str, np.ndarray]:
+    def predict(
+        self, texts: Iterable[str], all_outputs: bool = False
+    ) -> np.ndarray | dict[str, np.ndarray]:
         """One score per text: the probability of toxicity (a ranker: its raw score), or for
-        a multi-label model `{label: probabilities}` for each of its labels."""
+        a multi-label model `{label: probabilities}` for each of its labels. `all_outputs`
+        (a run trained with --aux-columns): `{column: probabilities}` of the labels and every
+        auxiliary target."""
         scores = self.logits(texts)
         if self.trained.spec.task.comments_per_example == 2:
             return scores
-        probs = metrics.probability(scores)
+        if all_outputs:
+            names, probs = self.task.score_columns(True), self.task.predictions(scores, True)
+            return {k: probs[:, j].astype(np.float32) for j, k in enumerate(names)}
+        probs = metrics.probability(self.task.main(scores))
         if probs.ndim == 1:
             return probs.astype(np.float32)
         return {k: probs[:, j].astype(np.float32) for j, k in enumerate(self.labels)}

@@ -67,8 +67,8 @@ def read_labelled(path: str, task: Task) -> records.Comments | records.Pairs:
             f"--input {path}: a {task.name} run is evaluated on {what[wanted]}; this is "
             f"{found}{hint}"
         )
-    data = taskdata.read_task_file(path, task)
-    if task.outputs > 1:
+    data = taskdata.read_task_file(path, task, columns=taskdata.aux_columns(task, required=False))
+    if task.main_outputs > 1:
         taskdata.check_label_columns(data, task, f"--input {path}")
     return data
 

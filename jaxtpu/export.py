@@ -114,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "task": task,
             "head_dropout": model.cfg.head_dropout,
             "pooling": model.module.pooling,
+            # the head's outputs in order (the task's, then --aux-columns' targets)
+            "outputs": [*model.spec.task.label_columns, *model.spec.task.aux_columns],
             "step": step,
             "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
         }

@@ -133,7 +133,7 @@ def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
     from jaxtpu import parallel, steps
     from jaxtpu.backend import JaxBackend
 
-    fns = steps.for_task(task.name, model.cfg.train.margin)
+    fns = steps.for_task(task, model.cfg.train.margin)
     strategy = parallel.make_strategy("jit", devices, fns)
     state = steps.TrainState.create(
         apply_fn=model.module.apply, params=model.params, tx=optax.identity()
@@ -254,8 +254,8 @@ def predict_stream(
     chunk's rows to the partial file and then recording them, so memory stays that of one
     chunk and a killed run continues from its last recorded chunk with the same chunks, the
     same batches and so the same bytes. Returns (rows, empty comments)."""
-    task = scorers[0].task
-    columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, severity)
+    task, every = scorers[0].task, progress.work.get("all_outputs", False)
+    columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, severity, every)
     chunk_rows = progress.work["chunk_rows"]
     done, size = (resume["rows"], resume["bytes"]) if resume else (0, 0)
     bar = _bar(done)
@@ -276,7 +276,7 @@ def predict_stream(
                 if start < done:
                     continue
                 empty += chunk.dropped
-                each = [outputs(s.logits(chunk.texts), task, severity)[1] for s in scorers]
+                each = [outputs(s.logits(chunk.texts), task, severity, every)[1] for s in scorers]
                 mean = np.mean(each, 0)
                 ids = chunk.ids or [str(start + j) for j in range(len(chunk))]
                 f.write(_csv_bytes([i, *row] for i, row in zip(ids, mean.tolist(), strict=True)))
@@ -364,6 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_scoring_flags(p, ("max_len", "num_devices", "batch_size", "chunk_rows"), unset=("max_len",))
     p.add_argument("--overwrite", action="store_true", help="Replace an existing --output.")
     p.add_argument(
+        "--all-outputs",
+        action="store_true",
+        help="Also write the probability of each auxiliary target of a run trained with "
+        "--aux-columns (after the task's own columns); without it, the task's columns alone.",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="Continue a predict into --output that was stopped (killed, preempted) from its "
@@ -395,6 +401,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
         severity = readers.file_kind(header) == "score"
         task = models[0].spec.task
+        if args.all_outputs and (severity or len({m.spec.task.aux_columns for m in models}) > 1):
+            raise UserError(
+                "--all-outputs writes every output of one kind of model to a classification "
+                "file's scores; "
+                + (
+                    "a Rate Severity file gets one score per comment"
+                    if severity
+                    else "these runs have different --aux-columns"
+                )
+            )
         if severity and task.outputs > 1 and task.label_columns != LABELS:
             raise UserError(
                 f"--input {args.input}: a Rate Severity file needs one score per comment; "
@@ -433,6 +449,7 @@ def _work(args: argparse.Namespace) -> dict[str, Any]:
         "chunk_rows": args.chunk_rows,
         "batch_size": args.batch_size,
         "num_devices": args.num_devices,
+        "all_outputs": args.all_outputs,
     }
 
 
@@ -481,18 +498,20 @@ def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
             )
 
 
-def outputs(scores: np.ndarray, task: Any, severity: bool) -> tuple[list[str], np.ndarray]:
+def outputs(
+    scores: np.ndarray, task: Any, severity: bool, every: bool = False
+) -> tuple[list[str], np.ndarray]:
     """(header, values (N, columns)) of the output file: `comment_id,score` for a Rate
     Severity file (`severity`; a multi-label model ranks by the severity weights of its six
     probabilities, as pairs are built from labels; other models by their raw score), else
-    Kaggle's submission, `id` and a probability per label the model scores."""
+    Kaggle's submission, `id` and a probability per label the model scores (`every`: and per
+    auxiliary target, `Task.aux_columns`)."""
     if severity:
+        scores = task.main(scores)
         if scores.ndim == 2:
             scores = metrics.probability(scores) @ records.SEVERITY_WEIGHTS
         return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
-    probs = metrics.probability(scores)
-    labels = list(task.label_columns) if probs.ndim == 2 else ["toxic"]
-    return ["id", *labels], probs.reshape(len(probs), len(labels))
+    return ["id", *task.score_columns(every)], task.predictions(scores, every)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax.training.train_state import TrainState
 
-from jaxtpu.core.tasks import RANKING_MARGIN
+from jaxtpu.core.tasks import RANKING_MARGIN, Task, get_task
 
 Batch = dict[str, jax.Array]
 Loss = Callable[[jax.Array, jax.Array], jax.Array]  # (scores, label) -> per-example loss (B,)
@@ -70,10 +70,29 @@ class Steps:
     eval: Callable[..., dict[str, jax.Array]]
 
 
-def for_task(task: str, margin: float = RANKING_MARGIN) -> Steps:
-    """The steps of a task of `jaxtpu.core.tasks.TASKS`, with its loss from `LOSSES` and the
-    ranking `margin` (--margin, which only the ranking loss reads)."""
-    loss = partial(LOSSES[task], margin=margin)
+def task_loss(task: Task | str, margin: float = RANKING_MARGIN) -> Loss:
+    """The per-example loss of a task (a `Task`, or a name of `jaxtpu.core.tasks.TASKS`): its
+    `LOSSES` entry with the ranking `margin` (--margin, which only the ranking loss reads),
+    plus, with auxiliary targets, `aux_weight` x the masked BCE of the outputs after the
+    task's own (`Task.aux_columns`; `torchxla_ref.steps.task_loss` is the same)."""
+    task = get_task(task) if isinstance(task, str) else task
+    own = partial(LOSSES[task.name], margin=margin)
+    if not task.aux_columns:
+        return own
+    k, weight = task.main_outputs, task.aux_weight
+
+    def loss(scores: jax.Array, label: jax.Array) -> jax.Array:
+        mine = (lambda a: a[..., 0]) if k == 1 else (lambda a: a[..., :k])  # noqa: E731
+        aux = _masked_bce(scores[..., k:], label[..., k:], margin)
+        return own(mine(scores), mine(label)) + weight * aux
+
+    return loss
+
+
+def for_task(task: Task | str, margin: float = RANKING_MARGIN) -> Steps:
+    """The steps of a task (a `Task` or a name of `jaxtpu.core.tasks.TASKS`) with its loss
+    (`task_loss`) closed over."""
+    loss = task_loss(task, margin)
     return Steps(partial(train_steps, loss=loss), partial(eval_step, loss=loss))
 
 

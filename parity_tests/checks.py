@@ -228,15 +228,17 @@ def family_results(family: str, out: dict) -> list[Result]:
     return [*results, grads]
 
 
-def family_init(work: Path, family: str, task: str = "toxicity") -> Path:
-    """The family's test checkpoint (`parity_tests.families`) with one seeded head, saved as a
-    directory both sides start from."""
+def family_init(work: Path, family: str, task: str = "toxicity", aux_columns: str = "") -> Path:
+    """The family's test checkpoint (`parity_tests.families`) with one seeded head (with an
+    output per auxiliary target of `aux_columns`), saved as a directory both sides start
+    from."""
     from parity_tests.families import build
 
     source = work / "families" / family
     if not (source / "model.safetensors").exists():
         build(family, source)
-    return shared_init(work / f"init-{family}-{task}", task, "tiny", model_dir=str(source))
+    name = f"init-{family}-{task}{'-aux' if aux_columns else ''}"
+    return shared_init(work / name, task, "tiny", model_dir=str(source), aux_columns=aux_columns)
 
 
 def families_forward(work: Path) -> list[Result]:
@@ -261,7 +263,8 @@ def families_forward(work: Path) -> list[Result]:
 
 def weighted_sample(work: Path) -> Path:
     """The packaged sample with a `sample_weight` column (seeded: a fifth of the rows 0, the
-    rest uniform in [0.2, 3]), for a trajectory with per-row loss weights."""
+    rest uniform in [0.2, 3]) and two soft auxiliary targets `aux_a`, `aux_b` (a third of
+    them blank), for a trajectory with per-row loss weights and auxiliary outputs."""
     import csv
 
     from jaxtpu.core.data.demo import SAMPLE_CSV
@@ -271,24 +274,35 @@ def weighted_sample(work: Path) -> Path:
         with open(SAMPLE_CSV, newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
         rng = np.random.default_rng(45)
-        weights = np.where(rng.random(len(rows)) < 0.2, 0.0, rng.uniform(0.2, 3.0, len(rows)))
+        n = len(rows)
+        weights = np.where(rng.random(n) < 0.2, 0.0, rng.uniform(0.2, 3.0, n))
+        aux = np.where(rng.random((n, 2)) < 1 / 3, np.nan, rng.random((n, 2)))
+
+        def soft(x: float) -> str:
+            return "" if np.isnan(x) else f"{x:.3f}"
+
         with open(out, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, [*rows[0], "sample_weight"])
+            writer = csv.DictWriter(f, [*rows[0], "sample_weight", "aux_a", "aux_b"])
             writer.writeheader()
-            writer.writerows(
-                {**r, "sample_weight": f"{w:.3f}"} for r, w in zip(rows, weights, strict=True)
-            )
+            for r, w, (a, b) in zip(rows, weights, aux, strict=True):
+                extra = {"sample_weight": f"{w:.3f}", "aux_a": soft(a), "aux_b": soft(b)}
+                writer.writerow({**r, **extra})
     return out
 
 
 def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result:
     """21 fp32 steps on 8 devices with dropout off from one init of a family's checkpoint, with
     a notebook's recipe knobs (`RECIPE_FLAGS`): jaxtpu jit against torch_xla spmd, each with
-    its own command line. The multi-label one weights its rows' losses (`weighted_sample`)."""
-    model_dir = family_init(work, family, task)
-    weighted = []
+    its own command line. The multi-label one weights its rows' losses and learns two
+    auxiliary targets (`weighted_sample`)."""
+    weighted, aux = [], ""
     if task == "multilabel":
-        weighted = ["--train-csv", str(weighted_sample(work)), "--weight-column", "sample_weight"]
+        aux = "aux_a,aux_b"
+        weighted = [
+            *("--train-csv", str(weighted_sample(work)), "--weight-column", "sample_weight"),
+            *("--aux-columns", aux, "--aux-weight", "0.7"),
+        ]
+    model_dir = family_init(work, family, task, aux)
     flags = [
         *TRAJ_FLAGS,
         "--task",

@@ -103,7 +103,7 @@ class XlaBackend:
             self.optimizer,
             self.scheduler,
             self.strategy.put(batch),
-            task=self.cfg.train.task,
+            task=self.cfg.task,
             precision=self.cfg.train.precision,
             device_type=self.device_type,
             accumulate=acc,
@@ -141,7 +141,7 @@ class XlaBackend:
         scores, losses = steps.eval_step(
             self.model,
             self.strategy.put(batch),
-            self.cfg.train.task,
+            self.cfg.task,
             self.cfg.train.precision,
             self.device_type,
             self.cfg.train.margin,

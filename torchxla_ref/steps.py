@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from jaxtpu.core.tasks import RANKING_MARGIN
+from jaxtpu.core.tasks import RANKING_MARGIN, Task, get_task
 
 
 def _bce(scores: torch.Tensor, label: torch.Tensor, margin: float) -> torch.Tensor:
@@ -32,6 +32,21 @@ def _masked_bce(scores: torch.Tensor, label: torch.Tensor, margin: float) -> tor
 LOSSES = {"toxicity": _bce, "ranking": _margin_ranking, "multilabel": _masked_bce}
 
 
+def task_loss(
+    task: Task | str, scores: torch.Tensor, label: torch.Tensor, margin: float
+) -> torch.Tensor:
+    """Per-example loss of a task (a `Task` or a task name), as `jaxtpu.steps.task_loss`: its
+    `LOSSES` entry, plus `aux_weight` x the masked BCE of the auxiliary outputs."""
+    task = get_task(task) if isinstance(task, str) else task
+    own = LOSSES[task.name]
+    if not task.aux_columns:
+        return own(scores, label, margin)
+    k = task.main_outputs
+    mine = (lambda a: a[..., 0]) if k == 1 else (lambda a: a[..., :k])  # noqa: E731
+    aux = _masked_bce(scores[..., k:], label[..., k:], margin)
+    return own(mine(scores), mine(label), margin) + task.aux_weight * aux
+
+
 def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager:
     """bf16 compute with fp32 master weights (torch.autocast), like the JAX side's policy."""
     if precision == "bf16":
@@ -42,7 +57,7 @@ def autocast(precision: str, device_type: str) -> contextlib.AbstractContextMana
 def loss_fn(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
-    task: str,
+    task: Task | str,
     precision: str,
     device_type: str,
     margin: float = RANKING_MARGIN,
@@ -51,7 +66,7 @@ def loss_fn(
     (`jaxtpu.core.tasks.Task.batch_layout`): sum(w x) / sum(w), 0 when every weight is 0."""
     with autocast(precision, device_type):
         scores = model(batch["input_ids"], batch["attention_mask"])
-    losses = LOSSES[task](scores.float(), batch["label"], margin)
+    losses = task_loss(task, scores.float(), batch["label"], margin)
     weight = batch["row_weight"]
     total = weight.sum()
     return (losses * weight).sum() / torch.where(total > 0, total, torch.ones_like(total))
@@ -63,7 +78,7 @@ def train_step(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     batch: dict[str, torch.Tensor],
     *,
-    task: str,
+    task: Task | str,
     precision: str,
     device_type: str,
     accumulate: int,
@@ -103,7 +118,7 @@ def train_step(
 def eval_step(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
-    task: str,
+    task: Task | str,
     precision: str,
     device_type: str,
     margin: float = RANKING_MARGIN,
@@ -111,4 +126,4 @@ def eval_step(
     with autocast(precision, device_type):
         scores = model(batch["input_ids"], batch["attention_mask"])
     scores = scores.float()
-    return scores, LOSSES[task](scores, batch["label"], margin)
+    return scores, task_loss(task, scores, batch["label"], margin)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,11 @@ class Task:
         order of the head's outputs (one score per column per comment; NaN where a column is
         blank). One column gives labels of shape (N,), several (N, columns). A pairs task's
         label is 1 for every pair (the more toxic comment comes second).
+      aux_columns: auxiliary targets (`--aux-columns`, soft targets in [0, 1], NaN where blank)
+        learnt as further head outputs after the label columns, each row's loss the task's
+        on its labels plus `aux_weight` x the mean BCE over its known auxiliary targets. The
+        metrics, predictions and scores read the label columns' outputs alone (`main`).
+      aux_weight: `--aux-weight`.
     """
 
     name: str
@@ -96,11 +101,33 @@ class Task:
     unit: str
     undefined: Callable[[np.ndarray], str | None] = lambda labels: None
     label_columns: tuple[str, ...] = ("toxic",)
+    aux_columns: tuple[str, ...] = ()
+    aux_weight: float = 1.0
 
     @property
     def outputs(self) -> int:
-        """Scores per comment: the head's outputs."""
+        """Scores per comment: the head's outputs (the labels', then the auxiliary ones)."""
+        return len(self.label_columns) + len(self.aux_columns)
+
+    @property
+    def main_outputs(self) -> int:
+        """The outputs of the label columns: what the task is scored and predicts by."""
         return len(self.label_columns)
+
+    def main(self, values: np.ndarray) -> np.ndarray:
+        """The label columns' part of per-comment outputs or labels ((N, outputs) -> (N,) for
+        one label column, (N, label columns) for several); as they are without auxiliary
+        targets."""
+        if not self.aux_columns:
+            return values
+        values = np.asarray(values)
+        return values[:, 0] if self.main_outputs == 1 else values[:, : self.main_outputs]
+
+    def with_aux(self, columns: tuple[str, ...], weight: float) -> Task:
+        """This task with auxiliary targets (`aux_columns`); itself when there are none."""
+        if not columns:
+            return self
+        return replace(self, aux_columns=tuple(columns), aux_weight=weight)
 
     def example_shape(self, max_len: int) -> tuple[int, ...]:
         """The shape of one example's token ids."""
@@ -136,19 +163,21 @@ class Task:
             for k, (shape, dtype) in self.batch_layout(max_len).items()
         }
 
-    @property
-    def score_columns(self) -> tuple[str, ...]:
-        """The columns of `predictions`: a probability per label column, or for a pairs task
-        the raw score of each comment of the pair."""
+    def score_columns(self, every: bool = False) -> tuple[str, ...]:
+        """The columns of `predictions`: a probability per label column (`every`: then per
+        auxiliary target too), or for a pairs task the raw score of each comment of the
+        pair."""
         if self.comments_per_example == 2:
             return ("less_toxic_score", "more_toxic_score")
-        return self.label_columns
+        return self.label_columns + (self.aux_columns if every else ())
 
-    def predictions(self, scores: np.ndarray) -> np.ndarray:
+    def predictions(self, scores: np.ndarray, every: bool = False) -> np.ndarray:
         """What a model's outputs (logits) are reported as, (N, score columns): probabilities
-        for a classification task, the raw scores of a ranker (only their order means
-        something)."""
-        scores = np.asarray(scores, np.float64).reshape(len(scores), -1)
+        for a classification task (of the label columns, or with `every` of every output),
+        the raw scores of a ranker (only their order means something)."""
+        scores = scores if every else self.main(scores)
+        columns = len(self.score_columns(every))
+        scores = np.asarray(scores, np.float64).reshape(len(scores), columns)
         return scores if self.comments_per_example == 2 else metrics.probability(scores)
 
     def validation_metrics(
@@ -163,8 +192,11 @@ class Task:
         with the breakdowns the file's `groups` (`jaxtpu.core.data.records.Groups`) allow.
 
         Returns:
-          {'val_loss': ..., monitor: ..., group metrics (`group_metrics`)}.
+          {'val_loss': ..., monitor: ..., group metrics (`group_metrics`)}: the loss is the
+          training objective's (auxiliary targets included), the metrics of the label
+          columns' outputs.
         """
+        scores, labels = self.main(scores), self.main(labels)
         return {
             "val_loss": metrics.weighted_mean(losses, weight),
             **self.metric(scores, labels, weight),
@@ -180,7 +212,7 @@ class Task:
         per-language AUC (`val_auc_lang_<lang>`, `val_mean_language_auc`)."""
         if not groups or self.comments_per_example != 1:
             return {}
-        first = (lambda a: a) if self.outputs == 1 else (lambda a: a[:, 0])  # noqa: E731
+        first = (lambda a: a) if self.main_outputs == 1 else (lambda a: a[:, 0])  # noqa: E731
         s, y = first(np.asarray(scores)), first(np.asarray(labels))
         out = {}
         if groups.identities:

@@ -64,7 +64,7 @@ def abstract_run(
         lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
     )
     placement = Placement(spec.sharding, *spec.mesh)
-    fns = steps.for_task(cfg.train.task, cfg.train.margin)
+    fns = steps.for_task(cfg.task, cfg.train.margin)
     strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement)
     shardings = strategy.state_sharding(state)
     rng = jax.eval_shape(lambda: jax.random.key(0))

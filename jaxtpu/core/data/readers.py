@@ -95,7 +95,7 @@ def _parse_label(path: Any, where: str, column: str, value: str | None, blank_ok
 
 def _check_number_columns(table: Table, columns: Mapping[str, NumberColumn]) -> None:
     for name, rule in columns.items():
-        if name not in table.header:
+        if name not in table.header and rule.required:
             raise DataError(
                 f"{rule.flag} {name}: {table.path} has no such column; found: "
                 f"{', '.join(table.header)}"

@@ -60,12 +60,14 @@ LANG_COLUMN = "lang"  # the Multilingual competition's language of each comment
 @dataclass(frozen=True)
 class NumberColumn:
     """A numeric column a run asks a file for beyond the Jigsaw ones (a row weight, an
-    auxiliary target): which flag asked, whether a blank is allowed (NaN) and the range."""
+    auxiliary target): which flag asked, whether a blank is allowed (NaN) and the range, and
+    whether a file without the column is refused (else every value is blank)."""
 
     flag: str
     blank_ok: bool
     lo: float
     hi: float = float("inf")
+    required: bool = True
 
 
 @dataclass

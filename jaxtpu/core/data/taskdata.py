@@ -66,6 +66,20 @@ def read_task_file(
     return data
 
 
+def number_columns(cfg: Config, training: bool = True) -> dict[str, NumberColumn]:
+    """The numeric columns a run reads beyond the Jigsaw ones: the row weights' (training file
+    only) and the auxiliary targets (`--aux-columns`: a validation file without one leaves
+    that target unscored)."""
+    return {**(weight_columns(cfg) if training else {}), **aux_columns(cfg.task, training)}
+
+
+def aux_columns(task: Task, required: bool) -> dict[str, NumberColumn]:
+    """The auxiliary targets' columns of a file (`Task.aux_columns`); when not `required`, a
+    file without one leaves that target unscored (blank)."""
+    aux = NumberColumn("--aux-columns", blank_ok=True, lo=0.0, hi=1.0, required=required)
+    return dict.fromkeys(task.aux_columns, aux)
+
+
 @dataclass
 class TaskData:
     train: Examples
@@ -110,7 +124,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
     if d.train_csv:
         path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
-        data = read_task_file(path, task, d.fold_column, cache, weight_columns(cfg))
+        data = read_task_file(path, task, d.fold_column, cache, number_columns(cfg))
         source = str(path)
     else:
         data = demo_comments(d.demo_size, seed)
@@ -129,12 +143,16 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         )
     valid_rows = None
     if d.valid_csv:
-        train, valid = data, read_task_file(d.valid_csv, task, cache_dir=cache)
+        valid_columns = number_columns(cfg, training=False)
+        train, valid = (
+            data,
+            read_task_file(d.valid_csv, task, cache_dir=cache, columns=valid_columns),
+        )
         split_desc = f"validation file {d.valid_csv}"
     else:
         tr, valid_rows, split_desc = _split_rows(data, cfg, source)
         train, valid = data.subset(tr), data.subset(valid_rows)
-    if task.outputs > 1:
+    if task.main_outputs > 1:
         check_label_columns(train, task, source)
     if task.comments_per_example == 2:
         # Build pairs within each split, so no comment is in both train and validation pairs.

@@ -96,7 +96,12 @@ def encode(
             pair(t.ids), pair(t.mask), label, t.cache_hit, lengths=longer, layout=layout
         )
     t = cached_tokens(lambda: data.texts, data.text_digests(), tokenizer, max_len, cache_dir)
-    labels = labels_of(data, task.label_columns).reshape(len(data), *task.label_shape)
+    labels = labels_of(data, task.label_columns)
+    if task.aux_columns:  # the auxiliary targets after the labels, NaN where blank or absent
+        blank = np.full(len(data), np.nan, np.float32)
+        aux = [data.columns.get(c, blank) for c in task.aux_columns]
+        labels = np.column_stack([labels, *aux]).astype(np.float32)
+    labels = labels.reshape(len(data), *task.label_shape)
     layout = task.batch_layout(max_len)
     return Examples(t.ids, t.mask, labels, t.cache_hit, data.groups, t.lengths, layout)
 

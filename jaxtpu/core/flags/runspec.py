@@ -25,7 +25,7 @@ from jaxtpu.core.hf.encoder import (
     resolve_model_dir,
 )
 from jaxtpu.core.hf.families import default_pooling
-from jaxtpu.core.tasks import Task, get_task
+from jaxtpu.core.tasks import Task
 
 
 def model_key(task: str | None, encoder: dict[str, Any] | None) -> dict[str, Any]:
@@ -110,7 +110,7 @@ class RunSpec:
             pooling, pooling_from = "auto", f"{enc.model_type}'s default"
         n = devices or place.num_devices * place.num_processes
         return cls(
-            task=get_task(cfg.train.task),
+            task=cfg.task,
             encoder=enc,
             pooling=default_pooling(enc.family, pooling, enc.default_pooling),
             pooling_from=pooling_from,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
 from jaxtpu.core.data.buckets import parse_buckets
+from jaxtpu.core.data.records import LABEL_COLUMNS
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
 from jaxtpu.core.hf.families import FAMILIES, POOLINGS
@@ -456,6 +457,20 @@ class TrainConfig:
         resume=True,
     )
     seed: int = _f(0, "Seed of data order, splits, init and dropout.", bounds=Bounds(0, 2**31 - 1))
+    aux_columns: str = _f(
+        "",
+        "Auxiliary targets: comma-separated columns of the training file (soft targets in "
+        "[0, 1], blank = not scored for that row), learnt as extra head outputs after the "
+        "task's own, e.g. the Unintended Bias sub-types and identities. Predictions, the "
+        "metrics and export's scores stay the task's outputs (predict --all-outputs writes "
+        "every one). One-comment tasks.",
+    )
+    aux_weight: float = _f(
+        1.0,
+        "--aux-columns: each row's loss is the task's plus this x the mean BCE over its known "
+        "auxiliary targets.",
+        bounds=Bounds(0, _INF),
+    )
     all_folds: bool = _f(
         False,
         "Train every fold (--n-folds K, or the values of --fold-column) into --workdir/fold-K "
@@ -467,6 +482,33 @@ class TrainConfig:
     def check(self) -> None:
         if self.margin != RANKING_MARGIN and self.task != "ranking":
             raise ConfigError(f"--margin {self.margin} applies to --task ranking only")
+        aux = self.aux
+        if self.aux_weight != 1.0 and not aux:
+            raise ConfigError(f"--aux-weight {self.aux_weight} applies with --aux-columns only")
+        if not aux:
+            return
+        task = get_task(self.task)
+        if task.comments_per_example != 1:
+            raise ConfigError(
+                f"--aux-columns: the {self.task} task scores pairs; auxiliary targets go with "
+                "the one-comment tasks (toxicity, multilabel)"
+            )
+        if len(set(aux)) < len(aux) or not all(aux):
+            raise ConfigError(
+                f"--aux-columns {self.aux_columns}: expected distinct column names separated "
+                "by commas"
+            )
+        taken = [c for c in aux if c in (*task.label_columns, *LABEL_COLUMNS)]
+        if taken:
+            raise ConfigError(
+                f"--aux-columns: {', '.join(taken)} is the {self.task} task's own label; "
+                "give other columns"
+            )
+
+    @property
+    def aux(self) -> tuple[str, ...]:
+        """--aux-columns as a tuple of names (empty without)."""
+        return tuple(c.strip() for c in self.aux_columns.split(",")) if self.aux_columns else ()
 
 
 @dataclass(frozen=True)
@@ -637,8 +679,8 @@ class Config:
 
     @property
     def task(self) -> Task:
-        """The task's row of `jaxtpu.core.tasks.TASKS`."""
-        return get_task(self.train.task)
+        """The task's row of `jaxtpu.core.tasks.TASKS`, with the run's auxiliary targets."""
+        return get_task(self.train.task).with_aux(self.train.aux, self.train.aux_weight)
 
     @property
     def head_dropout(self) -> float:
@@ -795,6 +837,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be {problem}, got {value}")
     for section in SECTIONS:
         getattr(cfg, section).check()
+    if cfg.data.weight_column and cfg.data.weight_column in cfg.train.aux:
+        raise ConfigError(
+            f"--weight-column {cfg.data.weight_column} is also in --aux-columns: a column is a "
+            "row weight or a target, not both"
+        )
     if cfg.data.bias_weights and cfg.task.comments_per_example != 1:
         raise ConfigError(
             f"--bias-weights weights comments by identity mentions; --task {cfg.train.task} "

@@ -191,7 +191,7 @@ class _Driver:
         preds = self.task.predictions(scores)
         with atomic_write(self.job.workdir / VALID_SCORES, newline="") as f:
             w = csv.writer(f)
-            w.writerow(["row", *self.task.score_columns])
+            w.writerow(["row", *self.task.score_columns()])
             w.writerows([r, *p] for r, p in zip(rows.tolist(), preds.tolist(), strict=True))
 
     def validate(self, call: Call) -> bool:
