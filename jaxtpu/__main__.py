@@ -14,6 +14,7 @@ COMMANDS = {
     "predict": ("jaxtpu.predict", "score a CSV with a run's best model (or an ensemble of runs)"),
     "evaluate": ("jaxtpu.evaluate", "score a labelled file with its competition's metric"),
     "export": ("jaxtpu.export", "write a run's best model as a Hugging Face dir or state dict"),
+    "lr-find": ("jaxtpu.lrfind", "learning-rate range test: loss against rate, a suggested --lr"),
     "preflight": (
         "jaxtpu.preflight.command",
         "compile for this CPU or a TPU slice: memory, fits or not",
@@ -25,7 +26,7 @@ COMMANDS = {
     "torch-train": ("torchxla_ref.train", "the PyTorch/XLA reference trainer (same flags)"),
 }
 # The commands that run JAX programs re-execute under huge pages, as their modules do.
-HUGE_PAGES = ("train", "predict", "evaluate")
+HUGE_PAGES = ("train", "predict", "evaluate", "lr-find")
 
 
 def usage() -> str:

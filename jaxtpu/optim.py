@@ -123,7 +123,11 @@ def transformers_adamw(
 
 
 def make_optimizer(
-    cfg: OptimConfig, horizon: Horizon, num_devices: int, scales: Any = None
+    cfg: OptimConfig,
+    horizon: Horizon,
+    num_devices: int,
+    scales: Any = None,
+    schedule: optax.Schedule | None = None,
 ) -> optax.GradientTransformation:
     """AdamW (`--adamw` form, betas `--adam-beta1/2`, `--adam-eps`; decay on
     `--decay-params`) after global-norm clipping, wrapped in `optax.MultiSteps` when
@@ -136,6 +140,7 @@ def make_optimizer(
       scales: per-leaf learning-rate multipliers (`jaxtpu.weights.lr_scales`, stacked as the
         params are) for --layer-lr-decay/--head-lr; None when every parameter trains at the
         schedule's rate (the optimizer state is then as it always was).
+      schedule: the rate per update instead of the run's schedule (`jaxtpu.lrfind`'s sweep).
     """
     chain = []
     if cfg.clip_norm > 0:
@@ -147,7 +152,7 @@ def make_optimizer(
         weight_decay=cfg.weight_decay,
         mask=partial(decay_mask, which=cfg.decay_params),
     )
-    schedule = make_schedule(cfg, horizon, num_devices)
+    schedule = schedule or make_schedule(cfg, horizon, num_devices)
     if cfg.adamw == "transformers":
         chain.append(transformers_adamw(schedule, **common, scales=scales))
     else:

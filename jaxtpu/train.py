@@ -96,7 +96,9 @@ def _train(
     return loop.train(job, backend, resume, devices, early)
 
 
-def build_backend(job: plan.Job, devices: list[Any], procs: Any, saved: Any = None) -> Any:
+def build_backend(
+    job: plan.Job, devices: list[Any], procs: Any, saved: Any = None, schedule: Any = None
+) -> Any:
     """The JAX side of a run, not started: the model (`weights.load_model`), its optimizer for
     the job's schedule, the train state on the host, the strategy with the task's steps, and
     the run directory's checkpoints.
@@ -106,6 +108,7 @@ def build_backend(job: plan.Job, devices: list[Any], procs: Any, saved: Any = No
       devices: every device of the run.
       procs: this host's processes (`hosts.Processes`).
       saved: the programs of --programs DIR, if given.
+      schedule: an optax schedule replacing the run's (the learning-rate finder's sweep).
     Returns:
       A `backend.JaxBackend`.
     """
@@ -122,9 +125,9 @@ def build_backend(job: plan.Job, devices: list[Any], procs: Any, saved: Any = No
     if cfg.optim.layerwise:
         rates = describe_layer_rates(cfg.optim, spec.encoder.num_hidden_layers, len(devices))
         log.info("learning rates: %s", rates)
-    tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices), model.lr_scales)
+    tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices), model.lr_scales, schedule)
     state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
-    fns = steps.for_task(cfg.train.task, cfg.train.margin)
+    fns = steps.for_task(cfg.task, cfg.train.margin)
     placement = Placement(spec.sharding, *spec.mesh)
     strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement, saved)
     ckpts = checkpoint.Checkpoints(job.workdir, procs if procs.count > 1 else None)

@@ -1,0 +1,231 @@
+"""`jaxtpu lr-find`: the learning-rate range test (Smith 2015; fastai's and Lightning's
+`lr_find`, the TPU_utility notebook's "learning rate finder").
+
+A short run on the run's own data and model whose rate grows exponentially from --start-lr to
+--end-lr, one optimizer update per step (the run's AdamW form, clipping, decay groups and
+layer-wise factors; no warm-up, no schedule), recording the loss of each step. It stops early
+when the smoothed loss passes 4x its minimum (fastai's stop) or becomes NaN. It writes
+`lr_find.csv` (step, lr, loss, smoothed loss) and `lr_find.png` beside it, and suggests a rate
+by the rule `suggest` states. The run directory is a temporary one: no checkpoint, model or
+training run is written anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core import hostmem
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.files import atomic_write
+from jaxtpu.core.flags.cli import parse_with
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
+from jaxtpu.core.run import plan
+from jaxtpu.core.run.rundir import user_errors
+
+log = logging.getLogger("jaxtpu")
+
+SMOOTHING = 0.98  # fastai's exponential moving average of the loss (bias-corrected)
+DIVERGED = 4.0  # stop once the smoothed loss exceeds this x its minimum (fastai's stop_div)
+SKIP_START = 0.1  # the first share of the steps is left out of the suggestion (Lightning's)
+
+
+def sweep_rate(step: Any, start: float, end: float, steps: int, xp: Any = np) -> Any:
+    """The rate of optimizer update `step` (0-based): start x (end / start)^(step / (steps - 1))."""
+    frac = xp.minimum(xp.asarray(step, xp.float32) / max(steps - 1, 1), 1.0)
+    return start * (end / start) ** frac
+
+
+def smooth(losses: Sequence[float], beta: float = SMOOTHING) -> np.ndarray:
+    """Bias-corrected exponential moving average: avg_i = beta avg_(i-1) + (1 - beta) loss_i,
+    reported as avg_i / (1 - beta^(i+1))."""
+    out, avg = [], 0.0
+    for i, x in enumerate(losses):
+        avg = beta * avg + (1 - beta) * x
+        out.append(avg / (1 - beta ** (i + 1)))
+    return np.asarray(out)
+
+
+def suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, str]:
+    """The suggested rate and why: the steepest descent of the smoothed loss against log10(lr)
+    (Lightning's rule), among the steps after the first tenth and up to the smoothed loss's
+    minimum (past it the loss rises: those rates are too high). None when the loss never
+    falls there."""
+    n = len(lrs)
+    lo, hi = max(int(n * SKIP_START), 1), int(np.argmin(smoothed))
+    if hi - lo < 2:
+        return None, (
+            "the smoothed loss reaches its minimum in the first steps: no falling stretch to "
+            "suggest from (lower --start-lr, or more --lr-find-steps)"
+        )
+    slope = np.gradient(smoothed[lo : hi + 1], np.log10(lrs[lo : hi + 1]))[:-1]  # not the min
+    i = lo + int(np.argmin(slope))
+    if slope[i - lo] >= 0:
+        return None, "the smoothed loss does not fall over the sweep"
+    why = (
+        f"steepest descent of the smoothed loss (step {i + 1}, slope {slope[i - lo]:.3g} per "
+        f"decade), below the minimum at lr {lrs[hi]:.3g}"
+    )
+    return float(lrs[i]), why
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("lr-find")
+    group.add_argument(
+        "--start-lr", type=float, default=1e-7, help="Rate of the first step. [default: 1e-07]"
+    )
+    group.add_argument(
+        "--end-lr", type=float, default=1.0, help="Rate of the last step. [default: 1.0]"
+    )
+    group.add_argument(
+        "--lr-find-steps",
+        type=int,
+        default=100,
+        help="Steps of the sweep (one optimizer update each; the data repeat if the training "
+        "set has fewer batches). [default: 100]",
+    )
+    group.add_argument(
+        "--out",
+        default="lr-find",
+        help="Directory for lr_find.csv and lr_find.png (never a run directory: no checkpoint "
+        "is written). [default: lr-find]",
+    )
+
+
+def check_flags(args: argparse.Namespace, cfg: Config) -> None:
+    if not 0 < args.start_lr < args.end_lr or not math.isfinite(args.end_lr):
+        raise UserError(
+            f"--start-lr {args.start_lr:g} and --end-lr {args.end_lr:g}: expected 0 < start < end"
+        )
+    if args.lr_find_steps < 5:
+        raise UserError(f"--lr-find-steps must be >= 5, got {args.lr_find_steps}")
+    if cfg.optim.accumulate > 1:
+        raise UserError("lr-find takes one optimizer update per step: drop --accumulate")
+    if cfg.output.resume:
+        raise UserError("lr-find starts from the model's initial weights: drop --resume")
+
+
+def find(cfg: Config, start: float, end: float, steps: int) -> dict[str, Any]:
+    """Runs the sweep (see the module docstring). Returns {'lr', 'loss', 'smoothed',
+    'suggestion', 'why', 'stopped'}."""
+    from jaxtpu import hosts
+    from jaxtpu.train import build_backend
+
+    require_strategy(cfg, JAX_STRATEGIES, "jaxtpu")
+    hosts.set_cpu_device_count(cfg.placement.num_devices)
+    hosts.use_compilation_cache()
+    devices = hosts.init_devices(cfg.placement.num_devices)
+    procs = hosts.Processes()
+    spec = RunSpec.resolve(cfg, len(devices), devices[0].platform)
+    with tempfile.TemporaryDirectory(prefix="jaxtpu-lr-find-") as tmp:
+        job = plan.Job.load(cfg, spec, Path(tmp), len(devices), procs.primary, time.time())
+
+        def rate(count: Any) -> Any:
+            import jax.numpy as jnp
+
+            return sweep_rate(count, start, end, steps, xp=jnp)
+
+        backend = build_backend(job, devices, procs, schedule=rate)
+        backend.start()
+        lrs, losses, stopped = [], [], ""
+        train, batcher = job.data.train, job.plan.batcher
+        rows = backend.local_rows(job.plan.global_batch)
+        batches = (b for epoch in range(10**9) for b in batcher.epoch(epoch, cfg.train.seed, 0))
+        for i, b in zip(range(steps), batches, strict=False):
+            host = [train.take(b.idx[rows], b.weight[rows], b.length)]
+            loss = backend.fetch(backend.train_steps(backend.prepare(host)))[0]["loss"]
+            lrs.append(float(sweep_rate(i, start, end, steps)))
+            losses.append(loss)
+            if not math.isfinite(loss):
+                stopped = f"the loss became {loss} at lr {lrs[-1]:.3g}"
+                lrs.pop(), losses.pop()
+                break
+            avg = smooth(losses)
+            if i > 0 and avg[-1] > DIVERGED * avg.min():
+                stopped = f"the smoothed loss passed {DIVERGED:g}x its minimum at lr {lrs[-1]:.3g}"
+                break
+            if (i + 1) % max(steps // 10, 1) == 0:
+                log.info("lr-find: step %d/%d, lr %.3g, loss %.4f", i + 1, steps, lrs[-1], loss)
+    smoothed = smooth(losses)
+    suggestion, why = suggest(np.asarray(lrs), smoothed) if losses else (None, "no step ran")
+    return {
+        "lr": lrs,
+        "loss": losses,
+        "smoothed": smoothed.tolist(),
+        "suggestion": suggestion,
+        "why": why,
+        "stopped": stopped,
+    }
+
+
+def write(result: dict[str, Any], out: Path) -> list[Path]:
+    """lr_find.csv, and lr_find.png when matplotlib is installed (the dev extra)."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = out / "lr_find.csv"
+    with atomic_write(table, newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "lr", "loss", "smoothed_loss"])
+        for i, row in enumerate(zip(result["lr"], result["loss"], result["smoothed"], strict=True)):
+            w.writerow([i + 1, *(f"{x:.6g}" for x in row)])
+    written = [table]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("lr_find.png not drawn: matplotlib is not installed (pip install matplotlib)")
+        return written
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(result["lr"], result["loss"], alpha=0.3, label="loss")
+    ax.plot(result["lr"], result["smoothed"], label="smoothed loss")
+    if result["suggestion"]:
+        ax.axvline(result["suggestion"], color="red", ls="--", label="suggested")
+    ax.set(xscale="log", xlabel="learning rate", ylabel="training loss", title="lr-find")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "lr_find.png", dpi=100)
+    plt.close(fig)
+    return [*written, out / "lr_find.png"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg, args = parse_with(
+        argv,
+        prog="jaxtpu lr-find",
+        description="Learning-rate range test: a short sweep of the rate from --start-lr to "
+        "--end-lr on the run's data and model (every training flag applies), the loss against "
+        "the rate in lr_find.csv and lr_find.png, and a suggested --lr. Writes no checkpoint.",
+        strategies=JAX_STRATEGIES,
+        add_flags=add_flags,
+    )
+    with user_errors():
+        check_flags(args, cfg)
+        result = find(cfg, args.start_lr, args.end_lr, args.lr_find_steps)
+        files = write(result, Path(args.out))
+    if result["stopped"]:
+        print(f"stopped early: {result['stopped']}")
+    print(
+        f"{len(result['lr'])} steps from lr {args.start_lr:g}; wrote {', '.join(map(str, files))}"
+    )
+    if result["suggestion"] is None:
+        print(f"no suggestion: {result['why']}")
+    else:
+        print(f"suggested --lr {result['suggestion']:.3g} ({result['why']})")
+    return 0
+
+
+if __name__ == "__main__":
+    hostmem.reexec_with_huge_pages()
+    sys.exit(main())
