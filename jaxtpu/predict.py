@@ -236,10 +236,12 @@ class Progress:
                 f"{self.record}: unreadable ({e}); remove it or pass --overwrite"
             ) from None
 
-    def save(self, rows: int, size: int, digest: str) -> None:
-        """Records `rows` rows scored into `size` bytes of the partial file, and the digest
-        of the input rows read so far (a resumed predict checks it: the input is the same)."""
-        record = {**self.work, "rows": rows, "bytes": size, "digest": digest}
+    def save(self, rows: int, size: int, digest: str, written: int | None = None) -> None:
+        """Records `rows` rows scored into `size` bytes of the partial file (`written` rows
+        written, fewer than read for pseudo-labels), and the digest of the input rows read
+        so far (a resumed predict checks it: the input is the same)."""
+        written = rows if written is None else written
+        record = {**self.work, "rows": rows, "bytes": size, "digest": digest, "written": written}
         write_text(self.record, json.dumps(record))
 
     def finish(self) -> None:
@@ -249,17 +251,23 @@ class Progress:
 
 def predict_stream(
     scorers: list[Scorer], source: str, progress: Progress, severity: bool, resume: dict | None
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Scores `source` `chunk_rows` at a time (the mean over `scorers`), appending each
     chunk's rows to the partial file and then recording them, so memory stays that of one
     chunk and a killed run continues from its last recorded chunk with the same chunks, the
-    same batches and so the same bytes. Returns (rows, empty comments)."""
+    same batches and so the same bytes. With the work's `pseudo_label`, the file is a
+    training file instead (`pseudo_rows`). Returns (rows read, empty comments, rows
+    written)."""
     task, every = scorers[0].task, progress.work.get("all_outputs", False)
+    pseudo, confidence = progress.work.get("pseudo_label", False), progress.work.get("confidence")
     columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, severity, every)
+    if pseudo:
+        columns = ["id", "comment_text", *task.label_columns]
+        severity = False  # probabilities of the labels, whatever the file's kind
     chunk_rows = progress.work["chunk_rows"]
     done, size = (resume["rows"], resume["bytes"]) if resume else (0, 0)
     bar = _bar(done)
-    empty = 0
+    empty, written = 0, (resume or {}).get("written", 0)
     digest = hashlib.sha256()  # of the rows read: ids and texts
     try:  # a predict refused for its input leaves nothing that looks like a stopped one
         with open(progress.partial, "r+b" if resume else "wb") as f:
@@ -279,11 +287,15 @@ def predict_stream(
                 each = [outputs(s.logits(chunk.texts), task, severity, every)[1] for s in scorers]
                 mean = np.mean(each, 0)
                 ids = chunk.ids or [str(start + j) for j in range(len(chunk))]
-                f.write(_csv_bytes([i, *row] for i, row in zip(ids, mean.tolist(), strict=True)))
+                if pseudo:
+                    lines = pseudo_rows(ids, chunk.texts, mean, confidence)
+                else:
+                    lines = [[i, *row] for i, row in zip(ids, mean.tolist(), strict=True)]
+                f.write(_csv_bytes(lines))
                 f.flush()
                 os.fsync(f.fileno())
-                done = start + len(chunk)
-                progress.save(done, f.tell(), digest.hexdigest())
+                done, written = start + len(chunk), written + len(lines)
+                progress.save(done, f.tell(), digest.hexdigest(), written)
                 bar(len(chunk), done)
             if resume and resume["rows"] >= done:  # no row after where it stopped: none new
                 _check_same_rows(digest, resume, source)
@@ -292,7 +304,26 @@ def predict_stream(
             progress.discard()
         raise
     progress.finish()
-    return done, empty
+    return done, empty, written
+
+
+def pseudo_rows(
+    ids: list[str], texts: Sequence[str], probs: np.ndarray, confidence: float | None
+) -> list[list[Any]]:
+    """The rows of a pseudo-labelled training file: id, the comment, the probabilities as
+    soft targets; empty comments left out, and with `confidence` c only the rows whose first
+    probability (`toxic`) is <= 1 - c or >= c."""
+    first = probs if probs.ndim == 1 else probs[:, 0]
+    sure = (
+        np.ones(len(first), bool)
+        if confidence is None
+        else np.maximum(first, 1 - first) >= confidence
+    )
+    return [
+        [i, t, *np.atleast_1d(p).tolist()]
+        for i, t, p, keep in zip(ids, texts, probs, sure, strict=True)
+        if keep and t
+    ]
 
 
 def _check_same_rows(digest: Any, resume: dict[str, Any], source: str) -> None:
@@ -364,6 +395,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_scoring_flags(p, ("max_len", "num_devices", "batch_size", "chunk_rows"), unset=("max_len",))
     p.add_argument("--overwrite", action="store_true", help="Replace an existing --output.")
     p.add_argument(
+        "--pseudo-label",
+        action="store_true",
+        help="Write a training file instead of scores: id, comment_text and the model's (an "
+        "ensemble's mean) probability of each label as a soft target, for `jaxtpu train "
+        "--extra-train` (the Multilingual winners' pseudo-labelling round). Empty comments are "
+        "left out.",
+    )
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=None,
+        help="With --pseudo-label: keep only the comments whose toxic probability is >= C or "
+        "<= 1 - C (0.5 < C < 1). [default: every comment]",
+    )
+    p.add_argument(
         "--all-outputs",
         action="store_true",
         help="Also write the probability of each auxiliary target of a run trained with "
@@ -385,6 +431,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.resume and args.overwrite:
             raise UserError("--resume continues a stopped predict, --overwrite starts again: one")
         check_scoring_flags(args)
+        if args.confidence is not None and not (args.pseudo_label and 0.5 < args.confidence < 1):
+            raise UserError(
+                f"--confidence {args.confidence:g}: goes with --pseudo-label, a probability "
+                "between 0.5 and 1 (exclusive)"
+            )
         if args.init_from and not args.model_dir:
             raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
         if args.workdir and (args.model_dir or args.max_len):
@@ -411,7 +462,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                     else "these runs have different --aux-columns"
                 )
             )
-        if severity and task.outputs > 1 and task.label_columns != LABELS:
+        if args.pseudo_label and (task.comments_per_example == 2 or args.all_outputs):
+            raise UserError(
+                "--pseudo-label writes a classification model's probabilities as training "
+                "targets; "
+                + (
+                    "drop --all-outputs (the file holds the task's own labels)"
+                    if args.all_outputs
+                    else "a ranker's scores are not probabilities"
+                )
+            )
+        if (
+            severity
+            and task.main_outputs > 1
+            and task.label_columns != LABELS
+            and not args.pseudo_label
+        ):
             raise UserError(
                 f"--input {args.input}: a Rate Severity file needs one score per comment; "
                 f"this {task.name} model scores {', '.join(task.label_columns)}"
@@ -420,14 +486,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         with progress.held():
             resume = _resume(progress, args)
             scorers = [Scorer(m, devices, args.batch_size) for m in models]
-            rows, empty = predict_stream(scorers, args.input, progress, severity, resume)
+            rows, empty, written = predict_stream(scorers, args.input, progress, severity, resume)
         if empty:
-            print(
-                f"warning: {empty} of {rows} comments are empty; scored as empty text",
-                file=sys.stderr,
-            )
+            what = "left out" if args.pseudo_label else "scored as empty text"
+            print(f"warning: {empty} of {rows} comments are empty; {what}", file=sys.stderr)
         what = f"the mean of {len(models)} models' " if len(models) > 1 else ""
-        print(f"wrote {what}{rows} scores to {out}")
+        if args.pseudo_label:
+            sure = f" scored at least {args.confidence:g} sure" if args.confidence else ""
+            print(
+                f"wrote {written} of {rows} comments{sure} as pseudo-labels ({what}"
+                f"probabilities as soft targets) to {out}: train on them with --extra-train {out}"
+            )
+        else:
+            print(f"wrote {what}{rows} scores to {out}")
     return 0
 
 
@@ -450,6 +521,8 @@ def _work(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "num_devices": args.num_devices,
         "all_outputs": args.all_outputs,
+        "pseudo_label": args.pseudo_label,
+        "confidence": args.confidence,
     }
 
 

@@ -323,8 +323,8 @@ def test_a_killed_predict_resumes_to_the_same_file(
 
     save, calls = predict.Progress.save, []
 
-    def killed_after_two(self, rows, size, digest):
-        save(self, rows, size, digest)
+    def killed_after_two(self, rows, size, digest, *written):
+        save(self, rows, size, digest, *written)
         calls.append(rows)
         if len(calls) == 2:
             with open(self.partial, "ab") as f:

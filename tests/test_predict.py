@@ -124,8 +124,8 @@ def test_a_resumed_predict_refuses_an_input_edited_in_place(
     argv = _predict_argv(finished_run, src, out)
     save = predict.Progress.save
 
-    def stopped_after_one_chunk(self, rows, size, digest):
-        save(self, rows, size, digest)
+    def stopped_after_one_chunk(self, rows, size, digest, *written):
+        save(self, rows, size, digest, *written)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(predict.Progress, "save", stopped_after_one_chunk)

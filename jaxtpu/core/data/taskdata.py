@@ -170,12 +170,28 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     weights = row_weights(train, cfg, source)
     train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
     train_ex.row_weights = weights
+    extra = 0
+    if d.extra_train:
+        more = read_task_file(
+            d.extra_train, task, cache_dir=cache, columns=aux_columns(task, False)
+        )
+        extra = len(more)
+        log.info(
+            "--extra-train %s: %d more training %s, each of weight %g; validation unchanged",
+            d.extra_train,
+            extra,
+            task.unit,
+            d.extra_weight,
+        )
+        more_ex = encode(more, tokenizer, d.max_len, d.cache_dir, task)
+        train_ex = train_ex.concat(more_ex, weights, d.extra_weight)
     valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task)
     info = {
         "source": source,
         "demo": not d.train_csv,
         "split": split_desc,
         "train_examples": len(train_ex),
+        "extra_train_examples": extra,
         "valid_examples": len(valid_ex),
         "dropped_rows": getattr(data, "dropped", 0),
         "token_cache_hit": train_ex.cache_hit and valid_ex.cache_hit,

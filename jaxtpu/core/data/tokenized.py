@@ -37,6 +37,21 @@ class Examples:
     def __len__(self) -> int:
         return int(self.label.shape[0])
 
+    def concat(self, other: Examples, weights: np.ndarray | None, other_weight: float) -> Examples:
+        """These examples followed by `other`'s (the same max length and layout), with the
+        row weights `weights` (None: 1) for these and `other_weight` for each of `other`'s; the
+        groups (for metrics, never batched) are left behind."""
+        own = np.ones(len(self), np.float32) if weights is None else weights
+        return Examples(
+            np.concatenate([self.input_ids, other.input_ids]),
+            np.concatenate([self.attention_mask, other.attention_mask]),
+            np.concatenate([self.label, other.label]),
+            self.cache_hit and other.cache_hit,
+            lengths=np.concatenate([self.real_lengths(), other.real_lengths()]),
+            layout=self.layout,
+            row_weights=np.concatenate([own, np.full(len(other), other_weight, np.float32)]),
+        )
+
     def real_lengths(self) -> np.ndarray:
         """Each example's `buckets.real_lengths`, without reading the token arrays when they
         came from the cache (which keeps them beside the entry)."""

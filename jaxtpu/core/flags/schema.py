@@ -277,6 +277,18 @@ class DataConfig:
         "without an identity or a non-toxic one with, +0.25 for an identity mention "
         "(any identity column >= 0.5). Needs the file's identity columns; one-comment tasks.",
     )
+    extra_train: str | None = _f(
+        None,
+        "More training rows from this classification file (CSV, Parquet or JSON Lines), added "
+        "after the split so validation stays the labelled rows alone: e.g. pseudo-labels "
+        "written by `jaxtpu predict --pseudo-label` (soft targets). Its rows weigh "
+        "--extra-weight in the loss. One-comment tasks.",
+    )
+    extra_weight: float = _f(
+        1.0,
+        "--extra-train: the loss weight of each of its rows (the training file's keep theirs).",
+        bounds=Bounds(0, _INF, lo_open=True),
+    )
     pairs_per_comment: float = _f(
         1.0,
         "Ranking from labels: pairs built = this x number of comments.",
@@ -298,6 +310,8 @@ class DataConfig:
             raise ConfigError(
                 f"--fold-column {self.fold_column} takes the folds from the file; drop {other}"
             )
+        if self.extra_weight != 1.0 and not self.extra_train:
+            raise ConfigError(f"--extra-weight {self.extra_weight} applies with --extra-train only")
         if self.weight_column and self.bias_weights:
             raise ConfigError(
                 f"--weight-column {self.weight_column} and --bias-weights both weight the rows; "
@@ -841,6 +855,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"--weight-column {cfg.data.weight_column} is also in --aux-columns: a column is a "
             "row weight or a target, not both"
+        )
+    if cfg.data.extra_train and cfg.task.comments_per_example != 1:
+        raise ConfigError(
+            f"--extra-train adds labelled comments; --task {cfg.train.task} trains on pairs"
         )
     if cfg.data.bias_weights and cfg.task.comments_per_example != 1:
         raise ConfigError(
