@@ -15,6 +15,10 @@ COMMANDS = {
     "evaluate": ("jaxtpu.evaluate", "score a labelled file with its competition's metric"),
     "export": ("jaxtpu.export", "write a run's best model as a Hugging Face dir or state dict"),
     "lr-find": ("jaxtpu.lrfind", "learning-rate range test: loss against rate, a suggested --lr"),
+    "severity-weights": (
+        "jaxtpu.severity",
+        "search a multi-label run's label weights for severity on pairs",
+    ),
     "preflight": (
         "jaxtpu.preflight.command",
         "compile for this CPU or a TPU slice: memory, fits or not",
@@ -26,7 +30,7 @@ COMMANDS = {
     "torch-train": ("torchxla_ref.train", "the PyTorch/XLA reference trainer (same flags)"),
 }
 # The commands that run JAX programs re-execute under huge pages, as their modules do.
-HUGE_PAGES = ("train", "predict", "evaluate", "lr-find")
+HUGE_PAGES = ("train", "predict", "evaluate", "lr-find", "severity-weights")
 
 
 def usage() -> str:

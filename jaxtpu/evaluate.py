@@ -30,6 +30,7 @@ from jaxtpu.core.files import write_text
 from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.run.rundir import check_output_path, strict_json, user_errors
+from jaxtpu.core.severity import parse_label_weights
 from jaxtpu.core.tasks import Task
 
 # The headline metric's name in the output -> its key in the validation metrics.
@@ -119,6 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--out", help="Also write the metric and every part as JSON here ({metric, value, ...})."
     )
+    p.add_argument(
+        "--label-weights",
+        help="A multilabel run on a pairs file: score each comment by these weights of its six "
+        "label probabilities (w1,...,w6 in the order toxic, severe_toxic, obscene, threat, "
+        "insult, identity_hate; `jaxtpu severity-weights` searches them) and report agreement.",
+    )
     add_scoring_flags(p, ("num_devices", "batch_size"))
     p.add_argument("--overwrite", action="store_true", help="Replace an existing --out.")
     args = p.parse_args(argv)
@@ -129,15 +136,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if out.exists() and not args.overwrite:
                 raise UserError(f"--out {out} exists; pass --overwrite to replace it")
         check_scoring_flags(args)
+        if args.label_weights:
+            parse_label_weights(args.label_weights)  # a bad value before anything loads
         from jaxtpu import hosts
 
         hosts.use_compilation_cache()
         devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
-        report = evaluate(args.workdir, args.input, devices, args.batch_size)
+        if args.label_weights:
+            from jaxtpu.severity import agreement_report
+
+            weights = parse_label_weights(args.label_weights)
+            report = agreement_report([args.workdir], args.input, weights, devices, args.batch_size)
+        else:
+            report = evaluate(args.workdir, args.input, devices, args.batch_size)
         print(f"{report['metric']}: {report['value']:.6f} ({report['examples']} examples)")
         for key, value in report.items():
             if key not in ("metric", "value", "examples", "input", "workdir", report["metric"]):
-                print(f"  {key}: {value:.6f}")
+                print(f"  {key}: {value:.6f}" if isinstance(value, float) else f"  {key}: {value}")
         if args.out:
             write_text(Path(args.out), strict_json(report, indent=2) + "\n")
             print(f"wrote {args.out}")

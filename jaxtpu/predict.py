@@ -39,6 +39,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import SCORING, Config, from_dict
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.run.rundir import check_output_path, user_errors
+from jaxtpu.core.severity import parse_label_weights
 from jaxtpu.core.tasks import LABELS
 
 
@@ -260,6 +261,8 @@ def predict_stream(
     written)."""
     task, every = scorers[0].task, progress.work.get("all_outputs", False)
     pseudo, confidence = progress.work.get("pseudo_label", False), progress.work.get("confidence")
+    weights = progress.work.get("label_weights")
+    weights = None if weights is None else parse_label_weights(weights)
     columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, severity, every)
     if pseudo:
         columns = ["id", "comment_text", *task.label_columns]
@@ -284,7 +287,10 @@ def predict_stream(
                 if start < done:
                     continue
                 empty += chunk.dropped
-                each = [outputs(s.logits(chunk.texts), task, severity, every)[1] for s in scorers]
+                each = [
+                    outputs(s.logits(chunk.texts), task, severity, every, weights)[1]
+                    for s in scorers
+                ]
                 mean = np.mean(each, 0)
                 ids = chunk.ids or [str(start + j) for j in range(len(chunk))]
                 if pseudo:
@@ -410,6 +416,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "<= 1 - C (0.5 < C < 1). [default: every comment]",
     )
     p.add_argument(
+        "--label-weights",
+        help="A multilabel model on a Rate Severity file (comment_id, text): score each comment "
+        "by these weights of its six label probabilities (w1,...,w6 in the order toxic, "
+        "severe_toxic, obscene, threat, insult, identity_hate; `jaxtpu severity-weights` "
+        "searches them) instead of the built-in severity weights.",
+    )
+    p.add_argument(
         "--all-outputs",
         action="store_true",
         help="Also write the probability of each auxiliary target of a run trained with "
@@ -431,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.resume and args.overwrite:
             raise UserError("--resume continues a stopped predict, --overwrite starts again: one")
         check_scoring_flags(args)
+        if args.label_weights:
+            parse_label_weights(args.label_weights)  # a bad value before anything loads
         if args.confidence is not None and not (args.pseudo_label and 0.5 < args.confidence < 1):
             raise UserError(
                 f"--confidence {args.confidence:g}: goes with --pseudo-label, a probability "
@@ -452,6 +467,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
         severity = readers.file_kind(header) == "score"
         task = models[0].spec.task
+        if args.label_weights and not (severity and task.label_columns == LABELS):
+            raise UserError(
+                "--label-weights scores a Rate Severity file (comment_id, text) with a "
+                f"multilabel model; this is a {task.name} model on "
+                f"{'that file' if severity else 'a file of another kind'}"
+            )
         if args.all_outputs and (severity or len({m.spec.task.aux_columns for m in models}) > 1):
             raise UserError(
                 "--all-outputs writes every output of one kind of model to a classification "
@@ -523,6 +544,7 @@ def _work(args: argparse.Namespace) -> dict[str, Any]:
         "all_outputs": args.all_outputs,
         "pseudo_label": args.pseudo_label,
         "confidence": args.confidence,
+        "label_weights": args.label_weights,
     }
 
 
@@ -572,17 +594,23 @@ def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
 
 
 def outputs(
-    scores: np.ndarray, task: Any, severity: bool, every: bool = False
+    scores: np.ndarray,
+    task: Any,
+    severity: bool,
+    every: bool = False,
+    label_weights: Any = None,
 ) -> tuple[list[str], np.ndarray]:
     """(header, values (N, columns)) of the output file: `comment_id,score` for a Rate
     Severity file (`severity`; a multi-label model ranks by the severity weights of its six
     probabilities, as pairs are built from labels; other models by their raw score), else
     Kaggle's submission, `id` and a probability per label the model scores (`every`: and per
-    auxiliary target, `Task.aux_columns`)."""
+    auxiliary target, `Task.aux_columns`). `label_weights` (--label-weights) replace the
+    severity weights."""
     if severity:
         scores = task.main(scores)
         if scores.ndim == 2:
-            scores = metrics.probability(scores) @ records.SEVERITY_WEIGHTS
+            weights = records.SEVERITY_WEIGHTS if label_weights is None else label_weights
+            scores = metrics.probability(scores) @ np.asarray(weights)
         return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
     return ["id", *task.score_columns(every)], task.predictions(scores, every)
 

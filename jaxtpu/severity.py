@@ -1,0 +1,149 @@
+"""`jaxtpu severity-weights`: search the label weights that turn a multi-label run's six
+probabilities into a severity score, on a pairs file (`less_toxic`, `more_toxic`), to maximise
+agreement (the Rate Severity winners' recipe; the rule is `jaxtpu.core.severity`).
+
+`jaxtpu evaluate --label-weights W` reports the agreement of given weights on a pairs file,
+and `jaxtpu predict --label-weights W` scores a Rate Severity file (`comment_id`, `text`) with
+them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core import hostmem, metrics
+from jaxtpu.core.data import readers
+from jaxtpu.core.errors import DataError, UserError
+from jaxtpu.core.files import write_text
+from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
+from jaxtpu.core.run.rundir import check_output_path, user_errors
+from jaxtpu.core.severity import (
+    format_weights,
+    pair_agreement,
+    search_weights,
+)
+from jaxtpu.core.tasks import LABELS
+
+
+def load_multilabel(workdirs: Sequence[str]) -> list[Any]:
+    """The runs, each a multi-label one (six probabilities to weigh)."""
+    from jaxtpu.predict import check_ensemble, load_trained
+
+    models = [load_trained(w) for w in workdirs]
+    check_ensemble(models, list(workdirs))
+    task = models[0].spec.task
+    if task.label_columns != LABELS:
+        raise UserError(
+            f"--label-weights weighs the six labels of a multilabel run; {workdirs[0]} is a "
+            f"{task.name} run ({', '.join(task.label_columns)})"
+        )
+    return models
+
+
+def pair_probabilities(
+    models: list[Any], path: str, devices: list[Any], batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (ensemble-mean) six label probabilities of each pair's less and more toxic comment
+    of pairs file `path`: (P, 6) each; every distinct comment is scored once."""
+    from jaxtpu.predict import Scorer
+
+    kind = readers.file_kind(readers.columns(path))
+    if kind != "pairs":
+        raise DataError(f"--input {path}: expected a pairs file (less_toxic, more_toxic)")
+    pairs = readers.read_pairs(path)
+    texts = sorted(set(pairs.less) | set(pairs.more))
+    where = {t: i for i, t in enumerate(texts)}
+    probs = np.mean(
+        [
+            metrics.probability(s.task.main(s.logits(texts)))
+            for s in (Scorer(m, devices, batch_size) for m in models)
+        ],
+        0,
+    )
+    less = probs[[where[t] for t in pairs.less]]
+    more = probs[[where[t] for t in pairs.more]]
+    return less, more
+
+
+def agreement_report(
+    workdirs: Sequence[str], path: str, weights: np.ndarray, devices: list[Any], batch_size: int
+) -> dict[str, Any]:
+    """`evaluate --label-weights`: the agreement of the weighted severity on a pairs file."""
+    less, more = pair_probabilities(load_multilabel(workdirs), path, devices, batch_size)
+    return {
+        "metric": "agreement",
+        "value": pair_agreement(less, more, weights),
+        "examples": len(less),
+        "input": str(path),
+        "workdir": str(workdirs[0]),
+        "label_weights": format_weights(weights),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="jaxtpu severity-weights",
+        description="Search the weights of a multi-label run's six label probabilities whose "
+        "sum ranks a pairs file's comments best (agreement; coordinate ascent on a grid from "
+        "the built-in severity weights, see jaxtpu/core/severity.py), and print the "
+        "--label-weights to score with.",
+    )
+    p.add_argument(
+        "--workdir",
+        nargs="+",
+        required=True,
+        help="A multilabel run directory; several: their mean probabilities.",
+    )
+    p.add_argument("--input", required=True, help="Validation pairs file (less_toxic, more_toxic).")
+    p.add_argument(
+        "--step", type=float, default=0.1, help="Grid step of each weight. [default: 0.1]"
+    )
+    p.add_argument(
+        "--top", type=float, default=2.0, help="Largest weight on the grid. [default: 2.0]"
+    )
+    p.add_argument("--out", help="Also write the weights and agreements as JSON here.")
+    add_scoring_flags(p, ("num_devices", "batch_size"))
+    args = p.parse_args(argv)
+    with user_errors():
+        if not 0 < args.step <= args.top or not np.isfinite(args.top):
+            raise UserError(f"--step {args.step:g} --top {args.top:g}: expected 0 < step <= top")
+        if args.out:
+            check_output_path(Path(args.out), "--out")
+        check_scoring_flags(args)
+        from jaxtpu import hosts
+
+        hosts.use_compilation_cache()
+        devices = hosts.init_devices(args.num_devices)
+        models = load_multilabel(args.workdir)
+        less, more = pair_probabilities(models, args.input, devices, args.batch_size)
+        found = search_weights(less, more, args.step, args.top)
+        report = {
+            "label_weights": format_weights(found.weights),
+            "labels": list(LABELS),
+            "agreement": found.agreement,
+            "start_agreement": found.start_agreement,
+            "pairs": len(less),
+            "passes": found.passes,
+            "input": str(args.input),
+        }
+        print(
+            f"agreement {found.start_agreement:.4f} with the built-in weights -> "
+            f"{found.agreement:.4f} on {len(less)} pairs ({found.passes} passes); "
+            f"searched on these pairs: check on others before trusting the gain"
+        )
+        print(f"--label-weights {report['label_weights']}  ({', '.join(LABELS)})")
+        if args.out:
+            write_text(Path(args.out), json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    hostmem.reexec_with_huge_pages()
+    sys.exit(main())
