@@ -3,8 +3,10 @@ so the four competitions can be trained and evaluated here (the competitions' fi
 
 `python -m benchmarks.competitions --out runs/competitions` writes:
 
-  ub_train.csv, ub_valid.csv   Unintended Bias: id, comment_text, target (a fraction),
-                               severe_toxicity, identity columns (a third of the rows blank)
+  ub_train.csv, ub_valid.csv   Unintended Bias: id, comment_text, target (a fraction), the
+                               sub-types the real labels give (severe_toxicity, obscene,
+                               identity_attack, insult, threat), identity columns (a third of
+                               the rows blank)
   ml_validation.csv            Multilingual validation.csv: id, comment_text, lang, toxic
   ml_test.csv                  Multilingual test.csv: id, content, lang
   tc_train.csv                 Toxic Comment train.csv (the real file's columns)
@@ -29,6 +31,15 @@ from jaxtpu.core.data import pairing, readers
 
 REAL_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "jigsaw_toxic_dev.csv"
 IDENTITIES = ("male", "female", "muslim")
+# The Unintended Bias sub-type columns, from the real file's Toxic Comment labels (its
+# `sexual_explicit` has no counterpart there and is not written).
+SUBTYPES = {
+    "severe_toxicity": "severe_toxic",
+    "obscene": "obscene",
+    "identity_attack": "identity_hate",
+    "insult": "insult",
+    "threat": "threat",
+}
 
 
 def real_rows(real_csv: Path, n: int, start: int = 0) -> list[dict[str, str]]:
@@ -38,17 +49,18 @@ def real_rows(real_csv: Path, n: int, start: int = 0) -> list[dict[str, str]]:
 
 def write_bias_file(real_csv: Path, path: Path, n: int, start: int, seed: int) -> Path:
     """An Unintended Bias train.csv layout: id, comment_text, target (a fraction kept on the
-    comment's side of 0.5), a sub-type column, identity columns with about a third of the rows
-    blank."""
+    comment's side of 0.5), the sub-type columns of `SUBTYPES` (the real labels), identity
+    columns with about a third of the rows blank."""
     rng = np.random.default_rng(seed)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["id", "comment_text", "target", "severe_toxicity", *IDENTITIES])
+        w.writerow(["id", "comment_text", "target", *SUBTYPES, *IDENTITIES])
         for i, r in enumerate(real_rows(real_csv, n, start)):
             toxic = float(r["toxic"]) >= 0.5
             target = rng.choice([0.5, 0.7, 0.9, 1.0]) if toxic else rng.choice([0.0, 0.1, 0.3])
             who = [""] * len(IDENTITIES) if rng.random() < 0.3 else rng.choice([0, 0.2, 0.6, 1], 3)
-            w.writerow([f"b{i}", r["comment_text"], target, 0.0, *who])
+            kinds = [r[label].strip() for label in SUBTYPES.values()]  # blank stays blank
+            w.writerow([f"b{i}", r["comment_text"], target, *kinds, *who])
     return path
 
 
