@@ -176,9 +176,10 @@ class Task:
         for a classification task (of the label columns, or with `every` of every output),
         the raw scores of a ranker (only their order means something)."""
         scores = scores if every else self.main(scores)
-        columns = len(self.score_columns(every))
-        scores = np.asarray(scores, np.float64).reshape(len(scores), columns)
-        return scores if self.comments_per_example == 2 else metrics.probability(scores)
+        if self.comments_per_example == 2:  # a ranker's raw scores, as many as given
+            return np.asarray(scores, np.float64).reshape(len(scores), -1)
+        columns = len(self.score_columns(every))  # so no rows still has its columns
+        return metrics.probability(np.asarray(scores, np.float64).reshape(len(scores), columns))
 
     def validation_metrics(
         self,
