@@ -141,3 +141,39 @@ def test_bias_weights_come_from_the_target_and_identity_columns(tmp_path, tokeni
     expected = bias_weights(labels[train_rows], {"male": values[train_rows]})
     # the training rows are the file's rows but the validation ones, in a shuffled order
     np.testing.assert_array_equal(np.sort(data.train.row_weights), np.sort(expected))
+
+
+class _LabelAsLoss:
+    """A backend stub whose per-example validation loss is the example's label."""
+
+    def local_rows(self, n: int) -> slice:
+        return slice(None)
+
+    def eval_batch(self, batch: dict) -> dict:
+        noise = (batch["input_ids"][:, 1] % 7) / 7.0  # a fixed score per comment
+        return {"score": batch["label"] * 0.6 + noise, "loss": batch["label"].astype(np.float64)}
+
+
+def test_weighted_val_loss_weighs_the_validation_loss_alone(tmp_path, tokenizer):
+    """--weighted-val-loss: the validation rows get their weights by the same rule, val_loss is
+    their weighted mean, and the metric (AUC) does not move."""
+    from jaxtpu.core.data.buckets import Batcher
+    from jaxtpu.core.run.loop import score_examples
+
+    weights = np.round(np.random.default_rng(4).uniform(0, 3, 120), 3)
+    path = _weighted_csv(tmp_path / "w.csv", [f"{x:g}" for x in weights])
+    cfg = tiny().replace(train_csv=str(path), weight_column="w")
+    plain = taskdata.load_task_data(cfg, tokenizer)
+    data = taskdata.load_task_data(cfg.replace(weighted_val_loss=True), tokenizer)
+    valid = data.valid
+    np.testing.assert_allclose(valid.row_weights, weights[data.valid_rows], rtol=1e-6)
+    batcher = Batcher.for_data("none", valid.real_lengths(), 8, 16)
+    got, _ = score_examples(_LabelAsLoss(), valid, batcher, cfg.task)
+    want, _ = score_examples(_LabelAsLoss(), plain.valid, batcher, cfg.task)
+    labels = valid.label.astype(np.float64)
+    w = weights[data.valid_rows]
+    assert got["val_loss"] == pytest.approx(np.sum(w * labels) / np.sum(w))
+    assert want["val_loss"] == pytest.approx(labels.mean())
+    assert got["val_auc"] == want["val_auc"] and 0.5 < got["val_auc"] < 1
+    with pytest.raises(ConfigError, match="--weighted-val-loss goes with"):
+        tiny().replace(weighted_val_loss=True)

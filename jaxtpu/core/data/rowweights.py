@@ -43,9 +43,11 @@ def bias_weights(target: np.ndarray, identities: dict[str, np.ndarray]) -> np.nd
     return weights
 
 
-def row_weights(data: Comments | Pairs, cfg: Any, source: str) -> np.ndarray | None:
-    """The training rows' loss weights the config asks for (None: every row 1), refused when
-    they cannot train (every weight 0, no identity column) and summarised in the log."""
+def row_weights(
+    data: Comments | Pairs, cfg: Any, source: str, split: str = "training"
+) -> np.ndarray | None:
+    """The loss weights the config asks for of a split's rows (None: every row 1), refused
+    when they cannot be used (every weight 0, no identity column) and summarised in the log."""
     d = cfg.data
     if d.weight_column:
         if d.weight_column not in data.columns:  # pairs built from a classification file
@@ -67,16 +69,18 @@ def row_weights(data: Comments | Pairs, cfg: Any, source: str) -> np.ndarray | N
         return None
     weights = np.asarray(weights, np.float32)
     if not weights.any():
-        raise DataError(f"{how}: every one of the {len(weights)} training rows has weight 0")
+        raise DataError(f"{how}: every one of the {len(weights)} {split} rows has weight 0")
     zero = int((weights == 0).sum())
+    valid = "" if split != "training" or cfg.data.weighted_val_loss else "; validation unweighted"
     log.info(
-        "row weights (%s): mean %.3g, min %.3g, max %.3g over %d training rows%s; validation "
-        "unweighted",
+        "row weights (%s): mean %.3g, min %.3g, max %.3g over %d %s rows%s%s",
         how,
         weights.mean(),
         weights.min(),
         weights.max(),
         len(weights),
+        split,
         f", {zero} at 0" if zero else "",
+        valid,
     )
     return weights

@@ -67,10 +67,11 @@ def read_task_file(
 
 
 def number_columns(cfg: Config, training: bool = True) -> dict[str, NumberColumn]:
-    """The numeric columns a run reads beyond the Jigsaw ones: the row weights' (training file
-    only) and the auxiliary targets (`--aux-columns`: a validation file without one leaves
-    that target unscored)."""
-    return {**(weight_columns(cfg) if training else {}), **aux_columns(cfg.task, training)}
+    """The numeric columns a run reads beyond the Jigsaw ones: the row weights' (training file,
+    and with --weighted-val-loss the validation file) and the auxiliary targets
+    (`--aux-columns`: a validation file without one leaves that target unscored)."""
+    weighted = training or cfg.data.weighted_val_loss
+    return {**(weight_columns(cfg) if weighted else {}), **aux_columns(cfg.task, training)}
 
 
 def aux_columns(task: Task, required: bool) -> dict[str, NumberColumn]:
@@ -186,6 +187,8 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         more_ex = encode(more, tokenizer, d.max_len, d.cache_dir, task)
         train_ex = train_ex.concat(more_ex, weights, d.extra_weight)
     valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task)
+    if d.weighted_val_loss:
+        valid_ex.row_weights = row_weights(valid, cfg, split_desc, "validation")
     info = {
         "source": source,
         "demo": not d.train_csv,

@@ -268,7 +268,8 @@ class DataConfig:
         "Weight each training row's loss by this column of the training file (numbers >= 0; "
         "a row of weight 0 contributes nothing): the loss is sum(w x loss) / sum(w) over a "
         "batch, on both sides. Any task; ranking needs a pairs file that has the column. "
-        "Validation stays unweighted (val_loss and the metrics compare across weightings).",
+        "Validation stays unweighted (val_loss and the metrics compare across weightings) "
+        "unless --weighted-val-loss.",
     )
     bias_weights: bool = _f(
         False,
@@ -276,6 +277,13 @@ class DataConfig:
         "solution; docs/competitions/unintended-bias.md): 0.25, +0.25 for a toxic comment "
         "without an identity or a non-toxic one with, +0.25 for an identity mention "
         "(any identity column >= 0.5). Needs the file's identity columns; one-comment tasks.",
+    )
+    weighted_val_loss: bool = _f(
+        False,
+        "With --weight-column or --bias-weights: val_loss is the weighted mean over the "
+        "validation rows by the same rule (a --valid-csv needs the weight column or the "
+        "identity columns too); the AUC and the competition metrics stay unweighted. Off by "
+        "default, so val_loss compares across weightings.",
     )
     extra_train: str | None = _f(
         None,
@@ -310,6 +318,8 @@ class DataConfig:
             raise ConfigError(
                 f"--fold-column {self.fold_column} takes the folds from the file; drop {other}"
             )
+        if self.weighted_val_loss and not (self.weight_column or self.bias_weights):
+            raise ConfigError("--weighted-val-loss goes with --weight-column or --bias-weights")
         if self.extra_weight != 1.0 and not self.extra_train:
             raise ConfigError(f"--extra-weight {self.extra_weight} applies with --extra-train only")
         if self.weight_column and self.bias_weights:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core import metrics
 from jaxtpu.core.data import tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.errors import TrainingError
@@ -40,7 +41,8 @@ VALID_SCORES = "valid_scores.csv"  # the best model's predictions of the validat
 
 def score_examples(backend: Any, examples: tokenized.Examples, batcher: Batcher, task: Task):
     """Scores every example exactly once across all devices (in the batcher's buckets), then
-    computes the metrics on the host over the whole set.
+    computes the metrics on the host over the whole set; examples with row weights
+    (--weighted-val-loss) weigh the loss by them, never the other metrics.
     Returns (metrics, scores of the examples in their order)."""
     outs, batches = [], []
     rows = backend.local_rows(batcher.eval_global_batch)
@@ -53,6 +55,8 @@ def score_examples(backend: Any, examples: tokenized.Examples, batcher: Batcher,
     losses = np.concatenate([o["loss"] for o in outs])
     groups = examples.groups.take(idx)
     result = task.validation_metrics(scores, examples.label[idx], losses, weight, groups)
+    if examples.row_weights is not None:
+        result["val_loss"] = metrics.weighted_mean(losses, weight * examples.row_weights[idx])
     real = weight > 0
     ordered = np.empty((len(examples), *scores.shape[1:]), scores.dtype)
     ordered[idx[real]] = scores[real]
