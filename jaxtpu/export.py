@@ -86,6 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--overwrite", action="store_true", help="state-dict: replace an existing --out."
     )
+    p.add_argument(
+        "--all-outputs",
+        action="store_true",
+        help="A run trained with --aux-columns: keep the head's auxiliary outputs (listed in "
+        "jaxtpu_head.json) after the task's own; without it the head is the task's alone, "
+        "what a run without them has.",
+    )
     args = p.parse_args(argv)
     with user_errors():
         from jaxtpu import weights
@@ -101,8 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_module_names(args.encoder_prefix, args.head_name)
         model = load_trained(args.workdir)
         step, task = model.meta.get("step"), model.cfg.train.task
+        spec_task = model.spec.task
+        outputs = [*spec_task.label_columns, *(spec_task.aux_columns if args.all_outputs else ())]
+        params = model.params
+        if spec_task.aux_columns and not args.all_outputs:
+            params = task_head(params, spec_task.main_outputs)
         if state_dict:
-            encoder, head = weights.to_state_dicts(model.params, model.spec.encoder.model_type)
+            encoder, head = weights.to_state_dicts(params, model.spec.encoder.model_type)
             tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
             save_state_dict(tensors, out)
             print(
@@ -114,14 +126,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             "task": task,
             "head_dropout": model.cfg.head_dropout,
             "pooling": model.module.pooling,
-            # the head's outputs in order (the task's, then --aux-columns' targets)
-            "outputs": [*model.spec.task.label_columns, *model.spec.task.aux_columns],
+            # the head's outputs in order (the task's, then --aux-columns' with --all-outputs)
+            "outputs": outputs,
             "step": step,
             "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
         }
-        weights.save_hf(model.params, model.spec.encoder, out, model.tokenizer_dir, head)
+        weights.save_hf(params, model.spec.encoder, out, model.tokenizer_dir, head)
         print(f"exported step {step} ({task}) to {out}")
     return 0
+
+
+def task_head(params: dict, outputs: int) -> dict:
+    """`params` with the head cut to its first `outputs` outputs (the task's own, before the
+    auxiliary targets')."""
+    head = params["classifier"]
+    return {
+        **params,
+        "classifier": {"kernel": head["kernel"][:, :outputs], "bias": head["bias"][:outputs]},
+    }
 
 
 if __name__ == "__main__":

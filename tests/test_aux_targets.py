@@ -126,8 +126,8 @@ def test_the_targets_come_from_the_file_blank_unscored(tmp_path, tokenizer):
 @pytest.mark.model
 def test_a_run_with_targets_predicts_its_own_columns_unless_asked(tmp_path, capsys):
     """A tiny run with two auxiliary targets: predict writes `toxic` alone, --all-outputs every
-    output; the Python API does the same; evaluate reports the task's metric; export lists the
-    head's outputs."""
+    output; the Python API does the same; evaluate reports the task's metric; export writes
+    the task's head unless asked for every output."""
     from jaxtpu import api, evaluate, export, predict, train
 
     path = _csv(tmp_path / "a.csv", 120, _aux_values(120))
@@ -162,6 +162,19 @@ def test_a_run_with_targets_predicts_its_own_columns_unless_asked(tmp_path, caps
     scored = np.array([float(x.split(",")[1]) for x in lines[1:]])
     labels = demo_comments(120, seed=3).labels
     assert auc == pytest.approx(metrics.roc_auc(scored, labels, np.ones(120)), abs=2e-6)
+    # export: the task's head alone by default (a plain toxicity head), every output on request
+    from safetensors.numpy import load_file
+
     assert export.main(["--workdir", str(wd), "--out", str(tmp_path / "hf")]) == 0
-    meta = json.loads((tmp_path / "hf" / "jaxtpu_head.json").read_text())
-    assert meta["outputs"] == ["toxic", *AUX]
+    argv = ["--workdir", str(wd), "--out", str(tmp_path / "all"), "--all-outputs"]
+    assert export.main(argv) == 0
+    heads = {}
+    for name, outputs in (("hf", ["toxic"]), ("all", ["toxic", *AUX])):
+        assert json.loads((tmp_path / name / "jaxtpu_head.json").read_text())["outputs"] == outputs
+        heads[name] = load_file(str(tmp_path / name / "head.safetensors"))
+    assert heads["hf"]["classifier.weight"].shape[0] == 1 and heads["all"][
+        "classifier.bias"
+    ].shape == (3,)
+    np.testing.assert_array_equal(
+        heads["hf"]["classifier.weight"], heads["all"]["classifier.weight"][:1]
+    )
