@@ -178,3 +178,12 @@ def test_a_run_with_targets_predicts_its_own_columns_unless_asked(tmp_path, caps
     np.testing.assert_array_equal(
         heads["hf"]["classifier.weight"], heads["all"]["classifier.weight"][:1]
     )
+
+
+def test_columns_of_the_built_in_demo_data_are_refused(tokenizer):
+    """The generated demo comments have no columns to weigh or learn: refused, not trained
+    with blank targets."""
+    for changes in ({"aux_columns": "male"}, {"weight_column": "w"}):
+        cfg = tiny().replace(train_csv="", **changes)
+        with pytest.raises(DataError, match="built-in demo data .* has no such column"):
+            taskdata.load_task_data(cfg, tokenizer)

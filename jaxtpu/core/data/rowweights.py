@@ -50,12 +50,14 @@ def row_weights(
     when they cannot be used (every weight 0, no identity column) and summarised in the log."""
     d = cfg.data
     if d.weight_column:
-        if d.weight_column not in data.columns:  # pairs built from a classification file
+        if d.weight_column not in data.columns and isinstance(data, Pairs):  # built from labels
             raise DataError(
                 f"--weight-column {d.weight_column}: the {cfg.train.task} task trains on pairs "
                 f"built from the labels of {source}, which carry no row weight; give a pairs "
                 f"file (less_toxic, more_toxic, {d.weight_column})"
             )
+        if d.weight_column not in data.columns:
+            raise DataError(f"--weight-column {d.weight_column}: {source} has no such column")
         weights, how = data.columns[d.weight_column], f"--weight-column {d.weight_column}"
     elif d.bias_weights:
         assert isinstance(data, Comments) and data.labels is not None

@@ -130,6 +130,12 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     else:
         data = demo_comments(d.demo_size, seed)
         source = f"built-in demo data ({d.demo_size} generated comments)"
+        asked = [f"--aux-columns {c}" for c in task.aux_columns]
+        asked += [f"--weight-column {d.weight_column}"] if d.weight_column else []
+        if asked:
+            raise DataError(
+                f"{', '.join(asked)}: the {source} has no such column; give a --train-csv"
+            )
     if d.max_rows and len(data) > d.max_rows:
         data = data.subset(np.arange(d.max_rows))
     if d.subsample and len(data) > d.subsample:
