@@ -96,10 +96,10 @@ def test_the_weighted_mean_of_a_batch():
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("-1", "w=-1 (--weight-column) is outside >= 0"),
+        ("-1", "w=-1 (--weight-column) is not >= 0"),
         ("", "w (--weight-column) is blank"),
         ("heavy", "w='heavy' (--weight-column) is not a number"),
-        ("nan", "w=nan (--weight-column) is outside >= 0"),
+        ("nan", "w=nan (--weight-column) is not >= 0"),
     ],
 )
 def test_a_bad_weight_is_one_line_naming_the_row(tmp_path, tokenizer, value, message):

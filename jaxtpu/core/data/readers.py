@@ -119,7 +119,8 @@ def _parse_number(path: Any, where: str, column: str, value: Any, rule: NumberCo
             f"{path}: {where}: {column}={text!r} ({rule.flag}) is not a number, expected {within}"
         ) from None
     if not rule.lo <= x <= rule.hi:  # also rejects nan
-        raise DataError(f"{path}: {where}: {column}={text} ({rule.flag}) is outside {within}")
+        bad = f"outside {within}" if math.isfinite(rule.hi) else f"not {within}"
+        raise DataError(f"{path}: {where}: {column}={text} ({rule.flag}) is {bad}")
     return x
 
 
