@@ -486,7 +486,7 @@ class TrainConfig:
         "Auxiliary targets: comma-separated columns of the training file (soft targets in "
         "[0, 1], blank = not scored for that row), learnt as extra head outputs after the "
         "task's own, e.g. the Unintended Bias sub-types and identities. Predictions, the "
-        "metrics and export's scores stay the task's outputs (predict --all-outputs writes "
+        "metrics and exports stay the task's outputs (predict and export --all-outputs keep "
         "every one). One-comment tasks.",
     )
     aux_weight: float = _f(
