@@ -136,16 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if out.exists() and not args.overwrite:
                 raise UserError(f"--out {out} exists; pass --overwrite to replace it")
         check_scoring_flags(args)
-        if args.label_weights:
-            parse_label_weights(args.label_weights)  # a bad value before anything loads
+        # a bad value is refused before anything loads
+        weights = parse_label_weights(args.label_weights) if args.label_weights else None
         from jaxtpu import hosts
 
         hosts.use_compilation_cache()
         devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
-        if args.label_weights:
+        if weights is not None:
             from jaxtpu.severity import agreement_report
 
-            weights = parse_label_weights(args.label_weights)
             report = agreement_report([args.workdir], args.input, weights, devices, args.batch_size)
         else:
             report = evaluate(args.workdir, args.input, devices, args.batch_size)

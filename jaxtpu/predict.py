@@ -40,6 +40,7 @@ from jaxtpu.core.flags.schema import SCORING, Config, from_dict
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.run.rundir import check_output_path, user_errors
 from jaxtpu.core.severity import parse_label_weights
+from jaxtpu.core.severity import severity as weighted_severity
 from jaxtpu.core.tasks import LABELS
 
 
@@ -610,7 +611,7 @@ def outputs(
         scores = task.main(scores)
         if scores.ndim == 2:
             weights = records.SEVERITY_WEIGHTS if label_weights is None else label_weights
-            scores = metrics.probability(scores) @ np.asarray(weights)
+            scores = weighted_severity(metrics.probability(scores), weights)
         return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
     return ["id", *task.score_columns(every)], task.predictions(scores, every)
 
