@@ -1,9 +1,13 @@
 """`python -m jaxtpu.export`: write a run's best model for PyTorch.
 
-`--format hf` (default): a Hugging Face directory that loads with
-`transformers.AutoModel.from_pretrained(DIR)` (encoder) plus `head.safetensors`
-(`nn.Linear(hidden, outputs)`: one output per score of the task, six for multilabel), or whole
-with `torchxla_ref.weights.load_model`.
+`--format hf` (default): a Hugging Face directory. A run with the family's own head (`--head
+hf`) exports a `*ForSequenceClassification` checkpoint that
+`transformers.AutoModelForSequenceClassification.from_pretrained(DIR)` and
+`pipeline("text-classification", model=DIR)` load, with the task's labels (`id2label`) and
+`problem_type`. A run with jaxtpu's head exports the encoder, which
+`transformers.AutoModel.from_pretrained(DIR)` loads, plus `head.safetensors`
+(`nn.Linear(hidden, outputs)`: one output per score of the task, six for multilabel), which
+only jaxtpu and `torchxla_ref.weights.load_model` read.
 
 `--format state-dict`: one `torch.save` file of a training notebook's module, the encoder under
 `--encoder-prefix` and the head as `--head-name` (default `bert.*` + `fc1.*`, the PyTorch/XLA
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
+from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout
 from jaxtpu.core.run.rundir import check_output_path, user_errors
 
 
@@ -69,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--format",
         choices=("hf", "state-dict"),
         default="hf",
-        help="hf: Hugging Face directory (encoder + head.safetensors + tokenizer); state-dict: "
+        help="hf: Hugging Face directory (a --head hf run: a *ForSequenceClassification "
+        "checkpoint + tokenizer; a --head jaxtpu run: the encoder + head.safetensors + "
+        "tokenizer); state-dict: "
         "one torch.save file for the notebook's module [default: hf].",
     )
     p.add_argument(
@@ -111,8 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec_task = model.spec.task
         outputs = [*spec_task.label_columns, *(spec_task.aux_columns if args.all_outputs else ())]
         params = model.params
+        layout = head_layout(model.spec.encoder.model_type, model.spec.head)
         if spec_task.aux_columns and not args.all_outputs:
-            params = task_head(params, spec_task.main_outputs)
+            params = task_head(params, spec_task.main_outputs, layout.output)
+        if state_dict and layout.kind == "hf":
+            raise UserError(
+                "--format state-dict writes a notebook's Linear(hidden, outputs) head; this run "
+                "trained its family's own classification head (--head hf): use --format hf"
+            )
         if state_dict:
             encoder, head = weights.to_state_dicts(params, model.spec.encoder.model_type)
             tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
@@ -131,19 +144,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             "step": step,
             "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
         }
-        weights.save_hf(params, model.spec.encoder, out, model.tokenizer_dir, head)
-        print(f"exported step {step} ({task}) to {out}")
+        enc = model.spec.encoder
+        classifier = None
+        if layout.kind == "hf":
+            classifier = classifier_fields(
+                enc.model_type, tuple(outputs), task, model.cfg.head_dropout, model.module.pooling
+            )
+        weights.save_hf(params, enc, out, model.tokenizer_dir, head, classifier)
+        if classifier is None:
+            print(
+                f"exported step {step} ({task}) to {out}: the encoder for AutoModel and jaxtpu's "
+                f"head in head.safetensors, which is not a transformers class (train with --head "
+                "hf for a checkpoint AutoModelForSequenceClassification and pipeline() load)"
+            )
+        else:
+            name = architecture(enc.model_type, enc.family.architecture)
+            print(f"exported step {step} ({task}) to {out} as a {name} ({', '.join(outputs)})")
     return 0
 
 
-def task_head(params: dict, outputs: int) -> dict:
-    """`params` with the head cut to its first `outputs` outputs (the task's own, before the
-    auxiliary targets')."""
-    head = params["classifier"]
-    return {
-        **params,
-        "classifier": {"kernel": head["kernel"][:, :outputs], "bias": head["bias"][:outputs]},
-    }
+def task_head(params: dict, outputs: int, output: str = "classifier") -> dict:
+    """`params` with the head's last dense layer (`output`, its module path: `classifier`,
+    RoBERTa's own `classifier.out_proj`) cut to its first `outputs` outputs (the task's own,
+    before the auxiliary targets')."""
+    *path, last = output.split(".")
+
+    def cut(tree: dict, keys: list[str]) -> dict:
+        if not keys:
+            dense = tree[last]
+            return {
+                **tree,
+                last: {"kernel": dense["kernel"][:, :outputs], "bias": dense["bias"][:outputs]},
+            }
+        return {**tree, keys[0]: cut(tree[keys[0]], keys[1:])}
+
+    return cut(params, path)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from jaxtpu.core.flags.schema import Config, OptimConfig
 from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import get_family, rename
+from jaxtpu.core.hf.heads import head_layout
 from jaxtpu.core.schedules import layer_lr_scale
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
@@ -94,6 +95,7 @@ def load_params(
     template: Mapping[str, Any],
     head_required: bool = False,
     model_type: str = "bert",
+    head: str = "jaxtpu",
 ) -> tuple[dict[str, Any], list[str]]:
     """Fills a Flax param tree from a Hugging Face directory (see `fit_state_dict`).
 
@@ -103,6 +105,7 @@ def load_params(
         leaves not found in the checkpoint keep the template's value.
       head_required: fail if the directory has no head (loading a fine-tuned model).
       model_type: the encoder family, whose Hugging Face names the directory uses.
+      head: the model's head, 'jaxtpu' or 'hf' (`jaxtpu.core.hf.heads`).
     Returns:
       (params, kept): the filled tree (numpy fp32) and the HF keys left at their initial value.
     """
@@ -115,7 +118,8 @@ def load_params(
         return tuple(leaf.shape[::-1] if LEAVES[path[-1]][1] else leaf.shape)
 
     expected = {key: hf_shape(path, leaf) for key, (path, leaf) in leaves.items()}
-    found, kept = fit_state_dict(model_dir, expected, head_required)
+    layout = head_layout(model_type, head)
+    found, kept = fit_state_dict(model_dir, expected, head_required, layout)
     flat = {}
     for key, (path, leaf) in leaves.items():
         if key in found:
@@ -147,10 +151,12 @@ def save_hf(
     out_dir: str | Path,
     tokenizer_dir: str | Path | None = None,
     head_meta: dict[str, Any] | None = None,
+    classifier: dict[str, Any] | None = None,
 ) -> Path:
-    """Writes Flax params as a Hugging Face directory (see the module docstring)."""
+    """Writes Flax params as a Hugging Face directory (see the module docstring); with
+    `classifier` (an `hf` head's config.json keys), a `*ForSequenceClassification` one."""
     encoder, head = to_state_dicts(params, enc.model_type)
-    return write_hf_dir(out_dir, enc, encoder, head, tokenizer_dir, head_meta)
+    return write_hf_dir(out_dir, enc, encoder, head, tokenizer_dir, head_meta, classifier)
 
 
 @dataclass
@@ -174,7 +180,9 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
     example = spec.task.example_shape(cfg.data.max_len)
     params = models.init_params(module, example, cfg.train.seed)
     if spec.weights:
-        params, _ = load_params(spec.weights, params, head_required, spec.encoder.model_type)
+        params, _ = load_params(
+            spec.weights, params, head_required, spec.encoder.model_type, spec.head
+        )
     scales = lr_scales(params, spec.encoder, cfg.optim) if cfg.optim.layerwise else None
     if cfg.model.scan_layers:
         module = models.for_run(cfg, spec)

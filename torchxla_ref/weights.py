@@ -10,6 +10,7 @@ import torch
 
 from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.heads import head_layout
 from torchxla_ref.models import Classifier
 
 
@@ -20,6 +21,7 @@ def load_model(
     seed: int,
     pooling: str | None = None,
     outputs: int = 1,
+    head: str = "jaxtpu",
 ) -> Classifier:
     """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
     directory has one) through `jaxtpu.core.hf.directory.fit_state_dict`, as on the JAX side.
@@ -27,23 +29,22 @@ def load_model(
     init (a new head, a missing pooler), and `load_state_dict` runs strict. Encoder dropout
     comes from `enc` either way."""
     torch.manual_seed(seed)
-    model = Classifier(enc, head_dropout, pooling, outputs)
+    model = Classifier(enc, head_dropout, pooling, outputs, head)
     if model_dir:
         state = model.state_dict()
-        expected = {_hf(k): tuple(v.shape) for k, v in state.items()}
-        found, _ = fit_state_dict(model_dir, expected)
-        state.update({_torch(k): torch.from_numpy(v) for k, v in found.items()})
+        names = {_hf(k): k for k in state}
+        expected = {hf: tuple(state[k].shape) for hf, k in names.items()}
+        layout = head_layout(enc.model_type, head)
+        found, _ = fit_state_dict(model_dir, expected, layout=layout)
+        state.update({names[k]: torch.from_numpy(v) for k, v in found.items()})
         model.load_state_dict(state, strict=True)
     return model
 
 
 def _hf(key: str) -> str:
-    """Module key -> Hugging Face key (the encoder as its family's plain AutoModel)."""
-    return key.removeprefix("bert.")
-
-
-def _torch(key: str) -> str:
-    return key if key.startswith("classifier.") else "bert." + key
+    """Module key -> Hugging Face key (the encoder as its family's plain AutoModel, the
+    family's own head in its `*ForSequenceClassification` keys)."""
+    return key.removeprefix("bert.").removeprefix("head.")
 
 
 def save_hf(
@@ -51,13 +52,19 @@ def save_hf(
     out_dir: str | Path,
     tokenizer_dir: str | Path | None,
     head_meta: dict | None = None,
+    classifier: dict | None = None,
 ) -> Path:
-    """Writes encoder (its family's keys), head and tokenizer as a Hugging Face directory."""
+    """Writes encoder (its family's keys), head and tokenizer as a Hugging Face directory
+    (with `classifier`, an `hf` head's config.json keys: a `*ForSequenceClassification`
+    one)."""
 
     def numpy(sd: dict, prefix: str = "") -> dict:
         return {prefix + k: v.detach().float().cpu().numpy() for k, v in sd.items()}
 
     enc = EncoderConfig.from_hf_dict(model.bert.config.to_dict())
     encoder = numpy(model.bert.state_dict())
-    head = numpy(model.classifier.state_dict(), "classifier.")
-    return write_hf_dir(out_dir, enc, encoder, head, tokenizer_dir, head_meta)
+    if model.head_kind == "hf":
+        head = numpy(model.head.state_dict())
+    else:
+        head = numpy(model.classifier.state_dict(), "classifier.")
+    return write_hf_dir(out_dir, enc, encoder, head, tokenizer_dir, head_meta, classifier)

@@ -336,6 +336,7 @@ class Backbone(nn.Module):
     matmul_out: Dtype = jnp.float32  # bf16 matmuls' result dtype (--matmul-output)
     remat: str = "none"
     scan: bool = False
+    pooler: bool = True  # False: leave out the family's pooler (RoBERTa's own classifier)
 
     @nn.compact
     def __call__(
@@ -356,7 +357,7 @@ class Backbone(nn.Module):
         encoder = Encoder(cfg, name="encoder", remat=self.remat, scan=self.scan, **kw)
         x = encoder(x, mask_bias, deterministic)
         pooled = None
-        if cfg.family.pooler:  # computed even when unused, so an export keeps its weights
+        if cfg.family.pooler and self.pooler:  # computed even when unused: exports keep it
             pooled = _Pooler(cfg, name="pooler", **kw)(x[:, 0]).astype(jnp.float32)
         return x, pooled
 

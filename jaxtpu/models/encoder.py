@@ -28,12 +28,14 @@ def create_module(
     pooling: str | None = None,
     outputs: int = 1,
     matmul_output: str = "fp32",
+    head: str = "jaxtpu",
 ) -> Classifier:
     """The model with fp32 storage and the compute dtype of `precision` (every task shares it;
     `Task.example_shape` says what its inputs look like); `remat` is a key of `REMAT` or
     'none'; `scan` runs the layers as one `nn.scan` (params as `stack_layers` makes them);
     `pooling` one of `jaxtpu.core.hf.families.POOLINGS` (None = the family's default);
-    `matmul_output` the bf16 matmuls' result dtype ('fp32' or 'bf16')."""
+    `matmul_output` the bf16 matmuls' result dtype ('fp32' or 'bf16'); `head` 'jaxtpu' or
+    'hf' (the family's own classification head)."""
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
     return Classifier(
         cfg,
@@ -45,12 +47,13 @@ def create_module(
         scan=scan,
         pooling=pooling or cfg.default_pooling,
         outputs=outputs,
+        head=head,
     )
 
 
 def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
-    """The module a run trains (its encoder, precision, head dropout, remat, pooling, and as
-    many outputs as the task scores); `scan` defaults to the run's --scan-layers."""
+    """The module a run trains (its encoder, precision, head and its dropout, remat, pooling,
+    and as many outputs as the task scores); `scan` defaults to the run's --scan-layers."""
     return create_module(
         spec.encoder,
         cfg.head_dropout,
@@ -60,6 +63,7 @@ def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
         spec.pooling,
         spec.task.outputs,
         spec.matmul_output,
+        spec.head,
     )
 
 

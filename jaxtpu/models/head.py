@@ -1,6 +1,7 @@
-"""The Jigsaw head every family shares: pooling one vector per comment (`--pooling`), dropout
-and a dense layer to one score per comment (or one per label); the logits are fp32.
-Architecture only: knows nothing of devices."""
+"""The heads on every family's encoder: jaxtpu's (`--head jaxtpu`: pooling one vector per
+comment (`--pooling`), dropout and a dense layer to one score per comment or one per label)
+and the family's own `*ForSequenceClassification` head (`--head hf`, the operations of
+`jaxtpu.core.hf.heads`); the logits are fp32. Architecture only: knows nothing of devices."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.heads import Op, hf_head
 from jaxtpu.models import bert, eurobert, layers, modernbert, ops
 
 Dtype = jnp.dtype
@@ -31,11 +33,52 @@ def pool(pooling: str, hidden: jax.Array, pooled: jax.Array | None, mask: jax.Ar
     return (hidden * weight).sum(1) / jnp.maximum(weight.sum(1), 1e-9)
 
 
+ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "gelu": ops.gelu}
+
+
+def run_ops(
+    module: nn.Module, ops_: tuple[Op, ...], x: jax.Array, deterministic: bool
+) -> jax.Array:
+    """Runs a head's operations (`jaxtpu.core.hf.heads.Op`) on `x`, their layers created in
+    `module`'s scope under their Hugging Face names."""
+    for op in ops_:
+        if op.kind == "dropout":
+            x = ops.Dropout(module.head_dropout)(x, deterministic=deterministic)
+        elif op.kind == "act":
+            x = ACTIVATIONS[op.name](x)
+        elif op.kind == "norm":
+            x = layers.layer_norm(module.cfg, op.name, module.param_dtype, op.bias)(x)
+        else:
+            width = module.outputs if op.out else module.cfg.hidden_size
+            dense = layers.dense(
+                module.cfg, width, op.name, module.dtype, module.param_dtype, use_bias=op.bias
+            )
+            x = dense(x).astype(jnp.float32)
+    return x
+
+
+class HeadBlock(nn.Module):
+    """The operations of one block of an `hf` head, in the module the checkpoint names
+    (RoBERTa's `classifier`, DeBERTa's `pooler`, ModernBERT's `head`)."""
+
+    cfg: EncoderConfig
+    ops_: tuple[Op, ...]
+    head_dropout: float
+    outputs: int
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        return run_ops(self, self.ops_, x, deterministic)
+
+
 class Classifier(nn.Module):
-    """Encoder -> pooling -> dropout -> Dense(outputs): the head of every task (one score per
-    comment, or one per label). Inputs may carry extra leading dims (the ranking pairs'
-    (B, 2, L)); the output keeps them, so a ranker is this model applied to both comments of
-    a pair. A single output is returned without its axis.
+    """Encoder -> head: jaxtpu's (pooling -> dropout -> Dense(outputs)) or, `head='hf'`, the
+    family's own classification head; for every task (one score per comment, or one per
+    label). Inputs may carry extra leading dims (the ranking pairs' (B, 2, L)); the output
+    keeps them, so a ranker is this model applied to both comments of a pair. A single output
+    is returned without its axis.
     """
 
     cfg: EncoderConfig
@@ -47,6 +90,7 @@ class Classifier(nn.Module):
     scan: bool = False
     pooling: str = "pooler"
     outputs: int = 1
+    head: str = "jaxtpu"  # 'hf': the family's own classification head
 
     @nn.compact
     def __call__(
@@ -54,7 +98,10 @@ class Classifier(nn.Module):
     ) -> jax.Array:
         lead = input_ids.shape[:-1]
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-        bert = BACKBONES[self.cfg.family.layer_kind](
+        kind = self.cfg.family.layer_kind
+        # a family's own head without a pooler (RoBERTa's) has none in its checkpoint
+        no_pooler = self.head == "hf" and self.pooling != "pooler" and kind == "bert"
+        bert = BACKBONES[kind](
             self.cfg,
             self.dtype,
             self.param_dtype,
@@ -62,12 +109,31 @@ class Classifier(nn.Module):
             remat=self.remat,
             scan=self.scan,
             name="bert",
+            **({"pooler": False} if no_pooler else {}),
         )
         mask = flat(attention_mask)
         hidden, pooled = bert(flat(input_ids), mask, deterministic)
         x = pool(self.pooling, hidden, pooled, mask)
-        x = ops.Dropout(self.head_dropout)(x, deterministic=deterministic)
         # the logits stay fp32 whatever --matmul-output says: the loss reads them
-        logits = layers.dense(self.cfg, self.outputs, "classifier", self.dtype, self.param_dtype)(x)
-        logits = logits.astype(jnp.float32)
+        if self.head == "hf":
+            for block, block_ops in hf_head(self.cfg.model_type).blocks:
+                if block:
+                    x = HeadBlock(
+                        self.cfg,
+                        block_ops,
+                        self.head_dropout,
+                        self.outputs,
+                        self.dtype,
+                        self.param_dtype,
+                        name=block,
+                    )(x, deterministic)
+                else:
+                    x = run_ops(self, block_ops, x, deterministic)
+            logits = x
+        else:
+            x = ops.Dropout(self.head_dropout)(x, deterministic=deterministic)
+            logits = layers.dense(
+                self.cfg, self.outputs, "classifier", self.dtype, self.param_dtype
+            )(x)
+            logits = logits.astype(jnp.float32)
         return logits[:, 0].reshape(lead) if self.outputs == 1 else logits.reshape(*lead, -1)

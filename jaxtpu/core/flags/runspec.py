@@ -21,17 +21,23 @@ from jaxtpu.core.hf.encoder import (
     EncoderConfig,
     exported_head,
     packaged_minilm_dir,
+    read_classifier_dir,
     read_encoder,
     resolve_model_dir,
 )
 from jaxtpu.core.hf.families import default_pooling
+from jaxtpu.core.hf.heads import hf_pooling
 from jaxtpu.core.tasks import Task
 
 
-def model_key(task: str | None, encoder: dict[str, Any] | None) -> dict[str, Any]:
+def model_key(
+    task: str | None, encoder: dict[str, Any] | None, head: str | None = "jaxtpu"
+) -> dict[str, Any]:
     """What makes two checkpoints compatible, the one spelling of it (a checkpoint's metadata
-    carries it): the task and the encoder's `config.json` fields."""
-    return {"task": task, "encoder": encoder}
+    carries it): the task, the encoder's `config.json` fields and, when it is not jaxtpu's
+    (checkpoints from before `--head` have none), the head."""
+    key = {"task": task, "encoder": encoder}
+    return key if head in (None, "jaxtpu") else {**key, "head": head}
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ class RunSpec:
       encoder: the encoder's architecture: the checkpoint's config.json, else the random-init
         flags, with --encoder-dropout applied.
       pooling: how a comment becomes one vector ('pooler', 'cls' or 'mean').
+      head: 'jaxtpu' (pooling -> dropout -> Dense) or 'hf' (the family's own classification
+        head, `jaxtpu.core.hf.heads`).
       pooling_from: why that pooling ('--pooling', the export's record, the family default).
       model_dir: the checkpoint directory (--model-dir resolved; 'minilm' = the packaged one),
         or None for random init.
@@ -65,6 +73,7 @@ class RunSpec:
     sharding: str
     mesh: tuple[int, int]
     matmul_output: str = "fp32"  # the bf16 matmuls' result dtype (--matmul-output resolved)
+    head: str = "jaxtpu"
 
     @classmethod
     def resolve(cls, cfg: Config, devices: int | None = None, platform: str = "") -> RunSpec:
@@ -100,18 +109,27 @@ class RunSpec:
     ) -> RunSpec:
         model, place = cfg.model, cfg.placement
         exported = exported_head(model_dir).get("pooling")
+        classifier = read_classifier_dir(model_dir, enc.model_type) if model.head == "hf" else None
         if model.pooling != "auto":
             pooling, pooling_from = model.pooling, "--pooling"
-        elif exported:
+        elif classifier and classifier.pooling:
+            pooling, pooling_from = classifier.pooling, "its classifier's config.json"
+        elif exported and model.head != "hf":
             pooling, pooling_from = exported, "as exported, jaxtpu_head.json"
         elif enc.classifier_pooling:
             pooling, pooling_from = "auto", "config.json's classifier_pooling"
+        elif model.head == "hf":
+            pooling, pooling_from = "auto", f"{enc.model_type}'s classification head"
         else:
             pooling, pooling_from = "auto", f"{enc.model_type}'s default"
+        if model.head == "hf":
+            auto = pooling == "auto" and enc.classifier_pooling
+            pooling = hf_pooling(enc.model_type, enc.classifier_pooling if auto else pooling)
         n = devices or place.num_devices * place.num_processes
         return cls(
             task=cfg.task,
             encoder=enc,
+            head=model.head,
             pooling=default_pooling(enc.family, pooling, enc.default_pooling),
             pooling_from=pooling_from,
             model_dir=model_dir,
@@ -131,15 +149,17 @@ class RunSpec:
     @property
     def model_key(self) -> dict[str, Any]:
         """What a checkpoint of this run must match (`model_key`)."""
-        return model_key(self.task.name, self.encoder.to_hf_dict())
+        return model_key(self.task.name, self.encoder.to_hf_dict(), self.head)
 
     def describe_model(self, n_params: int, seed: int) -> str:
         """The start-up line both sides print: family, shape, size, pooling, where from."""
         enc = self.encoder
         return (
             f"{enc.model_type} ({enc.family.architecture}), {enc.num_hidden_layers} layers x "
-            f"{enc.hidden_size} hidden, {n_params / 1e6:.1f}M params, pooling {self.pooling} "
-            f"({self.pooling_from}), from {self.weights or f'random init (seed {seed})'}"
+            f"{enc.hidden_size} hidden, {n_params / 1e6:.1f}M params, "
+            + ("its own classification head, " if self.head == "hf" else "")
+            + f"pooling {self.pooling} ({self.pooling_from}), from "
+            f"{self.weights or f'random init (seed {seed})'}"
         )
 
     def describe_placement(self) -> str:
@@ -155,6 +175,7 @@ class RunSpec:
             "encoder": self.encoder.to_hf_dict(),
             "pooling": self.pooling,
             "pooling_from": self.pooling_from,
+            "head": self.head,
             "model_dir": self.model_dir,
             "weights": self.weights,
             "tokenizer_dir": self.tokenizer_from or "packaged all-MiniLM-L6-v2",

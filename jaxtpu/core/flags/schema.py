@@ -177,6 +177,15 @@ class ModelConfig:
         "mmBERT), else the family's default: " + _default_poolings() + ".",
         ("auto",) + POOLINGS,
     )
+    head: str = _f(
+        "jaxtpu",
+        "The head on the encoder: 'jaxtpu' (pooling -> dropout -> Dense, the notebooks' head) "
+        "or 'hf', the family's own *ForSequenceClassification head from transformers (BERT's "
+        "pooler -> classifier, RoBERTa's dense -> tanh -> out_proj, ...; "
+        "docs/elsewhere.md), so an export is a checkpoint AutoModelForSequenceClassification "
+        "and pipeline() load, and such a checkpoint's head is trained on (--model-dir).",
+        ("jaxtpu", "hf"),
+    )
     scan_layers: bool = _f(
         False,
         "jaxtpu: run the encoder layers as one nn.scan over stacked weights: compiles one "

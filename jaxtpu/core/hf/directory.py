@@ -12,6 +12,7 @@ is `jaxtpu.weights`.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from collections.abc import Mapping
@@ -24,6 +25,9 @@ import numpy as np
 from jaxtpu.core.data.tokens import TOKENIZER_FILES
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.hf.encoder import HEAD_META, EncoderConfig
+from jaxtpu.core.hf.heads import HeadLayout, architecture, hf_head, is_classifier
+
+log = logging.getLogger("jaxtpu")
 
 HEAD_FILE = "head.safetensors"
 # The output widths a task's head has (`Task.outputs`): one score, or the six labels.
@@ -53,6 +57,14 @@ def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
     the family's plain model: the prefix of a task model (`bert.`, `roberta.`, `deberta.`,
     ... of `*ForSequenceClassification` or `*ForMaskedLM`) is removed and the tensors outside
     it (its task head) left out, as are buffers such as `position_ids`."""
+    return read_checkpoint(model_dir)[0]
+
+
+def read_checkpoint(model_dir: str | Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(encoder, task head) of a Hugging Face directory: the encoder as `read_state_dict`
+    gives it, and the tensors outside the task model's encoder prefix (the classification
+    head of a `*ForSequenceClassification` checkpoint, in its own keys; {} for a plain
+    encoder)."""
     d = Path(model_dir)
     st, binf = d / "model.safetensors", d / "pytorch_model.bin"
     if st.exists():
@@ -68,7 +80,12 @@ def read_state_dict(model_dir: str | Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{d}: no model.safetensors or pytorch_model.bin")
     prefixes = set(_anchored(raw))
     prefix = prefixes.pop() if len(prefixes) == 1 else ""
-    return _encoder_keys(raw, prefix)
+    head = {
+        k: np.asarray(v, np.float32)
+        for k, v in raw.items()
+        if prefix and not k.startswith(prefix) and not _IGNORED.match(k)
+    }
+    return _encoder_keys(raw, prefix), head
 
 
 def _encoder_keys(raw: Mapping[str, Any], prefix: str) -> dict[str, np.ndarray]:
@@ -208,7 +225,10 @@ def notebook_state_dict(
 
 
 def fit_state_dict(
-    model_dir: str | Path, expected: Mapping[str, tuple[int, ...]], head_required: bool = False
+    model_dir: str | Path,
+    expected: Mapping[str, tuple[int, ...]],
+    head_required: bool = False,
+    layout: HeadLayout = HeadLayout(),
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """The tensors of a Hugging Face directory (encoder, and head if present) or of a training
     notebook's state-dict file (`read_notebook_checkpoint`) that a model needs, checked
@@ -219,6 +239,10 @@ def fit_state_dict(
       expected: the model's tensors, Hugging Face keys (no `bert.` prefix; head as
         `classifier.*`) -> shape in Hugging Face (torch) orientation.
       head_required: fail if the directory has no head (loading a fine-tuned model).
+      layout: the model's head (`jaxtpu.core.hf.heads.head_layout`). jaxtpu's reads
+        `head.safetensors`; the family's own (`--head hf`) reads the head of a
+        `*ForSequenceClassification` checkpoint. A head of the other kind is left out, and
+        the log says so.
     Returns:
       (found, kept): the expected tensors present in the directory (numpy fp32), and the
       expected keys that are not (the head of a plain BertModel, a missing pooler), which keep
@@ -231,18 +255,17 @@ def fit_state_dict(
     if d.is_file():
         notebook = read_notebook_checkpoint(d)
         sd = {**notebook.encoder, **notebook.head}
-        if head_required and not notebook.head:
-            raise CheckpointError(f"{d}: no Linear(hidden, 1) head beside the encoder")
+        if head_required and (not notebook.head or layout.kind == "hf"):
+            what = "a family's classification head" if notebook.head else "Linear(hidden, 1) head"
+            raise CheckpointError(f"{d}: no {what} beside the encoder")
+        if notebook.head and layout.kind == "hf":
+            log.warning("%s: its Linear head is not a transformers head; --head hf starts one", d)
+            sd = dict(notebook.encoder)
     else:
-        sd = read_state_dict(d)
-        head = d / HEAD_FILE
-        if head.exists():
-            from safetensors.numpy import load_file
-
-            sd.update(load_file(str(head)))
-        elif head_required:
-            raise CheckpointError(f"{d}: no {HEAD_FILE}; not a fine-tuned jaxtpu export")
-    head_w, want = sd.get("classifier.weight"), expected.get("classifier.weight")
+        sd, task_head = read_checkpoint(d)
+        sd.update(_fitting_head(d, task_head, layout, head_required))
+    output = layout.output + ".weight"
+    head_w, want = sd.get(output), expected.get(output)
     if head_w is not None and want is not None and head_w.shape[0] != want[0]:
         raise CheckpointError(
             f"{d}: its head scores {head_w.shape[0]} outputs per comment "
@@ -262,19 +285,68 @@ def fit_state_dict(
         else:
             found[key] = sd[key]
     unused = sorted(k for k in sd if k not in expected)
+    if unused and all(k.startswith("pooler.") for k in unused):
+        # a pooler the model has no use for: RoBERTa's own classifier reads the first token
+        log.info("%s: its pooler is not used (the head reads the first token)", d)
+        unused = []
     if unused:
         raise CheckpointError(
             f"{d}: {len(unused)} tensor(s) the model has no place for (first: {unused[0]}): the "
             "checkpoint holds more than its config.json describes (e.g. more layers than "
             "num_hidden_layers); fix config.json so that every tensor is used"
         )
-    encoder_kept = [k for k in kept if not k.startswith("classifier.")]
+    encoder_kept = [k for k in kept if not layout.holds(k)]
     if len(encoder_kept) > 2:  # a pooler may be missing; a whole encoder may not
         raise CheckpointError(
             f"{d}: {len(encoder_kept)} encoder tensors missing (first: {encoder_kept[0]}); "
             "not a checkpoint of this family and shape (check config.json)"
         )
     return found, kept
+
+
+def _fitting_head(
+    d: Path, task_head: dict[str, np.ndarray], layout: HeadLayout, required: bool
+) -> dict[str, np.ndarray]:
+    """The head tensors of directory `d` a model with head `layout` loads: jaxtpu's
+    `head.safetensors`, or a `*ForSequenceClassification` checkpoint's own head; one of the
+    other kind is left out, said in the log."""
+    jaxtpu_head = d / HEAD_FILE
+    if layout.kind == "hf":
+        if task_head and _is_classifier_dir(d):
+            return task_head
+        if jaxtpu_head.exists():
+            log.warning(
+                "%s: its head (%s) is jaxtpu's, not a transformers class; --head hf starts "
+                "its own head",
+                d,
+                HEAD_FILE,
+            )
+        if required:
+            raise CheckpointError(
+                f"{d}: no classification head of its family (not a *ForSequenceClassification "
+                "checkpoint)"
+            )
+        return {}
+    if task_head and _is_classifier_dir(d):
+        log.warning(
+            "%s: its classification head is left out (--head jaxtpu starts a new one); "
+            "--head hf keeps it",
+            d,
+        )
+    if jaxtpu_head.exists():
+        from safetensors.numpy import load_file
+
+        return load_file(str(jaxtpu_head))
+    if required:
+        raise CheckpointError(f"{d}: no {HEAD_FILE}; not a fine-tuned jaxtpu export")
+    return {}
+
+
+def _is_classifier_dir(d: Path) -> bool:
+    try:
+        return is_classifier(json.loads((d / "config.json").read_text()))
+    except (OSError, ValueError):
+        return False
 
 
 def _head_kind(outputs: int) -> str:
@@ -288,17 +360,31 @@ def write_hf_dir(
     head: dict[str, np.ndarray],
     tokenizer_dir: str | Path | None = None,
     head_meta: dict[str, Any] | None = None,
+    classifier: dict[str, Any] | None = None,
 ) -> Path:
     """Writes state dicts (numpy, Hugging Face keys) as a Hugging Face directory; both sides
-    save through here, so their exports have one format."""
+    save through here, so their exports have one format. With `classifier` (the config.json
+    keys of `jaxtpu.core.hf.heads.classifier_fields`) the head is the family's own and the
+    directory a `*ForSequenceClassification` checkpoint: one `model.safetensors` of the
+    encoder under its prefix and the head, in the keys transformers' class has."""
     from safetensors.numpy import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(encoder, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(enc.to_hf_dict(), indent=2, sort_keys=True))
+    config = enc.to_hf_dict()
+    if classifier is not None:
+        head_of = hf_head(enc.model_type)
+        tensors = {f"{head_of.prefix}.{k}": v for k, v in encoder.items()}
+        tensors.update(head)
+        config.update(classifier)
+        config["architectures"] = [architecture(enc.model_type, enc.family.architecture)]
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        save_file(encoder, str(out / "model.safetensors"), metadata={"format": "pt"})
+        if head:
+            save_file(head, str(out / HEAD_FILE), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     if head:
-        save_file(head, str(out / HEAD_FILE), metadata={"format": "pt"})
         (out / HEAD_META).write_text(json.dumps(head_meta or {}, indent=2, sort_keys=True))
     if tokenizer_dir:
         for name in TOKENIZER_FILES:

@@ -14,6 +14,7 @@ from typing import Any
 
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.hf.families import FAMILIES, Family, get_family, read_fields, write_fields
+from jaxtpu.core.hf.heads import ClassifierConfig, is_classifier, read_classifier
 
 log = logging.getLogger("jaxtpu")
 
@@ -167,6 +168,24 @@ def model_type_of(d: dict[str, Any], source: str = "config.json") -> str:
 def read_encoder(model_dir: str) -> EncoderConfig:
     """The encoder of a Hugging Face directory's `config.json`, with one-line errors."""
     path = Path(model_dir) / "config.json"
+    return EncoderConfig.from_hf_dict(read_config(model_dir), str(path))
+
+
+def read_classifier_dir(model_dir: str | None, model_type: str) -> ClassifierConfig | None:
+    """The classification head a `*ForSequenceClassification` directory's config.json
+    describes (`jaxtpu.core.hf.heads.read_classifier`), or None for any other directory (or a
+    file, or none)."""
+    if not model_dir or not Path(model_dir).is_dir():
+        return None
+    d = read_config(model_dir)
+    if not is_classifier(d):
+        return None
+    return read_classifier(model_type, d, str(Path(model_dir) / "config.json"))
+
+
+def read_config(model_dir: str) -> dict[str, Any]:
+    """A Hugging Face directory's `config.json` as a dict, with one-line errors."""
+    path = Path(model_dir) / "config.json"
     if not Path(model_dir).is_dir():
         raise ConfigError(f"--model-dir {model_dir}: no such directory")
     if not path.exists():
@@ -182,7 +201,7 @@ def read_encoder(model_dir: str) -> EncoderConfig:
             f"{path}: holds a JSON {type(found).__name__}, expected an object of a Hugging Face "
             "config (model_type, hidden_size, ...)"
         )
-    return EncoderConfig.from_hf_dict(found, str(path))
+    return found
 
 
 def exported_head(model_dir: str | None) -> dict[str, Any]:

@@ -222,12 +222,17 @@ def disk_full_message(
 def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Path) -> None:
     """Refuses a checkpoint of another task or model (both sides' checkpoints carry a
     `model_key` in their metadata)."""
-    a, b = (model_key(m.get("task"), m.get("encoder")) for m in (found, expected))
+    a, b = (model_key(m.get("task"), m.get("encoder"), m.get("head")) for m in (found, expected))
     if a == b:
         return
     if a["task"] != b["task"]:
         raise CheckpointError(
             f"{where}: checkpoint is for task {a['task']!r}, this run is {b['task']!r}"
+        )
+    head_a, head_b = a.get("head", "jaxtpu"), b.get("head", "jaxtpu")
+    if head_a != head_b:
+        raise CheckpointError(
+            f"{where}: checkpoint has the {head_a} head (--head {head_a}), this run --head {head_b}"
         )
     diff = [
         f"{k}={a['encoder'].get(k)} (run: {b['encoder'].get(k)})"

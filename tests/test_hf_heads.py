@@ -1,0 +1,179 @@
+"""`--head hf`: every family's own classification head against transformers' class of it.
+
+A run's export of an `hf`-head model is a `*ForSequenceClassification` checkpoint that
+`AutoModelForSequenceClassification.from_pretrained` and `pipeline("text-classification")`
+load with nothing missing or unexpected, and score as jaxtpu does; such a checkpoint made by
+transformers loads back into jaxtpu with its head."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxtpu import weights
+from jaxtpu.core.data.demo import SAMPLE_CSV
+from jaxtpu.core.data.readers import read_comments
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.hf.heads import HF_HEADS, classifier_fields, hf_pooling, read_classifier
+from jaxtpu.core.tasks import LABELS
+from parity_tests.families import FAMILY_NAMES, VARIANTS, build
+
+torch = pytest.importorskip("torch", reason="transformers' classifiers need torch")
+transformers = pytest.importorskip("transformers")
+
+ALL = FAMILY_NAMES + tuple(VARIANTS)
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {name: build(name, root / name) for name in ALL}
+
+
+def _texts(n: int = 12) -> list[str]:
+    texts = read_comments(SAMPLE_CSV).texts
+    return [texts[i] for i in range(0, 40 * n, 40)][:n] + ["ok", "you are a nice person"]
+
+
+def _jax_scores(model, tokenizer_dir, texts, max_len: int = 64) -> np.ndarray:
+    from jaxtpu.core.data.tokens import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    enc = tok(texts, max_length=max_len, truncation=True, padding="max_length")
+    ids = np.asarray(enc["input_ids"], np.int32)
+    mask = np.asarray(enc["attention_mask"], np.int32)
+    logits = model.module.apply({"params": model.params}, ids, mask)
+    return np.asarray(logits, np.float64)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("task", ["multilabel", "toxicity"])
+def test_an_hf_head_export_is_transformers_own_classifier(name, task, family_dirs, tmp_path):
+    model_dir = family_dirs[name]
+    cfg = Config().replace(
+        model_dir=str(model_dir), precision="fp32", max_len=64, task=task, head="hf", seed=3
+    )
+    spec = RunSpec.resolve(cfg, 1)
+    model = weights.load_model(cfg, spec)
+    labels = spec.task.label_columns
+    fields = classifier_fields(
+        spec.encoder.model_type, labels, task, cfg.head_dropout, model.module.pooling
+    )
+    out = weights.save_hf(model.params, model.encoder, tmp_path / "export", model_dir, {}, fields)
+
+    clf, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(out), output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(clf).__name__.endswith("ForSequenceClassification")
+    assert clf.config.id2label == dict(enumerate(labels))
+    assert clf.config.problem_type == "multi_label_classification"
+    clf.eval()
+
+    texts = _texts()
+    ours = _jax_scores(model, model_dir, texts)
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    batch = tok(texts, max_length=64, truncation=True, padding="max_length", return_tensors="pt")
+    with torch.no_grad():
+        theirs = clf(**batch).logits.double().numpy()
+    theirs = theirs[:, 0] if len(labels) == 1 else theirs
+    assert np.abs(ours - theirs).max() < 1e-5, np.abs(ours - theirs).max()
+
+    # the pipeline gives every label's probability: the sigmoid of jaxtpu's logits
+    pipe = transformers.pipeline("text-classification", model=str(out), top_k=None)
+    rows = pipe(texts[:4], truncation=True, max_length=64)
+    probs = 1 / (1 + np.exp(-ours[:4].reshape(4, -1)))
+    for row, expected in zip(rows, probs, strict=True):
+        got = {r["label"]: r["score"] for r in row}
+        assert set(got) == set(labels)
+        for j, label in enumerate(labels):
+            assert abs(got[label] - expected[j]) < 1e-5
+
+    # and back: jaxtpu loads the classifier with its head, every tensor as exported
+    back, kept = weights.load_params(out, model.params, True, spec.encoder.model_type, head="hf")
+    assert not kept
+    flat_a, flat_b = weights._flatten(model.params), weights._flatten(back)
+    assert all(np.array_equal(flat_a[k], flat_b[k]) for k in flat_a)
+
+
+@pytest.mark.model
+def test_a_classifier_made_by_transformers_keeps_its_head(family_dirs, tmp_path):
+    """A 6-label RobertaForSequenceClassification saved by transformers: --head hf scores it
+    as transformers does; --head jaxtpu keeps its encoder and starts a new head."""
+    model_dir = family_dirs["roberta"]
+    config = transformers.AutoConfig.from_pretrained(str(model_dir))
+    config.num_labels = len(LABELS)
+    config.id2label = dict(enumerate(LABELS))
+    config.label2id = {v: k for k, v in config.id2label.items()}
+    config.problem_type = "multi_label_classification"
+    torch.manual_seed(0)
+    clf = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    out = tmp_path / "clf"
+    clf.save_pretrained(str(out))
+    transformers.AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out))
+
+    cfg = Config().replace(
+        model_dir=str(out), precision="fp32", max_len=64, task="multilabel", head="hf"
+    )
+    model = weights.load_model(cfg, RunSpec.resolve(cfg, 1), head_required=True)
+    texts = _texts(6)
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    batch = tok(texts, max_length=64, truncation=True, padding="max_length", return_tensors="pt")
+    with torch.no_grad():
+        theirs = clf(**batch).logits.double().numpy()
+    assert np.abs(_jax_scores(model, out, texts) - theirs).max() < 1e-5
+
+    # a toxicity run cannot take its 6-output head
+    one = cfg.replace(task="toxicity")
+    with pytest.raises(Exception, match="6 outputs per comment"):
+        weights.load_model(one, RunSpec.resolve(one, 1))
+
+
+@pytest.mark.parametrize("family", sorted(HF_HEADS))
+def test_every_family_head_is_described_by_its_transformers_class(family):
+    """The table's modules and dropout key are the attributes transformers' class has."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    head = HF_HEADS[family]
+    kwargs = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=4)
+    if family == "distilbert":
+        kwargs = dict(n_layers=1, dim=32, n_heads=4, hidden_dim=64)
+    config = AutoConfig.for_model(family, **kwargs, intermediate_size=64, num_labels=3)
+    model = AutoModelForSequenceClassification.from_config(config)
+    children = dict(model.named_children())
+    assert head.prefix in children
+    params = {k for k, _ in model.named_parameters() if not k.startswith(head.prefix + ".")}
+    assert {k.split(".")[0] for k in params} == set(head.modules)
+    assert f"{head.output}.weight" in params
+    assert dict(model.named_parameters())[f"{head.output}.weight"].shape[0] == 3
+    if head.dropout_key:
+        assert hasattr(config, head.dropout_key) or head.dropout_key == "cls_dropout"
+
+
+def test_hf_head_poolings_and_classifier_configs_are_checked():
+    assert hf_pooling("roberta", "auto") == "cls"
+    assert hf_pooling("bert", "auto") == "pooler"
+    assert hf_pooling("modernbert", "mean") == "mean"
+    with pytest.raises(ConfigError, match="--pooling mean with --head hf: roberta's own"):
+        hf_pooling("roberta", "mean")
+    with pytest.raises(ConfigError, match="2-label softmax classifier"):
+        read_classifier("bert", {"id2label": {"0": "ok", "1": "toxic"}}, "c.json")
+    with pytest.raises(ConfigError, match="classifier_pooling='late' is not supported"):
+        read_classifier("eurobert", {"classifier_pooling": "late", "num_labels": 1}, "c.json")
+    with pytest.raises(ConfigError, match="classifier_activation='silu' is not supported"):
+        read_classifier("modernbert", {"classifier_activation": "silu", "num_labels": 1}, "c")
+    found = read_classifier(
+        "modernbert",
+        {"classifier_pooling": "mean", "id2label": {str(i): n for i, n in enumerate(LABELS)}},
+        "c",
+    )
+    assert found.labels == LABELS and found.pooling == "mean"
+    fields = classifier_fields("eurobert", ("toxic",), "ranking", 0.2, "cls")
+    assert fields["classifier_pooling"] == "bos" and fields["problem_type"] == "regression"
+    assert json.dumps(fields)  # config.json material
