@@ -25,7 +25,7 @@ import numpy as np
 from jaxtpu.core.data.tokens import TOKENIZER_FILES
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.hf.encoder import HEAD_META, EncoderConfig
-from jaxtpu.core.hf.heads import HeadLayout, architecture, hf_head, is_classifier
+from jaxtpu.core.hf.heads import JAXTPU_HEAD, HeadLayout, architecture, hf_head, is_classifier
 
 log = logging.getLogger("jaxtpu")
 
@@ -228,7 +228,7 @@ def fit_state_dict(
     model_dir: str | Path,
     expected: Mapping[str, tuple[int, ...]],
     head_required: bool = False,
-    layout: HeadLayout = HeadLayout(),
+    layout: HeadLayout = JAXTPU_HEAD,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """The tensors of a Hugging Face directory (encoder, and head if present) or of a training
     notebook's state-dict file (`read_notebook_checkpoint`) that a model needs, checked

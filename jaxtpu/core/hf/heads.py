@@ -169,9 +169,12 @@ class HeadLayout:
         return key.split(".", 1)[0] in self.modules
 
 
+JAXTPU_HEAD = HeadLayout()
+
+
 def head_layout(model_type: str, head: str = "jaxtpu") -> HeadLayout:
     if head != "hf":
-        return HeadLayout()
+        return JAXTPU_HEAD
     found = hf_head(model_type)
     return HeadLayout("hf", found.modules, found.output)
 
