@@ -75,14 +75,24 @@ def read_labelled(path: str, task: Task) -> records.Comments | records.Pairs:
 
 
 def evaluate(
-    workdir: str, path: str, devices: list[Any], batch_size: int = SCORING.batch_size
+    workdir: str | None,
+    path: str,
+    devices: list[Any],
+    batch_size: int = SCORING.batch_size,
+    model_dir: str | None = None,
+    max_len: int = SCORING.max_len,
 ) -> dict[str, Any]:
-    """The metric of `path` under the best model of run `workdir`: {'metric': name, 'value':
-    value, 'examples': n, ...every part}."""
+    """The metric of `path` under the best model of run `workdir`, or of the fine-tuned
+    classifier directory `model_dir` (`jaxtpu.predict.load_model_dir`, its comments cut to
+    `max_len` tokens): {'metric': name, 'value': value, 'examples': n, ...every part}."""
     from jaxtpu.core.run import loop
-    from jaxtpu.predict import load_trained, scoring_backend
+    from jaxtpu.predict import load_model_dir, load_trained, scoring_backend
 
-    model = load_trained(workdir)
+    if workdir:
+        model = load_trained(workdir)
+    else:
+        pairs = readers.file_kind(readers.columns(path)) == "pairs"
+        model = load_model_dir(model_dir, max_len, pairs)
     task, d = model.spec.task, model.cfg.data
     data = read_labelled(path, task)
     tokenizer = load_tokenizer(model.tokenizer_dir)
@@ -97,7 +107,7 @@ def evaluate(
         "value": result[METRICS[name]],
         "examples": len(examples),
         "input": str(path),
-        "workdir": str(workdir),
+        **({"workdir": str(workdir)} if workdir else {"model_dir": str(model_dir)}),
         **parts,
     }
 
@@ -105,11 +115,19 @@ def evaluate(
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m jaxtpu.evaluate",
-        description="Score a labelled file with the best model of a jaxtpu run and print the "
-        "metric of its kind: auc, mean_column_auc (six labels), jigsaw_bias (identity "
-        "columns), mean_language_auc (a lang column) or agreement (pairs).",
+        description="Score a labelled file with the best model of a jaxtpu run, or with a "
+        "fine-tuned Hugging Face classifier, and print the metric of its kind: auc, "
+        "mean_column_auc (six labels), jigsaw_bias (identity columns), mean_language_auc (a "
+        "lang column) or agreement (pairs).",
     )
-    p.add_argument("--workdir", required=True, help="Run directory written by jaxtpu.train.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdir", help="Run directory written by jaxtpu.train.")
+    source.add_argument(
+        "--model-dir",
+        help="Instead of a run: a fine-tuned classifier directory, a *ForSequenceClassification "
+        "checkpoint (transformers', or an export of a --head hf run; one score or the six "
+        "Jigsaw labels) or a jaxtpu export, scored in fp32 with no training run.",
+    )
     p.add_argument(
         "--input",
         required=True,
@@ -126,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "label probabilities (w1,...,w6 in the order toxic, severe_toxic, obscene, threat, "
         "insult, identity_hate; `jaxtpu severity-weights` searches them) and report agreement.",
     )
-    add_scoring_flags(p, ("num_devices", "batch_size"))
+    add_scoring_flags(p, ("max_len", "num_devices", "batch_size"), unset=("max_len",))
     p.add_argument("--overwrite", action="store_true", help="Replace an existing --out.")
     args = p.parse_args(argv)
     with user_errors():
@@ -136,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if out.exists() and not args.overwrite:
                 raise UserError(f"--out {out} exists; pass --overwrite to replace it")
         check_scoring_flags(args)
+        if args.max_len and not args.model_dir:
+            raise UserError("--max-len goes with --model-dir; a run scores with its own")
+        if args.model_dir and args.label_weights:
+            raise UserError("--label-weights scores the runs' probabilities: give --workdir")
         # a bad value is refused before anything loads
         weights = parse_label_weights(args.label_weights) if args.label_weights else None
         from jaxtpu import hosts
@@ -147,10 +169,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             report = agreement_report([args.workdir], args.input, weights, devices, args.batch_size)
         else:
-            report = evaluate(args.workdir, args.input, devices, args.batch_size)
+            report = evaluate(
+                args.workdir,
+                args.input,
+                devices,
+                args.batch_size,
+                args.model_dir,
+                args.max_len or SCORING.max_len,
+            )
         print(f"{report['metric']}: {report['value']:.6f} ({report['examples']} examples)")
         for key, value in report.items():
-            if key not in ("metric", "value", "examples", "input", "workdir", report["metric"]):
+            if key not in (
+                "metric",
+                "value",
+                "examples",
+                "input",
+                "workdir",
+                "model_dir",
+                report["metric"],
+            ):
                 print(f"  {key}: {value:.6f}" if isinstance(value, float) else f"  {key}: {value}")
         if args.out:
             write_text(Path(args.out), strict_json(report, indent=2) + "\n")

@@ -127,6 +127,67 @@ def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
     return TrainedModel(cfg, spec, model.module, model.params, {}, Path(spec.tokenizer_dir))
 
 
+def load_model_dir(model_dir: str, max_len: int, pairs: bool = False) -> TrainedModel:
+    """A fine-tuned Hugging Face directory, scored without a run: a
+    `*ForSequenceClassification` checkpoint (transformers', or a `--head hf` export) with its
+    own head, or a jaxtpu export (`head.safetensors`), in fp32. Its task is what its head
+    scores: the six Jigsaw labels are the multi-label model, one output toxicity (a ranker
+    when `pairs`: the same score of each comment of a pair; an export records its task).
+
+    Raises:
+      UserError: a directory without a classification head (a plain encoder), or a head of
+        another number of outputs or of other labels than the six Jigsaw ones.
+    """
+    from jaxtpu import weights
+    from jaxtpu.core.hf.directory import HEAD_FILE
+    from jaxtpu.core.hf.encoder import (
+        exported_head,
+        read_classifier_dir,
+        read_encoder,
+        resolve_model_dir,
+    )
+
+    where = resolve_model_dir(model_dir) or ""
+    enc = read_encoder(where)
+    classifier = read_classifier_dir(where, enc.model_type)
+    if classifier is not None:
+        head, labels = "hf", classifier.labels
+        generic = labels == tuple(f"LABEL_{i}" for i in range(len(labels)))
+        if len(labels) == len(LABELS) and (labels == LABELS or generic):
+            task = "multilabel"
+        elif len(labels) == 1:
+            task = "ranking" if pairs else "toxicity"
+        else:
+            raise UserError(
+                f"--model-dir {model_dir}: its head scores {len(labels)} labels "
+                f"({', '.join(labels)}); jaxtpu scores one toxicity score or the six Jigsaw "
+                f"labels ({', '.join(LABELS)})"
+            )
+        if generic and len(labels) > 1:
+            print(
+                f"warning: --model-dir {model_dir} names its labels {', '.join(labels)}; "
+                f"scored as {', '.join(LABELS)} in that order",
+                file=sys.stderr,
+            )
+    elif (Path(where) / HEAD_FILE).exists():
+        head = "jaxtpu"
+        task = exported_head(where).get("task") or "toxicity"
+        if task == "toxicity" and pairs:
+            task = "ranking"
+    else:
+        raise UserError(
+            f"--model-dir {model_dir}: no classification head (neither a "
+            f"*ForSequenceClassification checkpoint nor a jaxtpu export with {HEAD_FILE}); it "
+            "is an encoder to train on: jaxtpu train --model-dir DIR"
+        )
+    cfg = Config().replace(  # validated, as every flag
+        model_dir=model_dir, max_len=max_len, precision="fp32", task=task, head=head
+    )
+    spec = RunSpec.resolve(cfg, 1)
+    model = weights.load_model(cfg, spec, head_required=True)
+    return TrainedModel(cfg, spec, model.module, model.params, {}, Path(spec.tokenizer_dir))
+
+
 def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
     """A backend that evaluates `model` on `devices` (jit, data-parallel) as `task` lays its
     batches out; it keeps its compiled programs for every batch shape it meets."""
@@ -370,10 +431,11 @@ def _bar(done: int) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m jaxtpu.predict",
-        description="Score a CSV with the best checkpoint of a jaxtpu run, or with a PyTorch "
-        "notebook's state-dict file (--init-from).",
+        description="Score a CSV with the best checkpoint of a jaxtpu run, a fine-tuned Hugging "
+        "Face classifier directory (--model-dir), or a PyTorch notebook's state-dict file "
+        "(--init-from).",
     )
-    source = p.add_mutually_exclusive_group(required=True)
+    source = p.add_mutually_exclusive_group()
     source.add_argument(
         "--workdir",
         nargs="+",
@@ -388,8 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--model-dir",
-        help="With --init-from: the Hugging Face directory with the model's config.json and "
-        "tokenizer ('minilm' = the packaged MiniLM).",
+        help="Alone: a fine-tuned classifier to score (a *ForSequenceClassification checkpoint "
+        "of one score or the six Jigsaw labels, or a jaxtpu export). With --init-from: the "
+        "Hugging Face directory with the model's config.json and tokenizer ('minilm' = the "
+        "packaged MiniLM).",
     )
     p.add_argument(
         "--input",
@@ -455,7 +519,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.init_from and not args.model_dir:
             raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
         if args.workdir and (args.model_dir or args.max_len):
-            raise UserError("--model-dir and --max-len go with --init-from; a run has its own")
+            raise UserError(
+                "--model-dir and --max-len score a model without a run; a run has its own"
+            )
+        if not (args.workdir or args.model_dir):
+            raise UserError(
+                "give the model to score: --workdir RUN, --model-dir DIR, or --init-from FILE "
+                "--model-dir DIR"
+            )
         from jaxtpu import hosts
 
         hosts.use_compilation_cache()
@@ -464,8 +535,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workdir:
             models = [load_trained(w) for w in args.workdir]
             check_ensemble(models, args.workdir)
-        else:
+        elif args.init_from:
             models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
+        else:
+            models = [load_model_dir(args.model_dir, _max_len(args))]
         severity = readers.file_kind(header) == "score"
         task = models[0].spec.task
         if args.label_weights and not (severity and task.label_columns == LABELS):
@@ -525,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _max_len(args: argparse.Namespace) -> int:
-    """--max-len of an --init-from model, or the scoring default."""
+    """--max-len of a model scored without a run, or the scoring default."""
     return args.max_len or SCORING.max_len
 
 
@@ -535,7 +608,8 @@ def _work(args: argparse.Namespace) -> dict[str, Any]:
     if args.workdir:
         models = [str(Path(w).resolve()) for w in args.workdir]
     else:
-        models = [str(Path(args.init_from).resolve()), str(args.model_dir), _max_len(args)]
+        init = str(Path(args.init_from).resolve()) if args.init_from else None
+        models = [init, str(args.model_dir), _max_len(args)]
     return {
         "input": str(source.resolve()),
         "models": models,

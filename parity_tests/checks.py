@@ -46,6 +46,10 @@ REAL_DATA_FLAGS = {"multilabel": ["--train-csv", "sample", "--max-rows", "256"]}
 FAMILY_FLAGS = {
     "modernbert": ["--max-len", "48", "--layer-lr-decay", "0.7", "--head-lr", "2e-3"],
 }
+# Trajectories that train the family's own classification head (`--head hf`, issue 44):
+# transformers' RobertaForSequenceClassification and DebertaV2ForSequenceClassification on
+# the torch side against the Flax head of `jaxtpu.core.hf.heads`.
+HF_HEAD = {("roberta", "multilabel"), ("deberta-v2", "ranking")}
 # The notebooks' recipe knobs (issue 27), driven through the family trajectories so both
 # sides are held to the same steps with them set: the PyTorch/XLA notebook's optimizer
 # (transformers.AdamW, eps 1e-6, no clipping) with warm restarts on one, the Lightning severity
@@ -228,17 +232,21 @@ def family_results(family: str, out: dict) -> list[Result]:
     return [*results, grads]
 
 
-def family_init(work: Path, family: str, task: str = "toxicity", aux_columns: str = "") -> Path:
+def family_init(
+    work: Path, family: str, task: str = "toxicity", aux_columns: str = "", head: str = "jaxtpu"
+) -> Path:
     """The family's test checkpoint (`parity_tests.families`) with one seeded head (with an
-    output per auxiliary target of `aux_columns`), saved as a directory both sides start
-    from."""
+    output per auxiliary target of `aux_columns`; `head` jaxtpu's or the family's own), saved
+    as a directory both sides start from."""
     from parity_tests.families import build
 
     source = work / "families" / family
     if not (source / "model.safetensors").exists():
         build(family, source)
-    name = f"init-{family}-{task}{'-aux' if aux_columns else ''}"
-    return shared_init(work / name, task, "tiny", model_dir=str(source), aux_columns=aux_columns)
+    name = f"init-{family}-{task}{'-aux' if aux_columns else ''}{'-hf' if head == 'hf' else ''}"
+    return shared_init(
+        work / name, task, "tiny", model_dir=str(source), aux_columns=aux_columns, head=head
+    )
 
 
 def families_forward(work: Path) -> list[Result]:
@@ -302,8 +310,10 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result
             *("--train-csv", str(weighted_sample(work)), "--weight-column", "sample_weight"),
             *("--aux-columns", aux, "--aux-weight", "0.7"),
         ]
-    model_dir = family_init(work, family, task, aux)
+    head = "hf" if (family, task) in HF_HEAD else "jaxtpu"
+    model_dir = family_init(work, family, task, aux, head)
     flags = [
+        *("--head", head),
         *TRAJ_FLAGS,
         "--task",
         task,
@@ -318,13 +328,14 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result
         *RECIPE_FLAGS.get(task, []),
         *FAMILY_FLAGS.get(family, []),
     ]
-    name = f"{family}-{task}"
+    name = f"{family}-{task}-{head}"
     ref = run_side("torch", work / f"traj-{name}-spmd", *flags, "--parallel", "spmd").check()
     run = run_side("jax", work / f"traj-{name}-jit", *flags, "--parallel", "jit").check()
     rel = relative_diff(run.losses, ref.losses)
     worst = max(rel)
     return Result(
-        f"trajectory {family} {task} fp32: jaxtpu jit vs torch_xla spmd, 8 devices",
+        f"trajectory {family} {task} fp32{' (its own head)' if head == 'hf' else ''}: jaxtpu "
+        "jit vs torch_xla spmd, 8 devices",
         TRAJ_FP32_RTOL,
         worst,
         worst <= TRAJ_FP32_RTOL and len(rel) >= 20,

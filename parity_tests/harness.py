@@ -121,11 +121,12 @@ def shared_init(
 ) -> Path:
     """One seeded torch init, saved as a Hugging Face directory that both sides load with
     --model-dir: the preset's encoder (pretrained for `minilm`, random for `tiny`, its shape
-    changed by `overrides` such as num_layers=4) plus a seeded Dense head (one output per
-    score of the task). Same initial
-    weights on both sides."""
+    changed by `overrides` such as num_layers=4) plus a seeded head (one output per score of
+    the task; `head='hf'`: the family's own, a `*ForSequenceClassification` directory). Same
+    initial weights on both sides."""
     from jaxtpu.core.flags.presets import get_preset
     from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.core.hf.heads import classifier_fields
     from torchxla_ref import weights
 
     if (out_dir / "model.safetensors").exists():
@@ -133,9 +134,22 @@ def shared_init(
     cfg = get_preset(preset).replace(task=task, **overrides)
     spec = RunSpec.resolve(cfg)
     model = weights.load_model(
-        spec.encoder, cfg.head_dropout, spec.model_dir, seed, outputs=spec.task.outputs
+        spec.encoder,
+        cfg.head_dropout,
+        spec.model_dir,
+        seed,
+        spec.pooling,
+        outputs=spec.task.outputs,
+        head=spec.head,
     )
-    weights.save_hf(model, out_dir, spec.tokenizer_dir, {"task": task, "init_seed": seed})
+    classifier = None
+    if spec.head == "hf":  # the family's own head: a *ForSequenceClassification directory
+        labels = spec.task.score_columns(every=True)
+        classifier = classifier_fields(
+            spec.encoder.model_type, labels, task, cfg.head_dropout, spec.pooling
+        )
+    meta = {"task": task, "init_seed": seed}
+    weights.save_hf(model, out_dir, spec.tokenizer_dir, meta, classifier)
     return out_dir
 
 

@@ -7,6 +7,7 @@ transformers loads back into jaxtpu with its head."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -133,6 +134,97 @@ def test_a_classifier_made_by_transformers_keeps_its_head(family_dirs, tmp_path)
     one = cfg.replace(task="toxicity")
     with pytest.raises(Exception, match="6 outputs per comment"):
         weights.load_model(one, RunSpec.resolve(one, 1))
+
+
+def _transformers_classifier(model_dir: Path, out: Path, labels: tuple[str, ...]) -> Path:
+    """A random RobertaForSequenceClassification of `labels` saved by transformers itself."""
+    config = transformers.AutoConfig.from_pretrained(str(model_dir))
+    config.num_labels = len(labels)
+    config.id2label = dict(enumerate(labels))
+    config.label2id = {v: k for k, v in config.id2label.items()}
+    config.problem_type = "multi_label_classification"
+    torch.manual_seed(0)
+    clf = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    clf.save_pretrained(str(out))
+    transformers.AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(out))
+    return out
+
+
+@pytest.mark.model
+def test_a_transformers_classifier_is_evaluated_trained_on_and_exported(
+    family_dirs, tmp_path, capsys
+):
+    """ "How does this published model do on my labelled file?": evaluate --model-dir gives
+    the Kaggle metric of transformers' own scores; then a run trains its head on and exports
+    a classifier transformers loads."""
+    from jaxtpu import evaluate, export, predict, train
+    from jaxtpu.core import metrics
+    from jaxtpu.core.data.readers import read_comments
+    from jaxtpu.core.flags import presets
+
+    clf_dir = _transformers_classifier(family_dirs["roberta"], tmp_path / "clf", LABELS)
+    labelled = tmp_path / "labelled.csv"
+    with open(SAMPLE_CSV, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))[:301]
+    with open(labelled, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    report = tmp_path / "report.json"
+    argv = ["--model-dir", str(clf_dir), "--input", str(labelled), "--max-len", "64"]
+    assert evaluate.main([*argv, "--num-devices", "2", "--out", str(report)]) == 0
+    got = json.loads(report.read_text())
+    assert got["metric"] == "mean_column_auc" and got["examples"] == 300
+
+    clf = transformers.AutoModelForSequenceClassification.from_pretrained(str(clf_dir)).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(clf_dir))
+    data = read_comments(str(labelled))
+    batch = tok(data.texts, max_length=64, truncation=True, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        theirs = clf(**batch).logits.double().numpy()
+    labels = np.concatenate([data.labels[:, None], data.sublabels], 1).astype(np.float64)
+    aucs = metrics.column_aucs(theirs, labels, np.ones(len(theirs)))
+    expected = float(np.nanmean(aucs))
+    assert abs(got["value"] - expected) < 1e-6, (got["value"], expected)
+
+    # predict scores it the same way, into the Kaggle columns
+    scores = tmp_path / "scores.csv"
+    predict.main([*argv, "--output", str(scores), "--num-devices", "2"])
+    header = scores.read_text().splitlines()[0]
+    assert header.split(",")[1:] == list(LABELS)
+
+    cfg = presets.tiny().replace(
+        model_dir=str(clf_dir),
+        head="hf",
+        task="multilabel",
+        train_csv="sample",
+        max_rows=160,
+        max_len=32,
+        parallel="jit",
+        epochs=1,
+        workdir=str(tmp_path / "run"),
+    )
+    summary = train.train_and_evaluate(cfg)
+    assert np.isfinite(summary["final"]["val_mean_auc"])
+    out = tmp_path / "export"
+    assert export.main(["--workdir", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert "RobertaForSequenceClassification" in capsys.readouterr().out
+    again, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(out), output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert again.config.id2label == dict(enumerate(LABELS))
+    # the run trained the head it was given: the exported head is not the one it started from
+    before = clf.classifier.out_proj.weight.detach().numpy()
+    assert not np.allclose(again.classifier.out_proj.weight.detach().numpy(), before)
+
+
+def test_a_model_dir_without_a_classification_head_is_refused_in_one_line(family_dirs, capsys):
+    from jaxtpu import evaluate
+
+    from tests.helpers import one_line_exit_2
+
+    argv = ["--model-dir", str(family_dirs["bert"]), "--input", str(SAMPLE_CSV)]
+    err = one_line_exit_2(capsys, lambda: evaluate.main(argv))
+    assert "no classification head" in err and "jaxtpu train --model-dir DIR" in err
 
 
 @pytest.mark.parametrize("family", sorted(HF_HEADS))

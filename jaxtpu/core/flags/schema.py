@@ -753,7 +753,8 @@ class ScoringConfig:
     )
     max_len: int = _f(
         128,
-        "With --init-from: tokens per comment (a run scores at its own --max-len).",
+        "A model scored without a run (--model-dir, --init-from): tokens per comment (a run "
+        "scores at its own --max-len).",
         bounds=Bounds(8, 8192),
     )
     chunk_rows: int = _f(
