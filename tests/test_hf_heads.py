@@ -219,7 +219,6 @@ def test_a_transformers_classifier_is_evaluated_trained_on_and_exported(
 
 def test_a_model_dir_without_a_classification_head_is_refused_in_one_line(family_dirs, capsys):
     from jaxtpu import evaluate
-
     from tests.helpers import one_line_exit_2
 
     argv = ["--model-dir", str(family_dirs["bert"]), "--input", str(SAMPLE_CSV)]
