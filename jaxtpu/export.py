@@ -9,6 +9,10 @@ hf`) exports a `*ForSequenceClassification` checkpoint that
 (`nn.Linear(hidden, outputs)`: one output per score of the task, six for multilabel), which
 only jaxtpu and `torchxla_ref.weights.load_model` read.
 
+`--format onnx [--quantize int8]`: a directory of `model.onnx` (and `model_int8.onnx`), the
+tokenizer and `jaxtpu_onnx.json`, for onnxruntime on a CPU: the run's torch model exported by
+torch's exporter (`torchxla_ref.onnxexport`), checked against jaxtpu's scores as it is written.
+
 `--format state-dict`: one `torch.save` file of a training notebook's module, the encoder under
 `--encoder-prefix` and the head as `--head-name` (default `bert.*` + `fc1.*`, the PyTorch/XLA
 Jigsaw notebook's `BERTBaseUncased`), which that module class loads with
@@ -18,10 +22,12 @@ Jigsaw notebook's `BERTBaseUncased`), which that module class loads with
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
@@ -61,23 +67,32 @@ def _check_module_names(encoder_prefix: str, head_name: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m jaxtpu.export",
-        description="Export the best checkpoint of a run as a Hugging Face directory, or as "
-        "the state-dict file of a PyTorch training notebook's module.",
+        description="Export the best checkpoint of a run as a Hugging Face directory, as ONNX "
+        "for CPU scoring, or as the state-dict file of a PyTorch training notebook's module.",
     )
     p.add_argument("--workdir", required=True, help="Run directory written by jaxtpu.train.")
     p.add_argument(
         "--out",
         required=True,
-        help="--format hf: a new (or empty) directory; state-dict: a new file (e.g. model.bin).",
+        help="--format hf, onnx: a new (or empty) directory; state-dict: a new file (e.g. "
+        "model.bin).",
     )
     p.add_argument(
         "--format",
-        choices=("hf", "state-dict"),
+        choices=("hf", "onnx", "state-dict"),
         default="hf",
         help="hf: Hugging Face directory (a --head hf run: a *ForSequenceClassification "
         "checkpoint + tokenizer; a --head jaxtpu run: the encoder + head.safetensors + "
-        "tokenizer); state-dict: "
-        "one torch.save file for the notebook's module [default: hf].",
+        "tokenizer); onnx: model.onnx (input_ids, attention_mask -> logits, dynamic batch and "
+        f"length, opset {ONNX_OPSET}) + tokenizer + jaxtpu_onnx.json, for onnxruntime; "
+        "state-dict: one torch.save file for the notebook's module [default: hf].",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=("int8",),
+        help="--format onnx: also write model_int8.onnx, onnxruntime's dynamic int8 "
+        "quantization (int8 weights, activations quantized per batch): smaller and usually "
+        "faster on a CPU; `jaxtpu evaluate`-style AUCs of both are in docs/elsewhere.md.",
     )
     p.add_argument(
         "--encoder-prefix",
@@ -108,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         out = Path(args.out)
         state_dict = args.format == "state-dict"
+        if args.quantize and args.format != "onnx":
+            raise UserError("--quantize int8 quantizes an ONNX export: add --format onnx")
         check_output_path(out, "--out", is_dir=not state_dict)
         if state_dict and out.exists() and not args.overwrite:
             raise UserError(f"--out {out} exists; pass --overwrite to replace it")
@@ -150,6 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             classifier = classifier_fields(
                 enc.model_type, tuple(outputs), task, model.cfg.head_dropout, model.module.pooling
             )
+        if args.format == "onnx":
+            onnx_export(model, params, outputs, out, head, classifier, args.quantize)
+            return 0
         weights.save_hf(params, enc, out, model.tokenizer_dir, head, classifier)
         if classifier is None:
             print(
@@ -161,6 +181,122 @@ def main(argv: Sequence[str] | None = None) -> int:
             name = architecture(enc.model_type, enc.family.architecture)
             print(f"exported step {step} ({task}) to {out} as a {name} ({', '.join(outputs)})")
     return 0
+
+
+ONNX_OPSET = 18  # torchxla_ref.onnxexport.OPSET (kept here so --help needs no torch)
+ONNX_TOLERANCE = 1e-4  # largest |logit difference| from jaxtpu in fp32 an export may have
+# Comments of several lengths that an ONNX export is checked on as it is written.
+CHECK_TEXTS = (
+    "you are a nice person",
+    "What a stupid, ignorant thing to say. Nobody cares about your opinion.",
+    "ok",
+    "Thanks for the edit; I have added the reference to the article as you asked.",
+)
+
+
+def onnx_export(
+    model: Any,
+    params: dict,
+    outputs: list[str],
+    out: Path,
+    head_meta: dict[str, Any],
+    classifier: dict[str, Any] | None,
+    quantize: str | None,
+) -> dict[str, Any]:
+    """`--format onnx`: the run's model as ONNX in `out` (with `--quantize int8`, its int8
+    twin too), its tokenizer, and `jaxtpu_onnx.json`. The graph is torch's exporter's of the
+    torch side's model of the same weights (`torchxla_ref.onnxexport`); before `out` appears it
+    is checked on `CHECK_TEXTS` against jaxtpu's fp32 scores (at most `ONNX_TOLERANCE`), and
+    everything is written into a directory beside `out` that is renamed to it when complete.
+    Returns the metadata written to jaxtpu_onnx.json."""
+    import json
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    from jaxtpu import weights
+    from jaxtpu.core.data.tokens import TOKENIZER_FILES, encode_texts, load_tokenizer
+    from jaxtpu.models.encoder import create_module
+
+    try:
+        from torchxla_ref import onnxexport
+        from torchxla_ref.weights import load_model
+    except ImportError as e:
+        raise UserError(
+            f"--format onnx needs torch, onnx, onnxscript and onnxruntime ({e.name} is "
+            "missing): pip install 'jaxtpu[torch,onnx]'"
+        ) from None
+    spec, enc = model.spec, model.spec.encoder
+    pooling = model.module.pooling
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # a directory as mkdir makes it, not mkdtemp's 0700
+    try:
+        hf_dir = staging / "hf"
+        weights.save_hf(params, enc, hf_dir, None, head_meta, classifier)
+        torch_model = load_model(enc, 0.0, hf_dir, 0, pooling, len(outputs), spec.head)
+        shutil.rmtree(hf_dir)
+        path = onnxexport.export_onnx(torch_model, staging / "model.onnx", enc)
+        del torch_model
+        files = {"fp32": path.name}
+        if quantize:
+            files["int8"] = onnxexport.quantize_int8(path, staging / "model_int8.onnx").name
+        for name in TOKENIZER_FILES:
+            if (model.tokenizer_dir / name).exists():
+                shutil.copy2(model.tokenizer_dir / name, staging / name)
+
+        # the check: jaxtpu's model of the same params in fp32, on comments of several lengths
+        ids, mask = encode_texts(
+            list(CHECK_TEXTS), load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len
+        )
+        fp32 = create_module(
+            enc, 0.0, "fp32", pooling=pooling, outputs=len(outputs), head=spec.head
+        )
+        ours = np.asarray(fp32.apply({"params": params}, ids, mask), np.float64)
+        ours = ours.reshape(len(CHECK_TEXTS), -1)
+        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+        diffs = {
+            kind: float(np.abs(onnxexport.session(staging / name).run(None, feeds)[0] - ours).max())
+            for kind, name in files.items()
+        }
+        if not diffs["fp32"] <= ONNX_TOLERANCE:
+            raise UserError(
+                f"--format onnx: the exported graph's logits differ from jaxtpu's fp32 ones by "
+                f"{diffs['fp32']:.2e} (more than {ONNX_TOLERANCE:g}) on {len(CHECK_TEXTS)} "
+                "check comments; nothing was written. Please report this with the run's "
+                "config.json"
+            )
+        meta = {
+            "opset": onnxexport.OPSET,
+            "files": files,
+            "inputs": ["input_ids", "attention_mask"],
+            "output": "logits (batch x labels); a label's probability is its sigmoid",
+            "labels": outputs,
+            "task": head_meta["task"],
+            "head": spec.head,
+            "max_len": model.cfg.data.max_len,
+            "step": head_meta["step"],
+            "check": {
+                "texts": len(CHECK_TEXTS),
+                **{f"max_abs_logit_diff_{k}_vs_jaxtpu_fp32": v for k, v in diffs.items()},
+            },
+        }
+        (staging / "jaxtpu_onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if out.exists():  # an empty directory (check_output_path refused anything else)
+            out.rmdir()
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    quantized = f", int8 {diffs['int8']:.2e}" if "int8" in diffs else ""
+    print(
+        f"exported step {head_meta['step']} ({head_meta['task']}) to {out} as ONNX opset "
+        f"{onnxexport.OPSET}: {', '.join(files.values())}; largest |logit difference| from "
+        f"jaxtpu in fp32 on {len(CHECK_TEXTS)} comments: fp32 {diffs['fp32']:.2e}{quantized}"
+    )
+    return meta
 
 
 def task_head(params: dict, outputs: int, output: str = "classifier") -> dict:

@@ -1,0 +1,84 @@
+"""`jaxtpu export --format onnx [--quantize int8]`: a directory onnxruntime scores on a CPU as
+jaxtpu does (fp32, dynamic batch and length), checked as it is written, and nothing left
+behind when the check fails. Every family's graph is checked in `tests/test_hf_heads.py`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import one_line_exit_2
+
+pytest.importorskip("onnxruntime", reason="the ONNX export needs onnxruntime (jaxtpu[onnx])")
+
+TEXTS = [
+    "you are an idiot and everybody knows it",
+    "thank you for the citation",
+    "please stop vandalising the page, or you will be blocked from editing",
+    "?",
+    "the article needs a source for the second paragraph; I have tagged it",
+]
+
+
+def _scores(session, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+    return session.run(None, feeds)[0]
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, tmp_path, capsys):
+    from jaxtpu import export
+    from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
+    from jaxtpu.models.encoder import create_module
+    from jaxtpu.predict import load_trained
+    from torchxla_ref.onnxexport import session
+
+    out = tmp_path / "onnx"
+    argv = ["--workdir", str(finished_run), "--out", str(out), "--format", "onnx"]
+    assert export.main([*argv, "--quantize", "int8"]) == 0
+    printed = capsys.readouterr().out
+    assert "as ONNX opset 18: model.onnx, model_int8.onnx" in printed
+    meta = json.loads((out / "jaxtpu_onnx.json").read_text())
+    assert meta["files"] == {"fp32": "model.onnx", "int8": "model_int8.onnx"}
+    assert meta["labels"] == ["toxic"] and meta["head"] == "jaxtpu" and meta["opset"] == 18
+    assert meta["check"]["max_abs_logit_diff_fp32_vs_jaxtpu_fp32"] <= 1e-4
+    assert (out / "tokenizer.json").exists() and not list(tmp_path.glob(".onnx.*"))
+
+    model = load_trained(finished_run)
+    spec = model.spec
+    fp32 = create_module(spec.encoder, 0.0, "fp32", pooling=spec.pooling, head=spec.head)
+    tok = load_tokenizer(out)  # the tokenizer the export ships
+    fp32_session, int8_session = session(out / "model.onnx"), session(out / "model_int8.onnx")
+    for n, length in ((1, 9), (len(TEXTS), 16), (3, 12)):  # batches and lengths never traced
+        ids, mask = encode_texts(TEXTS[:n], tok, length)
+        ours = np.asarray(fp32.apply({"params": model.params}, ids, mask), np.float64)
+        theirs = _scores(fp32_session, ids, mask)
+        assert theirs.shape == (n, 1)
+        np.testing.assert_allclose(theirs[:, 0], ours, atol=1e-4, rtol=0)
+        int8 = _scores(int8_session, ids, mask)[:, 0]
+        assert np.isfinite(int8).all() and np.abs(int8 - ours).max() < 0.05
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_an_onnx_export_that_fails_its_check_writes_nothing(finished_run, tmp_path, monkeypatch):
+    """The check can fail: with no tolerance at all, the float rounding of torch's graph is
+    refused, and neither `--out` nor its staging directory is left."""
+    from jaxtpu import export
+
+    monkeypatch.setattr(export, "ONNX_TOLERANCE", -1.0)
+    out = tmp_path / "onnx"
+    with pytest.raises(SystemExit) as e:
+        export.main(["--workdir", str(finished_run), "--out", str(out), "--format", "onnx"])
+    assert e.value.code == 2
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_quantize_needs_the_onnx_format(tmp_path, capsys):
+    from jaxtpu import export
+
+    argv = ["--workdir", str(tmp_path), "--out", str(tmp_path / "x"), "--quantize", "int8"]
+    err = one_line_exit_2(capsys, lambda: export.main(argv))
+    assert "--quantize int8 quantizes an ONNX export: add --format onnx" in err

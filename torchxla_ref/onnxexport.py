@@ -1,0 +1,111 @@
+"""ONNX for CPU scoring: the torch model of a run (`torchxla_ref.models.Classifier`, jaxtpu's
+head or the family's own) exported by torch's ONNX exporter, and its int8 dynamic
+quantization by onnxruntime.
+
+Why these: the exporter (`torch.onnx.export(dynamo=True)`, torch.export + onnxscript) traces
+the very module the parity tests hold to jaxtpu, so the graph is transformers' own code of
+each family and no graph is written by hand; onnxruntime's `quantize_dynamic` is the
+quantization the deployed toxicity filters use (int8 weights of the MatMuls, activations
+quantized per batch at run time). optimum would add a dependency that follows transformers'
+releases at its own pace for the same exporter underneath.
+
+The graph takes `input_ids` and `attention_mask` (int64, batch x length, both dynamic; the
+length up to the encoder's position table) and returns `logits` (batch x outputs, fp32; the
+probability of a label is its sigmoid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from jaxtpu.core.hf.encoder import EncoderConfig
+
+OPSET = 18  # torch 2.9's exporter's opset; onnxruntime 1.17 and later run it
+# ONNX's protobuf limit: a larger model keeps its weights in a `.data` file beside the graph
+INLINE_LIMIT = 2 * 10**9
+
+
+class _Logits(torch.nn.Module):
+    """The classifier with a batch x outputs result whatever the task (one output keeps its
+    axis), the shape ONNX consumers expect of `logits`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids, attention_mask)
+        return logits.reshape(input_ids.shape[0], -1)
+
+
+def export_onnx(model: torch.nn.Module, out: Path, enc: EncoderConfig) -> Path:
+    """Writes `model` (in eval mode, fp32) of encoder `enc` as ONNX at `out`, with dynamic
+    batch and length (at most what the encoder numbers: its position table, else
+    max_position_embeddings, which DeBERTa's relative positions and the rotary families'
+    tables are built for)."""
+    max_tokens = enc.max_tokens or enc.max_position_embeddings
+    model = _Logits(model.float().eval())
+    ids = torch.full((2, 16), 5, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    batch = torch.export.Dim("batch", min=1)
+    length = torch.export.Dim("length", min=2, max=max_tokens)
+    shapes = ({0: batch, 1: length}, {0: batch, 1: length})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    # the exporter warns that torchvision's detection ops are not registered: none is used here
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        # batch and length share their constraints across the two inputs: said once per axis
+        warnings.filterwarnings("ignore", message=".*will not be used, since it shares")
+        torch.onnx.export(
+            model,
+            (ids, mask),
+            str(out),
+            dynamo=True,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits"],
+            dynamic_shapes=shapes,
+            opset_version=OPSET,
+            external_data=size >= INLINE_LIMIT,  # one file where ONNX allows it
+            verbose=False,
+        )
+    return out
+
+
+def quantize_int8(src: Path, dst: Path) -> Path:
+    """onnxruntime's dynamic int8 quantization of the ONNX model `src` (signed int8 weights)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # It logs a line per tensor it leaves in fp32, and advises its pre-processing, whose
+    # symbolic shape inference fails on these graphs ("Incomplete symbolic shape inference").
+    with _quiet_root_logger():
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    return dst
+
+
+@contextlib.contextmanager
+def _quiet_root_logger():
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def session(path: Path, threads: int = 0):
+    """An onnxruntime CPU session of the model at `path` (`threads` 0 = onnxruntime's
+    default)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
