@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.competitions import REAL_CSV
 
@@ -61,9 +62,11 @@ def write_repeated(real_csv: Path, path: Path, n: int) -> Path:
     return path
 
 
-def measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+def measured(
+    cmd: list[str], env: dict[str, str] | None = None, keep_output: bool = False
+) -> dict[str, Any]:
     """Runs `cmd`, returns its wall and CPU seconds and peak RSS (GB), and its JSON line when
-    the last line of its output is one."""
+    the last line of its output is one (`keep_output`: its whole output too, as 'output')."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     assert proc.stdout is not None
@@ -81,6 +84,8 @@ def measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, flo
     last = out.strip().splitlines()[-1] if out.strip() else ""
     if last.startswith("{"):
         row.update(json.loads(last))
+    if keep_output:
+        row["output"] = out
     return row
 
 

@@ -244,11 +244,13 @@ def test_a_transformers_classifier_is_evaluated_trained_on_and_exported(
     assert not np.allclose(again.classifier.out_proj.weight.detach().numpy(), before)
 
 
-def test_a_model_dir_without_a_classification_head_is_refused_in_one_line(family_dirs, capsys):
+def test_a_model_dir_without_a_classification_head_is_refused_in_one_line(tmp_path, capsys):
     from jaxtpu import evaluate
     from tests.helpers import one_line_exit_2
 
-    argv = ["--model-dir", str(family_dirs["bert"]), "--input", str(SAMPLE_CSV)]
+    bert = build("bert", tmp_path / "bert")  # one family: not the module's ten
+    capsys.readouterr()  # (what building it printed)
+    argv = ["--model-dir", str(bert), "--input", str(SAMPLE_CSV)]
     err = one_line_exit_2(capsys, lambda: evaluate.main(argv))
     assert "no classification head" in err and "jaxtpu train --model-dir DIR" in err
 

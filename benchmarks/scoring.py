@@ -1,0 +1,279 @@
+"""Scoring speed on a CPU, side by side with the tools people deploy with: comments per second
+of the same MiniLM toxicity model on the same real comments, each way in a process of its own.
+
+`python -m benchmarks.scoring --out runs/scoring [--workdir RUN] [--rows 10000]`
+
+The model: a MiniLM run trained with the family's own head (`--head hf`, so that transformers'
+pipeline loads its export), `jaxtpu train --preset minilm --head hf` for one epoch on the 8,000
+real comments of the file that are not in the default run's sample (OUT/train.csv; about 10
+minutes here), unless `--workdir` names a finished run of that kind. Its exports are written
+once into OUT (`export --format hf`, and `--format onnx --quantize int8`). The comments: the
+first `--rows` of `../shared/data/jigsaw_toxic_dev.csv` (normalized as jaxtpu reads them), the
+same list for every way:
+
+  jaxtpu-predict   `python -m jaxtpu.predict --workdir RUN --input CSV --output X`: the whole
+                   command; its rate is the one it reports (reading, tokenizing, compiling
+                   each length bucket and scoring, from the start of the stream)
+  jaxtpu-api       `jaxtpu.load(RUN).predict(texts)`, called twice: the first call compiles
+                   each length bucket's program once, the second is a long-lived model's rate
+  pipeline-fp32    transformers' `pipeline("text-classification", top_k=None)` on the hf
+                   export, PyTorch eager fp32, batches of 32, truncated at the run's length
+  pipeline-bf16    the same under `torch.autocast("cpu", dtype=torch.bfloat16)`
+  onnx-fp32        onnxruntime (CPU provider, its default threads) on model.onnx, batches of
+                   32 in file order each padded to its longest comment, tokenized by the
+                   export's tokenizer through transformers (what optimum's pipelines do)
+  onnx-int8        the same on model_int8.onnx (onnxruntime's dynamic quantization)
+
+Each row: comments/s of the scoring (the model loaded; for jaxtpu-predict the command's own
+figure), the load time, the process's wall time and peak RSS (`wait4`), the ROC AUC on the
+comments the model did not train on (the default run's 2,000, when it trained on OUT/
+train.csv) and the largest
+difference of each comment's probability from jaxtpu's. Rows print as they finish; OUT/
+scoring.json keeps them, `--table` prints them as Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.competitions import REAL_CSV
+from benchmarks.datascale import measured
+
+WAYS = ("jaxtpu-predict", "jaxtpu-api", "pipeline-fp32", "pipeline-bf16", "onnx-fp32", "onnx-int8")
+BATCH = 32  # the other tools' batch size (jaxtpu scores its default --batch-size per device)
+
+
+def _texts(csv_path: str, rows: int) -> tuple[list[str], list[float]]:
+    from jaxtpu.core.data.readers import read_comments
+
+    data = read_comments(csv_path)
+    return list(data.texts[:rows]), [float(x) for x in data.labels[:rows]]
+
+
+# --------------------------------------------------------------------------- in the child
+
+
+def _jaxtpu_api(run: str, texts: list[str]) -> tuple[object, dict]:
+    import jaxtpu
+
+    t0 = time.perf_counter()
+    model = jaxtpu.load(run, num_devices=int(os.environ.get("SCORING_DEVICES", "8")))
+    t1 = time.perf_counter()
+    model.predict(texts)  # compiles each length bucket once
+    t2 = time.perf_counter()
+    probs = model.predict(texts)
+    t3 = time.perf_counter()
+    return probs, {"load_s": t1 - t0, "first_s": t2 - t1, "score_s": t3 - t2}
+
+
+def _pipeline(hf: str, texts: list[str], max_len: int, bf16: bool) -> tuple[object, dict]:
+    import contextlib
+
+    import numpy as np
+    import torch
+    from transformers import pipeline
+
+    t0 = time.perf_counter()
+    pipe = pipeline("text-classification", model=hf, top_k=None, device="cpu")
+    t1 = time.perf_counter()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with torch.inference_mode(), autocast:
+        rows = pipe(texts, batch_size=BATCH, truncation=True, max_length=max_len)
+    t2 = time.perf_counter()
+    probs = np.array([{r["label"]: r["score"] for r in row}["toxic"] for row in rows])
+    return probs, {"load_s": t1 - t0, "score_s": t2 - t1}
+
+
+def _onnx(directory: str, name: str, texts: list[str], max_len: int) -> tuple[object, dict]:
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(directory)
+    session = ort.InferenceSession(str(Path(directory) / name), providers=["CPUExecutionProvider"])
+    t1 = time.perf_counter()
+    logits = []
+    for start in range(0, len(texts), BATCH):
+        enc = tok(
+            texts[start : start + BATCH],
+            truncation=True,
+            max_length=max_len,
+            padding=True,
+            return_tensors="np",
+        )
+        feeds = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
+        logits.append(session.run(None, feeds)[0][:, 0])
+    t2 = time.perf_counter()
+    probs = 1 / (1 + np.exp(-np.concatenate(logits).astype(np.float64)))
+    return probs, {"load_s": t1 - t0, "score_s": t2 - t1}
+
+
+def child(way: str, out: str, run: str, csv_path: str, rows: int, max_len: int) -> None:
+    import numpy as np
+
+    texts, _ = _texts(csv_path, rows)
+    o = Path(out)
+    if way == "jaxtpu-api":
+        probs, times = _jaxtpu_api(run, texts)
+    elif way.startswith("pipeline"):
+        probs, times = _pipeline(str(o / "hf"), texts, max_len, way.endswith("bf16"))
+    else:
+        name = "model.onnx" if way == "onnx-fp32" else "model_int8.onnx"
+        probs, times = _onnx(str(o / "onnx"), name, texts, max_len)
+    np.save(o / f"scores-{way}.npy", np.asarray(probs, np.float64))
+    print(json.dumps({k: round(v, 2) for k, v in times.items()}))
+
+
+# --------------------------------------------------------------------------- the sitting
+
+
+def _cli(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"failed: {' '.join(args)}\n{proc.stderr[-3000:]}")
+
+
+def _prepare(out: Path, run: Path, csv_path: Path, rows: int) -> None:
+    """The model, its exports and the comments' file (first `rows` rows), once per OUT."""
+    if not (run / "summary.json").exists():
+        train = out / "train.csv"
+        sample = _sample_texts()
+        _write_rows(csv_path, train, lambda text: text not in sample)
+        print(f"training MiniLM with --head hf on {train} into {run}", flush=True)
+        _cli("jaxtpu.train", "--preset", "minilm", "--head", "hf", "--no-progress",
+             "--train-csv", str(train), "--workdir", str(run))  # fmt: skip
+    if not (out / "hf").exists():
+        _cli("jaxtpu.export", "--workdir", str(run), "--out", str(out / "hf"))
+    if not (out / "onnx").exists():
+        _cli("jaxtpu.export", "--workdir", str(run), "--out", str(out / "onnx"),
+             "--format", "onnx", "--quantize", "int8")  # fmt: skip
+    seen = iter(range(rows))
+    _write_rows(csv_path, out / f"comments-{rows}.csv", lambda _: next(seen, None) is not None)
+
+
+def _write_rows(src: Path, dst: Path, keep) -> None:
+    """The header and the rows of `src` whose (normalized) comment `keep` accepts."""
+    from jaxtpu.core.data.readers import normalize_text
+
+    with (
+        open(src, newline="", encoding="utf-8") as f,
+        open(dst, "w", newline="", encoding="utf-8") as g,
+    ):
+        reader = csv.DictReader(f)
+        writer = csv.DictWriter(g, fieldnames=reader.fieldnames)
+        writer.writeheader()
+        writer.writerows(row for row in reader if keep(normalize_text(row["comment_text"])))
+
+
+def _sample_texts() -> set[str]:
+    from jaxtpu.core.data.demo import SAMPLE_CSV
+    from jaxtpu.core.data.readers import read_comments
+
+    return set(read_comments(SAMPLE_CSV).texts)
+
+
+def _held_out(run: Path, texts: list[str]) -> list[bool]:
+    """Which comments the run did not train on: not in its training file."""
+    from jaxtpu.core.data.readers import read_comments
+
+    train = json.loads((run / "config.json").read_text())["config"]["data"]["train_csv"]
+    seen = set(read_comments(train).texts) if train and train != "sample" else _sample_texts()
+    return [t not in seen for t in texts]
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| way | comments/s | load s | process s | peak RSS | AUC (held out) | "
+        "max abs prob diff vs jaxtpu |\n|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r['way']} | {r['per_s']:,.0f} | {r.get('load_s', '-')} | {r['wall_s']} | "
+            f"{r['peak_rss_gb']:.2f} GB | {r['auc']:.4f} | {r['diff']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for the model, exports and results")
+    p.add_argument("--workdir", help="a finished MiniLM --head hf run (default: OUT/run, trained)")
+    p.add_argument("--rows", type=int, default=10_000, help="comments (default: %(default)s)")
+    p.add_argument("--csv", default=str(REAL_CSV), help="the real comments (default: %(default)s)")
+    p.add_argument("--ways", default=",".join(WAYS), help="which ways (default: all)")
+    p.add_argument("--table", action="store_true", help="print OUT/scoring.json as Markdown")
+    p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if args.table:
+        print(table(json.loads((out / "scoring.json").read_text())))
+        return
+    if args.child:
+        way, o, run, c, rows, max_len = args.child
+        child(way, o, run, c, int(rows), int(max_len))
+        return
+    import numpy as np
+
+    from jaxtpu.core import metrics
+
+    csv_path = Path(args.csv)
+    if not csv_path.exists():
+        p.error(f"--csv {csv_path}: not found (see ../shared/data/SOURCES.md)")
+    ways = args.ways.split(",")
+    unknown = set(ways) - set(WAYS)
+    if unknown:
+        p.error(f"--ways: unknown {', '.join(sorted(unknown))}; choose from {', '.join(WAYS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    run = Path(args.workdir or out / "run")
+    _prepare(out, run, csv_path, args.rows)
+    comments = out / f"comments-{args.rows}.csv"
+    max_len = json.loads((run / "config.json").read_text())["config"]["data"]["max_len"]
+    texts, labels = _texts(str(comments), args.rows)
+    held = np.array(_held_out(run, texts))
+    labels = np.array(labels)
+    print(
+        f"{len(texts)} comments ({held.sum()} not trained on), length {max_len}; "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
+    results, reference = [], None
+    for way in ways:
+        if way == "jaxtpu-predict":
+            csv_out = out / "predict.csv"
+            csv_out.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "jaxtpu.predict", "--workdir", str(run), "--input",
+                   str(comments), "--output", str(csv_out)]  # fmt: skip
+            row = measured(cmd, keep_output=True)
+            with open(csv_out, newline="", encoding="utf-8") as f:
+                probs = np.array([float(r[1]) for r in list(csv.reader(f))[1:]])
+            rate = re.findall(r"scored \d+ rows \((\d+) rows/s\)", row.pop("output", ""))
+            row["per_s"] = float(rate[-1]) if rate else len(texts) / row["wall_s"]
+        else:
+            me = [sys.executable, "-m", "benchmarks.scoring", "--out", str(out), "--child"]
+            args_ = [way, str(out), str(run), str(comments), str(args.rows), str(max_len)]
+            row = measured([*me, *args_])
+            probs = np.load(out / f"scores-{way}.npy")
+            row["per_s"] = len(texts) / row["score_s"]
+        if reference is None and way.startswith("jaxtpu"):
+            reference = probs
+        row["way"] = way
+        row["auc"] = float(metrics.roc_auc(probs[held], labels[held]))
+        row["diff"] = float(np.abs(probs - reference).max()) if reference is not None else 0.0
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        (out / "scoring.json").write_text(json.dumps(results, indent=2))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
