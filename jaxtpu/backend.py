@@ -80,6 +80,9 @@ class JaxBackend:
     def any_process(self, flag: bool) -> bool:
         return self.procs.any(flag)
 
+    def preemption_point(self, index: int) -> bool:
+        return self.procs.preemption_point(index)
+
     def stack(self, batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         return stack_steps(batches, self.steps_per_call)
 
@@ -117,6 +120,9 @@ class JaxBackend:
 
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
         self.ckpts.save_best(step, self.strategy.host_state(self.state).params, meta)
+
+    def wait_for_checkpoints(self) -> None:
+        self.ckpts.wait()
 
     def profile_start(self, directory: Path) -> None:
         """Starts a `jax.profiler` trace into `directory` (`--profile-steps`)."""

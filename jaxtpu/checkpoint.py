@@ -4,7 +4,11 @@ Layout under the run directory:
   checkpoints/latest/<step>/  {state: step, params, opt_state; meta: json}  (kept: 1)
   checkpoints/best/<step>/    {state: params; meta: json incl. the metric}     (kept: 1)
 Orbax writes each checkpoint into a temporary directory and renames it when complete, so a
-run killed mid-write leaves the previous checkpoint intact.
+run killed mid-write leaves the previous checkpoint intact. In a bucket (`--workdir gs://...`,
+through etils' epath and tensorstore) it writes the step's objects, then a `commit_success.txt`
+marker, and reads only steps that have one: the same promise without a rename.
+With `--async-checkpoint` a save returns once the state is copied to the host and orbax writes
+it in the background; the next save, and the end of the run, wait for it (`wait`).
 
 With several processes (multi-host) only process 0 reads and writes checkpoints; a restored
 state reaches the other processes by broadcast, so no shared file system is needed.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import shutil
 import sys
 import time
@@ -24,14 +29,47 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
+from jaxtpu.core import storage
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.run.rundir import check_compatible, disk_full, disk_full_message
 
 log = logging.getLogger(__name__)
 
+Where = Path | epath.Path
 
-def _manager(path: Path) -> ocp.CheckpointManager:
+
+def _path(workdir: str | Path) -> Where:
+    """A run directory as orbax takes it: a local path, or an epath for a URL (its retries
+    configured once, `bucket_retries`)."""
+    if not storage.is_remote(workdir):
+        return Path(workdir)
+    storage.configure_emulator()
+    bucket_retries()
+    return epath.Path(str(workdir))
+
+
+def bucket_retries() -> None:
+    """How long tensorstore keeps retrying a bucket that does not answer before orbax's save
+    fails: `JAXTPU_BUCKET_RETRIES` attempts (default 8), waits doubling from 1 s to 16 s (about
+    a minute and a half; tensorstore's own default, 32 attempts up to 32 s apart, is a quarter
+    of an hour). Orbax builds every tensorstore context from these module defaults; with an
+    orbax that has none, tensorstore keeps its own."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+    retries = {
+        "max_retries": int(os.environ.get("JAXTPU_BUCKET_RETRIES", "8")),
+        "initial_delay": "1s",
+        "max_delay": "16s",
+    }
+    for name in ("_BASE_TS_CONTEXT", "_DEFAULT_OCDBT_TS_CONTEXT"):
+        context = getattr(ts_utils, name, None)
+        if isinstance(context, dict):
+            context["gcs_request_retries"] = retries
+
+
+def _manager(path: Where, async_save: bool = False) -> ocp.CheckpointManager:
     multi: dict[str, Any] = {}
     if jax.process_count() > 1:  # only process 0 calls into orbax: no cross-process barriers
         path.mkdir(parents=True, exist_ok=True)
@@ -41,11 +79,10 @@ def _manager(path: Path) -> ocp.CheckpointManager:
                 primary_host=0, active_processes={0}
             ),
         )
+    options = {"max_to_keep": 1, "create": True, "enable_async_checkpointing": async_save}
     return ocp.CheckpointManager(
-        path.absolute(),
-        options=ocp.CheckpointManagerOptions(
-            **{"max_to_keep": 1, "create": True, "enable_async_checkpointing": False, **multi}
-        ),
+        path.absolute() if isinstance(path, Path) else path,
+        options=ocp.CheckpointManagerOptions(**{**options, **multi}),
     )
 
 
@@ -136,69 +173,110 @@ READS = 20  # attempts at reading a checkpoint that keeps being replaced
 class Checkpoints:
     """The latest and the best checkpoint of one run directory."""
 
-    def __init__(self, workdir: str | Path, procs: Any = None) -> None:
-        """`procs`: a `jaxtpu.hosts.Processes` in multi-process runs (None: one process)."""
+    def __init__(self, workdir: str | Path, procs: Any = None, async_save: bool = False) -> None:
+        """`workdir`: the run directory (a path, or a bucket URL); `procs`: a
+        `jaxtpu.hosts.Processes` in multi-process runs (None: one process); `async_save`:
+        saves return once the state is on the host (`--async-checkpoint`)."""
         self.procs = procs
         self.primary = procs is None or procs.primary
-        self.root = Path(workdir) / "checkpoints"
+        self.remote = storage.is_remote(workdir)
+        self.root = _path(workdir) / "checkpoints"
         self.latest_dir = self.root / "latest"
         self.best_dir = self.root / "best"
+        self.async_save = async_save
         self._latest: ocp.CheckpointManager | None = None
         self._best: ocp.CheckpointManager | None = None
+        self._pending: dict[str, int] = {}  # manager name -> the step it may still be writing
 
     @property
     def latest(self) -> ocp.CheckpointManager:
         if self._latest is None:
-            self._latest = _manager(self.latest_dir)
+            self._latest = _manager(self.latest_dir, self.async_save)
         return self._latest
 
     @property
     def best(self) -> ocp.CheckpointManager:
         if self._best is None:
-            self._best = _manager(self.best_dir)
+            self._best = _manager(self.best_dir, self.async_save)
         return self._best
 
-    @staticmethod
-    def _save(mgr: ocp.CheckpointManager, step: int, tree: Any, meta: dict[str, Any]) -> None:
-        """Writes one checkpoint; a full disk is one `CheckpointError` line (see below)."""
+    def _save(self, name: str, step: int, tree: Any, meta: dict[str, Any]) -> None:
+        """Writes one checkpoint (with --async-checkpoint: starts writing it); a full disk or a
+        bucket that fails is one `CheckpointError` line (`_failed`)."""
+        mgr = getattr(self, name)
         if step in mgr.all_steps():  # e.g. resuming a finished run: that state is saved already
             return
         _silence_closed_loop_noise()
         # orbax's worker threads print asyncio tracebacks while a failed write unwinds: keep
-        # what they print, and show it unless the failure is a full disk (one line says it).
+        # what they print, and show it unless the failure is one the one line explains.
         printed = io.StringIO()
         try:
             with contextlib.redirect_stderr(printed):
-                mgr.save(
+                mgr.save(  # waits for this manager's previous asynchronous save first
                     step,
                     args=ocp.args.Composite(
                         state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)
                     ),
                     force=True,
                 )
-                mgr.wait_until_finished()
+                if not self.async_save:
+                    mgr.wait_until_finished()
         except Exception as e:
-            if disk_full(e) is None:
-                sys.stderr.write(printed.getvalue())
-                raise
-            # orbax writes into '<step>.orbax-checkpoint-tmp-*' and renames when complete:
-            # the half-written directory goes, the previous checkpoint stays.
-            directory = Path(mgr.directory)
-            sys.stderr = _DropClosedLoopTracebacks(sys.stderr)  # the run ends with this error
-            with contextlib.suppress(Exception), contextlib.redirect_stderr(printed):
-                mgr.close()  # stop its threads: the run ends here
-            for tmp in directory.glob(f"{step}.orbax-checkpoint-tmp*"):
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(disk_full_message(directory, f"checkpoint {step}")) from None
+            # an asynchronous save fails when the next one starts (orbax waits for it first)
+            failed = self._pending.get(name, step) if self.async_save else step
+            self._failed(mgr, failed, e, printed)
+        self._pending[name] = step
         sys.stderr.write(printed.getvalue())
+
+    def wait(self) -> None:
+        """Waits for the asynchronous saves still being written (none without
+        --async-checkpoint); a failed one is one `CheckpointError` line."""
+        for name in ("_latest", "_best"):
+            mgr = getattr(self, name)
+            if mgr is None:
+                continue
+            printed = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(printed):
+                    mgr.wait_until_finished()
+            except Exception as e:
+                self._failed(mgr, self._pending.get(name.lstrip("_"), -1), e, printed)
+            sys.stderr.write(printed.getvalue())
+
+    def _failed(
+        self, mgr: ocp.CheckpointManager, step: int, error: Exception, printed: io.StringIO
+    ) -> None:
+        """A save that failed: a full disk or a bucket that stopped answering ends the run with
+        one line (the step being written never appears: the previous checkpoint stays the
+        latest); anything else keeps its traceback."""
+        full = disk_full(error)
+        if full is None and not self.remote:
+            sys.stderr.write(printed.getvalue())
+            raise error
+        directory = mgr.directory
+        sys.stderr = _DropClosedLoopTracebacks(sys.stderr)  # the run ends with this error
+        with contextlib.suppress(Exception), contextlib.redirect_stderr(printed):
+            mgr.close()  # stop its threads: the run ends here
+        if full is None:  # a bucket: the step has no commit marker, so it is never read
+            raise CheckpointError(
+                f"{directory}: could not write checkpoint {step} to the bucket "
+                f"({type(error).__name__}: {storage.first_line(error)}); the "
+                "checkpoints already there are intact: continue with --resume when it answers"
+            ) from None
+        # orbax writes into '<step>.orbax-checkpoint-tmp-*' and renames when complete:
+        # the half-written directories go (this run's: it holds the run directory), the
+        # previous checkpoint stays.
+        for tmp in Path(directory).glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(disk_full_message(directory, f"checkpoint {step}")) from None
 
     def save_latest(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
         if self.primary:
-            self._save(self.latest, step, tree, meta)
+            self._save("latest", step, tree, meta)
 
     def save_best(self, step: int, params: Any, meta: dict[str, Any]) -> None:
         if self.primary:
-            self._save(self.best, step, {"params": params}, meta)
+            self._save("best", step, {"params": params}, meta)
 
     def latest_step(self) -> int | None:
         step = None

@@ -18,18 +18,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import hostmem
+from jaxtpu.core import hostmem, storage
 from jaxtpu.core.data import readers, records, taskdata, tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError, UserError
-from jaxtpu.core.files import write_text
 from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
 from jaxtpu.core.flags.schema import SCORING
-from jaxtpu.core.run.rundir import check_output_path, strict_json, user_errors
+from jaxtpu.core.run.rundir import strict_json, user_errors
 from jaxtpu.core.severity import parse_label_weights
 from jaxtpu.core.tasks import Task
 
@@ -149,10 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     with user_errors():
         if args.out:
-            out = Path(args.out)
-            check_output_path(out, "--out")
-            if out.exists() and not args.overwrite:
-                raise UserError(f"--out {out} exists; pass --overwrite to replace it")
+            storage.check_output_file(args.out, "--out", args.overwrite)
         check_scoring_flags(args)
         if args.max_len and not args.model_dir:
             raise UserError("--max-len goes with --model-dir; a run scores with its own")
@@ -164,19 +159,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         hosts.use_compilation_cache()
         devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
-        if weights is not None:
-            from jaxtpu.severity import agreement_report
+        local = storage.local_input(args.input, "--input")  # a copy, for one in a bucket
+        with storage.named(local, args.input):
+            if weights is not None:
+                from jaxtpu.severity import agreement_report
 
-            report = agreement_report([args.workdir], args.input, weights, devices, args.batch_size)
-        else:
-            report = evaluate(
-                args.workdir,
-                args.input,
-                devices,
-                args.batch_size,
-                args.model_dir,
-                args.max_len or SCORING.max_len,
-            )
+                report = agreement_report([args.workdir], local, weights, devices, args.batch_size)
+            else:
+                report = evaluate(
+                    args.workdir,
+                    local,
+                    devices,
+                    args.batch_size,
+                    args.model_dir,
+                    args.max_len or SCORING.max_len,
+                )
+        report["input"] = args.input
         print(f"{report['metric']}: {report['value']:.6f} ({report['examples']} examples)")
         for key, value in report.items():
             if key not in (
@@ -190,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ):
                 print(f"  {key}: {value:.6f}" if isinstance(value, float) else f"  {key}: {value}")
         if args.out:
-            write_text(Path(args.out), strict_json(report, indent=2) + "\n")
+            storage.write_output_text(args.out, strict_json(report, indent=2) + "\n")
             print(f"wrote {args.out}")
     return 0
 

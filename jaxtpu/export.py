@@ -22,13 +22,13 @@ Jigsaw notebook's `BERTBaseUncased`), which that module class loads with
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxtpu.core import storage
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout
@@ -121,13 +121,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxtpu.core.hf.directory import notebook_state_dict
         from jaxtpu.predict import load_trained
 
-        out = Path(args.out)
+        out = args.out
         state_dict = args.format == "state-dict"
         if args.quantize and args.format != "onnx":
             raise UserError("--quantize int8 quantizes an ONNX export: add --format onnx")
-        check_output_path(out, "--out", is_dir=not state_dict)
-        if state_dict and out.exists() and not args.overwrite:
-            raise UserError(f"--out {out} exists; pass --overwrite to replace it")
+        if state_dict:
+            storage.check_output_file(out, "--out", args.overwrite)
+        elif storage.is_remote(out):
+            storage.check_output_dir(out, "--out")
+        else:
+            check_output_path(Path(out), "--out", is_dir=True)
         if state_dict:
             _check_module_names(args.encoder_prefix, args.head_name)
         model = load_trained(args.workdir)
@@ -146,7 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if state_dict:
             encoder, head = weights.to_state_dicts(params, model.spec.encoder.model_type)
             tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
-            save_state_dict(tensors, out)
+            if storage.is_remote(out):
+                save_state_dict(tensors, storage.output_copy(out))
+                storage.put(storage.output_copy(out), out)
+            else:
+                save_state_dict(tensors, Path(out))
             print(
                 f"exported step {step} ({task}) as {args.encoder_prefix}.* + "
                 f"{args.head_name}.* ({len(tensors)} tensors) to {out}"
@@ -167,10 +174,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             classifier = classifier_fields(
                 enc.model_type, tuple(outputs), task, model.cfg.head_dropout, model.module.pooling
             )
+        with storage.staged_dir(out) as staging:  # `out` appears only when complete
+            if args.format == "onnx":
+                meta = onnx_export(model, params, outputs, staging, head, classifier, args.quantize)
+            else:
+                weights.save_hf(params, enc, staging, model.tokenizer_dir, head, classifier)
         if args.format == "onnx":
-            onnx_export(model, params, outputs, out, head, classifier, args.quantize)
+            diffs = ", ".join(f"{k} {v:.2e}" for k, v in meta["diffs"].items())
+            print(
+                f"exported step {step} ({task}) to {out} as ONNX opset {meta['opset']}: "
+                f"{', '.join(meta['files'].values())}; largest |logit difference| from jaxtpu "
+                f"in fp32 on {len(CHECK_TEXTS)} comments: {diffs}"
+            )
             return 0
-        weights.save_hf(params, enc, out, model.tokenizer_dir, head, classifier)
         if classifier is None:
             print(
                 f"exported step {step} ({task}) to {out}: the encoder for AutoModel and jaxtpu's "
@@ -203,15 +219,13 @@ def onnx_export(
     classifier: dict[str, Any] | None,
     quantize: str | None,
 ) -> dict[str, Any]:
-    """`--format onnx`: the run's model as ONNX in `out` (with `--quantize int8`, its int8
-    twin too), its tokenizer, and `jaxtpu_onnx.json`. The graph is torch's exporter's of the
-    torch side's model of the same weights (`torchxla_ref.onnxexport`); before `out` appears it
-    is checked on `CHECK_TEXTS` against jaxtpu's fp32 scores (at most `ONNX_TOLERANCE`), and
-    everything is written into a directory beside `out` that is renamed to it when complete.
-    Returns the metadata written to jaxtpu_onnx.json."""
+    """`--format onnx`: the run's model as ONNX in the (staging) directory `out` (with
+    `--quantize int8`, its int8 twin too), its tokenizer, and `jaxtpu_onnx.json`. The graph is
+    torch's exporter's of the torch side's model of the same weights
+    (`torchxla_ref.onnxexport`), checked on `CHECK_TEXTS` against jaxtpu's fp32 scores (at most
+    `ONNX_TOLERANCE`, else a `UserError`). Returns the metadata written to jaxtpu_onnx.json."""
     import json
     import shutil
-    import tempfile
 
     import numpy as np
 
@@ -229,73 +243,55 @@ def onnx_export(
         ) from None
     spec, enc = model.spec, model.spec.encoder
     pooling = model.module.pooling
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # a directory as mkdir makes it, not mkdtemp's 0700
-    try:
-        hf_dir = staging / "hf"
-        weights.save_hf(params, enc, hf_dir, None, head_meta, classifier)
-        torch_model = load_model(enc, 0.0, hf_dir, 0, pooling, len(outputs), spec.head)
-        shutil.rmtree(hf_dir)
-        path = onnxexport.export_onnx(torch_model, staging / "model.onnx", enc)
-        del torch_model
-        files = {"fp32": path.name}
-        if quantize:
-            files["int8"] = onnxexport.quantize_int8(path, staging / "model_int8.onnx").name
-        for name in TOKENIZER_FILES:
-            if (model.tokenizer_dir / name).exists():
-                shutil.copy2(model.tokenizer_dir / name, staging / name)
+    hf_dir = out / "hf"
+    weights.save_hf(params, enc, hf_dir, None, head_meta, classifier)
+    torch_model = load_model(enc, 0.0, hf_dir, 0, pooling, len(outputs), spec.head)
+    shutil.rmtree(hf_dir)
+    path = onnxexport.export_onnx(torch_model, out / "model.onnx", enc)
+    del torch_model
+    files = {"fp32": path.name}
+    if quantize:
+        files["int8"] = onnxexport.quantize_int8(path, out / "model_int8.onnx").name
+    for name in TOKENIZER_FILES:
+        if (model.tokenizer_dir / name).exists():
+            shutil.copy2(model.tokenizer_dir / name, out / name)
 
-        # the check: jaxtpu's model of the same params in fp32, on comments of several lengths
-        ids, mask = encode_texts(
-            list(CHECK_TEXTS), load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len
-        )
-        fp32 = create_module(
-            enc, 0.0, "fp32", pooling=pooling, outputs=len(outputs), head=spec.head
-        )
-        ours = np.asarray(fp32.apply({"params": params}, ids, mask), np.float64)
-        ours = ours.reshape(len(CHECK_TEXTS), -1)
-        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
-        diffs = {
-            kind: float(np.abs(onnxexport.session(staging / name).run(None, feeds)[0] - ours).max())
-            for kind, name in files.items()
-        }
-        if not diffs["fp32"] <= ONNX_TOLERANCE:
-            raise UserError(
-                f"--format onnx: the exported graph's logits differ from jaxtpu's fp32 ones by "
-                f"{diffs['fp32']:.2e} (more than {ONNX_TOLERANCE:g}) on {len(CHECK_TEXTS)} "
-                "check comments; nothing was written. Please report this with the run's "
-                "config.json"
-            )
-        meta = {
-            "opset": onnxexport.OPSET,
-            "files": files,
-            "inputs": ["input_ids", "attention_mask"],
-            "output": "logits (batch x labels); a label's probability is its sigmoid",
-            "labels": outputs,
-            "task": head_meta["task"],
-            "head": spec.head,
-            "max_len": model.cfg.data.max_len,
-            "step": head_meta["step"],
-            "check": {
-                "texts": len(CHECK_TEXTS),
-                **{f"max_abs_logit_diff_{k}_vs_jaxtpu_fp32": v for k, v in diffs.items()},
-            },
-        }
-        (staging / "jaxtpu_onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():  # an empty directory (check_output_path refused anything else)
-            out.rmdir()
-        staging.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    quantized = f", int8 {diffs['int8']:.2e}" if "int8" in diffs else ""
-    print(
-        f"exported step {head_meta['step']} ({head_meta['task']}) to {out} as ONNX opset "
-        f"{onnxexport.OPSET}: {', '.join(files.values())}; largest |logit difference| from "
-        f"jaxtpu in fp32 on {len(CHECK_TEXTS)} comments: fp32 {diffs['fp32']:.2e}{quantized}"
+    # the check: jaxtpu's model of the same params in fp32, on comments of several lengths
+    ids, mask = encode_texts(
+        list(CHECK_TEXTS), load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len
     )
+    fp32 = create_module(enc, 0.0, "fp32", pooling=pooling, outputs=len(outputs), head=spec.head)
+    ours = np.asarray(fp32.apply({"params": params}, ids, mask), np.float64)
+    ours = ours.reshape(len(CHECK_TEXTS), -1)
+    feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+    diffs = {
+        kind: float(np.abs(onnxexport.session(out / name).run(None, feeds)[0] - ours).max())
+        for kind, name in files.items()
+    }
+    if not diffs["fp32"] <= ONNX_TOLERANCE:
+        raise UserError(
+            f"--format onnx: the exported graph's logits differ from jaxtpu's fp32 ones by "
+            f"{diffs['fp32']:.2e} (more than {ONNX_TOLERANCE:g}) on {len(CHECK_TEXTS)} "
+            "check comments; nothing was written. Please report this with the run's "
+            "config.json"
+        )
+    meta = {
+        "opset": onnxexport.OPSET,
+        "files": files,
+        "inputs": ["input_ids", "attention_mask"],
+        "output": "logits (batch x labels); a label's probability is its sigmoid",
+        "labels": outputs,
+        "task": head_meta["task"],
+        "head": spec.head,
+        "max_len": model.cfg.data.max_len,
+        "step": head_meta["step"],
+        "check": {
+            "texts": len(CHECK_TEXTS),
+            **{f"max_abs_logit_diff_{k}_vs_jaxtpu_fp32": v for k, v in diffs.items()},
+        },
+    }
+    (out / "jaxtpu_onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
+    meta["diffs"] = diffs
     return meta
 
 

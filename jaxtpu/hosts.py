@@ -102,6 +102,15 @@ def use_compilation_cache() -> str | None:
     return jax.config.jax_compilation_cache_dir or None
 
 
+def compilation_cache_empty() -> bool:
+    """Whether JAX's persistent compilation cache (a local directory) has no entry yet: on a
+    fresh machine every program is compiled (a resumed run says so)."""
+    directory = jax.config.jax_compilation_cache_dir
+    if not directory or "://" in directory:
+        return False
+    return not os.path.isdir(directory) or not any(os.scandir(directory))
+
+
 class Processes:
     """This process's place in a (possibly multi-process) run, and the few host-level
     collectives the loop needs. With one process every method is the identity."""
@@ -134,6 +143,25 @@ class Processes:
         from jax.experimental import multihost_utils
 
         return np.asarray(multihost_utils.process_allgather(local, tiled=True))
+
+    @property
+    def preemption_service(self) -> bool:
+        """Whether JAX's preemption service runs (a multi-process run with the service on):
+        its notifier catches SIGTERM and `preemption_point` agrees on a step."""
+        return (
+            self.count > 1
+            and jax.distributed.is_initialized()
+            and bool(jax.config.jax_enable_preemption_service)
+        )
+
+    def preemption_point(self, index: int) -> bool:
+        """`multihost_utils.reached_preemption_sync_point(index)`: true on every process at
+        the same index once any got SIGTERM; False without the service."""
+        if not self.preemption_service:
+            return False
+        from jax.experimental import multihost_utils
+
+        return bool(multihost_utils.reached_preemption_sync_point(index))
 
     def any(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (e.g. one got SIGTERM)."""

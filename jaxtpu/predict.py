@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import files, hostmem, metrics
+from jaxtpu.core import files, hostmem, metrics, storage
 from jaxtpu.core.data import readers, records, tokenized
 from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
@@ -55,14 +55,17 @@ class TrainedModel:
 
 
 def load_trained(workdir: str | Path) -> TrainedModel:
-    """The best checkpoint of a run directory, with its config, encoder shape and tokenizer."""
+    """The best checkpoint of a run directory (a path, or a bucket URL: its config.json and
+    tokenizer are copied here, the checkpoint is read from the bucket), with its config,
+    encoder shape and tokenizer."""
     from jaxtpu import checkpoint
     from jaxtpu.models import encoder as models
     from jaxtpu.models import layers
 
-    wd = Path(workdir)
-    cfg, recorded = read_run_config(wd)
-    ckpts = checkpoint.Checkpoints(wd)
+    wd, tokenizer_dir = run_files(workdir)
+    with storage.named(wd, str(workdir)):
+        cfg, recorded = read_run_config(wd)
+    ckpts = checkpoint.Checkpoints(workdir)
     meta = ckpts.best_meta()
     if meta is None:
         raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
@@ -74,7 +77,19 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     params, meta = ckpts.restore_best(template, spec.model_key)
     if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
         params = layers.unstack_layers(params)
-    return TrainedModel(cfg, spec, module, params, meta, wd / "tokenizer")
+    return TrainedModel(cfg, spec, module, params, meta, tokenizer_dir)
+
+
+def run_files(workdir: str | Path) -> tuple[Path, Path]:
+    """The directory holding a run's config.json, and its tokenizer: a local run's own; for
+    a run in a bucket, local copies of them (what scoring reads besides the checkpoint)."""
+    if not storage.is_remote(workdir):
+        return Path(workdir), Path(workdir) / "tokenizer"
+    url = str(workdir)
+    if not storage.exists(storage.join(url, "config.json")):
+        raise UserError(f"--workdir {url}: no config.json; not a jaxtpu run directory")
+    record = storage.fetch(storage.join(url, "config.json"), "--workdir")
+    return record.parent, storage.fetch(storage.join(url, "tokenizer"), "--workdir")
 
 
 def read_run_config(wd: Path) -> tuple[Config, dict[str, Any]]:
@@ -502,98 +517,125 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     with user_errors():
+        return _predict(args)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """`main` once the flags are parsed. An --output in a bucket is written here first (its
+    progress kept in the local cache, for --resume on this machine) and uploaded when whole;
+    an --input or --init-from in a bucket is read from a local copy."""
+    url = args.output if storage.is_remote(args.output) else ""
+    if url:
+        if storage.exists(url) and not args.overwrite:
+            raise UserError(f"--output {url} exists; pass --overwrite to replace it")
+        storage.check_writable(url, "--output")
+        out = storage.output_copy(url)
+        out.unlink(missing_ok=True)  # a finished copy whose upload failed: scored again
+    else:
         out = Path(args.output)
         check_output_path(out, "--output")
-        if out.exists() and not args.overwrite:
-            raise UserError(f"--output {out} exists; pass --overwrite to replace it")
-        if args.resume and args.overwrite:
-            raise UserError("--resume continues a stopped predict, --overwrite starts again: one")
-        check_scoring_flags(args)
-        if args.label_weights:
-            parse_label_weights(args.label_weights)  # a bad value before anything loads
-        if args.confidence is not None and not (args.pseudo_label and 0.5 < args.confidence < 1):
-            raise UserError(
-                f"--confidence {args.confidence:g}: goes with --pseudo-label, a probability "
-                "between 0.5 and 1 (exclusive)"
-            )
-        if args.init_from and not args.model_dir:
-            raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
-        if args.workdir and (args.model_dir or args.max_len):
-            raise UserError(
-                "--model-dir and --max-len score a model without a run; a run has its own"
-            )
-        if not (args.workdir or args.model_dir):
-            raise UserError(
-                "give the model to score: --workdir RUN, --model-dir DIR, or --init-from FILE "
-                "--model-dir DIR"
-            )
-        from jaxtpu import hosts
+    if out.exists() and not args.overwrite:
+        raise UserError(f"--output {out} exists; pass --overwrite to replace it")
+    source = args.input
+    args.input = storage.local_input(args.input, "--input")
+    if args.init_from:
+        args.init_from = storage.local_input(args.init_from, "--init-from")
+    with storage.named(args.input, source):
+        code = _score(args, out)
+    if url:
+        storage.put(out, url)
+        print(f"uploaded {out.name} to {url}")
+    return code
 
-        hosts.use_compilation_cache()
-        devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
-        header = readers.columns(args.input)
-        if args.workdir:
-            models = [load_trained(w) for w in args.workdir]
-            check_ensemble(models, args.workdir)
-        elif args.init_from:
-            models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
-        else:
-            models = [load_model_dir(args.model_dir, _max_len(args))]
-        severity = readers.file_kind(header) == "score"
-        task = models[0].spec.task
-        if args.label_weights and not (severity and task.label_columns == LABELS):
-            raise UserError(
-                "--label-weights scores a Rate Severity file (comment_id, text) with a "
-                f"multilabel model; this is a {task.name} model on "
-                f"{'that file' if severity else 'a file of another kind'}"
+
+def _score(args: argparse.Namespace, out: Path) -> int:
+    """Scores the input into `out` (`main`'s work once paths are local)."""
+    if args.resume and args.overwrite:
+        raise UserError("--resume continues a stopped predict, --overwrite starts again: one")
+    check_scoring_flags(args)
+    if args.label_weights:
+        parse_label_weights(args.label_weights)  # a bad value before anything loads
+    if args.confidence is not None and not (args.pseudo_label and 0.5 < args.confidence < 1):
+        raise UserError(
+            f"--confidence {args.confidence:g}: goes with --pseudo-label, a probability "
+            "between 0.5 and 1 (exclusive)"
+        )
+    if args.init_from and not args.model_dir:
+        raise UserError("--init-from needs --model-dir (the config.json and tokenizer)")
+    if args.workdir and (args.model_dir or args.max_len):
+        raise UserError("--model-dir and --max-len score a model without a run; a run has its own")
+    if not (args.workdir or args.model_dir):
+        raise UserError(
+            "give the model to score: --workdir RUN, --model-dir DIR, or --init-from FILE "
+            "--model-dir DIR"
+        )
+    from jaxtpu import hosts
+
+    hosts.use_compilation_cache()
+    devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
+    header = readers.columns(args.input)
+    if args.workdir:
+        models = [load_trained(w) for w in args.workdir]
+        check_ensemble(models, args.workdir)
+    elif args.init_from:
+        models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
+    else:
+        models = [load_model_dir(args.model_dir, _max_len(args))]
+    severity = readers.file_kind(header) == "score"
+    task = models[0].spec.task
+    if args.label_weights and not (severity and task.label_columns == LABELS):
+        raise UserError(
+            "--label-weights scores a Rate Severity file (comment_id, text) with a "
+            f"multilabel model; this is a {task.name} model on "
+            f"{'that file' if severity else 'a file of another kind'}"
+        )
+    if args.all_outputs and (severity or len({m.spec.task.aux_columns for m in models}) > 1):
+        raise UserError(
+            "--all-outputs writes every output of one kind of model to a classification "
+            "file's scores; "
+            + (
+                "a Rate Severity file gets one score per comment"
+                if severity
+                else "these runs have different --aux-columns"
             )
-        if args.all_outputs and (severity or len({m.spec.task.aux_columns for m in models}) > 1):
-            raise UserError(
-                "--all-outputs writes every output of one kind of model to a classification "
-                "file's scores; "
-                + (
-                    "a Rate Severity file gets one score per comment"
-                    if severity
-                    else "these runs have different --aux-columns"
-                )
+        )
+    if args.pseudo_label and (task.comments_per_example == 2 or args.all_outputs):
+        raise UserError(
+            "--pseudo-label writes a classification model's probabilities as training "
+            "targets; "
+            + (
+                "drop --all-outputs (the file holds the task's own labels)"
+                if args.all_outputs
+                else "a ranker's scores are not probabilities"
             )
-        if args.pseudo_label and (task.comments_per_example == 2 or args.all_outputs):
-            raise UserError(
-                "--pseudo-label writes a classification model's probabilities as training "
-                "targets; "
-                + (
-                    "drop --all-outputs (the file holds the task's own labels)"
-                    if args.all_outputs
-                    else "a ranker's scores are not probabilities"
-                )
-            )
-        if (
-            severity
-            and task.main_outputs > 1
-            and task.label_columns != LABELS
-            and not args.pseudo_label
-        ):
-            raise UserError(
-                f"--input {args.input}: a Rate Severity file needs one score per comment; "
-                f"this {task.name} model scores {', '.join(task.label_columns)}"
-            )
-        progress = Progress(out, _work(args))
-        with progress.held():
-            resume = _resume(progress, args)
-            scorers = [Scorer(m, devices, args.batch_size) for m in models]
-            rows, empty, written = predict_stream(scorers, args.input, progress, severity, resume)
-        if empty:
-            what = "left out" if args.pseudo_label else "scored as empty text"
-            print(f"warning: {empty} of {rows} comments are empty; {what}", file=sys.stderr)
-        what = f"the mean of {len(models)} models' " if len(models) > 1 else ""
-        if args.pseudo_label:
-            sure = f" scored at least {args.confidence:g} sure" if args.confidence else ""
-            print(
-                f"wrote {written} of {rows} comments{sure} as pseudo-labels ({what}"
-                f"probabilities as soft targets) to {out}: train on them with --extra-train {out}"
-            )
-        else:
-            print(f"wrote {what}{rows} scores to {out}")
+        )
+    if (
+        severity
+        and task.main_outputs > 1
+        and task.label_columns != LABELS
+        and not args.pseudo_label
+    ):
+        raise UserError(
+            f"--input {args.input}: a Rate Severity file needs one score per comment; "
+            f"this {task.name} model scores {', '.join(task.label_columns)}"
+        )
+    progress = Progress(out, _work(args))
+    with progress.held():
+        resume = _resume(progress, args)
+        scorers = [Scorer(m, devices, args.batch_size) for m in models]
+        rows, empty, written = predict_stream(scorers, args.input, progress, severity, resume)
+    if empty:
+        what = "left out" if args.pseudo_label else "scored as empty text"
+        print(f"warning: {empty} of {rows} comments are empty; {what}", file=sys.stderr)
+    what = f"the mean of {len(models)} models' " if len(models) > 1 else ""
+    if args.pseudo_label:
+        sure = f" scored at least {args.confidence:g} sure" if args.confidence else ""
+        print(
+            f"wrote {written} of {rows} comments{sure} as pseudo-labels ({what}"
+            f"probabilities as soft targets) to {out}: train on them with --extra-train {out}"
+        )
+    else:
+        print(f"wrote {what}{rows} scores to {out}")
     return 0
 
 
@@ -606,7 +648,7 @@ def _work(args: argparse.Namespace) -> dict[str, Any]:
     """What a predict scores and how: a resumed one must match it."""
     source = Path(args.input)
     if args.workdir:
-        models = [str(Path(w).resolve()) for w in args.workdir]
+        models = [w if storage.is_remote(w) else str(Path(w).resolve()) for w in args.workdir]
     else:
         init = str(Path(args.init_from).resolve()) if args.init_from else None
         models = [init, str(args.model_dir), _max_len(args)]

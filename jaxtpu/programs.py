@@ -31,7 +31,7 @@ from typing import Any
 import jax
 from jax.experimental import serialize_executable
 
-from jaxtpu.core import files
+from jaxtpu.core import files, storage
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.schema import OUTSIDE_PROGRAMS, Config, changed_flags
 
@@ -169,7 +169,8 @@ class SavedPrograms:
     """The programs of `--programs DIR`, checked against this run before any is loaded."""
 
     def __init__(self, directory: str | Path, devices: list[Any], config: Config) -> None:
-        self.directory = Path(directory)
+        """`directory`: a path, or a bucket URL (read from a local copy)."""
+        self.directory = Path(storage.local_input(directory, "--programs"))
         self.devices = devices
         self.config = config
         path = self.directory / MANIFEST

@@ -13,17 +13,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import hostmem, metrics
+from jaxtpu.core import hostmem, metrics, storage
 from jaxtpu.core.data import readers
 from jaxtpu.core.errors import DataError, UserError
-from jaxtpu.core.files import write_text
 from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
-from jaxtpu.core.run.rundir import check_output_path, user_errors
+from jaxtpu.core.run.rundir import user_errors
 from jaxtpu.core.severity import (
     format_weights,
     pair_agreement,
@@ -114,15 +112,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     with user_errors():
         if not 0 < args.step <= args.top or not np.isfinite(args.top):
             raise UserError(f"--step {args.step:g} --top {args.top:g}: expected 0 < step <= top")
-        if args.out:
-            check_output_path(Path(args.out), "--out")
+        if args.out:  # replaced when it exists, as before
+            storage.check_output_file(args.out, "--out", overwrite=True)
         check_scoring_flags(args)
         from jaxtpu import hosts
 
         hosts.use_compilation_cache()
         devices = hosts.init_devices(args.num_devices)
         models = load_multilabel(args.workdir)
-        less, more = pair_probabilities(models, args.input, devices, args.batch_size)
+        local = storage.local_input(args.input, "--input")  # a copy, for one in a bucket
+        with storage.named(local, args.input):
+            less, more = pair_probabilities(models, local, devices, args.batch_size)
         found = search_weights(less, more, args.step, args.top)
         report = {
             "label_weights": format_weights(found.weights),
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"--label-weights {report['label_weights']}  ({', '.join(LABELS)})")
         if args.out:
-            write_text(Path(args.out), json.dumps(report, indent=2) + "\n")
+            storage.write_output_text(args.out, json.dumps(report, indent=2) + "\n")
     return 0
 
 

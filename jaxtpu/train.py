@@ -20,6 +20,7 @@ from jaxtpu.core.run import loop, plan, signals
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
+from jaxtpu.core.run.store import RunStore
 from jaxtpu.core.schedules import describe_layer_rates
 
 __all__ = ["main", "train_and_evaluate"]
@@ -52,14 +53,14 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
     if not procs.primary:  # process 0 reports for everyone
         log.setLevel(logging.WARNING)
     with (
-        signals.early() as early,
-        claim_workdir(Path(workdir or cfg.output.workdir), cfg, procs.primary) as workdir,
+        signals.early(procs.preemption_service) as early,
+        claim_workdir(workdir or cfg.output.workdir, cfg, procs.primary) as store,
     ):
-        return _train(cfg, workdir, procs, t_start, early)
+        return _train(cfg, store, procs, t_start, early)
 
 
 def _train(
-    cfg: Config, workdir: Path, procs: Any, t_start: float, early: Any = None
+    cfg: Config, store: RunStore, procs: Any, t_start: float, early: Any = None
 ) -> dict[str, Any]:
     """The body of a run in its claimed run directory: the data, the backend, resume, start
     (the state placed and the steps jitted), then the shared loop."""
@@ -89,11 +90,16 @@ def _train(
         from jaxtpu.programs import SavedPrograms
 
         saved = SavedPrograms(cfg.placement.programs, devices, cfg)
-    job = plan.Job.load(cfg, spec, workdir, len(devices), procs.primary, t_start)
+    setup = loop.Setup(compile_cache_empty=hosts.compilation_cache_empty())
+    t0 = time.time()
+    job = plan.Job.load(cfg, spec, store.local, len(devices), procs.primary, t_start, store)
+    setup.data_s, setup.tokens_cached = time.time() - t0, job.data.info["token_cache_hit"]
     backend = build_backend(job, devices, procs, saved)
+    t0 = time.time()
     resume = backend.restore_latest(spec.model_key) if cfg.output.resume else ResumeState()
+    setup.restore_s = time.time() - t0
     backend.start()  # the state on the devices, the steps jitted (`parallel.JitStrategy.place`)
-    return loop.train(job, backend, resume, devices, early)
+    return loop.train(job, backend, resume, devices, early, setup)
 
 
 def build_backend(
@@ -130,7 +136,9 @@ def build_backend(
     fns = steps.for_task(cfg.task, cfg.train.margin)
     placement = Placement(spec.sharding, *spec.mesh)
     strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement, saved)
-    ckpts = checkpoint.Checkpoints(job.workdir, procs if procs.count > 1 else None)
+    ckpts = checkpoint.Checkpoints(
+        job.rundir, procs if procs.count > 1 else None, cfg.output.async_checkpoint
+    )
     return JaxBackend(
         strategy, jax.device_get(state), cfg.train.seed, ckpts, cfg.placement.steps_per_call
     )

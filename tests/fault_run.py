@@ -2,8 +2,9 @@
 SIGKILLs itself at one chosen moment, to prove that resume survives a kill anywhere.
 
 FAULT is `call:N` (as the N-th training call starts), `eval:N` (inside the N-th evaluation
-batch) or `save:N` (inside the N-th checkpoint write: orbax has written the temporary
-directory and is about to rename it into place).
+batch), `save:N` (inside the N-th checkpoint write: orbax has written the temporary
+directory and is about to rename it into place) or `commit:N` (inside the N-th write of the
+latest state to a bucket: its objects written, its step's commit marker not yet).
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ def arm(kind: str, n: int) -> None:
         if count[0] == n:
             die()
 
+    if kind == "commit":
+        from orbax.checkpoint._src.path import atomicity
+
+        finalize = atomicity.CommitFileTemporaryPath.finalize
+
+        async def finalizing(self, *args, **kwargs):
+            path = str(self.get()).rstrip("/")
+            if "/latest/" in path and path.rsplit("/", 1)[-1].isdigit():  # a latest step's
+                tick()
+            return await finalize(self, *args, **kwargs)
+
+        atomicity.CommitFileTemporaryPath.finalize = finalizing
+        return
     if kind == "save":
         rename = os.rename
 

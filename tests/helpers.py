@@ -45,12 +45,16 @@ class FakeBackend:
         self.disk, self.nan_at, self.sigterm_at, self.drift = disk, nan_at, sigterm_at, drift
         self.w, self.step, self.calls = 0.0, 0, 0
         self.events: list[tuple[str, int]] = []
+        self.waits_for_checkpoints = 0
 
     def local_rows(self, n: int) -> slice:
         return slice(None)
 
     def any_process(self, flag: bool) -> bool:
         return flag
+
+    def preemption_point(self, index: int) -> bool:
+        return False  # one process: the stop flag has the signal itself
 
     def compile_count(self) -> int:
         return 1
@@ -102,6 +106,9 @@ class FakeBackend:
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
         self.events.append(("best", step))
         self.disk["best"] = copy.deepcopy({"w": self.w, "step": step})
+
+    def wait_for_checkpoints(self) -> None:
+        self.waits_for_checkpoints += 1
 
 
 def fake_examples(n: int) -> tokenized.Examples:

@@ -140,5 +140,5 @@ def test_torch_reference_refuses_jax_only_memory_flags():
 
     cfg = presets.tiny().replace(parallel="spmd", remat="layer", scan_layers=True)
     assert jax_only_options(cfg) == ["--remat layer", "--scan-layers True"]
-    with pytest.raises(UserError, match="jaxtpu-only memory options"):
+    with pytest.raises(UserError, match="jaxtpu-only options; the torch_xla reference replicates"):
         torch_train.train_and_evaluate(cfg)

@@ -60,6 +60,9 @@ class XlaBackend:
     def any_process(self, flag: bool) -> bool:
         return flag
 
+    def preemption_point(self, index: int) -> bool:
+        return False  # one process: the stop flag has the signal itself
+
     def _sync(self) -> None:
         if self.xla:
             self.torch_xla.sync()
@@ -162,6 +165,9 @@ class XlaBackend:
 
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
         self.ckpts.save("best", step, self._payload(meta, full=False))
+
+    def wait_for_checkpoints(self) -> None:
+        """Nothing to wait for: the reference side saves synchronously."""
 
     def start(self) -> None:
         """Nothing to place: the model is on the strategy's device from construction, and

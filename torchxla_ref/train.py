@@ -22,6 +22,7 @@ from jaxtpu.core.run import loop, plan, signals
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
+from jaxtpu.core.storage import is_remote
 from torchxla_ref import parallel
 from torchxla_ref.backend import XlaBackend
 
@@ -104,15 +105,23 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
         )
     if jax_only_options(cfg):
         raise UserError(
-            f"{', '.join(jax_only_options(cfg))}: jaxtpu-only memory options; the torch_xla "
-            "reference replicates its model on every device"
+            f"{', '.join(jax_only_options(cfg))}: jaxtpu-only options; the torch_xla "
+            "reference replicates its model on every device, saves synchronously and has no "
+            "profiler flag"
+        )
+    target = str(workdir or cfg.output.workdir)
+    if is_remote(target):
+        raise UserError(
+            f"--workdir {target}: the torch_xla reference writes local run directories; runs "
+            "in a bucket are jaxtpu's (jaxtpu train --workdir gs://...)"
         )
     t_start = time.time()
     if cfg.placement.parallel == "eager" and cfg.placement.num_devices != 1:
         raise UserError("--parallel eager runs on the host CPU: use --num-devices 1")
     if cfg.placement.parallel != "eager":
         parallel.configure_runtime(cfg.placement.num_devices, cfg.placement.parallel)
-    with claim_workdir(Path(workdir or cfg.output.workdir), cfg) as workdir:
+    with claim_workdir(target, cfg) as store:
+        workdir = store.local
         if cfg.placement.parallel != "spawn":
             return _train(cfg, workdir, t_start)
         import torch_xla.distributed.xla_multiprocessing as xmp

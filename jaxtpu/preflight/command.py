@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import files
+from jaxtpu.core import files, storage
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.cli import parse_with
 from jaxtpu.core.flags.runspec import RunSpec
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.json or f"runs/preflight/{args.target}.json")
         check_output_path(out, "--json")  # before the first compilation, not after the last
         if args.save_programs:
-            _check_programs_dir(Path(args.save_programs), args)
+            _check_programs_dir(args.save_programs, args)
         devices, capacity = target_devices(args.target, cfg.placement.num_devices)
         configs = options(cfg, args.sweep)
         for c in configs:  # every configuration is valid before any compiles
@@ -150,7 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"--save-programs {args.save_programs}: the run does not fit "
                     f"{args.target}; nothing saved (see the table)"
                 )
-            saved = save_programs(cfg, args.target, devices, Path(args.save_programs))
+            if storage.is_remote(args.save_programs):  # written here, uploaded when complete
+                with storage.staged_dir(args.save_programs) as staging:
+                    saved = save_programs(cfg, args.target, devices, staging)
+            else:
+                saved = save_programs(cfg, args.target, devices, Path(args.save_programs))
             print(
                 f"preflight: saved {len(saved) - 1} programs in {args.save_programs}; train "
                 f"with the same flags and --programs {args.save_programs}",
@@ -159,15 +163,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _check_programs_dir(directory: Path, args: argparse.Namespace) -> None:
-    """--save-programs goes with one configuration, into a new directory or one it wrote."""
+def _check_programs_dir(where: str, args: argparse.Namespace) -> None:
+    """--save-programs goes with one configuration, into a new directory or one it wrote (in
+    a bucket: a new one)."""
     from jaxtpu.programs import MANIFEST
 
     if args.sweep is not None or args.find_batch:
         raise ConfigError(
-            f"--save-programs {directory}: saves one run's programs; leave out "
+            f"--save-programs {where}: saves one run's programs; leave out "
             f"{'--sweep' if args.sweep is not None else '--find-batch'}"
         )
+    if storage.is_remote(where):
+        storage.check_output_dir(where, "--save-programs")
+        return
+    directory = Path(where)
     if directory.exists() and (
         not directory.is_dir() or (any(directory.iterdir()) and not (directory / MANIFEST).exists())
     ):

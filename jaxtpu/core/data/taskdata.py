@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core import storage
 from jaxtpu.core.data import readers
 from jaxtpu.core.data.demo import SAMPLE_CSV, demo_comments
 from jaxtpu.core.data.filecache import read_cached
@@ -46,7 +47,12 @@ def read_task_file(
 ) -> Comments | Pairs:
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
     the fold ids of `fold_column` when one is asked for and the numeric `columns` a run asks
-    for; with a `cache_dir`, through the file cache (`read_cached`)."""
+    for; with a `cache_dir`, through the file cache (`read_cached`). A file in a bucket is
+    read from its local copy (`storage.fetch`), its messages naming the URL."""
+    if storage.is_remote(path):
+        local = storage.fetch(str(path))
+        with storage.named(local, str(path)):
+            return read_task_file(local, task, fold_column, cache_dir, columns)
     table = open_table(path)  # the header, read once: the reader takes it from here
     kind = file_kind(table.header)
     if kind not in task.reads:

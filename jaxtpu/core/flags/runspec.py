@@ -27,6 +27,7 @@ from jaxtpu.core.hf.encoder import (
 )
 from jaxtpu.core.hf.families import default_pooling
 from jaxtpu.core.hf.heads import hf_pooling
+from jaxtpu.core.storage import local_input
 from jaxtpu.core.tasks import Task
 
 
@@ -133,8 +134,12 @@ class RunSpec:
             pooling=default_pooling(enc.family, pooling, enc.default_pooling),
             pooling_from=pooling_from,
             model_dir=model_dir,
-            weights=model.init_from or model_dir,
-            tokenizer_from=model.tokenizer_dir or model_dir,
+            weights=local_input(model.init_from, "--init-from") if model.init_from else model_dir,
+            tokenizer_from=(
+                local_input(model.tokenizer_dir, "--tokenizer-dir")
+                if model.tokenizer_dir
+                else model_dir
+            ),
             parallel=place.parallel,
             sharding=resolve_sharding(place.parallel, place.sharding, platform, place.mesh),
             mesh=mesh_sizes(place.parallel, place.sharding, place.mesh, n, platform),

@@ -669,11 +669,22 @@ class OutputConfig:
         bounds=Bounds(0, 10**12),
         resume=True,
     )
-    checkpoint_every: int = _f(
-        0,
-        "Also save the latest state every N steps, for --resume (0 = at evaluations only).",
-        bounds=Bounds(0, 10**12),
+    checkpoint_every: str = _f(
+        "0",
+        "Also save the latest state for --resume every N steps (e.g. 500), or at the first "
+        "logging step after a time interval (e.g. 30m, 1h, 90s; Google advises about hourly "
+        "on TPU VMs that may be preempted without notice). 0 = at evaluations only.",
         resume=True,
+    )
+    async_checkpoint: bool = _f(
+        False,
+        "Write checkpoints in the background (orbax's asynchronous checkpointing): a save "
+        "returns once the state is on the host, so a slow disk or bucket does not stall "
+        "training; the next save and the end of the run wait for it. A run killed meanwhile "
+        "resumes from the previous checkpoint.",
+        resume=True,
+        side="jax",
+        program=False,
     )
     progress: bool = _f(True, "Show a live progress bar.", resume=True, program=False)
     tracker: str = _f(
@@ -697,6 +708,7 @@ class OutputConfig:
     def check(self) -> None:
         trackers.parse(self.tracker)
         profile_range(self.profile_steps)
+        checkpoint_interval(self.checkpoint_every)
         if self.resume and not self.workdir:
             raise ConfigError("--resume needs --workdir: the run directory to continue")
 
@@ -808,6 +820,8 @@ def _check_type(name: str, value: Any, typ: Any) -> Any:
     if base is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise bad
+    if base is str and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # e.g. `checkpoint_every: 500` in a config file
     if base is str and not isinstance(value, str):
         raise bad
     try:
@@ -841,6 +855,28 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     )
     validate(cfg)
     return cfg
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def checkpoint_interval(text: str) -> tuple[int, float]:
+    """`--checkpoint-every`: (steps, 0) for a step count such as '500', (0, seconds) for a
+    time interval such as '30m', '1.5h' or '90s'; (0, 0) for '0'. A ConfigError otherwise."""
+    value = str(text).strip().lower()
+    try:
+        if value and value[-1] in _UNITS:
+            seconds = float(value[:-1]) * _UNITS[value[-1]]
+            if math.isfinite(seconds) and seconds > 0:
+                return 0, seconds
+        elif value.isdigit():
+            return int(value), 0.0
+    except ValueError:
+        pass
+    raise ConfigError(
+        f"--checkpoint-every {text}: expected a step count (e.g. 500, 0 = at evaluations "
+        "only) or a time interval (e.g. 30m, 1h, 90s)"
+    )
 
 
 def profile_range(steps: str) -> tuple[int, int] | None:
@@ -886,8 +922,12 @@ def validate(cfg: Config) -> None:
             "trains on pairs (use --weight-column with a pairs file)"
         )
     k = max(cfg.placement.steps_per_call, 1)
-    for name in ("log_every", "eval_every", "checkpoint_every"):
-        value = getattr(cfg.output, name)
+    steps = {
+        "log_every": cfg.output.log_every,
+        "eval_every": cfg.output.eval_every,
+        "checkpoint_every": checkpoint_interval(cfg.output.checkpoint_every)[0],
+    }
+    for name, value in steps.items():
         if value % k:
             raise ConfigError(
                 f"--{name.replace('_', '-')} {value} is not a multiple of --steps-per-call {k}"
@@ -939,7 +979,7 @@ def require_strategy(cfg: Config, strategies: Sequence[str], side: str) -> None:
 
 
 def jax_only_options(cfg: Config) -> list[str]:
-    """The jaxtpu-only memory flags (`JAX_ONLY`) that `cfg` sets away from their defaults (the
+    """The jaxtpu-only flags (`JAX_ONLY`) that `cfg` sets away from their defaults (the
     torch side refuses them rather than silently run without)."""
     set_away = []
     for name in JAX_ONLY:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jaxtpu.core import storage
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.hf.families import FAMILIES, Family, get_family, read_fields, write_fields
 from jaxtpu.core.hf.heads import ClassifierConfig, is_classifier, read_classifier
@@ -130,10 +131,13 @@ def packaged_minilm_dir() -> str:
 
 
 def resolve_model_dir(model_dir: str | None) -> str | None:
-    """`'minilm'` -> the packaged checkpoint; a path -> itself; empty -> None (random init)."""
+    """`'minilm'` -> the packaged checkpoint; a path -> itself; a bucket URL -> its local copy
+    (`storage.fetch`); empty -> None (random init)."""
     if not model_dir:
         return None
-    return packaged_minilm_dir() if model_dir == "minilm" else model_dir
+    if model_dir == "minilm":
+        return packaged_minilm_dir()
+    return storage.local_input(model_dir, "--model-dir")
 
 
 def model_type_of(d: dict[str, Any], source: str = "config.json") -> str:

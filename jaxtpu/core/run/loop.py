@@ -12,6 +12,7 @@ import csv
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from jaxtpu.core.data import tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.errors import TrainingError
 from jaxtpu.core.files import atomic_write
+from jaxtpu.core.flags.schema import checkpoint_interval
 from jaxtpu.core.hardware import peak_flops_per_device
 from jaxtpu.core.run.plan import Call, Job, program_inputs, schedule
 from jaxtpu.core.run.prefetch import Prefetch
@@ -63,12 +65,32 @@ def score_examples(backend: Any, examples: tokenized.Examples, batcher: Batcher,
     return result, ordered
 
 
+@dataclass
+class Setup:
+    """What a run had to make before its first step, which a resumed run reports: on a
+    fresh machine (a spot VM's replacement) the tokens and compiled programs are rebuilt,
+    the state comes from the run directory (a bucket)."""
+
+    data_s: float = 0.0  # reading and tokenizing the data (`Job.load`)
+    tokens_cached: bool = True  # every example's tokens came from the token cache
+    compile_cache_empty: bool = False  # JAX's persistent compilation cache had no entry
+    restore_s: float = 0.0  # reading the latest checkpoint
+
+
 class _Driver:
     """The bookkeeping of one run around the schedule: metrics lines, the best value,
     checkpoints, the progress bar."""
 
-    def __init__(self, job: Job, backend: Backend, resume: ResumeState, runlog: RunLog) -> None:
+    def __init__(
+        self,
+        job: Job,
+        backend: Backend,
+        resume: ResumeState,
+        runlog: RunLog,
+        setup: Setup | None = None,
+    ) -> None:
         self.job, self.backend, self.runlog = job, backend, runlog
+        self.setup, self.start_step = setup, resume.step
         self.cfg, self.task = job.cfg, job.cfg.task
         self.best = resume.best
         self.last_eval: dict[str, Any] = {}
@@ -77,6 +99,8 @@ class _Driver:
         self.clock = Clock(peak_flops_per_device(backend.device_kind), backend.num_devices)
         self.lengths = job.data.train.real_lengths()
         self.compile_s: float | None = None
+        self.every_s = checkpoint_interval(self.cfg.output.checkpoint_every)[1]
+        self.last_save = time.time()  # for a --checkpoint-every time interval
         self.bar = None
         if self.cfg.output.progress and backend.primary:
             from tqdm import tqdm
@@ -98,8 +122,21 @@ class _Driver:
         }
 
     def save_latest(self, step: int) -> None:
+        """Saves the latest state, then publishes the run directory (a bucket run: what the
+        run wrote since, so the bucket holds every metrics line the checkpoint covers)."""
+        self.job.check()  # never write a run directory another run took over
         with self.clock.timing("checkpoint"):
             self.backend.save_latest(step, self.meta(step))
+            if self.backend.primary:
+                self.job.publish()
+        self.last_save = time.time()
+
+    def save_due(self, call: Call) -> bool:
+        """Whether a --checkpoint-every time interval has passed since the last save, decided
+        at logging calls (their losses are checked; with several processes all agree)."""
+        if not self.every_s or not call.log or call.evaluate or call.checkpoint:
+            return False
+        return self.backend.any_process(time.time() - self.last_save >= self.every_s)
 
     def check_finite(self, what: str, value: float, step: int) -> None:
         """Never goes on from (or checkpoints) a diverged state."""
@@ -128,6 +165,7 @@ class _Driver:
             )
             self.runlog.write({"event": "compile", "programs": built, "seconds": seconds})
             self.compile_s = seconds  # no timed first call needed
+            self.report_setup()
 
     def timed_first_call(self, prepared: Any, step: int) -> list[Any]:
         """Runs the first call and waits for it once, to report its compilation apart from
@@ -140,7 +178,39 @@ class _Driver:
         what = "compile + run" if self.backend.compile_count() else "nothing compiled"
         log.info("first step (%s): %.1fs", what, self.compile_s)
         self.runlog.write({"event": "compile", "step": step, "seconds": self.compile_s})
+        self.report_setup()
         return handles
+
+    def report_setup(self) -> None:
+        """A resumed run says what it rebuilt before going on and how long that took (one
+        log line and a metrics line)."""
+        s = self.setup
+        if s is None or not self.cfg.output.resume or not self.start_step:
+            return
+        tokens = "read from the token cache" if s.tokens_cached else "rebuilt (none cached here)"
+        programs = "compiled (compilation cache empty here)" if s.compile_cache_empty else "built"
+        log.info(
+            "resumed at step %d: data and tokens %s in %.1fs, programs %s in %.1fs, state "
+            "restored from %s in %.1fs",
+            self.start_step,
+            tokens,
+            s.data_s,
+            programs,
+            self.compile_s or 0.0,
+            self.job.rundir,
+            s.restore_s,
+        )
+        self.runlog.write(
+            {
+                "event": "resume",
+                "step": self.start_step,
+                "data_s": s.data_s,
+                "tokens_rebuilt": not s.tokens_cached,
+                "compile_s": self.compile_s,
+                "compile_cache_empty": s.compile_cache_empty,
+                "restore_s": s.restore_s,
+            }
+        )
 
     def count(self, call: Call) -> None:
         """The work of the call's steps, for the throughput and MFU figures."""
@@ -215,6 +285,7 @@ class _Driver:
         )
         if improved:
             self.best.update(value=float(value), step=step, bad_evals=0)
+            self.job.check()
             with self.clock.timing("checkpoint"):
                 self.backend.save_best(step, {**self.meta(step), **result})
             if self.backend.primary:
@@ -246,6 +317,7 @@ def train(
     resume: ResumeState,
     devices: list[Any],
     early: StopFlag | None = None,
+    setup: Setup | None = None,
 ) -> dict[str, Any]:
     """One run, the same on both sides, once the side has built its backend, resumed it (if
     asked) and started it: record the config in the run directory and run the schedule.
@@ -258,6 +330,7 @@ def train(
       early: the side's `signals.early` flag, held since the run started (a SIGTERM that
         came while the data, model and programs were made stops the run before its first
         step).
+      setup: what the run made before its first step (a resumed run reports it).
     Returns:
       The run summary (`run`).
     """
@@ -270,7 +343,7 @@ def train(
         config=cfg.to_dict(),
     )
     runlog.write_config(cfg, job.spec, job.data.info, devices)
-    return run(job, backend, resume, runlog, early)
+    return run(job, backend, resume, runlog, early, setup)
 
 
 def run(
@@ -279,6 +352,7 @@ def run(
     resume: ResumeState,
     runlog: RunLog,
     early: StopFlag | None = None,
+    setup: Setup | None = None,
 ) -> dict[str, Any]:
     """Trains from `resume.step` to `job.plan.total` as `schedule` says.
 
@@ -287,7 +361,7 @@ def run(
     Raises:
       TrainingError: the loss became NaN/Inf (the last good checkpoints are kept).
     """
-    drv = _Driver(job, backend, resume, runlog)
+    drv = _Driver(job, backend, resume, runlog, setup)
     rows = backend.local_rows(job.plan.global_batch)
     train = job.data.train
 
@@ -311,6 +385,8 @@ def run(
             step, stopped_by = _steps(drv, inputs(), stop, resume.step)
     if drv.bar is not None:
         drv.bar.close()
+    with drv.clock.timing("checkpoint"):  # saves still being written (--async-checkpoint)
+        backend.wait_for_checkpoints()
     return _finish(drv, step, stopped_by)
 
 
@@ -348,8 +424,9 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: StopFlag, sta
                     step,
                 )
                 return step, stopped_by
-            if call.checkpoint and not call.evaluate:  # an evaluation saved it already
-                drv.save_latest(step)  # its loss was checked when logged
+            if (call.checkpoint and not call.evaluate) or drv.save_due(call):
+                drv.save_latest(step)  # its loss was checked when logged (an evaluation's
+                # call saved it already)
     return step, stopped_by
 
 

@@ -16,7 +16,8 @@ from jaxtpu.core.data.buckets import Batcher, Rows
 from jaxtpu.core.data.tokens import load_tokenizer, save_tokenizer
 from jaxtpu.core.errors import ConfigError, DataError, UserError
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.flags.schema import Config, checkpoint_interval
+from jaxtpu.core.run.store import RunStore
 from jaxtpu.core.schedules import Horizon
 
 log = logging.getLogger("jaxtpu")
@@ -84,9 +85,10 @@ class Job:
     spec: RunSpec
     data: taskdata.TaskData
     plan: Plan
-    workdir: Path
+    workdir: Path  # what the run writes (a bucket run's working copy)
     started: float
     monitor: str = ""  # the metric that picks the best checkpoint (`Task.choose_monitor`)
+    store: RunStore | None = None  # where the run directory lives (None: `workdir`, here)
 
     def __post_init__(self) -> None:
         if not self.monitor:
@@ -103,6 +105,22 @@ class Job:
                     "file where some subgroup holds both classes"
                 )
 
+    @property
+    def rundir(self) -> str:
+        """The run directory as the user named it (a bucket run's URL: its checkpoints go
+        there, not through the working copy `workdir`)."""
+        return self.store.where if self.store else str(self.workdir)
+
+    def publish(self) -> None:
+        """Uploads what the run wrote since the last time (a bucket run; else nothing)."""
+        if self.store is not None:
+            self.store.publish()
+
+    def check(self) -> None:
+        """Raises when another run took the run directory over (a bucket run's lease)."""
+        if self.store is not None:
+            self.store.check()
+
     @classmethod
     def load(
         cls,
@@ -112,6 +130,7 @@ class Job:
         num_devices: int,
         primary: bool,
         started: float,
+        store: RunStore | None = None,
     ) -> Job:
         """Loads the tokenizer (process 0 keeps a copy in the run directory for predict and
         export) and the data, and plans the steps. Every process of a multi-process run loads
@@ -138,7 +157,8 @@ class Job:
             info["split"],
             " | tokens from cache" if info["token_cache_hit"] else "",
         )
-        job = cls(cfg, spec, data, Plan.make(cfg, data.train, num_devices), workdir, started)
+        plan = Plan.make(cfg, data.train, num_devices)
+        job = cls(cfg, spec, data, plan, workdir, started, store=store)
         if data.valid.groups:
             log.info("validation by %s; monitoring %s", data.valid.groups.describe(), job.monitor)
         log.info(job.plan.describe(cfg, num_devices))
@@ -172,7 +192,7 @@ def schedule(plan: Plan, cfg: Config, start: int) -> Iterator[Call]:
     if start >= total:
         yield Call(max(total - 1, 0) // spe, start, (), log=False, evaluate=True, checkpoint=False)
         return
-    step = start
+    step, every = start, checkpoint_interval(cfg.output.checkpoint_every)[0]
     for epoch in range(start // spe, cfg.train.epochs):
         chunk: list[Rows] = []
         for batch in batcher.epoch(epoch, cfg.train.seed, step % spe):
@@ -181,9 +201,7 @@ def schedule(plan: Plan, cfg: Config, start: int) -> Iterator[Call]:
                 chunk = []
             chunk.append(batch)
             step += 1
-            checkpoint = bool(
-                cfg.output.checkpoint_every and step % cfg.output.checkpoint_every == 0
-            )
+            checkpoint = bool(every and step % every == 0)
             evaluate = bool(cfg.output.eval_every and step % cfg.output.eval_every == 0)
             evaluate = evaluate or step % spe == 0 or step == total
             # a checkpoint step is also a logging step: its losses are checked before saving

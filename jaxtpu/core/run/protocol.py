@@ -27,6 +27,11 @@ class Backend(Protocol):
     def any_process(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (a host-level collective)."""
 
+    def preemption_point(self, index: int) -> bool:
+        """True on every process at the same `index` (consecutive, the same on every
+        process) once any of them got a preemption notice: JAX's preemption sync point in a
+        multi-process run; False where there is no such service."""
+
     def start(self) -> None:
         """Puts the model state on the devices and builds the steps, after `restore_latest`
         and before the first step (a backend whose state lives on its devices from the start
@@ -67,6 +72,10 @@ class Backend(Protocol):
     def save_latest(self, step: int, meta: dict[str, Any]) -> None: ...
 
     def save_best(self, step: int, meta: dict[str, Any]) -> None: ...
+
+    def wait_for_checkpoints(self) -> None:
+        """Returns once every save started so far is written (saves that run in the
+        background, `--async-checkpoint`); raises a failed one's error."""
 
     def device_memory_mb(self) -> list[float] | None:
         """Peak memory per device of this process, where the devices report it."""

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import files
+from jaxtpu.core import files, storage
 from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
 from jaxtpu.core.flags.runspec import RunSpec, model_key
 from jaxtpu.core.flags.schema import (
@@ -32,6 +32,8 @@ from jaxtpu.core.flags.schema import (
     changed_flags,
     flat_record,
 )
+from jaxtpu.core.run.lease import Lease
+from jaxtpu.core.run.store import RunStore, working_copy
 from jaxtpu.core.run.trackers import check_ready, open_trackers
 from jaxtpu.core.run.trackers import parse as parse_trackers
 
@@ -62,7 +64,7 @@ LOCK_FILE = ".lock"
 
 
 @contextlib.contextmanager
-def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[Path]:
+def claim_workdir(workdir: str | Path, cfg: Config, create: bool = True) -> Iterator[RunStore]:
     """The run directory, held by this run for as long as the context lasts.
 
     Creates it (refusing to write over an earlier run unless resuming), takes its lock (a
@@ -70,13 +72,20 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
     kernel drops the lock when a process dies, even by SIGKILL), and on --resume refuses flags
     that differ from the run's recorded ones (`RESUME_MAY_CHANGE` may). `create=False`
     (processes other than 0 of a multi-process run, which write nothing) only checks the path.
+    A `gs://` run directory is held by a lease instead and written through a working copy
+    here (`_claim_bucket`). Yields the `RunStore`.
     """
     if not str(workdir) or str(workdir) == ".":
         workdir = default_workdir(cfg.train.task)
+    if storage.is_remote(workdir):
+        with _claim_bucket(str(workdir), cfg, create) as store:
+            yield store
+        return
+    workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"--workdir {workdir} is a file, expected a directory")
     if not create:
-        yield workdir
+        yield RunStore(workdir)
         return
     check_ready(parse_trackers(cfg.output.tracker))  # before anything is created
     fresh = not workdir.exists()
@@ -89,22 +98,69 @@ def claim_workdir(workdir: Path, cfg: Config, create: bool = True) -> Iterator[P
         raise UserError(f"--workdir {workdir} is not writable ({e.strerror})") from None
     before = {p.name for p in workdir.iterdir()}  # (the lock file is this run's too)
     lock = _lock(workdir)
+    store = RunStore(workdir)
     try:
-        if not cfg.output.resume and any(
-            (workdir / name).exists() for name in ("metrics.jsonl", "checkpoints", "summary.json")
-        ):
-            raise UserError(
-                f"--workdir {workdir} already holds a run; continue it with --resume, or choose "
-                "another --workdir (earlier results are never overwritten)"
-            )
+        if not cfg.output.resume and store.holds_a_run():
+            raise UserError(_HOLDS_A_RUN.format(workdir=workdir))
         if cfg.output.resume:
             check_resume(cfg, workdir)
-        yield workdir
+        yield store
     except UserError:
         _remove_new(workdir, before, fresh)
         raise
     finally:
         files.release_lock(lock)
+
+
+_HOLDS_A_RUN = (
+    "--workdir {workdir} already holds a run; continue it with --resume, or choose another "
+    "--workdir (earlier results are never overwritten)"
+)
+
+
+@contextlib.contextmanager
+def _claim_bucket(url: str, cfg: Config, create: bool) -> Iterator[RunStore]:
+    """A bucket run directory (`jaxtpu.core.run.store`): its lease taken (`Lease`), the
+    working copy started empty or, on --resume, from the bucket, and on the way out what
+    changed published and the lease released. A run refused (bad input, the bucket failing)
+    publishes nothing more: what it wrote after its latest checkpoint is not needed to resume,
+    and the checkpoints in the bucket are untouched."""
+    local = working_copy(url)
+    if not create:
+        yield RunStore(local, url)
+        return
+    check_ready(parse_trackers(cfg.output.tracker))
+    lease = Lease(url).acquire()
+    store = RunStore(local, url, lease)
+    try:
+        if not cfg.output.resume and store.holds_a_run():
+            raise UserError(_HOLDS_A_RUN.format(workdir=url))
+        if cfg.output.resume:
+            store.pull()
+            with storage.named(local, url):
+                check_resume(cfg, local)
+        else:
+            shutil.rmtree(local, ignore_errors=True)
+            local.mkdir(parents=True)
+        yield store
+    except (UserError, KeyboardInterrupt):  # refused, the bucket failed, or quit now
+        raise
+    except BaseException:
+        _publish_after_failure(store)
+        raise
+    else:
+        store.publish()
+    finally:
+        lease.release()
+
+
+def _publish_after_failure(store: RunStore) -> None:
+    """What a run that failed (a NaN loss, a bug) wrote is still published, so the bucket
+    shows why it stopped; a failure to publish it is only logged."""
+    try:
+        store.publish()
+    except Exception as e:
+        log.warning("%s: could not publish the run's last files (%s)", store.url, e)
 
 
 def _remove_new(workdir: Path, before: set[str], fresh: bool) -> None:

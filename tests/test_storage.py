@@ -1,0 +1,240 @@
+"""Paths in a bucket (`jaxtpu.core.storage`), the lease that keeps one run per bucket
+directory (`jaxtpu.core.run.lease`) and a run directory's working copy (`jaxtpu.core.run.store`),
+on fsspec's in-memory file system and an in-memory object store: pure functions, in
+milliseconds. The same code against a GCS emulator is `tests/test_bucket.py`."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from helpers import FakeBackend, fake_job
+
+from jaxtpu.core import storage
+from jaxtpu.core.errors import DataError, TrainingError, UserError
+from jaxtpu.core.run import loop
+from jaxtpu.core.run.lease import Conflict, Holder, Lease, MemoryObject
+from jaxtpu.core.run.protocol import ResumeState
+from jaxtpu.core.run.rundir import RunLog, claim_workdir
+from jaxtpu.core.run.store import RunStore
+
+
+@pytest.fixture
+def bucket() -> str:
+    """A fresh directory of the in-memory file system (shared by the process)."""
+    url = f"memory://bucket-{uuid.uuid4().hex[:8]}"
+    yield url
+    storage.remove(url, recursive=True)
+
+
+def test_paths_and_urls():
+    assert storage.is_remote("gs://b/x") and storage.is_remote("memory://b")
+    assert not storage.is_remote("runs/a") and not storage.is_remote("file:///tmp/a")
+    assert not storage.is_remote(None)
+    assert storage.join("gs://b/runs/", "a", "/config.json") == "gs://b/runs/a/config.json"
+    assert storage.join("runs", "a") == "runs/a"
+    assert storage.name_of("gs://b/runs/a/") == "a"
+
+
+def test_an_input_in_a_bucket_is_copied_once_per_version(bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXTPU_CACHE", str(tmp_path / "cache"))
+    url = storage.join(bucket, "data", "train.csv")
+    storage.write_bytes(url, b"comment_text,toxic\nhello,0\n")
+    first = storage.fetch(url, "--train-csv")
+    assert first.read_bytes() == b"comment_text,toxic\nhello,0\n"
+    assert first.is_relative_to(tmp_path / "cache" / "remote")
+    assert storage.fetch(url) == first  # the same version: not copied again
+    time.sleep(0.01)
+    storage.write_bytes(url, b"comment_text,toxic\nbye,1\n")
+    second = storage.fetch(url)
+    assert second != first and second.read_bytes().endswith(b"bye,1\n")
+    # a directory comes whole; a missing object is one line naming the flag and the URL
+    storage.write_bytes(storage.join(bucket, "model", "config.json"), b"{}")
+    storage.write_bytes(storage.join(bucket, "model", "sub", "vocab.txt"), b"a")
+    copy = storage.fetch(storage.join(bucket, "model"))
+    assert (copy / "config.json").exists() and (copy / "sub" / "vocab.txt").read_text() == "a"
+    with pytest.raises(storage.BucketError, match=r"--model-dir memory://.*/nothing: no such"):
+        storage.fetch(storage.join(bucket, "nothing"), "--model-dir")
+    assert storage.local_input("runs/x.csv") == "runs/x.csv"  # a local path is left alone
+
+
+def test_messages_about_a_local_copy_name_the_url(tmp_path):
+    local = tmp_path / "copy.csv"
+    with pytest.raises(DataError, match=r"^gs://b/train.csv: row 3 is bad$"):
+        with storage.named(local, "gs://b/train.csv"):
+            raise DataError(f"{local}: row 3 is bad")
+
+
+def test_a_staged_output_directory_appears_only_when_complete(bucket, tmp_path):
+    out = tmp_path / "export"
+    with pytest.raises(RuntimeError), storage.staged_dir(out) as staging:
+        (staging / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("killed")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    out.mkdir()  # an empty directory is taken
+    with storage.staged_dir(out) as staging:
+        (staging / "config.json").write_text("{}")
+    assert (out / "config.json").read_text() == "{}" and len(list(tmp_path.iterdir())) == 1
+    url = storage.join(bucket, "export")
+    storage.check_output_dir(url, "--out")  # empty, writable
+    with storage.staged_dir(url) as staging:
+        (staging / "a" / "b.txt").parent.mkdir()
+        (staging / "a" / "b.txt").write_text("x")
+    assert storage.read_bytes(storage.join(url, "a", "b.txt")) == b"x"
+    with pytest.raises(storage.BucketError, match="exists and is not an empty directory"):
+        storage.check_output_dir(url, "--out")
+
+
+def test_a_failing_bucket_is_one_line():
+    with pytest.raises(storage.BucketError) as e:
+        with storage.bucket_errors("gs://b/x", "writing it", "try again"):
+            raise ConnectionRefusedError("Cannot connect to host\nmore detail")
+    assert str(e.value) == (
+        "gs://b/x: the bucket did not answer writing it (ConnectionRefusedError: Cannot "
+        "connect to host); try again"
+    )
+
+
+def test_output_files_in_a_bucket(bucket):
+    url = storage.join(bucket, "metrics.json")
+    storage.check_output_file(url, "--out")
+    storage.write_output_text(url, "{}\n")
+    with pytest.raises(UserError, match="exists; pass --overwrite"):
+        storage.check_output_file(url, "--out")
+    storage.check_output_file(url, "--out", overwrite=True)
+
+
+# --------------------------------------------------------------------------- the lease
+
+
+def _lease(url: str, seconds: float = 60) -> Lease:
+    return Lease(url, seconds=seconds)
+
+
+def test_a_lease_refuses_a_second_run_until_it_is_released():
+    url = f"memory://leases/{uuid.uuid4().hex}"
+    first = _lease(url).acquire(renew=False)
+    with pytest.raises(UserError, match=r"is in use by another run \(process \d+ on .*renewed 0s"):
+        _lease(url).acquire(renew=False)
+    first.release()
+    second = _lease(url).acquire(renew=False)
+    assert second.took_over is None  # a released lease is free, not taken over
+
+
+def test_a_stale_lease_is_taken_over_and_its_holder_stops(caplog):
+    url = f"memory://leases/{uuid.uuid4().hex}"
+    old = _lease(url, seconds=0.05).acquire(renew=False)
+    time.sleep(0.1)  # it stopped renewing (a preempted VM)
+    new = _lease(url).acquire(renew=False)
+    assert new.took_over is not None and new.took_over.holder == old.me.holder
+    assert "took over the lease of" in caplog.text
+    old.renew()  # the old run wakes up: its precondition fails
+    with pytest.raises(TrainingError, match="took over this run directory"):
+        old.check()
+    old.release()  # leaves the new holder's lease alone
+    assert Holder.parse(MemoryObject(new.url).read()[0]).run == new.me.run
+    new.check()
+
+
+def test_of_two_runs_taking_a_stale_lease_at_once_one_wins():
+    url = f"memory://leases/{uuid.uuid4().hex}"
+    _lease(url, seconds=0.01).acquire(renew=False)
+    time.sleep(0.05)
+    seen = MemoryObject(url + "/.lease").read()
+
+    class Racing(MemoryObject):
+        def read(self):  # both read the stale lease before either writes
+            return seen
+
+    first = Lease(url, Racing(url + "/.lease")).acquire(renew=False)
+    with pytest.raises(UserError, match="was just taken by another run"):
+        Lease(url, Racing(url + "/.lease")).acquire(renew=False)
+    assert Holder.parse(MemoryObject(url + "/.lease").read()[0]).run == first.me.run
+
+
+def test_a_lease_renews_itself_from_a_thread():
+    url = f"memory://leases/{uuid.uuid4().hex}"
+    lease = _lease(url, seconds=0.08).acquire()
+    try:
+        first = MemoryObject(url + "/.lease").read()[1]
+        time.sleep(0.15)
+        assert MemoryObject(url + "/.lease").read()[1] != first
+        with pytest.raises(UserError, match="in use by another run"):
+            _lease(url).acquire(renew=False)  # renewed: never stale
+    finally:
+        lease.release()
+
+
+def test_conditional_writes_and_unreadable_leases():
+    obj = MemoryObject(f"memory://leases/{uuid.uuid4().hex}/.lease")
+    gen = obj.write(b"x", 0)
+    with pytest.raises(Conflict):
+        obj.write(b"y", 0)
+    assert obj.write(b"y", gen) != gen
+    assert Holder.parse(b"not json") is None  # treated as stale: taken over
+
+
+# --------------------------------------------------------------------------- the run store
+
+
+def test_publish_uploads_what_changed_and_pull_brings_it_back(bucket, tmp_path):
+    store = RunStore(tmp_path / "copy", bucket)
+    (store.local / "checkpoints" / "latest").mkdir(parents=True)
+    (store.local / "checkpoints" / "latest" / "x").write_text("orbax's")
+    (store.local / "metrics.jsonl").write_text('{"step": 1}\n')
+    (store.local / ".lock").write_text("")
+    (store.local / ".metrics.jsonl.1.abcdef12.tmp").write_text("half")
+    (store.local / "tokenizer").mkdir()
+    (store.local / "tokenizer" / "vocab.txt").write_text("a")
+    assert store.publish() == ["metrics.jsonl", "tokenizer/vocab.txt"]
+    assert store.publish() == []  # nothing changed since
+    with (store.local / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 2}\n')
+    assert store.publish() == ["metrics.jsonl"]
+    assert store.holds_a_run()  # its metrics are there
+
+    fresh = RunStore(tmp_path / "elsewhere", bucket)  # a new machine's working copy
+    assert fresh.pull() == ["metrics.jsonl", "tokenizer/vocab.txt"]
+    assert (fresh.local / "metrics.jsonl").read_text().count("step") == 2
+    assert fresh.publish() == []  # what it pulled is not uploaded again
+
+
+def test_a_run_in_a_bucket_publishes_at_each_checkpoint_and_resumes(bucket, tmp_path, monkeypatch):
+    """The loop with a numpy backend and a memory:// run directory: the bucket holds the
+    metrics of every step its latest checkpoint covers, a second run there is refused while
+    the first holds it, and a resumed run on a fresh working copy continues the metrics."""
+    monkeypatch.setenv("JAXTPU_CACHE", str(tmp_path / "cache"))
+    disk: dict = {}
+    job = fake_job(tmp_path / "unused", eval_every=3, checkpoint_every="2")
+    cfg = job.cfg.replace(workdir=bucket)
+    with claim_workdir(bucket, cfg) as store:
+        with pytest.raises(UserError, match="in use by another run"):
+            with claim_workdir(bucket, cfg):
+                pass
+        job.workdir, job.store = store.local, store
+        backend = FakeBackend(disk, sigterm_at=8)
+        runlog = RunLog(store.local, tensorboard=False)
+        summary = loop.run(job, backend, ResumeState(), runlog)
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 8
+    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
+    steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+    assert steps == list(range(1, 9))  # everything up to the saved step, published
+    assert json.loads(storage.read_bytes(storage.join(bucket, "summary.json")))["steps"] == 8
+
+    with pytest.raises(UserError, match="already holds a run; continue it with --resume"):
+        with claim_workdir(bucket, cfg):
+            pass
+    resumed = cfg.replace(resume=True)
+    with claim_workdir(bucket, resumed) as store:  # a fresh working copy, pulled
+        assert (store.local / "metrics.jsonl").exists()
+        job = fake_job(tmp_path / "unused2", resume=True, eval_every=3, checkpoint_every="2")
+        job.workdir, job.store = store.local, store
+        backend = FakeBackend(disk)
+        state = backend.restore_latest(job.spec.model_key)
+        runlog = RunLog(store.local, resume_step=state.step, tensorboard=False)
+        assert loop.run(job, backend, state, runlog)["steps"] == 21
+    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
+    steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+    assert steps == list(range(1, 22))
