@@ -23,6 +23,10 @@ COMMANDS = {
         "jaxtpu.preflight.command",
         "compile for this CPU or a TPU slice: memory, fits or not",
     ),
+    "launch": (
+        "jaxtpu.launch",
+        "run train on a Cloud TPU VM's workers, re-creating a preempted VM and resuming",
+    ),
     "bisect": ("parity_tests.bisect", "layer-by-layer comparison with transformers"),
     "families": ("parity_tests.families", "build small random checkpoints of every family"),
     "parity": ("parity_tests.report", "run the parity checks and write the report"),
