@@ -15,7 +15,7 @@ endif
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := torch,pretrained,tpu,dev,wandb,onnx
+EXTRAS := torch,pretrained,tpu,dev,wandb,onnx,gcs
 
 .PHONY: setup train test test-fast test-oldest test-py313 lint bench parity-report preflight docs clean
 

