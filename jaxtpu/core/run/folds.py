@@ -10,6 +10,7 @@ out-of-fold predictions are written beside them (framework-free: both sides' tra
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 from collections.abc import Callable
@@ -18,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core import storage
 from jaxtpu.core.data import demo, taskdata
 from jaxtpu.core.data.tokens import default_cache_dir
 from jaxtpu.core.errors import ConfigError, UserError
-from jaxtpu.core.files import atomic_write, write_text
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.run.loop import VALID_SCORES
 from jaxtpu.core.run.rundir import default_workdir, strict_json
@@ -52,41 +53,44 @@ def fold_ids(cfg: Config) -> list[int]:
 def train_folds(cfg: Config, train_one: Callable[[Config], Any]) -> dict[str, Any]:
     """Trains every fold with `train_one` (a side's `train_and_evaluate`), each in
     RUN/fold-K; with --resume, a fold that finished is kept as it is and an interrupted one
-    continues. Returns the folds' record (also RUN/folds.json)."""
+    continues. RUN may be a bucket URL (each fold is a bucket run directory). Returns the
+    folds' record (also RUN/folds.json)."""
     ids = fold_ids(cfg)
-    base = Path(cfg.output.workdir) if cfg.output.workdir else default_workdir(cfg.train.task)
-    if base.exists() and not cfg.output.resume and any(base.iterdir()):
+    base = cfg.output.workdir or str(default_workdir(cfg.train.task))
+    if not cfg.output.resume and storage.listing(base):
         raise UserError(
             f"--workdir {base} exists; pass --resume to continue its folds, or choose another"
         )
-    base.mkdir(parents=True, exist_ok=True)
     results = []
     for k in ids:
-        wd = base / f"fold-{k}"
-        if (wd / "summary.json").exists() and cfg.output.resume:
+        wd = storage.join(base, f"fold-{k}")
+        if cfg.output.resume and storage.exists(storage.join(wd, "summary.json")):
             log.info("fold %d: finished earlier, kept (%s)", k, wd)
         else:
             log.info("fold %d of %s: training into %s", k, ids, wd)
-            resume = cfg.output.resume and (wd / "config.json").exists()
-            train_one(cfg.replace(fold=k, workdir=str(wd), all_folds=False, resume=resume))
-        summary = json.loads((wd / "summary.json").read_text())
+            resume = cfg.output.resume and storage.exists(storage.join(wd, "config.json"))
+            train_one(cfg.replace(fold=k, workdir=wd, all_folds=False, resume=resume))
+        summary = json.loads(storage.read_bytes(storage.join(wd, "summary.json")))
         if summary.get("stopped_by") in ("SIGTERM", "SIGINT"):
             log.info("fold %d stopped by %s; continue with --resume", k, summary["stopped_by"])
-            return {"stopped_by": summary["stopped_by"], "workdir": str(base), "steps": 0}
-        results.append({"fold": k, "workdir": str(wd), **_best(summary)})
+            return {"stopped_by": summary["stopped_by"], "workdir": base, "steps": 0}
+        results.append({"fold": k, "workdir": wd, **_best(summary)})
     values = np.array([r["best"] for r in results], np.float64)
+    oof = storage.join(base, "oof.csv")
     record = {
         "monitor": results[0]["monitor"],
         "folds": results,
         "mean": float(np.mean(values)),
         "std": float(np.std(values)),
-        "oof": str(base / "oof.csv"),
+        "oof": oof,
     }
     rows = write_oof(base, ids)
-    write_text(base / "folds.json", strict_json(record, indent=2) + "\n")
+    storage.write_output_text(
+        storage.join(base, "folds.json"), strict_json(record, indent=2) + "\n"
+    )
     log.info("%s", table(record))
-    log.info("out-of-fold predictions of %d rows: %s", rows, base / "oof.csv")
-    return {**record, "workdir": str(base)}
+    log.info("out-of-fold predictions of %d rows: %s", rows, oof)
+    return {**record, "workdir": base}
 
 
 def _best(summary: dict[str, Any]) -> dict[str, Any]:
@@ -95,21 +99,22 @@ def _best(summary: dict[str, Any]) -> dict[str, Any]:
     return {"monitor": summary["monitor"], "best": value, "step": best["step"]}
 
 
-def write_oof(base: Path, ids: list[int]) -> int:
+def write_oof(base: str | Path, ids: list[int]) -> int:
     """RUN/oof.csv from each fold's `valid_scores.csv`, by row; returns the rows written."""
     header, rows = None, []
     for k in ids:
-        with open(base / f"fold-{k}" / VALID_SCORES, newline="") as f:
-            reader = csv.reader(f)
-            first = next(reader)
-            header = header or first
-            rows += [[int(r[0]), k, *r[1:]] for r in reader]
+        text = storage.read_bytes(storage.join(base, f"fold-{k}", VALID_SCORES)).decode()
+        reader = csv.reader(io.StringIO(text, newline=""))
+        first = next(reader)
+        header = header or first
+        rows += [[int(r[0]), k, *r[1:]] for r in reader]
     rows.sort(key=lambda r: r[0])
     assert header is not None
-    with atomic_write(base / "oof.csv", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["row", "fold", *header[1:]])
-        w.writerows(rows)
+    out = io.StringIO(newline="")
+    w = csv.writer(out)
+    w.writerow(["row", "fold", *header[1:]])
+    w.writerows(rows)
+    storage.write_output_text(storage.join(base, "oof.csv"), out.getvalue())
     return len(rows)
 
 

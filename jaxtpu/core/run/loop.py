@@ -143,7 +143,7 @@ class _Driver:
         if not np.isfinite(value):
             raise TrainingError(
                 f"{what} became {value} at step {step}; stopped. The last good checkpoints are "
-                f"kept in {self.job.workdir / 'checkpoints'} (best at step {self.best['step']}); "
+                f"kept in {self.job.rundir}/checkpoints (best at step {self.best['step']}); "
                 "lower --lr or check the data"
             )
 
@@ -450,7 +450,7 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
         "precision": job.cfg.train.precision,
         "train_compiles": backend.compile_count(),
         "device_memory_mb": backend.device_memory_mb(),
-        "workdir": str(job.workdir),
+        "workdir": job.rundir,
     }
     drv.runlog.finish(summary)
     if drv.best["step"] is None:  # never evaluated (stopped before its first evaluation)
@@ -458,7 +458,7 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
             "done: %d steps in %.0fs; no evaluation yet, no best model; run dir %s",
             step,
             summary["wall_seconds"],
-            job.workdir,
+            job.rundir,
         )
         return summary
     log.info(
@@ -469,6 +469,6 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
         drv.last_eval.get(monitor, float("nan")),
         drv.best["value"],
         drv.best["step"],
-        job.workdir,
+        job.rundir,
     )
     return summary

@@ -52,7 +52,7 @@ log = logging.getLogger("jaxtpu")
 def setup_logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    for noisy in ("absl", "orbax", "jax._src", "httpx", "onnx_ir", "onnxscript"):
+    for noisy in ("absl", "orbax", "jax._src", "httpx", "onnx_ir", "onnxscript", "gcsfs"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
