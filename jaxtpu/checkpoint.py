@@ -34,6 +34,7 @@ from etils import epath
 from jaxtpu.core import storage
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.run.rundir import check_compatible, disk_full, disk_full_message
+from jaxtpu.core.run.store import RESUME_ADVICE
 
 log = logging.getLogger(__name__)
 
@@ -260,8 +261,7 @@ class Checkpoints:
         if full is None:  # a bucket: the step has no commit marker, so it is never read
             raise CheckpointError(
                 f"{directory}: could not write checkpoint {step} to the bucket "
-                f"({type(error).__name__}: {storage.first_line(error)}); the "
-                "checkpoints already there are intact: continue with --resume when it answers"
+                f"({type(error).__name__}: {storage.first_line(error)}); {RESUME_ADVICE}"
             ) from None
         # orbax writes into '<step>.orbax-checkpoint-tmp-*' and renames when complete:
         # the half-written directories go (this run's: it holds the run directory), the

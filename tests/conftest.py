@@ -18,6 +18,11 @@ def pytest_configure(config: pytest.Config) -> None:
     from parity_tests.harness import share_compilations
 
     share_compilations()
+    try:  # matplotlib lists the fonts with a subprocess (fc-list) the first time it is used
+        # on a machine: done here, before the tests' guards, not inside whichever test is first
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:
+        pass
     try:
         import jax
 

@@ -23,7 +23,7 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def arm(kind: str, n: int) -> None:
+def arm(kind: str, n: float) -> None:
     count = [0]
 
     def tick() -> None:
@@ -31,6 +31,17 @@ def arm(kind: str, n: int) -> None:
         if count[0] == n:
             die()
 
+    if kind == "slow":
+        import time
+
+        steps = backend.JaxBackend.train_steps
+
+        def waiting(self, *args, **kwargs):
+            time.sleep(n)
+            return steps(self, *args, **kwargs)
+
+        backend.JaxBackend.train_steps = waiting
+        return
     if kind == "commit":
         from orbax.checkpoint._src.path import atomicity
 
@@ -66,6 +77,6 @@ def arm(kind: str, n: int) -> None:
 
 if __name__ == "__main__":
     kind, n = sys.argv[1].split(":")
-    arm(kind, int(n))
+    arm(kind, float(n))
     sys.argv = ["jaxtpu.train", *sys.argv[2:]]
     sys.exit(train.main())

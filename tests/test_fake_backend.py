@@ -161,3 +161,42 @@ def test_each_metrics_line_and_the_summary_say_where_the_time_went(tmp_path):
     loop_ = summary["loop"]
     steps_s = loop_["wall_s"] * (loop_["time_share"]["train"] + loop_["time_share"]["data_wait"])
     assert loop_["mfu"] == pytest.approx(flops / (steps_s * 61.5e12), rel=1e-6)
+
+
+def test_a_time_interval_saves_at_the_first_logging_step_after_it(tmp_path, monkeypatch):
+    """--checkpoint-every 1m on a clock that moves 25 s per training call: the latest state is
+    saved at the first logging call at least a minute after the previous save (evaluations
+    save too and restart the count), never later."""
+    import time as real_time
+
+    from jaxtpu.core.run import loop
+
+    class Clock:
+        now = 1000.0
+
+        def time(self) -> float:
+            return self.now
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real_time, name)
+
+    clock = Clock()
+    monkeypatch.setattr(loop, "time", clock)
+    saves: list[tuple[float, int]] = []
+
+    class Timed(FakeBackend):
+        def train_steps(self, batches):
+            clock.now += 25.0
+            return super().train_steps(batches)
+
+        def save_latest(self, step, meta):
+            saves.append((clock.now, step))
+            super().save_latest(step, meta)
+
+    summary = run_fake(tmp_path, Timed({}), checkpoint_every="1m")
+    assert summary["steps"] == 21
+    evals = {7, 14, 21}
+    gaps = [(b[0] - a[0], b[1]) for a, b in zip(saves, saves[1:], strict=False)]
+    assert all(gap >= 60 for gap, step in gaps if step not in evals), saves
+    assert all(gap <= 75 for gap, _ in gaps), saves  # the first logging call after a minute
+    assert [s for _, s in saves] == [3, 6, 7, 10, 13, 14, 17, 20, 21]

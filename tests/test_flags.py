@@ -206,3 +206,27 @@ def test_print_config_writes_a_file_that_gives_back_the_same_config(tmp_path, ca
         _parse("--preset", "xla-notebook", "--print-config")
     text = capsys.readouterr().out
     assert "model_dir: 'SET-ME: the pretrained model directory'" in text
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("0", (0, 0.0)), ("500", (500, 0.0)), ("30m", (0, 1800.0)), ("1.5h", (0, 5400.0)),
+     ("90s", (0, 90.0)), (" 2H ", (0, 7200.0))],
+)  # fmt: skip
+def test_checkpoint_every_is_steps_or_a_time_interval(text, expected):
+    from jaxtpu.core.flags.schema import checkpoint_interval
+
+    assert checkpoint_interval(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "1.5", "0h", "-2m", "nanh", "infs", "1d", "h", ""])
+def test_a_checkpoint_interval_that_is_neither_is_refused(text):
+    with pytest.raises(ConfigError, match="expected a step count .* or a time interval"):
+        tiny().replace(checkpoint_every=text)
+
+
+def test_a_config_file_may_give_checkpoint_every_as_a_number(tmp_path):
+    assert tiny().replace(checkpoint_every=500).output.checkpoint_every == "500"
+    with pytest.raises(ConfigError, match="not a multiple of --steps-per-call 4"):
+        tiny().replace(checkpoint_every=6, steps_per_call=4, log_every=4)
+    tiny().replace(checkpoint_every="1h", steps_per_call=4, log_every=4)  # time: any K

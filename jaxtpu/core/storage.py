@@ -24,7 +24,9 @@ clients read it) is honoured by every client: tensorstore is pointed at it too
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib
 import logging
 import os
 import shutil
@@ -120,11 +122,30 @@ def bucket_errors(url: str, what: str, advice: str = "") -> Iterator[None]:
         raise BucketError(f"{url}: no such object or directory ({what})") from None
     except PermissionError as e:
         raise BucketError(f"{url}: permission denied {what} ({first_line(e)})") from None
-    except Exception as e:  # aiohttp, google-auth, gcsfs HttpError, OSError, ...
+    except _client_errors() as e:  # anything else (a bug) keeps its traceback
         raise BucketError(
             f"{url}: the bucket did not answer {what} ({type(e).__name__}: {first_line(e)})"
             f"{'; ' + advice if advice else ''}"
         ) from None
+
+
+@functools.cache
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """What the clients raise for a bucket that fails: OS and network errors, aiohttp's,
+    gcsfs's HTTP errors, google-auth's and google-api-core's, requests'."""
+    found: list[type[BaseException]] = [OSError, TimeoutError]
+    for module, name in (
+        ("aiohttp", "ClientError"),
+        ("gcsfs.retry", "HttpError"),
+        ("google.auth.exceptions", "GoogleAuthError"),
+        ("google.api_core.exceptions", "GoogleAPIError"),
+        ("requests", "RequestException"),
+    ):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
 
 
 def first_line(e: BaseException) -> str:
@@ -177,13 +198,14 @@ def remove(url: str, recursive: bool = False) -> None:
             fs.rm(path, recursive=recursive)
 
 
-def put(local: str | os.PathLike, url: str, skip: Any = None) -> list[str]:
+def put(local: str | os.PathLike, url: str, skip: Any = None, advice: str = "") -> list[str]:
     """Uploads a file, or a directory's files (`skip(relative path)` True leaves one out),
-    each as one object. Returns the relative paths uploaded."""
+    each as one object; `advice` ends the error line of a bucket that fails. Returns the
+    relative paths uploaded."""
     local = Path(local)
     fs, path = filesystem(url)
     if local.is_file():
-        with bucket_errors(url, f"uploading {local.name}"):
+        with bucket_errors(url, f"uploading {local.name}", advice):
             fs.put_file(str(local), path)
         return [local.name]
     sent = []
@@ -191,7 +213,7 @@ def put(local: str | os.PathLike, url: str, skip: Any = None) -> list[str]:
         rel = file.relative_to(local).as_posix()
         if skip is not None and skip(rel):
             continue
-        with bucket_errors(join(url, rel), "uploading it"):
+        with bucket_errors(join(url, rel), "uploading it", advice):
             fs.put_file(str(file), f"{path.rstrip('/')}/{rel}")
         sent.append(rel)
     return sent

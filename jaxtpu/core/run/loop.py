@@ -424,9 +424,9 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: StopFlag, sta
                     step,
                 )
                 return step, stopped_by
+            # (an evaluation saved it already; its loss was checked when logged)
             if (call.checkpoint and not call.evaluate) or drv.save_due(call):
-                drv.save_latest(step)  # its loss was checked when logged (an evaluation's
-                # call saved it already)
+                drv.save_latest(step)
     return step, stopped_by
 
 

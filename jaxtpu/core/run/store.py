@@ -31,6 +31,9 @@ CHECKPOINTS = "checkpoints"
 _LOCAL_ONLY = (".lock", ".lease", ".write_test")
 
 
+RESUME_ADVICE = "the checkpoints already there are intact: continue with --resume when it answers"
+
+
 def _uploaded(rel: str) -> bool:
     first = rel.split("/", 1)[0]
     name = rel.rsplit("/", 1)[-1]
@@ -85,7 +88,7 @@ class RunStore:
             if self._sent.get(rel) != (stat.st_size, stat.st_mtime_ns):
                 changed[rel] = (stat.st_size, stat.st_mtime_ns)
         for rel in sorted(changed):
-            storage.put(self.local / rel, storage.join(self.url, rel))
+            storage.put(self.local / rel, storage.join(self.url, rel), advice=RESUME_ADVICE)
         self._sent.update(changed)
         return sorted(changed)
 
