@@ -55,6 +55,18 @@ def _train_lines(gcs, url: str) -> list[dict]:
     return [json.loads(x) for x in lines if x.strip()]
 
 
+def _assert_losses_match(gcs, url: str, uninterrupted: Path, rtol: float) -> None:
+    """Every training loss the bucket run logged equals the uninterrupted local run's."""
+    ours = [x["loss"] for x in _train_lines(gcs, url) if x.get("event") == "train"]
+    theirs = [
+        x["loss"]
+        for x in strict_json_lines(uninterrupted / "metrics.jsonl")
+        if x.get("event") == "train"
+    ]
+    assert len(ours) == 21
+    np.testing.assert_allclose(ours, theirs, rtol=rtol)
+
+
 def test_a_bucket_run_killed_mid_step_and_mid_save_resumes_on_a_fresh_machine(
     gcs, uninterrupted, tmp_path
 ):
@@ -85,16 +97,8 @@ def test_a_bucket_run_killed_mid_step_and_mid_save_resumes_on_a_fresh_machine(
     assert "programs compiled (compilation cache empty here)" in done.stdout
     assert not list(cwd.iterdir())  # nothing written where it ran: all of it went up
 
-    lines = _train_lines(gcs, url)
-    ours = [x["loss"] for x in lines if x.get("event") == "train"]
-    theirs = [
-        x["loss"]
-        for x in strict_json_lines(uninterrupted / "metrics.jsonl")
-        if x.get("event") == "train"
-    ]
-    assert len(ours) == 21
-    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
-    resumed = [x for x in lines if x.get("event") == "resume"]
+    _assert_losses_match(gcs, url, uninterrupted, rtol=1e-6)
+    resumed = [x for x in _train_lines(gcs, url) if x.get("event") == "resume"]
     assert resumed[-1]["tokens_rebuilt"] and resumed[-1]["compile_cache_empty"]
     summary = json.loads(gcs.objects(url)["summary.json"])
     final = json.loads((uninterrupted / "summary.json").read_text())["final"]
@@ -202,14 +206,7 @@ def test_two_processes_write_one_bucket_run_and_stop_together_on_sigterm(
     for p in procs:
         _, err = p.communicate(timeout=400)
         assert p.returncode == 0, err[-3000:]
-    lines = _train_lines(gcs, url)
-    ours = [x["loss"] for x in lines if x.get("event") == "train"]
-    theirs = [
-        x["loss"]
-        for x in strict_json_lines(uninterrupted / "metrics.jsonl")
-        if x.get("event") == "train"
-    ]
-    np.testing.assert_allclose(ours, theirs, rtol=1e-5)  # the all-reduce order differs
+    _assert_losses_match(gcs, url, uninterrupted, rtol=1e-5)  # the all-reduce order differs
 
 
 def test_a_bucket_that_stops_answering_is_one_line_and_loses_nothing(gcs, tmp_path):
