@@ -47,10 +47,12 @@ test-fast: $(STAMP)
 
 # CI's second leg: the oldest supported stack (Python 3.11, jax 0.10.2, flax 0.12.8) on a
 # representative subset: every strategy and task, the BERT layer kind, the torch side, a TPU
-# target's compile, installing beside an existing JAX, and the fast tier.
+# target's compile, installing beside an existing JAX, JAX's preemption sync point on two
+# processes writing a bucket run, and the fast tier.
 OLDEST_TESTS := tests/test_train.py tests/test_multilabel.py tests/test_torchxla_ref.py \
 	tests/test_packaging.py tests/test_notebook.py \
-	"tests/test_preflight.py::test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice"
+	"tests/test_preflight.py::test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice" \
+	"tests/test_bucket.py::test_two_processes_write_one_bucket_run_and_stop_together_on_sigterm"
 test-oldest:
 	$(MAKE) --no-print-directory setup VENV=.venv-oldest LOCK=requirements/oldest.txt \
 		PYTHON=$(shell requirements/find-python 3.11)
