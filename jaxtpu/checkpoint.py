@@ -258,9 +258,9 @@ class Checkpoints:
         sys.stderr = _DropClosedLoopTracebacks(sys.stderr)  # the run ends with this error
         with contextlib.suppress(Exception), contextlib.redirect_stderr(printed):
             mgr.close()  # stop its threads: the run ends here
-        if full is None:  # a bucket: the step has no commit marker, so it is never read
+        if full is None:  # a bucket: a step without its commit marker is never read
             raise CheckpointError(
-                f"{directory}: could not write checkpoint {step} to the bucket "
+                f"{directory}: the bucket did not answer while checkpoint {step} was saved "
                 f"({type(error).__name__}: {storage.first_line(error)}); {RESUME_ADVICE}"
             ) from None
         # orbax writes into '<step>.orbax-checkpoint-tmp-*' and renames when complete:

@@ -42,6 +42,7 @@ from jaxtpu.core.storage import (
     BucketError,
     bucket_errors,
     configure_emulator,
+    first_line,
     join,
     timeout_seconds,
 )
@@ -241,11 +242,23 @@ class Lease:
             self._stop.set()
 
     def _renewing(self) -> None:
+        failing = False
         while not self._stop.wait(self.seconds / 4):
             try:
                 self.renew()
             except Exception as e:  # a bucket that does not answer: the saves will say so
-                log.warning("%s: could not renew the lease (%s)", self.url, e)
+                if not failing:
+                    log.warning(
+                        "%s: could not renew the lease (%s); trying again every %.0fs",
+                        self.url,
+                        first_line(e),
+                        self.seconds / 4,
+                    )
+                failing = True
+            else:
+                if failing:
+                    log.info("%s: renewed the lease again", self.url)
+                failing = False
 
     def check(self) -> None:
         """Raises `TrainingError` when another run took the directory over."""

@@ -52,8 +52,11 @@ log = logging.getLogger("jaxtpu")
 def setup_logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    for noisy in ("absl", "orbax", "jax._src", "httpx", "onnx_ir", "onnxscript", "gcsfs"):
+    for noisy in ("absl", "orbax", "jax._src", "httpx", "onnx_ir", "onnxscript", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # gcsfs logs each request that ran out of retries as an ERROR with its traceback; the
+    # failure reaches jaxtpu as an exception, and its one line says what failed
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
 
 
 def default_workdir(task: str) -> Path:

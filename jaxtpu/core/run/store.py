@@ -31,7 +31,10 @@ CHECKPOINTS = "checkpoints"
 _LOCAL_ONLY = (".lock", ".lease", ".write_test")
 
 
-RESUME_ADVICE = "the checkpoints already there are intact: continue with --resume when it answers"
+# a step is read only once its commit marker is written: a save cut off is never resumed from
+RESUME_ADVICE = (
+    "the checkpoints already whole there are intact: continue with --resume when it answers"
+)
 
 
 def _uploaded(rel: str) -> bool:
