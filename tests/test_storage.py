@@ -180,6 +180,7 @@ def test_conditional_writes_and_unreadable_leases():
 
 
 def test_publish_uploads_what_changed_and_pull_brings_it_back(bucket, tmp_path):
+    assert RunStore(tmp_path / "empty", bucket).pull() == []  # --resume of a run not begun
     store = RunStore(tmp_path / "copy", bucket)
     (store.local / "checkpoints" / "latest").mkdir(parents=True)
     (store.local / "checkpoints" / "latest" / "x").write_text("orbax's")

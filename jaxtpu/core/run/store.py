@@ -101,7 +101,9 @@ class RunStore:
         shutil.rmtree(self.local, ignore_errors=True)
         self.local.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        got = storage.get(self.url, self.local, skip=lambda rel: not _uploaded(rel))
+        got = sorted(rel for rel in storage.listing(self.url) if _uploaded(rel))
+        for rel in got:
+            storage.get(storage.join(self.url, rel), self.local / rel)
         for rel in got:  # as they are in the bucket: not to be uploaded again
             stat = (self.local / rel).stat()
             self._sent[rel] = (stat.st_size, stat.st_mtime_ns)
