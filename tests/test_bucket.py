@@ -198,8 +198,10 @@ def test_two_processes_write_one_bucket_run_and_stop_together_on_sigterm(
     summary = json.loads(gcs.objects(url)["summary.json"])
     assert summary["stopped_by"] == "SIGTERM" and 3 < summary["steps"] < 21
     assert f"checkpoints/latest/{summary['steps']}/commit_success.txt" in gcs.objects(url)
+    # process 0 never got a signal, yet stopped and saved: the notice reached it from process 1,
+    # which exited 0 although no handler of jaxtpu's takes SIGTERM in a multi-process run (JAX's
+    # preemption notifier has it; its own log line is not asserted: it does not always appear)
     assert "SIGTERM: saved the latest state at step" in outs[0][0]
-    assert "SIGTERM caught" in outs[1][1]  # by JAX's preemption notifier, not a handler of ours
 
     time.sleep(4.5)  # (a SIGTERM-stopped run releases its lease; this is for safety)
     procs = start(resume=True)
