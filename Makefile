@@ -34,10 +34,14 @@ $(STAMP): pyproject.toml $(LOCK)
 train: $(STAMP)
 	$(PY) -m jaxtpu.train $(ARGS)
 
+# The whole suite on TEST_WORKERS pytest-xdist workers (default 2, one a core on the 2-core
+# machine it is budgeted on; each test file stays on one worker, so its module fixtures are
+# made once); TEST_WORKERS=0 runs it in this process, one test after another.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # The fast tier: no subprocess, no TPU or cross-framework compile, no torch_xla side, no real
 # JAX model run (conftest.py enforces the marks). `make test` runs everything.
