@@ -36,12 +36,14 @@ train: $(STAMP)
 
 # The whole suite on TEST_WORKERS pytest-xdist workers (default 2, one a core on the 2-core
 # machine it is budgeted on; each test file stays on one worker, so its module fixtures are
-# made once); TEST_WORKERS=0 runs it in this process, one test after another.
+# made once, and files are handed out in collection order, so the longest, parity_tests/
+# test_parity.py, collected first, starts at once rather than last); TEST_WORKERS=0 runs it
+# in this process, one test after another.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # The fast tier: no subprocess, no TPU or cross-framework compile, no torch_xla side, no real
 # JAX model run (conftest.py enforces the marks). `make test` runs everything.
@@ -60,8 +62,10 @@ OLDEST_TESTS := tests/test_train.py tests/test_multilabel.py tests/test_torchxla
 test-oldest:
 	$(MAKE) --no-print-directory setup VENV=.venv-oldest LOCK=requirements/oldest.txt \
 		PYTHON=$(shell requirements/find-python 3.11)
-	.venv-oldest/bin/python -m pytest -p no:cacheprovider $(OLDEST_TESTS) $(ARGS)
-	.venv-oldest/bin/python -m pytest -p no:cacheprovider -m "not e2e and not compile and not torch and not model" $(ARGS)
+	.venv-oldest/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		$(OLDEST_TESTS) $(ARGS)
+	.venv-oldest/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		-m "not e2e and not compile and not torch and not model" $(ARGS)
 
 # The other end of the Python range: 3.13 (when the machine has it) on the newest lock, for
 # the fast tier, packaging and the notebook.
@@ -69,8 +73,10 @@ test-py313:
 	@test -n "$(shell requirements/find-python 3.13)" || { echo "make: no Python 3.13 here; skipped"; exit 0; }; \
 	$(MAKE) --no-print-directory setup VENV=.venv-py313 LOCK=requirements/newest.txt \
 		PYTHON=$(shell requirements/find-python 3.13) && \
-	.venv-py313/bin/python -m pytest -p no:cacheprovider tests/test_packaging.py tests/test_notebook.py $(ARGS) && \
-	.venv-py313/bin/python -m pytest -p no:cacheprovider -m "not e2e and not compile and not torch and not model" $(ARGS)
+	.venv-py313/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		tests/test_packaging.py tests/test_notebook.py $(ARGS) && \
+	.venv-py313/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		-m "not e2e and not compile and not torch and not model" $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.compare $(ARGS)
