@@ -40,16 +40,18 @@ train: $(STAMP)
 # test_parity.py, collected first, starts at once rather than last); TEST_WORKERS=0 runs it
 # in this process, one test after another.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+FAST  := -m "not e2e and not compile and not torch and not model"
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(PY) -m pytest $(XDIST) --no-loadscope-reorder $(ARGS)
 
 # The fast tier: no subprocess, no TPU or cross-framework compile, no torch_xla side, no real
 # JAX model run (conftest.py enforces the marks). `make test` runs everything.
 test-fast: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not e2e and not compile and not torch and not model" $(ARGS)
+	$(PY) -m pytest $(FAST) $(ARGS)
 
 # CI's second leg: the oldest supported stack (Python 3.11, jax 0.10.2, flax 0.12.8) on a
 # representative subset: every strategy and task, the BERT layer kind, the torch side, a TPU
@@ -62,10 +64,8 @@ OLDEST_TESTS := tests/test_train.py tests/test_multilabel.py tests/test_torchxla
 test-oldest:
 	$(MAKE) --no-print-directory setup VENV=.venv-oldest LOCK=requirements/oldest.txt \
 		PYTHON=$(shell requirements/find-python 3.11)
-	.venv-oldest/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
-		$(OLDEST_TESTS) $(ARGS)
-	.venv-oldest/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
-		-m "not e2e and not compile and not torch and not model" $(ARGS)
+	.venv-oldest/bin/python -m pytest -p no:cacheprovider $(XDIST) $(OLDEST_TESTS) $(ARGS)
+	.venv-oldest/bin/python -m pytest -p no:cacheprovider $(XDIST) $(FAST) $(ARGS)
 
 # The other end of the Python range: 3.13 (when the machine has it) on the newest lock, for
 # the fast tier, packaging and the notebook.
@@ -73,10 +73,9 @@ test-py313:
 	@test -n "$(shell requirements/find-python 3.13)" || { echo "make: no Python 3.13 here; skipped"; exit 0; }; \
 	$(MAKE) --no-print-directory setup VENV=.venv-py313 LOCK=requirements/newest.txt \
 		PYTHON=$(shell requirements/find-python 3.13) && \
-	.venv-py313/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+	.venv-py313/bin/python -m pytest -p no:cacheprovider $(XDIST) \
 		tests/test_packaging.py tests/test_notebook.py $(ARGS) && \
-	.venv-py313/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
-		-m "not e2e and not compile and not torch and not model" $(ARGS)
+	.venv-py313/bin/python -m pytest -p no:cacheprovider $(XDIST) $(FAST) $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.compare $(ARGS)
