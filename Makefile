@@ -48,10 +48,11 @@ test: $(STAMP)
 	$(PY) -m pytest $(XDIST) --no-loadscope-reorder $(ARGS)
 
 # The fast tier: no subprocess, no TPU or cross-framework compile, no torch_xla side, no real
-# JAX model run (conftest.py enforces the marks). `make test` runs everything.
+# JAX model run (conftest.py enforces the marks), on the same workers as `make test`, which
+# runs everything.
 test-fast: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(FAST) $(ARGS)
+	$(PY) -m pytest $(XDIST) $(FAST) $(ARGS)
 
 # CI's second leg: the oldest supported stack (Python 3.11, jax 0.10.2, flax 0.12.8) on a
 # representative subset: every strategy and task, the BERT layer kind, the torch side, a TPU
