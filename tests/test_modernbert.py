@@ -45,7 +45,7 @@ def _attention(form: str, length: int, seed: int = 0):
     return module, params, x, pad_bias, mask
 
 
-@pytest.mark.parametrize("length", [5, 12, 29])
+@pytest.mark.parametrize("length", [5, 12, 29, 40])
 def test_banded_sliding_window_is_the_masked_full_matrix_forward_and_backward(length):
     """Lengths shorter than, a multiple of and not a multiple of the chunk (4 = the half window),
     with padded rows: outputs at real tokens and every gradient agree to fp32 rounding."""
