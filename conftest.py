@@ -62,7 +62,7 @@ class _guarded:
         if "e2e" not in self.marks:
             self.patch.setattr(subprocess.Popen, "__init__", _refuse("e2e", "starts a process"))
         if "model" not in self.marks:
-            from jaxtpu.backend import JaxBackend
+            from jaxtpu.engine.backend import JaxBackend
 
             what = "runs a real JAX model (builds a JaxBackend)"
             self.patch.setattr(JaxBackend, "__init__", _refuse("model", what))

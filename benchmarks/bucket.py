@@ -5,7 +5,7 @@ the bucket, for the MiniLM and BERT-base shapes, written synchronously and with
 
 `python -m benchmarks.bucket --out runs/bucket [--repeats 3]`
 
-Each figure is the median of `--repeats` saves of new steps through `jaxtpu.checkpoint.
+Each figure is the median of `--repeats` saves of new steps through `jaxtpu.engine.checkpoint.
 Checkpoints` (the class a run saves with), one process, the state on the host as numpy arrays
 (`JaxBackend.save_latest` copies it there first; that copy is not counted). The emulator
 (fake-gcs-server on loopback, `benchmarks.gcs_emulator`) measures jaxtpu's and orbax's
@@ -61,7 +61,7 @@ def train_state(shape: dict) -> dict:
 
 def measure(where: str, state: dict, async_save: bool, repeats: int) -> dict:
     """Median seconds a save stalls the caller and until it is written, over `repeats`."""
-    from jaxtpu.checkpoint import Checkpoints
+    from jaxtpu.engine.checkpoint import Checkpoints
 
     ckpts = Checkpoints(where, async_save=async_save)
     stalls, totals = [], []

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +100,209 @@ def definitions(kind: type) -> list[tuple[int, str]]:
                         found.append((size, f"{rel}:{prefix}{name}"))
                     stack.append((child, qual))
     return sorted(found, reverse=True)
+
+
+# jaxtpu's layers, top to bottom, each a set of module-name prefixes (a module belongs to the
+# layer of its longest matching prefix): a module imports modules of its own layer and of the
+# layers below it, never above, and the imports (those inside functions too) form no cycle.
+# docs/architecture.md ("Layers") shows this table; tests/test_layers.py holds the code to it.
+LAYERS = (
+    ("commands", "what a user runs (`python -m jaxtpu.X`, `jaxtpu X`): leaves", ("jaxtpu",)),
+    ("api", "the Python API (`jaxtpu.load`)", ("jaxtpu.api",)),
+    ("engine", "the JAX engine the commands drive", ("jaxtpu.engine",)),
+    ("models", "the Flax layers", ("jaxtpu.models",)),
+    ("core.run", "the loop both sides share and its run directory", ("jaxtpu.core.run",)),
+    ("core.data", "what a run reads", ("jaxtpu.core.data",)),
+    ("core.flags", "what a run is asked to do", ("jaxtpu.core.flags",)),
+    ("core.hf", "Hugging Face checkpoints and the family table", ("jaxtpu.core.hf",)),
+    ("core", "framework-free facts and helpers every room uses", ("jaxtpu.core",)),
+)
+# Imported inside a function to defer them (start-up time, optional extras); a jaxtpu module
+# may be imported inside a function only when it imports one of these at its top, or inside a
+# module's own `__getattr__` (PEP 562: `jaxtpu.load` keeps `import jaxtpu` light).
+HEAVY = (
+    "jax",
+    "flax",
+    "optax",
+    "orbax",
+    "torch",
+    "torch_xla",
+    "transformers",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "gcsfs",
+    "google",
+    "tensorstore",
+    "wandb",
+    "tensorboardX",
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import of a jaxtpu module by another: where it is and whether it sits inside a
+    function (deferred) or at the module's top."""
+
+    source: str
+    target: str
+    line: int
+    deferred: bool
+    lazy_attribute: bool = False  # inside the module's own `__getattr__` (PEP 562)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, root: Path, modules: set[str]) -> tuple[list[Import], set[str]]:
+    """The jaxtpu modules `path` imports (`from jaxtpu.x import y` names module `jaxtpu.x.y`
+    when that is a module, else `jaxtpu.x`) and the top-level packages it imports at its top,
+    `if TYPE_CHECKING:` blocks left out (they run only under a type checker)."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found, top_packages = [], set()
+
+    def visit(node: ast.AST, deferred: bool, lazy: bool = False) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            function = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            inner = deferred or function
+            inner_lazy = lazy or (function and node is tree and child.name == "__getattr__")
+            if isinstance(child, ast.Import):
+                targets = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*up, *([base] if base else [])])
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in child.names
+                ]
+            else:
+                visit(child, inner, inner_lazy)
+                continue
+            for target in targets:
+                if not deferred:
+                    top_packages.add(target.split(".")[0])
+                while target not in modules and "." in target:
+                    target = target.rpartition(".")[0]
+                if target in modules and target != name:
+                    found.append(Import(name, target, child.lineno, deferred, lazy))
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    visit(tree, False)
+    return found, top_packages
+
+
+def import_graph(root: Path = ROOT) -> tuple[list[Import], dict[str, set[str]]]:
+    """Every import between the modules of `root`/jaxtpu, and each module's top-level
+    packages."""
+    paths = sorted((root / "jaxtpu").rglob("*.py"))
+    modules = {module_name(p, root) for p in paths}
+    edges, tops = [], {}
+    for path in paths:
+        found, top = imports_of(path, root, modules)
+        edges += found
+        tops[module_name(path, root)] = top
+    return edges, tops
+
+
+def layer_of(module: str) -> int:
+    """The index in `LAYERS` (0 = the top) of the layer `module` belongs to."""
+    best, depth = len(LAYERS) - 1, -1
+    for i, (_, _, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > depth:
+                best, depth = i, len(prefix)
+    return best
+
+
+def command_of(module: str) -> str | None:
+    """The command a module of the commands layer belongs to: `jaxtpu.X` for a module or
+    package right under jaxtpu/ (`jaxtpu.preflight.fit` is preflight's); None for the
+    package itself."""
+    if module == "jaxtpu" or layer_of(module) != 0:
+        return None
+    return ".".join(module.split(".")[:2])
+
+
+def layer_violations(root: Path = ROOT) -> list[str]:
+    """What breaks the layer order, one line each: an import of a higher layer, of another
+    command, or inside a function of a jaxtpu module that defers no heavy package."""
+    edges, tops = import_graph(root)
+
+    def heavy(module: str, seen: set[str]) -> bool:
+        if module in seen:
+            return False
+        seen.add(module)
+        if tops.get(module, set()) & set(HEAVY):
+            return True
+        return any(heavy(e.target, seen) for e in edges if e.source == module and not e.deferred)
+
+    out = []
+    for e in sorted(set(edges), key=lambda e: (e.source, e.line, e.target)):
+        where = f"{e.source} (line {e.line}) imports {e.target}"
+        src, dst = layer_of(e.source), layer_of(e.target)
+        if dst < src:
+            out.append(f"{where}: layer {LAYERS[dst][0]} is above {LAYERS[src][0]}")
+        elif command_of(e.target) and command_of(e.target) != command_of(e.source):
+            if e.source != "jaxtpu":
+                out.append(f"{where}: a command is a leaf; nothing imports it")
+        if e.deferred and not e.lazy_attribute and not heavy(e.target, set()):
+            out.append(
+                f"{where} inside a function: it defers no heavy package; import it at the top"
+            )
+    return out
+
+
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """The cycles among jaxtpu's modules, imports inside functions counted: each strongly
+    connected set of two or more modules, sorted."""
+    edges, _ = import_graph(root)
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.source, set()).add(e.target)
+        graph.setdefault(e.target, set())
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def connect(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return sorted(out)
+
+
+def layers_table() -> str:
+    """docs/architecture.md's table of `LAYERS`, top to bottom."""
+    rows = ["| layer | what | modules |", "|---|---|---|"]
+    for name, what, prefixes in LAYERS:
+        shown = ", ".join(f"`{p}`" for p in prefixes)
+        rows.append(f"| {name} | {what} | {shown} |")
+    return "\n".join(rows)
 
 
 def jit_path() -> list[traceback.FrameSummary]:

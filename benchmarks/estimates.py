@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table_of(json.loads(Path(args.table_of).read_text()), args.targets.split(",")))
         return 0
 
-    from jaxtpu import hosts
     from jaxtpu.core.flags import presets
+    from jaxtpu.engine import hosts
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import report as pf_report
     from jaxtpu.preflight import speed as pf_speed

@@ -10,7 +10,7 @@ call (batch = 4096 / length):
 - on this machine's CPU: measured, the median of `--repeats` calls after a warm-up;
 - on a TPU: an estimate, not a measurement: the same function compiled for one device of
   `--target` (libtpu, no TPU needed) and priced by jaxtpu's roofline at the target's rates
-  (`jaxtpu.core.roofline`, the method preflight uses; the range is on-chip traffic free .. at
+  (`jaxtpu.preflight.roofline`, the method preflight uses; the range is on-chip traffic free .. at
   the HBM rate).
 The rule `jaxtpu.models.modernbert.banded` (banded from 8 half-windows) is read off this table.
 """
@@ -88,8 +88,7 @@ def tpu_ms(form: str, length: int, target: str) -> tuple[float, float]:
     """The roofline's (low, high) milliseconds of the step compiled for one `target` device."""
     import jax
 
-    from jaxtpu.core import roofline
-    from jaxtpu.preflight import targets
+    from jaxtpu.preflight import roofline, targets
 
     tpu = targets.TPU_TARGETS[target]
     devices, _ = targets.target_devices(target, tpu.devices)

@@ -24,7 +24,7 @@ device program at all.
 Rows print as JSON lines; `--out FILE` keeps them. The floor is the model's FLOPs at the
 target's bf16 peak (`EncoderConfig.train_flops`). `--breakdown N` also prints, for each
 variant, the N groups of the compiled step's operations whose memory traffic adds the most
-time beyond their FLOPs (`jaxtpu.core.roofline`): where the step's distance from its floor
+time beyond their FLOPs (`jaxtpu.preflight.roofline`): where the step's distance from its floor
 comes from. Each row also has that roofline's own step time (`roofline_step_s`): jaxtpu's
 estimate from the compiled program, not the compiler's, and the only one for targets whose
 cost model gives no usable step time (v4, v5e and v6e with every libtpu on PyPI here).
@@ -129,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="also print the N operation groups that memory traffic slows the "
-        "most, per variant (jaxtpu.core.roofline) [0: none]",
+        "most, per variant (jaxtpu.preflight.roofline) [0: none]",
     )
     args = p.parse_args(argv)
 
-    from jaxtpu import hosts
-    from jaxtpu.core import roofline as hlo_roofline
     from jaxtpu.core.flags import presets
     from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.engine import hosts
+    from jaxtpu.preflight import roofline as hlo_roofline
     from jaxtpu.preflight import speed as pf_speed
     from jaxtpu.preflight import targets as pf_targets
 

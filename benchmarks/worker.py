@@ -84,10 +84,10 @@ def fixed_batch(batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
 def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int, k: int = 1) -> Any:
     """A `JaxBackend` holding a fresh toxicity train state of `cfg`'s model (seed 0) on
     `devices` devices with `strategy`, K steps per call (shared with `benchmarks.epoch`)."""
-    from jaxtpu import hosts, optim, parallel, steps
-    from jaxtpu.backend import JaxBackend
-    from jaxtpu.placement import Placement
-    from jaxtpu.weights import load_model
+    from jaxtpu.engine import hosts, optim, parallel, steps
+    from jaxtpu.engine.backend import JaxBackend
+    from jaxtpu.engine.placement import Placement
+    from jaxtpu.engine.weights import load_model
 
     devs = hosts.init_devices(devices)
     cfg = cfg.replace(parallel=strategy, task="toxicity", max_len=max_len)  # its --sharding, --mesh

@@ -8,6 +8,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from jaxtpu.core import hostmem
+
 # subcommand -> (module whose main() it runs, one line for `jaxtpu --help`)
 COMMANDS = {
     "train": ("jaxtpu.train", "train and evaluate a model (JAX/Flax)"),
@@ -69,8 +71,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module_name, _ = COMMANDS[name]
     if name in HUGE_PAGES and argv is None:
-        from jaxtpu.core import hostmem
-
         hostmem.reexec_with_huge_pages()
     module = importlib.import_module(module_name)
     return int(module.main(rest) or 0)

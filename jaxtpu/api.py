@@ -23,13 +23,13 @@ from jaxtpu.core import metrics
 from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import SCORING
+from jaxtpu.engine.scoring import Scorer, load_trained
 
 
 class Model:
     """The best model of a jaxtpu run, ready to score text (see `load`)."""
 
     def __init__(self, workdir: str | Path, devices: list[Any], batch_size: int) -> None:
-        from jaxtpu.predict import Scorer, load_trained
 
         self.trained = load_trained(workdir)
         self.scorer = Scorer(self.trained, devices, batch_size)
@@ -79,7 +79,7 @@ def load(
     """The best model of run directory `workdir`, on `num_devices` devices (default: every
     local device; on a machine without accelerators, virtual CPU devices are made only when
     JAX has not started yet), scoring `batch_size` texts per device per batch."""
-    from jaxtpu import hosts
+    from jaxtpu.engine import hosts
 
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")

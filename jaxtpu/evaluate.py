@@ -27,9 +27,17 @@ from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
 from jaxtpu.core.flags.schema import SCORING
-from jaxtpu.core.run.rundir import strict_json, user_errors
+from jaxtpu.core.run import loop
+from jaxtpu.core.run.exits import user_errors
+from jaxtpu.core.run.rundir import strict_json
 from jaxtpu.core.severity import parse_label_weights
 from jaxtpu.core.tasks import Task
+from jaxtpu.engine.scoring import (
+    agreement_report,
+    load_model_dir,
+    load_trained,
+    scoring_backend,
+)
 
 # The headline metric's name in the output -> its key in the validation metrics.
 METRICS = {
@@ -81,10 +89,8 @@ def evaluate(
     max_len: int = SCORING.max_len,
 ) -> dict[str, Any]:
     """The metric of `path` under the best model of run `workdir`, or of the fine-tuned
-    classifier directory `model_dir` (`jaxtpu.predict.load_model_dir`, its comments cut to
+    classifier directory `model_dir` (`jaxtpu.engine.scoring.load_model_dir`, its comments cut to
     `max_len` tokens): {'metric': name, 'value': value, 'examples': n, ...every part}."""
-    from jaxtpu.core.run import loop
-    from jaxtpu.predict import load_model_dir, load_trained, scoring_backend
 
     if workdir:
         model = load_trained(workdir)
@@ -155,15 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError("--label-weights scores the runs' probabilities: give --workdir")
         # a bad value is refused before anything loads
         weights = parse_label_weights(args.label_weights) if args.label_weights else None
-        from jaxtpu import hosts
+        from jaxtpu.engine import hosts
 
         hosts.use_compilation_cache()
         devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
         local = storage.local_input(args.input, "--input")  # a copy, for one in a bucket
         with storage.named(local, args.input):
             if weights is not None:
-                from jaxtpu.severity import agreement_report
-
                 report = agreement_report([args.workdir], local, weights, devices, args.batch_size)
             else:
                 report = evaluate(

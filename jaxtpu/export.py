@@ -29,10 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import storage
+from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
+from jaxtpu.core.hf.directory import TOKENIZER_FILES, notebook_state_dict
 from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout
-from jaxtpu.core.run.rundir import check_output_path, user_errors
+from jaxtpu.core.run.exits import user_errors
+from jaxtpu.core.storage import check_output_path
+from jaxtpu.engine import weights
+from jaxtpu.engine.scoring import load_trained
 
 
 def save_state_dict(tensors: dict, out: Path) -> None:
@@ -117,10 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     with user_errors():
-        from jaxtpu import weights
-        from jaxtpu.core.hf.directory import notebook_state_dict
-        from jaxtpu.predict import load_trained
-
         out = args.out
         state_dict = args.format == "state-dict"
         if args.quantize and args.format != "onnx":
@@ -229,8 +230,6 @@ def onnx_export(
 
     import numpy as np
 
-    from jaxtpu import weights
-    from jaxtpu.core.data.tokens import TOKENIZER_FILES, encode_texts, load_tokenizer
     from jaxtpu.models.encoder import create_module
 
     try:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from jaxtpu.core import storage
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.run.rundir import user_errors
+from jaxtpu.core.run.exits import user_errors
 
 GONE = ("PREEMPTED", "TERMINATED", "STOPPED", "SUSPENDED", "FAILED")
 READY = "READY"

@@ -32,7 +32,8 @@ from jaxtpu.core.flags.cli import parse_with
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
 from jaxtpu.core.run import plan
-from jaxtpu.core.run.rundir import user_errors
+from jaxtpu.core.run.exits import user_errors
+from jaxtpu.engine.build import build_backend
 
 log = logging.getLogger("jaxtpu")
 
@@ -119,8 +120,7 @@ def check_flags(args: argparse.Namespace, cfg: Config) -> None:
 def find(cfg: Config, start: float, end: float, steps: int) -> dict[str, Any]:
     """Runs the sweep (see the module docstring). Returns {'lr', 'loss', 'smoothed',
     'suggestion', 'why', 'stopped'}."""
-    from jaxtpu import hosts
-    from jaxtpu.train import build_backend
+    from jaxtpu.engine import hosts
 
     require_strategy(cfg, JAX_STRATEGIES, "jaxtpu")
     hosts.set_cpu_device_count(cfg.placement.num_devices)

@@ -13,76 +13,19 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import hostmem, metrics, storage
-from jaxtpu.core.data import readers
-from jaxtpu.core.errors import DataError, UserError
+from jaxtpu.core import hostmem, storage
+from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
-from jaxtpu.core.run.rundir import user_errors
+from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.severity import (
     format_weights,
-    pair_agreement,
     search_weights,
 )
 from jaxtpu.core.tasks import LABELS
-
-
-def load_multilabel(workdirs: Sequence[str]) -> list[Any]:
-    """The runs, each a multi-label one (six probabilities to weigh)."""
-    from jaxtpu.predict import check_ensemble, load_trained
-
-    models = [load_trained(w) for w in workdirs]
-    check_ensemble(models, list(workdirs))
-    task = models[0].spec.task
-    if task.label_columns != LABELS:
-        raise UserError(
-            f"--label-weights weighs the six labels of a multilabel run; {workdirs[0]} is a "
-            f"{task.name} run ({', '.join(task.label_columns)})"
-        )
-    return models
-
-
-def pair_probabilities(
-    models: list[Any], path: str, devices: list[Any], batch_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """The (ensemble-mean) six label probabilities of each pair's less and more toxic comment
-    of pairs file `path`: (P, 6) each; every distinct comment is scored once."""
-    from jaxtpu.predict import Scorer
-
-    kind = readers.file_kind(readers.columns(path))
-    if kind != "pairs":
-        raise DataError(f"--input {path}: expected a pairs file (less_toxic, more_toxic)")
-    pairs = readers.read_pairs(path)
-    texts = sorted(set(pairs.less) | set(pairs.more))
-    where = {t: i for i, t in enumerate(texts)}
-    probs = np.mean(
-        [
-            metrics.probability(s.task.main(s.logits(texts)))
-            for s in (Scorer(m, devices, batch_size) for m in models)
-        ],
-        0,
-    )
-    less = probs[[where[t] for t in pairs.less]]
-    more = probs[[where[t] for t in pairs.more]]
-    return less, more
-
-
-def agreement_report(
-    workdirs: Sequence[str], path: str, weights: np.ndarray, devices: list[Any], batch_size: int
-) -> dict[str, Any]:
-    """`evaluate --label-weights`: the agreement of the weighted severity on a pairs file."""
-    less, more = pair_probabilities(load_multilabel(workdirs), path, devices, batch_size)
-    return {
-        "metric": "agreement",
-        "value": pair_agreement(less, more, weights),
-        "examples": len(less),
-        "input": str(path),
-        "workdir": str(workdirs[0]),
-        "label_weights": format_weights(weights),
-    }
+from jaxtpu.engine.scoring import load_multilabel, pair_probabilities
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out:  # replaced when it exists, as before
             storage.check_output_file(args.out, "--out", overwrite=True)
         check_scoring_flags(args)
-        from jaxtpu import hosts
+        from jaxtpu.engine import hosts
 
         hosts.use_compilation_cache()
         devices = hosts.init_devices(args.num_devices)

@@ -17,11 +17,12 @@ from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
 from jaxtpu.core.run import loop, plan, signals
+from jaxtpu.core.run.exits import exit_code, user_errors
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.protocol import ResumeState
-from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
+from jaxtpu.core.run.rundir import claim_workdir
 from jaxtpu.core.run.store import RunStore
-from jaxtpu.core.schedules import describe_layer_rates
+from jaxtpu.engine.build import build_backend
 
 __all__ = ["main", "train_and_evaluate"]
 
@@ -41,7 +42,7 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
       TrainingError: the loss became NaN/Inf.
     """
     require_strategy(cfg, JAX_STRATEGIES, "jaxtpu")
-    from jaxtpu import hosts
+    from jaxtpu.engine import hosts
 
     t_start = time.time()
     hosts.set_cpu_device_count(cfg.placement.num_devices)
@@ -66,7 +67,7 @@ def _train(
     (the state placed and the steps jitted), then the shared loop."""
     import jax
 
-    from jaxtpu import hosts
+    from jaxtpu.engine import hosts
 
     devices = hosts.init_devices(cfg.placement.num_devices)
     spec = RunSpec.resolve(cfg, len(devices), devices[0].platform)  # defaults per platform
@@ -87,7 +88,7 @@ def _train(
         log.info("host memory: malloc on transparent huge pages (%s)", hostmem.HUGE_PAGES)
     saved = None
     if cfg.placement.programs:  # its environment is checked before the data are read
-        from jaxtpu.programs import SavedPrograms
+        from jaxtpu.engine.programs import SavedPrograms
 
         saved = SavedPrograms(cfg.placement.programs, devices, cfg)
     setup = loop.Setup(compile_cache_empty=hosts.compilation_cache_empty())
@@ -100,48 +101,6 @@ def _train(
     setup.restore_s = time.time() - t0
     backend.start()  # the state on the devices, the steps jitted (`parallel.JitStrategy.place`)
     return loop.train(job, backend, resume, devices, early, setup)
-
-
-def build_backend(
-    job: plan.Job, devices: list[Any], procs: Any, saved: Any = None, schedule: Any = None
-) -> Any:
-    """The JAX side of a run, not started: the model (`weights.load_model`), its optimizer for
-    the job's schedule, the train state on the host, the strategy with the task's steps, and
-    the run directory's checkpoints.
-
-    Args:
-      job: the run's config, resolution, data and plan.
-      devices: every device of the run.
-      procs: this host's processes (`hosts.Processes`).
-      saved: the programs of --programs DIR, if given.
-      schedule: an optax schedule replacing the run's (the learning-rate finder's sweep).
-    Returns:
-      A `backend.JaxBackend`.
-    """
-    import jax
-
-    from jaxtpu import checkpoint, optim, parallel, steps, weights
-    from jaxtpu.backend import JaxBackend
-    from jaxtpu.placement import Placement
-
-    cfg, spec = job.cfg, job.spec
-    model = weights.load_model(cfg, spec)
-    n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
-    log.info("model: %s", spec.describe_model(n_params, cfg.train.seed))
-    if cfg.optim.layerwise:
-        rates = describe_layer_rates(cfg.optim, spec.encoder.num_hidden_layers, len(devices))
-        log.info("learning rates: %s", rates)
-    tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices), model.lr_scales, schedule)
-    state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
-    fns = steps.for_task(cfg.task, cfg.train.margin)
-    placement = Placement(spec.sharding, *spec.mesh)
-    strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement, saved)
-    ckpts = checkpoint.Checkpoints(
-        job.rundir, procs if procs.count > 1 else None, cfg.output.async_checkpoint
-    )
-    return JaxBackend(
-        strategy, jax.device_get(state), cfg.train.seed, ckpts, cfg.placement.steps_per_call
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

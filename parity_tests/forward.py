@@ -146,7 +146,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     import jax.numpy as jnp
     import optax
 
-    from jaxtpu import weights
+    from jaxtpu.engine import weights
     from jaxtpu.models import encoder as models
     from jaxtpu.models import head
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxtpu import backend, train  # noqa: E402
+from jaxtpu import train  # noqa: E402
+from jaxtpu.engine import backend
 
 
 def die() -> None:

@@ -52,7 +52,7 @@ def test_the_metrics_read_the_tasks_outputs_alone():
 def test_the_loss_adds_the_weighted_mean_bce_of_the_known_auxiliary_targets():
     import jax.numpy as jnp
 
-    from jaxtpu.steps import task_loss
+    from jaxtpu.engine.steps import task_loss
 
     def bce(x: float, y: float) -> float:  # BCE with logits, written out
         return max(x, 0.0) - x * y + float(np.log1p(np.exp(-abs(x))))

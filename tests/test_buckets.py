@@ -121,9 +121,9 @@ def test_scores_at_bucket_length_equal_scores_at_full_padding(comments, task):
     import jax
     import optax
 
-    from jaxtpu import parallel, steps, weights
-    from jaxtpu.backend import JaxBackend
     from jaxtpu.core.tasks import get_task
+    from jaxtpu.engine import parallel, steps, weights
+    from jaxtpu.engine.backend import JaxBackend
 
     data, tokenizer = comments
     if task == "ranking":

@@ -225,7 +225,7 @@ def bias_run(real_csv, tmp_path_factory):
 
 @pytest.mark.model
 def test_unintended_bias_trains_monitors_and_evaluates_its_metric(bias_run, real_csv, tmp_path):
-    from jaxtpu import checkpoint
+    from jaxtpu.engine import checkpoint
     from jaxtpu.evaluate import main
 
     d, summary = bias_run
@@ -321,7 +321,9 @@ def test_a_killed_predict_resumes_to_the_same_file(
     whole = (tmp_path / "whole.csv").read_bytes()
     assert whole.count(b"\n") == 46 and whole.startswith(b"id,toxic\r\n0,")
 
-    save, calls = predict.Progress.save, []
+    from jaxtpu.engine import predictions
+
+    save, calls = predictions.Progress.save, []
 
     def killed_after_two(self, rows, size, digest, *written):
         save(self, rows, size, digest, *written)
@@ -331,12 +333,12 @@ def test_a_killed_predict_resumes_to_the_same_file(
                 f.write(b"33,0.5\r\n" * 99 + b"34,0.")  # written, not recorded: killed mid-chunk
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(predict.Progress, "save", killed_after_two)
+    monkeypatch.setattr(predictions.Progress, "save", killed_after_two)
     with pytest.raises(SystemExit) as e:  # Ctrl-C: exit 130
         predict.main([*common, "--output", str(out)])
     assert e.value.code == 130
     capsys.readouterr()
-    monkeypatch.setattr(predict.Progress, "save", save)
+    monkeypatch.setattr(predictions.Progress, "save", save)
     assert calls == [16, 32] and not out.exists()
     for extra, message in [
         ([], "stopped after 32 rows; pass --resume to continue it or --overwrite"),

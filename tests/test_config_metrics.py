@@ -179,7 +179,7 @@ def test_each_side_lists_and_accepts_only_its_own_strategies(tmp_path, side, own
 
 
 def test_jax_strategy_names_match_the_strategy_classes():
-    from jaxtpu.parallel import STRATEGIES
+    from jaxtpu.engine.parallel import STRATEGIES
 
     assert tuple(STRATEGIES) == JAX_STRATEGIES
 

@@ -9,7 +9,7 @@ from jaxtpu.core.data import buckets, demo, pairing, readers, records, taskdata,
 from jaxtpu.core.data.splits import split
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.flags import presets
-from jaxtpu.core.tasks import get_task
+from jaxtpu.core.tasks import SEVERITY_WEIGHTS, get_task
 
 HEADER = "id,comment_text,toxic,severe_toxic,obscene,threat,insult,identity_hate\n"
 
@@ -96,7 +96,7 @@ def test_severity_uses_toxic_alone_when_sublabels_blank():
         np.array([1.0, 1.0, 0.0], np.float32),
         np.array([[nan] * 5, [1, 0, 0, 0, 0], [0] * 5], np.float32),
     )
-    w = records.SEVERITY_WEIGHTS
+    w = SEVERITY_WEIGHTS
     np.testing.assert_allclose(c.severity(), [w[0], w[0] + w[1], 0.0], rtol=1e-6)
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtpu import weights
 from jaxtpu.core.data.demo import SAMPLE_CSV
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.runspec import RunSpec
@@ -22,6 +21,7 @@ from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf import directory as hf
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import FAMILIES
+from jaxtpu.engine import weights
 from parity_tests import checks, forward
 from parity_tests.families import FAMILY_NAMES, VARIANT_TOKENIZERS, VARIANTS, build, tokenizer_kind
 

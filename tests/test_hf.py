@@ -1,4 +1,4 @@
-"""Model directories (`jaxtpu.core.hf`, `jaxtpu.weights`): a config's family, tensors and
+"""Model directories (`jaxtpu.core.hf`, `jaxtpu.engine.weights`): a config's family, tensors and
 tokenizer checked against each other, heads and `--init-from` files said for what they are,
 before anything runs."""
 

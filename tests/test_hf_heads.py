@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtpu import weights
 from jaxtpu.core.data.demo import SAMPLE_CSV
 from jaxtpu.core.data.readers import read_comments
 from jaxtpu.core.errors import ConfigError
@@ -22,6 +21,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf.heads import HF_HEADS, classifier_fields, hf_pooling, read_classifier
 from jaxtpu.core.tasks import LABELS
+from jaxtpu.engine import weights
 from parity_tests.families import FAMILY_NAMES, VARIANTS, build
 
 torch = pytest.importorskip("torch", reason="transformers' classifiers need torch")

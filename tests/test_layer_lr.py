@@ -77,8 +77,8 @@ def test_each_leaf_steps_as_adamw_at_its_own_rate(form):
     import jax
     import optax
 
-    from jaxtpu import optim
     from jaxtpu.core.schedules import Horizon
+    from jaxtpu.engine import optim
 
     cfg = OptimConfig(lr=1e-2, adamw=form, weight_decay=0.1, warmup_frac=0.0, clip_norm=0.0)
     horizon = Horizon(10, 10)
@@ -120,9 +120,9 @@ def test_torch_groups_give_each_parameter_the_flax_sides_rate():
     leaf of the same name (names compared, not assumed), and the decay groups are kept."""
     import jax
 
-    from jaxtpu import weights
     from jaxtpu.core.hf.encoder import EncoderConfig
     from jaxtpu.core.schedules import Horizon
+    from jaxtpu.engine import weights
     from jaxtpu.models import encoder as models
     from torchxla_ref import optim as torch_optim
     from torchxla_ref.models import Classifier

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtpu import weights
 from jaxtpu.core.data import readers
 from jaxtpu.core.data.tokens import tokenize
 from jaxtpu.core.errors import CheckpointError
@@ -15,6 +14,7 @@ from jaxtpu.core.flags.presets import minilm
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hf import directory as hf
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.engine import weights
 from jaxtpu.models import bert, ops
 from jaxtpu.models import encoder as models
 

@@ -9,10 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu import predict, steps, train
-from jaxtpu.core.data import demo, readers, records, tokenized
+from jaxtpu import predict, train
+from jaxtpu.core.data import demo, readers, tokenized
 from jaxtpu.core.flags import presets
-from jaxtpu.core.tasks import LABELS, get_task
+from jaxtpu.core.tasks import LABELS, SEVERITY_WEIGHTS, get_task
+from jaxtpu.engine import steps
 
 torch = pytest.importorskip("torch", reason="the torch side's loss is compared")
 
@@ -126,25 +127,24 @@ def test_trains_on_real_comments_and_predict_writes_the_kaggle_columns(tmp_path)
     assert predict.main(["--workdir", str(workdir), "--input", str(src), "--output", str(out)]) == 0
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["comment_id", "score"]
-    np.testing.assert_allclose(
-        [float(r[1]) for r in rows[1:]], probs @ records.SEVERITY_WEIGHTS, rtol=1e-5
-    )
+    np.testing.assert_allclose([float(r[1]) for r in rows[1:]], probs @ SEVERITY_WEIGHTS, rtol=1e-5)
 
     # Its exports load back into the tool that wrote them: the state dict through --init-from
     # (with the HF export's config.json and tokenizer) gives the trained weights exactly, as a
     # multi-label model; a toxicity run is told what the file is.
     from jax.tree_util import tree_leaves_with_path
 
-    from jaxtpu import export, weights
+    from jaxtpu import export
     from jaxtpu.core.errors import CheckpointError
     from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.engine import scoring, weights
 
     hf, sd = tmp_path / "hf", tmp_path / "model.bin"
     assert export.main(["--workdir", str(workdir), "--out", str(hf)]) == 0
     assert export.main(["--workdir", str(workdir), "--out", str(sd), "--format", "state-dict"]) == 0
     back = cfg.replace(init_from=str(sd), model_dir=str(hf), workdir="")
     loaded = weights.load_model(back, RunSpec.resolve(back, 1), head_required=True)
-    trained = dict(tree_leaves_with_path(predict.load_trained(workdir).params))
+    trained = dict(tree_leaves_with_path(scoring.load_trained(workdir).params))
     for path, leaf in tree_leaves_with_path(loaded.params):
         np.testing.assert_array_equal(np.asarray(leaf), np.asarray(trained[path]), str(path))
     as_toxicity = back.replace(task="toxicity")

@@ -10,10 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu import predict, steps, train
+from jaxtpu import predict, train
 from jaxtpu.core import metrics
 from jaxtpu.core.flags import presets
 from jaxtpu.core.tasks import TASKS, Task, _both_classes
+from jaxtpu.engine import steps
 from jaxtpu.preflight import fit as pf_fit
 from jaxtpu.preflight import targets as pf_targets
 

@@ -31,8 +31,8 @@ def _scores(session, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, tmp_path, capsys):
     from jaxtpu import export
     from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
+    from jaxtpu.engine.scoring import load_trained
     from jaxtpu.models.encoder import create_module
-    from jaxtpu.predict import load_trained
     from torchxla_ref.onnxexport import session
 
     out = tmp_path / "onnx"

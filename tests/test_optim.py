@@ -158,7 +158,7 @@ def test_jax_schedule_equals_the_numpy_one_used_by_torch():
 def test_no_decay_groups_match_between_sides():
     import jax
 
-    from jaxtpu import optim
+    from jaxtpu.engine import optim
     from jaxtpu.models import encoder as models
     from torchxla_ref import optim as torch_optim
     from torchxla_ref.models import Classifier
@@ -198,7 +198,7 @@ def test_clipping_is_torchs_clip_grad_norm(scale, max_norm):
     tree: the same scalar coefficient min(1, max_norm / (norm + 1e-6)) on every leaf."""
     import jax
 
-    from jaxtpu import optim
+    from jaxtpu.engine import optim
 
     rng = np.random.default_rng(0)
     grads = {"a": rng.normal(size=(7, 5)) * scale, "b": {"c": rng.normal(size=(11,)) * scale}}
@@ -236,7 +236,7 @@ def test_the_transformers_adamw_form_is_its_formula_on_both_sides():
     import jax
     import optax
 
-    from jaxtpu import optim
+    from jaxtpu.engine import optim
     from torchxla_ref.optim import TransformersAdamW
 
     rng = np.random.default_rng(0)

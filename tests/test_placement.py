@@ -1,5 +1,5 @@
-"""Placement as pure functions (`jaxtpu.placement`, `jaxtpu.core.flags.layout`): which mesh a run's
-flags ask for and where every array goes on it, checked on shapes alone: no device is
+"""Placement as pure functions (`jaxtpu.engine.placement`, `jaxtpu.core.flags.layout`): which
+mesh a run's flags ask for and where every array goes on it, checked on shapes alone: no device is
 touched and nothing is compiled."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from flax.training.train_state import TrainState
 from jax.sharding import PartitionSpec as P
 
-from jaxtpu import placement
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags import layout
+from jaxtpu.engine import placement
 
 MESH_8 = {"data": 8, "fsdp": 1}
 FSDP_8 = {"data": 1, "fsdp": 8}

@@ -65,7 +65,7 @@ def test_predict_and_export_refuse_bad_input_and_keep_results(finished_run, tmp_
 def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_dir):
     from types import SimpleNamespace
 
-    from jaxtpu.predict import check_ensemble
+    from jaxtpu.engine.scoring import check_ensemble
 
     other_tok = tmp_path / "tok"
     from jaxtpu.core.data.tokens import load_tokenizer
@@ -122,16 +122,18 @@ def test_a_resumed_predict_refuses_an_input_edited_in_place(
 
     src, out = _numbered(tmp_path / "in.csv"), tmp_path / "out.csv"
     argv = _predict_argv(finished_run, src, out)
-    save = predict.Progress.save
+    from jaxtpu.engine import predictions
+
+    save = predictions.Progress.save
 
     def stopped_after_one_chunk(self, rows, size, digest, *written):
         save(self, rows, size, digest, *written)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(predict.Progress, "save", stopped_after_one_chunk)
+    monkeypatch.setattr(predictions.Progress, "save", stopped_after_one_chunk)
     with pytest.raises(SystemExit):
         predict.main(argv)
-    monkeypatch.setattr(predict.Progress, "save", save)
+    monkeypatch.setattr(predictions.Progress, "save", save)
     capsys.readouterr()
     before = src.stat()
     # Row 3 (scored before the stop) edited in place: same size, same modification time.

@@ -197,7 +197,7 @@ def test_the_validation_batch_size_is_its_own(tmp_path):
 def test_the_margin_reaches_both_sides_losses():
     import torch
 
-    from jaxtpu import steps
+    from jaxtpu.engine import steps
     from torchxla_ref import steps as torch_steps
 
     scores = np.array([[0.1, 0.5], [0.3, 0.2], [0.0, 2.0]], np.float32)

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtpu import programs, train
+from jaxtpu import train
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags import presets
 from jaxtpu.core.flags import schema as config
+from jaxtpu.engine import programs
 from jaxtpu.preflight import command as pf_command
 
 # a schedule that decays over the run: its length (from the data) is a constant of the program

@@ -16,7 +16,7 @@ from jaxtpu.core.data.demo import demo_comments
 from jaxtpu.core.data.records import SUBLABELS
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.presets import tiny
-from jaxtpu.predict import pseudo_rows
+from jaxtpu.engine.predictions import pseudo_rows
 
 
 def test_pseudo_rows_keep_confident_non_empty_comments():

@@ -1,4 +1,4 @@
-"""`jaxtpu.core.roofline`: a compiled program's step time from its operations (preflight's
+"""`jaxtpu.preflight.roofline`: a compiled program's step time from its operations (preflight's
 estimate on v4, v5e, v5p and v6e). The v5e-style module (tests/tpu_v5e_style.hlo) is written
 with the TPU compiler's own syntax (memory spaces, async copies and slices, bookkeeping
 custom calls, a windowed matmul's loop that steps by 2, a window over a padded dimension);
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxtpu.core import roofline
+from jaxtpu.preflight import roofline
 
 # In HBM, bf16[8,128] is 2,048 bytes, bf16[128,256] 65,536, f32[8,256] 8,192, a u32 scalar 4
 # (tiles pad only the dimensions they name).

@@ -85,7 +85,7 @@ def test_the_weighted_mean_of_a_batch():
     weights are all 0 (a padding slot), never NaN."""
     import jax.numpy as jnp
 
-    from jaxtpu.steps import _weighted_mean
+    from jaxtpu.engine.steps import _weighted_mean
 
     x = jnp.array([1.0, 2.0, 4.0])
     assert float(_weighted_mean(x, jnp.array([0.1, 0.1, 0.0]))) == pytest.approx(1.5)

@@ -1,4 +1,4 @@
-"""The run directory (`jaxtpu.core.run.rundir`, `jaxtpu.checkpoint`): one run per directory,
+"""The run directory (`jaxtpu.core.run.rundir`, `jaxtpu.engine.checkpoint`): one run per directory,
 resume that cannot drift, and checkpoints kept through a full disk, corruption, another
 task's checkpoint and a killed save's leftovers."""
 
@@ -210,7 +210,7 @@ def test_loading_a_best_model_that_the_training_run_replaces_meanwhile_reads_the
     """A reader (predict, `jaxtpu.load`) lists the best checkpoint, then the run that is still
     training replaces it (orbax writes the new step, then deletes the old one): the reader
     reads the new one instead of failing on the old one's half-deleted files."""
-    from jaxtpu.checkpoint import Checkpoints
+    from jaxtpu.engine.checkpoint import Checkpoints
 
     run = Checkpoints(tmp_path)
     key = {"task": "toxicity", "encoder": {"hidden_size": 4}}
@@ -231,7 +231,7 @@ def test_after_a_failed_save_only_the_closed_loop_tracebacks_are_dropped_from_st
     those go, every other line and traceback stays, in whatever pieces they are written."""
     import io
 
-    from jaxtpu.checkpoint import _DropClosedLoopTracebacks
+    from jaxtpu.engine.checkpoint import _DropClosedLoopTracebacks
 
     noise = (
         "Traceback (most recent call last):\n"

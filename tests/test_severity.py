@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu.core.data.records import SEVERITY_WEIGHTS, SUBLABELS
+from jaxtpu.core.data.records import SUBLABELS
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.severity import (
     format_weights,
@@ -19,6 +19,7 @@ from jaxtpu.core.severity import (
     search_weights,
     severity,
 )
+from jaxtpu.core.tasks import SEVERITY_WEIGHTS
 
 
 @pytest.mark.parametrize(

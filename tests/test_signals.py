@@ -124,7 +124,7 @@ def test_sigkill_at_random_moments_then_resume_matches_the_uninterrupted_run(
 def test_sigterm_while_the_programs_compile_stops_with_the_documented_exit(
     tmp_path, monkeypatch, caplog
 ):
-    from jaxtpu.backend import JaxBackend
+    from jaxtpu.engine.backend import JaxBackend
 
     real = JaxBackend.precompile
 

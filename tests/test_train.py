@@ -143,7 +143,7 @@ def test_steps_per_call_must_divide_the_intervals():
 
 _CACHE_PROBE = """
 import jax, jax.numpy as jnp
-from jaxtpu import hosts
+from jaxtpu.engine import hosts
 print(hosts.use_compilation_cache())
 jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()
 """

@@ -1,4 +1,4 @@
-"""Checkpoints of a torch-side run: the twin of `jaxtpu.checkpoint`, in the same run
+"""Checkpoints of a torch-side run: the twin of `jaxtpu.engine.checkpoint`, in the same run
 directory layout (`checkpoints/latest`, `checkpoints/best`), as `torch.save` files.
 
 Each checkpoint is written to a temporary file and renamed when complete, so a run killed
@@ -16,7 +16,8 @@ import torch
 
 from jaxtpu.core import files
 from jaxtpu.core.errors import CheckpointError
-from jaxtpu.core.run.rundir import check_compatible, disk_full, disk_full_message
+from jaxtpu.core.files import disk_full, disk_full_message
+from jaxtpu.core.run.rundir import check_compatible
 
 
 class Checkpoints:

@@ -42,7 +42,7 @@ def param_groups(
 class TransformersAdamW(torch.optim.Optimizer):
     """`transformers.AdamW` (removed in transformers 5), `correct_bias=True`: eps added to
     sqrt(v) before the bias correction, weight decay applied to the stepped weights (see
-    `jaxtpu.optim.transformers_adamw`, the same formula)."""
+    `jaxtpu.engine.optim.transformers_adamw`, the same formula)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float], eps: float) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})

@@ -27,7 +27,7 @@ def _masked_bce(scores: torch.Tensor, label: torch.Tensor, margin: float) -> tor
     return torch.where(known, per, torch.zeros_like(per)).sum(-1) / known.sum(-1).clamp(min=1)
 
 
-# Per-example loss of each task of `jaxtpu.core.tasks.TASKS`, as `jaxtpu.steps.LOSSES`:
+# Per-example loss of each task of `jaxtpu.core.tasks.TASKS`, as `jaxtpu.engine.steps.LOSSES`:
 # (scores, label, margin) -> (B,); only the ranking loss reads `margin` (--margin).
 LOSSES = {"toxicity": _bce, "ranking": _margin_ranking, "multilabel": _masked_bce}
 
@@ -35,7 +35,7 @@ LOSSES = {"toxicity": _bce, "ranking": _margin_ranking, "multilabel": _masked_bc
 def task_loss(
     task: Task | str, scores: torch.Tensor, label: torch.Tensor, margin: float
 ) -> torch.Tensor:
-    """Per-example loss of a task (a `Task` or a task name), as `jaxtpu.steps.task_loss`: its
+    """Per-example loss of a task (a `Task` or a task name), as `jaxtpu.engine.steps.task_loss`: its
     `LOSSES` entry, plus `aux_weight` x the masked BCE of the auxiliary outputs."""
     task = get_task(task) if isinstance(task, str) else task
     own = LOSSES[task.name]

@@ -19,9 +19,10 @@ from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
 from jaxtpu.core.run import loop, plan, signals
+from jaxtpu.core.run.exits import exit_code, user_errors
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.protocol import ResumeState
-from jaxtpu.core.run.rundir import claim_workdir, exit_code, user_errors
+from jaxtpu.core.run.rundir import claim_workdir
 from jaxtpu.core.storage import is_remote
 from torchxla_ref import parallel
 from torchxla_ref.backend import XlaBackend
@@ -55,7 +56,7 @@ def _run(cfg: Config, workdir: Path, t_start: float, early: Any) -> dict[str, An
 def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBackend:
     """The torch side of a run: transformers' encoder with the Jigsaw head, filled from the
     checkpoint (`weights.load_model`), on the strategy's device, with its optimizer and
-    schedule for the job's plan: the twin of `jaxtpu.train.build_backend`."""
+    schedule for the job's plan: the twin of `jaxtpu.engine.build.build_backend`."""
     from torchxla_ref import optim, weights
 
     cfg, spec = job.cfg, job.spec
@@ -83,7 +84,7 @@ def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBacken
 
 
 def _spawn_replica(index: int, cfg: Config, workdir: Path, t_start: float) -> None:
-    from jaxtpu.core.run.rundir import setup_logging
+    from jaxtpu.core.run.exits import setup_logging
 
     setup_logging()
     if index != 0:

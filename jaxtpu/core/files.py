@@ -9,9 +9,11 @@ never a mix; a failed write removes its temporary file and leaves the old file a
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
+import shutil
 import socket
 import uuid
 from collections.abc import Iterator
@@ -114,3 +116,38 @@ def release_lock(fd: int, path: Path | None = None) -> None:
             os.unlink(path)
     fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
+
+
+def disk_full(error: BaseException) -> OSError | None:
+    """The 'no space left' (or quota) OSError behind an exception, if that is what it is
+    (libraries such as orbax wrap it in their own errors)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        if "No space left on device" in str(seen):  # e.g. tensorstore's errors in orbax
+            return OSError(errno.ENOSPC, str(seen))
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def disk_full_message(
+    path: Path | str,
+    what: str,
+    advice: str = "earlier checkpoints are intact: free some space and continue with --resume",
+) -> str:
+    """One line: what could not be written where, the space left there, and what to do."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return f"{path}: no space left on device writing {what} ({free}); {advice}"
+
+
+def cache_root() -> Path:
+    """Where jaxtpu keeps what it can rebuild (token ids, compiled programs): $JAXTPU_CACHE,
+    default ~/.cache/jaxtpu."""
+    return Path(os.environ.get("JAXTPU_CACHE", Path.home() / ".cache" / "jaxtpu"))

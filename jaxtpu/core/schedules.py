@@ -116,7 +116,7 @@ def layer_lr_scale(name: str, num_layers: int, decay: float, head_scale: float) 
     Args:
       name: the parameter's name as the torch side's `named_parameters` gives it: `bert.` and
         the family's Hugging Face key for the encoder, anything else for the head (the Flax
-        side names its leaves the same way, `jaxtpu.weights.hf_key`).
+        side names its leaves the same way, `jaxtpu.engine.weights.hf_key`).
       num_layers: the encoder's layers, N.
       decay: F in (0, 1] (1 = off).
       head_scale: --head-lr / --lr (1 when --head-lr is not given).

@@ -3,7 +3,7 @@ a weighted sum of its six label probabilities, and the weights are searched on v
 pairs to maximise agreement (framework-free).
 
 The search (`search_weights`) is coordinate ascent on a grid. It starts from the weights pairs
-are built with (`records.SEVERITY_WEIGHTS`). In each pass it takes the labels in order; for
+are built with (`tasks.SEVERITY_WEIGHTS`). In each pass it takes the labels in order; for
 each it tries every grid value (0, step, ..., top) with the other weights held, and moves to
 the value of highest agreement. Only a strict gain moves it, so ties keep the current weight.
 It stops after a pass that moves nothing, or after `max_passes`. Agreement is a step function
@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxtpu.core import metrics
-from jaxtpu.core.data.records import SEVERITY_WEIGHTS
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.tasks import LABELS
+from jaxtpu.core.tasks import LABELS, SEVERITY_WEIGHTS
 
 
 def parse_label_weights(text: str) -> np.ndarray:

@@ -4,8 +4,8 @@
 Why fsspec (gcsfs for `gs://`): orbax reaches a bucket through etils' `epath`, which without
 TensorFlow goes through fsspec, so one client and one set of credentials (the TPU VM's service
 account, or `gcloud auth application-default login`) serve the checkpoints' metadata and every
-other file of a run; tensorstore writes the arrays (`jaxtpu.checkpoint`). The lease that keeps
-one run per bucket directory needs generation preconditions, which gcsfs does not expose: it
+other file of a run; tensorstore writes the arrays (`jaxtpu.engine.checkpoint`). The lease that
+keeps one run per bucket directory needs generation preconditions, which gcsfs does not expose: it
 uses google-cloud-storage, which gcsfs itself depends on (`jaxtpu.core.run.lease`).
 
 Reading: an input file or directory in a bucket is copied once into the local cache
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.files import cache_root, write_text
 
 log = logging.getLogger("jaxtpu")
 
@@ -46,7 +47,7 @@ EMULATOR = "STORAGE_EMULATOR_HOST"
 def timeout_seconds() -> float:
     """How long a call to a bucket through google-cloud-storage (the lease) keeps retrying
     before it fails: `JAXTPU_BUCKET_TIMEOUT`, default 60 s. (gcsfs retries six times over
-    about half a minute; tensorstore as `jaxtpu.checkpoint.bucket_retries` says.)"""
+    about half a minute; tensorstore as `jaxtpu.engine.checkpoint.bucket_retries` says.)"""
     return float(os.environ.get("JAXTPU_BUCKET_TIMEOUT", "60"))
 
 
@@ -257,8 +258,6 @@ def _version(info: dict[str, Any]) -> str:
 
 
 def remote_cache() -> Path:
-    from jaxtpu.core.data.tokens import cache_root
-
     return cache_root() / "remote"
 
 
@@ -349,15 +348,13 @@ def check_writable(url: str, flag: str) -> None:
 
 def check_output_file(path: str, flag: str, overwrite: bool = False) -> None:
     """Refuses, before any work, an output file that cannot be written (a local path as
-    `rundir.check_output_path` checks it; a URL whose bucket cannot be written) or that
+    `check_output_path` checks it; a URL whose bucket cannot be written) or that
     exists without `overwrite`."""
     if is_remote(path):
         if exists(path) and not overwrite:
             raise UserError(f"{flag} {path} exists; pass --overwrite to replace it")
         check_writable(path, flag)
         return
-    from jaxtpu.core.run.rundir import check_output_path
-
     check_output_path(Path(path), flag)
     if Path(path).exists() and not overwrite:
         raise UserError(f"{flag} {path} exists; pass --overwrite to replace it")
@@ -368,8 +365,6 @@ def write_output_text(path: str, text: str) -> None:
     if is_remote(path):
         write_bytes(path, text.encode())
         return
-    from jaxtpu.core.files import write_text
-
     write_text(path, text)
 
 
@@ -396,3 +391,23 @@ def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
             staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_output_path(path: Path, flag: str, is_dir: bool = False) -> None:
+    """Refuses, before any work, an output path that cannot be written: a file where a
+    directory is expected (or the reverse), or a parent that is a file."""
+    if not is_dir and path.is_dir():
+        raise UserError(f"{flag} {path} is a directory; give a file path")
+    if is_dir and path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UserError(f"{flag} {path} exists and is not an empty directory")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is not a directory")
+    try:  # can the missing directories be made there? (probed, and nothing left behind)
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".jaxtpu-probe-"))
+    except OSError as e:
+        raise UserError(
+            f"{flag} {path}: cannot create anything in {parent} ({e.strerror or e})"
+        ) from None

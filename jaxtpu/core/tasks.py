@@ -2,7 +2,7 @@
 its validation metric and the key that picks the best checkpoint (framework-free).
 
 Everything that differs between tasks is asked of this table. Each side keeps one per-task
-loss function (`jaxtpu.steps.LOSSES`, `torchxla_ref.steps.LOSSES`) next to its step, keyed by
+loss function (`jaxtpu.engine.steps.LOSSES`, `torchxla_ref.steps.LOSSES`) next to its step, keyed by
 the same names. A new task is a row here, its metric below, and its loss on each side.
 """
 
@@ -330,3 +330,13 @@ def monitor_names() -> tuple[str, ...]:
 def get_task(name: str) -> Task:
     """The table row of a task name (names are validated with the config)."""
     return TASKS[name]
+
+
+# Severity weights for pairs built from labels (as in public Rate Severity solutions):
+# toxic, then SUBLABELS in order.
+SEVERITY_WEIGHTS = np.array([0.32, 1.5, 0.16, 1.5, 0.64, 1.5], np.float32)
+
+
+# The label: `toxic` (0/1, the Toxic Comment and Multilingual files) or `target` (the share of
+# raters who found the comment toxic, Unintended Bias), trained on as a soft target.
+LABEL_COLUMNS = ("toxic", "target")

@@ -327,7 +327,7 @@ class Encoder(nn.Module):
 class Backbone(nn.Module):
     """The pretrained part of every family: embeddings, the layer stack (`Encoder`), and the
     pooler when the family has one, in BERT's module names (its params sit under 'bert' in
-    `Classifier`, whatever the family; `jaxtpu.weights` maps them). Returns
+    `Classifier`, whatever the family; `jaxtpu.engine.weights` maps them). Returns
     (last_hidden_state, pooled_output or None), fp32."""
 
     cfg: EncoderConfig

@@ -60,7 +60,7 @@ def saved(y: jax.Array) -> jax.Array:
 
 
 # Logical names of the residual stream's axes. A strategy that shards the weights maps them to
-# mesh axes (flax's `nn.logical_axis_rules`, see `jaxtpu.parallel`), so the activations stay
+# mesh axes (flax's `nn.logical_axis_rules`, see `jaxtpu.engine.parallel`), so the activations stay
 # split by batch rows; without rules these constraints do nothing.
 RESIDUAL = ("batch", "length", "embed")
 
@@ -124,7 +124,8 @@ def stack_layers(params: dict, first: int = 0, period: int = 0) -> dict:
 
 def unstack_layers(params: dict) -> dict:
     """Params of the scanned model -> the unscanned model's (`layer_0` ... `layer_{n-1}`,
-    the names `jaxtpu.weights` maps to Hugging Face's), in either form `stack_layers` makes."""
+    the names `jaxtpu.engine.weights` maps to Hugging Face's), in either form `stack_layers`
+    makes."""
     enc = params["bert"]["encoder"]
     if SCANNED not in enc:
         return params  # nothing was scanned

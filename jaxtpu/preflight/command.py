@@ -30,7 +30,8 @@ from jaxtpu.core import files, storage
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.cli import parse_with
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.run.rundir import check_output_path, user_errors
+from jaxtpu.core.run.exits import user_errors
+from jaxtpu.core.storage import check_output_path
 from jaxtpu.preflight.fit import check, find_batch, options
 from jaxtpu.preflight.lowering import save_programs
 from jaxtpu.preflight.report import Report, gib, say, table
@@ -166,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _check_programs_dir(where: str, args: argparse.Namespace) -> None:
     """--save-programs goes with one configuration, into a new directory or one it wrote (in
     a bucket: a new one)."""
-    from jaxtpu.programs import MANIFEST
+    from jaxtpu.engine.programs import MANIFEST
 
     if args.sweep is not None or args.find_batch:
         raise ConfigError(

@@ -15,6 +15,7 @@ from typing import Any
 
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.run import plan
 from jaxtpu.core.schedules import Horizon
 from jaxtpu.preflight.targets import platform_of
 
@@ -53,9 +54,9 @@ def abstract_run(
     changes no shape, only the schedule's constants in the program."""
     import jax
 
-    from jaxtpu import optim, parallel, steps
+    from jaxtpu.engine import optim, parallel, steps
+    from jaxtpu.engine.placement import Placement
     from jaxtpu.models import encoder as models
-    from jaxtpu.placement import Placement
 
     module = models.for_run(cfg, spec)
     params = models.abstract_params(module, spec.task.example_shape(cfg.data.max_len))
@@ -107,10 +108,9 @@ def save_programs(cfg: Config, target: str, devices: list[Any], directory: Path)
     """Compiles every program a run with `cfg` uses on `devices` (a train call of each length
     its buckets use, an evaluation batch of each length of its validation set), reading the
     data as the run does (their size sets the schedule's length, a constant of the train
-    program), and writes them to `directory` (`jaxtpu.programs`) for `train --programs`."""
-    from jaxtpu import programs
-    from jaxtpu.backend import stack_steps
-    from jaxtpu.core.run import plan
+    program), and writes them to `directory` (`jaxtpu.engine.programs`) for `train --programs`."""
+    from jaxtpu.engine import programs
+    from jaxtpu.engine.backend import stack_steps
 
     n = len(devices)
     spec = RunSpec.resolve(cfg, n, platform_of(devices))

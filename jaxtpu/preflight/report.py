@@ -57,7 +57,7 @@ class Report:
 
 
 COMPILER = "compiler"  # the TPU compiler's cost model, `optimal_seconds`
-ROOFLINE = "roofline"  # jaxtpu.core.roofline of the compiled program
+ROOFLINE = "roofline"  # jaxtpu.preflight.roofline of the compiled program
 METHODS = {
     COMPILER: "the TPU compiler's cost model (its `optimal_seconds`)",
     ROOFLINE: "jaxtpu's roofline of the program compiled for the target (each operation: "

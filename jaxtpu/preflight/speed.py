@@ -1,7 +1,7 @@
 """Speed before the TPU, estimated, never measured: the model's FLOPs per step as XLA counts
 them; the step time of the train step compiled for a TPU target (`estimate`) by two methods,
 the TPU compiler's own cost model and jaxtpu's roofline of the compiled program
-(`jaxtpu.core.roofline`); and from the step time and the data, an epoch's and the run's time,
+(`jaxtpu.preflight.roofline`); and from the step time and the data, an epoch's and the run's time,
 checked against Kaggle's TPU session limits (`add_epoch`).
 
 Which method a report uses (`Report.est_method`): the compiler's cost model where it is
@@ -14,10 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jaxtpu.core import roofline
+from jaxtpu.core.data import taskdata
+from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.run.plan import Plan
+from jaxtpu.preflight import roofline
 from jaxtpu.preflight.lowering import lower, no_cache_writes
 from jaxtpu.preflight.report import COMPILER, ROOFLINE, Report
 from jaxtpu.preflight.targets import TPU_TARGETS, Target
@@ -72,7 +75,7 @@ class StepEstimate:
 
     compiler_s: float  # the TPU compiler's cost model, `optimal_seconds` (<= 0: none)
     compiler_bytes: float  # its `bytes accessed`
-    roofline_s: float  # `jaxtpu.core.roofline` of the same program at the target's rates
+    roofline_s: float  # `jaxtpu.preflight.roofline` of the same program at the target's rates
     roofline_bytes: float  # the HBM bytes the roofline counts
     roofline_flops: float  # the matmul FLOPs it counts
     # the same with on-chip (VMEM) arrays at the HBM rate: the upper end of the roofline's
@@ -163,7 +166,6 @@ def add_epoch(report: Report, cfg: Config, train: Any, num_devices: int) -> None
     them), the estimated time of one epoch and of the run's train steps, every step at
     --max-len (an upper bound when length buckets shorten batches; compilation, evaluation
     and checkpoints apart), and on Kaggle's target whether the run fits its session limits."""
-    from jaxtpu.core.run.plan import Plan
 
     if not report.est_step_s or report.error:
         return
@@ -213,8 +215,6 @@ def _kaggle(run_s: float) -> str:
 def training_examples(cfg: Config, num_devices: int, platform: str) -> tuple[Any, str]:
     """The training examples the run would read (read and tokenized as the run does, with
     its token cache) and a line saying what they are, for `add_epoch`."""
-    from jaxtpu.core.data import taskdata
-    from jaxtpu.core.data.tokens import load_tokenizer
 
     spec = RunSpec.resolve(cfg, num_devices, platform)
     data = taskdata.load_task_data(cfg, load_tokenizer(spec.tokenizer_dir))

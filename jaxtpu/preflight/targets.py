@@ -86,7 +86,7 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
     import jax
 
     if target == "cpu":
-        from jaxtpu import hosts
+        from jaxtpu.engine import hosts
 
         devices = hosts.init_devices(n)
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

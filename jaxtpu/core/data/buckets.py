@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.values import parse_buckets
 
 MAX_AUTO_BUCKETS = 4
 EDGE_MULTIPLE = 8  # edges are multiples of 8 (or --max-len): friendly shapes for TPU tiles
@@ -69,27 +69,6 @@ def real_lengths(attention_mask: np.ndarray) -> np.ndarray:
         part = mask[start : start + 65536]
         out[start : start + len(part)] = (part * positions).max(axis=(1, 2))
     return out
-
-
-def parse_buckets(flag: str, max_len: int) -> str | tuple[int, ...] | None:
-    """`--buckets` -> 'auto', None (no buckets) or ascending edges.
-
-    Raises ConfigError naming what is wrong. Edges above --max-len are refused; comments
-    longer than the last edge go to a --max-len bucket."""
-    text = flag.strip().lower()
-    if text in ("auto", "none"):
-        return None if text == "none" else "auto"
-    try:
-        edges = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError(
-            f"--buckets {flag!r}: expected auto, none or ascending token lengths such as 32,64,128"
-        ) from None
-    if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
-        raise ConfigError(f"--buckets {flag}: edges must be strictly ascending")
-    if edges[0] < 1 or edges[-1] > max_len:
-        raise ConfigError(f"--buckets {flag}: edges must be in 1..--max-len {max_len}")
-    return edges
 
 
 def _candidates(max_len: int) -> np.ndarray:

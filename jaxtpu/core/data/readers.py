@@ -16,7 +16,6 @@ import numpy as np
 
 from jaxtpu.core.data.records import (
     IDENTITIES,
-    LABEL_COLUMNS,
     LANG_COLUMN,
     PAIRS_COLUMNS,
     SCORE_COLUMNS,
@@ -29,6 +28,7 @@ from jaxtpu.core.data.records import (
 )
 from jaxtpu.core.data.tables import Structured, Table, open_table
 from jaxtpu.core.errors import DataError
+from jaxtpu.core.tasks import LABEL_COLUMNS
 
 log = logging.getLogger(__name__)
 

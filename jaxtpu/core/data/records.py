@@ -11,14 +11,9 @@ from typing import overload
 import numpy as np
 
 from jaxtpu.core.data.tokens import digest_texts
-from jaxtpu.core.tasks import LABELS
+from jaxtpu.core.tasks import LABELS, SEVERITY_WEIGHTS
 
 SUBLABELS = LABELS[1:]  # ("severe_toxic", "obscene", "threat", "insult", "identity_hate")
-
-
-# Severity weights for pairs built from labels (as in public Rate Severity solutions):
-# toxic, then SUBLABELS in order.
-SEVERITY_WEIGHTS = np.array([0.32, 1.5, 0.16, 1.5, 0.64, 1.5], np.float32)
 
 
 CLASSIFICATION_COLUMNS = ("comment_text", "toxic")
@@ -32,11 +27,6 @@ SCORE_COLUMNS = ("comment_id", "text")
 
 # The comment's column: `content` is the Multilingual competition's test.csv name for it.
 TEXT_COLUMNS = ("comment_text", "content")
-
-
-# The label: `toxic` (0/1, the Toxic Comment and Multilingual files) or `target` (the share of
-# raters who found the comment toxic, Unintended Bias), trained on as a soft target.
-LABEL_COLUMNS = ("toxic", "target")
 
 
 # The identities of the Unintended Bias metric (the competition's own list), fractions of

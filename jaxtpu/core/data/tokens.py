@@ -30,15 +30,17 @@ import numpy as np
 
 from jaxtpu.core.data.buckets import real_lengths
 from jaxtpu.core.errors import DataError
-from jaxtpu.core.files import TMP_SUFFIX, atomic_write, remove_stale_temporaries
+from jaxtpu.core.files import (
+    TMP_SUFFIX,
+    atomic_write,
+    cache_root,
+    disk_full,
+    disk_full_message,
+    remove_stale_temporaries,
+)
+from jaxtpu.core.hf.directory import TOKENIZER_VOCABS
 
 log = logging.getLogger(__name__)
-
-
-def cache_root() -> Path:
-    """Where jaxtpu keeps what it can rebuild (token ids, compiled programs): $JAXTPU_CACHE,
-    default ~/.cache/jaxtpu."""
-    return Path(os.environ.get("JAXTPU_CACHE", Path.home() / ".cache" / "jaxtpu"))
 
 
 def default_cache_dir() -> Path:
@@ -273,26 +275,6 @@ def _held(fd: int) -> Iterator[None]:
         os.close(fd)
 
 
-# The files a Hugging Face tokenizer directory holds its vocabulary in: the fast tokenizer's
-# own, WordPiece's, byte-level BPE's, or a SentencePiece model (DeBERTa-v3's spm.model, XLM-R's
-# sentencepiece.bpe.model), which transformers converts to a fast tokenizer.
-TOKENIZER_VOCABS = (
-    "tokenizer.json",
-    "vocab.txt",
-    "vocab.json",
-    "spm.model",
-    "sentencepiece.bpe.model",
-)
-# Everything of a tokenizer directory that a copy of it (a run's `tokenizer/`, an export) carries:
-# the vocabulary files, byte-level BPE's merges and the tokenizer's own settings.
-TOKENIZER_FILES = (
-    *TOKENIZER_VOCABS,
-    "merges.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
-
-
 def load_tokenizer(path: str | os.PathLike) -> Any:
     """Loads a Hugging Face fast tokenizer from a local directory (never from a hub)."""
     p = Path(path)
@@ -313,8 +295,6 @@ def save_tokenizer(tokenizer: Any, directory: Path) -> None:
     """Writes `tokenizer` as `directory` (a run's `tokenizer/`), replacing what was there, in
     one rename: a run killed or refused meanwhile leaves the old copy or none, never a mix. A
     full disk is one line naming the path and the space left."""
-    from jaxtpu.core.run.rundir import disk_full, disk_full_message
-
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.{os.getpid()}{TMP_SUFFIX}")
     try:

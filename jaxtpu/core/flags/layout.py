@@ -1,6 +1,6 @@
 """The device layout a run's flags ask for: `--sharding auto` resolved for the strategy, and
 the data x fsdp mesh sizes of `--mesh`, with the combinations a strategy cannot run refused
-(framework-free: flags in, sizes out; `jaxtpu.placement` places arrays on that mesh).
+(framework-free: flags in, sizes out; `jaxtpu.engine.placement` places arrays on that mesh).
 """
 
 from __future__ import annotations

@@ -20,13 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
-from jaxtpu.core.data.buckets import parse_buckets
-from jaxtpu.core.data.records import LABEL_COLUMNS
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
+from jaxtpu.core.flags.values import parse_buckets, parse_trackers
 from jaxtpu.core.hf.families import FAMILIES, POOLINGS
-from jaxtpu.core.run import trackers
-from jaxtpu.core.tasks import RANKING_MARGIN, TASKS, Task, get_task, monitor_names
+from jaxtpu.core.tasks import LABEL_COLUMNS, RANKING_MARGIN, TASKS, Task, get_task, monitor_names
 
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("constant", "linear", "cosine", "cosine-restarts", "onecycle")
@@ -37,7 +35,7 @@ ADAMW_FORMS = ("torch", "transformers")
 # groups), or every one (`AdamW(model.parameters(), weight_decay=...)`).
 DECAY_PARAMS = ("not-bias-or-norm", "all")
 SCHEDULE_INTERVALS = ("step", "epoch")
-# Where the params and AdamW moments live (jaxtpu's jit path; `jaxtpu.parallel`).
+# Where the params and AdamW moments live (jaxtpu's jit path; `jaxtpu.engine.parallel`).
 SHARDINGS = ("auto", "replicated", "zero1", "fsdp")
 # Rematerialisation of each encoder layer in the backward pass (`jaxtpu.models.layers.REMAT`).
 REMATS = ("none", "layer", "dots")
@@ -706,7 +704,7 @@ class OutputConfig:
     )
 
     def check(self) -> None:
-        trackers.parse(self.tracker)
+        parse_trackers(self.tracker)
         profile_range(self.profile_steps)
         checkpoint_interval(self.checkpoint_every)
         if self.resume and not self.workdir:

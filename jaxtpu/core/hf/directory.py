@@ -6,7 +6,7 @@ A directory written here holds the encoder as its family's plain model (`BertMod
 with no missing or unexpected keys), the Dense head in `head.safetensors` (`classifier.weight`,
 `classifier.bias`, as `nn.Linear(hidden, outputs)`), `jaxtpu_head.json` saying which task,
 dropout and pooling the head belongs to, and the tokenizer files. Flax's side of the mapping
-is `jaxtpu.weights`.
+is `jaxtpu.engine.weights`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,30 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.data.tokens import TOKENIZER_FILES
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.hf.encoder import HEAD_META, EncoderConfig
 from jaxtpu.core.hf.heads import JAXTPU_HEAD, HeadLayout, architecture, hf_head, is_classifier
 
 log = logging.getLogger("jaxtpu")
+
+# The files a Hugging Face tokenizer directory holds its vocabulary in: the fast tokenizer's
+# own, WordPiece's, byte-level BPE's, or a SentencePiece model (DeBERTa-v3's spm.model, XLM-R's
+# sentencepiece.bpe.model), which transformers converts to a fast tokenizer.
+TOKENIZER_VOCABS = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spm.model",
+    "sentencepiece.bpe.model",
+)
+# Everything of a tokenizer directory that a copy of it (a run's `tokenizer/`, an export) carries:
+# the vocabulary files, byte-level BPE's merges and the tokenizer's own settings.
+TOKENIZER_FILES = (
+    *TOKENIZER_VOCABS,
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 
 HEAD_FILE = "head.safetensors"
 # The output widths a task's head has (`Task.outputs`): one score, or the six labels.

@@ -7,7 +7,7 @@ which `config.json` keys it reads and under which names, their defaults (transfo
 config-class defaults, for keys `save_pretrained` left out), the options the port does not
 implement, whether the model has a pooler, how positions are numbered, the default pooling,
 and the one weight-name table that maps jaxtpu's parameter names to the family's Hugging Face
-keys (used in both directions by `jaxtpu.weights`).
+keys (used in both directions by `jaxtpu.engine.weights`).
 
 jaxtpu's Flax encoders name their modules as `BertModel` does (the BERT layer kind), as
 `ModernBertModel` or as `EuroBertModel` does, their layers `encoder/layer_{i}` in every kind;

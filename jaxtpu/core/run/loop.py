@@ -23,6 +23,7 @@ from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.errors import TrainingError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.flags.schema import checkpoint_interval
+from jaxtpu.core.flags.values import parse_trackers
 from jaxtpu.core.hardware import peak_flops_per_device
 from jaxtpu.core.run.plan import Call, Job, program_inputs, schedule
 from jaxtpu.core.run.prefetch import Prefetch
@@ -31,7 +32,6 @@ from jaxtpu.core.run.protocol import Backend, ResumeState
 from jaxtpu.core.run.rundir import RunLog
 from jaxtpu.core.run.signals import StopFlag
 from jaxtpu.core.run.timing import Clock, batch_work, progress_postfix
-from jaxtpu.core.run.trackers import parse as parse_trackers
 from jaxtpu.core.schedules import learning_rate, peak_lr
 from jaxtpu.core.tasks import Task, higher_is_better
 

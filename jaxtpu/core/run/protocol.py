@@ -1,6 +1,6 @@
 """What a framework gives the shared loop (framework-free): the `Backend` protocol (JAX:
-`jaxtpu.backend.JaxBackend`; torch_xla: `torchxla_ref.backend.XlaBackend`), which owns the model
-state on its devices, and the `ResumeState` a checkpoint hands back."""
+`jaxtpu.engine.backend.JaxBackend`; torch_xla: `torchxla_ref.backend.XlaBackend`), which owns
+the model state on its devices, and the `ResumeState` a checkpoint hands back."""
 
 from __future__ import annotations
 

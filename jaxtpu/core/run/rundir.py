@@ -6,23 +6,20 @@ clear line. Framework-free: the torch side writes the same layout with this modu
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
-import os
 import platform
 import resource
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import files, storage
-from jaxtpu.core.errors import CheckpointError, TrainingError, UserError
+from jaxtpu.core.errors import CheckpointError, UserError
 from jaxtpu.core.flags.runspec import RunSpec, model_key
 from jaxtpu.core.flags.schema import (
     JAX_STRATEGIES,
@@ -32,31 +29,18 @@ from jaxtpu.core.flags.schema import (
     changed_flags,
     flat_record,
 )
+from jaxtpu.core.flags.values import parse_trackers
 from jaxtpu.core.run.lease import Lease
 from jaxtpu.core.run.store import RunStore, working_copy
 from jaxtpu.core.run.trackers import check_ready, open_trackers
-from jaxtpu.core.run.trackers import parse as parse_trackers
 
 __all__ = [
     "RunLog",
     "check_compatible",
     "claim_workdir",
-    "exit_code",
-    "setup_logging",
-    "user_errors",
 ]
 
 log = logging.getLogger("jaxtpu")
-
-
-def setup_logging() -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    for noisy in ("absl", "orbax", "jax._src", "httpx", "onnx_ir", "onnxscript", "fsspec"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # gcsfs logs each request that ran out of retries as an ERROR with its traceback; the
-    # failure reaches jaxtpu as an exception, and its one line says what failed
-    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
 
 
 def default_workdir(task: str) -> Path:
@@ -229,55 +213,6 @@ def check_resume(cfg: Config, workdir: Path) -> None:
         )
 
 
-def check_output_path(path: Path, flag: str, is_dir: bool = False) -> None:
-    """Refuses, before any work, an output path that cannot be written: a file where a
-    directory is expected (or the reverse), or a parent that is a file."""
-    if not is_dir and path.is_dir():
-        raise UserError(f"{flag} {path} is a directory; give a file path")
-    if is_dir and path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UserError(f"{flag} {path} exists and is not an empty directory")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"{flag} {path}: {parent} is not a directory")
-    try:  # can the missing directories be made there? (probed, and nothing left behind)
-        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".jaxtpu-probe-"))
-    except OSError as e:
-        raise UserError(
-            f"{flag} {path}: cannot create anything in {parent} ({e.strerror or e})"
-        ) from None
-
-
-def disk_full(error: BaseException) -> OSError | None:
-    """The 'no space left' (or quota) OSError behind an exception, if that is what it is
-    (libraries such as orbax wrap it in their own errors)."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return seen
-        if "No space left on device" in str(seen):  # e.g. tensorstore's errors in orbax
-            return OSError(errno.ENOSPC, str(seen))
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def disk_full_message(
-    path: Path | str,
-    what: str,
-    advice: str = "earlier checkpoints are intact: free some space and continue with --resume",
-) -> str:
-    """One line: what could not be written where, the space left there, and what to do."""
-    probe = Path(path)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        free = f"{shutil.disk_usage(probe).free / 2**20:.1f} MiB free"
-    except OSError:
-        free = "free space unknown"
-    return f"{path}: no space left on device writing {what} ({free}); {advice}"
-
-
 def check_compatible(found: dict[str, Any], expected: dict[str, Any], where: Path) -> None:
     """Refuses a checkpoint of another task or model (both sides' checkpoints carry a
     `model_key` in their metadata)."""
@@ -413,58 +348,3 @@ class RunLog:
         trackers, self._trackers = self._trackers, []
         for tracker in trackers:
             tracker.close(summary)
-
-
-def exit_code(summary: dict[str, Any] | None, module: str) -> int:
-    """0 for a finished (or SIGTERM-checkpointed) run; 130 after Ctrl-C, with the command that
-    continues the run (`python -m <module>` and the same flags) on stderr."""
-    if not summary or summary.get("stopped_by") != "SIGINT":
-        return 0
-    flags = sys.argv[1:]
-    if not any(f == "--workdir" or f.startswith("--workdir=") for f in flags):
-        flags += ["--workdir", str(summary["workdir"])]
-    if "--resume" not in flags:
-        flags.append("--resume")
-    print(
-        f"interrupted at step {summary['steps']}; the latest state is saved in "
-        f"{summary['workdir']}. Continue with: python -m {module} {' '.join(flags)}",
-        file=sys.stderr,
-    )
-    return 130
-
-
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Reports bad input as one line on stderr and exits 2; a NaN loss exits 1. Other
-    exceptions are bugs and keep their traceback."""
-    setup_logging()
-    try:
-        yield
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        _exit(e, 2)
-    except TrainingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        _exit(e, 1)
-    except OSError as e:
-        if disk_full(e) is None:
-            raise
-        print(f"error: {disk_full_message(e.filename or '.', 'a file')}", file=sys.stderr)
-        _exit(e, 2)
-    except KeyboardInterrupt as e:
-        print(
-            "interrupted; finished checkpoints are kept (continue with --resume)", file=sys.stderr
-        )
-        _exit(e, 130)
-
-
-def _exit(error: BaseException, code: int) -> None:
-    """Exits with `code` after freeing what the failed run's frames held, while every module
-    is still alive: left to the interpreter's shutdown, the garbage of a torch run stopped
-    mid-step (its tensors, the autograd graph) segfaults Python 3.12 as torch's modules go
-    (exit 139 after the one-line error, seen on a full disk)."""
-    import gc
-
-    error.__traceback__ = None
-    gc.collect()
-    sys.exit(code)

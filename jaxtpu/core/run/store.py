@@ -7,8 +7,8 @@ uploads what changed there since the last time, each file one object (whole when
 The loop publishes after every checkpoint and at the end, so the bucket always holds the
 metrics of every step its latest checkpoint covers (a resumed run drops the lines after it).
 Checkpoints do not pass through the working copy: orbax writes them into the bucket itself
-(`jaxtpu.checkpoint`). `pull` starts a working copy from the bucket: a fresh machine resuming a
-run gets its config.json, metrics, tokenizer and scores back, and nothing else.
+(`jaxtpu.engine.checkpoint`). `pull` starts a working copy from the bucket: a fresh machine
+resuming a run gets its config.json, metrics, tokenizer and scores back, and nothing else.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import storage
-from jaxtpu.core.files import TMP_SUFFIX
+from jaxtpu.core.files import TMP_SUFFIX, cache_root
 
 log = logging.getLogger("jaxtpu")
 
@@ -45,8 +45,6 @@ def _uploaded(rel: str) -> bool:
 
 def working_copy(url: str) -> Path:
     """The local working copy of bucket run directory `url`."""
-    from jaxtpu.core.data.tokens import cache_root
-
     scheme, _, rest = url.partition("://")
     return cache_root() / "runs" / scheme / rest.strip("/")
 

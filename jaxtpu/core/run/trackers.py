@@ -10,7 +10,6 @@ tracker gets the same numbers, and only process 0 (the first replica) has any.
 
 from __future__ import annotations
 
-import importlib.util
 import netrc
 import os
 from pathlib import Path
@@ -19,10 +18,6 @@ from urllib.parse import urlparse
 
 from jaxtpu.core.errors import ConfigError
 
-TRACKERS = ("tensorboard", "wandb")
-INSTALL = {"tensorboard": "pip install tensorboardX", "wandb": "pip install 'jaxtpu[wandb]'"}
-MODULE = {"tensorboard": "tensorboardX", "wandb": "wandb"}
-
 
 class Tracker(Protocol):
     def log(self, prefix: str, values: dict[str, float], step: int) -> None:
@@ -30,20 +25,6 @@ class Tracker(Protocol):
 
     def close(self, summary: dict[str, Any] | None) -> None:
         """The run's summary (None: the run did not finish), then flush and close."""
-
-
-def parse(spec: str) -> tuple[str, ...]:
-    """`--tracker` as names, each known and installed: one line naming what is missing and
-    how to install it (checked with the flags, before anything is created)."""
-    names = tuple(n.strip() for n in spec.split(",") if n.strip() and n.strip() != "none")
-    for name in names:
-        if name not in TRACKERS:
-            raise ConfigError(f"--tracker {name!r}: choose from {', '.join(TRACKERS)} (or none)")
-        if importlib.util.find_spec(MODULE[name]) is None:
-            raise ConfigError(
-                f"--tracker {name}: its client {MODULE[name]} is not installed: {INSTALL[name]}"
-            )
-    return names
 
 
 OFFLINE = ("offline", "dryrun", "disabled")

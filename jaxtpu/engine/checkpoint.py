@@ -33,7 +33,8 @@ from etils import epath
 
 from jaxtpu.core import storage
 from jaxtpu.core.errors import CheckpointError
-from jaxtpu.core.run.rundir import check_compatible, disk_full, disk_full_message
+from jaxtpu.core.files import disk_full, disk_full_message
+from jaxtpu.core.run.rundir import check_compatible
 from jaxtpu.core.run.store import RESUME_ADVICE
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class Checkpoints:
 
     def __init__(self, workdir: str | Path, procs: Any = None, async_save: bool = False) -> None:
         """`workdir`: the run directory (a path, or a bucket URL); `procs`: a
-        `jaxtpu.hosts.Processes` in multi-process runs (None: one process); `async_save`:
+        `jaxtpu.engine.hosts.Processes` in multi-process runs (None: one process); `async_save`:
         saves return once the state is on the host (`--async-checkpoint`)."""
         self.procs = procs
         self.primary = procs is None or procs.primary

@@ -1,9 +1,9 @@
 """The strategies: each places the state and the batches on the devices and runs the compiled
-pure steps there. Where things go is decided by `jaxtpu.placement` (pure functions); which
-devices and processes take part by `jaxtpu.hosts`; the shared loop reaches a strategy through
-`jaxtpu.backend.JaxBackend`.
+pure steps there. Where things go is decided by `jaxtpu.engine.placement` (pure functions); which
+devices and processes take part by `jaxtpu.engine.hosts`; the shared loop reaches a strategy through
+`jaxtpu.engine.backend.JaxBackend`.
 
-All strategies wrap the same pure `jaxtpu.steps.train_steps` / `eval_step`:
+All strategies wrap the same pure `jaxtpu.engine.steps.train_steps` / `eval_step`:
 - `PmapStrategy`: replicated state, per-device batch shards on a leading device axis,
   `lax.pmean` of gradients inside the step, donated state buffers.
 - `JitStrategy` (pjit): `jax.jit` with `NamedSharding` over a `Mesh(('data', 'fsdp'))`; the
@@ -35,10 +35,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtpu import placement as placing
-from jaxtpu import steps
-from jaxtpu.hosts import Processes
-from jaxtpu.placement import Placement
+from jaxtpu.engine import placement as placing
+from jaxtpu.engine import steps
+from jaxtpu.engine.hosts import Processes
+from jaxtpu.engine.placement import Placement
 
 log = logging.getLogger("jaxtpu")
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxtpu.core.run.protocol import ResumeState
-from jaxtpu.parallel import Strategy
+from jaxtpu.engine.parallel import Strategy
 
 log = logging.getLogger("jaxtpu")
 

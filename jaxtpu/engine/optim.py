@@ -58,9 +58,10 @@ class TransformersAdamState(NamedTuple):
 
 
 def scale_leaves(scales: Any) -> optax.GradientTransformation:
-    """Each update times its leaf's learning-rate multiplier (`jaxtpu.weights.lr_scales`): after
-    `optax.adamw`, whose update is -lr (adam + weight_decay p), this is torch.optim.AdamW with a
-    parameter group at lr x scale, decay included. A scale of a scanned leaf is one per stacked
+    """Each update times its leaf's learning-rate multiplier
+    (`jaxtpu.engine.weights.lr_scales`): after `optax.adamw`, whose update is -lr (adam +
+    weight_decay p), this is torch.optim.AdamW with a parameter group at lr x scale, decay
+    included. A scale of a scanned leaf is one per stacked
     layer (shape (layers,)), broadcast over the rest of the leaf."""
 
     def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
@@ -94,7 +95,7 @@ def transformers_adamw(
 
     eps is added to sqrt(v) before the bias correction and the decay applies to the stepped
     weights: both differ from torch.optim.AdamW (eps after correction, decay first).
-    `scales` (`jaxtpu.weights.lr_scales`, or None for 1 everywhere) multiplies lr per leaf,
+    `scales` (`jaxtpu.engine.weights.lr_scales`, or None for 1 everywhere) multiplies lr per leaf,
     as a parameter group's own rate does: the decay then uses the scaled rate too."""
 
     def init(params: Any) -> TransformersAdamState:
@@ -137,7 +138,7 @@ def make_optimizer(
       cfg: optimizer settings.
       horizon: the run's optimizer updates (train steps // accumulate), and per epoch.
       num_devices: for --scale-lr.
-      scales: per-leaf learning-rate multipliers (`jaxtpu.weights.lr_scales`, stacked as the
+      scales: per-leaf learning-rate multipliers (`jaxtpu.engine.weights.lr_scales`, stacked as the
         params are) for --layer-lr-decay/--head-lr; None when every parameter trains at the
         schedule's rate (the optimizer state is then as it always was).
       schedule: the rate per update instead of the run's schedule (`jaxtpu.lrfind`'s sweep).

@@ -2,7 +2,7 @@
 their host-level collectives, and the persistent compilation cache.
 
 Must run before anything starts JAX's backend (`init_devices` asks for virtual CPU devices on
-a machine without accelerators). The strategies (`jaxtpu.parallel`) place and run on what
+a machine without accelerators). The strategies (`jaxtpu.engine.parallel`) place and run on what
 this module hands them.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxtpu.core.data.tokens import cache_root
 from jaxtpu.core.errors import DeviceError
+from jaxtpu.core.files import cache_root
 
 log = logging.getLogger(__name__)
 

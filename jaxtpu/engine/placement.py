@@ -2,9 +2,9 @@
 and the mesh's axis sizes: the mesh itself, the partition of every state leaf (the FSDP and
 ZeRO-1 rule), and the partition of the batch.
 
-Nothing here touches a device or runs a program; the strategies (`jaxtpu.parallel`) turn these
-partitions into `NamedSharding`s on their mesh. Tested directly (`tests/test_placement.py`), as
-big_vision's `sharding.py` is.
+Nothing here touches a device or runs a program; the strategies (`jaxtpu.engine.parallel`) turn
+these partitions into `NamedSharding`s on their mesh. Tested directly (`tests/test_placement.py`),
+as big_vision's `sharding.py` is.
 """
 
 from __future__ import annotations

@@ -1,0 +1,311 @@
+"""A trained model loaded to score with, from any of its three sources (a run directory's best
+checkpoint, a PyTorch notebook's state dict, a fine-tuned Hugging Face classifier directory),
+and the `Scorer` that runs it on the devices with its compiled programs kept. What predict,
+evaluate, export, severity-weights and the Python API (`jaxtpu.load`) score with.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core import metrics, storage
+from jaxtpu.core.data import readers, tokenized
+from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
+from jaxtpu.core.data.tokens import encode_texts, load_tokenizer, tokenizer_fingerprint
+from jaxtpu.core.errors import DataError, UserError
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config, from_dict
+from jaxtpu.core.hf.directory import HEAD_FILE, read_notebook_checkpoint
+from jaxtpu.core.hf.encoder import (
+    EncoderConfig,
+    exported_head,
+    read_classifier_dir,
+    read_encoder,
+    resolve_model_dir,
+)
+from jaxtpu.core.run import loop
+from jaxtpu.core.severity import format_weights, pair_agreement
+from jaxtpu.core.tasks import LABELS, get_task
+from jaxtpu.engine import weights
+
+
+@dataclass
+class TrainedModel:
+    cfg: Config
+    spec: RunSpec
+    module: Any
+    params: Any
+    meta: dict[str, Any]
+    tokenizer_dir: Path
+
+
+def load_trained(workdir: str | Path) -> TrainedModel:
+    """The best checkpoint of a run directory (a path, or a bucket URL: its config.json and
+    tokenizer are copied here, the checkpoint is read from the bucket), with its config,
+    encoder shape and tokenizer."""
+    from jaxtpu.engine import checkpoint
+    from jaxtpu.models import encoder as models
+    from jaxtpu.models import layers
+
+    wd, tokenizer_dir = run_files(workdir)
+    with storage.named(wd, str(workdir)):
+        cfg, recorded = read_run_config(wd)
+    ckpts = checkpoint.Checkpoints(workdir)
+    meta = ckpts.best_meta()
+    if meta is None:
+        raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
+    enc = EncoderConfig.from_hf_dict(meta["encoder"])
+    spec = RunSpec.of_checkpoint(cfg, enc, recorded.get("resolved"))
+    module = models.for_run(cfg, spec, scan=False)
+    stored = models.for_run(cfg, spec)  # a scanned run stored its layers stacked
+    template = models.param_shapes(stored, spec.task.example_shape(8))
+    params, meta = ckpts.restore_best(template, spec.model_key)
+    if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
+        params = layers.unstack_layers(params)
+    return TrainedModel(cfg, spec, module, params, meta, tokenizer_dir)
+
+
+def run_files(workdir: str | Path) -> tuple[Path, Path]:
+    """The directory holding a run's config.json, and its tokenizer: a local run's own; for
+    a run in a bucket, local copies of them (what scoring reads besides the checkpoint)."""
+    if not storage.is_remote(workdir):
+        return Path(workdir), Path(workdir) / "tokenizer"
+    url = str(workdir)
+    if not storage.exists(storage.join(url, "config.json")):
+        raise UserError(f"--workdir {url}: no config.json; not a jaxtpu run directory")
+    record = storage.fetch(storage.join(url, "config.json"), "--workdir")
+    return record.parent, storage.fetch(storage.join(url, "tokenizer"), "--workdir")
+
+
+def read_run_config(wd: Path) -> tuple[Config, dict[str, Any]]:
+    """The config a run directory records (its config.json), or one line saying what `wd` is
+    instead: missing, a Hugging Face model directory, or some other directory."""
+    record = wd / "config.json"
+    if not wd.is_dir():
+        raise UserError(f"--workdir {wd}: no such run directory")
+    if not record.exists():
+        raise UserError(f"--workdir {wd}: no config.json; not a jaxtpu run directory")
+    try:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--workdir {wd}: unreadable config.json ({e})") from None
+    if (
+        isinstance(recorded, dict)
+        and "config" not in recorded
+        and ("model_type" in recorded or "architectures" in recorded)
+    ):
+        raise UserError(
+            f"--workdir {wd} is a Hugging Face model directory, not a jaxtpu run directory: "
+            "train from it with --model-dir; predict scores a run (--workdir) or a notebook's "
+            "state dict (--init-from FILE --model-dir DIR)"
+        )
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("config"), dict):
+        raise UserError(
+            f"--workdir {wd}: its config.json is not a jaxtpu run's (no 'config' section)"
+        )
+    return from_dict(recorded["config"]), recorded
+
+
+def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:
+    """A training notebook's state-dict file (`--init-from`) with the config and tokenizer of
+    `model_dir`, scored in fp32 as the notebook's module does in eval mode. Its task is what
+    its head scores: one output is scored as toxicity (a ranker's score is the same number),
+    six as the multi-label model (`export --format state-dict` of a multilabel run)."""
+
+    task = "toxicity"
+    if Path(init_from).is_file():
+        head = read_notebook_checkpoint(init_from).head.get("classifier.weight")
+        if head is not None and head.shape[0] == len(LABELS):
+            task = "multilabel"
+    cfg = Config().replace(  # validated, as every flag
+        init_from=init_from, model_dir=model_dir, max_len=max_len, precision="fp32", task=task
+    )
+    spec = RunSpec.resolve(cfg, 1)
+    model = weights.load_model(cfg, spec, head_required=True)
+    return TrainedModel(cfg, spec, model.module, model.params, {}, Path(spec.tokenizer_dir))
+
+
+def load_model_dir(model_dir: str, max_len: int, pairs: bool = False) -> TrainedModel:
+    """A fine-tuned Hugging Face directory, scored without a run: a
+    `*ForSequenceClassification` checkpoint (transformers', or a `--head hf` export) with its
+    own head, or a jaxtpu export (`head.safetensors`), in fp32. Its task is what its head
+    scores: the six Jigsaw labels are the multi-label model, one output toxicity (a ranker
+    when `pairs`: the same score of each comment of a pair; an export records its task).
+
+    Raises:
+      UserError: a directory without a classification head (a plain encoder), or a head of
+        another number of outputs or of other labels than the six Jigsaw ones.
+    """
+
+    where = resolve_model_dir(model_dir) or ""
+    enc = read_encoder(where)
+    classifier = read_classifier_dir(where, enc.model_type)
+    if classifier is not None:
+        head, labels = "hf", classifier.labels
+        generic = labels == tuple(f"LABEL_{i}" for i in range(len(labels)))
+        if len(labels) == len(LABELS) and (labels == LABELS or generic):
+            task = "multilabel"
+        elif len(labels) == 1:
+            task = "ranking" if pairs else "toxicity"
+        else:
+            raise UserError(
+                f"--model-dir {model_dir}: its head scores {len(labels)} labels "
+                f"({', '.join(labels)}); jaxtpu scores one toxicity score or the six Jigsaw "
+                f"labels ({', '.join(LABELS)})"
+            )
+        if generic and len(labels) > 1:
+            print(
+                f"warning: --model-dir {model_dir} names its labels {', '.join(labels)}; "
+                f"scored as {', '.join(LABELS)} in that order",
+                file=sys.stderr,
+            )
+    elif (Path(where) / HEAD_FILE).exists():
+        head = "jaxtpu"
+        task = exported_head(where).get("task") or "toxicity"
+        if task == "toxicity" and pairs:
+            task = "ranking"
+    else:
+        raise UserError(
+            f"--model-dir {model_dir}: no classification head (neither a "
+            f"*ForSequenceClassification checkpoint nor a jaxtpu export with {HEAD_FILE}); it "
+            "is an encoder to train on: jaxtpu train --model-dir DIR"
+        )
+    cfg = Config().replace(  # validated, as every flag
+        model_dir=model_dir, max_len=max_len, precision="fp32", task=task, head=head
+    )
+    spec = RunSpec.resolve(cfg, 1)
+    model = weights.load_model(cfg, spec, head_required=True)
+    return TrainedModel(cfg, spec, model.module, model.params, {}, Path(spec.tokenizer_dir))
+
+
+def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
+    """A backend that evaluates `model` on `devices` (jit, data-parallel) as `task` lays its
+    batches out; it keeps its compiled programs for every batch shape it meets."""
+    import optax
+
+    from jaxtpu.engine import parallel, steps
+    from jaxtpu.engine.backend import JaxBackend
+
+    fns = steps.for_task(task, model.cfg.train.margin)
+    strategy = parallel.make_strategy("jit", devices, fns)
+    state = steps.TrainState.create(
+        apply_fn=model.module.apply, params=model.params, tx=optax.identity()
+    )
+    backend = JaxBackend(strategy, state, seed=0)
+    backend.start()
+    return backend
+
+
+def one_comment_task(task: Any) -> Any:
+    """How a model scores single comments: every task's model scores one comment per row, a
+    ranker as toxicity does, a multi-label model as itself (its scores per comment)."""
+
+    return task if task.comments_per_example == 1 else get_task("toxicity")
+
+
+class Scorer:
+    """A model ready to score comments on `devices`: its tokenizer, a backend that keeps its
+    compiled programs, and fixed length buckets (powers of two up to the run's --max-len), so
+    each length compiles once whatever it is given (`predict`'s chunks, the Python API's
+    calls)."""
+
+    def __init__(self, model: TrainedModel, devices: list[Any], batch_size: int) -> None:
+        self.model = model
+        self.task = one_comment_task(model.spec.task)
+        self.tokenizer = load_tokenizer(model.tokenizer_dir)
+        self.max_len = model.cfg.data.max_len
+        self.global_batch = batch_size * len(devices)
+        self.backend = scoring_backend(model, devices, self.task)
+        self.edges = fixed_edges(self.max_len)
+
+    def logits(self, texts: list[str]) -> np.ndarray:
+        """The raw outputs for (normalized) `texts`: (N,) or (N, labels); tokenized in memory,
+        without the disk cache (each text is scored once)."""
+
+        if not texts:
+            return np.zeros((0, *self.task.label_shape), np.float32)
+        ids, mask = encode_texts(texts, self.tokenizer, self.max_len)
+        label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_layout's
+        batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
+        layout = self.task.batch_layout(self.max_len)
+        examples = tokenized.Examples(ids, mask, label, layout=layout)
+        _, scores = loop.score_examples(self.backend, examples, batcher, self.task)
+        return scores
+
+
+def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
+    """Models averaged together must score the same thing from the same tokens."""
+
+    first = models[0]
+    fingerprint = tokenizer_fingerprint(load_tokenizer(first.tokenizer_dir))
+    for model, wd in zip(models[1:], workdirs[1:], strict=True):
+        if model.spec.task.name != first.spec.task.name:
+            raise UserError(
+                f"--workdir {wd} is a {model.spec.task.name} run, {workdirs[0]} a "
+                f"{first.spec.task.name} run; an ensemble averages runs of one task"
+            )
+        if tokenizer_fingerprint(load_tokenizer(model.tokenizer_dir)) != fingerprint:
+            raise UserError(
+                f"--workdir {wd} has another tokenizer than {workdirs[0]}; an ensemble averages "
+                "runs of one model family and tokenizer"
+            )
+
+
+def load_multilabel(workdirs: Sequence[str]) -> list[Any]:
+    """The runs, each a multi-label one (six probabilities to weigh)."""
+
+    models = [load_trained(w) for w in workdirs]
+    check_ensemble(models, list(workdirs))
+    task = models[0].spec.task
+    if task.label_columns != LABELS:
+        raise UserError(
+            f"--label-weights weighs the six labels of a multilabel run; {workdirs[0]} is a "
+            f"{task.name} run ({', '.join(task.label_columns)})"
+        )
+    return models
+
+
+def pair_probabilities(
+    models: list[Any], path: str, devices: list[Any], batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (ensemble-mean) six label probabilities of each pair's less and more toxic comment
+    of pairs file `path`: (P, 6) each; every distinct comment is scored once."""
+
+    kind = readers.file_kind(readers.columns(path))
+    if kind != "pairs":
+        raise DataError(f"--input {path}: expected a pairs file (less_toxic, more_toxic)")
+    pairs = readers.read_pairs(path)
+    texts = sorted(set(pairs.less) | set(pairs.more))
+    where = {t: i for i, t in enumerate(texts)}
+    probs = np.mean(
+        [
+            metrics.probability(s.task.main(s.logits(texts)))
+            for s in (Scorer(m, devices, batch_size) for m in models)
+        ],
+        0,
+    )
+    less = probs[[where[t] for t in pairs.less]]
+    more = probs[[where[t] for t in pairs.more]]
+    return less, more
+
+
+def agreement_report(
+    workdirs: Sequence[str], path: str, weights: np.ndarray, devices: list[Any], batch_size: int
+) -> dict[str, Any]:
+    """`evaluate --label-weights`: the agreement of the weighted severity on a pairs file."""
+    less, more = pair_probabilities(load_multilabel(workdirs), path, devices, batch_size)
+    return {
+        "metric": "agreement",
+        "value": pair_agreement(less, more, weights),
+        "examples": len(less),
+        "input": str(path),
+        "workdir": str(workdirs[0]),
+        "label_weights": format_weights(weights),
+    }

@@ -1,0 +1,82 @@
+"""jaxtpu's imports go one way (`benchmarks.codeshape.LAYERS`, docs/architecture.md "Layers"):
+no module imports a layer above its own, no command imports another, imports inside functions
+defer only heavy packages, and nothing forms a cycle (imports inside functions counted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import codeshape
+
+
+def test_jaxtpu_imports_follow_the_layers_without_a_cycle():
+    assert codeshape.import_cycles() == []
+    assert codeshape.layer_violations() == []
+
+
+def test_every_module_has_a_layer_and_the_commands_are_the_top_level_modules():
+    assert codeshape.LAYERS[codeshape.layer_of("jaxtpu.train")][0] == "commands"
+    assert codeshape.LAYERS[codeshape.layer_of("jaxtpu.preflight.fit")][0] == "commands"
+    assert codeshape.command_of("jaxtpu.preflight.fit") == "jaxtpu.preflight"
+    assert codeshape.LAYERS[codeshape.layer_of("jaxtpu.engine.parallel")][0] == "engine"
+    assert codeshape.LAYERS[codeshape.layer_of("jaxtpu.core.run.loop")][0] == "core.run"
+    assert codeshape.LAYERS[codeshape.layer_of("jaxtpu.core.errors")][0] == "core"
+    assert codeshape.command_of("jaxtpu.engine.parallel") is None
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_the_checks_find_a_cycle_an_upward_import_a_command_import_and_a_needless_deferral(
+    tmp_path,
+):
+    root = _tree(
+        tmp_path,
+        {
+            "jaxtpu/__init__.py": "",
+            "jaxtpu/train.py": "from jaxtpu.engine import parallel\n",
+            "jaxtpu/lrfind.py": "from jaxtpu import train\n",  # a command imports a command
+            "jaxtpu/engine/__init__.py": "",
+            "jaxtpu/engine/parallel.py": "import jax\nfrom jaxtpu.core import files\n",
+            "jaxtpu/core/__init__.py": "",
+            # upward: core imports the engine; and a cycle with it through the function below
+            "jaxtpu/core/files.py": "def f():\n    from jaxtpu.engine import parallel\n",
+            "jaxtpu/core/errors.py": "",
+            "jaxtpu/core/tasks.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from jaxtpu.engine import parallel\n"  # not counted
+                "def g():\n    from jaxtpu.core import errors\n"  # defers nothing heavy
+            ),
+        },
+    )
+    assert codeshape.import_cycles(root) == [["jaxtpu.core.files", "jaxtpu.engine.parallel"]]
+    found = codeshape.layer_violations(root)
+    assert found == [
+        "jaxtpu.core.files (line 2) imports jaxtpu.engine.parallel: layer engine is above core",
+        "jaxtpu.core.tasks (line 5) imports jaxtpu.core.errors inside a function: it defers no "
+        "heavy package; import it at the top",
+        "jaxtpu.lrfind (line 1) imports jaxtpu.train: a command is a leaf; nothing imports it",
+    ]
+
+
+def test_a_deferred_import_of_a_module_that_brings_jax_and_a_lazy_attribute_are_allowed(
+    tmp_path,
+):
+    root = _tree(
+        tmp_path,
+        {
+            "jaxtpu/__init__.py": "def __getattr__(name):\n    from jaxtpu.api import load\n",
+            "jaxtpu/api.py": "from jaxtpu.engine import backend\n",
+            "jaxtpu/train.py": "def main():\n    from jaxtpu.engine import backend\n",
+            "jaxtpu/engine/__init__.py": "",
+            "jaxtpu/engine/backend.py": "from jaxtpu.engine import steps\n",
+            "jaxtpu/engine/steps.py": "import jax.numpy as jnp\n",  # heavy, one step away
+        },
+    )
+    assert codeshape.layer_violations(root) == []
+    assert codeshape.import_cycles(root) == []
