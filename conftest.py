@@ -8,9 +8,12 @@ model"`): the pure functions, the FakeBackend loop, parsing, data, metrics and r
 
 The marks are enforced where a cheap check can tell: a test without `e2e` that starts a
 process, one without `compile` that asks JAX for a TPU topology, one without `torch` that
-imports torch_xla, or one without `model` that builds a JAX backend (train or score) fails and
-names the mark it needs. Comparisons with transformers' PyTorch models and compiled steps
-outside a backend are marked by hand.
+imports torch_xla, or one without `model` that builds a JAX backend (train or score) or runs a
+Flax module (`init` or `apply`, eagerly or inside a program it compiles: a model's layers
+tested on their own bypass the backend) fails and names the mark it needs. A Flax module traced
+for its shapes alone (`jax.eval_shape`: nothing is compiled or run) is allowed. The guards count
+what a test does, never how long it takes, so a busy machine cannot make them flake.
+Comparisons with transformers' PyTorch models are marked by hand.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import subprocess
 import sys
 
 import pytest
+
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs a test session of its own
 
 
 def _marks(item: pytest.Item) -> set[str]:
@@ -66,6 +71,7 @@ class _guarded:
 
             what = "runs a real JAX model (builds a JaxBackend)"
             self.patch.setattr(JaxBackend, "__init__", _refuse("model", what))
+            _refuse_flax_modules(self.patch)
         if "compile" not in self.marks:
             try:
                 from jax.experimental import topologies
@@ -76,3 +82,34 @@ class _guarded:
 
     def __exit__(self, *exc: object) -> None:
         self.patch.undo()
+
+
+def _refuse_flax_modules(patch: pytest.MonkeyPatch) -> None:
+    """Flax modules' `init` and `apply` refused (they run or compile a model), except inside
+    `jax.eval_shape`, which traces for shapes and compiles nothing."""
+    try:
+        import jax
+        from flax import linen as nn
+    except ImportError:
+        return
+    depth = [0]
+    eval_shape = jax.eval_shape
+
+    def shapes_only(*args, **kwargs):
+        depth[0] += 1
+        try:
+            return eval_shape(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    for name in ("init", "apply", "init_with_output"):
+        method = getattr(nn.Module, name)
+        what = f"runs a JAX model (calls a Flax module's {name} outside jax.eval_shape)"
+
+        def guarded(self, *args, _method=method, _what=what, **kwargs):
+            if depth[0] == 0:
+                _refuse("model", _what)()
+            return _method(self, *args, **kwargs)
+
+        patch.setattr(nn.Module, name, guarded)
+    patch.setattr(jax, "eval_shape", shapes_only)

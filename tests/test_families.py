@@ -212,6 +212,7 @@ def test_modernbert_reads_both_config_forms(family_dirs):
     assert EncoderConfig.from_hf_dict(a.to_hf_dict()) == a
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("name", ["modernbert", "mmbert", "eurobert"])
 def test_scanned_modernbert_is_the_unscanned_model(name, family_dirs):
     """--scan-layers: ModernBERT's layer 0 on its own, then groups of the layer-kind period

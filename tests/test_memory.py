@@ -67,6 +67,7 @@ def test_memory_options_give_the_replicated_trajectory_fp32(tmp_path, task):
         np.testing.assert_allclose(losses, ref, rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.model
 def test_stacking_layers_is_lossless_and_names_stay_hugging_face():
     enc = EncoderConfig(
         hidden_size=32,

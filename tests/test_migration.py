@@ -199,6 +199,7 @@ def test_notebook_checkpoints_jaxtpu_cannot_hold_are_refused_by_name(tmp_path, m
         read_notebook_checkpoint(tmp_path / "missing.bin")
 
 
+@pytest.mark.model
 def test_a_notebook_checkpoint_of_another_size_or_without_its_config_is_a_one_line_error(
     tmp_path, model_dir, capsys
 ):

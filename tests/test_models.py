@@ -76,6 +76,7 @@ def test_forward_matches_hugging_face_fp32_and_bf16(real_batch, hf_model, flax_p
     assert np.abs(np.asarray(p16) - ref_p).max() <= BF16_POOLED_ATOL
 
 
+@pytest.mark.model
 def test_roundtrip_hf_flax_hf_is_bit_identical(minilm_dir, flax_params, tmp_path, hf_model):
     enc, params = flax_params
     out = weights.save_hf(params, enc, tmp_path / "export", tokenizer_dir=minilm_dir)
@@ -101,6 +102,7 @@ def test_roundtrip_hf_flax_hf_is_bit_identical(minilm_dir, flax_params, tmp_path
         assert np.array_equal(a, b)
 
 
+@pytest.mark.model
 def test_checkpoint_of_another_size_names_the_first_mismatched_tensor(minilm_dir):
     enc = EncoderConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)
     module = models.create_module(enc, 0.3, "fp32")
@@ -112,6 +114,7 @@ def test_checkpoint_of_another_size_names_the_first_mismatched_tensor(minilm_dir
         weights.load_params(minilm_dir, template)
 
 
+@pytest.mark.model
 def test_ranker_scores_each_comment_of_a_pair_with_the_same_head(flax_params, real_batch):
     enc, params = flax_params
     ids, mask = real_batch
@@ -122,6 +125,7 @@ def test_ranker_scores_each_comment_of_a_pair_with_the_same_head(flax_params, re
     np.testing.assert_allclose(np.asarray(pairs).reshape(-1), np.asarray(single), atol=1e-5)
 
 
+@pytest.mark.model
 def test_hash_dropout_keeps_the_right_fraction_independently_and_scales():
     rate, shape = 0.1, (8, 12, 128, 128)
     x = jnp.ones(shape, jnp.float32)

@@ -14,6 +14,8 @@ import pytest
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.models import modernbert
 
+pytestmark = pytest.mark.model  # every test here runs layers of the Flax model
+
 ENC = EncoderConfig(
     model_type="modernbert",
     vocab_size=50,

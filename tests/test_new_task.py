@@ -61,6 +61,7 @@ def test_a_toy_task_trains_predicts_and_passes_preflight(toy, tmp_path):
     assert report.fits and report.total > 0 and not report.error
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_preflight_compiles_every_task_of_the_table(task):
     devices, capacity = pf_targets.target_devices("cpu", 8)

@@ -155,6 +155,7 @@ def test_jax_schedule_equals_the_numpy_one_used_by_torch():
         np.testing.assert_allclose(a, b, rtol=1e-5)  # float32 (jax) vs numpy's promotions
 
 
+@pytest.mark.model
 def test_no_decay_groups_match_between_sides():
     import jax
 

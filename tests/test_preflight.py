@@ -139,6 +139,7 @@ def test_model_flops_are_six_times_matmul_params_times_tokens_plus_attention():
     assert r.model_flops == 2 * flops  # two comments per pair
 
 
+@pytest.mark.model
 def test_fsdp_holds_about_one_nth_of_the_state_per_device_on_the_cpu():
     devices, capacity = pf_targets.target_devices("cpu", 8)
     tiny = presets.tiny().replace(parallel="jit")
@@ -347,6 +348,7 @@ def test_find_batch_where_nothing_fits_says_so(monkeypatch):
     assert cells.count("-") == 11
 
 
+@pytest.mark.model
 def test_a_configuration_the_compiler_refuses_still_reports_params_and_optimizer(monkeypatch):
     import jax
 
