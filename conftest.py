@@ -8,9 +8,10 @@ model"`): the pure functions, the FakeBackend loop, parsing, data, metrics and r
 
 The marks are enforced where a cheap check can tell: a test without `e2e` that starts a
 process, one without `compile` that asks JAX for a TPU topology, one without `torch` that
-imports torch_xla, or one without `model` that builds a JAX backend (train or score) or runs a
+imports torch_xla, or one without `model` that builds a JAX backend (train or score) fails and
+names the mark it needs; so does a test of the fast tier (none of the four marks) that runs a
 Flax module (`init` or `apply`, eagerly or inside a program it compiles: a model's layers
-tested on their own bypass the backend) fails and names the mark it needs. A Flax module traced
+tested on their own bypass the backend). A Flax module traced
 for its shapes alone (`jax.eval_shape`: nothing is compiled or run) is allowed. The guards count
 what a test does, never how long it takes, so a busy machine cannot make them flake.
 Comparisons with transformers' PyTorch models are marked by hand.
@@ -24,6 +25,10 @@ import sys
 import pytest
 
 pytest_plugins = ["pytester"]  # tests/test_tiers.py runs a test session of its own
+
+
+# The marks that take a test out of `make test-fast`.
+SLOW_TIERS = {"e2e", "compile", "torch", "model"}
 
 
 def _marks(item: pytest.Item) -> set[str]:
@@ -71,6 +76,7 @@ class _guarded:
 
             what = "runs a real JAX model (builds a JaxBackend)"
             self.patch.setattr(JaxBackend, "__init__", _refuse("model", what))
+        if not self.marks & SLOW_TIERS:  # outside the fast tier, a mark already says so
             _refuse_flax_modules(self.patch)
         if "compile" not in self.marks:
             try:

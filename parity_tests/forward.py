@@ -38,21 +38,12 @@ def capture_points(enc: EncoderConfig) -> list[str]:
     """The outputs compared layer by layer, in forward order, as jaxtpu's module names
     (`BertModel`'s, or those of `ModernBertModel` and `EuroBertModel` with layers
     `encoder.layer.{i}`; `torch_module` gives the family's own)."""
+    first, per_layer, last = enc.family.kind.capture  # the layer kind's record says
     n = enc.num_hidden_layers
-    kind = enc.family.layer_kind
-    if kind != "bert":  # the embedding, attention and feed-forward blocks, layers, final norm
-        first, attn, last = {
-            "modernbert": ("embeddings", "attn", "final_norm"),
-            "eurobert": ("embed_tokens", "self_attn", "norm"),
-        }[kind]
-        per_layer = (attn, "mlp", "")
-        layers = [
-            f"encoder.layer.{i}" + (f".{m}" if m else "") for i in range(n) for m in per_layer
-        ]
-        return [first, *layers, last, "classifier"]
-    per_layer = ("attention", "intermediate", "output")
-    layers = [f"encoder.layer.{i}.{m}" for i in range(n) for m in per_layer]
-    return ["embeddings", *layers, *(["pooler"] if enc.family.pooler else []), "classifier"]
+    layers = [f"encoder.layer.{i}" + (f".{m}" if m else "") for i in range(n) for m in per_layer]
+    if not last and enc.family.pooler:
+        last = "pooler"
+    return [first, *layers, *([last] if last else []), "classifier"]
 
 
 # DistilBERT's modules whose outputs are BERT's capture points (the attention block after its
@@ -68,7 +59,7 @@ def torch_module(point: str, model_type: str) -> str:
     """The torch Classifier's module whose output is capture point `point`."""
     if point == "classifier":
         return point
-    if get_family(model_type).layer_kind != "bert":
+    if get_family(model_type).kind.renamed_capture:
         return "bert." + rename(get_family(model_type), point)
     m = re.fullmatch(r"encoder\.layer\.(\d+)\.(\w+)", point)
     if model_type == "distilbert" and m:
@@ -159,7 +150,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     assert not kept, kept
     interceptor = None
     if args.plant_fault:
-        if enc.family.layer_kind != "bert":
+        if enc.family.kind.name != "bert":
             raise SystemExit(f"--plant-fault: the faults are BERT-layer ones, not {enc.model_type}")
         params, interceptor = _planted(args.plant_fault, params, enc.num_hidden_layers)
     points = {_flax_path(p): p for p in capture_points(enc)}

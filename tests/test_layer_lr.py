@@ -12,38 +12,42 @@ import pytest
 
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.schema import Config, OptimConfig
+from jaxtpu.core.hf.kinds import LAYER_KINDS
 from jaxtpu.core.schedules import describe_layer_rates, layer_lr_scale
 
 F, N, HEAD = 0.8, 4, 10.0
 
-# (parameter name as torch's named_parameters gives it, its depth d: multiplier F^d or the head)
+# (parameter name as torch's named_parameters gives it, its layer kind, its depth d:
+# multiplier F^d or the head)
 NAMES = [
-    ("bert.embeddings.word_embeddings.weight", N),  # BERT, RoBERTa, XLM-R, DeBERTa
-    ("bert.embeddings.LayerNorm.weight", N),
-    ("bert.embeddings_project.weight", N),  # ELECTRA's embedding-size projection
-    ("bert.embeddings.tok_embeddings.weight", N),  # ModernBERT
-    ("bert.embeddings.norm.weight", N),
-    ("bert.embed_tokens.weight", N),  # EuroBERT
-    ("bert.encoder.layer.0.attention.self.query.weight", N - 1),
-    ("bert.encoder.layer.3.output.dense.bias", 0),
-    ("bert.transformer.layer.1.ffn.lin1.weight", N - 2),  # DistilBERT
-    ("bert.layers.2.attn.Wqkv.weight", N - 3),  # ModernBERT, EuroBERT
-    ("bert.encoder.layer.10.output.dense.weight", N - 11),  # (a 12-layer model's numbers)
-    ("bert.encoder.rel_embeddings.weight", 0),  # DeBERTa's table, used by every layer: top
-    ("bert.encoder.LayerNorm.weight", 0),
-    ("bert.final_norm.weight", 0),  # ModernBERT
-    ("bert.norm.weight", 0),  # EuroBERT
-    ("bert.pooler.dense.weight", 0),
-    ("classifier.weight", "head"),
-    ("classifier.bias", "head"),
+    ("bert.embeddings.word_embeddings.weight", "bert", N),  # BERT, RoBERTa, XLM-R, DeBERTa
+    ("bert.embeddings.LayerNorm.weight", "bert", N),
+    ("bert.embeddings_project.weight", "bert", N),  # ELECTRA's embedding-size projection
+    ("bert.embeddings.tok_embeddings.weight", "modernbert", N),
+    ("bert.embeddings.norm.weight", "modernbert", N),
+    ("bert.embed_tokens.weight", "eurobert", N),
+    ("bert.encoder.layer.0.attention.self.query.weight", "bert", N - 1),
+    ("bert.encoder.layer.3.output.dense.bias", "bert", 0),
+    ("bert.transformer.layer.1.ffn.lin1.weight", "bert", N - 2),  # DistilBERT
+    ("bert.layers.2.attn.Wqkv.weight", "modernbert", N - 3),
+    ("bert.layers.2.self_attn.q_proj.weight", "eurobert", N - 3),
+    ("bert.encoder.layer.10.output.dense.weight", "bert", N - 11),  # (a 12-layer model's)
+    ("bert.encoder.rel_embeddings.weight", "bert", 0),  # DeBERTa's table, used by every layer
+    ("bert.encoder.LayerNorm.weight", "bert", 0),
+    ("bert.final_norm.weight", "modernbert", 0),
+    ("bert.norm.weight", "eurobert", 0),
+    ("bert.pooler.dense.weight", "bert", 0),
+    ("classifier.weight", "bert", "head"),
+    ("classifier.bias", "eurobert", "head"),
 ]
 
 
-@pytest.mark.parametrize(("name", "depth"), NAMES)
-def test_each_parameter_gets_the_rate_of_its_depth(name, depth):
+@pytest.mark.parametrize(("name", "kind", "depth"), NAMES)
+def test_each_parameter_gets_the_rate_of_its_depth(name, kind, depth):
+    embedding = LAYER_KINDS[kind].embedding_modules
     expected = HEAD if depth == "head" else F**depth
-    assert layer_lr_scale(name, N, F, HEAD) == pytest.approx(expected)
-    assert layer_lr_scale(name, N, 1.0, 1.0) == 1.0  # off: every parameter at --lr
+    assert layer_lr_scale(name, N, F, HEAD, embedding) == pytest.approx(expected)
+    assert layer_lr_scale(name, N, 1.0, 1.0, embedding) == 1.0  # off: every parameter at --lr
 
 
 def test_bad_values_are_one_line_errors_and_the_head_rate_follows_lr():

@@ -80,3 +80,24 @@ def test_a_deferred_import_of_a_module_that_brings_jax_and_a_lazy_attribute_are_
     )
     assert codeshape.layer_violations(root) == []
     assert codeshape.import_cycles(root) == []
+
+
+def test_no_module_of_jaxtpu_branches_on_a_layer_kind_outside_its_record():
+    """What differs between layer kinds is read from `core.hf.kinds.LAYER_KINDS`: nowhere else
+    in jaxtpu/ compares a kind (`layer_kind`, `kind.name`) with a name."""
+    import ast
+
+    found = []
+    for path in sorted((codeshape.ROOT / "jaxtpu").rglob("*.py")):
+        if path.name == "kinds.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                text = ast.unparse(node)
+                names_a_kind = any(
+                    isinstance(c, ast.Constant) and c.value in ("bert", "modernbert", "eurobert")
+                    for c in [node.left, *node.comparators]
+                )
+                if names_a_kind and ("layer_kind" in text or "kind.name" in text):
+                    found.append(f"{path.relative_to(codeshape.ROOT)}:{node.lineno}: {text}")
+    assert found == []

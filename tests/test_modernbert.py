@@ -111,7 +111,7 @@ def test_rotary_tables_rotate_each_pair_by_position_times_frequency():
 def test_a_scanned_stack_of_several_groups_is_the_unscanned_model():
     """7 layers, every third global: layer 0, then 2 groups of (sliding, sliding, global),
     each group's weights at their own index of the stacked axis; with --remat too."""
-    from jaxtpu.core.hf.families import scan_period
+    from jaxtpu.core.hf.kinds import scan_period
     from jaxtpu.models import encoder as models
     from jaxtpu.models import layers
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from jaxtpu.core.flags.schema import OptimConfig
+from jaxtpu.core.hf.families import get_family
 from jaxtpu.core.schedules import Horizon, layer_lr_scale, learning_rate, peak_lr
 
 # The seeds' no_decay list: biases and LayerNorm parameters get no weight decay.
@@ -79,9 +80,10 @@ def make_optimizer(
     scale = None
     if cfg.layerwise:
         layers = model.bert.config.num_hidden_layers
+        embedding = get_family(model.bert.config.model_type).kind.embedding_modules
 
         def scale(name: str) -> float:
-            return layer_lr_scale(name, layers, cfg.layer_lr_decay, cfg.head_scale)
+            return layer_lr_scale(name, layers, cfg.layer_lr_decay, cfg.head_scale, embedding)
 
     groups = param_groups(model, cfg.weight_decay, cfg.decay_params, scale)
     for group in groups:

@@ -101,15 +101,15 @@ def peak_lr(cfg: Any, num_devices: int) -> float:
     return cfg.lr * num_devices if cfg.scale_lr else cfg.lr
 
 
-# Where a parameter sits in the layer-wise learning-rate decay (`layer_lr_scale`): the first
-# module of the encoder that is its embedding (BERT's `embeddings` and ELECTRA's
-# `embeddings_project`, EuroBERT's `embed_tokens`), and the numbered layers (`layer.3`,
-# DistilBERT's `transformer.layer.3`, ModernBERT's and EuroBERT's `layers.3`).
-EMBEDDING_MODULES = ("embeddings", "embeddings_project", "embed_tokens")
+# Where a parameter sits in the layer-wise learning-rate decay (`layer_lr_scale`): the
+# numbered layers (`layer.3`, DistilBERT's `transformer.layer.3`, ModernBERT's and EuroBERT's
+# `layers.3`); the embedding is named by the layer kind (`LayerKind.embedding_modules`).
 _LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
 
 
-def layer_lr_scale(name: str, num_layers: int, decay: float, head_scale: float) -> float:
+def layer_lr_scale(
+    name: str, num_layers: int, decay: float, head_scale: float, embedding: tuple[str, ...]
+) -> float:
     """The multiplier of a parameter's learning rate under `--layer-lr-decay` and `--head-lr`,
     one rule for both sides.
 
@@ -120,6 +120,8 @@ def layer_lr_scale(name: str, num_layers: int, decay: float, head_scale: float) 
       num_layers: the encoder's layers, N.
       decay: F in (0, 1] (1 = off).
       head_scale: --head-lr / --lr (1 when --head-lr is not given).
+      embedding: the first parts of the encoder's keys that are its embedding (the layer
+        kind's `embedding_modules`).
     Returns:
       layer i (0 = the one nearest the embeddings): F^(N-1-i), so the top layer keeps the
       rate; the embeddings F^N, the lowest; the rest of the encoder (the final norm, BERT's
@@ -129,7 +131,7 @@ def layer_lr_scale(name: str, num_layers: int, decay: float, head_scale: float) 
     if not name.startswith("bert."):
         return head_scale
     key = name[len("bert.") :]
-    if key.split(".", 1)[0] in EMBEDDING_MODULES:
+    if key.split(".", 1)[0] in embedding:
         return decay**num_layers
     layer = _LAYER.search(key)
     if layer is None:

@@ -63,6 +63,7 @@ def lr_scales(params: Mapping[str, Any], enc: EncoderConfig, cfg: OptimConfig) -
                     enc.num_hidden_layers,
                     cfg.layer_lr_decay,
                     cfg.head_scale,
+                    enc.family.kind.embedding_modules,
                 )
             )
             for path in _flatten(params)

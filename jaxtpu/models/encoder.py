@@ -14,7 +14,6 @@ import numpy as np
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.core.hf.families import scan_layout
 from jaxtpu.models import layers
 from jaxtpu.models.head import Classifier
 
@@ -71,7 +70,7 @@ def stack_for_scan(enc: EncoderConfig, params: dict) -> dict:
     """The unscanned model's params in the layout of the scanned one (`--scan-layers`,
     `scan_layout`): every layer stacked (BERT's layer kind), ModernBERT's layer 0 kept and the
     rest stacked in groups of its layer-kind period, EuroBERT's layers in groups of one."""
-    return layers.stack_layers(params, *scan_layout(enc.family.layer_kind, enc.layer_types))
+    return layers.stack_layers(params, *enc.family.kind.scan_layout(enc.layer_types))
 
 
 def init_params(module: nn.Module, example_shape: tuple[int, ...], seed: int) -> dict:

@@ -5,21 +5,24 @@ and the family's own `*ForSequenceClassification` head (`--head hf`, the operati
 
 from __future__ import annotations
 
+import importlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.heads import Op, hf_head
-from jaxtpu.models import bert, eurobert, layers, modernbert, ops
+from jaxtpu.core.hf.kinds import LayerKind
+from jaxtpu.models import layers, ops
 
 Dtype = jnp.dtype
-# The encoder of each layer kind (`Family.layer_kind`): one interface, (hidden, pooled or None).
-BACKBONES = {
-    "bert": bert.Backbone,
-    "modernbert": modernbert.Backbone,
-    "eurobert": eurobert.Backbone,
-}
+
+
+def backbone(kind: LayerKind) -> type[nn.Module]:
+    """The encoder of a layer kind: its module's `Backbone` (one interface: (hidden, pooled or
+    None))."""
+    return importlib.import_module(kind.module).Backbone
 
 
 def pool(pooling: str, hidden: jax.Array, pooled: jax.Array | None, mask: jax.Array) -> jax.Array:
@@ -98,10 +101,10 @@ class Classifier(nn.Module):
     ) -> jax.Array:
         lead = input_ids.shape[:-1]
         flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-        kind = self.cfg.family.layer_kind
+        family = self.cfg.family
         # a family's own head without a pooler (RoBERTa's) has none in its checkpoint
-        no_pooler = self.head == "hf" and self.pooling != "pooler" and kind == "bert"
-        bert = BACKBONES[kind](
+        no_pooler = self.head == "hf" and self.pooling != "pooler" and family.pooler
+        bert = backbone(family.kind)(
             self.cfg,
             self.dtype,
             self.param_dtype,

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.core.hf.families import SLIDING, scan_layout
+from jaxtpu.core.hf.kinds import SLIDING
 from jaxtpu.models import layers, ops
 
 Dtype = jnp.dtype
@@ -232,9 +232,10 @@ class _ScanGroup(nn.Module):
 
 class Encoder(nn.Module):
     """`layer_0` ... `layer_{n-1}` of the layer kind's `layer` module (this module's `Layer`
-    by default; EuroBERT's too); with `scan`, the layers `scan_layout` keeps apart (ModernBERT's
-    `layer_0`: no attention norm) and then one `layers` module scanning groups of its period,
-    whose params carry a leading group axis (`jaxtpu.models.layers.stack_layers` converts)."""
+    by default; EuroBERT's too); with `scan`, the layers its kind's `scan_layout` keeps apart
+    (ModernBERT's `layer_0`: no attention norm) and then one `layers` module scanning groups of
+    its period, whose params carry a leading group axis (`jaxtpu.models.layers.stack_layers`
+    converts)."""
 
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
@@ -252,7 +253,7 @@ class Encoder(nn.Module):
             # argument 3 of Layer.__call__ (self = 0) is the Python bool `deterministic`
             layer = nn.remat(layer, policy=layers.REMAT[self.remat], static_argnums=(3,))
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out)
-        first, period = scan_layout(cfg.family.layer_kind, cfg.layer_types)
+        first, period = cfg.family.kind.scan_layout(cfg.layer_types)
         unscanned = first if self.scan else cfg.num_hidden_layers
         for i in range(unscanned):
             x = layer(cfg, i, **kw, name=f"layer_{i}")(x, pad_bias, deterministic)

@@ -210,7 +210,7 @@ def _encoder(cfg: Config, model_dir: str | None) -> EncoderConfig:
             enc,
             hidden_dropout_prob=m.encoder_dropout,
             attention_probs_dropout_prob=m.encoder_dropout,
-            embedding_dropout=m.encoder_dropout if enc.family.layer_kind == "modernbert" else 0.0,
+            embedding_dropout=m.encoder_dropout if enc.family.kind.embedding_dropout else 0.0,
         )
     limit = enc.max_tokens
     if limit is not None and cfg.data.max_len > limit:

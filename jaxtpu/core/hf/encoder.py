@@ -101,7 +101,7 @@ class EncoderConfig:
         # the gate of ModernBERT's GeGLU and EuroBERT's SwiGLU
         heads = self.num_attention_heads
         kv_width = h * (self.num_key_value_heads or heads) // heads
-        ffn = 2 if self.family.layer_kind == "bert" else 3
+        ffn = self.family.kind.ffn_matrices
         matmul_params = layers * (2 * h * h + 2 * h * kv_width + ffn * h * inner)
         tokens = comments * seq
         attention = 4.0 * layers * h * seq * seq * comments  # forward

@@ -24,11 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.hf.kinds import LayerKind, get_kind
 
 POOLINGS = ("pooler", "cls", "mean")
-# The attention kinds of ModernBERT's `layer_types`: every token, or a window of
-# `local_attention // 2` tokens on each side.
-FULL, SLIDING = "full_attention", "sliding_attention"
 
 # Canonical encoder fields every family has (jaxtpu's names = BertConfig's).
 _COMMON = (
@@ -84,10 +82,7 @@ class Family:
     # a Dense after the embeddings' LayerNorm) or 'embed_proj' (DeBERTa: no bias, before it).
     projection: str = "embeddings_project"
     mask_embeddings: bool = False  # DeBERTa zeroes the embeddings of padding tokens
-    # The layer kind (`jaxtpu.models`): 'bert' (post-LayerNorm, absolute or relative
-    # positions), 'eurobert' (Llama-style: RMSNorm, grouped-query attention, SwiGLU, rotary)
-    # or 'modernbert' (pre-LayerNorm, no biases, fused Wqkv, rotary positions,
-    # alternating global and sliding-window attention, GeGLU).
+    # The layer kind that builds it: a record of `jaxtpu.core.hf.kinds.LAYER_KINDS`.
     layer_kind: str = "bert"
     # transformers' default ids of special tokens the encoder does not use (written as null
     # in an export whose vocabulary has no such row, which transformers warns about)
@@ -95,6 +90,11 @@ class Family:
 
     def hf_name(self, canonical: str) -> str:
         return self.names.get(canonical, canonical)
+
+    @property
+    def kind(self) -> LayerKind:
+        """Its layer kind's record."""
+        return get_kind(self.layer_kind)
 
 
 _BERTLIKE = ("type_vocab_size", "layer_norm_eps")
@@ -379,18 +379,13 @@ def read_fields(family: Family, d: Mapping[str, Any], source: str) -> dict[str, 
             )
     out = {name: d.get(family.hf_name(name), family.defaults[name]) for name in family.fields}
     out.update(family.constants)
-    if family.layer_kind != "bert":
-        # transformers builds these kinds' token embedding with padding_idx=pad_token_id
-        if not 0 <= out["pad_token_id"] < out["vocab_size"]:
-            raise ConfigError(
-                f"{source}: pad_token_id={out['pad_token_id']} is outside the vocabulary "
-                f"(vocab_size={out['vocab_size']}); the {family.model_type} embedding pads "
-                "with it"
-            )
-    if family.layer_kind == "modernbert":
-        out.update(_modernbert_fields(d, out, source))
-    if family.layer_kind == "eurobert":
-        out.update(_eurobert_fields(d, out, source))
+    kind = family.kind
+    if kind.pads_embedding and not 0 <= out["pad_token_id"] < out["vocab_size"]:
+        raise ConfigError(
+            f"{source}: pad_token_id={out['pad_token_id']} is outside the vocabulary "
+            f"(vocab_size={out['vocab_size']}); the {family.model_type} embedding pads with it"
+        )
+    out.update(kind.read_extra(d, out, source))
     if "embedding_size" in out and not out["embedding_size"]:
         out["embedding_size"] = out["hidden_size"]  # DeBERTa: absent = hidden_size
     if "pos_att_type" in out:
@@ -418,113 +413,18 @@ def read_fields(family: Family, d: Mapping[str, Any], source: str) -> dict[str, 
     return out
 
 
-def _modernbert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
-    """ModernBERT's layer kinds and rotary bases as both config.json forms write them:
-    transformers 5's `layer_types` and `rope_parameters` per layer kind, or the hub's older
-    `global_attn_every_n_layers`, `global_rope_theta` and `local_rope_theta`. Anything but the
-    default rotary embedding, or a layer kind the port does not know, is a one-line error."""
-    n = out["num_hidden_layers"]
-    every = d.get("global_attn_every_n_layers", 3)
-    kinds = d.get("layer_types") or [SLIDING if i % every else FULL for i in range(n)]
-    if len(kinds) != n or any(k not in (FULL, SLIDING) for k in kinds):
-        raise ConfigError(
-            f"{source}: layer_types={list(kinds)!r} is not supported (jaxtpu implements "
-            f"{n} layers of {FULL!r} or {SLIDING!r})"
-        )
-    if d.get("rope_scaling"):
-        raise ConfigError(f"{source}: rope_scaling={d['rope_scaling']!r} is not supported")
-    rope = d.get("rope_parameters") or {}
-    thetas = {}
-    for kind, name in ((FULL, "global_rope_theta"), (SLIDING, "local_rope_theta")):
-        params = rope.get(kind) or {}
-        if params.get("rope_type", "default") != "default":
-            raise ConfigError(
-                f"{source}: rope_parameters[{kind!r}].rope_type={params['rope_type']!r} is not "
-                "supported (jaxtpu implements 'default')"
-            )
-        thetas[name] = float(params.get("rope_theta", d.get(name, out[name])))
-    pooling, window = out["classifier_pooling"], out["local_attention"]
-    if pooling not in ("cls", "mean"):
-        raise ConfigError(f"{source}: classifier_pooling={pooling!r} (expected cls or mean)")
-    if not isinstance(window, int) or window < 2:
-        raise ConfigError(f"{source}: local_attention={window!r} (expected an integer >= 2)")
-    # sentence-transformers' older ModernBERT configs spell norm_eps as layer_norm_eps
-    eps = d.get("norm_eps", d.get("layer_norm_eps", out["layer_norm_eps"]))
-    return {"layer_types": tuple(str(k) for k in kinds), **thetas, "layer_norm_eps": eps}
-
-
-def _eurobert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
-    """EuroBERT's key/value heads (absent = one per query head) and its one rotary base
-    (`rope_parameters.rope_theta`, or an older `rope_theta`); another rotary type, a head_dim
-    other than hidden / heads is a one-line error."""
-    heads = out["num_attention_heads"]
-    kv = out["num_key_value_heads"] or heads
-    if kv <= 0 or heads % kv:
-        raise ConfigError(
-            f"{source}: num_key_value_heads={kv} does not divide num_attention_heads={heads}"
-        )
-    head_dim = d.get("head_dim") or out["hidden_size"] // max(heads, 1)
-    if head_dim * heads != out["hidden_size"]:
-        raise ConfigError(
-            f"{source}: head_dim={head_dim} is not supported (jaxtpu needs hidden_size / "
-            "num_attention_heads)"
-        )
-    rope = d.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default" or d.get("rope_scaling"):
-        raise ConfigError(
-            f"{source}: rope_parameters={rope!r} is not supported (jaxtpu implements "
-            "rope_type 'default')"
-        )
-    theta = rope.get("rope_theta", d.get("rope_theta", out["global_rope_theta"]))
-    return {"num_key_value_heads": kv, "global_rope_theta": float(theta)}
-
-
-def scan_period(layer_types: tuple[str, ...]) -> int:
-    """The layers a scanned ModernBERT repeats as one group: the shortest period of the kinds
-    of layers 1..n-1 (layer 0, without an attention LayerNorm, runs on its own): 3 for
-    ModernBERT's every-third-global (sliding, sliding, global); all of them (one group) when
-    they repeat no shorter pattern; 0 for a one-layer model."""
-    rest = tuple(layer_types[1:])
-    for period in range(1, len(rest) + 1):
-        if len(rest) % period == 0 and rest == rest[:period] * (len(rest) // period):
-            return period
-    return 0
-
-
-def scan_layout(layer_kind: str, layer_types: tuple[str, ...]) -> tuple[int, int]:
-    """(first, period) of a scanned encoder of `layer_kind` (`jaxtpu.models.layers.
-    stack_layers`): the layers before `first` run on their own, the rest are scanned in groups
-    of `period` (0: BERT's single stack of every layer). ModernBERT's layer 0 has no attention
-    norm, and its layer kinds repeat with `scan_period`; EuroBERT's layers are all alike."""
-    if layer_kind == "modernbert":
-        return 1, scan_period(layer_types)
-    if layer_kind == "eurobert":
-        return 0, 1
-    return 0, 0
-
-
 def write_fields(family: Family, values: Mapping[str, Any]) -> dict[str, Any]:
     """The `config.json` dict of a family's canonical field values (inverse of `read_fields`),
     complete enough that transformers' `AutoModel` builds the same model from it."""
     out = {family.hf_name(name): values[name] for name in family.fields}
     if "pos_att_type" in out:
         out["pos_att_type"] = list(out["pos_att_type"])
-    if family.layer_kind == "eurobert":
-        out["rope_parameters"] = {
-            "rope_type": "default",
-            "rope_theta": out.pop("global_rope_theta"),
-        }
+    out = family.kind.write_extra(out)
     # transformers' default special-token ids (of the family's vocabulary), unused by the
     # encoder, written as null where a smaller vocabulary has no such row
     for key, default in family.special_ids.items():
         if default >= out["vocab_size"]:
             out[key] = None
-    if family.layer_kind == "modernbert":
-        out["layer_types"] = list(out["layer_types"])
-        out["rope_parameters"] = {
-            kind: {"rope_type": "default", "rope_theta": out.pop(name)}
-            for kind, name in ((FULL, "global_rope_theta"), (SLIDING, "local_rope_theta"))
-        }
     out.update(family.required)
     out.update(model_type=family.model_type, architectures=[family.architecture])
     return out
