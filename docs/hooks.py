@@ -1,7 +1,8 @@
-"""mkdocs hook: the flag reference page is generated from the config schema at build time, so
-it can never disagree with `--help`, and so are the lists of flags that may change on
---resume and that are jaxtpu's alone; the architecture page's module map is generated from the
-modules' docstrings, so it names every module there is; the home page is the README's front."""
+"""mkdocs hook: the flag reference page is generated from the config schema (and the other
+commands' flags from theirs) at build time, so it can never disagree with `--help`, and so are
+the lists of flags that may change on --resume and that are jaxtpu's alone; the architecture
+page's module map is generated from the modules' docstrings, so it names every module there is;
+the home page is the README's front."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
         from jaxtpu.core.flags.cli import flag_reference
 
         markdown = markdown.replace("<!-- flags -->", flag_reference())
+    if "<!-- command-flags -->" in markdown:
+        from jaxtpu.core.flags.commands import command_reference
+
+        markdown = markdown.replace("<!-- command-flags -->", command_reference())
     for kind in ("resume", "jax-only"):
         if f"<!-- flags:{kind} -->" in markdown:
             from jaxtpu.core.flags.cli import flag_list

@@ -15,7 +15,6 @@ the same code.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +24,7 @@ from jaxtpu.core.data import readers, records, taskdata, tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError, UserError
-from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
+from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.run import loop
 from jaxtpu.core.run.exits import user_errors
@@ -117,44 +116,18 @@ def evaluate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxtpu.evaluate",
-        description="Score a labelled file with the best model of a jaxtpu run, or with a "
-        "fine-tuned Hugging Face classifier, and print the metric of its kind: auc, "
-        "mean_column_auc (six labels), jigsaw_bias (identity columns), mean_language_auc (a "
-        "lang column) or agreement (pairs).",
+    p = command_parser(
+        "evaluate",
+        "Score a labelled file with the best model of a jaxtpu run, or with a fine-tuned "
+        "Hugging Face classifier, and print the metric of its kind: auc, mean_column_auc (six "
+        "labels), jigsaw_bias (identity columns), mean_language_auc (a lang column) or "
+        "agreement (pairs).",
     )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workdir", help="Run directory written by jaxtpu.train.")
-    source.add_argument(
-        "--model-dir",
-        help="Instead of a run: a fine-tuned classifier directory, a *ForSequenceClassification "
-        "checkpoint (transformers', or an export of a --head hf run; one score or the six "
-        "Jigsaw labels) or a jaxtpu export, scored in fp32 with no training run.",
-    )
-    p.add_argument(
-        "--input",
-        required=True,
-        help="Labelled file (CSV, Parquet or JSON Lines): comment_text (or content) with toxic "
-        "or target [+ the six labels, identity columns, lang], or less_toxic, more_toxic pairs "
-        "for a ranking run.",
-    )
-    p.add_argument(
-        "--out", help="Also write the metric and every part as JSON here ({metric, value, ...})."
-    )
-    p.add_argument(
-        "--label-weights",
-        help="A multilabel run on a pairs file: score each comment by these weights of its six "
-        "label probabilities (w1,...,w6 in the order toxic, severe_toxic, obscene, threat, "
-        "insult, identity_hate; `jaxtpu severity-weights` searches them) and report agreement.",
-    )
-    add_scoring_flags(p, ("max_len", "num_devices", "batch_size"), unset=("max_len",))
-    p.add_argument("--overwrite", action="store_true", help="Replace an existing --out.")
     args = p.parse_args(argv)
     with user_errors():
         if args.out:
             storage.check_output_file(args.out, "--out", args.overwrite)
-        check_scoring_flags(args)
+        check_command_flags("evaluate", args)
         if args.max_len and not args.model_dir:
             raise UserError("--max-len goes with --model-dir; a run scores with its own")
         if args.model_dir and args.label_weights:

@@ -21,7 +21,6 @@ Jigsaw notebook's `BERTBaseUncased`), which that module class loads with
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from jaxtpu.core import storage
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
+from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.hf.directory import TOKENIZER_FILES, notebook_state_dict
 from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout
 from jaxtpu.core.run.exits import user_errors
@@ -70,58 +70,14 @@ def _check_module_names(encoder_prefix: str, head_name: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxtpu.export",
-        description="Export the best checkpoint of a run as a Hugging Face directory, as ONNX "
-        "for CPU scoring, or as the state-dict file of a PyTorch training notebook's module.",
-    )
-    p.add_argument("--workdir", required=True, help="Run directory written by jaxtpu.train.")
-    p.add_argument(
-        "--out",
-        required=True,
-        help="--format hf, onnx: a new (or empty) directory; state-dict: a new file (e.g. "
-        "model.bin).",
-    )
-    p.add_argument(
-        "--format",
-        choices=("hf", "onnx", "state-dict"),
-        default="hf",
-        help="hf: Hugging Face directory (a --head hf run: a *ForSequenceClassification "
-        "checkpoint + tokenizer; a --head jaxtpu run: the encoder + head.safetensors + "
-        "tokenizer); onnx: model.onnx (input_ids, attention_mask -> logits, dynamic batch and "
-        f"length, opset {ONNX_OPSET}) + tokenizer + jaxtpu_onnx.json, for onnxruntime; "
-        "state-dict: one torch.save file for the notebook's module [default: hf].",
-    )
-    p.add_argument(
-        "--quantize",
-        choices=("int8",),
-        help="--format onnx: also write model_int8.onnx, onnxruntime's dynamic int8 "
-        "quantization (int8 weights, activations quantized per batch): smaller and usually "
-        "faster on a CPU; `jaxtpu evaluate`-style AUCs of both are in docs/elsewhere.md.",
-    )
-    p.add_argument(
-        "--encoder-prefix",
-        default="bert",
-        help="state-dict: the module attribute holding the encoder (BertModel, RobertaModel, "
-        "...) [default: bert; Lightning notebooks often use model].",
-    )
-    p.add_argument(
-        "--head-name",
-        default="fc1",
-        help="state-dict: the module attribute holding the Linear(hidden, 1) head [default: fc1].",
-    )
-    p.add_argument(
-        "--overwrite", action="store_true", help="state-dict: replace an existing --out."
-    )
-    p.add_argument(
-        "--all-outputs",
-        action="store_true",
-        help="A run trained with --aux-columns: keep the head's auxiliary outputs (listed in "
-        "jaxtpu_head.json) after the task's own; without it the head is the task's alone, "
-        "what a run without them has.",
+    p = command_parser(
+        "export",
+        "Export the best checkpoint of a run as a Hugging Face directory, as ONNX for CPU "
+        "scoring, or as the state-dict file of a PyTorch training notebook's module.",
     )
     args = p.parse_args(argv)
     with user_errors():
+        check_command_flags("export", args)
         out = args.out
         state_dict = args.format == "state-dict"
         if args.quantize and args.format != "onnx":
@@ -200,7 +156,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-ONNX_OPSET = 18  # torchxla_ref.onnxexport.OPSET (kept here so --help needs no torch)
 ONNX_TOLERANCE = 1e-4  # largest |logit difference| from jaxtpu in fp32 an export may have
 # Comments of several lengths that an ONNX export is checked on as it is written.
 CHECK_TEXTS = (

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from jaxtpu.core import storage
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.run.exits import user_errors
 
 GONE = ("PREEMPTED", "TERMINATED", "STOPPED", "SUSPENDED", "FAILED")
@@ -183,50 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours, flags = (
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     )
-    p = argparse.ArgumentParser(
-        prog="jaxtpu launch",
-        description=__doc__.split("\n\n")[0],
+    p = command_parser(
+        "launch",
+        __doc__.split("\n\n")[0],
         epilog="Everything after -- is jaxtpu train's flags (with --workdir gs://...).",
     )
-    p.add_argument("--tpu", required=True, help="The TPU VM's name.")
-    p.add_argument("--zone", required=True, help="Its zone, e.g. us-west4-a.")
-    p.add_argument("--project", default="", help="Its project [default: gcloud's].")
-    p.add_argument(
-        "--accelerator-type",
-        required=True,
-        help="What to create, e.g. v5litepod-8 (Kaggle's v5e-8 shape), v6e-8, v4-8.",
-    )
-    p.add_argument(
-        "--version",
-        default="tpu-ubuntu2204-base",
-        help="The TPU software version to create it with [default: %(default)s].",
-    )
-    p.add_argument("--spot", action="store_true", help="Create it as a spot VM.")
-    p.add_argument(
-        "--setup",
-        default="",
-        help='A shell command run on every worker after each creation, e.g. "pip install '
-        "'jaxtpu[tpu,gcs]'\" [default: none: the image has jaxtpu].",
-    )
-    p.add_argument(
-        "--retries",
-        type=int,
-        default=10,
-        help="Attempts after the first when the VM is preempted [default: %(default)s].",
-    )
-    p.add_argument(
-        "--retry-wait",
-        type=float,
-        default=150.0,
-        help="Seconds between attempts [default: %(default)s: longer than the run directory's "
-        "lease, so a killed run's lease has expired when the next attempt starts].",
-    )
-    p.add_argument("--python", default="python3", help="The workers' Python [default: python3].")
-    p.add_argument("--gcloud", default="gcloud", help="The gcloud command [default: gcloud].")
     args = p.parse_args(ours)
     with user_errors():
-        if args.retries < 0 or args.retry_wait < 0:
-            raise UserError("--retries and --retry-wait must be >= 0")
+        check_command_flags("launch", args)
         if not flags:
             raise UserError("give jaxtpu train's flags after --, with --workdir gs://BUCKET/PATH")
         return launch(args, flags)

@@ -29,6 +29,7 @@ from jaxtpu.core import hostmem
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.flags.cli import parse_with
+from jaxtpu.core.flags.commands import add_command_flags, check_command_flags
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
 from jaxtpu.core.run import plan
@@ -82,26 +83,7 @@ def suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, str]:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("lr-find")
-    group.add_argument(
-        "--start-lr", type=float, default=1e-7, help="Rate of the first step. [default: 1e-07]"
-    )
-    group.add_argument(
-        "--end-lr", type=float, default=1.0, help="Rate of the last step. [default: 1.0]"
-    )
-    group.add_argument(
-        "--lr-find-steps",
-        type=int,
-        default=100,
-        help="Steps of the sweep (one optimizer update each; the data repeat if the training "
-        "set has fewer batches). [default: 100]",
-    )
-    group.add_argument(
-        "--out",
-        default="lr-find",
-        help="Directory for lr_find.csv and lr_find.png (never a run directory: no checkpoint "
-        "is written). [default: lr-find]",
-    )
+    add_command_flags(parser, "lr-find")
 
 
 def check_flags(args: argparse.Namespace, cfg: Config) -> None:
@@ -109,8 +91,7 @@ def check_flags(args: argparse.Namespace, cfg: Config) -> None:
         raise UserError(
             f"--start-lr {args.start_lr:g} and --end-lr {args.end_lr:g}: expected 0 < start < end"
         )
-    if args.lr_find_steps < 5:
-        raise UserError(f"--lr-find-steps must be >= 5, got {args.lr_find_steps}")
+    check_command_flags("lr-find", args)
     if cfg.optim.accumulate > 1:
         raise UserError("lr-find takes one optimizer update per step: drop --accumulate")
     if cfg.output.resume:

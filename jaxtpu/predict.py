@@ -21,7 +21,7 @@ from typing import Any
 from jaxtpu.core import hostmem, storage
 from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
+from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.severity import parse_label_weights
@@ -38,76 +38,11 @@ from jaxtpu.engine.scoring import (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxtpu.predict",
-        description="Score a CSV with the best checkpoint of a jaxtpu run, a fine-tuned Hugging "
-        "Face classifier directory (--model-dir), or a PyTorch notebook's state-dict file "
+    p = command_parser(
+        "predict",
+        "Score a CSV with the best checkpoint of a jaxtpu run, a fine-tuned Hugging Face "
+        "classifier directory (--model-dir), or a PyTorch notebook's state-dict file "
         "(--init-from).",
-    )
-    source = p.add_mutually_exclusive_group()
-    source.add_argument(
-        "--workdir",
-        nargs="+",
-        help="Run directory written by jaxtpu.train (its best model); several (the folds or "
-        "seeds of one recipe) are an ensemble: the mean of their probabilities (rankers: of "
-        "their scores).",
-    )
-    source.add_argument(
-        "--init-from",
-        help="Instead of a run: a PyTorch training notebook's state-dict file (.bin/.pt, or a "
-        "Lightning .ckpt) with a BERT encoder and a Linear(hidden, 1) head; needs --model-dir.",
-    )
-    p.add_argument(
-        "--model-dir",
-        help="Alone: a fine-tuned classifier to score (a *ForSequenceClassification checkpoint "
-        "of one score or the six Jigsaw labels, or a jaxtpu export). With --init-from: the "
-        "Hugging Face directory with the model's config.json and tokenizer ('minilm' = the "
-        "packaged MiniLM).",
-    )
-    p.add_argument(
-        "--input",
-        required=True,
-        help="File to score (CSV, or .parquet/.pq, .jsonl/.ndjson): comments_to_score.csv "
-        "(comment_id,text), or comment_text (or the Multilingual test.csv's content) with an "
-        "optional id.",
-    )
-    p.add_argument("--output", required=True, help="Where to write the scores (CSV).")
-    add_scoring_flags(p, ("max_len", "num_devices", "batch_size", "chunk_rows"), unset=("max_len",))
-    p.add_argument("--overwrite", action="store_true", help="Replace an existing --output.")
-    p.add_argument(
-        "--pseudo-label",
-        action="store_true",
-        help="Write a training file instead of scores: id, comment_text and the model's (an "
-        "ensemble's mean) probability of each label as a soft target, for `jaxtpu train "
-        "--extra-train` (the Multilingual winners' pseudo-labelling round). Empty comments are "
-        "left out.",
-    )
-    p.add_argument(
-        "--confidence",
-        type=float,
-        default=None,
-        help="With --pseudo-label: keep only the comments whose toxic probability is >= C or "
-        "<= 1 - C (0.5 < C < 1). [default: every comment]",
-    )
-    p.add_argument(
-        "--label-weights",
-        help="A multilabel model on a Rate Severity file (comment_id, text): score each comment "
-        "by these weights of its six label probabilities (w1,...,w6 in the order toxic, "
-        "severe_toxic, obscene, threat, insult, identity_hate; `jaxtpu severity-weights` "
-        "searches them) instead of the built-in severity weights.",
-    )
-    p.add_argument(
-        "--all-outputs",
-        action="store_true",
-        help="Also write the probability of each auxiliary target of a run trained with "
-        "--aux-columns (after the task's own columns); without it, the task's columns alone.",
-    )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="Continue a predict into --output that was stopped (killed, preempted) from its "
-        "last finished chunk; the file it ends with is the one an uninterrupted run writes. "
-        "Refused when the input, models or settings differ.",
     )
     args = p.parse_args(argv)
     with user_errors():
@@ -146,7 +81,7 @@ def _score(args: argparse.Namespace, out: Path) -> int:
     """Scores the input into `out` (`main`'s work once paths are local)."""
     if args.resume and args.overwrite:
         raise UserError("--resume continues a stopped predict, --overwrite starts again: one")
-    check_scoring_flags(args)
+    check_command_flags("predict", args)
     if args.label_weights:
         parse_label_weights(args.label_weights)  # a bad value before anything loads
     if args.confidence is not None and not (args.pseudo_label and 0.5 < args.confidence < 1):

@@ -9,7 +9,6 @@ them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ import numpy as np
 
 from jaxtpu.core import hostmem, storage
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.flags.cli import add_scoring_flags, check_scoring_flags
+from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.severity import (
     format_weights,
@@ -29,35 +28,20 @@ from jaxtpu.engine.scoring import load_multilabel, pair_probabilities
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="jaxtpu severity-weights",
-        description="Search the weights of a multi-label run's six label probabilities whose "
-        "sum ranks a pairs file's comments best (agreement; coordinate ascent on a grid from "
-        "the built-in severity weights, see jaxtpu/core/severity.py), and print the "
-        "--label-weights to score with.",
+    p = command_parser(
+        "severity-weights",
+        "Search the weights of a multi-label run's six label probabilities whose sum ranks a "
+        "pairs file's comments best (agreement; coordinate ascent on a grid from the built-in "
+        "severity weights, see jaxtpu/core/severity.py), and print the --label-weights to score "
+        "with.",
     )
-    p.add_argument(
-        "--workdir",
-        nargs="+",
-        required=True,
-        help="A multilabel run directory; several: their mean probabilities.",
-    )
-    p.add_argument("--input", required=True, help="Validation pairs file (less_toxic, more_toxic).")
-    p.add_argument(
-        "--step", type=float, default=0.1, help="Grid step of each weight. [default: 0.1]"
-    )
-    p.add_argument(
-        "--top", type=float, default=2.0, help="Largest weight on the grid. [default: 2.0]"
-    )
-    p.add_argument("--out", help="Also write the weights and agreements as JSON here.")
-    add_scoring_flags(p, ("num_devices", "batch_size"))
     args = p.parse_args(argv)
     with user_errors():
         if not 0 < args.step <= args.top or not np.isfinite(args.top):
             raise UserError(f"--step {args.step:g} --top {args.top:g}: expected 0 < step <= top")
         if args.out:  # replaced when it exists, as before
             storage.check_output_file(args.out, "--out", overwrite=True)
-        check_scoring_flags(args)
+        check_command_flags("severity-weights", args)
         from jaxtpu.engine import hosts
 
         hosts.use_compilation_cache()

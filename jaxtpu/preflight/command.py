@@ -29,6 +29,7 @@ from typing import Any
 from jaxtpu.core import files, storage
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.cli import parse_with
+from jaxtpu.core.flags.commands import add_command_flags
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.storage import check_output_path
@@ -40,50 +41,15 @@ from jaxtpu.preflight.targets import TARGETS, TPU_TARGETS, platform_of, target_d
 
 
 def _add_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("preflight")
-    g.add_argument(
-        "--target",
-        default="cpu",
-        choices=TARGETS,
-        help="Where the run would train: cpu (this machine's --num-devices devices; capacity = "
-        "host RAM / devices) or a TPU slice, compiled here by libtpu: "
+    target = (
+        "Where the run would train: cpu (this machine's --num-devices devices; capacity = host "
+        "RAM / devices) or a TPU slice, compiled here by libtpu: "
         + ", ".join(
             f"{k} ({v.topology}, {v.chip.hbm_gib:g} GiB/chip)" for k, v in TPU_TARGETS.items()
         )
-        + " [default: cpu]",
+        + " [default: cpu]"
     )
-    g.add_argument(
-        "--sweep",
-        nargs="?",
-        const="all",
-        default=None,
-        metavar="LIST",
-        help="Compile every memory option (--sharding replicated/zero1/fsdp x --remat "
-        "none/layer/dots) instead of only the flags' own, or those listed, e.g. "
-        "replicated,zero1,fsdp,fsdp+layer.",
-    )
-    g.add_argument(
-        "--find-batch",
-        action="store_true",
-        help="For each configuration, find the largest --batch-size (per device) whose train "
-        "and eval steps fit the target, to within 1/8 (doubling or halving from --batch-size, "
-        "then bisection; one compilation per batch tried).",
-    )
-    g.add_argument(
-        "--save-programs",
-        default=None,
-        metavar="DIR",
-        help="Also compile every program the run uses (a train call of each length its "
-        "buckets use, an eval batch of each validation length; the data are read as the run "
-        "reads them) for --target and save them in DIR, for python -m jaxtpu.train "
-        "--programs DIR on the target's machine (the same flags, jax, libtpu and XLA flags), "
-        "which then compiles nothing. Not with --sweep or --find-batch.",
-    )
-    g.add_argument(
-        "--json",
-        default=None,
-        help="Where to write the reports as JSON [default: runs/preflight/<target>.json].",
-    )
+    add_command_flags(p, "preflight", choices={"target": TARGETS}, help_text={"target": target})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
