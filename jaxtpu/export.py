@@ -21,6 +21,7 @@ Jigsaw notebook's `BERTBaseUncased`), which that module class loads with
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from collections.abc import Sequence
@@ -78,82 +79,98 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     with user_errors():
         check_command_flags("export", args)
-        out = args.out
-        state_dict = args.format == "state-dict"
-        if args.quantize and args.format != "onnx":
-            raise UserError("--quantize int8 quantizes an ONNX export: add --format onnx")
-        if state_dict:
-            storage.check_output_file(out, "--out", args.overwrite)
-        elif storage.is_remote(out):
-            storage.check_output_dir(out, "--out")
-        else:
-            check_output_path(Path(out), "--out", is_dir=True)
-        if state_dict:
-            _check_module_names(args.encoder_prefix, args.head_name)
+        _check_output(args)
         model = load_trained(args.workdir)
-        step, task = model.meta.get("step"), model.cfg.train.task
         spec_task = model.spec.task
         outputs = [*spec_task.label_columns, *(spec_task.aux_columns if args.all_outputs else ())]
         params = model.params
         layout = head_layout(model.spec.encoder.model_type, model.spec.head)
         if spec_task.aux_columns and not args.all_outputs:
             params = task_head(params, spec_task.main_outputs, layout.output)
-        if state_dict and layout.kind == "hf":
-            raise UserError(
-                "--format state-dict writes a notebook's Linear(hidden, outputs) head; this run "
-                "trained its family's own classification head (--head hf): use --format hf"
-            )
-        if state_dict:
-            encoder, head = weights.to_state_dicts(params, model.spec.encoder.model_type)
-            tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
-            if storage.is_remote(out):
-                save_state_dict(tensors, storage.output_copy(out))
-                storage.put(storage.output_copy(out), out)
-            else:
-                save_state_dict(tensors, Path(out))
-            print(
-                f"exported step {step} ({task}) as {args.encoder_prefix}.* + "
-                f"{args.head_name}.* ({len(tensors)} tensors) to {out}"
-            )
-            return 0
-        head = {
-            "task": task,
-            "head_dropout": model.cfg.head_dropout,
-            "pooling": model.module.pooling,
-            # the head's outputs in order (the task's, then --aux-columns' with --all-outputs)
-            "outputs": outputs,
-            "step": step,
-            "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
-        }
-        enc = model.spec.encoder
-        classifier = None
-        if layout.kind == "hf":
-            classifier = classifier_fields(
-                enc.model_type, tuple(outputs), task, model.cfg.head_dropout, model.module.pooling
-            )
-        with storage.staged_dir(out) as staging:  # `out` appears only when complete
-            if args.format == "onnx":
-                meta = onnx_export(model, params, outputs, staging, head, classifier, args.quantize)
-            else:
-                weights.save_hf(params, enc, staging, model.tokenizer_dir, head, classifier)
-        if args.format == "onnx":
-            diffs = ", ".join(f"{k} {v:.2e}" for k, v in meta["diffs"].items())
-            print(
-                f"exported step {step} ({task}) to {out} as ONNX opset {meta['opset']}: "
-                f"{', '.join(meta['files'].values())}; largest |logit difference| from jaxtpu "
-                f"in fp32 on {len(CHECK_TEXTS)} comments: {diffs}"
-            )
-            return 0
-        if classifier is None:
-            print(
-                f"exported step {step} ({task}) to {out}: the encoder for AutoModel and jaxtpu's "
-                f"head in head.safetensors, which is not a transformers class (train with --head "
-                "hf for a checkpoint AutoModelForSequenceClassification and pipeline() load)"
-            )
+        if args.format == "state-dict":
+            if layout.kind == "hf":
+                raise UserError(
+                    "--format state-dict writes a notebook's Linear(hidden, outputs) head; this "
+                    "run trained its family's own classification head (--head hf): use --format "
+                    "hf"
+                )
+            _export_state_dict(args, model, params)
         else:
-            name = architecture(enc.model_type, enc.family.architecture)
-            print(f"exported step {step} ({task}) to {out} as a {name} ({', '.join(outputs)})")
+            _export_directory(args, model, params, outputs, layout.kind == "hf")
     return 0
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Refuses, before the model is loaded, flags that do not go together and an --out that
+    cannot be written."""
+    if args.quantize and args.format != "onnx":
+        raise UserError("--quantize int8 quantizes an ONNX export: add --format onnx")
+    if args.format == "state-dict":
+        storage.check_output_file(args.out, "--out", args.overwrite)
+        _check_module_names(args.encoder_prefix, args.head_name)
+    elif storage.is_remote(args.out):
+        storage.check_output_dir(args.out, "--out")
+    else:
+        check_output_path(Path(args.out), "--out", is_dir=True)
+
+
+def _export_state_dict(args: argparse.Namespace, model: Any, params: dict) -> None:
+    """--format state-dict: one torch.save file of the notebook's module."""
+    out, step, task = args.out, model.meta.get("step"), model.cfg.train.task
+    encoder, head = weights.to_state_dicts(params, model.spec.encoder.model_type)
+    tensors = notebook_state_dict(encoder, head, args.encoder_prefix, args.head_name)
+    if storage.is_remote(out):
+        save_state_dict(tensors, storage.output_copy(out))
+        storage.put(storage.output_copy(out), out)
+    else:
+        save_state_dict(tensors, Path(out))
+    print(
+        f"exported step {step} ({task}) as {args.encoder_prefix}.* + "
+        f"{args.head_name}.* ({len(tensors)} tensors) to {out}"
+    )
+
+
+def _export_directory(
+    args: argparse.Namespace, model: Any, params: dict, outputs: list[str], hf_head: bool
+) -> None:
+    """--format hf or onnx: a directory that appears only when complete."""
+    out, step, task = args.out, model.meta.get("step"), model.cfg.train.task
+    head = {
+        "task": task,
+        "head_dropout": model.cfg.head_dropout,
+        "pooling": model.module.pooling,
+        # the head's outputs in order (the task's, then --aux-columns' with --all-outputs)
+        "outputs": outputs,
+        "step": step,
+        "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
+    }
+    enc = model.spec.encoder
+    classifier = None
+    if hf_head:
+        classifier = classifier_fields(
+            enc.model_type, tuple(outputs), task, model.cfg.head_dropout, model.module.pooling
+        )
+    with storage.staged_dir(out) as staging:  # `out` appears only when complete
+        if args.format == "onnx":
+            meta = onnx_export(model, params, outputs, staging, head, classifier, args.quantize)
+        else:
+            weights.save_hf(params, enc, staging, model.tokenizer_dir, head, classifier)
+    if args.format == "onnx":
+        diffs = ", ".join(f"{k} {v:.2e}" for k, v in meta["diffs"].items())
+        print(
+            f"exported step {step} ({task}) to {out} as ONNX opset {meta['opset']}: "
+            f"{', '.join(meta['files'].values())}; largest |logit difference| from jaxtpu "
+            f"in fp32 on {len(CHECK_TEXTS)} comments: {diffs}"
+        )
+    elif classifier is None:
+        print(
+            f"exported step {step} ({task}) to {out}: the encoder for AutoModel and jaxtpu's "
+            f"head in head.safetensors, which is not a transformers class (train with --head "
+            "hf for a checkpoint AutoModelForSequenceClassification and pipeline() load)"
+        )
+    else:
+        name = architecture(enc.model_type, enc.family.architecture)
+        print(f"exported step {step} ({task}) to {out} as a {name} ({', '.join(outputs)})")
 
 
 ONNX_TOLERANCE = 1e-4  # largest |logit difference| from jaxtpu in fp32 an export may have
@@ -183,10 +200,6 @@ def onnx_export(
     import json
     import shutil
 
-    import numpy as np
-
-    from jaxtpu.models.encoder import create_module
-
     try:
         from torchxla_ref import onnxexport
         from torchxla_ref.weights import load_model
@@ -210,18 +223,7 @@ def onnx_export(
         if (model.tokenizer_dir / name).exists():
             shutil.copy2(model.tokenizer_dir / name, out / name)
 
-    # the check: jaxtpu's model of the same params in fp32, on comments of several lengths
-    ids, mask = encode_texts(
-        list(CHECK_TEXTS), load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len
-    )
-    fp32 = create_module(enc, 0.0, "fp32", pooling=pooling, outputs=len(outputs), head=spec.head)
-    ours = np.asarray(fp32.apply({"params": params}, ids, mask), np.float64)
-    ours = ours.reshape(len(CHECK_TEXTS), -1)
-    feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
-    diffs = {
-        kind: float(np.abs(onnxexport.session(out / name).run(None, feeds)[0] - ours).max())
-        for kind, name in files.items()
-    }
+    diffs = _onnx_differences(model, params, len(outputs), out, files)
     if not diffs["fp32"] <= ONNX_TOLERANCE:
         raise UserError(
             f"--format onnx: the exported graph's logits differ from jaxtpu's fp32 ones by "
@@ -247,6 +249,32 @@ def onnx_export(
     (out / "jaxtpu_onnx.json").write_text(json.dumps(meta, indent=2) + "\n")
     meta["diffs"] = diffs
     return meta
+
+
+def _onnx_differences(
+    model: Any, params: dict, outputs: int, out: Path, files: dict[str, str]
+) -> dict[str, float]:
+    """The largest |logit difference| of each ONNX file from jaxtpu's model of the same params
+    in fp32, on `CHECK_TEXTS` (comments of several lengths)."""
+    import numpy as np
+
+    from jaxtpu.models.encoder import create_module
+    from torchxla_ref import onnxexport
+
+    spec = model.spec
+    ids, mask = encode_texts(
+        list(CHECK_TEXTS), load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len
+    )
+    fp32 = create_module(
+        spec.encoder, 0.0, "fp32", pooling=model.module.pooling, outputs=outputs, head=spec.head
+    )
+    ours = np.asarray(fp32.apply({"params": params}, ids, mask), np.float64)
+    ours = ours.reshape(len(CHECK_TEXTS), -1)
+    feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+    return {
+        kind: float(np.abs(onnxexport.session(out / name).run(None, feeds)[0] - ours).max())
+        for kind, name in files.items()
+    }
 
 
 def task_head(params: dict, outputs: int, output: str = "classifier") -> dict:

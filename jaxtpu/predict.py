@@ -79,6 +79,43 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _score(args: argparse.Namespace, out: Path) -> int:
     """Scores the input into `out` (`main`'s work once paths are local)."""
+    _check_flags(args)
+    from jaxtpu.engine import hosts
+
+    hosts.use_compilation_cache()
+    devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
+    header = readers.columns(args.input)
+    if args.workdir:
+        models = [load_trained(w) for w in args.workdir]
+        check_ensemble(models, args.workdir)
+    elif args.init_from:
+        models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
+    else:
+        models = [load_model_dir(args.model_dir, _max_len(args))]
+    severity = readers.file_kind(header) == "score"
+    _check_models(args, models, severity)
+    progress = Progress(out, _work(args))
+    with progress.held():
+        resume = _resume(progress, args)
+        scorers = [Scorer(m, devices, args.batch_size) for m in models]
+        rows, empty, written = predict_stream(scorers, args.input, progress, severity, resume)
+    if empty:
+        what = "left out" if args.pseudo_label else "scored as empty text"
+        print(f"warning: {empty} of {rows} comments are empty; {what}", file=sys.stderr)
+    what = f"the mean of {len(models)} models' " if len(models) > 1 else ""
+    if args.pseudo_label:
+        sure = f" scored at least {args.confidence:g} sure" if args.confidence else ""
+        print(
+            f"wrote {written} of {rows} comments{sure} as pseudo-labels ({what}"
+            f"probabilities as soft targets) to {out}: train on them with --extra-train {out}"
+        )
+    else:
+        print(f"wrote {what}{rows} scores to {out}")
+    return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The flags that do not go together, refused before anything loads."""
     if args.resume and args.overwrite:
         raise UserError("--resume continues a stopped predict, --overwrite starts again: one")
     check_command_flags("predict", args)
@@ -98,19 +135,11 @@ def _score(args: argparse.Namespace, out: Path) -> int:
             "give the model to score: --workdir RUN, --model-dir DIR, or --init-from FILE "
             "--model-dir DIR"
         )
-    from jaxtpu.engine import hosts
 
-    hosts.use_compilation_cache()
-    devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
-    header = readers.columns(args.input)
-    if args.workdir:
-        models = [load_trained(w) for w in args.workdir]
-        check_ensemble(models, args.workdir)
-    elif args.init_from:
-        models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
-    else:
-        models = [load_model_dir(args.model_dir, _max_len(args))]
-    severity = readers.file_kind(header) == "score"
+
+def _check_models(args: argparse.Namespace, models: list[Any], severity: bool) -> None:
+    """The flags that do not fit the models loaded or the kind of file (`severity`: a Rate
+    Severity file)."""
     task = models[0].spec.task
     if args.label_weights and not (severity and task.label_columns == LABELS):
         raise UserError(
@@ -148,24 +177,6 @@ def _score(args: argparse.Namespace, out: Path) -> int:
             f"--input {args.input}: a Rate Severity file needs one score per comment; "
             f"this {task.name} model scores {', '.join(task.label_columns)}"
         )
-    progress = Progress(out, _work(args))
-    with progress.held():
-        resume = _resume(progress, args)
-        scorers = [Scorer(m, devices, args.batch_size) for m in models]
-        rows, empty, written = predict_stream(scorers, args.input, progress, severity, resume)
-    if empty:
-        what = "left out" if args.pseudo_label else "scored as empty text"
-        print(f"warning: {empty} of {rows} comments are empty; {what}", file=sys.stderr)
-    what = f"the mean of {len(models)} models' " if len(models) > 1 else ""
-    if args.pseudo_label:
-        sure = f" scored at least {args.confidence:g} sure" if args.confidence else ""
-        print(
-            f"wrote {written} of {rows} comments{sure} as pseudo-labels ({what}"
-            f"probabilities as soft targets) to {out}: train on them with --extra-train {out}"
-        )
-    else:
-        print(f"wrote {what}{rows} scores to {out}")
-    return 0
 
 
 def _max_len(args: argparse.Namespace) -> int:

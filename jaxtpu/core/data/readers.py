@@ -242,7 +242,6 @@ def read_comments(
     langs: list[str] = []
     folds = array("q")
     rows = dropped = 0
-    blank_subs = [math.nan] * len(SUBLABELS)
     for where, row in table.rows():
         rows += 1
         text = _text(row, text_col, where, path)
@@ -255,21 +254,14 @@ def read_comments(
         if fold_column:
             folds.append(_fold_id(path, where, row, fold_column))
         _read_numbers(path, where, row, columns, numbers)
-        if not labelled:
-            continue
-        labels.append(_parse_label(path, where, label_col, row.get(label_col), blank_ok=False))
-        sub = list(blank_subs)
-        for i, c in subs:
-            sub[i] = _parse_label(path, where, c, row.get(c), blank_ok=True)
-        sublabels.extend(sub)
-        identity_values.extend(
-            _parse_label(path, where, c, row.get(c), blank_ok=True) for c in idents
-        )
-        if with_lang:
-            lang = (row.get(LANG_COLUMN) or "").strip()
-            if not lang:
-                raise DataError(f"{path}: {where}: lang is blank, expected a language")
-            langs.append(sys.intern(lang))
+        if labelled:
+            labels.append(_parse_label(path, where, label_col, row.get(label_col), blank_ok=False))
+            sublabels.extend(_sublabels(path, where, row, subs))
+            identity_values.extend(
+                _parse_label(path, where, c, row.get(c), blank_ok=True) for c in idents
+            )
+            if with_lang:
+                langs.append(_lang(path, where, row))
     if dropped == rows:
         raise DataError(f"{path}: all {rows} rows dropped ({text_col} empty)")
     if dropped:
@@ -289,6 +281,21 @@ def read_comments(
         _numpy(folds, np.int64) if fold_column else None,
         columns=_number_arrays(columns, numbers, n),
     )
+
+
+def _sublabels(path: Any, where: str, row: Mapping[str, Any], subs: list) -> list[float]:
+    """A row's five sub-labels in `SUBLABELS` order (NaN: blank, or a column the file lacks)."""
+    out = [math.nan] * len(SUBLABELS)
+    for i, c in subs:
+        out[i] = _parse_label(path, where, c, row.get(c), blank_ok=True)
+    return out
+
+
+def _lang(path: Any, where: str, row: Mapping[str, Any]) -> str:
+    lang = (row.get(LANG_COLUMN) or "").strip()
+    if not lang:
+        raise DataError(f"{path}: {where}: lang is blank, expected a language")
+    return sys.intern(lang)
 
 
 def _numpy(values: array, dtype: Any, shape: tuple[int, ...] = (-1,)) -> np.ndarray:

@@ -129,31 +129,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     """
     d, task, seed = cfg.data, cfg.task, cfg.train.seed
     cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
-    if d.train_csv:
-        path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
-        data = read_task_file(path, task, d.fold_column, cache, number_columns(cfg))
-        source = str(path)
-    else:
-        data = demo_comments(d.demo_size, seed)
-        source = f"built-in demo data ({d.demo_size} generated comments)"
-        asked = [f"--aux-columns {c}" for c in task.aux_columns]
-        asked += [f"--weight-column {d.weight_column}"] if d.weight_column else []
-        if asked:
-            raise DataError(
-                f"{', '.join(asked)}: the {source} has no such column; give a --train-csv"
-            )
-    if d.max_rows and len(data) > d.max_rows:
-        data = data.subset(np.arange(d.max_rows))
-    if d.subsample and len(data) > d.subsample:
-        data = data.subset(subsample(data, d.subsample, seed, task.label_columns))
-        source += f" (seeded sample of {d.subsample} rows, stratified)"
-    elif d.subsample:
-        log.warning(
-            "--subsample %d: %s has %d rows, no more than that: training on all of them",
-            d.subsample,
-            source,
-            len(data),
-        )
+    data, source = _training_rows(cfg, cache)
     valid_rows = None
     if d.valid_csv:
         valid_columns = number_columns(cfg, training=False)
@@ -213,6 +189,38 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         "unit": task.unit,
     }
     return TaskData(train_ex, valid_ex, info, valid_rows)
+
+
+def _training_rows(cfg: Config, cache: Path) -> tuple[Comments | Pairs, str]:
+    """The rows the run learns from before any split (the --train-csv file, or demo comments),
+    cut to --max-rows and --subsample, and a description of where they came from."""
+    d, task, seed = cfg.data, cfg.task, cfg.train.seed
+    if d.train_csv:
+        path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
+        data = read_task_file(path, task, d.fold_column, cache, number_columns(cfg))
+        source = str(path)
+    else:
+        data = demo_comments(d.demo_size, seed)
+        source = f"built-in demo data ({d.demo_size} generated comments)"
+        asked = [f"--aux-columns {c}" for c in task.aux_columns]
+        asked += [f"--weight-column {d.weight_column}"] if d.weight_column else []
+        if asked:
+            raise DataError(
+                f"{', '.join(asked)}: the {source} has no such column; give a --train-csv"
+            )
+    if d.max_rows and len(data) > d.max_rows:
+        data = data.subset(np.arange(d.max_rows))
+    if d.subsample and len(data) > d.subsample:
+        data = data.subset(subsample(data, d.subsample, seed, task.label_columns))
+        source += f" (seeded sample of {d.subsample} rows, stratified)"
+    elif d.subsample:
+        log.warning(
+            "--subsample %d: %s has %d rows, no more than that: training on all of them",
+            d.subsample,
+            source,
+            len(data),
+        )
+    return data, source
 
 
 def _split_rows(data: Comments | Pairs, cfg: Config, source: str) -> tuple[Any, Any, str]:
