@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jaxtpu.core import hostmem, storage
+from jaxtpu.core import storage
 from jaxtpu.core.data import readers, records, taskdata, tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.data.tokens import load_tokenizer
@@ -171,5 +171,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    hostmem.reexec_with_huge_pages()
     sys.exit(main())

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import hostmem
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.flags.cli import parse_with
@@ -208,5 +207,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    hostmem.reexec_with_huge_pages()
     sys.exit(main())

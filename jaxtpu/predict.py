@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import hostmem, storage
+from jaxtpu.core import storage
 from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
@@ -232,5 +232,4 @@ def _resume(progress: Progress, args: argparse.Namespace) -> dict[str, Any] | No
 
 
 if __name__ == "__main__":
-    hostmem.reexec_with_huge_pages()
     sys.exit(main())

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxtpu.core import hostmem, storage
+from jaxtpu.core import storage
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.run.exits import user_errors
@@ -72,5 +72,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    hostmem.reexec_with_huge_pages()
     sys.exit(main())

@@ -120,5 +120,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    hostmem.reexec_with_huge_pages()
     sys.exit(main())

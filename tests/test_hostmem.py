@@ -65,3 +65,23 @@ def test_the_restart_keeps_the_process_its_arguments_and_its_output():
     pid, argv, active = json.loads(lines[-1])
     assert len(before) == 2 and before[0] == before[1] == pid
     assert argv == ["a b", "--flag"] and active is True
+
+
+@pytest.mark.e2e
+def test_a_command_restarts_before_it_imports_anything_heavy():
+    """`python -m jaxtpu.train` restarts from the package's import, so its imports (flax, the
+    engine) happen once, in the restarted process; `-X importtime` lists each process's."""
+    if not hostmem.wanted({}, hostmem.glibc_version(), hostmem.thp_mode()):
+        pytest.skip("this machine has no glibc >= 2.35 with transparent huge pages")
+    env = {k: v for k, v in os.environ.items() if k not in (hostmem.TUNABLES, hostmem.OPT_OUT)}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "jaxtpu.train", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()]
+    assert imported.count("jaxtpu.core.hostmem") == 2  # before the restart, and after it
+    assert imported.count("jaxtpu.core.flags.cli") == 1  # the command's imports: once
+    assert "usage: python -m jaxtpu.train" in proc.stdout
