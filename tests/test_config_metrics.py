@@ -214,6 +214,19 @@ def test_auc_matches_sklearn_on_scores_not_thresholds():
     )  # diverged model
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_auc_with_ties_matches_sklearn(seed):
+    """Rounded scores (many ties, as bf16 logits have) and unbalanced classes."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 3000))
+    labels = (rng.random(n) < rng.uniform(0.02, 0.5)).astype(np.float32)
+    labels[:2] = [0, 1]
+    scores = np.round(labels * rng.uniform(0, 2) + rng.normal(0, 1.0, n), int(rng.integers(0, 3)))
+    assert metrics.roc_auc(scores, labels) == pytest.approx(
+        roc_auc_score(labels, scores), abs=1e-12
+    )
+
+
 def test_agreement_counts_ties_as_misses_and_skips_padding():
     less = np.array([0.0, 1.0, 2.0, 5.0])
     more = np.array([1.0, 1.0, 3.0, 0.0])
