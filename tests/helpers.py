@@ -270,6 +270,22 @@ def one_line(proc: subprocess.CompletedProcess, message: str, code: int = 2) -> 
     assert len([x for x in proc.stderr.splitlines() if "error:" in x]) == 1, proc.stderr
 
 
+def one_line_in_process(capsys, call, message: str, code: int = 2) -> str:
+    """`one_line` for a command's main run in this process (`call()`): it exits with `code`,
+    stderr holds `message`, no traceback, and one `error:` line. For a refusal the process
+    boundary adds nothing to, at a fraction of a fresh interpreter's cost."""
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        call()
+    err = capsys.readouterr().err
+    assert e.value.code == code, err[-2000:]
+    assert message in err, err[-2000:]
+    assert "Traceback" not in err
+    assert len([x for x in err.splitlines() if "error:" in x]) == 1, err
+    return err
+
+
 def one_line_exit_2(capsys, call) -> str:
     """`call()` (a command's main, in-process) exits 2 with one line on stderr; returns it."""
     import pytest
