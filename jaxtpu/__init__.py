@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from jaxtpu.core import hostmem
 from jaxtpu.core.hardware import has_tpu
 
 
@@ -47,8 +48,6 @@ def _restart_command_early() -> None:
     `jaxtpu.__main__`) restarts before it imports the command."""
     argv = getattr(sys, "orig_argv", [])
     if "-m" in argv[1:-1] and argv[argv.index("-m") + 1] in HUGE_PAGE_COMMANDS:
-        from jaxtpu.core import hostmem
-
         hostmem.reexec_with_huge_pages()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import codeshape
 
 
@@ -101,3 +103,27 @@ def test_no_module_of_jaxtpu_branches_on_a_layer_kind_outside_its_record():
                 if names_a_kind and ("layer_kind" in text or "kind.name" in text):
                     found.append(f"{path.relative_to(codeshape.ROOT)}:{node.lineno}: {text}")
     assert found == []
+
+
+@pytest.mark.e2e
+def test_importing_a_command_starts_no_framework():
+    """A command's module imports jax, flax, orbax, torch and transformers only when it runs:
+    its --help is quick, and its logging is set up before any of them logs (absl's first log
+    line would otherwise give Python's root logger a handler of its own, and jaxtpu's lines
+    would never reach stdout)."""
+    import subprocess
+    import sys
+
+    modules = [
+        "jaxtpu.train", "jaxtpu.predict", "jaxtpu.evaluate", "jaxtpu.export", "jaxtpu.severity",
+        "jaxtpu.lrfind", "jaxtpu.launch", "jaxtpu.preflight.command", "jaxtpu.api",
+    ]  # fmt: skip
+    code = (
+        f"import sys, logging\nimport {', '.join(modules)}\n"
+        "heavy = ('jax', 'flax', 'orbax', 'torch', 'transformers')\n"
+        "print([m for m in heavy if m in sys.modules], logging.getLogger().handlers)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[] []"

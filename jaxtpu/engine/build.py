@@ -11,7 +11,7 @@ from typing import Any
 
 from jaxtpu.core.run import plan
 from jaxtpu.core.schedules import describe_layer_rates
-from jaxtpu.engine import checkpoint, optim, parallel, steps, weights
+from jaxtpu.engine import weights
 
 log = logging.getLogger("jaxtpu")
 
@@ -34,6 +34,7 @@ def build_backend(
     """
     import jax
 
+    from jaxtpu.engine import checkpoint, optim, parallel, steps
     from jaxtpu.engine.backend import JaxBackend
     from jaxtpu.engine.placement import Placement
 
