@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core.flags.schema import JAX_STRATEGIES
-from parity_tests.harness import ROOT, relative_diff, run_forward, run_side, shared_init
+from parity_tests.harness import (
+    ROOT,
+    relative_diff,
+    run_forward,
+    run_jax_runs,
+    run_side,
+    shared_init,
+)
 
 REAL_CSV = ROOT.parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
 
@@ -376,10 +383,15 @@ def trajectories(work: Path, task: str) -> list[Result]:
         ref = run_side(
             "torch", work / f"traj-{task}-{precision}-spmd", *flags, "--parallel", "spmd"
         ).check()
-        for parallel in JAX_STRATEGIES:
-            run = run_side(
-                "jax", work / f"traj-{task}-{precision}-{parallel}", *flags, "--parallel", parallel
-            ).check()
+        # jaxtpu's three strategies in one process (one start for the three; each its own run)
+        jax_runs = run_jax_runs(
+            [
+                (work / f"traj-{task}-{precision}-{parallel}", [*flags, "--parallel", parallel])
+                for parallel in JAX_STRATEGIES
+            ]
+        )
+        for parallel, run in zip(JAX_STRATEGIES, jax_runs, strict=True):
+            run = run.check()
             rel = relative_diff(run.losses, ref.losses)
             worst = max(rel)
             results.append(

@@ -314,6 +314,31 @@ def jax_main(argv):
 SIDE_MAINS = {"jaxtpu": jax_main, "torchxla_ref": torch_main}
 
 
+def side_main(side: str):
+    """`SIDE_COMMANDS[side]`'s command as a function of its flags, run in this process with
+    the same base flags (the torch side eager on one device: nothing of torch_xla starts)."""
+    module, base = SIDE_COMMANDS[side]
+
+    def main(*argv: Any) -> Any:
+        import importlib
+
+        return importlib.import_module(module).main([*base, *map(str, argv)])
+
+    return main
+
+
+def exit_in_process(capsys, call) -> tuple[int, str]:
+    """(exit code, stderr) of `call()`, a command's main run in this process that exits (a
+    refusal, an argparse error); a traceback on stderr fails the test."""
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        call()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return e.value.code, err
+
+
 def strict_json_lines(path: Path) -> list[dict]:
     """A .jsonl file's records (or a .json file's one), refusing NaN and Infinity tokens."""
 
