@@ -82,7 +82,7 @@ def suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, str]:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    add_command_flags(parser, "lr-find")
+    add_command_flags(parser, "lr-find", grouped=True)
 
 
 def check_flags(args: argparse.Namespace, cfg: Config) -> None:

@@ -49,7 +49,9 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
         )
         + " [default: cpu]"
     )
-    add_command_flags(p, "preflight", choices={"target": TARGETS}, help_text={"target": target})
+    add_command_flags(
+        p, "preflight", choices={"target": TARGETS}, help_text={"target": target}, grouped=True
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

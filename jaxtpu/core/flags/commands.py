@@ -332,20 +332,21 @@ def add_command_flags(
     name: str,
     choices: Mapping[str, Sequence[str]] | None = None,
     help_text: Mapping[str, str] | None = None,
+    grouped: bool = False,
 ) -> None:
-    """Adds command `name`'s flags (`COMMANDS`) to `parser`, in a group of their own when the
-    parser has other flags (lr-find's and preflight's come after the training flags).
+    """Adds command `name`'s flags (`COMMANDS`) to `parser`.
 
     Args:
       parser: the command's parser.
       name: a key of `COMMANDS`.
       choices: choices known only above core (preflight's TPU targets), by field.
       help_text: help replaced by the command (text known only above core), by field.
+      grouped: in a group of their own under the command's name (lr-find's and preflight's
+        flags come after the training flags).
     """
     command = COMMANDS[name]
     hints = get_type_hints(command.flags)
-    shared = len(parser._actions) > 1  # more than --help: the training flags are there
-    target: Any = parser.add_argument_group(name) if shared else parser
+    target: Any = parser.add_argument_group(name) if grouped else parser
     groups: dict[str, Any] = {}
     for f in dataclasses.fields(command.flags):
         m = f.metadata
