@@ -8,6 +8,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from jaxtpu import HUGE_PAGE_COMMANDS
 from jaxtpu.core import hostmem
 
 # subcommand -> (module whose main() it runs, one line for `jaxtpu --help`)
@@ -35,8 +36,6 @@ COMMANDS = {
     "bench": ("benchmarks.compare", "step-time comparison of the two sides"),
     "torch-train": ("torchxla_ref.train", "the PyTorch/XLA reference trainer (same flags)"),
 }
-# The commands that run JAX programs re-execute under huge pages, as their modules do.
-HUGE_PAGES = ("train", "predict", "evaluate", "lr-find", "severity-weights")
 
 
 def usage() -> str:
@@ -70,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jaxtpu: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module_name, _ = COMMANDS[name]
-    if name in HUGE_PAGES and argv is None:
+    if module_name in HUGE_PAGE_COMMANDS and argv is None:  # as `python -m` of them does
         hostmem.reexec_with_huge_pages()
     module = importlib.import_module(module_name)
     return int(module.main(rest) or 0)

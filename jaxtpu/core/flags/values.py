@@ -32,11 +32,7 @@ def parse_buckets(flag: str, max_len: int) -> str | tuple[int, ...] | None:
 
 
 TRACKERS = ("tensorboard", "wandb")
-
-
 INSTALL = {"tensorboard": "pip install tensorboardX", "wandb": "pip install 'jaxtpu[wandb]'"}
-
-
 MODULE = {"tensorboard": "tensorboardX", "wandb": "wandb"}
 
 
