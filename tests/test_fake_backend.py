@@ -6,6 +6,7 @@ tests/test_rundir.py, tests/test_loop.py)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,9 @@ from helpers import (
 )
 
 from jaxtpu.core.errors import TrainingError
+from jaxtpu.core.run import loop
+from jaxtpu.core.run.protocol import ResumeState
+from jaxtpu.core.run.rundir import RunLog
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
 
@@ -40,6 +44,21 @@ def test_a_nan_loss_stops_at_its_logging_step_and_saves_nothing_after_it(tmp_pat
         run_fake(tmp_path, backend, eval_every=3, checkpoint_every=2)
     assert max(step for _, step in backend.events) == 8  # nothing of the diverged state
     assert backend.disk["latest"]["step"] == 8
+
+
+def test_a_run_that_ends_on_an_error_lets_its_saves_finish_and_closes_its_log(tmp_path):
+    """Saves still being written (--async-checkpoint) finish before the error leaves the loop,
+    and the run log's file and trackers close while their threads can still run (a CI run
+    ended on a bucket error with orbax and TensorBoard tracebacks from interpreter shutdown)."""
+    backend = FakeBackend({}, nan_at=9)
+    job = fake_job(tmp_path, False, eval_every=3, checkpoint_every=2)
+    runlog = RunLog(tmp_path, tensorboard=False)
+    closed = []
+    runlog._trackers = [SimpleNamespace(log=lambda *a: None, close=closed.append)]
+    with pytest.raises(TrainingError):
+        loop.run(job, backend, ResumeState(), runlog)
+    assert backend.waits_for_checkpoints == 1
+    assert closed == [None] and runlog._file is None
 
 
 def test_patience_stops_after_that_many_evaluations_without_improvement(tmp_path):

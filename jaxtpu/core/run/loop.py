@@ -8,6 +8,7 @@ batches from `jaxtpu.core.data` and asks it for host numbers at the logging inte
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import time
@@ -370,24 +371,41 @@ def run(
             host = [train.take(b.idx[rows], b.weight[rows], b.length) for b in call.batches]
             yield call, backend.prepare(host) if host else None
 
-    with StopFlag(pending=early) as stop:
-        if resume.step < job.plan.total and stop.signal is None:
-            drv.precompile(resume.step)
-        # a signal while the programs were built: nothing trained yet. Every process asks
-        # (a host-level collective), so all of a multi-process run stop here together.
-        if backend.any_process(stop.signal is not None):
-            stopped_by = stop.name or "SIGTERM"  # another process's signal
-            log.info(
-                "%s before the first step: nothing trained, nothing to save; stopped", stopped_by
-            )
-            step = resume.step
-        else:
-            step, stopped_by = _steps(drv, inputs(), stop, resume.step)
+    try:
+        with StopFlag(pending=early) as stop:
+            if resume.step < job.plan.total and stop.signal is None:
+                drv.precompile(resume.step)
+            # a signal while the programs were built: nothing trained yet. Every process asks
+            # (a host-level collective), so all of a multi-process run stop here together.
+            if backend.any_process(stop.signal is not None):
+                stopped_by = stop.name or "SIGTERM"  # another process's signal
+                log.info(
+                    "%s before the first step: nothing trained, nothing to save; stopped",
+                    stopped_by,
+                )
+                step = resume.step
+            else:
+                step, stopped_by = _steps(drv, inputs(), stop, resume.step)
+    except BaseException:
+        _wind_down(backend, runlog)
+        raise
     if drv.bar is not None:
         drv.bar.close()
     with drv.clock.timing("checkpoint"):  # saves still being written (--async-checkpoint)
         backend.wait_for_checkpoints()
     return _finish(drv, step, stopped_by)
+
+
+def _wind_down(backend: Backend, runlog: RunLog) -> None:
+    """The run ends on an error (a bad batch, a NaN loss, a save that failed, Ctrl-C): the
+    saves still being written (--async-checkpoint) finish, so that no finished work is lost,
+    and the run log and its trackers close while the interpreter can still run their threads
+    (left to its shutdown, they print tracebacks under the one line that says why the run
+    ended). A save that fails now is not reported: the run's own error is."""
+    with contextlib.suppress(Exception):
+        backend.wait_for_checkpoints()
+    with contextlib.suppress(Exception):
+        runlog.close()
 
 
 def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: StopFlag, start: int):
