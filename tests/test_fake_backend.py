@@ -18,11 +18,11 @@ from helpers import (
 )
 
 from jaxtpu.core.errors import TrainingError
+from jaxtpu.core.flags.presets import tiny
+from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.run import loop
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import RunLog
-from jaxtpu.core.flags.presets import tiny
-from jaxtpu.core.flags.runspec import RunSpec
 
 
 def test_checkpoints_come_in_order_best_before_latest_at_each_evaluation(tmp_path):
