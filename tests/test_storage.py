@@ -6,6 +6,7 @@ milliseconds. The same code against a GCS emulator is `tests/test_bucket.py`."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 
@@ -239,3 +240,33 @@ def test_a_run_in_a_bucket_publishes_at_each_checkpoint_and_resumes(bucket, tmp_
     lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
     steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
     assert steps == list(range(1, 22))
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("JAXTPU_LEASE_SECONDS", "abc"),
+        ("JAXTPU_LEASE_SECONDS", "0"),
+        ("JAXTPU_LEASE_SECONDS", "nan"),
+        ("JAXTPU_BUCKET_TIMEOUT", "-1"),
+        ("JAXTPU_BUCKET_TIMEOUT", "inf"),
+        ("JAXTPU_BUCKET_RETRIES", "2.5"),
+    ],
+)
+def test_a_bad_bucket_setting_in_the_environment_is_one_line(monkeypatch, name, value):
+    """Issue 58: `JAXTPU_LEASE_SECONDS=abc` was a ValueError traceback and `=0` a lease that is
+    stale as soon as it is written (a second run takes the directory over at once)."""
+    from jaxtpu.core.run.lease import lease_seconds
+
+    monkeypatch.setenv(name, value)
+    read = {
+        "JAXTPU_LEASE_SECONDS": lease_seconds,
+        "JAXTPU_BUCKET_TIMEOUT": storage.timeout_seconds,
+        "JAXTPU_BUCKET_RETRIES": storage.retry_attempts,
+    }[name]
+    with pytest.raises(UserError, match=f"^{name}='{re.escape(value)}': expected a"):
+        read()
+    monkeypatch.setenv(name, "")
+    assert read() == {"JAXTPU_LEASE_SECONDS": 120, "JAXTPU_BUCKET_TIMEOUT": 60}.get(name, 8)
+    monkeypatch.setenv(name, "7")
+    assert read() == 7

@@ -38,6 +38,7 @@ from typing import Any
 
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import cache_root, write_text
+from jaxtpu.core.settings import env_number
 
 log = logging.getLogger("jaxtpu")
 
@@ -48,7 +49,13 @@ def timeout_seconds() -> float:
     """How long a call to a bucket through google-cloud-storage (the lease) keeps retrying
     before it fails: `JAXTPU_BUCKET_TIMEOUT`, default 60 s. (gcsfs retries six times over
     about half a minute; tensorstore as `jaxtpu.engine.checkpoint.bucket_retries` says.)"""
-    return float(os.environ.get("JAXTPU_BUCKET_TIMEOUT", "60"))
+    return env_number("JAXTPU_BUCKET_TIMEOUT", 60.0, minimum=1.0)
+
+
+def retry_attempts() -> int:
+    """How many times tensorstore retries a bucket call of a checkpoint before the save fails:
+    `JAXTPU_BUCKET_RETRIES`, default 8 (`jaxtpu.engine.checkpoint.bucket_retries`)."""
+    return int(env_number("JAXTPU_BUCKET_RETRIES", 8, minimum=0, integer=True))
 
 
 class BucketError(UserError):

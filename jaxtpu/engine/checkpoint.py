@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import shutil
 import sys
 import time
@@ -61,7 +60,7 @@ def bucket_retries() -> None:
     from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 
     retries = {
-        "max_retries": int(os.environ.get("JAXTPU_BUCKET_RETRIES", "8")),
+        "max_retries": storage.retry_attempts(),
         "initial_delay": "1s",
         "max_delay": "16s",
     }

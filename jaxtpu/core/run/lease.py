@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from jaxtpu.core.errors import TrainingError, UserError
+from jaxtpu.core.settings import env_number
 from jaxtpu.core.storage import (
     BucketError,
     bucket_errors,
@@ -53,8 +54,9 @@ NAME = ".lease"
 
 
 def lease_seconds() -> float:
-    """How long a lease holds without renewal: 120 s, or `JAXTPU_LEASE_SECONDS`."""
-    return float(os.environ.get("JAXTPU_LEASE_SECONDS", "120"))
+    """How long a lease holds without renewal: 120 s, or `JAXTPU_LEASE_SECONDS` (at least 1 s:
+    a lease that is stale as soon as it is written would let a second run take over at once)."""
+    return env_number("JAXTPU_LEASE_SECONDS", 120.0, minimum=1.0)
 
 
 class Conflict(Exception):
