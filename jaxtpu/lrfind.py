@@ -95,6 +95,12 @@ def check_flags(args: argparse.Namespace, cfg: Config) -> None:
         raise UserError("lr-find takes one optimizer update per step: drop --accumulate")
     if cfg.output.resume:
         raise UserError("lr-find starts from the model's initial weights: drop --resume")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():  # checked before the sweep, not after it
+        raise UserError(
+            f"--out {out}: a file is there; lr-find writes a directory (lr_find.csv, "
+            "lr_find.png): choose another --out"
+        )
 
 
 def find(cfg: Config, start: float, end: float, steps: int) -> dict[str, Any]:

@@ -13,13 +13,11 @@ import json
 import sys
 from collections.abc import Sequence
 
-import numpy as np
-
 from jaxtpu.core import storage
-from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.severity import (
+    check_grid,
     format_weights,
     search_weights,
 )
@@ -37,8 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     with user_errors():
-        if not 0 < args.step <= args.top or not np.isfinite(args.top):
-            raise UserError(f"--step {args.step:g} --top {args.top:g}: expected 0 < step <= top")
+        check_grid(args.step, args.top)  # before any work
         if args.out:  # replaced when it exists, as before
             storage.check_output_file(args.out, "--out", overwrite=True)
         check_command_flags("severity-weights", args)

@@ -140,6 +140,10 @@ def _cfg(model_type: str, **changes) -> dict:
             _cfg("modernbert", num_hidden_layers=2, layer_types=["full_attention", "chunked"]),
             "layer_types=['full_attention', 'chunked'] is not supported",
         ),
+        (  # issue 58: was a ZeroDivisionError
+            _cfg("modernbert", num_hidden_layers=2, global_attn_every_n_layers=0),
+            "global_attn_every_n_layers=0 (expected an integer >= 1",
+        ),
         (
             _cfg("modernbert", rope_parameters={"full_attention": {"rope_type": "linear"}}),
             "rope_parameters['full_attention'].rope_type='linear' is not supported",

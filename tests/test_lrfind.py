@@ -35,6 +35,16 @@ def test_the_suggestion_is_the_steepest_fall_before_the_minimum():
     assert lr is None and "first steps" in why
 
 
+def test_an_out_that_is_a_file_is_refused_before_the_sweep(capsys, tmp_path):
+    """Issue 58: a FileExistsError after the whole sweep. (The sweep would need a model run:
+    this test is in the fast tier, so the refusal must come first.)"""
+    (tmp_path / "taken").write_text("x")
+    err = one_line_exit_2(
+        capsys, lambda: lrfind.main(["--preset", "tiny", "--out", str(tmp_path / "taken")])
+    )
+    assert "a file is there; lr-find writes a directory" in err
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

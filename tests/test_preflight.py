@@ -177,6 +177,23 @@ def test_find_batch_brackets_then_bisects(monkeypatch, start, tolerance, found, 
     assert best.extra["largest_batch"] == best.batch_size == found
     assert best.flops_per_step == found * 1e9
     assert tried == tries
+    assert "search_cap" not in best.extra and "cap" not in pf_report._largest(best)
+
+
+def test_find_batch_says_when_it_stopped_at_its_own_cap(monkeypatch):
+    """Issue 58: every batch up to the search's cap fitted, and preflight reported 'largest
+    batch found 4096' as if it were the limit."""
+
+    def fake_check(cfg, target, devices, capacity, flops):
+        r = pf_report.Report(target, "zero1", "none", "data=8,fsdp=1", cfg.train.batch_size, 16)
+        r.fits = True
+        return r
+
+    monkeypatch.setattr(pf_fit, "check", fake_check)
+    monkeypatch.setattr(pf_fit, "flops_per_step", lambda cfg, devices: 1e9)
+    best = pf_fit.find_batch(presets.tiny().replace(batch_size=1024), "cpu", [], 0, lambda r: 0)
+    assert best.extra["largest_batch"] == pf_fit.MAX_BATCH == best.extra["search_cap"]
+    assert pf_report._largest(best) == "4096 (the search's cap, 4096: larger may fit)"
 
 
 def test_sweep_lists_are_checked():

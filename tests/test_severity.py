@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ import pytest
 from jaxtpu.core.data.records import SUBLABELS
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.severity import (
+    MAX_GRID,
+    check_grid,
     format_weights,
     pair_agreement,
     parse_label_weights,
@@ -61,6 +64,23 @@ def test_the_search_finds_weights_that_rank_pairs_as_the_truth_does():
     assert found.agreement == pytest.approx(pair_agreement(less, more, found.weights))
     assert found.weights[1] > 3 * max(found.weights[[0, 2, 3, 5]])  # severe_toxic leads
     assert np.all(np.isin(np.round(found.weights, 6), np.round(np.arange(0, 2.05, 0.1), 6)))
+
+
+@pytest.mark.parametrize(
+    "step, top, message",
+    [
+        (1e-5, 1e6, "100,000,000,001 weights per label; at most 1,001"),  # was 745 GiB asked
+        (1, 1e300, "weights per label; at most 1,001"),  # was "Maximum allowed size exceeded"
+        (0.1, float("inf"), "expected 0 < step <= top, both finite"),
+        (0.5, 0.1, "expected 0 < step <= top"),
+        (0.0, 2.0, "expected 0 < step <= top"),
+    ],
+)
+def test_a_grid_too_fine_or_not_a_grid_is_one_line(step, top, message):
+    """Issue 58: `severity-weights --top 1e6 --step 1e-5` asked for 745 GiB."""
+    with pytest.raises(UserError, match=re.escape(message)):
+        search_weights(np.zeros((2, 6)), np.ones((2, 6)), step=step, top=top)
+    assert check_grid(0.1, 2.0) == 21 and check_grid(0.002, 2.0) == MAX_GRID
 
 
 def test_the_search_keeps_weights_that_already_agree():

@@ -13,6 +13,7 @@ deterministic and cheap: each trial is one matrix-vector product over the pairs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,24 @@ class Search:
     passes: int
 
 
+MAX_GRID = 1001  # weights tried per label: each trial holds one score margin per pair
+
+
+def check_grid(step: float, top: float) -> int:
+    """The number of weights `search_weights` tries per label (0, step, ..., top), or a
+    one-line UserError for a grid that is not one (step <= 0, top < step, not finite) or is
+    finer than `MAX_GRID` points (a pairs x grid array of that size is built per label)."""
+    if not (np.isfinite(step) and np.isfinite(top) and 0 < step <= top):
+        raise UserError(f"--step {step:g} --top {top:g}: expected 0 < step <= top, both finite")
+    points = math.ceil(top / step + 0.5)  # len(np.arange(0, top + step / 2, step))
+    if points > MAX_GRID:
+        raise UserError(
+            f"--step {step:g} --top {top:g}: {points:,} weights per label; at most {MAX_GRID:,} "
+            f"(a coarser --step or a lower --top, e.g. --step {top / (MAX_GRID - 1):.3g})"
+        )
+    return points
+
+
 def search_weights(
     less: np.ndarray,
     more: np.ndarray,
@@ -74,6 +93,7 @@ def search_weights(
 ) -> Search:
     """Coordinate ascent on the grid (see the module docstring) over pairs whose comments
     have the label probabilities `less`, `more` (P, 6)."""
+    check_grid(step, top)
     grid = np.round(np.arange(0.0, top + step / 2, step), 10)
     weights = np.array(SEVERITY_WEIGHTS if start is None else start, np.float64)
     # the pairs' score margins (more - less) are linear in the weights: changing label j's

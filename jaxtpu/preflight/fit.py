@@ -100,8 +100,9 @@ def find_batch(
     itself (0 = exact): from --batch-size, doubling while it fits (halving while it does not),
     then bisection of the last bracket. Memory does not always grow strictly with the batch
     (the TPU compiler's schedule changes), so the answer is the largest batch seen to fit on
-    that path. One compilation per batch tried; returns the report of the batch found (or of
-    the smallest tried, not fitting, when nothing fits)."""
+    that path. It goes no higher than `MAX_BATCH` (the report's `search_cap` says when it
+    stopped there with every batch fitting). One compilation per batch tried; returns the
+    report of the batch found (or of the smallest tried, not fitting, when nothing fits)."""
     tried: dict[int, Report] = {}
 
     def fits(b: int) -> bool:
@@ -131,6 +132,8 @@ def find_batch(
             hi = mid
     best = tried[lo] if lo else tried[min(tried)]
     best.extra["largest_batch"] = lo
+    if lo and not hi:  # every batch tried fitted: the search stopped at its cap, not a limit
+        best.extra["search_cap"] = MAX_BATCH
     if not best.error:
         chosen = cfg.replace(batch_size=best.batch_size)
         best.flops_per_step = flops_per_step(chosen, devices)

@@ -160,6 +160,8 @@ def estimate_note(reports: list[Report]) -> str:
 
 def _largest(r: Report) -> str:
     largest = r.extra.get("largest_batch", 0)
+    if largest and "search_cap" in r.extra:
+        return f"{largest} (the search's cap, {r.extra['search_cap']}: larger may fit)"
     return str(largest) if largest else f"none (batch {r.batch_size} refused)"
 
 

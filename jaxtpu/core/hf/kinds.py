@@ -87,8 +87,15 @@ def _modernbert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str
     `global_attn_every_n_layers`, `global_rope_theta` and `local_rope_theta`. Anything but the
     default rotary embedding, or a layer kind the port does not know, is a one-line error."""
     n = out["num_hidden_layers"]
-    every = d.get("global_attn_every_n_layers", 3)
-    kinds = d.get("layer_types") or [SLIDING if i % every else FULL for i in range(n)]
+    kinds = d.get("layer_types")
+    if not kinds:
+        every = d.get("global_attn_every_n_layers", 3)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(
+                f"{source}: global_attn_every_n_layers={every!r} (expected an integer >= 1 when "
+                "the config has no layer_types)"
+            )
+        kinds = [SLIDING if i % every else FULL for i in range(n)]
     if len(kinds) != n or any(k not in (FULL, SLIDING) for k in kinds):
         raise ConfigError(
             f"{source}: layer_types={list(kinds)!r} is not supported (jaxtpu implements "
