@@ -40,10 +40,16 @@ def test_checkpoints_come_in_order_best_before_latest_at_each_evaluation(tmp_pat
 
 def test_a_nan_loss_stops_at_its_logging_step_and_saves_nothing_after_it(tmp_path):
     backend = FakeBackend({}, nan_at=9)
-    with pytest.raises(TrainingError, match="loss became nan at step 9"):
+    with pytest.raises(TrainingError, match=r"loss became nan at step 9; .*\(latest at step 8"):
         run_fake(tmp_path, backend, eval_every=3, checkpoint_every=2)
     assert max(step for _, step in backend.events) == 8  # nothing of the diverged state
     assert backend.disk["latest"]["step"] == 8
+
+
+def test_a_nan_loss_before_any_save_says_that_nothing_was_saved(tmp_path):
+    """Said 'the last good checkpoints are kept ... (best at step None)' when there was none."""
+    with pytest.raises(TrainingError, match="No model was saved before it: .* config and metr"):
+        run_fake(tmp_path, FakeBackend({}, nan_at=2), eval_every=7, log_every=1)
 
 
 def test_a_run_that_ends_on_an_error_lets_its_saves_finish_and_closes_its_log(tmp_path):

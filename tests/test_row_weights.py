@@ -96,17 +96,21 @@ def test_the_weighted_mean_of_a_batch():
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("-1", "w=-1 (--weight-column) is not >= 0"),
+        ("-1", "w=-1 (--weight-column) is outside [0, 3.40282e+38]"),
         ("", "w (--weight-column) is blank"),
         ("heavy", "w='heavy' (--weight-column) is not a number"),
-        ("nan", "w=nan (--weight-column) is not >= 0"),
+        ("nan", "w=nan (--weight-column) is outside [0, 3.40282e+38]"),
+        ("inf", "w=inf (--weight-column) is outside [0, 3.40282e+38]"),  # issue 58: a NaN
+        ("1e39", "w=1e39 (--weight-column) is outside [0, 3.40282e+38]"),  # loss at step 2
+        ("1e38", "the training rows' weights sum to 1e+38, too close to float32's limit"),
     ],
 )
 def test_a_bad_weight_is_one_line_naming_the_row(tmp_path, tokenizer, value, message):
     weights = ["1"] * 40
     weights[5] = value
     path = _weighted_csv(tmp_path / "w.csv", weights)
-    with pytest.raises(DataError, match="row 7|line 7") as e:
+    where = "row 7|line 7" if "sum to" not in message else "--weight-column w"
+    with pytest.raises(DataError, match=where) as e:
         taskdata.load_task_data(tiny().replace(train_csv=str(path), weight_column="w"), tokenizer)
     assert message in str(e.value) and "\n" not in str(e.value)
 

@@ -24,10 +24,18 @@ log = logging.getLogger(__name__)
 BIAS_BASE, BIAS_TERM, BIAS_THRESHOLD = 0.25, 0.25, 0.5
 
 
+# A weight must be a float32 number (1e39 or inf became a NaN loss at step 2), and all of them
+# together far from float32's end: a batch's loss sums weight x loss in float32. Only their
+# ratios matter, so a column that large can be scaled down.
+MAX_WEIGHT = float(np.finfo(np.float32).max)
+MAX_WEIGHT_SUM = 1e30
+
+
 def weight_columns(cfg: Any) -> dict[str, NumberColumn]:
     """The numeric columns the training file must have for the run's row weights."""
     name = cfg.data.weight_column
-    return {name: NumberColumn("--weight-column", blank_ok=False, lo=0.0)} if name else {}
+    rule = NumberColumn("--weight-column", blank_ok=False, lo=0.0, hi=MAX_WEIGHT)
+    return {name: rule} if name else {}
 
 
 def bias_weights(target: np.ndarray, identities: dict[str, np.ndarray]) -> np.ndarray:
@@ -69,6 +77,13 @@ def row_weights(
         weights, how = bias_weights(data.labels, data.groups.identities), "--bias-weights"
     else:
         return None
+    total = float(np.sum(weights, dtype=np.float64))
+    if total > MAX_WEIGHT_SUM:
+        raise DataError(
+            f"{how}: the {split} rows' weights sum to {total:.3g}, too close to float32's "
+            f"limit for the loss (weight x loss is summed in float32); divide them by a "
+            f"constant (only their ratios matter)"
+        )
     weights = np.asarray(weights, np.float32)
     if not weights.any():
         raise DataError(f"{how}: every one of the {len(weights)} {split} rows has weight 0")

@@ -102,6 +102,7 @@ class _Driver:
         self.compile_s: float | None = None
         self.every_s = checkpoint_interval(self.cfg.output.checkpoint_every)[1]
         self.last_save = time.time()  # for a --checkpoint-every time interval
+        self.saved = resume.step  # the step of the latest state saved (0: none)
         self.bar = None
         if self.cfg.output.progress and backend.primary:
             from tqdm import tqdm
@@ -130,7 +131,7 @@ class _Driver:
             self.backend.save_latest(step, self.meta(step))
             if self.backend.primary:
                 self.job.publish()
-        self.last_save = time.time()
+        self.last_save, self.saved = time.time(), step
 
     def save_due(self, call: Call) -> bool:
         """Whether a --checkpoint-every time interval has passed since the last save, decided
@@ -142,10 +143,17 @@ class _Driver:
     def check_finite(self, what: str, value: float, step: int) -> None:
         """Never goes on from (or checkpoints) a diverged state."""
         if not np.isfinite(value):
+            best = self.best["step"]
+            kept = (
+                f"The last good checkpoints are kept in {self.job.rundir}/checkpoints (latest "
+                f"at step {self.saved}" + (f", best at step {best})" if best is not None else ")")
+                if self.saved
+                else f"No model was saved before it: {self.job.rundir} keeps only the run's "
+                "config and metrics (remove it, or choose another --workdir, to start again)"
+            )
             raise TrainingError(
-                f"{what} became {value} at step {step}; stopped. The last good checkpoints are "
-                f"kept in {self.job.rundir}/checkpoints (best at step {self.best['step']}); "
-                "lower --lr or check the data"
+                f"{what} became {value} at step {step}; stopped. {kept}; lower --lr or check "
+                "the data"
             )
 
     def precompile(self, start: int) -> None:
