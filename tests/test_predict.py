@@ -206,3 +206,35 @@ def test_predict_and_evaluate_of_a_hugging_face_directory_say_what_it_is(
         err = one_line_exit_2(capsys, lambda main=main, argv=argv: main(argv))
         assert "is a Hugging Face model directory, not a jaxtpu run directory" in err
         assert "--model-dir" in err
+
+
+@pytest.mark.parametrize(
+    "problem_type, labels, pairs, said",
+    [
+        ("multi_label_classification", ("toxic",), False, None),
+        ("regression", ("score",), False, "problem_type regression"),  # issue 58: was silent
+        (None, ("LABEL_0",), False, "one label and no problem_type"),
+        ("regression", ("score",), True, None),  # a ranker's pairs: only the order counts
+        ("multi_label_classification", ("LABEL_0", "LABEL_1") + ("x",) * 4, False, None),
+    ],
+)
+def test_a_one_output_regression_head_is_said_to_be_one(capsys, problem_type, labels, pairs, said):
+    """`--model-dir` of a classifier whose one output transformers trains as a regression
+    (problem_type regression, or unset with one label) was scored through a sigmoid and
+    written as probabilities without a word."""
+    from jaxtpu.core.hf.heads import ClassifierConfig
+    from jaxtpu.engine.scoring import classifier_task
+
+    head = ClassifierConfig(labels, problem_type, None)
+    if len(labels) == 6:  # six labels, not the Jigsaw ones nor LABEL_i: refused
+        with pytest.raises(UserError, match="its head scores 6 labels"):
+            classifier_task("m", head, pairs)
+        return
+    task = classifier_task("m", head, pairs)
+    assert task == ("ranking" if pairs else "toxicity")
+    err = capsys.readouterr().err
+    if said is None:
+        assert err == ""
+    else:
+        assert err.startswith(f"warning: --model-dir m: its head is a regression output ({said}")
+        assert "not make them probabilities" in err and err.count("\n") == 1

@@ -148,24 +148,7 @@ def load_model_dir(model_dir: str, max_len: int, pairs: bool = False) -> Trained
     enc = read_encoder(where)
     classifier = read_classifier_dir(where, enc.model_type)
     if classifier is not None:
-        head, labels = "hf", classifier.labels
-        generic = labels == tuple(f"LABEL_{i}" for i in range(len(labels)))
-        if len(labels) == len(LABELS) and (labels == LABELS or generic):
-            task = "multilabel"
-        elif len(labels) == 1:
-            task = "ranking" if pairs else "toxicity"
-        else:
-            raise UserError(
-                f"--model-dir {model_dir}: its head scores {len(labels)} labels "
-                f"({', '.join(labels)}); jaxtpu scores one toxicity score or the six Jigsaw "
-                f"labels ({', '.join(LABELS)})"
-            )
-        if generic and len(labels) > 1:
-            print(
-                f"warning: --model-dir {model_dir} names its labels {', '.join(labels)}; "
-                f"scored as {', '.join(LABELS)} in that order",
-                file=sys.stderr,
-            )
+        head, task = "hf", classifier_task(model_dir, classifier, pairs)
     elif (Path(where) / HEAD_FILE).exists():
         head = "jaxtpu"
         task = exported_head(where).get("task") or "toxicity"
@@ -183,6 +166,48 @@ def load_model_dir(model_dir: str, max_len: int, pairs: bool = False) -> Trained
     spec = RunSpec.resolve(cfg, 1)
     model = weights.load_model(cfg, spec, head_required=True)
     return TrainedModel(cfg, spec, model.module, model.params, {}, Path(spec.tokenizer_dir))
+
+
+def classifier_task(model_dir: str, classifier: Any, pairs: bool) -> str:
+    """The task a `*ForSequenceClassification` head (`ClassifierConfig`) is scored as: the six
+    Jigsaw labels the multi-label model, one output toxicity (a ranker when `pairs`), with a
+    warning on stderr where its labels or outputs are not what the names say.
+
+    Raises:
+      UserError: a head of another number of outputs or of other labels."""
+    labels = classifier.labels
+    generic = labels == tuple(f"LABEL_{i}" for i in range(len(labels)))
+    if len(labels) == len(LABELS) and (labels == LABELS or generic):
+        task = "multilabel"
+    elif len(labels) == 1:
+        task = "ranking" if pairs else "toxicity"
+        if classifier.problem_type != "multi_label_classification" and not pairs:
+            print(regression_warning(model_dir, classifier.problem_type), file=sys.stderr)
+    else:
+        raise UserError(
+            f"--model-dir {model_dir}: its head scores {len(labels)} labels "
+            f"({', '.join(labels)}); jaxtpu scores one toxicity score or the six Jigsaw "
+            f"labels ({', '.join(LABELS)})"
+        )
+    if generic and len(labels) > 1:
+        print(
+            f"warning: --model-dir {model_dir} names its labels {', '.join(labels)}; "
+            f"scored as {', '.join(LABELS)} in that order",
+            file=sys.stderr,
+        )
+    return task
+
+
+def regression_warning(model_dir: str, problem_type: str | None) -> str:
+    """What the scores of a one-output head that is not a classifier's are (transformers
+    trains a head of `problem_type` regression, or unset with one label, with a squared error:
+    its output is a value, not a logit)."""
+    why = f"problem_type {problem_type}" if problem_type else "one label and no problem_type"
+    return (
+        f"warning: --model-dir {model_dir}: its head is a regression output ({why}, which "
+        "transformers trains with a squared error); its outputs are written through a sigmoid, "
+        "which keeps their order but does not make them probabilities"
+    )
 
 
 def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
