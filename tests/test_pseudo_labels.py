@@ -14,9 +14,37 @@ from helpers import one_line_exit_2
 from jaxtpu.core.data import taskdata
 from jaxtpu.core.data.demo import demo_comments
 from jaxtpu.core.data.records import SUBLABELS
-from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.engine.predictions import pseudo_rows
+
+
+def test_extra_rows_that_are_validation_rows_are_left_out(tmp_path, tokenizer, caplog):
+    """Issue 58: `--train-csv good.csv --extra-train good.csv` trained on all the validation
+    comments and logged "validation unchanged"."""
+    from jaxtpu.core.data.demo import SAMPLE_CSV
+
+    with open(SAMPLE_CSV, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))[:121]
+    good = tmp_path / "good.csv"
+    with open(good, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    cfg = tiny().replace(train_csv=str(good), valid_fraction=0.2, extra_train=str(good))
+    caplog.set_level("INFO", "jaxtpu")
+    data = taskdata.load_task_data(cfg, tokenizer)
+    plain = taskdata.load_task_data(cfg.replace(extra_train=""), tokenizer)
+    valid = {bytes(r) for r in plain.valid.input_ids}
+    left_out = data.info["extra_train_left_out"]
+    assert left_out >= len(plain.valid) == 24  # every validation row (and any repeat of one)
+    assert data.info["extra_train_examples"] == 120 - left_out
+    assert len(data.train) == len(plain.train) + 120 - left_out
+    assert not valid & {bytes(r) for r in data.train.input_ids[len(plain.train) :]}
+    assert f"({left_out} that share a text with a validation row left out)" in caplog.text
+    with pytest.raises(DataError, match="every one of its 1 rows shares a text with a valid"):
+        one = tmp_path / "one.csv"
+        with open(one, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([rows[0], rows[1 + int(plain.valid_rows[0])]])
+        taskdata.load_task_data(cfg.replace(extra_train=str(one)), tokenizer)
 
 
 def test_pseudo_rows_keep_confident_non_empty_comments():

@@ -118,6 +118,23 @@ def check_label_columns(train: Comments | Pairs, task: Task, source: str) -> Non
         )
 
 
+def without_validation_texts(
+    more: Comments | Pairs, valid: Comments | Pairs, what: str
+) -> tuple[Comments | Pairs, int]:
+    """`more` (rows added to training) without those that share a text with a validation
+    row (for pairs: either comment with any validation comment), so validation stays unseen,
+    and how many were left out. Raises DataError when that leaves none."""
+    seen = {bytes(x) for x in valid.text_digests().reshape(-1, 16)}
+    digests = more.text_digests().reshape(len(more), -1, 16)
+    hit = np.array([any(bytes(x) in seen for x in row) for row in digests], bool)
+    if hit.all() and len(more):
+        raise DataError(
+            f"{what}: every one of its {len(more)} rows shares a text with a validation row; "
+            "adding them would train on the validation set"
+        )
+    return (more.subset(np.flatnonzero(~hit)) if hit.any() else more), int(hit.sum())
+
+
 def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     """Reads, splits, (for ranking) pairs and tokenizes the data a config asks for.
 
@@ -159,18 +176,20 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     weights = row_weights(train, cfg, source)
     train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
     train_ex.row_weights = weights
-    extra = 0
+    extra = overlap = 0
     if d.extra_train:
         more = read_task_file(
             d.extra_train, task, cache_dir=cache, columns=aux_columns(task, False)
         )
+        more, overlap = without_validation_texts(more, valid, f"--extra-train {d.extra_train}")
         extra = len(more)
         log.info(
-            "--extra-train %s: %d more training %s, each of weight %g; validation unchanged",
+            "--extra-train %s: %d more training %s, each of weight %g; validation unchanged%s",
             d.extra_train,
             extra,
             task.unit,
             d.extra_weight,
+            f" ({overlap} that share a text with a validation row left out)" if overlap else "",
         )
         more_ex = encode(more, tokenizer, d.max_len, d.cache_dir, task)
         train_ex = train_ex.concat(more_ex, weights, d.extra_weight)
@@ -183,6 +202,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         "split": split_desc,
         "train_examples": len(train_ex),
         "extra_train_examples": extra,
+        "extra_train_left_out": overlap,
         "valid_examples": len(valid_ex),
         "dropped_rows": getattr(data, "dropped", 0),
         "token_cache_hit": train_ex.cache_hit and valid_ex.cache_hit,

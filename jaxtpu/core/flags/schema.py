@@ -297,7 +297,8 @@ class DataConfig:
         "More training rows from this classification file (CSV, Parquet or JSON Lines), added "
         "after the split so validation stays the labelled rows alone: e.g. pseudo-labels "
         "written by `jaxtpu predict --pseudo-label` (soft targets). Its rows weigh "
-        "--extra-weight in the loss. One-comment tasks.",
+        "--extra-weight in the loss; a row whose text is a validation row's is left out (the "
+        "log says how many). One-comment tasks.",
     )
     extra_weight: float = _f(
         1.0,
