@@ -15,14 +15,17 @@ The loop: describe the VM; if it is gone or was preempted, delete what is left a
 (`--spot` for a spot VM) and run `--setup` on every worker; run the training; when it ends,
 the bucket's `summary.json` says whether the run finished. A run stopped by SIGTERM (the
 preemption notice: it saved its state) or an ssh cut short by the VM going away is tried again
-after `--retry-wait` seconds, at most `--retries` times; a run that failed on a VM that is
-still there (bad flags, bad data) is not retried: its exit code is returned.
+after `--retry-wait` seconds, at most `--retries` times, as is an ssh that could not reach the
+workers (ssh's own exit code 255); a run that failed on a VM that is still there (bad flags,
+bad data) is not retried: its exit code is returned. A zone or project gcloud does not know is
+one line at once, never a VM to create.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -35,6 +38,9 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.run.exits import user_errors
 
+# gcloud's words for a zone or project that does not exist (a missing VM is instead "Resource
+# 'projects/P/locations/Z/nodes/NAME' was not found")
+PLACE_NOT_FOUND = re.compile(r"\b(location|project) \S+ (is )?not found", re.IGNORECASE)
 GONE = ("PREEMPTED", "TERMINATED", "STOPPED", "SUSPENDED", "FAILED")
 READY = "READY"
 
@@ -65,13 +71,23 @@ class Gcloud:
             ) from None
 
     def describe(self) -> Vm | None:
-        """The VM's state and worker count, or None when there is no such VM."""
+        """The VM's state and worker count, or None when there is no such VM (a zone or
+        project that does not exist is a UserError: creating a VM there cannot help)."""
         proc = self._run("describe", "--format=json")
         if proc.returncode:
+            said = storage.first_line(proc.stderr)
+            where = " ".join(self.where)
+            if PLACE_NOT_FOUND.search(proc.stderr):  # not the node's path, "locations/..."
+                raise UserError(f"gcloud describe {self.name} ({where}): {said}")
             if "NOT_FOUND" in proc.stderr or "not found" in proc.stderr.lower():
                 return None
-            raise UserError(f"gcloud describe {self.name}: {storage.first_line(proc.stderr)}")
-        found = json.loads(proc.stdout or "{}")
+            raise UserError(f"gcloud describe {self.name}: {said}")
+        found = vm_record(proc.stdout)
+        if found is None:
+            raise UserError(
+                f"gcloud describe {self.name} --format=json printed no JSON object: "
+                f"{storage.first_line(proc.stdout) or '(nothing)'}"
+            )
         return Vm(str(found.get("state", "")), max(len(found.get("networkEndpoints") or []), 1))
 
     def create(self) -> None:
@@ -89,6 +105,25 @@ class Gcloud:
     def ssh_all(self, command: str) -> int:
         """Runs `command` on every worker; its output goes to this terminal."""
         return self._run("ssh", "--worker=all", f"--command={command}", capture=False).returncode
+
+
+def vm_record(stdout: str) -> dict | None:
+    """The JSON object `gcloud ... describe --format=json` printed, after any notice gcloud
+    printed before it (an update available, a deprecation), or None when there is none."""
+    start = stdout.find("{")
+    while start != -1:
+        try:
+            found, _ = json.JSONDecoder().raw_decode(stdout[start:])
+        except ValueError:
+            start = stdout.find("{", start + 1)
+            continue
+        if isinstance(found, dict):
+            return found
+        start = stdout.find("{", start + 1)
+    return None
+
+
+SSH_FAILED = 255  # ssh's own exit code: it could not reach (or lost) a worker
 
 
 class _Retry(Exception):
@@ -158,6 +193,11 @@ def launch(args: argparse.Namespace, flags: list[str]) -> int:
                 print(f"launch: the run in {workdir} finished", flush=True)
                 return 0
             after = gcloud.describe()
+            if code == SSH_FAILED and after is not None and after.state == READY:
+                raise _Retry(
+                    f"ssh could not reach a worker of {args.tpu} (exit {SSH_FAILED}, ssh's own; "
+                    "see its output above), which is up"
+                )
             if code and after is not None and after.state == READY:
                 print(
                     f"launch: the run failed (exit {code}) on {args.tpu}, which is still up: "
