@@ -88,6 +88,40 @@ def test_a_staged_output_directory_appears_only_when_complete(bucket, tmp_path):
         storage.check_output_dir(url, "--out")
 
 
+def test_two_writes_of_one_output_directory_and_a_killed_ones_leftovers(tmp_path):
+    """Issue 58: two `export`s into one --out both did the whole export, then the second
+    failed with 'Directory not empty'; a SIGKILLed export left its 8 MB staging directory
+    beside --out for good."""
+    from jaxtpu.core.files import release_lock, take_lock
+
+    out = tmp_path / "export"
+    killed = tmp_path / ".export.staging-k1ll3d_x"  # what a killed write leaves
+    (killed / "sub").mkdir(parents=True)
+    others = [tmp_path / ".export.v2.staging-abcdefgh", tmp_path / ".exported"]
+    for other in others:  # another output's staging, and a file of the user's: kept
+        other.mkdir()
+    fd, _ = take_lock(tmp_path / ".export.lock")  # another process, writing `out` now
+    with pytest.raises(UserError, match=r"export is being written by another process \(proc"):
+        with storage.staged_dir(out):
+            raise AssertionError("the block must not run")
+    release_lock(fd)
+    assert killed.exists()  # not touched while the other write held the lock
+    with storage.staged_dir(out) as staging:
+        assert not killed.exists() and all(o.exists() for o in others)
+        (staging / "a.txt").write_text("a")
+    assert (out / "a.txt").read_text() == "a"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["export", *(o.name for o in others)]  # no lock file left either
+    )
+    other = tmp_path / "again"
+    with pytest.raises(UserError, match="again was written by another process meanwhile"):
+        with storage.staged_dir(other) as staging:
+            (staging / "b.txt").write_text("b")
+            (other / "theirs.txt").parent.mkdir()
+            (other / "theirs.txt").write_text("theirs")
+    assert [p.name for p in other.iterdir()] == ["theirs.txt"]
+
+
 def test_a_failing_bucket_is_one_line():
     with pytest.raises(storage.BucketError) as e:
         with storage.bucket_errors("gs://b/x", "writing it", "try again"):

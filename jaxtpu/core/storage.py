@@ -29,6 +29,7 @@ import hashlib
 import importlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.files import cache_root, write_text
+from jaxtpu.core.files import cache_root, release_lock, take_lock, write_text
 from jaxtpu.core.settings import env_number
 
 log = logging.getLogger("jaxtpu")
@@ -375,27 +376,61 @@ def write_output_text(path: str, text: str) -> None:
     write_text(path, text)
 
 
+STAGING = ".staging-"  # `.<name>.staging-XXXXXXXX`: mkdtemp's name beside a local output
+
+
 @contextlib.contextmanager
 def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
     """A directory to write a command's output into, which becomes `out` only when the block
     ends without an error: renamed into place beside a local `out` (an empty directory there
-    is replaced), uploaded file by file to a URL. A failure leaves `out` as it was."""
-    local_parent = None if is_remote(out) else Path(out).parent
-    if local_parent is not None:
-        local_parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name_of(out)}.", dir=local_parent))
+    is replaced), uploaded file by file to a URL. A failure leaves `out` as it was.
+
+    Beside a local `out`, the write holds the lock file `.<name>.lock` from the start: a
+    second command writing the same `out` is refused at once (it used to do all its work, then
+    fail to rename), and the staging directories a killed write left there are removed.
+
+    Raises:
+      UserError: another process is writing `out`, or `out` was written meanwhile."""
+    if is_remote(out):
+        with _staging(None) as staging:
+            yield staging
+            put(staging, str(out))
+        return
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.parent / f".{target.name}.lock"
+    fd, holder = take_lock(lock)
+    if fd is None:
+        raise UserError(
+            f"{out} is being written by another process ({holder}); wait for it to end, or "
+            "choose another output"
+        )
+    try:
+        left = re.compile(re.escape(f".{target.name}{STAGING}") + r"[a-z0-9_]{8}")
+        for old in target.parent.iterdir():  # a killed write's: nobody else holds the lock
+            if left.fullmatch(old.name) and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        with _staging(target.parent, f".{target.name}{STAGING}") as staging:
+            yield staging
+            if target.is_dir() and not any(target.iterdir()):  # the output checks allow it
+                target.rmdir()
+            if target.exists():
+                raise UserError(f"{out} was written by another process meanwhile; nothing replaced")
+            staging.rename(target)
+    finally:
+        release_lock(fd, lock)
+
+
+@contextlib.contextmanager
+def _staging(parent: Path | None, prefix: str = ".jaxtpu-") -> Iterator[Path]:
+    """A new directory in `parent` (None: the system's temporary directory) with the
+    permissions mkdir gives (not mkdtemp's 0700), removed when the block ends."""
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     umask = os.umask(0)
     os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # a directory as mkdir makes it, not mkdtemp's 0700
+    staging.chmod(0o777 & ~umask)
     try:
         yield staging
-        if local_parent is None:
-            put(staging, str(out))
-        else:
-            target = Path(out)
-            if target.is_dir():  # empty: the output checks refused anything else
-                target.rmdir()
-            staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
