@@ -3,8 +3,10 @@ SIGKILLs itself at one chosen moment, to prove that resume survives a kill anywh
 
 FAULT is `call:N` (as the N-th training call starts), `eval:N` (inside the N-th evaluation
 batch), `save:N` (inside the N-th checkpoint write: orbax has written the temporary
-directory and is about to rename it into place) or `commit:N` (inside the N-th write of the
-latest state to a bucket: its objects written, its step's commit marker not yet).
+directory and is about to rename it into place), `commit:N` (inside the N-th write of the
+latest state to a bucket: its objects written, its step's commit marker not yet) or
+`committed:N` (the moment the N-th write of the latest state to a bucket has its commit
+marker, before the run does anything else).
 """
 
 from __future__ import annotations
@@ -43,16 +45,20 @@ def arm(kind: str, n: float) -> None:
 
         backend.JaxBackend.train_steps = waiting
         return
-    if kind == "commit":
+    if kind in ("commit", "committed"):
         from orbax.checkpoint._src.path import atomicity
 
         finalize = atomicity.CommitFileTemporaryPath.finalize
 
         async def finalizing(self, *args, **kwargs):
             path = str(self.get()).rstrip("/")
-            if "/latest/" in path and path.rsplit("/", 1)[-1].isdigit():  # a latest step's
+            latest = "/latest/" in path and path.rsplit("/", 1)[-1].isdigit()  # a latest step's
+            if latest and kind == "commit":
                 tick()
-            return await finalize(self, *args, **kwargs)
+            done = await finalize(self, *args, **kwargs)
+            if latest and kind == "committed":
+                tick()
+            return done
 
         atomicity.CommitFileTemporaryPath.finalize = finalizing
         return

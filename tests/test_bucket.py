@@ -76,33 +76,37 @@ def _assert_losses_match(gcs, url: str, uninterrupted: Path, rtol: float) -> Non
     np.testing.assert_allclose(ours, theirs, rtol=rtol)
 
 
-def test_a_bucket_run_killed_mid_step_and_mid_save_resumes_on_a_fresh_machine(
+def test_a_bucket_run_killed_after_a_commit_and_mid_save_resumes_on_a_fresh_machine(
     gcs, uninterrupted, tmp_path
 ):
-    """Killed as a step starts, then (with --async-checkpoint) while a save's objects are in
-    the bucket but not its commit marker, each time resumed on a new "machine": every loss
-    equals the uninterrupted local run's; then scored and exported from and to the bucket."""
+    """Killed the moment a checkpoint's commit marker is written, then (with
+    --async-checkpoint) while a save's objects are in the bucket but not its commit marker,
+    each time resumed on a new "machine" after taking over the lease: the bucket's metrics
+    hold every step its checkpoint covers (issue 58), every loss equals the uninterrupted local
+    run's; then scored and exported from and to the bucket. (Killed mid-step: test_signals.)"""
     url = gcs.bucket() + "/runs/a"
     args = resumable_args(url)  # the same run as `uninterrupted`, in the bucket
     env, cwd = _fresh_machine(tmp_path, "first", gcs)
-    killed = _run(args, env, cwd, "call:5")  # SIGKILL as the 5th training call starts
+    killed = _run(args, env, cwd, "committed:2")  # SIGKILL as checkpoint 6 is committed
     assert killed.returncode == -signal.SIGKILL, _why(killed)
-    assert "checkpoints/latest/3/commit_success.txt" in gcs.objects(url)
+    assert "checkpoints/latest/6/commit_success.txt" in gcs.objects(url)
+    steps = [x["step"] for x in _train_lines(gcs, url) if x.get("event") == "train"]
+    assert steps[:6] == [1, 2, 3, 4, 5, 6]  # the metrics of every step it covers, there
     time.sleep(4.5)  # the killed run's lease (4 s here) expires
     env, cwd = _fresh_machine(tmp_path, "second", gcs)
     args += ["--async-checkpoint"]  # from here on: saves in the background, same guarantees
     killed = _run([*args, "--resume"], env, cwd, "commit:2")  # in its 2nd save of the latest
     assert killed.returncode == -signal.SIGKILL, _why(killed)
     objects = gcs.objects(url)
-    assert "checkpoints/latest/6/commit_success.txt" in objects  # its first save, whole
-    half = [k for k in objects if k.startswith("checkpoints/latest/7/")]  # the evaluation's
-    assert half and "checkpoints/latest/7/commit_success.txt" not in objects  # never read
+    assert "checkpoints/latest/7/commit_success.txt" in objects  # the evaluation's, whole
+    half = [k for k in objects if k.startswith("checkpoints/latest/9/")]
+    assert half and "checkpoints/latest/9/commit_success.txt" not in objects  # never read
     time.sleep(4.5)
     env, cwd = _fresh_machine(tmp_path, "third", gcs, compiled=False)
     done = _run([*args, "--resume"], env, cwd)
     assert done.returncode == 0, _why(done)
     assert "took over the lease of process" in done.stdout + done.stderr
-    assert "resumed at step 6: data and tokens rebuilt (none cached here)" in done.stdout
+    assert "resumed at step 7: data and tokens rebuilt (none cached here)" in done.stdout
     assert "programs compiled (compilation cache empty here)" in done.stdout
     assert not list(cwd.iterdir())  # nothing written where it ran: all of it went up
 

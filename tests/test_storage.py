@@ -19,7 +19,7 @@ from jaxtpu.core.run import loop
 from jaxtpu.core.run.lease import Conflict, Holder, Lease, MemoryObject
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import RunLog, claim_workdir
-from jaxtpu.core.run.store import RunStore
+from jaxtpu.core.run.store import RunStore, working_copy
 
 
 @pytest.fixture
@@ -266,6 +266,58 @@ def test_a_run_in_a_bucket_publishes_at_each_checkpoint_and_resumes(bucket, tmp_
     with claim_workdir(bucket, resumed) as store:  # a fresh working copy, pulled
         assert (store.local / "metrics.jsonl").exists()
         job = fake_job(tmp_path / "unused2", resume=True, eval_every=3, checkpoint_every="2")
+        job.workdir, job.store = store.local, store
+        backend = FakeBackend(disk)
+        state = backend.restore_latest(job.spec.model_key)
+        runlog = RunLog(store.local, resume_step=state.step, tensorboard=False)
+        assert loop.run(job, backend, state, runlog)["steps"] == 21
+    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
+    steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+    assert steps == list(range(1, 22))
+
+
+class _Killed(BaseException):
+    """The process dying (SIGKILL) at a chosen moment, as far as the loop can tell."""
+
+
+class _DiesAfterACommit(FakeBackend):
+    """Dies the moment its `n`-th latest checkpoint is committed (stored on `disk`)."""
+
+    def __init__(self, disk: dict, n: int) -> None:
+        super().__init__(disk)
+        self.n = n
+
+    def save_latest(self, step: int, meta: dict) -> None:
+        super().save_latest(step, meta)
+        if sum(kind == "latest" for kind, _ in self.events) == self.n:
+            raise _Killed(step)
+
+
+def test_a_bucket_run_killed_right_after_a_commit_keeps_every_metrics_line(
+    bucket, tmp_path, monkeypatch
+):
+    """Issue 58: the checkpoint was committed before the metrics were published, so a run
+    killed between the two resumed (on a fresh machine) without the train lines since the
+    previous checkpoint. Killed after its 3rd commit, then resumed: lines 1..21, once each."""
+    monkeypatch.setenv("JAXTPU_CACHE", str(tmp_path / "cache"))
+    disk: dict = {}
+    cfg = fake_job(tmp_path / "unused", eval_every=7, checkpoint_every="3").cfg
+    cfg = cfg.replace(workdir=bucket)
+    # the store as claim_workdir makes it, without its exit (a killed process has none)
+    store = RunStore(working_copy(bucket), bucket, Lease(bucket).acquire(renew=False))
+    store.local.mkdir(parents=True)
+    job = fake_job(tmp_path / "unused", eval_every=7, checkpoint_every="3")
+    job.workdir, job.store = store.local, store
+    with pytest.raises(_Killed):
+        runlog = RunLog(store.local, tensorboard=False)
+        loop.run(job, _DiesAfterACommit(disk, 3), ResumeState(), runlog)
+    saved = disk["latest"]["step"]
+    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
+    steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+    assert saved == 7 and steps[:saved] == list(range(1, saved + 1))  # 7: the evaluation's
+    store.lease.release()  # (a killed run's lease expires)
+    with claim_workdir(bucket, cfg.replace(resume=True)) as store:  # a fresh working copy
+        job = fake_job(tmp_path / "unused2", resume=True, eval_every=7, checkpoint_every="3")
         job.workdir, job.store = store.local, store
         backend = FakeBackend(disk)
         state = backend.restore_latest(job.spec.model_key)

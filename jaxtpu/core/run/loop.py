@@ -124,13 +124,15 @@ class _Driver:
         }
 
     def save_latest(self, step: int) -> None:
-        """Saves the latest state, then publishes the run directory (a bucket run: what the
-        run wrote since, so the bucket holds every metrics line the checkpoint covers)."""
+        """Publishes the run directory (a bucket run: what the run wrote since), then saves
+        the latest state: in that order, the bucket holds every metrics line a committed
+        checkpoint covers even when the run dies the moment after the commit (a resume drops
+        the lines of steps after the checkpoint it resumes from)."""
         self.job.check()  # never write a run directory another run took over
         with self.clock.timing("checkpoint"):
-            self.backend.save_latest(step, self.meta(step))
             if self.backend.primary:
                 self.job.publish()
+            self.backend.save_latest(step, self.meta(step))
         self.last_save, self.saved = time.time(), step
 
     def save_due(self, call: Call) -> bool:

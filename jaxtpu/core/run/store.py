@@ -4,8 +4,9 @@
 A run in a bucket (`--workdir gs://bucket/runs/a`) writes its files as a local run does, into
 a working copy under the local cache (`cache_root()/runs/<bucket>/<path>`), and `publish`
 uploads what changed there since the last time, each file one object (whole when it appears).
-The loop publishes after every checkpoint and at the end, so the bucket always holds the
-metrics of every step its latest checkpoint covers (a resumed run drops the lines after it).
+The loop publishes before every checkpoint save and at the end, so the bucket always holds the
+metrics of every step its latest checkpoint covers (a resumed run drops the lines after it),
+even when the run dies the moment a checkpoint is committed.
 Checkpoints do not pass through the working copy: orbax writes them into the bucket itself
 (`jaxtpu.engine.checkpoint`). `pull` starts a working copy from the bucket: a fresh machine
 resuming a run gets its config.json, metrics, tokenizer and scores back, and nothing else.
