@@ -215,6 +215,48 @@ def test_loading_a_best_model_that_the_training_run_replaces_meanwhile_reads_the
     assert Checkpoints(tmp_path).best_meta()["step"] == 2
 
 
+def test_a_file_that_goes_while_the_steps_are_listed_is_read_again_a_damaged_one_is_not(
+    tmp_path, monkeypatch
+):
+    """Issue 58: `jaxtpu.load(run).predict` while the run replaced its best checkpoint still
+    failed 2 of 92 calls with a raw FileNotFoundError: orbax's manager reads each step's
+    metadata as it starts, and a step deleted meanwhile escaped the re-read. Now any
+    FileNotFoundError behind a read means "read the directory again"; jaxtpu's own error for
+    a damaged checkpoint is reported at once."""
+    from jaxtpu.core.errors import CheckpointError
+    from jaxtpu.engine import checkpoint
+
+    reader = checkpoint.Checkpoints(tmp_path)
+    monkeypatch.setattr(checkpoint, "_manager", lambda path, async_save=False: object())
+    calls = []
+
+    def flaky(mgr):
+        calls.append(mgr)
+        if len(calls) == 1:
+            raise FileNotFoundError(2, "No such file", str(tmp_path / "best" / "1" / "meta"))
+        if len(calls) == 2:  # wrapped by orbax
+            try:
+                raise FileNotFoundError(2, "No such file")
+            except FileNotFoundError as e:
+                raise ValueError("Failed to read the checkpoint metadata") from e
+        return "read"
+
+    assert reader._reading("best", flaky) == "read" and len(calls) == 3
+    assert len({id(m) for m in calls}) == 3  # a fresh manager each time: a fresh listing
+
+    def damaged(mgr):
+        calls.append(mgr)
+        try:
+            raise FileNotFoundError(2, "No such file")
+        except FileNotFoundError:
+            raise CheckpointError("best/1: unreadable or incomplete checkpoint") from None
+
+    calls.clear()
+    with pytest.raises(CheckpointError, match="unreadable or incomplete"):
+        reader._reading("best", damaged)
+    assert len(calls) == 1
+
+
 def test_after_a_failed_save_only_the_closed_loop_tracebacks_are_dropped_from_stderr():
     """tensorstore's threads print bare tracebacks ending in 'RuntimeError: Event loop is
     closed' straight to stderr after a failed save (seen in about one full-disk run in five);

@@ -292,7 +292,11 @@ class Checkpoints:
         for attempt in range(READS):
             try:
                 return read(getattr(self, name))
-            except _Replaced:
+            except Exception as e:
+                # _Replaced, or a file that went while orbax listed or opened the steps (its
+                # manager reads each step's metadata as it starts): read again
+                if not isinstance(e, _Replaced) and not _file_went(e):
+                    raise
                 setattr(self, f"_{name}", None)  # its list of steps is stale
                 time.sleep(0.01 * attempt)
         raise CheckpointError(
@@ -369,6 +373,19 @@ class Checkpoints:
                 ) from None
 
         return self._reading("best", meta)
+
+
+def _file_went(error: BaseException) -> bool:
+    """Whether a FileNotFoundError is behind `error` (orbax wraps some in its own errors);
+    never for jaxtpu's own one-line errors (a damaged checkpoint is reported, not retried)."""
+    seen: BaseException | None = error
+    for _ in range(10):
+        if seen is None or isinstance(seen, CheckpointError):
+            return False
+        if isinstance(seen, FileNotFoundError):
+            return True
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+    return False
 
 
 def _read_meta(mgr: ocp.CheckpointManager, step: int) -> dict[str, Any]:
