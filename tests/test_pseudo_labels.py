@@ -127,12 +127,20 @@ def test_one_round_of_pseudo_labels(tmp_path, capsys, tokenizer):
     plain = taskdata.load_task_data(cfg, tokenizer)
     more_cfg = cfg.replace(extra_train=str(pseudo), extra_weight=0.5, workdir=str(tmp_path / "r1"))
     more = taskdata.load_task_data(more_cfg, tokenizer)
-    assert len(more.train) == len(plain.train) + 39 and more.info["extra_train_examples"] == 39
+    # the demo's generated comments repeat: pseudo rows whose text is a validation comment's
+    # are left out (issue 58), the others added
+    with open(labelled, newline="", encoding="utf-8") as f:
+        labelled_texts = [r["comment_text"] for r in csv.DictReader(f)]
+    valid_texts = {labelled_texts[i] for i in plain.valid_rows}
+    added = [r for r in rows if r["comment_text"] not in valid_texts]
+    n = len(added)
+    assert more.info["extra_train_left_out"] == 39 - n and 0 < n <= 39
+    assert len(more.train) == len(plain.train) + n and more.info["extra_train_examples"] == n
     np.testing.assert_array_equal(more.valid_rows, plain.valid_rows)
     np.testing.assert_array_equal(more.valid.input_ids, plain.valid.input_ids)
-    np.testing.assert_array_equal(more.train.row_weights[-39:], 0.5)
-    np.testing.assert_array_equal(more.train.row_weights[:-39], 1.0)
-    soft = np.sort(more.train.label[-39:])
-    np.testing.assert_allclose(soft, np.sort([float(r["toxic"]) for r in rows]), atol=1e-6)
+    np.testing.assert_array_equal(more.train.row_weights[-n:], 0.5)
+    np.testing.assert_array_equal(more.train.row_weights[:-n], 1.0)
+    soft = np.sort(more.train.label[-n:])
+    np.testing.assert_allclose(soft, np.sort([float(r["toxic"]) for r in added]), atol=1e-6)
     after = train.train_and_evaluate(more_cfg)
     assert after["steps"] > before["steps"]  # one epoch of more rows
