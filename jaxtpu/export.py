@@ -33,7 +33,7 @@ from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
-from jaxtpu.core.hf.directory import TOKENIZER_FILES, notebook_state_dict
+from jaxtpu.core.hf.directory import export_tokenizer, notebook_state_dict
 from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.storage import check_output_path
@@ -219,9 +219,7 @@ def onnx_export(
     files = {"fp32": path.name}
     if quantize:
         files["int8"] = onnxexport.quantize_int8(path, out / "model_int8.onnx").name
-    for name in TOKENIZER_FILES:
-        if (model.tokenizer_dir / name).exists():
-            shutil.copy2(model.tokenizer_dir / name, out / name)
+    export_tokenizer(model.tokenizer_dir, out)
 
     diffs = _onnx_differences(model, params, len(outputs), out, files)
     if not diffs["fp32"] <= ONNX_TOLERANCE:

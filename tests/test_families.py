@@ -95,6 +95,36 @@ def test_each_family_ships_its_own_kind_of_tokenizer(name, family_dirs):
     assert tok.convert_ids_to_tokens([ids[0], ids[-1]]) == [first, last]  # [CLS] ... [SEP]
 
 
+RAW = [
+    "  you are an\n\nidiot\t and a  liar ",
+    "thanks\r\nfor the edit\u3000\u00a0of the page\x1cok",
+    "\n\tfine\n",
+]
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES + tuple(VARIANT_TOKENIZERS))
+def test_an_exported_tokenizer_scores_raw_text_as_jaxtpu_does(name, family_dirs, tmp_path):
+    """Issue 57: jaxtpu collapses whitespace before tokenizing (`normalize_text`), the export's
+    tokenizer did not, so pipeline() on raw comments saw newline and double-space tokens the
+    model never saw (byte-level BPE and SentencePiece families). The export's tokenizer.json
+    now does the same first: raw text through it gives jaxtpu's tokens."""
+    from jaxtpu.core.data.readers import normalize_text
+    from jaxtpu.core.data.tokens import load_tokenizer
+
+    source = load_tokenizer(family_dirs[name])
+    assert hf.export_tokenizer(family_dirs[name], tmp_path)
+    exported = load_tokenizer(tmp_path)
+    jaxtpu_ids = source([normalize_text(t) for t in RAW])["input_ids"]
+    assert exported(RAW)["input_ids"] == jaxtpu_ids
+    assert exported([normalize_text(t) for t in RAW])["input_ids"] == jaxtpu_ids  # unchanged
+    if tokenizer_kind(name)[0] != "wordpiece":  # its own normalizer cleans whitespace already
+        assert source(RAW)["input_ids"] != jaxtpu_ids  # what an export without the rule did
+    again = tmp_path / "again"  # an export of a run trained from an export: one rule, once
+    again.mkdir()
+    hf.export_tokenizer(tmp_path, again)
+    assert (again / "tokenizer.json").read_text() == (tmp_path / "tokenizer.json").read_text()
+
+
 def test_a_sentencepiece_model_alone_loads_as_a_fast_tokenizer(tmp_path):
     """DeBERTa-v3 checkpoints ship spm.model and no tokenizer.json: transformers converts it,
     and the ids are SentencePiece's own, between [CLS] and [SEP]."""

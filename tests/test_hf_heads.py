@@ -41,6 +41,12 @@ def _texts(n: int = 12) -> list[str]:
     return [texts[i] for i in range(0, 40 * n, 40)][:n] + ["ok", "you are a nice person"]
 
 
+def _raw(texts: list[str]) -> list[str]:
+    """The comments as a user hands them to pipeline() or onnxruntime: newlines, tabs and runs
+    of spaces where jaxtpu's reader has one space (`normalize_text` gives `texts` back)."""
+    return [f"  {t.replace(' ', chr(10) + chr(9) + '  ', 2)}\n" for t in texts]
+
+
 def _jax_scores(model, tokenizer_dir, texts, max_len: int = 64) -> np.ndarray:
     from jaxtpu.core.data.tokens import load_tokenizer
 
@@ -86,9 +92,10 @@ def test_an_hf_head_export_is_transformers_own_classifier(name, task, family_dir
     theirs = theirs[:, 0] if len(labels) == 1 else theirs
     assert np.abs(ours - theirs).max() < 1e-5, np.abs(ours - theirs).max()
 
-    # the pipeline gives every label's probability: the sigmoid of jaxtpu's logits
+    # the pipeline gives every label's probability: the sigmoid of jaxtpu's logits, on raw
+    # text too (the export's tokenizer collapses whitespace as jaxtpu does; issue 57)
     pipe = transformers.pipeline("text-classification", model=str(out), top_k=None)
-    rows = pipe(texts[:4], truncation=True, max_length=64)
+    rows = pipe(_raw(texts[:4]), truncation=True, max_length=64)
     probs = 1 / (1 + np.exp(-ours[:4].reshape(4, -1)))
     for row, expected in zip(rows, probs, strict=True):
         got = {r["label"]: r["score"] for r in row}
@@ -119,12 +126,12 @@ def _check_onnx(export: Path, model, spec, path: Path) -> None:
     onnxexport.export_onnx(torch_model, path, spec.encoder)
     session = onnxexport.session(path)
     texts = _texts()
+    tok = transformers.AutoTokenizer.from_pretrained(str(export))
     for n, length in ((3, 40), (len(texts), 24)):
         ours = _jax_scores(model, export, texts[:n], length)
-        from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
-
-        ids, mask = encode_texts(texts[:n], load_tokenizer(export), length)
-        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+        # raw text through the export's own tokenizer, as an onnxruntime user feeds it
+        enc = tok(_raw(texts[:n]), max_length=length, truncation=True, padding="max_length")
+        feeds = {k: np.asarray(enc[k], np.int64) for k in ("input_ids", "attention_mask")}
         theirs = session.run(None, feeds)[0]
         assert theirs.shape == (n, spec.task.outputs)
         assert np.abs(theirs - ours.reshape(n, -1)).max() < 1e-4

@@ -405,8 +405,46 @@ def write_hf_dir(
     if head:
         (out / HEAD_META).write_text(json.dumps(head_meta or {}, indent=2, sort_keys=True))
     if tokenizer_dir:
-        for name in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / name
-            if src.exists():
-                shutil.copy2(src, out / name)
+        export_tokenizer(tokenizer_dir, out)
     return out
+
+
+# What `str.split()` splits on (jaxtpu's `normalize_text`), as the tokenizers library's regex:
+# Unicode White_Space, plus the four separators U+001C..U+001F Python counts as whitespace.
+WHITESPACE = r"[\s\x{1c}-\x{1f}]+"
+COLLAPSE = [
+    {"type": "Replace", "pattern": {"Regex": WHITESPACE}, "content": " "},
+    {"type": "Strip", "strip_left": True, "strip_right": True},
+]
+
+
+def export_tokenizer(tokenizer_dir: str | Path, out: str | Path) -> bool:
+    """Copies a run's tokenizer files into an export, its `tokenizer.json` given the
+    whitespace rule jaxtpu applies before tokenizing (every run of whitespace one space, none
+    at the ends: `jaxtpu.core.data.readers.normalize_text`) as the first steps of its
+    normalizer, so that transformers' pipeline() and an onnxruntime user scoring raw text see
+    the tokens jaxtpu trained and scores on. Returns False when there is no tokenizer.json to
+    carry the rule (a slow tokenizer's files alone)."""
+    out = Path(out)
+    for name in TOKENIZER_FILES:
+        src = Path(tokenizer_dir) / name
+        if src.exists():
+            shutil.copy2(src, out / name)
+    path = out / "tokenizer.json"
+    if not path.exists():
+        return False
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    spec["normalizer"] = collapsing_whitespace(spec.get("normalizer"))
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    return True
+
+
+def collapsing_whitespace(normalizer: dict[str, Any] | None) -> dict[str, Any]:
+    """A tokenizer.json normalizer that collapses whitespace (`COLLAPSE`) first, then does
+    what `normalizer` did; one that does so already is returned as it is (an export of a
+    run trained from an export)."""
+    if normalizer is None:
+        return {"type": "Sequence", "normalizers": list(COLLAPSE)}
+    if normalizer.get("type") == "Sequence" and normalizer["normalizers"][:2] == COLLAPSE:
+        return normalizer
+    return {"type": "Sequence", "normalizers": [*COLLAPSE, normalizer]}
