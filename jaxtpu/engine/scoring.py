@@ -58,15 +58,18 @@ def load_trained(workdir: str | Path) -> TrainedModel:
     with storage.named(wd, str(workdir)):
         cfg, recorded = read_run_config(wd)
     ckpts = checkpoint.Checkpoints(workdir)
-    meta = ckpts.best_meta()
-    if meta is None:
-        raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
-    enc = EncoderConfig.from_hf_dict(meta["encoder"])
-    spec = RunSpec.of_checkpoint(cfg, enc, recorded.get("resolved"))
-    module = models.for_run(cfg, spec, scan=False)
-    stored = models.for_run(cfg, spec)  # a scanned run stored its layers stacked
-    template = models.param_shapes(stored, spec.task.example_shape(8))
-    params, meta = ckpts.restore_best(template, spec.model_key)
+    try:
+        meta = ckpts.best_meta()
+        if meta is None:
+            raise UserError(f"--workdir {wd}: no best checkpoint yet (the run has not evaluated)")
+        enc = EncoderConfig.from_hf_dict(meta["encoder"])
+        spec = RunSpec.of_checkpoint(cfg, enc, recorded.get("resolved"))
+        module = models.for_run(cfg, spec, scan=False)
+        stored = models.for_run(cfg, spec)  # a scanned run stored its layers stacked
+        template = models.param_shapes(stored, spec.task.example_shape(8))
+        params, meta = ckpts.restore_best(template, spec.model_key)
+    finally:
+        ckpts.close()
     if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
         params = layers.unstack_layers(params)
     return TrainedModel(cfg, spec, module, params, meta, tokenizer_dir)
