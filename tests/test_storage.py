@@ -237,6 +237,25 @@ def test_publish_uploads_what_changed_and_pull_brings_it_back(bucket, tmp_path):
     assert fresh.publish() == []  # what it pulled is not uploaded again
 
 
+def _train_steps(bucket: str) -> list[int]:
+    """The steps of the train lines of the bucket run's metrics.jsonl, in order."""
+    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
+    return [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+
+
+def _resume_in(bucket: str, cfg, disk: dict, tmp_path, **flags) -> int:
+    """Resumes the fake run of `disk` in the bucket run directory on a fresh working copy
+    (pulled: its metrics must be there) and runs it to the end; returns its last step."""
+    with claim_workdir(bucket, cfg.replace(resume=True)) as store:
+        assert (store.local / "metrics.jsonl").exists()
+        job = fake_job(tmp_path / "unused2", resume=True, **flags)
+        job.workdir, job.store = store.local, store
+        backend = FakeBackend(disk)
+        state = backend.restore_latest(job.spec.model_key)
+        runlog = RunLog(store.local, resume_step=state.step, tensorboard=False)
+        return loop.run(job, backend, state, runlog)["steps"]
+
+
 def test_a_run_in_a_bucket_publishes_at_each_checkpoint_and_resumes(bucket, tmp_path, monkeypatch):
     """The loop with a numpy backend and a memory:// run directory: the bucket holds the
     metrics of every step its latest checkpoint covers, a second run there is refused while
@@ -254,25 +273,15 @@ def test_a_run_in_a_bucket_publishes_at_each_checkpoint_and_resumes(bucket, tmp_
         runlog = RunLog(store.local, tensorboard=False)
         summary = loop.run(job, backend, ResumeState(), runlog)
     assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 8
-    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
-    steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+    steps = _train_steps(bucket)
     assert steps == list(range(1, 9))  # everything up to the saved step, published
     assert json.loads(storage.read_bytes(storage.join(bucket, "summary.json")))["steps"] == 8
 
     with pytest.raises(UserError, match="already holds a run; continue it with --resume"):
         with claim_workdir(bucket, cfg):
             pass
-    resumed = cfg.replace(resume=True)
-    with claim_workdir(bucket, resumed) as store:  # a fresh working copy, pulled
-        assert (store.local / "metrics.jsonl").exists()
-        job = fake_job(tmp_path / "unused2", resume=True, eval_every=3, checkpoint_every="2")
-        job.workdir, job.store = store.local, store
-        backend = FakeBackend(disk)
-        state = backend.restore_latest(job.spec.model_key)
-        runlog = RunLog(store.local, resume_step=state.step, tensorboard=False)
-        assert loop.run(job, backend, state, runlog)["steps"] == 21
-    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
-    steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+    assert _resume_in(bucket, cfg, disk, tmp_path, eval_every=3, checkpoint_every="2") == 21
+    steps = _train_steps(bucket)
     assert steps == list(range(1, 22))
 
 
@@ -312,19 +321,11 @@ def test_a_bucket_run_killed_right_after_a_commit_keeps_every_metrics_line(
         runlog = RunLog(store.local, tensorboard=False)
         loop.run(job, _DiesAfterACommit(disk, 3), ResumeState(), runlog)
     saved = disk["latest"]["step"]
-    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
-    steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+    steps = _train_steps(bucket)
     assert saved == 7 and steps[:saved] == list(range(1, saved + 1))  # 7: the evaluation's
     store.lease.release()  # (a killed run's lease expires)
-    with claim_workdir(bucket, cfg.replace(resume=True)) as store:  # a fresh working copy
-        job = fake_job(tmp_path / "unused2", resume=True, eval_every=7, checkpoint_every="3")
-        job.workdir, job.store = store.local, store
-        backend = FakeBackend(disk)
-        state = backend.restore_latest(job.spec.model_key)
-        runlog = RunLog(store.local, resume_step=state.step, tensorboard=False)
-        assert loop.run(job, backend, state, runlog)["steps"] == 21
-    lines = storage.read_bytes(storage.join(bucket, "metrics.jsonl")).decode().splitlines()
-    steps = [r["step"] for r in map(json.loads, lines) if r["event"] == "train"]
+    assert _resume_in(bucket, cfg, disk, tmp_path, eval_every=7, checkpoint_every="3") == 21
+    steps = _train_steps(bucket)
     assert steps == list(range(1, 22))
 
 
