@@ -17,10 +17,12 @@ state reaches the other processes by broadcast, so no shared file system is need
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -102,8 +104,6 @@ def _silence_closed_loop_noise() -> None:
     those, are dropped. Installed before the first save, not after a failure: a thread can
     report while the failure is still unwinding, and the run's log handler writes to the
     real stderr, which the save's `redirect_stderr` does not catch."""
-    import threading
-
     global _SILENCED
     if _SILENCED:
         return
@@ -134,46 +134,62 @@ class _DropClosedLoopTracebacks(io.TextIOBase):
     tensorstore's threads print straight to it (no logger, no thread hook) when they finish
     after a failed save closed orbax's loop (as many as fifty after the one-line error, in
     about one run in five on a full disk), or after a read of a checkpoint that was being
-    replaced was cut short. Every other line passes through unchanged."""
+    replaced was cut short. Every other line passes through unchanged.
+
+    What each thread writes is read on its own: the threads print their tracebacks while
+    the main thread prints the run's one-line error, so the lines of both arrive mixed
+    (tests/test_rundir.py's full-disk case, one CI run in about thirty)."""
 
     END = "RuntimeError: Event loop is closed"
 
     def __init__(self, stream: Any) -> None:
-        self.stream, self.pending, self.block = stream, "", []
-        self.open = 0  # tracebacks begun in `block` and not ended (threads interleave them)
+        self.stream = stream
+        self.threads: dict[int, _Written] = {}  # thread id -> what it wrote not yet decided
 
     def write(self, text: str) -> int:
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
+        mine = self.threads.setdefault(threading.get_ident(), _Written())
+        mine.pending += text
+        *lines, mine.pending = mine.pending.split("\n")
         for line in lines:
-            self._line(line + "\n")
+            self._line(mine, line + "\n")
         return len(text)
 
-    def _line(self, line: str) -> None:
+    def _line(self, mine: _Written, line: str) -> None:
         if line.startswith("Traceback (most recent call last):"):
-            self.open += 1
-        elif not self.block:
+            mine.open += 1
+        elif not mine.block:
             self.stream.write(line)
             return
-        self.block.append(line)
+        mine.block.append(line)
         if line.startswith((" ", "\t", "Traceback")):
             return  # a traceback goes on
         if line.startswith(self.END):
-            self.open -= 1
-            if self.open <= 0:  # every traceback of the block was a closed loop's: dropped
-                self.block, self.open = [], 0
+            mine.open -= 1
+            if mine.open <= 0:  # every traceback of the block was a closed loop's: dropped
+                mine.block, mine.open = [], 0
             return
-        self.stream.write("".join(self.block))  # another error's: shown whole
-        self.block, self.open = [], 0
+        self.stream.write("".join(mine.block))  # another error's: shown whole
+        mine.block, mine.open = [], 0
 
     def flush(self) -> None:
-        if self.pending and not self.block:
-            self.stream.write(self.pending)
-            self.pending = ""
+        mine = self.threads.get(threading.get_ident())
+        if mine is not None and mine.pending and not mine.block:
+            self.stream.write(mine.pending)
+            mine.pending = ""
         self.stream.flush()
 
     def fileno(self) -> int:
         return self.stream.fileno()
+
+
+@dataclasses.dataclass
+class _Written:
+    """One thread's writes to `_DropClosedLoopTracebacks`: the line it has begun, and the
+    traceback lines held until their last line says whether they are dropped."""
+
+    pending: str = ""
+    block: list[str] = dataclasses.field(default_factory=list)
+    open: int = 0  # tracebacks begun in `block` and not ended
 
 
 class _Replaced(Exception):
