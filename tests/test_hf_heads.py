@@ -113,9 +113,13 @@ def test_an_hf_head_export_is_transformers_own_classifier(name, task, family_dir
     assert all(np.array_equal(flat_a[k], flat_b[k]) for k in flat_a)
 
 
+ATTENTION_FUSED = ("bert", "distilbert", "electra", "roberta", "xlm-roberta")
+
+
 def _check_onnx(export: Path, model, spec, path: Path) -> None:
-    """The export as ONNX (torch's exporter on the torch side's model of it) scores as jaxtpu
-    does in fp32, within 1e-4, at two batch sizes and lengths it was not traced at."""
+    """The export as ONNX (torch's exporter on the torch side's model of it), as exported and
+    as fused for onnxruntime, scores as jaxtpu does in fp32, within 1e-4, at two batch sizes
+    and lengths it was not traced at."""
     pytest.importorskip("onnxruntime", reason="the ONNX export needs onnxruntime")
     from torchxla_ref import onnxexport
     from torchxla_ref.weights import load_model
@@ -124,7 +128,15 @@ def _check_onnx(export: Path, model, spec, path: Path) -> None:
         spec.encoder, 0.0, export, 0, spec.pooling, spec.task.outputs, "hf"
     ).eval()
     onnxexport.export_onnx(torch_model, path, spec.encoder)
-    session = onnxexport.session(path)
+    fused_path = path.with_name("fused.onnx")
+    fused = onnxexport.optimize_for_onnxruntime(path, fused_path)
+    if spec.encoder.model_type in ATTENTION_FUSED:  # the fusions the deployed graph relies on
+        assert fused.get("attention") == spec.encoder.num_hidden_layers, fused
+    for graph in (path, fused_path):
+        _check_onnx_graph(export, model, spec, onnxexport.session(graph))
+
+
+def _check_onnx_graph(export: Path, model, spec, session) -> None:
     texts = _texts()
     tok = transformers.AutoTokenizer.from_pretrained(str(export))
     for n, length in ((3, 40), (len(texts), 24)):

@@ -28,7 +28,9 @@ def _scores(session, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 @pytest.mark.e2e
 @pytest.mark.model
-def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, tmp_path, capsys):
+def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(
+    finished_run, tmp_path, capsys, monkeypatch
+):
     from jaxtpu import export
     from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
     from jaxtpu.engine.scoring import load_trained
@@ -37,10 +39,17 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, tmp_pa
 
     out = tmp_path / "onnx"
     argv = ["--workdir", str(finished_run), "--out", str(out), "--format", "onnx"]
+    cwd = tmp_path / "cwd"  # the exporter and the quantizer write nothing outside --out
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     assert export.main([*argv, "--quantize", "int8"]) == 0
+    assert list(cwd.iterdir()) == []
     printed = capsys.readouterr().out
-    assert "as ONNX opset 18: model.onnx, model_int8.onnx" in printed
+    assert "as ONNX opset 18: model.onnx, model_int8.onnx; fused for onnxruntime: " in printed
     meta = json.loads((out / "jaxtpu_onnx.json").read_text())
+    assert meta["fused_for_onnxruntime"]["attention"] >= 1  # model.onnx is the fused graph
+    # the exporter's own graph went with the temporary directory it was written to
+    assert not [p for p in out.iterdir() if p.is_dir() or p.suffix == ".data"]
     assert meta["files"] == {"fp32": "model.onnx", "int8": "model_int8.onnx"}
     assert meta["labels"] == ["toxic"] and meta["head"] == "jaxtpu" and meta["opset"] == 18
     assert meta["check"]["max_abs_logit_diff_fp32_vs_jaxtpu_fp32"] <= 1e-4

@@ -1,6 +1,6 @@
 """ONNX for CPU scoring: the torch model of a run (`torchxla_ref.models.Classifier`, jaxtpu's
-head or the family's own) exported by torch's ONNX exporter, and its int8 dynamic
-quantization by onnxruntime.
+head or the family's own) exported by torch's ONNX exporter, its graph rewritten for
+onnxruntime's CPU provider, and its int8 dynamic quantization by onnxruntime.
 
 Why these: the exporter (`torch.onnx.export(dynamo=True)`, torch.export + onnxscript) traces
 the very module the parity tests hold to jaxtpu, so the graph is transformers' own code of
@@ -8,6 +8,17 @@ each family and no graph is written by hand; onnxruntime's `quantize_dynamic` is
 quantization the deployed toxicity filters use (int8 weights of the MatMuls, activations
 quantized per batch at run time). optimum would add a dependency that follows transformers'
 releases at its own pace for the same exporter underneath.
+
+Why onnxscript's fusions (`onnxscript.rewriter.ort_fusions.optimize_for_ort`) and not
+onnxruntime's transformer optimizer: the exporter's graph is onnxscript's, and its rewriter
+is written for that graph. On a MiniLM export onnxruntime's optimizer (model type bert) fused
+GELU and skip-LayerNorm but no attention; onnxscript's fuses all of attention (into
+onnxruntime's `Attention`), skip-LayerNorm and bias-GELU. The fused graph is what
+`model.onnx` holds; the int8 twin quantizes the exporter's graph as it was, whose separate
+q, k and v MatMuls `quantize_dynamic` can quantize (the fused `Attention` it leaves in fp32,
+and its `QAttention` would drop the padding mask). Families whose layers the rewriter does not
+recognise keep those layers as exported; either way export.py checks the graph against
+jaxtpu's scores before it is written.
 
 The graph takes `input_ids` and `attention_mask` (int64, batch x length, both dynamic; the
 length up to the encoder's position table) and returns `logits` (batch x outputs, fp32; the
@@ -76,6 +87,28 @@ def export_onnx(model: torch.nn.Module, out: Path, enc: EncoderConfig) -> Path:
             verbose=False,
         )
     return out
+
+
+def optimize_for_onnxruntime(src: Path, dst: Path) -> dict[str, int]:
+    """The graph of `src` with onnxscript's fusions for onnxruntime (see the module's
+    docstring), its constants folded, written whole at `dst` (weights beside it in
+    `<dst>.data` when ONNX's protobuf limit needs it). Returns how many of each fusion it made
+    (the fusions that found nothing are left out)."""
+    from onnxscript import ir
+    from onnxscript.optimizer import fold_constants, remove_unused_nodes
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    graph = ir.load(src)
+    ir.external_data.load_to_model(graph)  # nothing refers back to `src` once written
+    graph, counts = optimize_for_ort(graph)
+    # the fused Attention's weight is the concatenation of q, k and v: one initializer, not
+    # a Concat at every call
+    no_limit = 2**62
+    fold_constants(graph, input_size_limit=no_limit, output_size_limit=no_limit)
+    remove_unused_nodes(graph)
+    size = sum(init.const_value.nbytes for init in graph.graph.initializers.values())
+    ir.save(graph, dst, external_data=f"{dst.name}.data" if size >= INLINE_LIMIT else None)
+    return {name: n for name, n in counts.items() if n}
 
 
 def quantize_int8(src: Path, dst: Path) -> Path:
