@@ -1,35 +1,44 @@
 """Scoring speed on a CPU, side by side with the tools people deploy with: comments per second
-of the same MiniLM toxicity model on the same real comments, each way in a process of its own.
+of the same MiniLM toxicity model on the same real comments in the same batches, each way in a
+process of its own, several rounds.
 
-`python -m benchmarks.scoring --out runs/scoring [--workdir RUN] [--rows 10000]`
+`python -m benchmarks.scoring --out runs/scoring [--workdir RUN] [--rows 2000] [--rounds 3]`
 
 The model: a MiniLM run trained with the family's own head (`--head hf`, so that transformers'
 pipeline loads its export), `jaxtpu train --preset minilm --head hf` for one epoch on the 8,000
 real comments of the file that are not in the default run's sample (OUT/train.csv; about 10
 minutes here), unless `--workdir` names a finished run of that kind. Its exports are written
-once into OUT (`export --format hf`, and `--format onnx --quantize int8`). The comments: the
-first `--rows` of `../shared/data/jigsaw_toxic_dev.csv` (normalized as jaxtpu reads them), the
-same list for every way:
+once into OUT (`export --format hf`, and `--format onnx --quantize int8`).
+
+The comments: the first `--rows` of `../shared/data/jigsaw_toxic_dev.csv`, normalized as
+jaxtpu reads them and **sorted by their length in tokens** (OUT/comments-ROWS.csv), the same
+list for every way, so every way's batches of 32 hold comments of about one length, as any
+deployer batches them (jaxtpu adds its length buckets on top):
 
   jaxtpu-predict   `python -m jaxtpu.predict --workdir RUN --input CSV --output X`: the whole
                    command; its rate is the one it reports (reading, tokenizing, compiling
                    each length bucket and scoring, from the start of the stream)
   jaxtpu-api       `jaxtpu.load(RUN).predict(texts)`, called twice: the first call compiles
-                   each length bucket's program once, the second is a long-lived model's rate
+                   each length bucket's program once ('first call s'), the second is a
+                   long-lived model's rate
   pipeline-fp32    transformers' `pipeline("text-classification", top_k=None)` on the hf
-                   export, PyTorch eager fp32, batches of 32, truncated at the run's length
+                   export: PyTorch eager fp32, batches of 32, truncated at the run's length
   pipeline-bf16    the same under `torch.autocast("cpu", dtype=torch.bfloat16)`
-  onnx-fp32        onnxruntime (CPU provider, its default threads) on model.onnx, batches of
-                   32 in file order each padded to its longest comment, tokenized by the
-                   export's tokenizer through transformers (what optimum's pipelines do)
+  onnx-fp32        onnxruntime (CPU provider, its default threads) on model.onnx (the graph
+                   fused for onnxruntime), batches of 32 each padded to its longest comment,
+                   tokenized by the export's tokenizer through transformers (what optimum's
+                   pipelines do)
   onnx-int8        the same on model_int8.onnx (onnxruntime's dynamic quantization)
 
-Each row: comments/s of the scoring (the model loaded; for jaxtpu-predict the command's own
-figure), the load time, the process's wall time and peak RSS (`wait4`), the ROC AUC on the
-comments the model did not train on (the default run's 2,000, when it trained on OUT/
-train.csv) and the largest
-difference of each comment's probability from jaxtpu's. Rows print as they finish; OUT/
-scoring.json keeps them, `--table` prints them as Markdown.
+Rounds: every way runs once per round, the ways in turn (so a slow minute of the machine falls
+on all of them), `--rounds` times. Each row of the table: the median comments/s of the scoring
+(the model loaded; for jaxtpu-predict the command's own figure) and the slowest and fastest
+round, the median load time and process wall time, the largest peak RSS (`wait4`), the ROC AUC
+on the comments the model did not train on (the default run's 2,000, when it trained on OUT/
+train.csv) and the largest difference of each comment's probability from jaxtpu's. Below it,
+the ratios the deployment questions ask (onnxruntime fp32 over PyTorch eager fp32, int8 over
+fp32 and its AUC loss, jaxtpu over the best peer at its precision, bf16). Rows print as they
+finish; OUT/scoring.json keeps every round, `--table` prints the table again.
 """
 
 from __future__ import annotations
@@ -49,6 +58,9 @@ from benchmarks.datascale import measured
 
 WAYS = ("jaxtpu-predict", "jaxtpu-api", "pipeline-fp32", "pipeline-bf16", "onnx-fp32", "onnx-int8")
 BATCH = 32  # the other tools' batch size (jaxtpu scores its default --batch-size per device)
+
+
+ROUNDS = 3
 
 
 def _texts(csv_path: str, rows: int) -> tuple[list[str], list[float]]:
@@ -156,8 +168,28 @@ def _prepare(out: Path, run: Path, csv_path: Path, rows: int) -> None:
     if not (out / "onnx").exists():
         _cli("jaxtpu.export", "--workdir", str(run), "--out", str(out / "onnx"),
              "--format", "onnx", "--quantize", "int8")  # fmt: skip
-    seen = iter(range(rows))
-    _write_rows(csv_path, out / f"comments-{rows}.csv", lambda _: next(seen, None) is not None)
+    _write_sorted(csv_path, out / f"comments-{rows}.csv", rows, out / "hf")
+
+
+def _write_sorted(src: Path, dst: Path, rows: int, tokenizer_dir: Path) -> None:
+    """The header and the first `rows` rows of `src`, comments normalized, ordered by their
+    length in the export's tokens (ties in file order)."""
+    from transformers import AutoTokenizer
+
+    from jaxtpu.core.data.readers import normalize_text
+
+    with open(src, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        fields, kept = reader.fieldnames, []
+        for row, _ in zip(reader, range(rows), strict=False):
+            kept.append({**row, "comment_text": normalize_text(row["comment_text"])})
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    lengths = [len(ids) for ids in tok([r["comment_text"] for r in kept])["input_ids"]]
+    order = sorted(range(len(kept)), key=lambda i: lengths[i])
+    with open(dst, "w", newline="", encoding="utf-8") as g:
+        writer = csv.DictWriter(g, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(kept[i] for i in order)
 
 
 def _write_rows(src: Path, dst: Path, keep) -> None:
@@ -190,25 +222,74 @@ def _held_out(run: Path, texts: list[str]) -> list[bool]:
     return [t not in seen for t in texts]
 
 
+def summary(rounds: list[dict]) -> list[dict]:
+    """One row per way (in the order they ran) from every round's rows: the median and the
+    spread of comments/s, the medians of the times, the largest peak RSS."""
+    import statistics
+
+    ways = list(dict.fromkeys(r["way"] for r in rounds))
+    rows = []
+    for way in ways:
+        mine = [r for r in rounds if r["way"] == way]
+
+        def median(key: str, mine=mine) -> float | None:
+            values = [r[key] for r in mine if key in r]
+            return round(statistics.median(values), 2) if values else None
+
+        rate = [r["per_s"] for r in mine]
+        rows.append({
+            "way": way, "rounds": len(mine), "per_s": statistics.median(rate),
+            "per_s_min": min(rate), "per_s_max": max(rate), "load_s": median("load_s"),
+            "first_s": median("first_s"), "wall_s": median("wall_s"),
+            "peak_rss_gb": max(r["peak_rss_gb"] for r in mine), "auc": mine[-1]["auc"],
+            "diff": max(r["diff"] for r in mine),
+        })  # fmt: skip
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    """The comparisons the deployment questions ask, from the medians (the ways present)."""
+    by = {r["way"]: r for r in rows}
+    lines = []
+
+    def ratio(a: str, b: str, what: str) -> None:
+        if a in by and b in by:
+            lines.append(f"{what}: {by[a]['per_s'] / by[b]['per_s']:.2f}x ({a} over {b})")
+
+    ratio("onnx-fp32", "pipeline-fp32", "onnxruntime fp32 over PyTorch eager fp32")
+    ratio("onnx-int8", "onnx-fp32", "onnxruntime int8 over onnxruntime fp32")
+    if "onnx-int8" in by and "onnx-fp32" in by:
+        loss = by["onnx-fp32"]["auc"] - by["onnx-int8"]["auc"]
+        lines.append(f"int8's held-out AUC loss: {loss:.4f}")
+    ratio("jaxtpu-api", "pipeline-bf16", "jaxtpu.load().predict over PyTorch bf16 autocast")
+    ratio("jaxtpu-predict", "pipeline-bf16", "jaxtpu predict over PyTorch bf16 autocast")
+    return lines
+
+
 def table(rows: list[dict]) -> str:
     head = (
-        "| way | comments/s | load s | process s | peak RSS | AUC (held out) | "
-        "max abs prob diff vs jaxtpu |\n|---|---|---|---|---|---|---|"
+        "| way | comments/s (median) | slowest-fastest round | first call s | load s | "
+        "process s | peak RSS | AUC (held out) | max abs prob diff vs jaxtpu |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
+        first = "-" if r.get("first_s") is None else r["first_s"]
+        load = "-" if r.get("load_s") is None else r["load_s"]
         lines.append(
-            f"| {r['way']} | {r['per_s']:,.0f} | {r.get('load_s', '-')} | {r['wall_s']} | "
-            f"{r['peak_rss_gb']:.2f} GB | {r['auc']:.4f} | {r['diff']:.1e} |"
+            f"| {r['way']} | {r['per_s']:,.0f} | {r['per_s_min']:,.0f}-{r['per_s_max']:,.0f} | "
+            f"{first} | {load} | {r['wall_s']} | {r['peak_rss_gb']:.2f} GB | {r['auc']:.4f} | "
+            f"{r['diff']:.1e} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in ratios(rows))
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", required=True, help="directory for the model, exports and results")
     p.add_argument("--workdir", help="a finished MiniLM --head hf run (default: OUT/run, trained)")
-    p.add_argument("--rows", type=int, default=10_000, help="comments (default: %(default)s)")
+    p.add_argument("--rows", type=int, default=2_000, help="comments (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="rounds (default: %(default)s)")
     p.add_argument("--csv", default=str(REAL_CSV), help="the real comments (default: %(default)s)")
     p.add_argument("--ways", default=",".join(WAYS), help="which ways (default: all)")
     p.add_argument("--table", action="store_true", help="print OUT/scoring.json as Markdown")
@@ -216,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.table:
-        print(table(json.loads((out / "scoring.json").read_text())))
+        print(table(summary(json.loads((out / "scoring.json").read_text()))))
         return
     if args.child:
         way, o, run, c, rows, max_len = args.child
@@ -233,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(ways) - set(WAYS)
     if unknown:
         p.error(f"--ways: unknown {', '.join(sorted(unknown))}; choose from {', '.join(WAYS)}")
+    if args.rounds < 1 or args.rows < 1:
+        p.error("--rounds and --rows: at least 1")
     out.mkdir(parents=True, exist_ok=True)
     run = Path(args.workdir or out / "run")
     _prepare(out, run, csv_path, args.rows)
@@ -242,37 +325,47 @@ def main(argv: list[str] | None = None) -> None:
     held = np.array(_held_out(run, texts))
     labels = np.array(labels)
     print(
-        f"{len(texts)} comments ({held.sum()} not trained on), length {max_len}; "
-        f"{os.cpu_count()} CPUs",
+        f"{len(texts)} comments sorted by length ({held.sum()} not trained on), length "
+        f"{max_len}; {os.cpu_count()} CPUs; {args.rounds} rounds of {', '.join(ways)}",
         flush=True,
     )
     results, reference = [], None
-    for way in ways:
-        if way == "jaxtpu-predict":
-            csv_out = out / "predict.csv"
-            csv_out.unlink(missing_ok=True)
-            cmd = [sys.executable, "-m", "jaxtpu.predict", "--workdir", str(run), "--input",
-                   str(comments), "--output", str(csv_out)]  # fmt: skip
-            row = measured(cmd, keep_output=True)
-            with open(csv_out, newline="", encoding="utf-8") as f:
-                probs = np.array([float(r[1]) for r in list(csv.reader(f))[1:]])
-            rate = re.findall(r"scored \d+ rows \((\d+) rows/s\)", row.pop("output", ""))
-            row["per_s"] = float(rate[-1]) if rate else len(texts) / row["wall_s"]
-        else:
-            me = [sys.executable, "-m", "benchmarks.scoring", "--out", str(out), "--child"]
-            args_ = [way, str(out), str(run), str(comments), str(args.rows), str(max_len)]
-            row = measured([*me, *args_])
-            probs = np.load(out / f"scores-{way}.npy")
-            row["per_s"] = len(texts) / row["score_s"]
-        if reference is None and way.startswith("jaxtpu"):
-            reference = probs
-        row["way"] = way
-        row["auc"] = float(metrics.roc_auc(probs[held], labels[held]))
-        row["diff"] = float(np.abs(probs - reference).max()) if reference is not None else 0.0
-        results.append(row)
-        print(json.dumps(row), flush=True)
-        (out / "scoring.json").write_text(json.dumps(results, indent=2))
-    print(table(results))
+    for round_ in range(1, args.rounds + 1):
+        for way in ways:
+            row = _one(way, out, run, comments, args.rows, max_len, len(texts))
+            probs = row.pop("probs")
+            if reference is None and way.startswith("jaxtpu"):
+                reference = probs
+            row["way"], row["round"] = way, round_
+            row["auc"] = float(metrics.roc_auc(probs[held], labels[held]))
+            row["diff"] = float(np.abs(probs - reference).max()) if reference is not None else 0.0
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            (out / "scoring.json").write_text(json.dumps(results, indent=2))
+    print(table(summary(results)))
+
+
+def _one(way: str, out: Path, run: Path, comments: Path, rows: int, max_len: int, n: int) -> dict:
+    """One round of one way, in a process of its own: its measured row, with its
+    probabilities as 'probs'."""
+    import numpy as np
+
+    if way == "jaxtpu-predict":
+        csv_out = out / "predict.csv"
+        csv_out.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "jaxtpu.predict", "--workdir", str(run), "--input",
+               str(comments), "--output", str(csv_out)]  # fmt: skip
+        row = measured(cmd, keep_output=True)
+        with open(csv_out, newline="", encoding="utf-8") as f:
+            row["probs"] = np.array([float(r[1]) for r in list(csv.reader(f))[1:]])
+        rate = re.findall(r"scored \d+ rows \((\d+) rows/s\)", row.pop("output", ""))
+        row["per_s"] = float(rate[-1]) if rate else n / row["wall_s"]
+        return row
+    me = [sys.executable, "-m", "benchmarks.scoring", "--out", str(out), "--child"]
+    row = measured([*me, way, str(out), str(run), str(comments), str(rows), str(max_len)])
+    row["probs"] = np.load(out / f"scores-{way}.npy")
+    row["per_s"] = n / row["score_s"]
+    return row
 
 
 if __name__ == "__main__":

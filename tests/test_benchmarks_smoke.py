@@ -286,3 +286,35 @@ def test_estimates_table_of_prints_saved_reports_in_target_and_model_order():
     ]
     # the epoch: ceil(159,571 / 64) steps of 0.1 s = 4.2 min
     assert "0.1000" in table[2] and "roofline" in table[2] and table[-1].endswith("| 4.2 |")
+
+
+def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_them():
+    from benchmarks import scoring
+
+    def row(way, per_s, rss, auc=0.97, **extra):
+        return {"way": way, "per_s": per_s, "wall_s": 10.0, "peak_rss_gb": rss, "auc": auc,
+                "diff": 0.001, "score_s": 1.0, **extra}  # fmt: skip
+
+    rounds = [
+        row("pipeline-fp32", 60.0, 1.0), row("onnx-fp32", 150.0, 1.1),
+        row("onnx-int8", 240.0, 1.0, auc=0.968), row("pipeline-bf16", 170.0, 1.2),
+        row("jaxtpu-api", 200.0, 1.4, first_s=30.0),
+        row("pipeline-fp32", 90.0, 1.3), row("onnx-fp32", 120.0, 1.0),
+        row("onnx-int8", 250.0, 1.0, auc=0.968), row("pipeline-bf16", 180.0, 1.1),
+        row("jaxtpu-api", 100.0, 1.5, first_s=40.0),
+        row("pipeline-fp32", 70.0, 1.0), row("onnx-fp32", 140.0, 1.0),
+        row("onnx-int8", 280.0, 1.0, auc=0.968), row("pipeline-bf16", 175.0, 1.0),
+        row("jaxtpu-api", 175.0, 1.45, first_s=35.0),
+    ]  # fmt: skip
+    rows = {r["way"]: r for r in scoring.summary(rounds)}
+    assert list(rows) == ["pipeline-fp32", "onnx-fp32", "onnx-int8", "pipeline-bf16", "jaxtpu-api"]
+    api = rows["jaxtpu-api"]
+    assert (api["per_s"], api["per_s_min"], api["per_s_max"]) == (175.0, 100.0, 200.0)
+    assert api["peak_rss_gb"] == 1.5 and api["first_s"] == 35.0 and api["rounds"] == 3
+    assert rows["pipeline-fp32"]["first_s"] is None
+    text = scoring.table(list(rows.values()))
+    assert "onnxruntime fp32 over PyTorch eager fp32: 2.00x" in text  # 140 / 70
+    assert "onnxruntime int8 over onnxruntime fp32: 1.79x" in text  # 250 / 140
+    assert "int8's held-out AUC loss: 0.0020" in text
+    assert "jaxtpu.load().predict over PyTorch bf16 autocast: 1.00x" in text  # 175 / 175
+    assert "| jaxtpu-api | 175 | 100-200 | 35.0 |" in text
