@@ -17,7 +17,9 @@ deployer batches them (jaxtpu adds its length buckets on top):
 
   jaxtpu-predict   `python -m jaxtpu.predict --workdir RUN --input CSV --output X`: the whole
                    command; its rate is the one it reports (reading, tokenizing, compiling
-                   each length bucket and scoring, from the start of the stream)
+                   each length bucket and scoring, from the start of the stream), on
+                   its default devices (one on a CPU; SCORING_DEVICES=N in the environment
+                   gives both jaxtpu ways N virtual devices)
   jaxtpu-api       `jaxtpu.load(RUN).predict(texts)`, called twice: the first call compiles
                    each length bucket's program once ('first call s'), the second is a
                    long-lived model's rate
@@ -77,7 +79,8 @@ def _jaxtpu_api(run: str, texts: list[str]) -> tuple[object, dict]:
     import jaxtpu
 
     t0 = time.perf_counter()
-    model = jaxtpu.load(run, num_devices=int(os.environ.get("SCORING_DEVICES", "8")))
+    devices = os.environ.get("SCORING_DEVICES")  # default: jaxtpu's (one device on a CPU)
+    model = jaxtpu.load(run, num_devices=int(devices) if devices else None)
     t1 = time.perf_counter()
     model.predict(texts)  # compiles each length bucket once
     t2 = time.perf_counter()
@@ -184,7 +187,9 @@ def _write_sorted(src: Path, dst: Path, rows: int, tokenizer_dir: Path) -> None:
         for row, _ in zip(reader, range(rows), strict=False):
             kept.append({**row, "comment_text": normalize_text(row["comment_text"])})
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    lengths = [len(ids) for ids in tok([r["comment_text"] for r in kept])["input_ids"]]
+    lengths = [
+        len(ids) for ids in tok([r["comment_text"] for r in kept], verbose=False)["input_ids"]
+    ]
     order = sorted(range(len(kept)), key=lambda i: lengths[i])
     with open(dst, "w", newline="", encoding="utf-8") as g:
         writer = csv.DictWriter(g, fieldnames=fields)
@@ -355,6 +360,8 @@ def _one(way: str, out: Path, run: Path, comments: Path, rows: int, max_len: int
         csv_out.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "jaxtpu.predict", "--workdir", str(run), "--input",
                str(comments), "--output", str(csv_out)]  # fmt: skip
+        if os.environ.get("SCORING_DEVICES"):
+            cmd += ["--num-devices", os.environ["SCORING_DEVICES"]]
         row = measured(cmd, keep_output=True)
         with open(csv_out, newline="", encoding="utf-8") as f:
             row["probs"] = np.array([float(r[1]) for r in list(csv.reader(f))[1:]])

@@ -77,17 +77,14 @@ def load(
     workdir: str | Path, num_devices: int | None = None, batch_size: int = SCORING.batch_size
 ) -> Model:
     """The best model of run directory `workdir`, on `num_devices` devices (default: every
-    local device; on a machine without accelerators, virtual CPU devices are made only when
-    JAX has not started yet), scoring `batch_size` texts per device per batch."""
+    local device JAX has: an accelerator's, or on a CPU one device unless virtual ones were
+    asked for; a number of virtual CPU devices is made only when JAX has not started yet),
+    scoring `batch_size` texts per device per batch."""
     from jaxtpu.engine import hosts
 
     if batch_size < 1:
         raise UserError(f"batch_size must be >= 1, got {batch_size}")
     hosts.use_compilation_cache()
-    if num_devices is None:
-        import jax
-
-        devices = sorted(jax.local_devices(), key=lambda d: d.id)
-    else:
-        devices = hosts.init_devices(num_devices)
-    return Model(workdir, devices, batch_size)
+    if num_devices is not None and num_devices < 1:
+        raise UserError(f"num_devices must be >= 1 (None: every local device), got {num_devices}")
+    return Model(workdir, hosts.scoring_devices(num_devices or 0), batch_size)

@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxtpu.engine import hosts
 
         hosts.use_compilation_cache()
-        devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
+        devices = hosts.scoring_devices(args.num_devices)  # before anything starts JAX
         local = storage.local_input(args.input, "--input")  # a copy, for one in a bucket
         with storage.named(local, args.input):
             if weights is not None:

@@ -83,7 +83,7 @@ def _score(args: argparse.Namespace, out: Path) -> int:
     from jaxtpu.engine import hosts
 
     hosts.use_compilation_cache()
-    devices = hosts.init_devices(args.num_devices)  # before anything starts JAX
+    devices = hosts.scoring_devices(args.num_devices)  # before anything starts JAX
     header = readers.columns(args.input)
     if args.workdir:
         models = [load_trained(w) for w in args.workdir]

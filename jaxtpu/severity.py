@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxtpu.engine import hosts
 
         hosts.use_compilation_cache()
-        devices = hosts.init_devices(args.num_devices)
+        devices = hosts.scoring_devices(args.num_devices)
         models = load_multilabel(args.workdir)
         local = storage.local_input(args.input, "--input")  # a copy, for one in a bucket
         with storage.named(local, args.input):

@@ -47,3 +47,22 @@ def test_loading_a_directory_that_is_not_a_run_is_one_line(tmp_path, config, mes
         jaxtpu.load(tmp_path, num_devices=1)
     with pytest.raises(UserError, match="no such run directory"):
         jaxtpu.load(tmp_path / "missing", num_devices=1)
+
+
+def test_scoring_takes_every_local_device_by_default_and_makes_no_virtual_ones(monkeypatch):
+    """0 (the scoring commands' default, the API's None): the devices JAX has, one on a CPU
+    unless virtual ones were asked for; a number asks for that many, as training does."""
+    import jax
+
+    from jaxtpu.engine import hosts
+
+    fake = [type("D", (), {"id": i})() for i in (3, 1, 2)]
+    asked = []
+    monkeypatch.setattr(jax, "local_devices", lambda: fake)
+    monkeypatch.setattr(hosts, "init_devices", lambda n: asked.append(n) or fake[:n])
+    assert [d.id for d in hosts.scoring_devices(0)] == [1, 2, 3] and asked == []
+    assert hosts.scoring_devices(2) == fake[:2] and asked == [2]
+    import jaxtpu
+
+    with pytest.raises(UserError, match="num_devices must be >= 1"):
+        jaxtpu.load("anywhere", num_devices=0)

@@ -79,6 +79,18 @@ def init_devices(num_devices: int) -> list[jax.Device]:
     return [d for p in sorted(by_process) for d in by_process[p][:num_devices]]
 
 
+def scoring_devices(num_devices: int) -> list[jax.Device]:
+    """The devices a scoring command scores on: `init_devices(num_devices)`, or for 0 every
+    local device JAX starts with (an accelerator's; on a CPU one device, unless the user or
+    the process asked for virtual ones). Scoring copies the weights to every device, which
+    on a CPU buys nothing: one XLA:CPU device already spreads each op over the cores
+    (`benchmarks.scoring`: faster on one device than on eight virtual ones, with half the
+    memory)."""
+    if num_devices:
+        return init_devices(num_devices)
+    return sorted(jax.local_devices(), key=lambda d: d.id)
+
+
 def set_cpu_device_count(num_devices: int) -> None:
     """Asks for `num_devices` virtual CPU devices, unless the user fixed a count already."""
     user_fixed = "JAX_NUM_CPU_DEVICES" in os.environ or (

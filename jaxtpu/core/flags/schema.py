@@ -758,7 +758,13 @@ class ScoringConfig:
     the defaults of the Python API (`jaxtpu.load`): not part of a training run's `Config`,
     but spelled, bounded and checked by the same schema (`cli.add_scoring_flags`)."""
 
-    num_devices: int = _f(8, "Devices to score on.", bounds=Bounds(1, 65536))
+    num_devices: int = _f(
+        0,
+        "Devices to score on; 0: every local accelerator, or on a machine without one a "
+        "single CPU device (XLA:CPU spreads each op over the cores, where virtual devices "
+        "would only copy the weights: docs/elsewhere.md).",
+        bounds=Bounds(0, 65536),
+    )
     batch_size: int = _f(
         16, "Comments (or pairs) per device per scoring batch.", bounds=Bounds(1, 65536)
     )
