@@ -10,8 +10,9 @@ real comments of the file that are not in the default run's sample (OUT/train.cs
 minutes here), unless `--workdir` names a finished run of that kind. Its exports are written
 once into OUT (`export --format hf`, and `--format onnx --quantize int8`).
 
-The comments: the first `--rows` of `../shared/data/jigsaw_toxic_dev.csv`, normalized as
-jaxtpu reads them and **sorted by their length in tokens** (OUT/comments-ROWS.csv), the same
+The comments: `--rows` of `../shared/data/jigsaw_toxic_dev.csv` (the default run's 2,000
+first, which OUT/run did not train on, then the file's others), normalized as jaxtpu reads
+them and **sorted by their length in tokens** (OUT/comments-ROWS.csv), the same
 list for every way, so every way's batches of 32 hold comments of about one length, as any
 deployer batches them (jaxtpu adds its length buckets on top):
 
@@ -175,17 +176,20 @@ def _prepare(out: Path, run: Path, csv_path: Path, rows: int) -> None:
 
 
 def _write_sorted(src: Path, dst: Path, rows: int, tokenizer_dir: Path) -> None:
-    """The header and the first `rows` rows of `src`, comments normalized, ordered by their
-    length in the export's tokens (ties in file order)."""
+    """The header and `rows` rows of `src` (those of the default run's sample first, the
+    comments OUT/run did not train on, then the others, each in file order), comments
+    normalized, ordered by their length in the export's tokens (ties in file order)."""
     from transformers import AutoTokenizer
 
     from jaxtpu.core.data.readers import normalize_text
 
+    held_out = _sample_texts()  # the default run's comments: OUT/run never trained on them
     with open(src, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        fields, kept = reader.fieldnames, []
-        for row, _ in zip(reader, range(rows), strict=False):
-            kept.append({**row, "comment_text": normalize_text(row["comment_text"])})
+        fields = reader.fieldnames
+        every = [{**row, "comment_text": normalize_text(row["comment_text"])} for row in reader]
+    first = [r for r in every if r["comment_text"] in held_out]
+    kept = (first + [r for r in every if r["comment_text"] not in held_out])[:rows]
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     lengths = [
         len(ids) for ids in tok([r["comment_text"] for r in kept], verbose=False)["input_ids"]

@@ -158,11 +158,12 @@ def _export_directory(
     if args.format == "onnx":
         diffs = ", ".join(f"{k} {v:.2e}" for k, v in meta["diffs"].items())
         fused = ", ".join(f"{n} {k}" for k, n in meta["fused_for_onnxruntime"].items())
-        fused = fused or "nothing (the family's layers are as exported)"
+        fused = fused or "no op (the family's layers stay as exported)"
         print(
             f"exported step {step} ({task}) to {out} as ONNX opset {meta['opset']}: "
-            f"{', '.join(meta['files'].values())}; fused for onnxruntime: {fused}; largest "
-            f"|logit difference| from jaxtpu in fp32 on {len(CHECK_TEXTS)} comments: {diffs}"
+            f"{', '.join(meta['files'].values())}; onnxruntime's fused ops in model.onnx: "
+            f"{fused}; largest |logit difference| from jaxtpu in fp32 on {len(CHECK_TEXTS)} "
+            f"comments: {diffs}"
         )
     elif classifier is None:
         print(

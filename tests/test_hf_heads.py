@@ -131,7 +131,7 @@ def _check_onnx(export: Path, model, spec, path: Path) -> None:
     fused_path = path.with_name("fused.onnx")
     fused = onnxexport.optimize_for_onnxruntime(path, fused_path)
     if spec.encoder.model_type in ATTENTION_FUSED:  # the fusions the deployed graph relies on
-        assert fused.get("attention") == spec.encoder.num_hidden_layers, fused
+        assert fused.get("Attention") == spec.encoder.num_hidden_layers, fused
     for graph in (path, fused_path):
         _check_onnx_graph(export, model, spec, onnxexport.session(graph))
 

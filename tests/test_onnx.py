@@ -45,9 +45,9 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(
     assert export.main([*argv, "--quantize", "int8"]) == 0
     assert list(cwd.iterdir()) == []
     printed = capsys.readouterr().out
-    assert "as ONNX opset 18: model.onnx, model_int8.onnx; fused for onnxruntime: " in printed
+    assert "model.onnx, model_int8.onnx; onnxruntime's fused ops in model.onnx: " in printed
     meta = json.loads((out / "jaxtpu_onnx.json").read_text())
-    assert meta["fused_for_onnxruntime"]["attention"] >= 1  # model.onnx is the fused graph
+    assert meta["fused_for_onnxruntime"]["Attention"] >= 1  # model.onnx is the fused graph
     # the exporter's own graph went with the temporary directory it was written to
     assert not [p for p in out.iterdir() if p.is_dir() or p.suffix == ".data"]
     assert meta["files"] == {"fp32": "model.onnx", "int8": "model_int8.onnx"}
@@ -68,6 +68,13 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(
         np.testing.assert_allclose(theirs[:, 0], ours, atol=1e-4, rtol=0)
         int8 = _scores(int8_session, ids, mask)[:, 0]
         assert np.isfinite(int8).all() and np.abs(int8 - ours).max() < 0.05
+
+    # benchmarks.onnx_profile: kernel time by op type, the fused graph's Attention among them
+    from benchmarks.onnx_profile import profile
+
+    ids, mask = encode_texts(TEXTS, tok, 16)
+    total, by_op = profile(out / "model.onnx", [{"input_ids": ids, "attention_mask": mask}])
+    assert total > 0 and "Attention" in by_op and abs(sum(by_op.values()) - total) < 1e-9
 
 
 @pytest.mark.e2e
