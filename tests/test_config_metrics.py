@@ -279,7 +279,8 @@ def test_scoring_flags_come_from_the_schema_with_its_bounds(command, capsys, tmp
     with pytest.raises(SystemExit):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert f"Devices to score on. [default: {SCORING.num_devices}]" in out
+    assert "Devices to score on; 0: every local accelerator, or on a machine without one" in out
+    assert f"docs/elsewhere.md). [default: {SCORING.num_devices}]" in out
     assert f"[default: {SCORING.batch_size}]" in out
     base = ["--workdir", str(tmp_path), "--input", str(tmp_path / "in.csv")]
     if command == "predict":

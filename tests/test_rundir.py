@@ -290,19 +290,23 @@ def test_after_a_failed_save_only_the_closed_loop_tracebacks_are_dropped_from_st
     assert out.getvalue() == "after\n"
     # the main thread's one-line error arriving inside a thread's traceback (a CI run's
     # failure): the error stays, the traceback goes
-    out = io.StringIO()
-    stream = _DropClosedLoopTracebacks(out)
-    first, rest = noise[:80], noise[80:]
-    _in_a_thread(stream.write, first)
-    stream.write("error: no space left on device\n")
-    _in_a_thread(stream.write, rest)
-    stream.flush()
-    assert out.getvalue() == "error: no space left on device\n"
-
-
-def _in_a_thread(call, *args) -> None:
     import threading
 
-    worker = threading.Thread(target=call, args=args)
+    out = io.StringIO()
+    stream = _DropClosedLoopTracebacks(out)
+    began, error_written = threading.Event(), threading.Event()
+
+    def thread_prints_its_traceback() -> None:  # in two writes, the error line between them
+        stream.write(noise[:80])
+        began.set()
+        error_written.wait(10)
+        stream.write(noise[80:])
+
+    worker = threading.Thread(target=thread_prints_its_traceback)
     worker.start()
+    began.wait(10)
+    stream.write("error: no space left on device\n")
+    error_written.set()
     worker.join()
+    stream.flush()
+    assert out.getvalue() == "error: no space left on device\n"
