@@ -138,7 +138,7 @@ class _DropClosedLoopTracebacks(io.TextIOBase):
 
     What each thread writes is read on its own: the threads print their tracebacks while
     the main thread prints the run's one-line error, so the lines of both arrive mixed
-    (tests/test_rundir.py's full-disk case, one CI run in about thirty)."""
+    (tests/test_rundir.py's full-disk case failed a CI run that way)."""
 
     END = "RuntimeError: Event loop is closed"
 
