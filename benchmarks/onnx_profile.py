@@ -17,12 +17,10 @@ import json
 import tempfile
 from pathlib import Path
 
-BATCH = 32
-
 
 def profile(path: Path, batches: list[dict]) -> tuple[float, dict[str, float]]:
-    """Total kernel seconds of the graph at `path` over `batches`, and seconds per op type."""
-    import numpy as np
+    """Total kernel seconds of the graph at `path` over `batches` (its int64 inputs by name),
+    and seconds per op type."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -31,7 +29,7 @@ def profile(path: Path, batches: list[dict]) -> tuple[float, dict[str, float]]:
         options.profile_file_prefix = str(Path(tmp) / "profile")
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         for batch in batches:
-            session.run(None, {k: batch[k].astype(np.int64) for k in batch})
+            session.run(None, batch)
         events = json.loads(Path(session.end_profiling()).read_text())
     by_op: collections.Counter = collections.Counter()
     for event in events:
@@ -48,25 +46,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from benchmarks.scoring import _texts
+    from benchmarks.scoring import BATCH, _texts, onnx_batches
 
     directory = Path(args.onnx)
     meta = json.loads((directory / "jaxtpu_onnx.json").read_text())
     texts, _ = _texts(args.comments, 10**9)
     tok = AutoTokenizer.from_pretrained(str(directory))
-    batches = [
-        dict(
-            tok(
-                texts[i : i + BATCH],
-                truncation=True,
-                max_length=meta["max_len"],
-                padding=True,
-                return_tensors="np",
-            )
-        )
-        for i in range(0, len(texts), BATCH)
-    ]
-    batches = [{k: b[k] for k in ("input_ids", "attention_mask")} for b in batches]
+    batches = list(onnx_batches(tok, texts, meta["max_len"]))  # scoring's onnx ways' batches
     print(f"{len(texts)} comments in {len(batches)} batches of {BATCH}, in the file's order")
     for kind, name in meta["files"].items():
         total, by_op = profile(directory / name, batches)

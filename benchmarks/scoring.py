@@ -54,6 +54,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.competitions import REAL_CSV
@@ -108,6 +109,22 @@ def _pipeline(hf: str, texts: list[str], max_len: int, bf16: bool) -> tuple[obje
     return probs, {"load_s": t1 - t0, "score_s": t2 - t1}
 
 
+def onnx_batches(tok: object, texts: list[str], max_len: int) -> Iterator[dict]:
+    """The ONNX ways' batches, tokenized as they are consumed: `BATCH` texts in order, each
+    padded to its longest and cut at `max_len`, as the graph's int64 inputs."""
+    import numpy as np
+
+    for start in range(0, len(texts), BATCH):
+        enc = tok(
+            texts[start : start + BATCH],
+            truncation=True,
+            max_length=max_len,
+            padding=True,
+            return_tensors="np",
+        )
+        yield {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
+
+
 def _onnx(directory: str, name: str, texts: list[str], max_len: int) -> tuple[object, dict]:
     import numpy as np
     import onnxruntime as ort
@@ -117,17 +134,7 @@ def _onnx(directory: str, name: str, texts: list[str], max_len: int) -> tuple[ob
     tok = AutoTokenizer.from_pretrained(directory)
     session = ort.InferenceSession(str(Path(directory) / name), providers=["CPUExecutionProvider"])
     t1 = time.perf_counter()
-    logits = []
-    for start in range(0, len(texts), BATCH):
-        enc = tok(
-            texts[start : start + BATCH],
-            truncation=True,
-            max_length=max_len,
-            padding=True,
-            return_tensors="np",
-        )
-        feeds = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
-        logits.append(session.run(None, feeds)[0][:, 0])
+    logits = [session.run(None, feeds)[0][:, 0] for feeds in onnx_batches(tok, texts, max_len)]
     t2 = time.perf_counter()
     probs = 1 / (1 + np.exp(-np.concatenate(logits).astype(np.float64)))
     return probs, {"load_s": t1 - t0, "score_s": t2 - t1}

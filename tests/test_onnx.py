@@ -73,7 +73,8 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(
     from benchmarks.onnx_profile import profile
 
     ids, mask = encode_texts(TEXTS, tok, 16)
-    total, by_op = profile(out / "model.onnx", [{"input_ids": ids, "attention_mask": mask}])
+    feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+    total, by_op = profile(out / "model.onnx", [feeds])
     assert total > 0 and "Attention" in by_op and abs(sum(by_op.values()) - total) < 1e-9
 
 
