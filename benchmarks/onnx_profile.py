@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.scoring import BATCH, _texts, onnx_batches
 
     directory = Path(args.onnx)
+    if not (directory / "jaxtpu_onnx.json").is_file():
+        p.error(f"--onnx {directory}: no jaxtpu_onnx.json (not an ONNX export of jaxtpu)")
+    if not Path(args.comments).is_file():
+        p.error(f"--comments {args.comments}: not found")
     meta = json.loads((directory / "jaxtpu_onnx.json").read_text())
     texts, _ = _texts(args.comments, 10**9)
     tok = AutoTokenizer.from_pretrained(str(directory))
