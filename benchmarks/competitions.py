@@ -12,11 +12,21 @@ so the four competitions can be trained and evaluated here (the competitions' fi
   tc_train.csv                 Toxic Comment train.csv (the real file's columns)
   tc_test_labelled.csv         Toxic Comment test rows with their labels
   rs_validation_data.csv       Rate Severity pairs (less_toxic, more_toxic) of tc_test's rows
+  rules_train.csv              Agile Community Rules train.csv (row_id, body, rule, subreddit,
+                               the four examples, rule_violation): two rules
+  rules_test.csv               its test.csv (no rule_violation): all six rules
+  rules_test_labelled.csv      the same rows with rule_violation (the solution)
 
 Each file takes its own rows of the real file (`LAYOUT` says which), so no comment is in both a
 training file and the file it is judged on. The fractions, identities and languages are drawn
 from a seeded generator: only the comments and their `toxic` labels are real, so the numbers a
 run gets here show the pipeline at work, not a competition score.
+
+The rules files turn the six Toxic Comment labels into six subreddit rules (`RULES`, in our
+own words): a row asks whether its comment breaks one rule, labelled by that rule's label, with
+two comments that break the rule and two that do not, of the same file, as its examples. The
+training file holds two rules (`TRAIN_RULES`), the test file all six, as the competition's did;
+the two files take disjoint comments. The subreddits are drawn and mean nothing.
 """
 
 from __future__ import annotations
@@ -102,6 +112,77 @@ def write_pairs_file(comments_csv: Path, path: Path, n_pairs: int, seed: int) ->
     return path
 
 
+# The six Toxic Comment labels as subreddit rules, in our own words.
+RULES = {
+    "toxic": "No rude, disrespectful or unreasonable comments that make people leave a discussion.",
+    "severe_toxic": "No extremely hateful or aggressive comments.",
+    "obscene": "No obscene or vulgar language: no swearing and no sexual terms.",
+    "threat": "No threats of violence or harm against anyone.",
+    "insult": "No insults, name-calling or personal attacks on other users.",
+    "identity_hate": "No hate aimed at a group: race, religion, gender, sexuality or disability.",
+}
+TRAIN_RULES = ("obscene", "insult")
+SUBREDDITS = ("r/AskHistorians", "r/movies", "r/cooking", "r/science", "r/gaming", "r/news")
+RULE_HEADER = [
+    "row_id",
+    "body",
+    "rule",
+    "subreddit",
+    "positive_example_1",
+    "positive_example_2",
+    "negative_example_1",
+    "negative_example_2",
+    "rule_violation",
+]
+
+
+def _rule_rows(
+    rows: list[dict[str, str]], labels: tuple[str, ...], per_class: int, rng, start: int
+) -> list[list]:
+    """Rows of the rules layout for each of `labels`' rules: up to `per_class` comments that
+    break it and as many that do not, each with two of each as examples (of `rows`, never the
+    row's own comment)."""
+    out = []
+    for label in labels:
+        pos = [r["comment_text"] for r in rows if float(r[label]) >= 0.5]
+        neg = [r["comment_text"] for r in rows if float(r[label]) < 0.5]
+        k = min(per_class, len(pos) - 2)
+        bodies = [(pos, int(i), 1) for i in rng.choice(len(pos), k, replace=False)]
+        bodies += [(neg, int(i), 0) for i in rng.choice(len(neg), k, replace=False)]
+        for pool, i, y in bodies:
+            p_ex = [pos[j] for j in _others(rng, len(pos), i if y else -1)]
+            n_ex = [neg[j] for j in _others(rng, len(neg), -1 if y else i)]
+            sub = SUBREDDITS[rng.integers(len(SUBREDDITS))]
+            out.append([0, pool[i], RULES[label], sub, *p_ex, *n_ex, y])
+    order = rng.permutation(len(out))
+    return [[start + i, *out[j][1:]] for i, j in enumerate(order)]
+
+
+def _others(rng, n: int, own: int) -> list[int]:
+    """Two distinct indices of 0..n-1, neither `own`."""
+    picked = [int(j) for j in rng.choice(n, 3, replace=False) if j != own]
+    return picked[:2]
+
+
+def write_rules_files(real_csv: Path, out: Path, seed: int = 0) -> list[Path]:
+    """rules_train.csv (TRAIN_RULES, the first half of the real file's fully labelled
+    comments), rules_test.csv and rules_test_labelled.csv (all six rules, the second half)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    with open(real_csv, newline="", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if all(r[label].strip() for label in RULES)]
+    half = len(rows) // 2
+    train = _rule_rows(rows[:half], TRAIN_RULES, 300, rng, 0)
+    test = _rule_rows(rows[half:], tuple(RULES), 150, rng, len(train))
+    paths = [out / "rules_train.csv", out / "rules_test.csv", out / "rules_test_labelled.csv"]
+    for path, table, labelled in zip(paths, (train, test, test), (True, False, True), strict=True):
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(RULE_HEADER if labelled else RULE_HEADER[:-1])
+            w.writerows(r if labelled else r[:-1] for r in table)
+    return paths
+
+
 def build(real_csv: Path, out: Path) -> list[Path]:
     """Every competition's files in `out` (the rows of the real file each takes are fixed)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -114,6 +195,7 @@ def build(real_csv: Path, out: Path) -> list[Path]:
         write_real_rows(real_csv, out / "tc_train.csv", 3000, 0),
         tc_test,
         write_pairs_file(tc_test, out / "rs_validation_data.csv", 1000, 0),
+        *write_rules_files(real_csv, out),
     ]
 
 

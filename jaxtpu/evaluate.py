@@ -45,6 +45,7 @@ METRICS = {
     "jigsaw_bias": "val_jigsaw_bias",
     "mean_language_auc": "val_mean_language_auc",
     "agreement": "val_agreement",
+    "mean_rule_auc": "val_mean_rule_auc",
 }
 
 
@@ -62,10 +63,12 @@ def read_labelled(path: str, task: Task) -> records.Comments | records.Pairs:
     random from labels would make the number depend on a seed), labelled comments otherwise."""
     kind = readers.file_kind(readers.columns(path))
     wanted = "pairs" if task.comments_per_example == 2 else "classification"
+    wanted = "rules" if task.text_pairs else wanted
     if kind != wanted:
         what = {
             "pairs": "a pairs file (less_toxic, more_toxic)",
             "classification": "labelled comments (comment_text or content, with toxic or target)",
+            "rules": "a labelled rules file (body, rule, rule_violation)",
         }
         found = f"a {kind} file" if kind else "a file of unknown layout"
         hint = "; to score it, use jaxtpu.predict" if kind in ("score", "unlabelled") else ""

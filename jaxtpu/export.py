@@ -216,7 +216,9 @@ def onnx_export(
     pooling = model.module.pooling
     hf_dir = out / "hf"
     weights.save_hf(params, enc, hf_dir, None, head_meta, classifier)
-    torch_model = load_model(enc, 0.0, hf_dir, 0, pooling, len(outputs), spec.head)
+    torch_model = load_model(
+        enc, 0.0, hf_dir, 0, pooling, len(outputs), spec.head, spec.segment_sep
+    )
     shutil.rmtree(hf_dir)
     with tempfile.TemporaryDirectory(dir=out) as tmp:  # inside the staging directory
         raw = onnxexport.export_onnx(torch_model, Path(tmp) / "model.onnx", enc)
@@ -271,7 +273,13 @@ def _onnx_differences(
         list(CHECK_TEXTS), load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len
     )
     fp32 = create_module(
-        spec.encoder, 0.0, "fp32", pooling=model.module.pooling, outputs=outputs, head=spec.head
+        spec.encoder,
+        0.0,
+        "fp32",
+        pooling=model.module.pooling,
+        outputs=outputs,
+        head=spec.head,
+        segment_sep=spec.segment_sep,
     )
     ours = np.asarray(fp32.apply({"params": params}, ids, mask), np.float64)
     ours = ours.reshape(len(CHECK_TEXTS), -1)

@@ -8,6 +8,8 @@ writes Kaggle's `id,toxic,severe_toxic,obscene,threat,insult,identity_hate`. Tox
 multi-label models give sigmoid probabilities, rankers their raw score (only the order matters
 there); a multi-label model scores a Rate Severity file by the severity weights of its six
 probabilities (`jaxtpu.core.tasks.SEVERITY_WEIGHTS`, as ranking pairs are built from labels).
+A rules model scores an Agile Community Rules test file into its submission, `row_id,
+rule_violation` (with `--rank-by-rule`, per-rule ranks averaged over an ensemble).
 """
 
 from __future__ import annotations
@@ -109,6 +111,12 @@ def _score(args: argparse.Namespace, out: Path) -> int:
             f"wrote {written} of {rows} comments{sure} as pseudo-labels ({what}"
             f"probabilities as soft targets) to {out}: train on them with --extra-train {out}"
         )
+    elif args.rank_by_rule:
+        print(
+            f"wrote {rows} rank scores to {out}: each model's score ranked within its rule, "
+            f"in [0, 1]{f', averaged over {len(models)} models' if len(models) > 1 else ''} "
+            "(not probabilities; each rule's order is all they keep)"
+        )
     else:
         print(f"wrote {what}{rows} scores to {out}")
     return 0
@@ -141,6 +149,27 @@ def _check_models(args: argparse.Namespace, models: list[Any], severity: bool) -
     """The flags that do not fit the models loaded or the kind of file (`severity`: a Rate
     Severity file)."""
     task = models[0].spec.task
+    rules_file = readers.file_kind(readers.columns(args.input)) == "rules"
+    if task.text_pairs != rules_file:
+        raise UserError(
+            f"--input {args.input}: "
+            + (
+                "a rules run scores an Agile Community Rules file (body, rule); this is not one"
+                if task.text_pairs
+                else f"an Agile Community Rules file is scored by a rules run; this is a "
+                f"{task.name} model"
+            )
+        )
+    if rules_file and args.pseudo_label:
+        raise UserError(
+            "--pseudo-label writes comments with toxicity targets; a rules file is scored as "
+            "row_id,rule_violation (train on its examples with --rule-examples instead)"
+        )
+    if args.rank_by_rule and not rules_file:
+        raise UserError(
+            "--rank-by-rule ranks a rules model's scores within each rule of an Agile Community "
+            "Rules file; this is not one"
+        )
     if args.label_weights and not (severity and task.label_columns == LABELS):
         raise UserError(
             "--label-weights scores a Rate Severity file (comment_id, text) with a "
@@ -202,6 +231,7 @@ def _work(args: argparse.Namespace) -> dict[str, Any]:
         "pseudo_label": args.pseudo_label,
         "confidence": args.confidence,
         "label_weights": args.label_weights,
+        "rank_by_rule": args.rank_by_rule,
     }
 
 

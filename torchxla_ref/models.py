@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PretrainedConfig
 
+from jaxtpu.core.hf.directory import segment_types
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.heads import classifier_fields, hf_head
 
@@ -51,8 +52,10 @@ class Classifier(nn.Module):
         pooling: str | None = None,
         outputs: int = 1,
         head: str = "jaxtpu",
+        segment_sep: int = -1,
     ) -> None:
         super().__init__()
+        self.segment_sep = segment_sep  # text pairs' token types (`segment_types`); -1: none
         self.pooling = pooling or enc.default_pooling
         self.outputs = outputs
         self.head_kind = head
@@ -83,9 +86,12 @@ class Classifier(nn.Module):
         seq = input_ids.shape[-1]
         mask = attention_mask.reshape(-1, seq).long()
         ids = input_ids.reshape(-1, seq).long()
+        types = {}
+        if self.segment_sep >= 0:
+            types["token_type_ids"] = segment_types(ids, mask, self.segment_sep).long()
         if self.head_kind == "hf":
-            logits = self.full(input_ids=ids, attention_mask=mask).logits.float()
+            logits = self.full(input_ids=ids, attention_mask=mask, **types).logits.float()
         else:
-            out = self.bert(input_ids=ids, attention_mask=mask)
+            out = self.bert(input_ids=ids, attention_mask=mask, **types)
             logits = self.classifier(self.dropout(pool(self.pooling, out, mask))).float()
         return logits[:, 0].reshape(lead) if self.outputs == 1 else logits.reshape(*lead, -1)

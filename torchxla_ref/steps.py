@@ -29,7 +29,12 @@ def _masked_bce(scores: torch.Tensor, label: torch.Tensor, margin: float) -> tor
 
 # Per-example loss of each task of `jaxtpu.core.tasks.TASKS`, as `jaxtpu.engine.steps.LOSSES`:
 # (scores, label, margin) -> (B,); only the ranking loss reads `margin` (--margin).
-LOSSES = {"toxicity": _bce, "ranking": _margin_ranking, "multilabel": _masked_bce}
+LOSSES = {
+    "toxicity": _bce,
+    "ranking": _margin_ranking,
+    "multilabel": _masked_bce,
+    "rules": _bce,
+}
 
 
 def task_loss(

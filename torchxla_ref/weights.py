@@ -22,6 +22,7 @@ def load_model(
     pooling: str | None = None,
     outputs: int = 1,
     head: str = "jaxtpu",
+    segment_sep: int = -1,
 ) -> Classifier:
     """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
     directory has one) through `jaxtpu.core.hf.directory.fit_state_dict`, as on the JAX side.
@@ -29,7 +30,7 @@ def load_model(
     init (a new head, a missing pooler), and `load_state_dict` runs strict. Encoder dropout
     comes from `enc` either way."""
     torch.manual_seed(seed)
-    model = Classifier(enc, head_dropout, pooling, outputs, head)
+    model = Classifier(enc, head_dropout, pooling, outputs, head, segment_sep)
     if model_dir:
         state = model.state_dict()
         names = {_hf(k): k for k in state}

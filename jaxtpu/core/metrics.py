@@ -156,6 +156,33 @@ def jigsaw_bias(
     return out, left_out
 
 
+def group_aucs(
+    scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, weight: np.ndarray | None = None
+) -> tuple[dict[str, float], list[str]]:
+    """ROC AUC of each group's rows (`groups`: (N,) a name per row), in sorted order.
+
+    Returns:
+      ({group: AUC} of every group whose rows hold both classes, the groups left out because
+      their rows hold one class).
+    """
+    groups = np.asarray(groups)
+    keep = _valid(weight, groups.shape[0])
+    out, left_out = {}, []
+    for name in sorted(set(groups[keep].tolist())):
+        auc = roc_auc(scores, labels, keep & (groups == name))
+        if np.isfinite(auc):
+            out[name] = auc
+        else:
+            left_out.append(name)
+    return out, left_out
+
+
+def mean_of(values: dict[str, float]) -> float:
+    """The unweighted mean of the values (NaN when there are none): each group counts once,
+    whatever its number of rows."""
+    return float(np.mean(list(values.values()))) if values else float("nan")
+
+
 def language_aucs(
     scores: np.ndarray, labels: np.ndarray, langs: np.ndarray, weight: np.ndarray | None = None
 ) -> tuple[dict[str, float], list[str]]:
@@ -165,15 +192,23 @@ def language_aucs(
       ({'mean_language_auc', 'auc_<lang>' of every language with both classes}, the languages
       left out because their rows hold one class).
     """
-    langs = np.asarray(langs)
-    keep = _valid(weight, langs.shape[0])
-    out, left_out = {}, []
-    for lang in sorted(set(langs[keep].tolist())):
-        auc = roc_auc(scores, labels, keep & (langs == lang))
-        if np.isfinite(auc):
-            out[f"auc_{lang}"] = auc
-        else:
-            left_out.append(lang)
-    defined = [v for v in out.values()]
-    out["mean_language_auc"] = float(np.mean(defined)) if defined else float("nan")
+    aucs, left_out = group_aucs(scores, labels, langs, weight)
+    out = {f"auc_{lang}": v for lang, v in aucs.items()}
+    out["mean_language_auc"] = mean_of(aucs)
     return out, left_out
+
+
+def rank_within(scores: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Each score's rank among its group's scores, scaled to [0, 1] (mid-ranks for ties; 0.5
+    for a group of one row): the per-group rank that ensembles of the Agile Community Rules
+    competition averaged. It keeps each group's order, so each group's AUC, and their mean,
+    are unchanged."""
+    scores, groups = np.asarray(scores, np.float64), np.asarray(groups)
+    out = np.empty(scores.shape[0], np.float64)
+    for name in set(groups.tolist()):
+        rows = np.flatnonzero(groups == name)
+        if rows.size == 1:
+            out[rows] = 0.5
+            continue
+        out[rows] = (_mid_ranks(scores[rows]) - 1.0) / (rows.size - 1)
+    return out

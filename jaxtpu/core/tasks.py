@@ -22,6 +22,8 @@ log = logging.getLogger("jaxtpu")
 
 # The competitions' own metrics, reported where a file has their columns (`Task.monitors`).
 BIAS_MONITOR, LANGUAGE_MONITOR = "val_jigsaw_bias", "val_mean_language_auc"
+# The Agile Community Rules metric: each rule's ROC AUC, averaged with equal weight.
+RULE_MONITOR = "val_mean_rule_auc"
 RANKING_MARGIN = 0.5  # margin of the ranking loss, on both sides
 # The six labels of the Kaggle Toxic Comment Classification data, in its column order.
 LABELS = ("toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate")
@@ -60,6 +62,42 @@ def _mean_column_auc(
     return {"val_mean_auc": mean, **{f"val_auc_{k}": v for k, v in defined.items()}}
 
 
+def rule_key(rule: str) -> str:
+    """The short name of a rule in metric keys (`val_auc_rule_<key>`): its first words,
+    lower-case letters and digits joined by '_', at most 40 characters."""
+    words = "".join(c if c.isalnum() else " " for c in rule.lower()).split()
+    key = ""
+    for w in words:
+        if key and len(key) + 1 + len(w) > 40:
+            break
+        key = f"{key}_{w}" if key else w[:40]
+    return key or "rule"
+
+
+def rule_keys(rules: list[str]) -> dict[str, str]:
+    """`rule_key` of each rule, made unique (a second rule of the same key gets '_2', ...)."""
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for rule in rules:
+        key, n = rule_key(rule), 1
+        while (key if n == 1 else f"{key}_{n}") in used:
+            n += 1
+        out[rule] = key if n == 1 else f"{key}_{n}"
+        used.add(out[rule])
+    return out
+
+
+def rule_metrics(
+    scores: np.ndarray, labels: np.ndarray, rules: np.ndarray, weight: np.ndarray | None = None
+) -> tuple[dict[str, float], list[str]]:
+    """The Agile Community Rules metric: ({'mean_rule_auc': the mean of the per-rule ROC AUCs,
+    'auc_rule_<key>': each rule's}, the rules left out because their rows hold one class)."""
+    aucs, left_out = metrics.group_aucs(scores, labels, rules, weight)
+    keys = rule_keys(sorted(set(np.asarray(rules).tolist())))
+    out = {f"auc_rule_{keys[r]}": v for r, v in aucs.items()}
+    return {"mean_rule_auc": metrics.mean_of(aucs), **out}, left_out
+
+
 def _agreement(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
     return {"val_agreement": metrics.agreement(scores[:, 0], scores[:, 1], weight)}
 
@@ -90,6 +128,9 @@ class Task:
         on its labels plus `aux_weight` x the mean BCE over its known auxiliary targets. The
         metrics, predictions and scores read the label columns' outputs alone (`main`).
       aux_weight: `--aux-weight`.
+      others: further metrics of the task that --monitor may choose (`monitors`).
+      text_pairs: each example is a text pair (the rules task: the rule, then the comment),
+        tokenized as the tokenizer encodes pairs, the second text truncated, never the first.
     """
 
     name: str
@@ -103,6 +144,8 @@ class Task:
     label_columns: tuple[str, ...] = ("toxic",)
     aux_columns: tuple[str, ...] = ()
     aux_weight: float = 1.0
+    others: tuple[str, ...] = ()
+    text_pairs: bool = False
 
     @property
     def outputs(self) -> int:
@@ -216,6 +259,16 @@ class Task:
         first = (lambda a: a) if self.main_outputs == 1 else (lambda a: a[:, 0])  # noqa: E731
         s, y = first(np.asarray(scores)), first(np.asarray(labels))
         out = {}
+        if getattr(groups, "rule", None) is not None:
+            parts, left_out = rule_metrics(s, y, groups.rule, weight)
+            if left_out:
+                log.warning(
+                    "%s: %d rule(s) left out (one class in the validation set): %s",
+                    RULE_MONITOR,
+                    len(left_out),
+                    "; ".join(r[:60] for r in left_out),
+                )
+            out.update({f"val_{k}": v for k, v in parts.items()})
         if groups.identities:
             parts, left_out = metrics.jigsaw_bias(s, y, groups.identities, weight)
             if left_out:
@@ -240,7 +293,7 @@ class Task:
         """The metrics that may choose the best checkpoint on validation data with these
         `groups`, the default first: the competition's own metric where the file is of that
         competition (Unintended Bias: `val_jigsaw_bias`), else the task's; `val_loss` always."""
-        names = [self.monitor]
+        names = [self.monitor, *self.others]
         if groups and self.comments_per_example == 1:
             if groups.identities:
                 names.insert(0, BIAS_MONITOR)
@@ -252,11 +305,16 @@ class Task:
         """Why a competition breakdown `monitor` is undefined at every evaluation on this
         validation data whatever the model scores (every identity subgroup, or every language,
         holds one class), or None. The overall one-class case is `undefined`'s."""
-        if monitor not in (BIAS_MONITOR, LANGUAGE_MONITOR) or not groups:
+        if monitor not in (BIAS_MONITOR, LANGUAGE_MONITOR, RULE_MONITOR) or not groups:
             return None
         y = np.asarray(labels, np.float64)
         y = y if y.ndim == 1 else y[:, 0]
         scores, weight = np.zeros(len(y)), np.ones(len(y))  # AUCs exist iff both classes do
+        if monitor == RULE_MONITOR:
+            parts, left_out = rule_metrics(scores, y, groups.rule, weight)
+            if not np.isfinite(parts["mean_rule_auc"]):
+                return f"every rule ({len(left_out)}) holds one class"
+            return None
         if monitor == BIAS_MONITOR:
             parts, left_out = metrics.jigsaw_bias(scores, y, groups.identities, weight)
             if not np.isfinite(parts["jigsaw_bias"]):
@@ -317,13 +375,28 @@ TASKS: dict[str, Task] = {
         undefined=_both_classes,  # of `toxic`, known for every row
         label_columns=LABELS,
     ),
+    # Agile Community Rules (2025): does this comment break this rule? One (rule, comment)
+    # text pair per example, its label `rule_violation`; scored by the mean per-rule AUC.
+    "rules": Task(
+        name="rules",
+        comments_per_example=1,
+        head_dropout=0.1,
+        monitor=RULE_MONITOR,
+        metric=_auc,
+        reads=("rules",),
+        unit="rows",
+        undefined=_both_classes,
+        label_columns=("rule_violation",),
+        others=("val_auc",),
+        text_pairs=True,
+    ),
 }
 
 
 def monitor_names() -> tuple[str, ...]:
     """Every metric some task reports on some file: the values --monitor accepts (each run
     then checks its own, `Task.choose_monitor`)."""
-    tasks = sorted({t.monitor for t in TASKS.values()})
+    tasks = sorted({m for t in TASKS.values() for m in (t.monitor, *t.others)})
     return (*tasks, BIAS_MONITOR, LANGUAGE_MONITOR, "val_loss")
 
 

@@ -111,11 +111,13 @@ def predict_stream(
     pseudo, confidence = progress.work.get("pseudo_label", False), progress.work.get("confidence")
     weights = progress.work.get("label_weights")
     weights = None if weights is None else parse_label_weights(weights)
+    rank_by_rule = progress.work.get("rank_by_rule", False)
     columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, severity, every)
     if pseudo:
         columns = ["id", "comment_text", *task.label_columns]
         severity = False  # probabilities of the labels, whatever the file's kind
-    chunk_rows = progress.work["chunk_rows"]
+    # ranks within each rule need every row of the file at once
+    chunk_rows = sys.maxsize if rank_by_rule else progress.work["chunk_rows"]
     done, size = (resume["rows"], resume["bytes"]) if resume else (0, 0)
     bar = _bar(done)
     empty, written = 0, (resume or {}).get("written", 0)
@@ -126,19 +128,22 @@ def predict_stream(
             f.seek(size)
             if not resume:
                 f.write(_csv_bytes([columns]))
-            for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows)):
+            template = scorers[0].model.cfg.data.rule_template
+            for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows, template)):
                 start = k * chunk_rows
                 if resume and start == resume["rows"]:
                     _check_same_rows(digest, resume, source)
-                for text in [*(chunk.ids or ()), "\x1e", *chunk.texts]:
+                for text in [*(chunk.ids or ()), "\x1e", *chunk.texts, *(chunk.first or ())]:
                     digest.update(text.encode("utf-8", "surrogatepass") + b"\x1f")
                 if start < done:
                     continue
                 empty += chunk.dropped
                 each = [
-                    outputs(s.logits(chunk.texts), task, severity, every, weights)[1]
+                    outputs(s.logits(chunk.encoded()), task, severity, every, weights)[1]
                     for s in scorers
                 ]
+                if rank_by_rule:
+                    each = [metrics.rank_within(e[:, 0], chunk.groups.rule)[:, None] for e in each]
                 mean = np.mean(each, 0)
                 ids = chunk.ids or [str(start + j) for j in range(len(chunk))]
                 if pseudo:
@@ -224,7 +229,8 @@ def outputs(
     """(header, values (N, columns)) of the output file: `comment_id,score` for a Rate
     Severity file (`severity`; a multi-label model ranks by the severity weights of its six
     probabilities, as pairs are built from labels; other models by their raw score), else
-    Kaggle's submission, `id` and a probability per label the model scores (`every`: and per
+    Kaggle's submission, `id` (a rules model's: `row_id`) and a probability per label the
+    model scores (`every`: and per
     auxiliary target, `Task.aux_columns`). `label_weights` (--label-weights) replace the
     severity weights."""
     if severity:
@@ -233,4 +239,5 @@ def outputs(
             weights = SEVERITY_WEIGHTS if label_weights is None else label_weights
             scores = weighted_severity(metrics.probability(scores), weights)
         return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
-    return ["id", *task.score_columns(every)], task.predictions(scores, every)
+    ids = "row_id" if task.text_pairs else "id"  # the Agile Community Rules submission's
+    return [ids, *task.score_columns(every)], task.predictions(scores, every)

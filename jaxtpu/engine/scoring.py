@@ -253,9 +253,9 @@ class Scorer:
         self.backend = scoring_backend(model, devices, self.task)
         self.edges = fixed_edges(self.max_len)
 
-    def logits(self, texts: list[str]) -> np.ndarray:
-        """The raw outputs for (normalized) `texts`: (N,) or (N, labels); tokenized in memory,
-        without the disk cache (each text is scored once)."""
+    def logits(self, texts: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
+        """The raw outputs for (normalized) `texts`, or text pairs (a rules model's): (N,) or
+        (N, labels); tokenized in memory, without the disk cache (each is scored once)."""
 
         if not texts:
             return np.zeros((0, *self.task.label_shape), np.float32)

@@ -49,6 +49,7 @@ LOSSES = {
     "toxicity": _bce,  # BCE with logits (soft targets allowed)
     "ranking": _margin_ranking,  # scores (B, 2): less, more toxic
     "multilabel": _masked_bce,  # BCE with logits per label, blank labels masked
+    "rules": _bce,  # BCE with logits of rule_violation
 }
 
 

@@ -25,9 +25,10 @@ Dtype = jnp.dtype
 
 
 class Embeddings(nn.Module):
-    """Token (+ position) (+ token type 0) embeddings -> LayerNorm -> dropout, with the
-    family's projection to hidden_size when the embeddings are narrower: ELECTRA's
-    `embeddings_project` after the LayerNorm (in `Backbone`), DeBERTa's `embed_proj` before it."""
+    """Token (+ position) (+ token type: 0, or a text pair's `token_types`) embeddings ->
+    LayerNorm -> dropout, with the family's projection to hidden_size when the embeddings are
+    narrower: ELECTRA's `embeddings_project` after the LayerNorm (in `Backbone`), DeBERTa's
+    `embed_proj` before it."""
 
     cfg: EncoderConfig
     dtype: Dtype = jnp.float32
@@ -36,7 +37,11 @@ class Embeddings(nn.Module):
 
     @nn.compact
     def __call__(
-        self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        deterministic: bool,
+        token_types: jax.Array | None = None,
     ) -> jax.Array:
         cfg, family = self.cfg, self.cfg.family
         init = nn.initializers.normal(cfg.initializer_range)
@@ -52,8 +57,10 @@ class Embeddings(nn.Module):
         if positions is not None:
             x = x + embed(cfg.max_position_embeddings, "position_embeddings")(positions)
         if cfg.type_vocab_size > 0:
-            # Token type 0 everywhere (single-segment inputs): row 0 of the table.
-            x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(jnp.zeros((1,), jnp.int32))
+            # Token type 0 everywhere (single-segment inputs): row 0 of the table; text pairs
+            # give their `token_types`.
+            types = jnp.zeros((1,), jnp.int32) if token_types is None else token_types
+            x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(types)
         if family.projection == "embed_proj" and width != cfg.hidden_size:
             x = nn.Dense(
                 cfg.hidden_size,
@@ -340,13 +347,18 @@ class Backbone(nn.Module):
 
     @nn.compact
     def __call__(
-        self, input_ids: jax.Array, attention_mask: jax.Array, deterministic: bool = True
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        deterministic: bool = True,
+        token_types: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         cfg, kw = (
             self.cfg,
             dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_out=self.matmul_out),
         )
-        x = Embeddings(cfg, name="embeddings", **kw)(input_ids, attention_mask, deterministic)
+        embeddings = Embeddings(cfg, name="embeddings", **kw)
+        x = embeddings(input_ids, attention_mask, deterministic, token_types)
         width = cfg.embedding_size or cfg.hidden_size
         if cfg.family.projection == "embeddings_project" and width != cfg.hidden_size:
             x = layers.layer_dense(self, cfg.hidden_size, "embeddings_project")(x)

@@ -28,13 +28,15 @@ def create_module(
     outputs: int = 1,
     matmul_output: str = "fp32",
     head: str = "jaxtpu",
+    segment_sep: int = -1,
 ) -> Classifier:
     """The model with fp32 storage and the compute dtype of `precision` (every task shares it;
     `Task.example_shape` says what its inputs look like); `remat` is a key of `REMAT` or
     'none'; `scan` runs the layers as one `nn.scan` (params as `stack_layers` makes them);
     `pooling` one of `jaxtpu.core.hf.families.POOLINGS` (None = the family's default);
     `matmul_output` the bf16 matmuls' result dtype ('fp32' or 'bf16'); `head` 'jaxtpu' or
-    'hf' (the family's own classification head)."""
+    'hf' (the family's own classification head); `segment_sep` the separator of text pairs'
+    token types (`RunSpec.segment_sep`, -1: none)."""
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
     return Classifier(
         cfg,
@@ -47,6 +49,7 @@ def create_module(
         pooling=pooling or cfg.default_pooling,
         outputs=outputs,
         head=head,
+        segment_sep=segment_sep,
     )
 
 
@@ -63,6 +66,7 @@ def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
         spec.task.outputs,
         spec.matmul_output,
         spec.head,
+        spec.segment_sep,
     )
 
 

@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxtpu.core.hf.directory import segment_types
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.heads import Op, hf_head
 from jaxtpu.core.hf.kinds import LayerKind
@@ -94,6 +95,8 @@ class Classifier(nn.Module):
     pooling: str = "pooler"
     outputs: int = 1
     head: str = "jaxtpu"  # 'hf': the family's own classification head
+    # text pairs: the separator after which tokens have type 1 (`segment_types`); -1: none
+    segment_sep: int = -1
 
     @nn.compact
     def __call__(
@@ -115,7 +118,11 @@ class Classifier(nn.Module):
             **({"pooler": False} if no_pooler else {}),
         )
         mask = flat(attention_mask)
-        hidden, pooled = bert(flat(input_ids), mask, deterministic)
+        types = {}
+        if self.segment_sep >= 0:
+            ids = flat(input_ids)
+            types["token_types"] = segment_types(ids, mask, self.segment_sep).astype(jnp.int32)
+        hidden, pooled = bert(flat(input_ids), mask, deterministic, **types)
         x = pool(self.pooling, hidden, pooled, mask)
         # the logits stay fp32 whatever --matmul-output says: the loss reads them
         if self.head == "hf":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import string
 import sys
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,6 +19,10 @@ from jaxtpu.core.data.records import (
     IDENTITIES,
     LANG_COLUMN,
     PAIRS_COLUMNS,
+    RULE_EXAMPLES,
+    RULE_ID,
+    RULE_LABEL,
+    RULES_COLUMNS,
     SCORE_COLUMNS,
     SUBLABELS,
     TEXT_COLUMNS,
@@ -33,6 +38,9 @@ from jaxtpu.core.tasks import LABEL_COLUMNS
 log = logging.getLogger(__name__)
 
 
+DEFAULT_RULE_TEMPLATE = "{rule}"  # --rule-template's default: the rule alone
+
+
 def normalize_text(text: str) -> str:
     """Collapses all runs of whitespace (newlines, tabs) to one space."""
     return " ".join(text.split())
@@ -44,10 +52,13 @@ def columns(path: str | os.PathLike) -> list[str]:
 
 
 def file_kind(header: list[str]) -> str | None:
-    """What a file is, read from its columns: 'pairs', 'score', 'classification',
-    'unlabelled' (comments to score) or None."""
+    """What a file is, read from its columns: 'rules' (Agile Community Rules: body, rule;
+    labelled or not), 'pairs', 'score', 'classification', 'unlabelled' (comments to score) or
+    None."""
     cols = set(header)
     text = cols & set(TEXT_COLUMNS)
+    if set(RULES_COLUMNS) <= cols:
+        return "rules"
     if set(PAIRS_COLUMNS) <= cols:
         return "pairs"
     if text and cols & set(LABEL_COLUMNS):
@@ -182,11 +193,21 @@ def _text_and_id(path: Any, header: list[str], labelled: bool) -> tuple[str, str
     return _one_column(path, header, TEXT_COLUMNS, "comment text"), "id"
 
 
-def comments_to_score(path: str | os.PathLike, chunk: int) -> Iterator[Comments]:
+def comments_to_score(
+    path: str | os.PathLike, chunk: int, template: str = DEFAULT_RULE_TEMPLATE
+) -> Iterator[Comments]:
     """The comments of a file to score, `chunk` rows at a time, as a stream (`predict` on
     millions of rows): each an unlabelled `Comments` of its rows, empty comments kept (every id
-    gets a score) and counted in `dropped`; `ids` empty when the file has no id column."""
+    gets a score) and counted in `dropped`; `ids` empty when the file has no id column. A
+    rules file's rows are text pairs (`template`, its run's --rule-template, and the body)."""
     table = open_table(path)
+    if file_kind(table.header) == "rules":
+        whole = read_rules(path, False, table=table, template=RuleTemplate(template))
+        for start in range(0, len(whole), chunk):
+            part = whole.subset(np.arange(start, min(start + chunk, len(whole))))
+            part.dropped = sum(not t for t in part.texts)
+            yield part
+        return
     text_col, id_col = _text_and_id(path, table.header, labelled=False)
     with_ids = id_col in table.header
     texts: list[str] = []
@@ -358,4 +379,146 @@ def read_pairs(
     return Pairs(str(path), less, more, dropped, folds_or_none, columns=numbers_of)
 
 
-READERS = {"pairs": read_pairs, "classification": read_comments}
+class RuleTemplate:
+    """`--rule-template`: the first text of each rules row's pair, from its columns
+    (`{rule}`, `{subreddit}`, `{positive_example_1}`, ...), each value whitespace-normalised.
+    The rule itself must be in it: the model has to read which rule it is asked about."""
+
+    def __init__(self, template: str = DEFAULT_RULE_TEMPLATE) -> None:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        except ValueError as e:
+            raise DataError(f"--rule-template {template!r}: {e}") from None
+        if "rule" not in fields:
+            raise DataError(
+                f"--rule-template {template!r} has no {{rule}}: the model must read the rule"
+            )
+        if any(not f.isidentifier() for f in fields):
+            raise DataError(
+                f"--rule-template {template!r}: each {{...}} names one column, e.g. {{subreddit}}"
+            )
+        self.template, self.fields = template, tuple(dict.fromkeys(fields))
+
+    def check(self, path: Any, header: list[str]) -> None:
+        missing = [f for f in self.fields if f not in header]
+        if missing:
+            raise DataError(
+                f"{path}: --rule-template {self.template!r} names column(s) "
+                f"{', '.join(missing)} the file does not have; found: {', '.join(header)}"
+            )
+
+    def render(self, row: Mapping[str, Any]) -> str:
+        values = {f: normalize_text(row[f]) if isinstance(row[f], str) else "" for f in self.fields}
+        return normalize_text(self.template.format_map(values))
+
+
+def _rule(path: Any, where: str, row: Mapping[str, Any]) -> str:
+    rule = _text(row, "rule", where, path)
+    if not rule:
+        raise DataError(f"{path}: {where}: rule is empty; every row asks about one rule")
+    return sys.intern(rule)
+
+
+def _violation(path: Any, where: str, value: Any) -> float:
+    text = (value or "").strip() if isinstance(value, str) or value is None else str(value)
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if x not in (0.0, 1.0):
+        raise DataError(f"{path}: {where}: {RULE_LABEL}={text!r} is not 0 or 1")
+    return x
+
+
+def read_rules(
+    path: str | os.PathLike,
+    labelled: bool = True,
+    fold_column: str = "",
+    table: Table | None = None,
+    columns: Mapping[str, NumberColumn] | None = None,
+    template: RuleTemplate | None = None,
+) -> Comments:
+    """Reads an Agile Community Rules file (`train.csv`, or with `labelled=False` `test.csv`):
+    each row a text pair, the first text the `template` over its columns (`--rule-template`,
+    default the rule alone) and the second the comment (`body`), its label `rule_violation`
+    (0 or 1), its id `row_id` and its rule (`Groups.rule`, for the per-rule AUC). Rows with
+    an empty body are dropped when labelled (kept and counted when scored, as
+    `read_comments`); an empty rule is refused."""
+    table = table or open_table(path)
+    header = table.header
+    if file_kind(header) != "rules":
+        raise missing_columns_error(path, header, "body, rule (an Agile Community Rules file)")
+    if labelled and RULE_LABEL not in header:
+        raise missing_columns_error(path, header, f"body, rule, {RULE_LABEL} (labelled rows)")
+    template = template or RuleTemplate()
+    template.check(path, header)
+    columns = columns or {}
+    _check_fold_column(table, fold_column)
+    _check_number_columns(table, columns)
+    texts, first, ids, rules = [], [], [], []
+    labels, folds, numbers = array("f"), array("q"), array("f")
+    rows = dropped = 0
+    for where, row in table.rows():
+        rows += 1
+        text = _text(row, "body", where, path)
+        rule = _rule(path, where, row)
+        if not text:
+            dropped += 1
+            if labelled:
+                continue
+        texts.append(text)
+        first.append(template.render(row))
+        rules.append(rule)
+        ids.append(str(row.get(RULE_ID) or "").strip())
+        if labelled:
+            labels.append(_violation(path, where, row.get(RULE_LABEL)))
+        if fold_column:
+            folds.append(_fold_id(path, where, row, fold_column))
+        _read_numbers(path, where, row, columns, numbers)
+    if dropped == rows:
+        raise DataError(f"{path}: all {rows} rows dropped (body empty)")
+    if dropped:
+        what = "dropped" if labelled else "scoring as empty text"
+        log.warning("%s: %s %d of %d rows with an empty body", path, what, dropped, rows)
+    n = len(texts)
+    return Comments(
+        str(path),
+        texts,
+        _numpy(labels, np.float32) if labelled else None,
+        ids=ids,
+        dropped=dropped,
+        groups=Groups(rule=np.asarray(rules, dtype=object)),
+        folds=_numpy(folds, np.int64) if fold_column else None,
+        columns=_number_arrays(columns, numbers, n),
+        first=first,
+    )
+
+
+def rule_examples(path: str | os.PathLike) -> list[tuple[str, str, float, dict[str, Any]]]:
+    """The examples of every row of a rules file, flattened: (rule, normalised example text,
+    its label: 1 for `positive_example_*`, 0 for `negative_example_*`, the row it came from),
+    empty examples skipped. Refused when the file lacks an example column."""
+    table = open_table(path)
+    if file_kind(table.header) != "rules":
+        raise missing_columns_error(
+            path, table.header, "body, rule (an Agile Community Rules file)"
+        )
+    missing = [c for c in RULE_EXAMPLES if c not in table.header]
+    if missing:
+        raise DataError(
+            f"--rule-examples {path}: missing example column(s) {', '.join(missing)}; found: "
+            f"{', '.join(table.header)}"
+        )
+    out = []
+    for where, row in table.rows():
+        rule = _rule(path, where, row)
+        for column, label in RULE_EXAMPLES.items():
+            text = _text(row, column, where, path)
+            if text:
+                out.append((rule, text, label, row))
+    if not out:
+        raise DataError(f"--rule-examples {path}: no example text in any of its rows")
+    return out
+
+
+READERS = {"pairs": read_pairs, "classification": read_comments, "rules": read_rules}

@@ -10,7 +10,7 @@ from typing import overload
 
 import numpy as np
 
-from jaxtpu.core.data.tokens import digest_texts
+from jaxtpu.core.data.tokens import digest_pairs, digest_texts
 from jaxtpu.core.tasks import LABELS, SEVERITY_WEIGHTS
 
 SUBLABELS = LABELS[1:]  # ("severe_toxic", "obscene", "threat", "insult", "identity_hate")
@@ -47,6 +47,20 @@ IDENTITIES = (
 LANG_COLUMN = "lang"  # the Multilingual competition's language of each comment
 
 
+# Agile Community Rules (2025): a comment (`body`) and a subreddit rule, whether the comment
+# breaks it (`rule_violation`, 0/1; absent from the test file), the row's id, and two
+# comments that break the rule and two that do not as examples.
+RULES_COLUMNS = ("body", "rule")
+RULE_LABEL = "rule_violation"
+RULE_ID = "row_id"
+RULE_EXAMPLES = {
+    "positive_example_1": 1.0,
+    "positive_example_2": 1.0,
+    "negative_example_1": 0.0,
+    "negative_example_2": 0.0,
+}
+
+
 @dataclass(frozen=True)
 class NumberColumn:
     """A numeric column a run asks a file for beyond the Jigsaw ones (a row weight, an
@@ -63,14 +77,15 @@ class NumberColumn:
 @dataclass
 class Groups:
     """What a file says about each comment besides its labels, for the metrics that break
-    the score down by it (never a model input): the Unintended Bias identities and the
-    Multilingual language."""
+    the score down by it (never a model input): the Unintended Bias identities, the
+    Multilingual language and the Agile Community Rules rule."""
 
     identities: dict[str, np.ndarray] = field(default_factory=dict)  # (N,) float32, NaN blank
     lang: np.ndarray | None = None  # (N,) str
+    rule: np.ndarray | None = None  # (N,) str: the rule a rules row asks about
 
     def __bool__(self) -> bool:
-        return bool(self.identities) or self.lang is not None
+        return bool(self.identities) or self.lang is not None or self.rule is not None
 
     def describe(self) -> str:
         """'identities male, female; languages es, it' (those the file has)."""
@@ -79,12 +94,15 @@ class Groups:
             parts.append("identities " + ", ".join(self.identities))
         if self.lang is not None:
             parts.append("languages " + ", ".join(sorted(set(self.lang.tolist()))))
+        if self.rule is not None:
+            parts.append(f"{len(set(self.rule.tolist()))} rules")
         return "; ".join(parts)
 
     def take(self, idx: np.ndarray) -> Groups:
         return Groups(
             {k: v[idx] for k, v in self.identities.items()},
             None if self.lang is None else self.lang[idx],
+            None if self.rule is None else self.rule[idx],
         )
 
 
@@ -138,14 +156,27 @@ class Comments:
     digests: np.ndarray | None = None  # (N, 16) uint8 `digest_texts`, made when first asked
     # the `NumberColumn`s a run asked for: name -> (N,) float32, NaN where blank
     columns: dict[str, np.ndarray] = field(default_factory=dict)
+    # text pairs (the rules task): each row's first text, before `texts[i]`; None: one text
+    first: Sequence[str] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
     def text_digests(self) -> np.ndarray:
+        """`digest_texts` of each row's text, or of its pair (`digest_pairs`)."""
         if self.digests is None:
-            self.digests = digest_texts(self.texts)
+            self.digests = (
+                digest_texts(self.texts)
+                if self.first is None
+                else digest_pairs(self.first, self.texts)
+            )
         return self.digests
+
+    def encoded(self) -> Sequence[str] | list[tuple[str, str]]:
+        """What the tokenizer encodes: each row's text, or its (first, text) pair."""
+        if self.first is None:
+            return self.texts
+        return list(zip(self.first, self.texts, strict=True))
 
     def subset(self, idx: np.ndarray) -> Comments:
         return Comments(
@@ -158,6 +189,7 @@ class Comments:
             folds=None if self.folds is None else self.folds[idx],
             digests=None if self.digests is None else self.digests[idx],
             columns={k: v[idx] for k, v in self.columns.items()},
+            first=None if self.first is None else take_texts(self.first, idx),
         )
 
     def severity(self) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import storage
-from jaxtpu.core.data import readers
+from jaxtpu.core.data import readers, rules
 from jaxtpu.core.data.demo import SAMPLE_CSV, demo_comments
 from jaxtpu.core.data.filecache import read_cached
 from jaxtpu.core.data.pairing import pairs_from_labels
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 _EXPECTED = {
     "pairs": "less_toxic, more_toxic (pairs)",
     "classification": "comment_text, toxic or target (labels)",
+    "rules": "body, rule, rule_violation (Agile Community Rules)",
 }
 
 
@@ -44,20 +45,30 @@ def read_task_file(
     fold_column: str = "",
     cache_dir: Any = None,
     columns: Mapping[str, NumberColumn] | None = None,
+    template: str = readers.DEFAULT_RULE_TEMPLATE,
 ) -> Comments | Pairs:
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
     the fold ids of `fold_column` when one is asked for and the numeric `columns` a run asks
-    for; with a `cache_dir`, through the file cache (`read_cached`). A file in a bucket is
-    read from its local copy (`storage.fetch`), its messages naming the URL."""
+    for; with a `cache_dir`, through the file cache (`read_cached`; not a rules file, whose
+    first texts come from `template`, `--rule-template`, and which is small). A file in a
+    bucket is read from its local copy (`storage.fetch`), its messages naming the URL."""
     if storage.is_remote(path):
         local = storage.fetch(str(path))
         with storage.named(local, str(path)):
-            return read_task_file(local, task, fold_column, cache_dir, columns)
+            return read_task_file(local, task, fold_column, cache_dir, columns, template)
     table = open_table(path)  # the header, read once: the reader takes it from here
     kind = file_kind(table.header)
     if kind not in task.reads:
         expected = " or ".join(_EXPECTED[k] for k in task.reads)
         raise missing_columns_error(path, table.header, expected)
+    if kind == "rules":
+        return readers.read_rules(
+            path,
+            fold_column=fold_column,
+            table=table,
+            columns=columns,
+            template=readers.RuleTemplate(template),
+        )
     if cache_dir is None:
         data = readers.READERS[kind](path, fold_column=fold_column, table=table, columns=columns)
     else:
@@ -152,7 +163,9 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         valid_columns = number_columns(cfg, training=False)
         train, valid = (
             data,
-            read_task_file(d.valid_csv, task, cache_dir=cache, columns=valid_columns),
+            read_task_file(
+                d.valid_csv, task, cache_dir=cache, columns=valid_columns, template=d.rule_template
+            ),
         )
         split_desc = f"validation file {d.valid_csv}"
     else:
@@ -193,6 +206,14 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         )
         more_ex = encode(more, tokenizer, d.max_len, d.cache_dir, task)
         train_ex = train_ex.concat(more_ex, weights, d.extra_weight)
+    examples = None
+    if d.rule_examples:
+        paths = [p.strip() for p in d.rule_examples.split(",") if p.strip()]
+        local = [storage.fetch(p) if storage.is_remote(p) else p for p in paths]
+        rows, examples = rules.example_rows(local, readers.RuleTemplate(d.rule_template), valid)
+        log.info("--rule-examples %s: %s", d.rule_examples, examples.describe())
+        more_ex = encode(rows, tokenizer, d.max_len, d.cache_dir, task)
+        train_ex = train_ex.concat(more_ex, train_ex.row_weights, 1.0)
     valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task)
     if d.weighted_val_loss:
         valid_ex.row_weights = row_weights(valid, cfg, split_desc, "validation")
@@ -203,6 +224,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         "train_examples": len(train_ex),
         "extra_train_examples": extra,
         "extra_train_left_out": overlap,
+        **({"rule_examples": vars(examples)} if examples else {}),
         "valid_examples": len(valid_ex),
         "dropped_rows": getattr(data, "dropped", 0),
         "token_cache_hit": train_ex.cache_hit and valid_ex.cache_hit,
@@ -217,7 +239,9 @@ def _training_rows(cfg: Config, cache: Path) -> tuple[Comments | Pairs, str]:
     d, task, seed = cfg.data, cfg.task, cfg.train.seed
     if d.train_csv:
         path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
-        data = read_task_file(path, task, d.fold_column, cache, number_columns(cfg))
+        data = read_task_file(
+            path, task, d.fold_column, cache, number_columns(cfg), d.rule_template
+        )
         source = str(path)
     else:
         data = demo_comments(d.demo_size, seed)
@@ -247,6 +271,13 @@ def _split_rows(data: Comments | Pairs, cfg: Config, source: str) -> tuple[Any, 
     """(train rows, validation rows, a description) of a file without --valid-csv: the file's
     own folds (--fold-column), fold k of --n-folds, or a held-out fraction."""
     d, seed = cfg.data, cfg.train.seed
+    if d.holdout_rules:
+        if not isinstance(data, Comments) or data.groups.rule is None:
+            raise DataError(f"--holdout-rules: {source} is not a rules file (no rule column)")
+        va, held = rules.holdout_rules(data.groups.rule, d.holdout_rules, seed, source)
+        tr = np.setdiff1d(np.arange(len(data)), va)
+        names = "; ".join(r[:50] for r in held)
+        return tr, va, f"{len(held)} held-out rule(s), seed {seed}: {names}"
     if d.fold_column:
         assert data.folds is not None
         ids = np.unique(data.folds)

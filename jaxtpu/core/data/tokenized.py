@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core.data.buckets import real_lengths
-from jaxtpu.core.data.records import SUBLABELS, Comments, Groups, Pairs
+from jaxtpu.core.data.records import RULE_LABEL, SUBLABELS, Comments, Groups, Pairs
 from jaxtpu.core.data.tokens import cached_tokens
 from jaxtpu.core.tasks import Task, get_task
 
@@ -94,7 +94,8 @@ def encode(
     cache_dir: Any = None,
     task: Task | None = None,
 ) -> Examples:
-    """Tokenizes comments, or both sides of each pair (ranking), with the labels of `task`
+    """Tokenizes comments (or text pairs, the rules task's rule and comment: `Comments.first`),
+    or both sides of each pair (ranking), with the labels of `task`
     (default: toxicity) laid out as its `Task.batch_layout` says (`labels_of`)."""
     task = task or get_task("toxicity")
     if isinstance(data, Pairs):
@@ -110,7 +111,7 @@ def encode(
         return Examples(
             pair(t.ids), pair(t.mask), label, t.cache_hit, lengths=longer, layout=layout
         )
-    t = cached_tokens(lambda: data.texts, data.text_digests(), tokenizer, max_len, cache_dir)
+    t = cached_tokens(data.encoded, data.text_digests(), tokenizer, max_len, cache_dir)
     labels = labels_of(data, task.label_columns)
     if task.aux_columns:  # the auxiliary targets after the labels, NaN where blank or absent
         blank = np.full(len(data), np.nan, np.float32)
@@ -122,11 +123,16 @@ def encode(
 
 
 def labels_of(data: Comments, label_columns: tuple[str, ...]) -> np.ndarray:
-    """(N, columns) float32 of these label columns (`toxic` and the `SUBLABELS`), NaN where a
-    sub-label is blank (or the file has no such column); unlabelled comments get zeros."""
+    """(N, columns) float32 of these label columns (`toxic` and the `SUBLABELS`, or a rules
+    file's `rule_violation`), NaN where a sub-label is blank (or the file has no such column);
+    unlabelled comments get zeros."""
     n = len(data)
     if data.labels is None:
         return np.zeros((n, len(label_columns)), np.float32)
     sub = data.sublabels if data.sublabels is not None else np.full((n, len(SUBLABELS)), np.nan)
-    by_name = {"toxic": data.labels, **{c: sub[:, i] for i, c in enumerate(SUBLABELS)}}
+    by_name = {
+        "toxic": data.labels,
+        RULE_LABEL: data.labels,
+        **{c: sub[:, i] for i, c in enumerate(SUBLABELS)},
+    }
     return np.column_stack([by_name[c] for c in label_columns]).astype(np.float32)

@@ -64,14 +64,26 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 CHUNK = 8192  # texts per tokenizer call: its objects for 8192 texts are a few tens of MB
 
 
-def _chunks(texts: list[str], tokenizer: Any, max_len: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(start, (k, 2, max_len) int32 ids and mask) of each chunk of `texts`."""
-    backend = _backend(tokenizer, max_len)
+def _chunks(
+    texts: Sequence[str] | Sequence[tuple[str, str]], tokenizer: Any, max_len: int
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(start, (k, 2, max_len) int32 ids and mask) of each chunk of `texts`: texts, or text
+    pairs (the rules task), whose second text is truncated, never the first
+    (`check_pairs_fit` refuses a first text that leaves no room)."""
+    pairs = bool(texts) and isinstance(texts[0], tuple)
+    if pairs:
+        check_pairs_fit(texts, tokenizer, max_len)
+    backend = _backend(tokenizer, max_len, "only_second" if pairs else "longest_first")
     for start in range(0, len(texts), CHUNK):
         part = texts[start : start + CHUNK]
         if backend is None:
+            args = ([a for a, _ in part], [b for _, b in part]) if pairs else (part,)
             enc = tokenizer(
-                part, truncation=True, max_length=max_len, padding="max_length", return_tensors="np"
+                *args,
+                truncation="only_second" if pairs else True,
+                max_length=max_len,
+                padding="max_length",
+                return_tensors="np",
             )
             yield start, np.stack([enc["input_ids"], enc["attention_mask"]], 1).astype(np.int32)
             continue
@@ -83,6 +95,22 @@ def _chunks(texts: list[str], tokenizer: Any, max_len: int) -> Iterator[tuple[in
                 tokenizer.pad_token_id,
                 tokenizer.padding_side == "left",
             ),
+        )
+
+
+def check_pairs_fit(pairs: Sequence[tuple[str, str]], tokenizer: Any, max_len: int) -> None:
+    """Refuses text pairs whose first text (the rule, with what the template puts beside it)
+    leaves fewer than 8 tokens of `max_len` for the second (the comment), which is the one
+    truncated: one line naming the longest first text's length."""
+    firsts = sorted({a for a, _ in pairs})
+    special = tokenizer.num_special_tokens_to_add(pair=True)
+    lengths = [len(ids) for ids in tokenizer(firsts, add_special_tokens=False)["input_ids"]]
+    worst = int(np.argmax(lengths))
+    if lengths[worst] + special + 8 > max_len:
+        raise DataError(
+            f"the first text of a pair takes {lengths[worst]} tokens (+{special} special) of "
+            f"--max-len {max_len}, leaving under 8 for the comment, which is the one truncated: "
+            f"raise --max-len or shorten --rule-template (the longest: {firsts[worst][:80]!r})"
         )
 
 
@@ -104,24 +132,27 @@ def _padded(ids: list[list[int]], max_len: int, pad_id: int, left: bool) -> np.n
     return out
 
 
-def _backend(tokenizer: Any, max_len: int) -> Any:
+def _backend(tokenizer: Any, max_len: int, strategy: str = "longest_first") -> Any:
     """The `tokenizers.Tokenizer` under a Hugging Face fast tokenizer, set to truncate to
-    `max_len` as `tokenizer(..., truncation=True, padding="max_length")` sets it (what that call
-    runs, without its conversion of every padded id to a Python list and back; `_padded` pads);
+    `max_len` as `tokenizer(..., truncation=True, padding="max_length")` sets it (`strategy`
+    'only_second' as `truncation="only_second"` does, for text pairs): what that call runs,
+    without its conversion of every padded id to a Python list and back (`_padded` pads);
     None when the tokenizer is not a fast one or has no pad token (the call then says why)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or getattr(tokenizer, "pad_token", None) is None:
         return None
     backend.enable_truncation(
-        max_len, stride=0, strategy="longest_first", direction=tokenizer.truncation_side
+        max_len, stride=0, strategy=strategy, direction=tokenizer.truncation_side
     )
     backend.no_padding()  # `_padded` pads, as the tokenizer would
     return backend
 
 
-def encode_texts(texts: list[str], tokenizer: Any, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, attention_mask), int32 (len(texts), max_len): truncated and padded to
-    `max_len`, with no cache (`tokenize` caches)."""
+def encode_texts(
+    texts: Sequence[str] | Sequence[tuple[str, str]], tokenizer: Any, max_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask), int32 (len(texts), max_len) of texts or text pairs:
+    truncated and padded to `max_len`, with no cache (`tokenize` caches)."""
     both = np.empty((len(texts), 2, max_len), np.int32)
     for start, chunk in _chunks(texts, tokenizer, max_len):
         both[start : start + len(chunk)] = chunk
@@ -196,6 +227,12 @@ def digest_texts(texts: Iterable[str]) -> np.ndarray:
     return np.frombuffer(
         b"".join(hashlib.blake2b(t.encode(), digest_size=16).digest() for t in texts), np.uint8
     ).reshape(-1, 16)
+
+
+def digest_pairs(first: Iterable[str], second: Iterable[str]) -> np.ndarray:
+    """(N, 16) uint8: the digest of each text pair (the rules task's rule and comment), never
+    equal to a single text's."""
+    return digest_texts(f"\x00pair\x00{a}\x00{b}" for a, b in zip(first, second, strict=True))
 
 
 def tokenize(

@@ -73,8 +73,9 @@ class PredictFlags:
     input: str | None = _c(
         None,
         "File to score (CSV, or .parquet/.pq, .jsonl/.ndjson): comments_to_score.csv "
-        "(comment_id,text), or comment_text (or the Multilingual test.csv's content) with an "
-        "optional id.",
+        "(comment_id,text), comment_text (or the Multilingual test.csv's content) with an "
+        "optional id, or for a rules run an Agile Community Rules test.csv (row_id, body, "
+        "rule, ...; written as row_id,rule_violation).",
         required=True,
     )
     output: str | None = _c(None, "Where to write the scores (CSV).", required=True)
@@ -102,6 +103,13 @@ class PredictFlags:
         False,
         "Also write the probability of each auxiliary target of a run trained with "
         "--aux-columns (after the task's own columns); without it, the task's columns alone.",
+    )
+    rank_by_rule: bool = _c(
+        False,
+        "An Agile Community Rules test file (row_id, body, rule, ...) scored by a rules run or "
+        "an ensemble of them: write each model's score ranked among its rule's rows, scaled to "
+        "[0, 1] and averaged over the models (the medal solutions' blend), instead of the mean "
+        "probability. Each rule's AUC is unchanged; the file is scored in one chunk.",
     )
     resume: bool = _c(
         False,

@@ -17,6 +17,7 @@ from typing import Any
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import mesh_sizes, resolve_matmul_output, resolve_sharding
 from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.hf.directory import separator_id
 from jaxtpu.core.hf.encoder import (
     EncoderConfig,
     exported_head,
@@ -61,6 +62,7 @@ class RunSpec:
       parallel: the strategy (--parallel).
       sharding: --sharding with 'auto' resolved for the strategy.
       mesh: (data, fsdp) sizes over every device of the run.
+      segment_sep: the separator id of text pairs' token types, or -1 (`segment_types`).
     """
 
     task: Task
@@ -75,6 +77,9 @@ class RunSpec:
     mesh: tuple[int, int]
     matmul_output: str = "fp32"  # the bf16 matmuls' result dtype (--matmul-output resolved)
     head: str = "jaxtpu"
+    # text pairs (--task rules) on an encoder with token types: the tokenizer's separator id,
+    # after which the model gives tokens type 1 (`segment_types`); -1: every token type 0
+    segment_sep: int = -1
 
     @classmethod
     def resolve(cls, cfg: Config, devices: int | None = None, platform: str = "") -> RunSpec:
@@ -127,6 +132,14 @@ class RunSpec:
             auto = pooling == "auto" and enc.classifier_pooling
             pooling = hf_pooling(enc.model_type, enc.classifier_pooling if auto else pooling)
         n = devices or place.num_devices * place.num_processes
+        tokenizer_from = (
+            local_input(model.tokenizer_dir, "--tokenizer-dir")
+            if model.tokenizer_dir
+            else model_dir
+        )
+        segment_sep = -1
+        if cfg.task.text_pairs and enc.type_vocab_size >= 2:
+            segment_sep = separator_id(tokenizer_from or packaged_minilm_dir())
         return cls(
             task=cfg.task,
             encoder=enc,
@@ -135,15 +148,12 @@ class RunSpec:
             pooling_from=pooling_from,
             model_dir=model_dir,
             weights=local_input(model.init_from, "--init-from") if model.init_from else model_dir,
-            tokenizer_from=(
-                local_input(model.tokenizer_dir, "--tokenizer-dir")
-                if model.tokenizer_dir
-                else model_dir
-            ),
+            tokenizer_from=tokenizer_from,
             parallel=place.parallel,
             sharding=resolve_sharding(place.parallel, place.sharding, platform, place.mesh),
             mesh=mesh_sizes(place.parallel, place.sharding, place.mesh, n, platform),
             matmul_output=resolve_matmul_output(cfg.model.matmul_output, platform),
+            segment_sep=segment_sep,
         )
 
     @property

@@ -305,6 +305,29 @@ class DataConfig:
         "--extra-train: the loss weight of each of its rows (the training file's keep theirs).",
         bounds=Bounds(0, _INF, lo_open=True),
     )
+    rule_template: str = _f(
+        "{rule}",
+        "--task rules: the first text of each (rule, comment) pair, over the file's columns: "
+        "'{rule}' (the rule alone), or e.g. '{rule} r/{subreddit}' or '{rule} Breaks it: "
+        "{positive_example_1} Does not: {negative_example_1}'. The comment (body) is the "
+        "second text; at --max-len the comment is truncated, never this.",
+    )
+    rule_examples: str = _f(
+        "",
+        "--task rules: FILE[,FILE...] of Agile Community Rules rows whose examples "
+        "(positive_example_1/2 labelled 1, negative_example_1/2 labelled 0) become training "
+        "rows: a train file, or the test file itself (test-time training, as every medal "
+        "solution did). One row per (rule, text), subreddit left out; a text given both "
+        "labels takes the majority's, a tie is dropped; a text that is a validation row of the "
+        "same rule is left out. The log says how many were added, merged and resolved.",
+    )
+    holdout_rules: int = _f(
+        0,
+        "--task rules: validate on every row of N of the training file's rules, chosen by "
+        "--seed, and train on the others: a score on rules the model never saw, as most of "
+        "the competition's test rules are (docs/competitions/rules.md). 0 = a row split.",
+        bounds=Bounds(0, 1000),
+    )
     pairs_per_comment: float = _f(
         1.0,
         "Ranking from labels: pairs built = this x number of comments.",
@@ -325,6 +348,15 @@ class DataConfig:
             other = "--n-folds" if self.n_folds else "--valid-csv"
             raise ConfigError(
                 f"--fold-column {self.fold_column} takes the folds from the file; drop {other}"
+            )
+        if self.holdout_rules and (self.valid_csv or self.n_folds or self.fold_column):
+            other = (
+                "--valid-csv"
+                if self.valid_csv
+                else ("--n-folds" if self.n_folds else "--fold-column")
+            )
+            raise ConfigError(
+                f"--holdout-rules {self.holdout_rules} chooses the validation rows; drop {other}"
             )
         if self.weighted_val_loss and not (self.weight_column or self.bias_weights):
             raise ConfigError("--weighted-val-loss goes with --weight-column or --bias-weights")
@@ -920,6 +952,17 @@ def validate(cfg: Config) -> None:
     if cfg.data.extra_train and cfg.task.comments_per_example != 1:
         raise ConfigError(
             f"--extra-train adds labelled comments; --task {cfg.train.task} trains on pairs"
+        )
+    rule_flags = {
+        "--rule-template": cfg.data.rule_template != "{rule}",
+        "--rule-examples": bool(cfg.data.rule_examples),
+        "--holdout-rules": bool(cfg.data.holdout_rules),
+    }
+    given = [k for k, v in rule_flags.items() if v]
+    if given and not cfg.task.text_pairs:
+        raise ConfigError(
+            f"{', '.join(given)}: the Agile Community Rules options go with --task rules, "
+            f"not --task {cfg.train.task}"
         )
     if cfg.data.bias_weights and cfg.task.comments_per_example != 1:
         raise ConfigError(

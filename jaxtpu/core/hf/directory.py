@@ -448,3 +448,42 @@ def collapsing_whitespace(normalizer: dict[str, Any] | None) -> dict[str, Any]:
     if normalizer.get("type") == "Sequence" and normalizer["normalizers"][:2] == COLLAPSE:
         return normalizer
     return {"type": "Sequence", "normalizers": [*COLLAPSE, normalizer]}
+
+
+def separator_id(tokenizer_dir: str | Path) -> int:
+    """The id of a tokenizer directory's separator token (`sep_token` of its
+    tokenizer_config.json or special_tokens_map.json, '[SEP]' when neither names one), read from
+    its files without loading the tokenizer: the token after which a text pair's second text
+    has token type 1 (`segment_types`)."""
+    d = Path(tokenizer_dir)
+    name: Any = None
+    for settings in ("tokenizer_config.json", "special_tokens_map.json"):
+        if name is None and (d / settings).exists():
+            name = json.loads((d / settings).read_text(encoding="utf-8")).get("sep_token")
+    name = (name.get("content") if isinstance(name, dict) else name) or "[SEP]"
+    if (d / "tokenizer.json").exists():
+        spec = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+        for token in spec.get("added_tokens") or []:
+            if token.get("content") == name:
+                return int(token["id"])
+        vocab = (spec.get("model") or {}).get("vocab")
+        if isinstance(vocab, dict) and name in vocab:
+            return int(vocab[name])
+    if (d / "vocab.txt").exists():
+        words = (d / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        if name in words:
+            return words.index(name)
+    raise CheckpointError(
+        f"{d}: no id for its separator token {name!r} in its tokenizer files; text pairs "
+        "(--task rules) need one to give the second text its token type"
+    )
+
+
+def segment_types(ids: Any, mask: Any, sep: int) -> Any:
+    """The token types of text pairs encoded as BERT's tokenizers encode them (`[CLS] a [SEP]
+    b [SEP]`): 1 for every real token after the first `sep`, else 0 (padding 0), as the
+    tokenizer's own `token_type_ids`. Written once for numpy, jax.numpy and torch arrays: the
+    model of each side derives the types from the ids it is given, so no other input exists."""
+    is_sep = (ids == sep) * 1  # an integer array in all three
+    after = is_sep.cumsum(-1) - is_sep  # separators strictly before each token
+    return (after > 0) * (mask > 0)
