@@ -24,7 +24,8 @@ run gets here show the pipeline at work, not a competition score.
 
 The rules files turn the six Toxic Comment labels into six subreddit rules (`RULES`, in our
 own words): a row asks whether its comment breaks one rule, labelled by that rule's label, with
-two comments that break the rule and two that do not, of the same file, as its examples. The
+two comments that break the rule and two that do not, of the same file but never one of its
+rows' comments, as its examples. The
 training file holds two rules (`TRAIN_RULES`), the test file all six, as the competition's did;
 the two files take disjoint comments. The subreddits are drawn and mean nothing.
 """
@@ -140,28 +141,30 @@ def _rule_rows(
     rows: list[dict[str, str]], labels: tuple[str, ...], per_class: int, rng, start: int
 ) -> list[list]:
     """Rows of the rules layout for each of `labels`' rules: up to `per_class` comments that
-    break it and as many that do not, each with two of each as examples (of `rows`, never the
-    row's own comment)."""
+    break it and as many that do not, each with two of each as examples. The bodies come from
+    the first 70% of `rows` and the examples from the rest, so no row's comment is an example
+    anywhere in the file (an example's label would give the row's away)."""
+    cut = len(rows) * 7 // 10
     out = []
     for label in labels:
-        pos = [r["comment_text"] for r in rows if float(r[label]) >= 0.5]
-        neg = [r["comment_text"] for r in rows if float(r[label]) < 0.5]
-        k = min(per_class, len(pos) - 2)
-        bodies = [(pos, int(i), 1) for i in rng.choice(len(pos), k, replace=False)]
-        bodies += [(neg, int(i), 0) for i in rng.choice(len(neg), k, replace=False)]
-        for pool, i, y in bodies:
-            p_ex = [pos[j] for j in _others(rng, len(pos), i if y else -1)]
-            n_ex = [neg[j] for j in _others(rng, len(neg), -1 if y else i)]
+        pos, neg = _by_label(rows[:cut], label)
+        ex_pos, ex_neg = _by_label(rows[cut:], label)
+        k = min(per_class, len(pos))
+        bodies = [(pos[i], 1) for i in rng.choice(len(pos), k, replace=False)]
+        bodies += [(neg[i], 0) for i in rng.choice(len(neg), k, replace=False)]
+        for body, y in bodies:
+            p_ex = [ex_pos[j] for j in rng.choice(len(ex_pos), 2, replace=False)]
+            n_ex = [ex_neg[j] for j in rng.choice(len(ex_neg), 2, replace=False)]
             sub = SUBREDDITS[rng.integers(len(SUBREDDITS))]
-            out.append([0, pool[i], RULES[label], sub, *p_ex, *n_ex, y])
+            out.append([0, body, RULES[label], sub, *p_ex, *n_ex, y])
     order = rng.permutation(len(out))
     return [[start + i, *out[j][1:]] for i, j in enumerate(order)]
 
 
-def _others(rng, n: int, own: int) -> list[int]:
-    """Two distinct indices of 0..n-1, neither `own`."""
-    picked = [int(j) for j in rng.choice(n, 3, replace=False) if j != own]
-    return picked[:2]
+def _by_label(rows: list[dict[str, str]], label: str) -> tuple[list[str], list[str]]:
+    """The comments of `rows` that have `label`, and those that do not."""
+    pos = [r["comment_text"] for r in rows if float(r[label]) >= 0.5]
+    return pos, [r["comment_text"] for r in rows if float(r[label]) < 0.5]
 
 
 def write_rules_files(real_csv: Path, out: Path, seed: int = 0) -> list[Path]:

@@ -6,7 +6,8 @@
     array([0.02, 0.97], dtype=float32)
 
 A toxicity model gives each text's probability, a ranker its raw score (only the order means
-something), a multi-label model a dict of its six named columns of probabilities. Texts are
+something), a multi-label model a dict of its six named columns of probabilities, a rules model
+the probability that each (rule, comment) pair's comment breaks its rule. Texts are
 scored in batches, in fixed length buckets (powers of two up to the run's --max-len), so a
 long-lived model compiles each bucket's program once whatever texts it is given.
 """
@@ -48,6 +49,16 @@ class Model:
         if isinstance(texts, str | bytes):
             raise UserError("predict takes an iterable of strings (one comment each), not one")
         texts = list(texts)  # a generator is read once: every item is scored
+        if self.task.text_pairs:  # a rules model: (rule, comment) pairs
+            wrong = [i for i, t in enumerate(texts) if not _is_pair(t)]
+            if wrong:
+                kind = type(texts[wrong[0]]).__name__
+                raise UserError(
+                    "a rules model scores (rule, comment) pairs of strings (the rule as its "
+                    f"--rule-template renders it); item {wrong[0]} is {kind}"
+                )
+            norm = readers.normalize_text
+            return self.scorer.logits([(norm(a), norm(b)) for a, b in texts])
         wrong = [i for i, t in enumerate(texts) if not isinstance(t, str)]
         if wrong:
             kind = type(texts[wrong[0]]).__name__
@@ -71,6 +82,12 @@ class Model:
         if probs.ndim == 1:
             return probs.astype(np.float32)
         return {k: probs[:, j].astype(np.float32) for j, k in enumerate(self.labels)}
+
+
+def _is_pair(item: Any) -> bool:
+    return (
+        isinstance(item, tuple | list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+    )
 
 
 def load(

@@ -43,8 +43,12 @@ TRAJ_FP32_RTOL = 1e-3
 FAMILY_TRAJECTORIES = (
     ("roberta", "multilabel"),
     ("deberta-v2", "ranking"),
-    ("modernbert", "toxicity"),
+    ("modernbert", "rules"),  # text pairs on a family without token types
 )
+# The tasks of the bucketed trajectories: the rules task's text pairs on the tiny BERT, whose
+# token types they set (its one-comment BCE is toxicity's, which the 8-device trajectories
+# hold), and ranking's pairs of comments.
+BUCKETED_TASKS = ("rules", "ranking")
 REAL_DATA_FLAGS = {"multilabel": ["--train-csv", "sample", "--max-rows", "256"]}
 # ModernBERT's test checkpoint attends 8 tokens on each side in its sliding-window layer: 48
 # tokens (not the tiny preset's 16) put most key positions outside a query's window.
@@ -317,6 +321,8 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result
             *("--train-csv", str(weighted_sample(work)), "--weight-column", "sample_weight"),
             *("--aux-columns", aux, "--aux-weight", "0.7"),
         ]
+    if task == "rules":
+        weighted = ["--train-csv", str(rules_file(work)), "--max-rows", "256"]
     head = "hf" if (family, task) in HF_HEAD else "jaxtpu"
     model_dir = family_init(work, family, task, aux, head)
     flags = [
@@ -408,11 +414,24 @@ def trajectories(work: Path, task: str) -> list[Result]:
     return results
 
 
+def rules_file(work: Path) -> Path:
+    """The Agile Community Rules training file built from the real comments
+    (`benchmarks.competitions.write_rules_files`), for the rules task's trajectories."""
+    from benchmarks.competitions import write_rules_files
+
+    path = work / "rules" / "rules_train.csv"
+    if not path.exists():
+        write_rules_files(REAL_CSV, path.parent)
+    return path
+
+
 def bucketed_trajectory(work: Path, task: str) -> Result:
-    """Check 3c: length buckets (`--buckets auto`) on real comments of varied lengths: both
-    sides draw the same bucketed batches, cut to the same lengths; jaxtpu jit against
-    torch_xla spmd, fp32, 21 steps on 8 devices, dropout off."""
+    """Check 3c: length buckets (`--buckets auto`) on real comments of varied lengths (the
+    rules task: rule and comment pairs of the rules file built from them): both sides draw
+    the same bucketed batches, cut to the same lengths; jaxtpu jit against torch_xla spmd,
+    fp32, 21 steps on 8 devices, dropout off."""
     model_dir = shared_init(work / f"init-tiny-{task}", task, "tiny")
+    data = rules_file(work) if task == "rules" else REAL_CSV
     flags = [
         *TRAJ_FLAGS,
         "--task",
@@ -422,7 +441,7 @@ def bucketed_trajectory(work: Path, task: str) -> Result:
         "--num-devices",
         "8",
         "--train-csv",
-        str(REAL_CSV),
+        str(data),
         "--max-rows",
         "700",
         "--max-len",

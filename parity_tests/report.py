@@ -34,7 +34,7 @@ def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.
         ],
         *[
             (f"bucketed trajectory {t}", lambda t=t: [checks.bucketed_trajectory(work, t)])
-            for t in ("toxicity", "ranking")
+            for t in checks.BUCKETED_TASKS
         ],
     ]
     if not quick:

@@ -35,7 +35,7 @@ def test_loss_trajectories_8_devices(work, task):
     assert_results(results)
 
 
-@pytest.mark.parametrize("task", ["toxicity", "ranking"])
+@pytest.mark.parametrize("task", checks.BUCKETED_TASKS)
 def test_bucketed_trajectory(work, real_data, task):
     assert_results([checks.bucketed_trajectory(work, task)])
 

@@ -229,3 +229,49 @@ def test_bf16_matmul_gradients_round_as_autocast_does():
         assert not np.array_equal(mine, full)  # the rounding is visible on these sums
     for mine, full in zip(grads(jnp.float32), exact, strict=True):
         np.testing.assert_array_equal(mine, full)
+
+
+@pytest.mark.compile
+def test_text_pairs_get_the_tokenizers_token_types_on_both_sides(
+    tokenizer, minilm_dir, hf_model, flax_params, real_csv
+):
+    """The rules task's (rule, comment) pairs: each side's classifier derives the comment's
+    token type 1 from the ids (`segment_types`); both are held to transformers' BertModel
+    given the tokenizer's own `token_type_ids`, fp32, and the types are shown to matter."""
+    from torchxla_ref.weights import load_model
+
+    enc, params = flax_params
+    comments = readers.read_comments(real_csv).texts[:8]
+    rules = ["No insults.", "No spam or self-promotion of any kind."] * 4
+    ref = tokenizer(
+        rules,
+        comments,
+        truncation="only_second",
+        max_length=48,
+        padding="max_length",
+        return_tensors="np",
+    )
+    ids, mask = ref["input_ids"].astype(np.int32), ref["attention_mask"].astype(np.int32)
+    assert ref["token_type_ids"].any()
+    sep = hf.separator_id(minilm_dir)
+
+    with torch.no_grad():
+        out = hf_model(
+            input_ids=torch.from_numpy(ids).long(),
+            attention_mask=torch.from_numpy(mask).long(),
+            token_type_ids=torch.from_numpy(ref["token_type_ids"]).long(),
+        )
+    pooled = out.pooler_output.numpy()
+    head = params["classifier"]
+    expected = (pooled @ np.asarray(head["kernel"]) + np.asarray(head["bias"]))[:, 0]
+    for segment_sep, close in ((sep, True), (-1, False)):
+        module = models.create_module(enc, 0.0, "fp32", segment_sep=segment_sep)
+        got = np.asarray(module.apply({"params": params}, ids, mask))
+        diff = np.abs(got - expected).max()
+        assert (diff <= 1e-4) == close, (segment_sep, diff)
+
+    torch_model = load_model(enc, 0.0, minilm_dir, 0, segment_sep=sep).eval()
+    with torch.no_grad():
+        got = torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        weight, bias = torch_model.classifier.weight.numpy(), torch_model.classifier.bias.numpy()
+    assert np.abs(got - (pooled @ weight.T + bias)[:, 0]).max() <= 1e-4

@@ -16,7 +16,7 @@ from benchmarks.competitions import RULE_HEADER, RULES, TRAIN_RULES, write_rules
 from jaxtpu.core import metrics
 from jaxtpu.core.data import readers, records, rules
 from jaxtpu.core.data.tokens import encode_texts
-from jaxtpu.core.errors import ConfigError, DataError
+from jaxtpu.core.errors import ConfigError, DataError, UserError
 from jaxtpu.core.hf.directory import segment_types, separator_id
 from jaxtpu.core.tasks import RULE_MONITOR, get_task, rule_metrics
 
@@ -237,12 +237,16 @@ def test_the_demonstration_files_have_the_competitions_layout(real_csv, tmp_path
     assert set(te.groups.rule) == set(RULES.values())
     assert not set(tr.texts) & set(te.texts)
     assert 0.4 < tr.labels.mean() < 0.6
+    # no row's comment is an example of its file: the examples never give a label away
+    examples = {(r, t) for r, t, _, _ in readers.rule_examples(test)}
+    assert not examples & set(zip(te.groups.rule, te.texts, strict=True))
 
 
 # --------------------------------------------------------------------------- a small run
 
 
 @pytest.mark.e2e
+@pytest.mark.model
 def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_path):
     from tests.helpers import cli
 
@@ -277,7 +281,16 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = list(csv.DictReader(open(out)))
-    assert list(rows[0]) == ["row_id", "rule_violation"] and len(rows) == len(
-        readers.read_rules(labelled)
-    )
+    truth = readers.read_rules(labelled)
+    assert list(rows[0]) == ["row_id", "rule_violation"] and len(rows) == len(truth)
+    assert [r["row_id"] for r in rows] == truth.ids
     assert "rank scores" in proc.stdout
+    # the Python API scores (rule, comment) pairs; ranked within each rule, they are the file
+    import jaxtpu
+
+    model = jaxtpu.load(wd)
+    ranks = metrics.rank_within(model.predict(truth.encoded()), truth.groups.rule)
+    written = np.array([float(r["rule_violation"]) for r in rows])
+    assert np.abs(written - ranks).max() < 0.01
+    with pytest.raises(UserError, match="rule, comment"):
+        model.predict(["a comment alone"])

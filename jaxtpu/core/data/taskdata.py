@@ -59,6 +59,11 @@ def read_task_file(
     table = open_table(path)  # the header, read once: the reader takes it from here
     kind = file_kind(table.header)
     if kind not in task.reads:
+        if kind == "rules":
+            raise DataError(
+                f"{path}: an Agile Community Rules file (body, rule); train on it with --task "
+                f"rules, not --task {task.name}"
+            )
         expected = " or ".join(_EXPECTED[k] for k in task.reads)
         raise missing_columns_error(path, table.header, expected)
     if kind == "rules":

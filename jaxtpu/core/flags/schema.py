@@ -486,7 +486,14 @@ class TrainConfig:
     batch sizes, epochs and steps, early stopping and the seed."""
 
     # the choices are the live table: a task added to TASKS is a valid --task
-    task: str = _f("toxicity", "Which model to train.", TASKS)  # type: ignore[arg-type]
+    task: str = _f(
+        "toxicity",
+        "Which model to train: toxicity (one score per comment, BCE, ROC AUC), ranking (margin "
+        "ranking loss on less/more toxic pairs, agreement), multilabel (the six Jigsaw labels, "
+        "mean column AUC) or rules (Agile Community Rules: does the comment break the rule? "
+        "(rule, comment) text pairs, mean per-rule AUC).",
+        TASKS,  # type: ignore[arg-type]
+    )
     margin: float = _f(
         RANKING_MARGIN,
         "--task ranking: the margin of the ranking loss (torch's MarginRankingLoss(margin)).",
@@ -496,10 +503,11 @@ class TrainConfig:
         "",
         "The validation metric that chooses the best checkpoint and drives --patience "
         "(Lightning's ModelCheckpoint/EarlyStopping monitor): val_loss (minimised), or a "
-        "metric the task reports (maximised): val_auc, val_agreement, val_mean_auc, and on "
-        "files that have the columns, val_jigsaw_bias (identity columns) or "
-        "val_mean_language_auc (lang). Empty = val_jigsaw_bias on a file with identity "
-        "columns, else the task's metric.",
+        "metric the task reports (maximised): val_auc, val_agreement, val_mean_auc, "
+        "val_mean_rule_auc (--task rules: the mean of the per-rule AUCs), and on files that "
+        "have the columns, val_jigsaw_bias (identity columns) or val_mean_language_auc "
+        "(lang). Empty = val_jigsaw_bias on a file with identity columns, else the task's "
+        "metric.",
         ("", *monitor_names()),
     )
     precision: str = _f("bf16", "Compute precision; params and optimizer stay fp32.", PRECISIONS)
