@@ -264,6 +264,8 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
         wd,
         "--max-rows",
         "400",
+        "--max-steps",
+        "8",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = proc.stdout + proc.stderr
@@ -277,7 +279,7 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     assert proc.stdout.startswith("mean_rule_auc:") and proc.stdout.count("auc_rule_") == 6
     out = tmp_path / "submission.csv"
     proc = cli(
-        "jaxtpu.predict", "--workdir", wd, wd, "--input", test, "--output", out, "--rank-by-rule"
+        "jaxtpu.predict", "--workdir", wd, "--input", test, "--output", out, "--rank-by-rule"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = list(csv.DictReader(open(out)))
