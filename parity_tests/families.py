@@ -57,7 +57,36 @@ TOKENIZERS = {
         ("<|begin_of_text|>", "<|end_of_text|>"),
     ),
 }
-FAMILY_NAMES = tuple(TOKENIZERS)
+# The decoders (issue 56): byte-level BPE with Qwen's special tokens (no BOS, `<|endoftext|>`
+# pads) and Llama 3's (BOS first, a reserved token pads). Kept apart from FAMILY_NAMES, whose
+# every family also goes through the ONNX export tests.
+DECODER_TOKENIZERS = {
+    "qwen3": (
+        "bpe",
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>", "<|mask|>"],
+        ("", "<|endoftext|>"),
+    ),
+    "qwen2": (
+        "bpe",
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>", "<|mask|>"],
+        ("", "<|endoftext|>"),
+    ),
+    "llama": (
+        "bpe",
+        [
+            "<|finetune_right_pad_id|>",
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|eot_id|>",
+            "<|unk|>",
+            "<|mask|>",
+        ],
+        ("<|begin_of_text|>", "<|end_of_text|>"),
+    ),
+}
+DECODER_NAMES = tuple(DECODER_TOKENIZERS)
+TOKENIZERS.update(DECODER_TOKENIZERS)
+FAMILY_NAMES = tuple(k for k in TOKENIZERS if k not in DECODER_TOKENIZERS)
 # A second DeBERTa: the options DeBERTa-v3 does not use (separate position projections,
 # absolute positions and token types too, no log buckets, a narrower embedding projected up).
 # mmBERT: ModernBERT's layers with a Gemma-style SentencePiece BPE vocabulary (its own special
@@ -132,6 +161,45 @@ def _config(name: str, pad: int):
             cls_token_id=2,
             eos_token_id=3,
             sep_token_id=3,
+        )
+    # The decoders: grouped-query attention (2 key/value heads for 4 query heads). Qwen3 with
+    # heads wider than hidden / heads (16, as Qwen3's 128 are) and tied embeddings; Qwen2 with
+    # its q/k/v biases; Llama with Llama 3.1's rotary scaling, its original context (64) short
+    # enough that two of its frequencies are blended and one divided by the factor.
+    decoder = dict(
+        **{**common, "initializer_range": 0.02},
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=256,
+    )
+    if name == "qwen3":
+        return t.Qwen3Config(
+            **decoder,
+            head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+            tie_word_embeddings=True,
+            eos_token_id=2,
+        )
+    if name == "qwen2":
+        return t.Qwen2Config(
+            **decoder, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+        )
+    if name == "llama":
+        return t.LlamaConfig(
+            **decoder,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 100.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            bos_token_id=1,
+            eos_token_id=2,
         )
     deberta = dict(**SHAPE, **common, max_position_embeddings=128, relative_attention=True)
     if name == "deberta-v2":  # DeBERTa-v3's options
@@ -217,13 +285,19 @@ def _tokenizer(name: str, texts: list[str]):
     assert [ids[s] for s in specials] == list(range(len(specials))), ids
     if kind == "bpe" and first == "<s>":
         tok.post_processor = processors.RobertaProcessing((last, ids[last]), (first, ids[first]))
+    elif name in DECODER_TOKENIZERS:  # Qwen's add nothing; Llama 3's a BOS before each text
+        single, pair = ("$A", "$A $B:1") if not first else (f"{first} $A", f"{first} $A $B:1")
+        added = [(first, ids[first])] if first else []
+        tok.post_processor = processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=added
+        )
     else:
         tok.post_processor = processors.TemplateProcessing(
             single=f"{first} $A {last}",
             pair=f"{first} $A {last} $B:1 {last}:1",
             special_tokens=[(first, ids[first]), (last, ids[last])],
         )
-    pad = next(s for s in specials if "pad" in s.lower())
+    pad = next((s for s in specials if "pad" in s.lower()), last)
     unk = next(s for s in specials if "unk" in s.lower())
     mask = next(s for s in specials if "mask" in s.lower())
     return PreTrainedTokenizerFast(
@@ -231,9 +305,9 @@ def _tokenizer(name: str, texts: list[str]):
         pad_token=pad,
         unk_token=unk,
         mask_token=mask,
-        cls_token=first,
+        cls_token=first or None,
         sep_token=last,
-        bos_token=first,
+        bos_token=first or None,
         eos_token=last,
         model_max_length=512,
     )

@@ -175,7 +175,9 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     out = {
         "logits": np.asarray(logits, np.float32),
         "hidden": np.asarray(hidden, np.float32),
-        "pooled": np.asarray(head.pool(module.pooling, hidden, pooler, mask), np.float32),
+        "pooled": np.asarray(
+            head.pool(module.pooling, hidden, pooler, mask, ids, enc.pad_token_id), np.float32
+        ),
     }
     if args.capture:
         for path, point in points.items():
@@ -225,7 +227,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
 
         torch_xla.sync()  # one graph for logits and every gradient; then only transfers
     numpy = lambda x: x.detach().float().cpu().numpy()  # noqa: E731
-    pooled = pool(model.pooling, encoded["out"], t(mask))
+    pooled = pool(model.pooling, encoded["out"], t(mask), t(ids), enc.pad_token_id)
     out = {
         "logits": numpy(logits),
         "hidden": numpy(encoded["out"].last_hidden_state),

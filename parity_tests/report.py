@@ -30,7 +30,7 @@ def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.
         ("families: forward + gradients", lambda: checks.families_forward(work)),
         *[
             (f"trajectory {f} {t}", lambda f=f, t=t: [checks.family_trajectory(work, f, t)])
-            for f, t in checks.FAMILY_TRAJECTORIES
+            for f, t in checks.FAMILY_TRAJECTORIES + checks.REPORT_FAMILY_TRAJECTORIES
         ],
         *[
             (f"bucketed trajectory {t}", lambda t=t: [checks.bucketed_trajectory(work, t)])

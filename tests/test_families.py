@@ -23,12 +23,19 @@ from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import FAMILIES
 from jaxtpu.engine import weights
 from parity_tests import checks, forward
-from parity_tests.families import FAMILY_NAMES, VARIANT_TOKENIZERS, VARIANTS, build, tokenizer_kind
+from parity_tests.families import (
+    DECODER_NAMES,
+    FAMILY_NAMES,
+    VARIANT_TOKENIZERS,
+    VARIANTS,
+    build,
+    tokenizer_kind,
+)
 
 torch = pytest.importorskip("torch", reason="the transformers reference needs torch")
 transformers = pytest.importorskip("transformers")
 
-ALL = FAMILY_NAMES + tuple(VARIANTS)
+ALL = FAMILY_NAMES + tuple(VARIANTS) + DECODER_NAMES
 TOKENIZER_MODEL = {"wordpiece": "WordPiece", "bpe": "BPE", "unigram": "Unigram", "spm-bpe": "BPE"}
 
 
@@ -102,7 +109,7 @@ RAW = [
 ]
 
 
-@pytest.mark.parametrize("name", FAMILY_NAMES + tuple(VARIANT_TOKENIZERS))
+@pytest.mark.parametrize("name", FAMILY_NAMES + tuple(VARIANT_TOKENIZERS) + DECODER_NAMES)
 def test_an_exported_tokenizer_scores_raw_text_as_jaxtpu_does(name, family_dirs, tmp_path):
     """Issue 57: jaxtpu collapses whitespace before tokenizing (`normalize_text`), the export's
     tokenizer did not, so pipeline() on raw comments saw newline and double-space tokens the
@@ -301,14 +308,27 @@ def test_family_defaults_are_transformers_config_defaults():
         "deberta-v2": transformers.DebertaV2Config,
         "modernbert": transformers.ModernBertConfig,
         "eurobert": transformers.EuroBertConfig,
+        "qwen3": transformers.Qwen3Config,
+        "qwen2": transformers.Qwen2Config,
+        "llama": transformers.LlamaConfig,
     }
     assert set(classes) == set(FAMILIES)
     rope = {"global_rope_theta": "full_attention", "local_rope_theta": "sliding_attention"}
     for name, cls in classes.items():
-        ours = EncoderConfig.from_hf_dict({"model_type": name})
+        decoder = name in DECODER_NAMES  # refused without a pad id: any one will do
+        ours = EncoderConfig.from_hf_dict(
+            {"model_type": name, **({"pad_token_id": 0} if decoder else {})}
+        )
         theirs = cls()
         for field in FAMILIES[name].fields:
             value = getattr(theirs, FAMILIES[name].hf_name(field), None)
+            if decoder and field == "pad_token_id":
+                continue
+            if decoder and field == "head_dim":  # absent = hidden / heads
+                value = value or theirs.hidden_size // theirs.num_attention_heads
+            if decoder and field == "rope_scaling":  # 'default' rotary: none
+                assert theirs.rope_parameters["rope_type"] == "default"
+                value = ()
             if field == "pos_att_type":
                 value = tuple(value or ())
             if field == "embedding_size" and name == "deberta-v2":
@@ -317,7 +337,7 @@ def test_family_defaults_are_transformers_config_defaults():
                 continue  # read with getattr defaults by the model, not set by the class
             if field == "layer_types":
                 value = tuple(theirs.layer_types)
-            if field in rope and name == "eurobert":  # one rotary base
+            if field in rope and name in ("eurobert", *DECODER_NAMES):  # one rotary base
                 value = theirs.rope_parameters["rope_theta"]
             elif field in rope:
                 value = theirs.rope_parameters[rope[field]]["rope_theta"]

@@ -27,13 +27,18 @@ def hf_config(enc: EncoderConfig, extra: dict | None = None) -> PretrainedConfig
     return AutoConfig.for_model(model_type, **d, attn_implementation="eager")
 
 
-def pool(pooling: str, out, attention_mask: torch.Tensor) -> torch.Tensor:
+def pool(
+    pooling: str, out, attention_mask: torch.Tensor, ids: torch.Tensor, pad_id: int
+) -> torch.Tensor:
     """One vector per comment (`--pooling`, as `jaxtpu.models.head.pool`)."""
     if pooling == "pooler":
         return out.pooler_output
     hidden = out.last_hidden_state
     if pooling == "cls":
         return hidden[:, 0]
+    if pooling == "last":  # transformers' rule: the rightmost token that is not padding
+        last = (torch.arange(ids.shape[-1], device=ids.device) * (ids != pad_id)).argmax(-1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     weight = attention_mask.unsqueeze(-1).float()
     return (hidden.float() * weight).sum(1) / weight.sum(1).clamp(min=1e-9)
 
@@ -56,6 +61,7 @@ class Classifier(nn.Module):
     ) -> None:
         super().__init__()
         self.segment_sep = segment_sep  # text pairs' token types (`segment_types`); -1: none
+        self.pad_token_id = enc.pad_token_id  # `last` pooling's
         self.pooling = pooling or enc.default_pooling
         self.outputs = outputs
         self.head_kind = head
@@ -93,5 +99,6 @@ class Classifier(nn.Module):
             logits = self.full(input_ids=ids, attention_mask=mask, **types).logits.float()
         else:
             out = self.bert(input_ids=ids, attention_mask=mask, **types)
-            logits = self.classifier(self.dropout(pool(self.pooling, out, mask))).float()
+            pooled = pool(self.pooling, out, mask, ids, self.pad_token_id)
+            logits = self.classifier(self.dropout(pooled)).float()
         return logits[:, 0].reshape(lead) if self.outputs == 1 else logits.reshape(*lead, -1)

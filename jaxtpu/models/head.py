@@ -26,15 +26,31 @@ def backbone(kind: LayerKind) -> type[nn.Module]:
     return importlib.import_module(kind.module).Backbone
 
 
-def pool(pooling: str, hidden: jax.Array, pooled: jax.Array | None, mask: jax.Array) -> jax.Array:
+def pool(
+    pooling: str,
+    hidden: jax.Array,
+    pooled: jax.Array | None,
+    mask: jax.Array,
+    ids: jax.Array | None = None,
+    pad_id: int = 0,
+) -> jax.Array:
     """One vector per comment (`--pooling`): the pooler output, the first token's hidden
-    state, or the mean of the hidden states of its real (unmasked) tokens."""
+    state, the last token whose id is not `pad_id` (transformers' decoder classifiers' rule,
+    right or left padding alike), or the mean of the hidden states of its real (unmasked)
+    tokens."""
     if pooling == "pooler":
         return pooled
     if pooling == "cls":
         return hidden[:, 0]
+    if pooling == "last":
+        return hidden[jnp.arange(hidden.shape[0]), last_token(ids, pad_id)]
     weight = mask[..., None].astype(jnp.float32)
     return (hidden * weight).sum(1) / jnp.maximum(weight.sum(1), 1e-9)
+
+
+def last_token(ids: jax.Array, pad_id: int) -> jax.Array:
+    """(B,) the index of each row's last token whose id is not `pad_id` (0 when all are)."""
+    return jnp.argmax(jnp.arange(ids.shape[-1]) * (ids != pad_id), axis=-1)
 
 
 ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "gelu": ops.gelu}
@@ -123,7 +139,7 @@ class Classifier(nn.Module):
             ids = flat(input_ids)
             types["token_types"] = segment_types(ids, mask, self.segment_sep).astype(jnp.int32)
         hidden, pooled = bert(flat(input_ids), mask, deterministic, **types)
-        x = pool(self.pooling, hidden, pooled, mask)
+        x = pool(self.pooling, hidden, pooled, mask, flat(input_ids), self.cfg.pad_token_id)
         # the logits stay fp32 whatever --matmul-output says: the loss reads them
         if self.head == "hf":
             for block, block_ops in hf_head(self.cfg.model_type).blocks:

@@ -138,6 +138,12 @@ class RunSpec:
             else model_dir
         )
         segment_sep = -1
+        if cfg.task.text_pairs and enc.family.kind.causal:
+            raise ConfigError(
+                f"--task {cfg.task.name} on {enc.model_type}: a decoder reads the rule and the "
+                "comment as one prompt, not as a text pair, and jaxtpu does not build decoder "
+                "prompts yet; train the rules task on an encoder"
+            )
         if cfg.task.text_pairs and enc.type_vocab_size >= 2:
             segment_sep = separator_id(tokenizer_from or packaged_minilm_dir())
         return cls(

@@ -170,7 +170,8 @@ class ModelConfig:
         "How a comment becomes one vector for the head: 'pooler' (the checkpoint's pooler, "
         "tanh(Dense(first token)), where the family has one: "
         + ", ".join(name for name, fam in FAMILIES.items() if fam.pooler)
-        + "), 'cls' (the first token's hidden state), 'mean' (mean over its real tokens). "
+        + "), 'cls' (the first token's hidden state), 'mean' (mean over its real tokens), "
+        "'last' (the last token that is not padding: what a decoder's classifier reads). "
         "'auto' = the checkpoint's classifier_pooling where its config names one (ModernBERT, "
         "mmBERT), else the family's default: " + _default_poolings() + ".",
         ("auto",) + POOLINGS,

@@ -66,6 +66,19 @@ class EncoderConfig:
     # EuroBERT: grouped-query attention's key/value heads (0 = num_attention_heads); its one
     # rotary base is global_rope_theta
     num_key_value_heads: int = 0
+    # The decoders (Qwen3, Qwen2.5, Llama 3): each head's width (0 = hidden / heads), biases
+    # on q/k/v (Qwen2), RMSNorm of each head's queries and keys (Qwen3), Llama 3.1's rotary
+    # scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings;
+    # () = none)
+    head_dim: int = 0
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: tuple[float, ...] = ()
+
+    @property
+    def attention_head_size(self) -> int:
+        """Each attention head's width: `head_dim`, else hidden / heads."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
     def family(self) -> Family:
@@ -96,15 +109,16 @@ class EncoderConfig:
         Embedding lookups, the pooler and the head are left out; `layer` remat recomputes the
         forward pass, `dots` keeps the matmul outputs and recomputes none of them."""
         h, inner, layers = self.hidden_size, self.intermediate_size, self.num_hidden_layers
-        # attention: query and output h x h, key and value h x (key/value heads x head_dim)
-        # (EuroBERT's grouped-query attention has fewer); the feed-forward: up and down, and
-        # the gate of ModernBERT's GeGLU and EuroBERT's SwiGLU
+        # attention: query and output h x (heads x head_dim), key and value h x (key/value
+        # heads x head_dim) (grouped-query attention has fewer); the feed-forward: up and down,
+        # and the gate of ModernBERT's GeGLU and the SwiGLU of EuroBERT and the decoders
         heads = self.num_attention_heads
-        kv_width = h * (self.num_key_value_heads or heads) // heads
+        q_width = heads * self.attention_head_size
+        kv_width = (self.num_key_value_heads or heads) * self.attention_head_size
         ffn = self.family.kind.ffn_matrices
-        matmul_params = layers * (2 * h * h + 2 * h * kv_width + ffn * h * inner)
+        matmul_params = layers * (2 * h * q_width + 2 * h * kv_width + ffn * h * inner)
         tokens = comments * seq
-        attention = 4.0 * layers * h * seq * seq * comments  # forward
+        attention = 4.0 * layers * q_width * seq * seq * comments  # forward
         flops = 6.0 * matmul_params * tokens + 3 * attention
         recompute = 2.0 * matmul_params * tokens + attention if remat == "layer" else 0.0
         return flops, recompute

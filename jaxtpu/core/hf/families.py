@@ -26,7 +26,8 @@ from typing import Any
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.hf.kinds import LayerKind, get_kind
 
-POOLINGS = ("pooler", "cls", "mean")
+# 'last': the last token that is not padding, by id (the decoders' classifiers read it)
+POOLINGS = ("pooler", "cls", "mean", "last")
 
 # Canonical encoder fields every family has (jaxtpu's names = BertConfig's).
 _COMMON = (
@@ -119,6 +120,66 @@ _MODERNBERT = (
 )
 
 _EUROBERT = ("layer_norm_eps", "num_key_value_heads", "global_rope_theta")
+_DECODER = (*_EUROBERT, "head_dim", "rope_scaling")
+_DECODER_NAMES = {
+    "attention_probs_dropout_prob": "attention_dropout",
+    "layer_norm_eps": "rms_norm_eps",
+}
+
+
+def _decoder(
+    model_type: str,
+    architecture: str,
+    defaults: Mapping[str, Any],
+    required: Mapping[str, Any],
+    tokenizer: str,
+    qkv_bias: bool = False,
+    qk_norm: bool = False,
+) -> Family:
+    """A decoder family's row (the 'decoder' layer kind): read as a classifier of the last
+    token that is not padding (`last` pooling, its `*ForSequenceClassification`'s)."""
+    return Family(
+        model_type,
+        architecture,
+        tuple(f for f in _COMMON if f != "hidden_dropout_prob") + _DECODER,
+        {
+            "attention_probs_dropout_prob": 0.0,
+            "initializer_range": 0.02,
+            "num_key_value_heads": None,  # = num_attention_heads
+            "head_dim": 0,  # = hidden / heads
+            "global_rope_theta": 10_000.0,
+            "rope_scaling": (),
+            **defaults,
+        },
+        {"hidden_act": "silu", **required},
+        pooler=False,
+        default_pooling="last",
+        positions="rotary",
+        tokenizer=tokenizer,
+        names=_DECODER_NAMES,
+        constants={
+            "type_vocab_size": 0,
+            "hidden_dropout_prob": 0.0,
+            "qkv_bias": qkv_bias,
+            "qk_norm": qk_norm,
+        },
+        renames=(("encoder.layer.{i}", "layers.{i}"),),
+        layer_kind="decoder",
+    )
+
+
+# transformers 5's config-class defaults of the decoders (pad_token_id: none, which a
+# classifier refuses: `_decoder_fields`)
+_QWEN_DEFAULTS = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "intermediate_size": 22016,
+    "max_position_embeddings": 32768,
+    "pad_token_id": None,
+    "layer_norm_eps": 1e-6,
+}
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
@@ -344,6 +405,38 @@ FAMILIES: dict[str, Family] = {
             layer_kind="eurobert",
             special_ids={"bos_token_id": 128000, "eos_token_id": 128001},
         ),
+        _decoder(
+            "qwen3",
+            "Qwen3Model",
+            _QWEN_DEFAULTS,
+            {"attention_bias": False, "use_sliding_window": False},
+            "byte-level BPE (Qwen's)",
+            qk_norm=True,
+        ),
+        _decoder(
+            "qwen2",
+            "Qwen2Model",
+            _QWEN_DEFAULTS,
+            {"use_sliding_window": False},
+            "byte-level BPE (Qwen's)",
+            qkv_bias=True,
+        ),
+        _decoder(
+            "llama",
+            "LlamaModel",
+            {
+                "vocab_size": 32000,
+                "hidden_size": 4096,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "intermediate_size": 11008,
+                "max_position_embeddings": 2048,
+                "pad_token_id": None,
+                "layer_norm_eps": 1e-6,
+            },
+            {"attention_bias": False, "mlp_bias": False},
+            "byte-level BPE (Llama 3's)",
+        ),
     )
 }
 
@@ -380,7 +473,8 @@ def read_fields(family: Family, d: Mapping[str, Any], source: str) -> dict[str, 
     out = {name: d.get(family.hf_name(name), family.defaults[name]) for name in family.fields}
     out.update(family.constants)
     kind = family.kind
-    if kind.pads_embedding and not 0 <= out["pad_token_id"] < out["vocab_size"]:
+    pad = out["pad_token_id"]
+    if kind.pads_embedding and pad is not None and not 0 <= pad < out["vocab_size"]:
         raise ConfigError(
             f"{source}: pad_token_id={out['pad_token_id']} is outside the vocabulary "
             f"(vocab_size={out['vocab_size']}); the {family.model_type} embedding pads with it"
@@ -458,5 +552,10 @@ def default_pooling(family: Family, pooling: str, auto: str = "") -> str:
         raise ConfigError(
             f"--pooling pooler: {family.model_type} has no pooler; use cls (first token) or "
             "mean (masked mean of the last hidden state)"
+        )
+    if chosen == "cls" and family.kind.causal:
+        raise ConfigError(
+            f"--pooling cls: {family.model_type} is a decoder, whose first token sees only "
+            "itself; use last (its classifiers' pooling) or mean"
         )
     return chosen

@@ -14,6 +14,7 @@ and `pipeline("text-classification")` load, and such a checkpoint can be trained
 | deberta-v2 | first token -> ContextPooler (dense -> GELU) -> dropout -> classifier |
 | modernbert | cls or mean -> head (dense -> GELU -> LayerNorm) -> dropout -> classifier |
 | eurobert | bos or mean -> dense -> GELU -> classifier (no dropout) |
+| qwen3, qwen2, llama | the last token that is not padding -> score (no bias, no dropout) |
 
 A row lists the head's operations in blocks: a block's name is the module that holds its
 layers in the Hugging Face checkpoint ('' = the model itself), so a layer's key there is
@@ -149,6 +150,12 @@ HF_HEADS: dict[str, HfHead] = {
         pooling_names={"cls": "bos", "mean": "mean"},
     ),
 }
+
+
+# transformers' `GenericForSequenceClassification` of the decoders: `score` at the rightmost
+# token whose id is not pad_token_id
+_DECODER = HfHead("model", ("last",), (("", (_dense("score", True, bias=False),)),), None)
+HF_HEADS.update(qwen3=_DECODER, qwen2=_DECODER, llama=_DECODER)
 
 
 def hf_head(model_type: str) -> HfHead:

@@ -9,7 +9,9 @@ which config.json fields it reads and writes beyond the family's (`read_extra`, 
 how many matrices its feed-forward has (the FLOP count), how a scanned encoder groups its layers
 (`scan_layout`), which Hugging Face modules are its embedding (`--layer-lr-decay`), whether
 `--encoder-dropout` drops its embeddings too, and which module of `jaxtpu.models` builds it (its
-`Backbone`). Adding a kind is a record here, that Flax module and a test checkpoint in
+`Backbone`). 'decoder' is the causal kind of Qwen3, Qwen2.5 and Llama 3 (EuroBERT's layers, with
+causal attention, q/k/v biases, per-head q/k norms and Llama 3.1's rotary scaling as their
+configs say). Adding a kind is a record here, that Flax module and a test checkpoint in
 `parity_tests/families.py`.
 """
 
@@ -67,6 +69,9 @@ class LayerKind:
         "",
     )
     renamed_capture: bool = False
+    # causal attention: a token sees itself and the tokens before it (the decoders), so the
+    # first token's state says nothing of the text
+    causal: bool = False
 
 
 def scan_period(layer_types: tuple[str, ...]) -> int:
@@ -163,6 +168,65 @@ def _eurobert_written(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _decoder_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
+    """A decoder's key/value heads, head width, rotary base and scaling, as transformers 5
+    writes them (`rope_parameters`) or the hub's configs do (`rope_theta`, `rope_scaling`):
+    `default`, or Llama 3.1's `llama3` with its four numbers; another rotary type, layers that
+    are not all full attention, or no pad_token_id (a classifier reads the last token that is
+    not padding) is a one-line error."""
+    heads = out["num_attention_heads"]
+    kv = out["num_key_value_heads"] or heads
+    if kv <= 0 or heads % kv:
+        raise ConfigError(
+            f"{source}: num_key_value_heads={kv} does not divide num_attention_heads={heads}"
+        )
+    if d.get("pad_token_id") is None:
+        raise ConfigError(
+            f"{source}: no pad_token_id; a {d.get('model_type')} classifier reads each text's "
+            "last token that is not padding, so the config needs one (set pad_token_id to the "
+            "tokenizer's pad token id)"
+        )
+    kinds = d.get("layer_types") or []
+    if any(k != FULL for k in kinds):
+        raise ConfigError(
+            f"{source}: layer_types={list(kinds)!r} is not supported (jaxtpu implements "
+            f"{FULL!r} layers)"
+        )
+    rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    theta = rope.get("rope_theta", d.get("rope_theta", out["global_rope_theta"]))
+    scaling: tuple[float, ...] = ()
+    if kind == "llama3":
+        missing = [k for k in LLAMA3_KEYS if k not in rope]
+        if missing:
+            raise ConfigError(f"{source}: rope_type llama3 without {', '.join(missing)}")
+        scaling = tuple(float(rope[k]) for k in LLAMA3_KEYS)
+    elif kind != "default":
+        raise ConfigError(
+            f"{source}: rope_type={kind!r} is not supported (jaxtpu implements 'default' and "
+            "'llama3')"
+        )
+    return {
+        "num_key_value_heads": kv,
+        "head_dim": int(d.get("head_dim") or out["hidden_size"] // max(heads, 1)),
+        "global_rope_theta": float(theta),
+        "rope_scaling": scaling,
+    }
+
+
+def _decoder_written(out: dict[str, Any]) -> dict[str, Any]:
+    rope = {"rope_type": "default", "rope_theta": out.pop("global_rope_theta")}
+    scaling = out.pop("rope_scaling")
+    if scaling:
+        rope.update(rope_type="llama3", **dict(zip(LLAMA3_KEYS, scaling, strict=True)))
+        rope["original_max_position_embeddings"] = int(scaling[-1])
+    out["rope_parameters"] = rope
+    return out
+
+
 LAYER_KINDS: dict[str, LayerKind] = {
     k.name: k
     for k in (
@@ -198,6 +262,19 @@ LAYER_KINDS: dict[str, LayerKind] = {
             write_extra=_eurobert_written,
             capture=("embed_tokens", ("self_attn", "mlp", ""), "norm"),
             renamed_capture=True,
+        ),
+        LayerKind(
+            "decoder",
+            "jaxtpu.models.decoder",
+            ffn_matrices=3,  # SwiGLU
+            embedding_modules=("embed_tokens",),
+            pads_embedding=True,
+            scan_layout=lambda types: (0, 1),  # every layer alike
+            read_extra=_decoder_fields,
+            write_extra=_decoder_written,
+            capture=("embed_tokens", ("self_attn", "mlp", ""), "norm"),
+            renamed_capture=True,
+            causal=True,
         ),
     )
 }

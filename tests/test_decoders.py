@@ -1,0 +1,138 @@
+"""The decoder families (Qwen3, Qwen2.5, Llama 3) as classifiers: transformers' own
+`*ForSequenceClassification` (the score of the last token that is not padding) against
+jaxtpu's `--head hf`, with right and left padding, a text that ends in the pad token, and their
+configs' checks. Forward, gradients and the export round trip of their encoders are
+`tests/test_families.py`'s, with every other family's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxtpu.core.data.demo import SAMPLE_CSV
+from jaxtpu.core.data.readers import read_comments
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.families import default_pooling, get_family
+from jaxtpu.engine import weights
+from parity_tests.families import DECODER_NAMES, build
+
+torch = pytest.importorskip("torch", reason="the transformers reference needs torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def classifiers(tmp_path_factory) -> dict[str, Path]:
+    """Each decoder's test checkpoint as a one-label `*ForSequenceClassification` saved by
+    transformers itself (its `score` seeded and widened past its 0.02 init)."""
+    root = tmp_path_factory.mktemp("decoders")
+    out = {}
+    for name in DECODER_NAMES:
+        base = build(name, root / name)
+        config = transformers.AutoConfig.from_pretrained(str(base))
+        config.num_labels = 1
+        config.problem_type = "multi_label_classification"
+        torch.manual_seed(0)
+        clf = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+        clf.load_state_dict(
+            {
+                **{
+                    f"model.{k}": v
+                    for k, v in transformers.AutoModel.from_pretrained(str(base))
+                    .state_dict()
+                    .items()
+                },
+                "score.weight": torch.randn(1, config.hidden_size),
+            }
+        )
+        clf.save_pretrained(str(root / f"{name}-clf"))
+        transformers.AutoTokenizer.from_pretrained(str(base)).save_pretrained(
+            str(root / f"{name}-clf")
+        )
+        out[name] = root / f"{name}-clf"
+    return out
+
+
+def _texts() -> list[str]:
+    texts = read_comments(SAMPLE_CSV).texts
+    return [texts[i] for i in range(0, 400, 50)] + ["ok", "you are a nice person"]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", DECODER_NAMES)
+def test_the_hf_head_scores_the_last_real_token_as_transformers_does(name, classifiers):
+    clf_dir = classifiers[name]
+    clf = transformers.AutoModelForSequenceClassification.from_pretrained(str(clf_dir)).eval()
+    cfg = Config().replace(model_dir=str(clf_dir), precision="fp32", max_len=48, head="hf")
+    spec = RunSpec.resolve(cfg, 1)
+    assert spec.pooling == "last"
+    model = weights.load_model(cfg, spec, head_required=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(clf_dir))
+    texts = _texts()
+    pad = tok.pad_token
+    # a text ending in the pad token: transformers reads the token before it, and so must we
+    texts.append(texts[-1] + pad)
+    for side in ("right", "left"):
+        tok.padding_side = side
+        batch = tok(
+            texts, max_length=48, truncation=True, padding="max_length", return_tensors="np"
+        )
+        ids, mask = batch["input_ids"].astype(np.int32), batch["attention_mask"].astype(np.int32)
+        assert (mask.sum(1) < 48).any()
+        with torch.no_grad():
+            theirs = (
+                clf(
+                    input_ids=torch.from_numpy(ids).long(),
+                    attention_mask=torch.from_numpy(mask).long(),
+                )
+                .logits[:, 0]
+                .double()
+                .numpy()
+            )
+        ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
+        assert np.abs(ours - theirs).max() < 1e-5, side
+
+
+def test_decoder_configs_are_read_and_their_refusals_are_one_line():
+    base = {"model_type": "qwen3", "pad_token_id": 0, "vocab_size": 50, "hidden_size": 32}
+    base |= {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    enc = EncoderConfig.from_hf_dict(base)
+    assert (enc.attention_head_size, enc.qk_norm, enc.qkv_bias) == (16, True, False)
+    # the hub's older form of the rotary base and Llama 3.1's scaling
+    llama = {**base, "model_type": "llama", "rope_theta": 500000.0}
+    llama["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    enc = EncoderConfig.from_hf_dict(llama)
+    assert enc.global_rope_theta == 500000.0 and enc.rope_scaling == (8.0, 1.0, 4.0, 8192.0)
+    assert EncoderConfig.from_hf_dict(enc.to_hf_dict()) == enc
+    refusals = [
+        ({**base, "pad_token_id": None}, "no pad_token_id"),
+        ({**base, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ({**base, "use_sliding_window": True}, "use_sliding_window=True"),
+        ({**base, "layer_types": ["sliding_attention"]}, "layer_types"),
+        ({**base, "num_key_value_heads": 3}, "does not divide"),
+    ]
+    for config, message in refusals:
+        with pytest.raises(ConfigError, match=message):
+            EncoderConfig.from_hf_dict(config)
+    with pytest.raises(ConfigError, match="first token sees only itself"):
+        default_pooling(get_family("qwen3"), "cls")
+    assert json.dumps(EncoderConfig.from_hf_dict(base).to_hf_dict())  # plain JSON
+
+
+def test_the_rules_task_on_a_decoder_is_refused_until_prompts_exist(tmp_path):
+    config = {"model_type": "qwen3", "pad_token_id": 0, "vocab_size": 50, "hidden_size": 32}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4}))
+    cfg = Config().replace(model_dir=str(tmp_path), task="rules")
+    with pytest.raises(ConfigError, match="a decoder reads the rule and the comment as one"):
+        RunSpec.resolve(cfg, 1)
