@@ -254,7 +254,7 @@ def test_modernbert_reads_both_config_forms(family_dirs):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("name", ["modernbert", "mmbert", "eurobert"])
+@pytest.mark.parametrize("name", ["modernbert", "mmbert", "eurobert", "qwen3"])
 def test_scanned_modernbert_is_the_unscanned_model(name, family_dirs):
     """--scan-layers: ModernBERT's layer 0 on its own, then groups of the layer-kind period
     (2 for the test ModernBERT's global/sliding, 3 for mmBERT's sliding, sliding, global)
@@ -269,8 +269,9 @@ def test_scanned_modernbert_is_the_unscanned_model(name, family_dirs):
     plain = weights.load_model(cfg, RunSpec.resolve(cfg))
     scanned = weights.load_model(cfg.replace(scan_layers=True), RunSpec.resolve(cfg))
     enc = scanned.params["bert"]["encoder"]
-    period = {"modernbert": 2, "mmbert": 3, "eurobert": 1}[name]
-    assert set(enc) == ({"layers"} if name == "eurobert" else {"layer_0", "layers"})
+    period = {"modernbert": 2, "mmbert": 3, "eurobert": 1, "qwen3": 1}[name]
+    every_alike = name in ("eurobert", "qwen3")
+    assert set(enc) == ({"layers"} if every_alike else {"layer_0", "layers"})
     assert set(enc["layers"]) == {f"layer_{j}" for j in range(period)}
     back = layers.unstack_layers(scanned.params)
     flat = jax.tree_util.tree_leaves_with_path
