@@ -207,6 +207,17 @@ def test_pairs_truncate_the_comment_never_the_rule_as_the_tokenizer_does(tokeniz
         encode_texts([("a rule " * 20, "x")], tokenizer, 24)
 
 
+def test_a_rule_too_long_for_max_len_is_refused_before_the_token_cache(tokenizer, tmp_path, caplog):
+    from jaxtpu.core.data.tokens import cached_tokens, digest_pairs
+
+    pairs = [("a rule " * 20, "x")]
+    digests = digest_pairs([a for a, _ in pairs], [b for _, b in pairs])
+    with pytest.raises(DataError, match="leaving under 8 for the comment"):
+        cached_tokens(lambda: pairs, digests, tokenizer, 24, tmp_path)
+    assert "token cache" not in caplog.text  # a refusal, not a cache that failed
+    assert not list(tmp_path.glob("*.npy"))
+
+
 def test_token_types_derived_from_the_ids_are_the_tokenizers_on_both_sides(tokenizer, minilm_dir):
     import jax.numpy as jnp
     import torch

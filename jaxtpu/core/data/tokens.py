@@ -68,11 +68,9 @@ def _chunks(
     texts: Sequence[str] | Sequence[tuple[str, str]], tokenizer: Any, max_len: int
 ) -> Iterator[tuple[int, np.ndarray]]:
     """(start, (k, 2, max_len) int32 ids and mask) of each chunk of `texts`: texts, or text
-    pairs (the rules task), whose second text is truncated, never the first
-    (`check_pairs_fit` refuses a first text that leaves no room)."""
-    pairs = bool(texts) and isinstance(texts[0], tuple)
-    if pairs:
-        check_pairs_fit(texts, tokenizer, max_len)
+    pairs (the rules task), whose second text is truncated, never the first (the callers'
+    `check_pairs_fit` has refused a first text that leaves no room)."""
+    pairs = _pairs(texts)
     backend = _backend(tokenizer, max_len, "only_second" if pairs else "longest_first")
     for start in range(0, len(texts), CHUNK):
         part = texts[start : start + CHUNK]
@@ -96,6 +94,10 @@ def _chunks(
                 tokenizer.padding_side == "left",
             ),
         )
+
+
+def _pairs(texts: Sequence[Any]) -> bool:
+    return bool(texts) and isinstance(texts[0], tuple)
 
 
 def check_pairs_fit(pairs: Sequence[tuple[str, str]], tokenizer: Any, max_len: int) -> None:
@@ -153,6 +155,8 @@ def encode_texts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids, attention_mask), int32 (len(texts), max_len) of texts or text pairs:
     truncated and padded to `max_len`, with no cache (`tokenize` caches)."""
+    if _pairs(texts):
+        check_pairs_fit(texts, tokenizer, max_len)
     both = np.empty((len(texts), 2, max_len), np.int32)
     for start, chunk in _chunks(texts, tokenizer, max_len):
         both[start : start + len(chunk)] = chunk
@@ -287,6 +291,8 @@ def cached_tokens(
         listed = list(texts())
         if len(listed) != n:
             raise DataError(f"{len(listed)} texts to tokenize, {n} digests: they must match")
+        if _pairs(listed):  # before the entry: a refusal is not a cache that failed
+            check_pairs_fit(listed, tokenizer, max_len)
         try:
             lengths = _write_entry(path, listed, tokenizer, max_len)
             both = _read_entry(path, shape)
