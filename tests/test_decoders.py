@@ -136,3 +136,73 @@ def test_the_rules_task_on_a_decoder_is_refused_until_prompts_exist(tmp_path):
     cfg = Config().replace(model_dir=str(tmp_path), task="rules")
     with pytest.raises(ConfigError, match="a decoder reads the rule and the comment as one"):
         RunSpec.resolve(cfg, 1)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", ["qwen3", "llama"])
+def test_the_token_head_scores_the_log_odds_of_two_answers_before_training(name, tmp_path):
+    """--token-head: before any training, the score is what transformers' causal LM says, the
+    logit of one answer token minus the other's at the last real token, on both sides; from
+    tied embeddings (the Qwen3 test checkpoint) or an lm_head of its own (Llama)."""
+    from torchxla_ref.weights import load_model
+
+    base = build(name, tmp_path / "base")
+    config = transformers.AutoConfig.from_pretrained(str(base))
+    torch.manual_seed(1)
+    lm = transformers.AutoModelForCausalLM.from_config(config).eval()
+    lm.model.load_state_dict(transformers.AutoModel.from_pretrained(str(base)).state_dict())
+    if not config.tie_word_embeddings:
+        with torch.no_grad():
+            lm.lm_head.weight.normal_(0, 0.5)
+    lm.save_pretrained(str(tmp_path / "lm"))
+    tok = transformers.AutoTokenizer.from_pretrained(str(base))
+    tok.save_pretrained(str(tmp_path / "lm"))
+    # two answers of one token each in the small test vocabulary
+    words = ["a", "I", "is", "to", "of", "in", "it", "and", "on", "be"]
+    single = [w for w in words if len(tok(w, add_special_tokens=False)["input_ids"]) == 1]
+    yes, no = single[:2]
+    ids_of = [tok(w, add_special_tokens=False)["input_ids"] for w in (yes, no)]
+
+    texts = _texts()
+    batch = tok(texts, max_length=48, truncation=True, padding="max_length", return_tensors="np")
+    ids, mask = batch["input_ids"].astype(np.int32), batch["attention_mask"].astype(np.int32)
+    last = mask.sum(1) - 1  # right padding: the last real token
+    with torch.no_grad():
+        logits = lm(input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask))
+    logits = logits.logits.double().numpy()[np.arange(len(texts)), last]
+    expected = logits[:, ids_of[0][0]] - logits[:, ids_of[1][0]]
+
+    cfg = Config().replace(
+        model_dir=str(tmp_path / "lm"),
+        head="hf",
+        token_head=True,
+        answer_tokens=f"{yes},{no}",
+        precision="fp32",
+        max_len=48,
+    )
+    spec = RunSpec.resolve(cfg, 1)
+    assert spec.answer_ids == (ids_of[0][0], ids_of[1][0])
+    model = weights.load_model(cfg, spec)
+    ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
+    assert np.abs(ours - expected).max() < 1e-4
+    theirs = load_model(spec.encoder, 0.0, spec.weights, 0, "last", 1, "hf", -1, spec.answer_ids)
+    with torch.no_grad():
+        got = theirs.eval()(torch.from_numpy(ids), torch.from_numpy(mask)).double().numpy()
+    assert np.abs(got - expected).max() < 1e-4
+    # without it, the head starts at random: the check above is not met by chance
+    off = cfg.replace(token_head=False)
+    plain = weights.load_model(off, RunSpec.resolve(off, 1))
+    start = np.asarray(plain.module.apply({"params": plain.params}, ids, mask), np.float64)
+    assert np.abs(start - expected).max() > 1e-2
+
+
+def test_the_token_head_is_refused_where_it_cannot_start(tmp_path):
+    config = {"model_type": "qwen3", "pad_token_id": 0, "vocab_size": 50, "hidden_size": 32}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4}))
+    with pytest.raises(ConfigError, match="add --head hf"):
+        from jaxtpu.core.flags.schema import validate
+
+        validate(Config().replace(model_dir=str(tmp_path), token_head=True))
+    cfg = Config().replace(model_dir=str(tmp_path), head="hf", token_head=True, task="multilabel")
+    with pytest.raises(ConfigError, match="scores 6 outputs"):
+        RunSpec.resolve(cfg, 1)

@@ -69,6 +69,7 @@ def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBacken
         spec.task.outputs,
         spec.head,
         spec.segment_sep,
+        spec.answer_ids,
     ).to(strategy.device)
     optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.horizon, len(devices))
     n_params = sum(p.numel() for p in model.parameters())

@@ -23,6 +23,7 @@ def load_model(
     outputs: int = 1,
     head: str = "jaxtpu",
     segment_sep: int = -1,
+    answers: tuple[int, ...] = (),
 ) -> Classifier:
     """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
     directory has one) through `jaxtpu.core.hf.directory.fit_state_dict`, as on the JAX side.
@@ -35,7 +36,7 @@ def load_model(
         state = model.state_dict()
         names = {_hf(k): k for k in state}
         expected = {hf: tuple(state[k].shape) for hf, k in names.items()}
-        layout = head_layout(enc.model_type, head)
+        layout = head_layout(enc.model_type, head, answers)
         found, _ = fit_state_dict(model_dir, expected, layout=layout)
         state.update({names[k]: torch.from_numpy(v) for k, v in found.items()})
         model.load_state_dict(state, strict=True)

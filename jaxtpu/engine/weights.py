@@ -97,6 +97,7 @@ def load_params(
     head_required: bool = False,
     model_type: str = "bert",
     head: str = "jaxtpu",
+    answers: tuple[int, ...] = (),
 ) -> tuple[dict[str, Any], list[str]]:
     """Fills a Flax param tree from a Hugging Face directory (see `fit_state_dict`).
 
@@ -107,6 +108,7 @@ def load_params(
       head_required: fail if the directory has no head (loading a fine-tuned model).
       model_type: the encoder family, whose Hugging Face names the directory uses.
       head: the model's head, 'jaxtpu' or 'hf' (`jaxtpu.core.hf.heads`).
+      answers: --token-head's (yes, no) token ids (`RunSpec.answer_ids`), or ().
     Returns:
       (params, kept): the filled tree (numpy fp32) and the HF keys left at their initial value.
     """
@@ -119,7 +121,7 @@ def load_params(
         return tuple(leaf.shape[::-1] if LEAVES[path[-1]][1] else leaf.shape)
 
     expected = {key: hf_shape(path, leaf) for key, (path, leaf) in leaves.items()}
-    layout = head_layout(model_type, head)
+    layout = head_layout(model_type, head, answers)
     found, kept = fit_state_dict(model_dir, expected, head_required, layout)
     flat = {}
     for key, (path, leaf) in leaves.items():
@@ -182,7 +184,12 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
     params = models.init_params(module, example, cfg.train.seed)
     if spec.weights:
         params, _ = load_params(
-            spec.weights, params, head_required, spec.encoder.model_type, spec.head
+            spec.weights,
+            params,
+            head_required,
+            spec.encoder.model_type,
+            spec.head,
+            spec.answer_ids,
         )
     scales = lr_scales(params, spec.encoder, cfg.optim) if cfg.optim.layerwise else None
     if cfg.model.scan_layers:

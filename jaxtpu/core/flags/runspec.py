@@ -17,7 +17,7 @@ from typing import Any
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import mesh_sizes, resolve_matmul_output, resolve_sharding
 from jaxtpu.core.flags.schema import Config
-from jaxtpu.core.hf.directory import separator_id
+from jaxtpu.core.hf.directory import answer_ids, separator_id
 from jaxtpu.core.hf.encoder import (
     EncoderConfig,
     exported_head,
@@ -80,6 +80,8 @@ class RunSpec:
     # text pairs (--task rules) on an encoder with token types: the tokenizer's separator id,
     # after which the model gives tokens type 1 (`segment_types`); -1: every token type 0
     segment_sep: int = -1
+    # --token-head: the (yes, no) answer token ids whose LM-head rows start the score; ()
+    answer_ids: tuple[int, ...] = ()
 
     @classmethod
     def resolve(cls, cfg: Config, devices: int | None = None, platform: str = "") -> RunSpec:
@@ -144,6 +146,19 @@ class RunSpec:
                 "comment as one prompt, not as a text pair, and jaxtpu does not build decoder "
                 "prompts yet; train the rules task on an encoder"
             )
+        answers: tuple[int, ...] = ()
+        if model.token_head:
+            if not enc.family.kind.causal or cfg.task.outputs != 1:
+                why = (
+                    f"{enc.model_type} is not a decoder"
+                    if not enc.family.kind.causal
+                    else f"--task {cfg.task.name} scores {cfg.task.outputs} outputs"
+                )
+                raise ConfigError(
+                    f"--token-head starts one score from a decoder's LM head (qwen3, qwen2, "
+                    f"llama); {why}"
+                )
+            answers = answer_ids(tokenizer_from or packaged_minilm_dir(), model.answer_tokens)
         if cfg.task.text_pairs and enc.type_vocab_size >= 2:
             segment_sep = separator_id(tokenizer_from or packaged_minilm_dir())
         return cls(
@@ -160,6 +175,7 @@ class RunSpec:
             mesh=mesh_sizes(place.parallel, place.sharding, place.mesh, n, platform),
             matmul_output=resolve_matmul_output(cfg.model.matmul_output, platform),
             segment_sep=segment_sep,
+            answer_ids=answers,
         )
 
     @property

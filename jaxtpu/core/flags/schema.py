@@ -185,6 +185,19 @@ class ModelConfig:
         "and pipeline() load, and such a checkpoint's head is trained on (--model-dir).",
         ("jaxtpu", "hf"),
     )
+    token_head: bool = _f(
+        False,
+        "A decoder (qwen3, qwen2, llama) with --head hf: start its score from its language-model "
+        "head as the log-odds of two answer tokens (--answer-tokens), logit(yes) - logit(no) at "
+        "the last token, so the model scores sensibly before any training; then trained as a "
+        "classifier and exported as its *ForSequenceClassification. Needs the checkpoint's LM "
+        "head (lm_head.weight, or tied embeddings).",
+    )
+    answer_tokens: str = _f(
+        "Yes,No",
+        "--token-head: the answer that means 'toxic' (or 'breaks the rule') and the one that "
+        "means not, each one token of the model's tokenizer.",
+    )
     scan_layers: bool = _f(
         False,
         "jaxtpu: run the encoder layers as one nn.scan over stacked weights: compiles one "
@@ -205,6 +218,11 @@ class ModelConfig:
     )
 
     def check(self) -> None:
+        if self.token_head and self.head != "hf":
+            raise ConfigError(
+                "--token-head starts the decoder's own classification head (--head hf) from "
+                "its LM head; add --head hf"
+            )
         if self.init_from and not self.model_dir:
             raise ConfigError(
                 f"--init-from {self.init_from} needs --model-dir: the Hugging Face directory "

@@ -281,7 +281,10 @@ def fit_state_dict(
             sd = dict(notebook.encoder)
     else:
         sd, task_head = read_checkpoint(d)
-        sd.update(_fitting_head(d, task_head, layout, head_required))
+        fitted = _fitting_head(d, task_head, layout, head_required and not layout.answers)
+        if layout.answers and not fitted:
+            fitted = answer_head(d, sd, task_head, layout)
+        sd.update(fitted)
     output = layout.output + ".weight"
     head_w, want = sd.get(output), expected.get(output)
     if head_w is not None and want is not None and head_w.shape[0] != want[0]:
@@ -487,3 +490,52 @@ def segment_types(ids: Any, mask: Any, sep: int) -> Any:
     is_sep = (ids == sep) * 1  # an integer array in all three
     after = is_sep.cumsum(-1) - is_sep  # separators strictly before each token
     return (after > 0) * (mask > 0)
+
+
+def answer_head(
+    d: Path, encoder: Mapping[str, np.ndarray], task_head: Mapping[str, np.ndarray], layout: Any
+) -> dict[str, np.ndarray]:
+    """--token-head: the output layer of a decoder's classification head as the log-odds of
+    its two answer tokens: the row of the yes token of its language-model head minus the row
+    of the no token (`lm_head.weight`, or the token embeddings when the config ties them), so
+    the score at the last token is logit(yes) - logit(no)."""
+    weight = task_head.get("lm_head.weight")
+    if weight is None:
+        config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
+        if config.get("tie_word_embeddings"):
+            weight = encoder.get("embed_tokens.weight")
+    if weight is None:
+        raise CheckpointError(
+            f"{d}: no language-model head (lm_head.weight, or tied embeddings) to start "
+            "--token-head from; give a *ForCausalLM checkpoint, or drop --token-head"
+        )
+    yes, no = layout.answers
+    row = (np.asarray(weight[yes], np.float32) - np.asarray(weight[no], np.float32))[None, :]
+    log.info("%s: --token-head: the score starts as logit(%d) - logit(%d)", d, yes, no)
+    return {f"{layout.output}.weight": row}
+
+
+def answer_ids(tokenizer_dir: str | Path, answers: str) -> tuple[int, int]:
+    """The token ids of --answer-tokens 'YES,NO' in a tokenizer directory's tokenizer.json,
+    each refused in one line unless it is exactly one token."""
+    from tokenizers import Tokenizer  # the Rust tokenizer alone: no transformers import
+
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    words = [w for w in answers.split(",")]
+    if len(words) != 2 or not all(words):
+        raise CheckpointError(f"--answer-tokens {answers!r}: expected two answers, YES,NO")
+    if not path.exists():
+        raise CheckpointError(f"{tokenizer_dir}: no tokenizer.json to find --answer-tokens in")
+    tok = Tokenizer.from_file(str(path))
+    ids = []
+    for word in words:
+        found = tok.encode(word, add_special_tokens=False).ids
+        if len(found) != 1:
+            raise CheckpointError(
+                f"--answer-tokens: {word!r} is {len(found)} tokens of {tokenizer_dir}'s "
+                "tokenizer; each answer must be one token"
+            )
+        ids.append(found[0])
+    if ids[0] == ids[1]:
+        raise CheckpointError(f"--answer-tokens {answers!r}: both answers are token {ids[0]}")
+    return ids[0], ids[1]

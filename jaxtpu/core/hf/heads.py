@@ -170,6 +170,8 @@ class HeadLayout:
     kind: str = "jaxtpu"
     modules: tuple[str, ...] = ("classifier",)
     output: str = "classifier"
+    # --token-head: the (yes, no) token ids whose LM-head rows start the output; () = none
+    answers: tuple[int, ...] = ()
 
     def holds(self, key: str) -> bool:
         """Whether a (Hugging Face) key is one of the head's tensors."""
@@ -179,11 +181,11 @@ class HeadLayout:
 JAXTPU_HEAD = HeadLayout()
 
 
-def head_layout(model_type: str, head: str = "jaxtpu") -> HeadLayout:
+def head_layout(model_type: str, head: str = "jaxtpu", answers: tuple[int, ...] = ()) -> HeadLayout:
     if head != "hf":
         return JAXTPU_HEAD
     found = hf_head(model_type)
-    return HeadLayout("hf", found.modules, found.output)
+    return HeadLayout("hf", found.modules, found.output, tuple(answers))
 
 
 def architecture(model_type: str, family_architecture: str) -> str:
