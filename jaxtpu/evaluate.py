@@ -58,9 +58,13 @@ def headline(task: Task, examples: tokenized.Examples) -> str:
     return next(name for name, key in METRICS.items() if key == monitor)
 
 
-def read_labelled(path: str, task: Task) -> records.Comments | records.Pairs:
+def read_labelled(
+    path: str, task: Task, template: str = readers.DEFAULT_RULE_TEMPLATE
+) -> records.Comments | records.Pairs:
     """The labelled file a run of `task` can be scored on: pairs for a ranker (pairs drawn at
-    random from labels would make the number depend on a seed), labelled comments otherwise."""
+    random from labels would make the number depend on a seed), a labelled rules file for a
+    rules run (its pairs made by the run's own --rule-template), labelled comments
+    otherwise."""
     kind = readers.file_kind(readers.columns(path))
     wanted = "pairs" if task.comments_per_example == 2 else "classification"
     wanted = "rules" if task.text_pairs else wanted
@@ -76,7 +80,9 @@ def read_labelled(path: str, task: Task) -> records.Comments | records.Pairs:
             f"--input {path}: a {task.name} run is evaluated on {what[wanted]}; this is "
             f"{found}{hint}"
         )
-    data = taskdata.read_task_file(path, task, columns=taskdata.aux_columns(task, required=False))
+    data = taskdata.read_task_file(
+        path, task, columns=taskdata.aux_columns(task, required=False), template=template
+    )
     if task.main_outputs > 1:
         taskdata.check_label_columns(data, task, f"--input {path}")
     return data
@@ -100,7 +106,7 @@ def evaluate(
         pairs = readers.file_kind(readers.columns(path)) == "pairs"
         model = load_model_dir(model_dir, max_len, pairs)
     task, d = model.spec.task, model.cfg.data
-    data = read_labelled(path, task)
+    data = read_labelled(path, task, d.rule_template)
     tokenizer = load_tokenizer(model.tokenizer_dir)
     examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
     global_batch = batch_size * len(devices)

@@ -263,7 +263,9 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
 
     train, test, labelled = write_rules_files(real_csv, tmp_path / "data")
     wd = tmp_path / "run"
+    template = "{rule} ({subreddit})"  # predict, evaluate and the API pair rows with it
     tiny = ["--preset", "tiny", "--task", "rules", "--epochs", "1", "--max-len", "48"]
+    tiny += ["--rule-template", template]
     proc = cli(
         "jaxtpu.train",
         *tiny,
@@ -294,7 +296,7 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = list(csv.DictReader(open(out)))
-    truth = readers.read_rules(labelled)
+    truth = readers.read_rules(labelled, template=readers.RuleTemplate(template))
     assert list(rows[0]) == ["row_id", "rule_violation"] and len(rows) == len(truth)
     assert [r["row_id"] for r in rows] == truth.ids
     assert "rank scores" in proc.stdout
@@ -307,3 +309,27 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     assert np.abs(written - ranks).max() < 0.01
     with pytest.raises(UserError, match="rule, comment"):
         model.predict(["a comment alone"])
+
+
+def test_evaluate_reads_pairs_with_the_runs_template_and_an_ensemble_needs_one(
+    tmp_path, minilm_dir
+):
+    from types import SimpleNamespace
+
+    from jaxtpu.engine.scoring import check_ensemble
+    from jaxtpu.evaluate import read_labelled
+
+    p = write(tmp_path / "l.csv", [row(1, "spam", "No ads.", 1, sub="r/x")])
+    assert read_labelled(str(p), TASK, "{rule} in {subreddit}").first == ["No ads. in r/x"]
+
+    def run(template):
+        data = SimpleNamespace(rule_template=template)
+        return SimpleNamespace(
+            spec=SimpleNamespace(task=TASK),
+            cfg=SimpleNamespace(data=data),
+            tokenizer_dir=minilm_dir,
+        )
+
+    check_ensemble([run("{rule}"), run("{rule}")], ["a", "b"])
+    with pytest.raises(UserError, match="an ensemble scores one pair per row"):
+        check_ensemble([run("{rule}"), run("{rule} {subreddit}")], ["a", "b"])
