@@ -65,6 +65,7 @@ def test_predict_and_export_refuse_bad_input_and_keep_results(finished_run, tmp_
 def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_dir):
     from types import SimpleNamespace
 
+    from jaxtpu.core.tasks import get_task
     from jaxtpu.engine.scoring import check_ensemble
 
     other_tok = tmp_path / "tok"
@@ -76,7 +77,7 @@ def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_di
 
     def model(task, tokenizer_dir):
         return SimpleNamespace(
-            spec=SimpleNamespace(task=SimpleNamespace(name=task)), tokenizer_dir=tokenizer_dir
+            spec=SimpleNamespace(task=get_task(task)), tokenizer_dir=tokenizer_dir
         )
 
     with pytest.raises(UserError, match="--workdir B is a ranking run, A a toxicity run"):

@@ -284,8 +284,10 @@ def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
                 f"--workdir {wd} has another tokenizer than {workdirs[0]}; an ensemble averages "
                 "runs of one model family and tokenizer"
             )
+        if not first.spec.task.text_pairs:
+            continue
         template = model.cfg.data.rule_template
-        if first.spec.task.text_pairs and template != first.cfg.data.rule_template:
+        if template != first.cfg.data.rule_template:
             raise UserError(
                 f"--workdir {wd} reads each rule as --rule-template {template!r}, {workdirs[0]} "
                 f"as {first.cfg.data.rule_template!r}; an ensemble scores one pair per row"
