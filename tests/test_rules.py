@@ -258,7 +258,9 @@ def test_the_demonstration_files_have_the_competitions_layout(real_csv, tmp_path
 
 @pytest.mark.e2e
 @pytest.mark.model
-def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_path):
+def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_path, minilm_dir):
+    import shutil
+
     from tests.helpers import cli
 
     train, test, labelled = write_rules_files(real_csv, tmp_path / "data")
@@ -266,6 +268,13 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     template = "{rule} ({subreddit})"  # predict, evaluate and the API pair rows with it
     tiny = ["--preset", "tiny", "--task", "rules", "--epochs", "1", "--max-len", "48"]
     tiny += ["--rule-template", template]
+    # a tokenizer directory that is gone when the run is scored: scoring reads the run's own
+    # tokenizer and the separator its config.json recorded
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(f"{minilm_dir}/{name}", tokenizer / name)
+    tiny += ["--tokenizer-dir", tokenizer]
     proc = cli(
         "jaxtpu.train",
         *tiny,
@@ -284,6 +293,8 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     said = proc.stdout + proc.stderr
     assert "--rule-examples" in said and "training rows from" in said
     config = json.loads((wd / "config.json").read_text())
+    assert config["resolved"]["segment_sep"] == 102  # MiniLM's [SEP]
+    shutil.rmtree(tokenizer)
     count = config["data"]["rule_examples"]  # what the run's data was, with the counts
     assert count["added"] > 0
     assert count["found"] == sum(count[k] for k in ("added", "duplicates", "validation", "ties"))

@@ -96,10 +96,11 @@ class RunSpec:
         cls, cfg: Config, encoder: EncoderConfig, recorded: dict[str, Any] | None = None
     ) -> RunSpec:
         """The spec of a finished run, scored from its checkpoint: the encoder its checkpoint
-        carries and the pooling its config.json recorded (`recorded`: the `resolved` entry;
-        runs older than it resolve the pooling from the flags again)."""
+        carries and the pooling, text pairs' separator and answer tokens its config.json
+        recorded (`recorded`: the `resolved` entry; runs older than it resolve them from the
+        flags again), so a run scores where its --model-dir no longer is."""
         model_dir = resolve_model_dir(cfg.model.model_dir)
-        spec = cls._build(cfg, encoder, model_dir, None)
+        spec = cls._build(cfg, encoder, model_dir, None, known=recorded or {})
         if recorded and recorded.get("pooling"):
             spec = dataclasses.replace(
                 spec, pooling=recorded["pooling"], pooling_from=recorded["pooling_from"]
@@ -114,6 +115,7 @@ class RunSpec:
         model_dir: str | None,
         devices: int | None,
         platform: str = "",
+        known: dict[str, Any] | None = None,
     ) -> RunSpec:
         model, place = cfg.model, cfg.placement
         exported = exported_head(model_dir).get("pooling")
@@ -146,8 +148,9 @@ class RunSpec:
                 "comment as one prompt, not as a text pair, and jaxtpu does not build decoder "
                 "prompts yet; train the rules task on an encoder"
             )
-        answers: tuple[int, ...] = ()
-        if model.token_head:
+        known = known or {}
+        answers: tuple[int, ...] = tuple(known.get("answer_ids") or ())
+        if model.token_head and not answers:
             if not enc.family.kind.causal or cfg.task.outputs != 1:
                 why = (
                     f"{enc.model_type} is not a decoder"
@@ -159,7 +162,9 @@ class RunSpec:
                     f"llama); {why}"
                 )
             answers = answer_ids(tokenizer_from or packaged_minilm_dir(), model.answer_tokens)
-        if cfg.task.text_pairs and enc.type_vocab_size >= 2:
+        if "segment_sep" in known:
+            segment_sep = int(known["segment_sep"])
+        elif cfg.task.text_pairs and enc.type_vocab_size >= 2:
             segment_sep = separator_id(tokenizer_from or packaged_minilm_dir())
         return cls(
             task=cfg.task,
@@ -220,6 +225,8 @@ class RunSpec:
             "sharding": self.sharding,
             "mesh": {"data": self.mesh[0], "fsdp": self.mesh[1]},
             "matmul_output": self.matmul_output,
+            "segment_sep": self.segment_sep,
+            "answer_ids": list(self.answer_ids),
         }
 
 
