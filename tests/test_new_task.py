@@ -1,4 +1,4 @@
-"""A new task is a table row, its metric and one loss: a toy fourth task registered here only
+"""A new task is a table row, its metric and one loss: a toy task registered here only
 (two outputs, `toxic` and `insult`) trains, predicts and passes preflight with nothing else
 changed, and preflight compiles every task of the table (its batch from `Task.batch_layout`)."""
 
