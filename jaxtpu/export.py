@@ -262,16 +262,18 @@ def _onnx_differences(
     model: Any, params: dict, outputs: int, out: Path, files: dict[str, str]
 ) -> dict[str, float]:
     """The largest |logit difference| of each ONNX file from jaxtpu's model of the same params
-    in fp32, on `CHECK_TEXTS` (comments of several lengths)."""
+    in fp32, on `CHECK_TEXTS` (comments of several lengths; a rules model's as the second text
+    of pairs, so the token types its graph derives are checked too)."""
     import numpy as np
 
     from jaxtpu.models.encoder import create_module
     from torchxla_ref import onnxexport
 
     spec = model.spec
-    ids, mask = encode_texts(
-        list(CHECK_TEXTS), load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len
-    )
+    texts: list[Any] = list(CHECK_TEXTS)
+    if spec.task.text_pairs:
+        texts = [("No insults or personal attacks.", t) for t in texts]
+    ids, mask = encode_texts(texts, load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len)
     fp32 = create_module(
         spec.encoder,
         0.0,
