@@ -137,16 +137,23 @@ def _modernbert_written(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _eurobert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
-    """EuroBERT's key/value heads (absent = one per query head) and its one rotary base
-    (`rope_parameters.rope_theta`, or an older `rope_theta`); another rotary type, a head_dim
-    other than hidden / heads is a one-line error."""
+def _kv_heads(out: Mapping[str, Any], source: str) -> int:
+    """Grouped-query attention's key/value heads (absent = one per query head), refused in one
+    line when they do not divide the query heads."""
     heads = out["num_attention_heads"]
     kv = out["num_key_value_heads"] or heads
     if kv <= 0 or heads % kv:
         raise ConfigError(
             f"{source}: num_key_value_heads={kv} does not divide num_attention_heads={heads}"
         )
+    return kv
+
+
+def _eurobert_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict:
+    """EuroBERT's key/value heads (absent = one per query head) and its one rotary base
+    (`rope_parameters.rope_theta`, or an older `rope_theta`); another rotary type, a head_dim
+    other than hidden / heads is a one-line error."""
+    heads, kv = out["num_attention_heads"], _kv_heads(out, source)
     head_dim = d.get("head_dim") or out["hidden_size"] // max(heads, 1)
     if head_dim * heads != out["hidden_size"]:
         raise ConfigError(
@@ -177,12 +184,7 @@ def _decoder_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -
     `default`, or Llama 3.1's `llama3` with its four numbers; another rotary type, layers that
     are not all full attention, or no pad_token_id (a classifier reads the last token that is
     not padding) is a one-line error."""
-    heads = out["num_attention_heads"]
-    kv = out["num_key_value_heads"] or heads
-    if kv <= 0 or heads % kv:
-        raise ConfigError(
-            f"{source}: num_key_value_heads={kv} does not divide num_attention_heads={heads}"
-        )
+    heads, kv = out["num_attention_heads"], _kv_heads(out, source)
     if d.get("pad_token_id") is None:
         raise ConfigError(
             f"{source}: no pad_token_id; a {d.get('model_type')} classifier reads each text's "
@@ -265,7 +267,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
         ),
         LayerKind(
             "decoder",
-            "jaxtpu.models.decoder",
+            "jaxtpu.models.eurobert",  # its layers, causal (`causal`) with the decoders' options
             ffn_matrices=3,  # SwiGLU
             embedding_modules=("embed_tokens",),
             pads_embedding=True,
