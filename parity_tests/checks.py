@@ -265,14 +265,15 @@ def family_init(
     )
 
 
-def families_forward(work: Path) -> list[Result]:
-    """Per family: forward and fp32 gradients of jaxtpu against transformers' PyTorch model on
-    16 real comments (each side in its own process, as `family_results` reads them)."""
+def families_forward(work: Path, names: tuple[str, ...] = ()) -> list[Result]:
+    """Per family (`names`; () = every encoder family and variant): forward and fp32 gradients
+    of jaxtpu against transformers' PyTorch model on 16 real comments (each side in its own
+    process, as `family_results` reads them)."""
     from jaxtpu.core.data.demo import SAMPLE_CSV
     from parity_tests.families import FAMILY_NAMES, VARIANTS
 
     results = []
-    for family in FAMILY_NAMES + tuple(VARIANTS):
+    for family in names or FAMILY_NAMES + tuple(VARIANTS):
         model_dir = family_init(work, family)
         out = {}
         for side, precision in (("jax", "fp32"), ("jax", "bf16"), ("hf", "fp32")):

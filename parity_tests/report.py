@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from parity_tests import checks
+from parity_tests import checks, families
 
 
 def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.Result]:
@@ -28,6 +28,10 @@ def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.
         ("trajectories ranking", lambda: checks.trajectories(work, "ranking")),
         ("spawn trajectory", lambda: [checks.spawn_trajectory(work)]),
         ("families: forward + gradients", lambda: checks.families_forward(work)),
+        (
+            "decoders: forward + gradients",
+            lambda: checks.families_forward(work, families.DECODER_NAMES),
+        ),
         *[
             (f"trajectory {f} {t}", lambda f=f, t=t: [checks.family_trajectory(work, f, t)])
             for f, t in checks.FAMILY_TRAJECTORIES + checks.REPORT_FAMILY_TRAJECTORIES
