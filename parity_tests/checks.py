@@ -17,7 +17,7 @@ from jaxtpu.core.flags.schema import JAX_STRATEGIES
 from parity_tests.harness import (
     ROOT,
     relative_diff,
-    run_forward,
+    run_forwards,
     run_jax_runs,
     run_side,
     shared_init,
@@ -120,6 +120,7 @@ RECIPE_FLAGS = {
 TRAJ_BF16_RTOL = {"toxicity": 1e-2, "ranking": 3e-2}
 OUTCOME_AUC_ATOL = 0.01
 OUTCOME_AGREEMENT_ATOL = 0.02
+PRECISIONS = ("fp32", "bf16")  # the forward checks' two, each worker computing both
 
 
 @dataclass
@@ -141,12 +142,8 @@ def forward_and_gradients(work: Path) -> list[Result]:
     model_dir = shared_init(work / "init-minilm-toxicity", "toxicity", "minilm")
     out: dict[str, dict] = {}
     for side in ("hf", "jax", "xla"):
-        for precision in ("fp32", "bf16"):
-            path = work / f"forward-{side}-{precision}.npz"
-            grads = ["--grads"] if precision == "fp32" else []
-            out[side, precision] = run_forward(
-                side, model_dir, REAL_CSV, path, "--precision", precision, *grads
-            )
+        both = run_forwards(side, model_dir, REAL_CSV, work / f"forward-{side}.npz", PRECISIONS)
+        out.update({(side, precision): found for precision, found in both.items()})
     ref = out["hf", "fp32"]
     results = []
     for side, name in (("jax", "jaxtpu"), ("xla", "torch_xla")):
@@ -276,12 +273,10 @@ def families_forward(work: Path, names: tuple[str, ...] = ()) -> list[Result]:
     for family in names or FAMILY_NAMES + tuple(VARIANTS):
         model_dir = family_init(work, family)
         out = {}
-        for side, precision in (("jax", "fp32"), ("jax", "bf16"), ("hf", "fp32")):
-            path = work / f"forward-{family}-{side}-{precision}.npz"
-            grads = ["--grads"] if precision == "fp32" else []
-            out[side, precision] = run_forward(
-                side, model_dir, SAMPLE_CSV, path, "--precision", precision, *grads
-            )
+        for side, precisions in (("jax", PRECISIONS), ("hf", ("fp32",))):
+            path = work / f"forward-{family}-{side}.npz"
+            found = run_forwards(side, model_dir, SAMPLE_CSV, path, precisions)
+            out.update({(side, precision): one for precision, one in found.items()})
         results.extend(family_results(family, out))
     return results
 
@@ -505,7 +500,13 @@ def spawn_trajectory(work: Path) -> Result:
 
 def outcome(work: Path, task: str, full: bool = False) -> Result:
     """Check 4: dropout on, pretrained MiniLM fine-tuned on a fixed slice of the real comments
-    on both sides; the final validation metric must agree."""
+    on both sides; the final validation metric must agree.
+
+    The reference side runs as plain PyTorch on the host (`--parallel eager`): the same model,
+    loss, optimizer and batches as its torch_xla runs, at two thirds of their time here (47 s
+    against 69 s for the ranking slice on this machine). What this check asks is whether two
+    trainings with different dropout masks end at the same metric; that torch_xla computes
+    the same steps as eager PyTorch and jaxtpu is checks 1-3's, step for step."""
     model_dir = shared_init(work / f"init-minilm-{task}", task, "minilm")
     rows, max_len = ("10000", "128") if full else ("1500", "40")
     flags = [
@@ -537,16 +538,16 @@ def outcome(work: Path, task: str, full: bool = False) -> Result:
         "none",  # as measured before buckets; bucketed batches: check 3c
     ]
     tag = f"{task}-{'full' if full else 'slice'}"
-    ref = run_side("torch", work / f"outcome-{tag}-torch", *flags, "--parallel", "spmd").check()
+    ref = run_side("torch", work / f"outcome-{tag}-torch", *flags, "--parallel", "eager").check()
     run = run_side("jax", work / f"outcome-{tag}-jax", *flags, "--parallel", "jit").check()
     key = "val_auc" if task == "toxicity" else "val_agreement"
     a, b = run.summary["final"][key], ref.summary["final"][key]
     tol = OUTCOME_AUC_ATOL if task == "toxicity" else OUTCOME_AGREEMENT_ATOL
     return Result(
-        f"outcome {task} (dropout on): |{key} jaxtpu - torch_xla|",
+        f"outcome {task} (dropout on): |{key} jaxtpu - torch|",
         tol,
         abs(a - b),
         abs(a - b) <= tol,
-        f"jaxtpu {a:.4f}, torch_xla {b:.4f}",
-        {"jaxtpu": run.losses, "torch_xla": ref.losses},
+        f"jaxtpu {a:.4f}, torch (eager) {b:.4f}",
+        {"jaxtpu": run.losses, "torch eager": ref.losses},
     )

@@ -248,7 +248,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--csv", required=True, help="labelled classification CSV (real comments)")
     p.add_argument("--n", type=int, default=16, help="comments in the batch")
     p.add_argument("--max-len", type=int, default=64)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        help="fp32, bf16, or both as 'fp32,bf16': one process computes each in turn and "
+        "writes --out with {precision} replaced (what a second process would cost is its "
+        "start: JAX or torch and transformers imported again)",
+    )
     p.add_argument("--grads", action="store_true", help="also write the gradients")
     p.add_argument("--capture", action="store_true", help="also write every layer's output")
     p.add_argument(
@@ -258,15 +264,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    precisions = args.precision.split(",")
+    if not set(precisions) <= {"fp32", "bf16"} or len(set(precisions)) != len(precisions):
+        p.error(f"--precision {args.precision}: fp32, bf16 or fp32,bf16")
+    if len(precisions) > 1 and "{precision}" not in args.out:
+        p.error("--out must contain {precision} when --precision names two")
     ids, mask, labels = batch(args.csv, args.model_dir, args.n, args.max_len)
-    if args.side == "jax":
-        out = run_jax(args, ids, mask, labels)
-    else:
-        if args.side == "xla":
-            os.environ.setdefault("PJRT_DEVICE", "CPU")
-            os.environ.setdefault("CPU_NUM_DEVICES", "1")
-        out = run_torch(args, ids, mask, labels, args.side if args.side == "xla" else "cpu")
-    np.savez(args.out, attention_mask=mask, **out)
+    if args.side == "xla":
+        os.environ.setdefault("PJRT_DEVICE", "CPU")
+        os.environ.setdefault("CPU_NUM_DEVICES", "1")
+    for precision in precisions:
+        one = argparse.Namespace(**{**vars(args), "precision": precision})
+        if args.side == "jax":
+            out = run_jax(one, ids, mask, labels)
+        else:
+            out = run_torch(one, ids, mask, labels, args.side if args.side == "xla" else "cpu")
+        np.savez(args.out.format(precision=precision), attention_mask=mask, **out)
     return 0
 
 

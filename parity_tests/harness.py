@@ -125,8 +125,29 @@ def run_forward(side: str, model_dir: Path, csv: Path, out: Path, *flags: str) -
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True)
     if proc.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    if "{precision}" in str(out):
+        return {}  # several files: `run_forwards` reads them
     with np.load(out) as z:
         return {k: z[k] for k in z.files}
+
+
+def run_forwards(
+    side: str, model_dir: Path, csv: Path, out: Path, precisions: tuple[str, ...], *flags: str
+) -> dict[str, dict[str, Any]]:
+    """`run_forward` for each of `precisions` in one worker process (one start of JAX or of
+    torch for all), with gradients; `out`'s name gets `-{precision}` before its suffix.
+    Returns {precision: what that run wrote}."""
+    import numpy as np
+
+    template = out.with_name(f"{out.stem}-{{precision}}{out.suffix}")
+    run_forward(
+        side, model_dir, csv, template, "--precision", ",".join(precisions), "--grads", *flags
+    )
+    found = {}
+    for precision in precisions:
+        with np.load(str(template).format(precision=precision)) as z:
+            found[precision] = {k: z[k] for k in z.files}
+    return found
 
 
 def shared_init(
