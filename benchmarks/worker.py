@@ -94,7 +94,7 @@ def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int, k: int =
     spec = RunSpec.resolve(cfg, len(devs))
     model = load_model(cfg, spec)
     tx = optim.make_optimizer(cfg.optim, Horizon(1000, 1000), len(devs))
-    state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
+    state = steps.create_state(model.module.apply, model.params, tx)
     placement = Placement(spec.sharding, *spec.mesh)
     strategy_ = parallel.make_strategy(strategy, devs, steps.for_task("toxicity"), placement)
     backend = JaxBackend(strategy_, state, 0, steps_per_call=k)

@@ -11,6 +11,7 @@ import torch
 
 from jaxtpu.core.flags.schema import OptimConfig
 from jaxtpu.core.hf.families import get_family
+from jaxtpu.core.lora import peft_key
 from jaxtpu.core.schedules import Horizon, layer_lr_scale, learning_rate, peak_lr
 
 # The seeds' no_decay list: biases and LayerNorm parameters get no weight decay.
@@ -28,6 +29,9 @@ def param_groups(
     multiplier, each group's `lr_scale` set (`make_optimizer` turns it into the group's lr)."""
     groups: dict[tuple[float, bool], list] = {}
     for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue  # LoRA's frozen base: no group, no optimizer state
+        name = peft_key(name)  # a peft-wrapped encoder's parameters by their plain keys
         skip = which != "all" and any(nd in name for nd in NO_DECAY)
         key = (scale(name) if scale else 1.0, not skip)
         groups.setdefault(key, []).append(p)

@@ -70,10 +70,13 @@ def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBacken
         spec.head,
         spec.segment_sep,
         spec.answer_ids,
+        spec.lora,
+        cfg.train.precision,
     ).to(strategy.device)
     optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.horizon, len(devices))
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("model: %s", spec.describe_model(n_params, cfg.train.seed))
+    n_trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("model: %s", spec.describe_model(n_params, cfg.train.seed, n_trained))
     return XlaBackend(
         strategy,
         model,

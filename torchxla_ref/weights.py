@@ -11,6 +11,7 @@ import torch
 from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.heads import head_layout
+from jaxtpu.core.lora import LoraSpec, initial_a, peft_key
 from torchxla_ref.models import Classifier
 
 
@@ -24,12 +25,15 @@ def load_model(
     head: str = "jaxtpu",
     segment_sep: int = -1,
     answers: tuple[int, ...] = (),
+    lora: LoraSpec | None = None,
+    precision: str = "fp32",
 ) -> Classifier:
     """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
     directory has one) through `jaxtpu.core.hf.directory.fit_state_dict`, as on the JAX side.
     Every key is accounted for: a tensor is either loaded or one the checks allow to keep its
     init (a new head, a missing pooler), and `load_state_dict` runs strict. Encoder dropout
-    comes from `enc` either way."""
+    comes from `enc` either way. With `lora`, the loaded model then gets its adapters
+    (`add_adapters`)."""
     torch.manual_seed(seed)
     model = Classifier(enc, head_dropout, pooling, outputs, head, segment_sep)
     if model_dir:
@@ -40,7 +44,42 @@ def load_model(
         found, _ = fit_state_dict(model_dir, expected, layout=layout)
         state.update({names[k]: torch.from_numpy(v) for k, v in found.items()})
         model.load_state_dict(state, strict=True)
+    if lora:
+        add_adapters(model, lora, enc.model_type, seed, precision)
     return model
+
+
+def add_adapters(
+    model: Classifier, lora: LoraSpec, model_type: str, seed: int, precision: str = "fp32"
+) -> None:
+    """peft's LoRA on the encoder, in place (`get_peft_model` with `LoraConfig`): the base
+    frozen, the head trained in full, each adapter A started as the JAX side starts it
+    (`jaxtpu.core.lora.initial_a`, B at zero), and in a bf16 run every frozen dense weight
+    held in bf16 (`jaxtpu.core.lora.held_in_bf16`: the kernels; autocast reads them in bf16
+    anyway). `model.bert` becomes the `PeftModel`; a `--head hf` model's forward runs through
+    the same, now adapted, layers."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.targets),
+        bias="none",
+    )
+    model.bert = get_peft_model(model.bert, config)
+    with torch.no_grad():
+        for name, p in model.bert.named_parameters():
+            if name.endswith("lora_A.default.weight"):
+                key = peft_key(name)
+                rank, fan_in = p.shape
+                p.copy_(torch.from_numpy(initial_a(key, fan_in, rank, seed)))
+            elif name.endswith("lora_B.default.weight"):
+                p.zero_()
+        if precision == "bf16":
+            for module in model.bert.modules():
+                if isinstance(module, torch.nn.Linear) and not module.weight.requires_grad:
+                    module.weight.data = module.weight.data.to(torch.bfloat16)
 
 
 def _hf(key: str) -> str:

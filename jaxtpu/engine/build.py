@@ -41,12 +41,14 @@ def build_backend(
     cfg, spec = job.cfg, job.spec
     model = weights.load_model(cfg, spec)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
-    log.info("model: %s", spec.describe_model(n_params, cfg.train.seed))
+    n_trained = sum(x.size for x in jax.tree_util.tree_leaves(steps.split_trained(model.params)[0]))
+    log.info("model: %s", spec.describe_model(n_params, cfg.train.seed, n_trained))
     if cfg.optim.layerwise:
         rates = describe_layer_rates(cfg.optim, spec.encoder.num_hidden_layers, len(devices))
         log.info("learning rates: %s", rates)
-    tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices), model.lr_scales, schedule)
-    state = steps.TrainState.create(apply_fn=model.module.apply, params=model.params, tx=tx)
+    scales = None if model.lr_scales is None else steps.split_trained(model.lr_scales)[0]
+    tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices), scales, schedule)
+    state = steps.create_state(model.module.apply, model.params, tx)
     fns = steps.for_task(cfg.task, cfg.train.margin)
     placement = Placement(spec.sharding, *spec.mesh)
     strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement, saved)

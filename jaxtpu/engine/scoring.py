@@ -223,9 +223,7 @@ def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
 
     fns = steps.for_task(task, model.cfg.train.margin)
     strategy = parallel.make_strategy("jit", devices, fns)
-    state = steps.TrainState.create(
-        apply_fn=model.module.apply, params=model.params, tx=optax.identity()
-    )
+    state = steps.create_state(model.module.apply, model.params, optax.identity())
     backend = JaxBackend(strategy, state, seed=0)
     backend.start()
     return backend

@@ -16,14 +16,27 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import traverse_util
 from flax.training.train_state import TrainState
 
+from jaxtpu.core.lora import has_adapters, trains
 from jaxtpu.core.tasks import RANKING_MARGIN, Task, get_task
 
 Batch = dict[str, jax.Array]
 Loss = Callable[[jax.Array, jax.Array], jax.Array]  # (scores, label) -> per-example loss (B,)
 
-__all__ = ["LOSSES", "Steps", "TrainState", "eval_step", "for_task", "train_step", "train_steps"]
+__all__ = [
+    "LOSSES",
+    "Steps",
+    "TrainState",
+    "create_state",
+    "eval_step",
+    "for_task",
+    "merge_trained",
+    "split_trained",
+    "train_step",
+    "train_steps",
+]
 
 
 def _bce(scores: jax.Array, label: jax.Array, margin: float) -> jax.Array:
@@ -97,6 +110,38 @@ def for_task(task: Task | str, margin: float = RANKING_MARGIN) -> Steps:
     return Steps(partial(train_steps, loss=loss), partial(eval_step, loss=loss))
 
 
+def split_trained(params: Any) -> tuple[Any, Any]:
+    """(what trains, what is frozen) of a model's params: under LoRA (the params hold
+    adapters) the adapters and the head, and the base (`jaxtpu.core.lora.trains`); else
+    (params, None). The split is by name, so it is the same inside a compiled step."""
+    flat = traverse_util.flatten_dict(params)
+    if not has_adapters(flat):
+        return params, None
+    trained = {path: x for path, x in flat.items() if trains(path)}
+    frozen = {path: x for path, x in flat.items() if not trains(path)}
+    return traverse_util.unflatten_dict(trained), traverse_util.unflatten_dict(frozen)
+
+
+def merge_trained(trained: Any, frozen: Any) -> Any:
+    """The inverse of `split_trained`."""
+    if frozen is None:
+        return trained
+    flat = {**traverse_util.flatten_dict(trained), **traverse_util.flatten_dict(frozen)}
+    return traverse_util.unflatten_dict(flat)
+
+
+def create_state(apply_fn: Callable[..., Any], params: Any, tx: Any) -> TrainState:
+    """A train state at step 0 whose optimizer holds state for what trains only
+    (`split_trained`): under LoRA no moments for the frozen base."""
+    return TrainState(
+        step=0,
+        apply_fn=apply_fn,
+        params=params,
+        tx=tx,
+        opt_state=tx.init(split_trained(params)[0]),
+    )
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -130,12 +175,17 @@ def train_step(
         )
         return _weighted_mean(loss(scores, batch["label"]), batch["row_weight"])
 
-    value, grads = jax.value_and_grad(loss_fn)(state.params)
+    trained, frozen = split_trained(state.params)
+    value, grads = jax.value_and_grad(lambda p: loss_fn(merge_trained(p, frozen)))(trained)
     if axis_name is not None:
         grads = jax.lax.pmean(grads, axis_name)
         value = jax.lax.pmean(value, axis_name)
     metrics = {"loss": value, "grad_norm": optax.tree.norm(grads)}
-    return state.apply_gradients(grads=grads), metrics
+    if frozen is None:
+        return state.apply_gradients(grads=grads), metrics
+    updates, opt_state = state.tx.update(grads, state.opt_state, trained)
+    params = merge_trained(optax.apply_updates(trained, updates), frozen)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
 def train_steps(

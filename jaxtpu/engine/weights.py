@@ -23,6 +23,7 @@ from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import get_family, rename
 from jaxtpu.core.hf.heads import head_layout
+from jaxtpu.core.lora import ADAPTER_LEAVES, held_in_bf16, initial_a
 from jaxtpu.core.schedules import layer_lr_scale
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
@@ -32,6 +33,7 @@ LEAVES = {
     "embedding": ("weight", False),
     "scale": ("weight", False),  # LayerNorm
     "bias": ("bias", False),
+    **ADAPTER_LEAVES,  # LoRA's A and B (peft's keys, `jaxtpu.core.lora`)
 }
 
 
@@ -112,10 +114,13 @@ def load_params(
     Returns:
       (params, kept): the filled tree (numpy fp32) and the HF keys left at their initial value.
     """
+    # LoRA adapters are the run's own, never a checkpoint's: they keep the template's value
     leaves = {
         hf_key(path[1:] if path[0] == "bert" else path, model_type): (path, leaf)
         for path, leaf in _flatten(template).items()
+        if path[-1] not in ADAPTER_LEAVES
     }
+    adapters = {p: leaf for p, leaf in _flatten(template).items() if p[-1] in ADAPTER_LEAVES}
 
     def hf_shape(path: tuple[str, ...], leaf: Any) -> tuple[int, ...]:
         return tuple(leaf.shape[::-1] if LEAVES[path[-1]][1] else leaf.shape)
@@ -123,7 +128,7 @@ def load_params(
     expected = {key: hf_shape(path, leaf) for key, (path, leaf) in leaves.items()}
     layout = head_layout(model_type, head, answers)
     found, kept = fit_state_dict(model_dir, expected, head_required, layout)
-    flat = {}
+    flat = {p: np.asarray(leaf, np.float32) for p, leaf in adapters.items()}
     for key, (path, leaf) in leaves.items():
         if key in found:
             value = found[key].T if LEAVES[path[-1]][1] else found[key]
@@ -191,9 +196,44 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
             spec.head,
             spec.answer_ids,
         )
+    if spec.lora:
+        params = start_adapters(params, spec.encoder.model_type, cfg.train.seed)
+        params = hold_frozen(params, cfg.train.precision)
     scales = lr_scales(params, spec.encoder, cfg.optim) if cfg.optim.layerwise else None
     if cfg.model.scan_layers:
         module = models.for_run(cfg, spec)
         params = models.stack_for_scan(spec.encoder, params)
         scales = None if scales is None else models.stack_for_scan(spec.encoder, scales)
     return LoadedModel(module, spec.encoder, params, scales)
+
+
+def start_adapters(params: Mapping[str, Any], model_type: str, seed: int) -> dict[str, Any]:
+    """Every LoRA adapter at its start (`jaxtpu.core.lora.initial_a` for A, zeros for B): the
+    A the torch side (peft) starts from too, for the same seed."""
+    flat = _flatten(params)
+    for path, leaf in flat.items():
+        if path[-1] == "lora_a":
+            fan_in, rank = leaf.shape
+            flat[path] = initial_a(hf_key(path[1:], model_type), fan_in, rank, seed).T
+        elif path[-1] == "lora_b":
+            flat[path] = np.zeros(leaf.shape, np.float32)
+    return _unflatten(flat)
+
+
+def hold_frozen(params: Mapping[str, Any], precision: str) -> dict[str, Any]:
+    """A LoRA run's params as it holds them: in a bf16 run every frozen matrix in bf16
+    (`jaxtpu.core.lora.held_in_bf16`), the rest as they are; arrays or, for a program's
+    shapes, `jax.ShapeDtypeStruct`s."""
+    if precision != "bf16":
+        return dict(params)
+    import jax
+    import ml_dtypes
+
+    flat = _flatten(params)
+    for path, leaf in flat.items():
+        if held_in_bf16(path):
+            if isinstance(leaf, jax.ShapeDtypeStruct):
+                flat[path] = jax.ShapeDtypeStruct(leaf.shape, ml_dtypes.bfloat16)
+            else:
+                flat[path] = np.asarray(leaf, ml_dtypes.bfloat16)
+    return _unflatten(flat)

@@ -6,6 +6,8 @@ params initialised, abstract (shapes only) or as zeros. The layers are in `jaxtp
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ import numpy as np
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.lora import LoraSpec
 from jaxtpu.models import layers
 from jaxtpu.models.head import Classifier
 
@@ -29,6 +32,7 @@ def create_module(
     matmul_output: str = "fp32",
     head: str = "jaxtpu",
     segment_sep: int = -1,
+    lora: LoraSpec | None = None,
 ) -> Classifier:
     """The model with fp32 storage and the compute dtype of `precision` (every task shares it;
     `Task.example_shape` says what its inputs look like); `remat` is a key of `REMAT` or
@@ -36,10 +40,11 @@ def create_module(
     `pooling` one of `jaxtpu.core.hf.families.POOLINGS` (None = the family's default);
     `matmul_output` the bf16 matmuls' result dtype ('fp32' or 'bf16'); `head` 'jaxtpu' or
     'hf' (the family's own classification head); `segment_sep` the separator of text pairs'
-    token types (`RunSpec.segment_sep`, -1: none)."""
+    token types (`RunSpec.segment_sep`, -1: none); `lora` the adapters on its dense layers
+    (`jaxtpu.models.layers.LoraDense`), or None."""
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
     return Classifier(
-        cfg,
+        dataclasses.replace(cfg, lora=lora),
         head_dropout=head_dropout,
         dtype=dtype,
         param_dtype=jnp.float32,
@@ -67,6 +72,7 @@ def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
         spec.matmul_output,
         spec.head,
         spec.segment_sep,
+        spec.lora,
     )
 
 

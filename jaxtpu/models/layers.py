@@ -5,6 +5,7 @@ Architecture only: knows nothing of devices."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import flax.linen as nn
@@ -14,6 +15,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.lora import LoraSpec
 from jaxtpu.models import ops
 
 Dtype = jnp.dtype
@@ -32,6 +34,17 @@ def dense(
     result in `out` (`--matmul-output`)."""
     mixed = partial(ops.mixed_dot_general, out=out)
     extra = {"dot_general": mixed} if dtype == jnp.bfloat16 else {}
+    if cfg.lora and name in cfg.lora.targets:
+        return LoraDense(
+            features,
+            cfg.lora,
+            use_bias=use_bias,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            kernel_init=nn.initializers.normal(cfg.initializer_range),
+            name=name,
+            **extra,
+        )
     return nn.Dense(
         features,
         dtype=dtype,
@@ -41,6 +54,45 @@ def dense(
         name=name,
         **extra,
     )
+
+
+class LoraDense(nn.Module):
+    """A frozen dense layer plus a LoRA adapter (`jaxtpu.core.lora`): x W + b + (alpha / r)
+    dropout(x) A B, params `kernel` and `bias` as `nn.Dense` names them and `lora_a` (in, r),
+    `lora_b` (r, out, zeros at init). Every matmul as `dense` makes it. The dropout draws
+    from the `dropout` stream when the call has one (training) and is off otherwise, as peft's
+    is in `eval()`."""
+
+    features: int
+    lora: LoraSpec
+    use_bias: bool = True
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    kernel_init: nn.initializers.Initializer = nn.initializers.normal(0.02)
+    dot_general: Callable[..., jax.Array] | None = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        lora, width = self.lora, x.shape[-1]
+        kernel = self.param("kernel", self.kernel_init, (width, self.features), self.param_dtype)
+        bias = (
+            self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
+            if self.use_bias
+            else None
+        )
+        zeros, rank = nn.initializers.zeros, lora.rank
+        a = self.param("lora_a", zeros, (width, rank), self.param_dtype)  # seeded on load
+        b = self.param("lora_b", zeros, (rank, self.features), self.param_dtype)
+        dot = self.dot_general or jax.lax.dot_general
+        dims = (((x.ndim - 1,), (0,)), ((), ()))
+        inputs, kernel, a, b = (t.astype(self.dtype) for t in (x, kernel, a, b))
+        y = dot(inputs, kernel, dims)
+        if bias is not None:
+            y = y + bias.astype(self.dtype)
+        dropped = ops.Dropout(lora.dropout)(inputs, deterministic=not self.has_rng("dropout"))
+        low = dot(dropped, a, dims).astype(self.dtype)
+        update = dot(low, b, dims) * jnp.asarray(lora.scaling, jnp.float32)
+        return y + update.astype(y.dtype)
 
 
 def layer_dense(module: nn.Module, features: int, name: str, use_bias: bool = True) -> nn.Dense:

@@ -17,6 +17,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.run import plan
 from jaxtpu.core.schedules import Horizon
+from jaxtpu.engine import weights
 from jaxtpu.preflight.targets import platform_of
 
 
@@ -60,10 +61,10 @@ def abstract_run(
 
     module = models.for_run(cfg, spec)
     params = models.abstract_params(module, spec.task.example_shape(cfg.data.max_len))
+    if spec.lora:
+        params = weights.hold_frozen(params, cfg.train.precision)
     tx = optim.make_optimizer(cfg.optim, horizon, len(devices))
-    state = jax.eval_shape(
-        lambda p: steps.TrainState.create(apply_fn=module.apply, params=p, tx=tx), params
-    )
+    state = jax.eval_shape(lambda p: steps.create_state(module.apply, p, tx), params)
     placement = Placement(spec.sharding, *spec.mesh)
     fns = steps.for_task(cfg.task, cfg.train.margin)
     strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement)

@@ -28,18 +28,24 @@ from jaxtpu.core.hf.encoder import (
 )
 from jaxtpu.core.hf.families import default_pooling
 from jaxtpu.core.hf.heads import hf_pooling
+from jaxtpu.core.lora import LoraSpec
 from jaxtpu.core.storage import local_input
 from jaxtpu.core.tasks import Task
 
 
 def model_key(
-    task: str | None, encoder: dict[str, Any] | None, head: str | None = "jaxtpu"
+    task: str | None,
+    encoder: dict[str, Any] | None,
+    head: str | None = "jaxtpu",
+    lora: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What makes two checkpoints compatible, the one spelling of it (a checkpoint's metadata
     carries it): the task, the encoder's `config.json` fields and, when it is not jaxtpu's
-    (checkpoints from before `--head` have none), the head."""
+    (checkpoints from before `--head` have none), the head; a LoRA run's adapters."""
     key = {"task": task, "encoder": encoder}
-    return key if head in (None, "jaxtpu") else {**key, "head": head}
+    if head not in (None, "jaxtpu"):
+        key["head"] = head
+    return {**key, "lora": lora} if lora else key
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class RunSpec:
     segment_sep: int = -1
     # --token-head: the (yes, no) answer token ids whose LM-head rows start the score; ()
     answer_ids: tuple[int, ...] = ()
+    # --lora-rank: the adapters trained on the frozen base (`jaxtpu.core.lora`); None: off
+    lora: LoraSpec | None = None
 
     @classmethod
     def resolve(cls, cfg: Config, devices: int | None = None, platform: str = "") -> RunSpec:
@@ -162,6 +170,20 @@ class RunSpec:
                     f"llama); {why}"
                 )
             answers = answer_ids(tokenizer_from or packaged_minilm_dir(), model.answer_tokens)
+        lora = model.lora
+        if lora:
+            kind = enc.family.kind
+            if not kind.lora_targets:
+                raise ConfigError(
+                    f"--lora-rank on {enc.model_type}: jaxtpu adapts the decoders (qwen3, "
+                    f"qwen2, llama) with LoRA, not the {kind.name} layer kind; train it whole"
+                )
+            unknown = [t for t in lora.targets if t not in kind.lora_targets]
+            if unknown:
+                raise ConfigError(
+                    f"--lora-targets {','.join(unknown)}: not a dense layer of {enc.model_type}; "
+                    f"one or more of {','.join(kind.lora_targets)}"
+                )
         if "segment_sep" in known:
             segment_sep = int(known["segment_sep"])
         elif cfg.task.text_pairs and enc.type_vocab_size >= 2:
@@ -181,6 +203,7 @@ class RunSpec:
             matmul_output=resolve_matmul_output(cfg.model.matmul_output, platform),
             segment_sep=segment_sep,
             answer_ids=answers,
+            lora=lora,
         )
 
     @property
@@ -191,17 +214,22 @@ class RunSpec:
     @property
     def model_key(self) -> dict[str, Any]:
         """What a checkpoint of this run must match (`model_key`)."""
-        return model_key(self.task.name, self.encoder.to_hf_dict(), self.head)
+        lora = self.lora.to_dict() if self.lora else None
+        return model_key(self.task.name, self.encoder.to_hf_dict(), self.head, lora)
 
-    def describe_model(self, n_params: int, seed: int) -> str:
-        """The start-up line both sides print: family, shape, size, pooling, where from."""
+    def describe_model(self, n_params: int, seed: int, n_trained: int | None = None) -> str:
+        """The start-up line both sides print: family, shape, size, pooling, where from, and
+        under LoRA its adapters and the parameters that train (`n_trained`)."""
         enc = self.encoder
+        lora = ""
+        if self.lora:
+            lora = f", {self.lora.describe()}: {(n_trained or 0) / 1e6:.2f}M params train"
         return (
             f"{enc.model_type} ({enc.family.architecture}), {enc.num_hidden_layers} layers x "
             f"{enc.hidden_size} hidden, {n_params / 1e6:.1f}M params, "
             + ("its own classification head, " if self.head == "hf" else "")
             + f"pooling {self.pooling} ({self.pooling_from}), from "
-            f"{self.weights or f'random init (seed {seed})'}"
+            f"{self.weights or f'random init (seed {seed})'}{lora}"
         )
 
     def describe_placement(self) -> str:
@@ -227,6 +255,7 @@ class RunSpec:
             "matmul_output": self.matmul_output,
             "segment_sep": self.segment_sep,
             "answer_ids": list(self.answer_ids),
+            "lora": self.lora.to_dict() if self.lora else None,
         }
 
 

@@ -24,6 +24,8 @@ from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
 from jaxtpu.core.flags.values import parse_buckets, parse_trackers
 from jaxtpu.core.hf.families import FAMILIES, POOLINGS
+from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS
+from jaxtpu.core.lora import LoraSpec
 from jaxtpu.core.tasks import LABEL_COLUMNS, RANKING_MARGIN, TASKS, Task, get_task, monitor_names
 
 PRECISIONS = ("fp32", "bf16")
@@ -198,6 +200,30 @@ class ModelConfig:
         "--token-head: the answer that means 'toxic' (or 'breaks the rule') and the one that "
         "means not, each one token of the model's tokenizer.",
     )
+    lora_rank: int = _f(
+        0,
+        "LoRA: train a rank-R adapter on each --lora-targets layer and the head, with the base "
+        "model frozen (no gradient, no optimizer state) and, in a bf16 run, held in bf16: what "
+        "makes a decoder of billions of parameters fit. 0 = off (every parameter trains). The "
+        "torch side is peft's LoraConfig/get_peft_model.",
+        bounds=Bounds(0, 4096),
+    )
+    lora_alpha: float = _f(
+        -1.0,
+        "LoRA: the update is scaled by alpha / rank (peft's lora_alpha); -1 = 2 x --lora-rank, "
+        "as the Agile Community Rules solutions set it.",
+        bounds=Bounds(0, 1e6, lo_open=True, special=(-1.0,)),
+    )
+    lora_dropout: float = _f(
+        0.0,
+        "LoRA: dropout on each adapter's input while training (peft's lora_dropout).",
+        bounds=Bounds(0, 1, hi_open=True),
+    )
+    lora_targets: str = _f(
+        ",".join(DECODER_PROJECTIONS),
+        "LoRA: the dense layers adapted, by their Hugging Face module names (peft's "
+        "target_modules); default every projection of a decoder layer.",
+    )
     scan_layers: bool = _f(
         False,
         "jaxtpu: run the encoder layers as one nn.scan over stacked weights: compiles one "
@@ -217,7 +243,27 @@ class ModelConfig:
         side="jax",
     )
 
+    @property
+    def lora(self) -> LoraSpec | None:
+        """The run's adapters (`jaxtpu.core.lora`), None without --lora-rank."""
+        if not self.lora_rank:
+            return None
+        alpha = 2.0 * self.lora_rank if self.lora_alpha == -1 else self.lora_alpha
+        targets = tuple(t.strip() for t in self.lora_targets.split(",") if t.strip())
+        return LoraSpec(self.lora_rank, alpha, self.lora_dropout, targets)
+
     def check(self) -> None:
+        targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        if self.lora_rank and not targets:
+            raise ConfigError("--lora-targets is empty: name the dense layers LoRA adapts")
+        if not self.lora_rank:
+            lora_set = [
+                f"--{name.replace('_', '-')}"
+                for name in ("lora_alpha", "lora_dropout", "lora_targets")
+                if getattr(self, name) != getattr(ModelConfig(), name)
+            ]
+            if lora_set:
+                raise ConfigError(f"{', '.join(lora_set)} without --lora-rank: LoRA is off")
         if self.token_head and self.head != "hf":
             raise ConfigError(
                 "--token-head starts the decoder's own classification head (--head hf) from "
@@ -227,6 +273,11 @@ class ModelConfig:
             raise ConfigError(
                 f"--init-from {self.init_from} needs --model-dir: the Hugging Face directory "
                 "with the checkpoint's config.json and tokenizer"
+            )
+        if self.lora_rank and self.init_from:
+            raise ConfigError(
+                f"--lora-rank with --init-from {self.init_from}: jaxtpu does not start LoRA "
+                "from a notebook's state dict; start from --model-dir"
             )
         if self.hidden_size % self.num_heads:
             raise ConfigError(

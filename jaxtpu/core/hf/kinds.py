@@ -28,6 +28,10 @@ from jaxtpu.core.errors import ConfigError
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
+# A decoder layer's dense modules: attention's four projections and SwiGLU's three.
+DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 def _no_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -> dict[str, Any]:
     return {}
 
@@ -72,6 +76,9 @@ class LayerKind:
     # causal attention: a token sees itself and the tokens before it (the decoders), so the
     # first token's state says nothing of the text
     causal: bool = False
+    # the dense modules `--lora-rank` may adapt, by their Hugging Face names (peft's
+    # target_modules); () = the kind has no LoRA
+    lora_targets: tuple[str, ...] = ()
 
 
 def scan_period(layer_types: tuple[str, ...]) -> int:
@@ -277,6 +284,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
             capture=("embed_tokens", ("self_attn", "mlp", ""), "norm"),
             renamed_capture=True,
             causal=True,
+            lora_targets=DECODER_PROJECTIONS,
         ),
     )
 }

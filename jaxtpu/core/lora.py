@@ -1,0 +1,99 @@
+"""LoRA, what both sides share: the run's adapters (`LoraSpec`, from --lora-*), which
+parameters train under them, the adapters' seeded start, and peft's names for them.
+
+A LoRA layer is a frozen dense layer W plus a trained low-rank update: y = x W + (alpha / r)
+dropout(x) A B, with A (in, r) and B (r, out) in jaxtpu's layout (peft's `lora_A.weight` is
+A transposed, (r, in); `lora_B.weight` is B transposed, (out, r)). B starts at zero, so a new
+adapter changes nothing; A starts as peft starts it, uniform in +-1/sqrt(in) (torch's
+`kaiming_uniform_(a=sqrt(5))`), drawn here from one seeded numpy stream per tensor, so the
+JAX side and the torch side (peft) start from the same A without sharing a file. Under LoRA
+the base model is frozen (no gradient, no optimizer state) and, in a bf16 run, held in bf16;
+the adapters and the classification head train in fp32. Framework-free: no JAX, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+# The params of one adapted layer, as jaxtpu names them, and their Hugging Face (peft) keys
+# below the layer's module, each with whether jaxtpu's array is the transpose of peft's.
+ADAPTER_LEAVES = {"lora_a": ("lora_A.weight", True), "lora_b": ("lora_B.weight", True)}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A run's adapters (`--lora-rank`, `--lora-alpha`, `--lora-dropout`, `--lora-targets`):
+    rank r, alpha (the update is scaled by alpha / r, peft's `scaling`), the dropout on the
+    adapters' input, and the dense modules adapted, in Hugging Face's names."""
+
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ()
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "dropout": self.dropout,
+            "targets": list(self.targets),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> LoraSpec | None:
+        if not d:
+            return None
+        return cls(int(d["rank"]), float(d["alpha"]), float(d["dropout"]), tuple(d["targets"]))
+
+    def describe(self) -> str:
+        return f"LoRA r={self.rank} alpha={self.alpha:g} dropout={self.dropout:g} on " + ",".join(
+            self.targets
+        )
+
+
+def has_adapters(paths: object) -> bool:
+    """Whether a model's parameter paths (tuples of names) include LoRA adapters."""
+    return any(path[-1] in ADAPTER_LEAVES for path in paths)  # type: ignore[union-attr]
+
+
+def trains(path: tuple[str, ...]) -> bool:
+    """Under LoRA, whether the parameter at `path` (jaxtpu's names: the encoder under
+    `bert`, the head outside it) trains: the adapters and the head do, the base does not."""
+    return path[-1] in ADAPTER_LEAVES or path[0] != "bert"
+
+
+def held_in_bf16(path: tuple[str, ...]) -> bool:
+    """Under LoRA in a bf16 run, whether a parameter is held in bf16: every frozen dense
+    kernel (nearly all of a decoder's bytes; bf16 matmuls read them in bf16 anyway, so the
+    numbers do not change). The embedding stays fp32, as the residual stream it starts is
+    (in bf16 it would round the stream's first values), as do norm scales, biases, the
+    adapters and the head."""
+    return not trains(path) and path[-1] == "kernel"
+
+
+def initial_a(key: str, fan_in: int, rank: int, seed: int) -> np.ndarray:
+    """The start of adapter A of the layer whose `lora_A.weight` has Hugging Face key `key`:
+    (rank, fan_in) fp32 in peft's layout, uniform in +-1/sqrt(fan_in) (what peft's
+    `kaiming_uniform_(a=sqrt(5))` draws), from a numpy stream of (`seed`, `key`)."""
+    stream = np.random.default_rng([seed, zlib.crc32(key.encode())])
+    bound = 1.0 / math.sqrt(fan_in)
+    return stream.uniform(-bound, bound, (rank, fan_in)).astype(np.float32)
+
+
+def peft_key(name: str) -> str:
+    """A peft model's parameter name -> the Hugging Face key jaxtpu gives it: peft's wrapper
+    (`base_model.model.`), the adapter's name (`.default`) and the frozen layer's
+    (`.base_layer`) taken out, so `layers.0.self_attn.q_proj.lora_A.default.weight` is
+    `layers.0.self_attn.q_proj.lora_A.weight` and the frozen weight keeps its plain key."""
+    name = name.removeprefix("base_model.model.")
+    for part in (".default.", ".base_layer."):
+        name = name.replace(part, ".")
+    return name
