@@ -34,7 +34,8 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.hf.directory import export_tokenizer, notebook_state_dict
-from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout
+from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout, hf_head
+from jaxtpu.core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config, adapter_tensors
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.storage import check_output_path
 from jaxtpu.engine import weights
@@ -87,6 +88,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         layout = head_layout(model.spec.encoder.model_type, model.spec.head)
         if spec_task.aux_columns and not args.all_outputs:
             params = task_head(params, spec_task.main_outputs, layout.output)
+        lora = model.spec.lora
+        if args.merge and not lora:
+            raise UserError(
+                f"--merge merges a LoRA run's adapters into its weights; {args.workdir} trained "
+                "every weight (no --lora-rank): export it without --merge"
+            )
+        if lora and args.format == "hf" and not args.merge:
+            if layout.kind != "hf":
+                raise UserError(
+                    "this LoRA run trained jaxtpu's head, which is not a transformers module, so "
+                    "its adapters are not a peft adapter of a transformers classifier: export it "
+                    "with --merge"
+                )
+            _export_adapter(args, model, params, outputs)
+            return 0
+        if lora:
+            params = weights.merge_adapters(params, lora)
+            print(f"merged the run's adapters ({lora.describe()}) into its weights")
         if args.format == "state-dict":
             if layout.kind == "hf":
                 raise UserError(
@@ -174,6 +193,36 @@ def _export_directory(
     else:
         name = architecture(enc.model_type, enc.family.architecture)
         print(f"exported step {step} ({task}) to {out} as a {name} ({', '.join(outputs)})")
+
+
+def _export_adapter(args: argparse.Namespace, model: Any, params: dict, outputs: list[str]) -> None:
+    """--format hf of a LoRA run: a peft adapter directory (`adapter_config.json`,
+    `adapter_model.safetensors`: the adapters and the classification head, which trained in
+    full) and the tokenizer, for `PeftModel.from_pretrained` on the family's
+    `AutoModelForSequenceClassification` of the base model the run started from."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    out, step, task = args.out, model.meta.get("step"), model.cfg.train.task
+    spec, lora = model.spec, model.spec.lora
+    layout = hf_head(spec.encoder.model_type)
+    encoder, head = weights.to_state_dicts(params, spec.encoder.model_type)
+    tensors = adapter_tensors(encoder, head, layout.prefix)
+    head_modules = sorted({key.split(".", 1)[0] for key in head})
+    config = adapter_config(lora, spec.model_dir, head_modules)
+    merged = architecture(spec.encoder.model_type, spec.encoder.family.architecture)
+    with storage.staged_dir(out) as staging:  # `out` appears only when complete
+        save_file(tensors, str(staging / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        (staging / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        export_tokenizer(model.tokenizer_dir, staging)
+    print(
+        f"exported step {step} ({task}) to {out} as a peft LoRA adapter ({lora.describe()}; "
+        f"{len(tensors)} tensors, the head {', '.join(head_modules)} in full) for the base "
+        f"model {spec.model_dir}: PeftModel.from_pretrained("
+        f"AutoModelForSequenceClassification.from_pretrained(BASE, num_labels={len(outputs)}), "
+        f"OUT); --merge writes the merged {merged} instead"
+    )
 
 
 ONNX_TOLERANCE = 1e-4  # largest |logit difference| from jaxtpu in fp32 an export may have

@@ -49,6 +49,11 @@ FAMILY_TRAJECTORIES = (
 # in `make test`, whose 25 minutes it does not fit yet: a decoder, causal attention and
 # transformers' own head on the last token that is not padding.
 REPORT_FAMILY_TRAJECTORIES = (("qwen3", "toxicity"),)
+# Trajectories of a family with extra flags on both sides, in the report only for the same
+# reason: Qwen3 with LoRA (rank 4, alpha 8, every projection; the head in full), peft's
+# adapters on the torch side, at a rate at which the adapters move in 21 steps.
+VARIANT_FLAGS = {"lora": ["--lora-rank", "4", "--lora-alpha", "8", "--lr", "2e-3"]}
+REPORT_VARIANT_TRAJECTORIES = (("qwen3", "toxicity", "lora"),)
 # The tasks of the bucketed trajectories: the rules task's text pairs on the tiny BERT, whose
 # token types they set (its one-comment BCE is toxicity's, which the 8-device trajectories
 # hold), and ranking's pairs of comments.
@@ -310,11 +315,12 @@ def weighted_sample(work: Path) -> Path:
     return out
 
 
-def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result:
+def family_trajectory(work: Path, family: str, task: str = "toxicity", variant: str = "") -> Result:
     """21 fp32 steps on 8 devices with dropout off from one init of a family's checkpoint, with
     a notebook's recipe knobs (`RECIPE_FLAGS`): jaxtpu jit against torch_xla spmd, each with
     its own command line. The multi-label one weights its rows' losses and learns two
-    auxiliary targets (`weighted_sample`)."""
+    auxiliary targets (`weighted_sample`). `variant` names flags of `VARIANT_FLAGS` added to
+    both sides (`lora`: adapters on the frozen base, peft's on the torch side)."""
     weighted, aux = [], ""
     if task == "multilabel":
         aux = "aux_a,aux_b"
@@ -341,15 +347,16 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity") -> Result
         *weighted,
         *RECIPE_FLAGS.get(task, []),
         *FAMILY_FLAGS.get(family, []),
+        *VARIANT_FLAGS.get(variant, []),
     ]
-    name = f"{family}-{task}-{head}"
+    name = f"{family}-{task}-{head}{f'-{variant}' if variant else ''}"
     ref = run_side("torch", work / f"traj-{name}-spmd", *flags, "--parallel", "spmd").check()
     run = run_side("jax", work / f"traj-{name}-jit", *flags, "--parallel", "jit").check()
     rel = relative_diff(run.losses, ref.losses)
     worst = max(rel)
     return Result(
-        f"trajectory {family} {task} fp32{' (its own head)' if head == 'hf' else ''}: jaxtpu "
-        "jit vs torch_xla spmd, 8 devices",
+        f"trajectory {family} {task}{f' {variant}' if variant else ''} fp32"
+        f"{' (its own head)' if head == 'hf' else ''}: jaxtpu jit vs torch_xla spmd, 8 devices",
         TRAJ_FP32_RTOL,
         worst,
         worst <= TRAJ_FP32_RTOL and len(rel) >= 20,

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from parity_tests import checks, families
+from parity_tests import checks, families, lora
 
 
 def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.Result]:
@@ -33,8 +33,19 @@ def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.
             lambda: checks.families_forward(work, families.DECODER_NAMES),
         ),
         *[
+            (f"lora: forward + gradients {f}", lambda f=f: lora.forward_and_gradients(work, f))
+            for f in families.DECODER_NAMES
+        ],
+        *[
             (f"trajectory {f} {t}", lambda f=f, t=t: [checks.family_trajectory(work, f, t)])
             for f, t in checks.FAMILY_TRAJECTORIES + checks.REPORT_FAMILY_TRAJECTORIES
+        ],
+        *[
+            (
+                f"trajectory {f} {t} {v}",
+                lambda f=f, t=t, v=v: [checks.family_trajectory(work, f, t, v)],
+            )
+            for f, t, v in checks.REPORT_VARIANT_TRAJECTORIES
         ],
         *[
             (f"bucketed trajectory {t}", lambda t=t: [checks.bucketed_trajectory(work, t)])

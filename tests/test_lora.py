@@ -66,107 +66,16 @@ def test_the_lora_flags_resolve_and_refuse_in_one_line(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.torch  # peft imports accelerate, which imports torch_xla
-@pytest.mark.parametrize("name", ["qwen3", "qwen2"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen2"])  # Qwen2: the q/k/v biases too
 def test_lora_matches_peft_forward_and_gradients_in_fp32(name, tmp_path):
-    """Both sides' adapters given the same nonzero A and B (B starts at zero, where A gets no
-    gradient and the adapters change nothing), on every projection: logits, and the gradient
-    of every adapter and of the head, against peft on transformers' own classifier."""
-    torch = pytest.importorskip("torch", reason="the peft reference needs torch")
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
-    import jax
-    import optax
+    """`parity_tests.lora`: logits and the gradients of every adapter and of the head against
+    peft on transformers' own classifier, right and left padding."""
+    pytest.importorskip("peft")
+    from parity_tests.lora import forward_and_gradients
 
-    from jaxtpu.engine import steps, weights
-    from parity_tests.families import build
-
-    base = build(name, tmp_path / "base")
-    config = transformers.AutoConfig.from_pretrained(str(base))
-    config.num_labels = 1
-    torch.manual_seed(0)
-    clf = transformers.AutoModelForSequenceClassification.from_config(config)
-    clf.model.load_state_dict(transformers.AutoModel.from_pretrained(str(base)).state_dict())
-    with torch.no_grad():
-        clf.score.weight.normal_(0, 0.5)
-    clf.save_pretrained(str(tmp_path / "clf"))
-    tok = transformers.AutoTokenizer.from_pretrained(str(base))
-    tok.save_pretrained(str(tmp_path / "clf"))
-
-    cfg = Config().replace(
-        model_dir=str(tmp_path / "clf"), head="hf", precision="fp32", max_len=40, lora_rank=4
-    )
-    spec = RunSpec.resolve(cfg, 1)
-    model = weights.load_model(cfg, spec, head_required=True)
-    flat = {k: np.asarray(v) for k, v in _flatten(model.params).items()}
-    draw = np.random.default_rng(7)
-    for path in flat:
-        if path[-1] == "lora_b":  # nonzero, so that A has a gradient to compare
-            flat[path] = draw.normal(0, 0.3, flat[path].shape).astype(np.float32)
-    params = _unflatten(flat)
-
-    peft_model = peft.get_peft_model(
-        clf.train(False),
-        peft.LoraConfig(
-            task_type="SEQ_CLS",
-            r=4,
-            lora_alpha=8,
-            lora_dropout=0.0,
-            target_modules=TARGETS.split(","),
-        ),
-    )
-    ours_by_key = {weights.hf_key(path[1:], name): (path, value) for path, value in flat.items()
-                   if path[-1] in ("lora_a", "lora_b")}  # fmt: skip
-    theirs = dict(peft_model.named_parameters())
-    adapters = {n: p for n, p in theirs.items() if ".lora_" in n}
-    assert len(adapters) == len(ours_by_key) == 2 * 7 * config.num_hidden_layers
-    with torch.no_grad():
-        for n, p in adapters.items():
-            p.copy_(torch.from_numpy(ours_by_key[peft_key(n).removeprefix("model.")][1].T.copy()))
-    head = next(p for n, p in theirs.items() if n.endswith("score.modules_to_save.default.weight"))
-    assert np.allclose(head.detach().numpy(), flat[("score", "kernel")].T)
-
-    trained, frozen = steps.split_trained(params)
-    assert set(_flatten(trained)) == {p for p in flat if p[-1] in ("lora_a", "lora_b")} | {
-        ("score", "kernel")
-    }
-    texts = read_comments(SAMPLE_CSV).texts[:40:4]
-    labels = (np.arange(len(texts)) % 2).astype(np.float32)
-    for side in ("right", "left"):
-        tok.padding_side = side
-        batch = tok(
-            texts, max_length=40, truncation=True, padding="max_length", return_tensors="np"
-        )
-        ids, mask = batch["input_ids"].astype(np.int32), batch["attention_mask"].astype(np.int32)
-        assert (mask.sum(1) < 40).any() and (mask.sum(1) == 40).any()
-
-        def loss(p, ids=ids, mask=mask):
-            logits = model.module.apply({"params": steps.merge_trained(p, frozen)}, ids, mask)
-            return optax.sigmoid_binary_cross_entropy(logits, labels).mean(), logits
-
-        (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(trained)
-        peft_model.zero_grad()
-        out = peft_model(
-            input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long()
-        )
-        torch.nn.functional.binary_cross_entropy_with_logits(
-            out.logits[:, 0], torch.from_numpy(labels)
-        ).backward()
-        ref = out.logits[:, 0].detach().numpy()
-        # within 1e-5 of the logits' scale, as the families' forward check measures
-        assert np.abs(np.asarray(logits) - ref).max() < 1e-5 * np.abs(ref).max(), side
-        ours_grads = _flatten(grads)
-        worst = 0.0
-        for n, p in adapters.items():
-            g = np.asarray(ours_grads[ours_by_key[peft_key(n).removeprefix("model.")][0]]).T
-            ref = p.grad.numpy()
-            worst = max(worst, np.abs(g - ref).max() / np.abs(ref).max())
-        g_head = np.asarray(ours_grads[("score", "kernel")]).T
-        worst = max(
-            worst, np.abs(g_head - head.grad.numpy()).max() / np.abs(head.grad.numpy()).max()
-        )
-        assert worst < 1e-4, (side, worst)
-        # the base is frozen on peft's side too: no gradient reaches it
-        assert all(p.grad is None for n, p in theirs.items() if not p.requires_grad)
+    results = forward_and_gradients(tmp_path, name)
+    assert len(results) == 4
+    assert all(r.passed for r in results), [(r.check, r.measured, r.detail) for r in results]
 
 
 @pytest.mark.model
@@ -213,3 +122,52 @@ def _unflatten(flat):
             node = node.setdefault(k, {})
         node[path[-1]] = v
     return tree
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+@pytest.mark.torch  # peft imports accelerate, which imports torch_xla
+def test_a_lora_run_exports_a_peft_adapter_and_a_merged_model_that_score_as_it_does(tmp_path):
+    """Train a Qwen3 LoRA run (fp32, 6 steps), score it with jaxtpu, export it as a peft
+    adapter and merged: peft's `PeftModel.from_pretrained` on transformers' classifier of the
+    base, and transformers' classifier of the merged directory, give jaxtpu's logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    import json
+
+    import jaxtpu
+    from jaxtpu import export
+    from parity_tests.families import build
+    from tests.helpers import cli
+
+    base = build("qwen3", tmp_path / "base")
+    wd = tmp_path / "run"
+    flags = ["--model-dir", base, "--head", "hf", "--lora-rank", "4", "--lora-dropout", "0.1"]
+    flags += ["--precision", "fp32", "--max-len", "32", "--max-rows", "300", "--max-steps", "6"]
+    proc = cli("jaxtpu.train", *flags, "--workdir", wd, "--lr", "1e-3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LoRA r=4 alpha=8 dropout=0.1" in proc.stdout + proc.stderr
+    texts = read_comments(SAMPLE_CSV).texts[:12] + ["ok"]
+    ours = jaxtpu.load(wd, num_devices=1).logits(texts)
+
+    assert export.main(["--workdir", str(wd), "--out", str(tmp_path / "adapter")]) == 0
+    assert export.main(["--workdir", str(wd), "--out", str(tmp_path / "merged"), "--merge"]) == 0
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["modules_to_save"]) == (4, 8.0, ["score"])
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "adapter"))
+    batch = tok(texts, max_length=32, truncation=True, padding=True, return_tensors="pt")
+    plain = transformers.AutoModelForSequenceClassification.from_pretrained(str(base), num_labels=1)
+    adapted = peft.PeftModel.from_pretrained(plain, str(tmp_path / "adapter")).eval()
+    merged = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(tmp_path / "merged")
+    ).eval()
+    with torch.no_grad():
+        theirs = adapted(**batch).logits[:, 0].double().numpy()
+        merged_logits = merged(**batch).logits[:, 0].double().numpy()
+    assert np.abs(ours - theirs).max() < 1e-5 * max(1.0, np.abs(theirs).max())
+    assert np.abs(merged_logits - theirs).max() < 1e-5 * max(1.0, np.abs(theirs).max())
+    # the adapters trained: without them, the base with the trained head scores otherwise
+    with adapted.disable_adapter(), torch.no_grad():
+        bare = adapted(**batch).logits[:, 0].double().numpy()
+    assert np.abs(bare - theirs).max() > 1e-3

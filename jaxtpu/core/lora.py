@@ -97,3 +97,45 @@ def peft_key(name: str) -> str:
     for part in (".default.", ".base_layer."):
         name = name.replace(part, ".")
     return name
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # what a peft model's saved keys start with
+
+
+def adapter_config(lora: LoraSpec, base: str | None, head_modules: list[str]) -> dict:
+    """The `adapter_config.json` of a peft LoRA adapter for sequence classification: what
+    `PeftModel.from_pretrained` reads (peft fills the fields it does not find with its
+    defaults); `head_modules` are the classification head's modules, trained in full and
+    saved with the adapter (peft's `modules_to_save`)."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "SEQ_CLS",
+        "base_model_name_or_path": base,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": list(lora.targets),
+        "modules_to_save": head_modules,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+    }
+
+
+def adapter_tensors(
+    encoder: dict[str, np.ndarray], head: dict[str, np.ndarray], encoder_prefix: str
+) -> dict[str, np.ndarray]:
+    """A peft adapter's tensors, as `save_pretrained` keys them, from a model's state dicts
+    in Hugging Face keys (`encoder`: the adapters are its `lora_A`/`lora_B` keys; `head`: the
+    classification head's keys, e.g. `score.weight`); `encoder_prefix` is where the
+    `*ForSequenceClassification` model holds its encoder (`model` for the decoders)."""
+    out = {
+        f"{PEFT_PREFIX}{encoder_prefix}.{key}": value
+        for key, value in encoder.items()
+        if ".lora_A." in key or ".lora_B." in key
+    }
+    out.update({f"{PEFT_PREFIX}{key}": value for key, value in head.items()})
+    return out

@@ -23,7 +23,7 @@ from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import get_family, rename
 from jaxtpu.core.hf.heads import head_layout
-from jaxtpu.core.lora import ADAPTER_LEAVES, held_in_bf16, initial_a
+from jaxtpu.core.lora import ADAPTER_LEAVES, LoraSpec, held_in_bf16, initial_a
 from jaxtpu.core.schedules import layer_lr_scale
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
@@ -236,4 +236,15 @@ def hold_frozen(params: Mapping[str, Any], precision: str) -> dict[str, Any]:
                 flat[path] = jax.ShapeDtypeStruct(leaf.shape, ml_dtypes.bfloat16)
             else:
                 flat[path] = np.asarray(leaf, ml_dtypes.bfloat16)
+    return _unflatten(flat)
+
+
+def merge_adapters(params: Mapping[str, Any], lora: LoraSpec) -> dict[str, Any]:
+    """LoRA params -> the plain model's, fp32: each adapted kernel W + (alpha / r) A B, the
+    adapters dropped (what peft's `merge_and_unload` does)."""
+    flat = {path: np.asarray(leaf, np.float32) for path, leaf in _flatten(params).items()}
+    for path in [p for p in flat if p[-1] == "lora_a"]:
+        module = path[:-1]
+        a, b = flat.pop(path), flat.pop(module + ("lora_b",))
+        flat[module + ("kernel",)] = flat[module + ("kernel",)] + np.float32(lora.scaling) * (a @ b)
     return _unflatten(flat)

@@ -186,6 +186,13 @@ class ExportFlags:
         "fc1", "state-dict: the module attribute holding the Linear(hidden, 1) head."
     )
     overwrite: bool = _c(False, "state-dict: replace an existing --out.")
+    merge: bool = _c(
+        False,
+        "A LoRA run (--lora-rank): write the plain model, each adapter merged into its layer's "
+        "weight (W + alpha/r A B, peft's merge_and_unload), instead of the peft adapter "
+        "directory (adapter_config.json + adapter_model.safetensors) that --format hf writes "
+        "for one. ONNX and state-dict exports of a LoRA run are always merged.",
+    )
     all_outputs: bool = _c(
         False,
         "A run trained with --aux-columns: keep the head's auxiliary outputs (listed in "
