@@ -147,7 +147,11 @@ def test_a_lora_run_exports_a_peft_adapter_and_a_merged_model_that_score_as_it_d
     flags += ["--precision", "fp32", "--max-len", "32", "--max-rows", "300", "--max-steps", "6"]
     proc = cli("jaxtpu.train", *flags, "--workdir", wd, "--lr", "1e-3")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "LoRA r=4 alpha=8 dropout=0.1" in proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "LoRA r=4 alpha=8 dropout=0.1 on q_proj,k_proj,v_proj,o_proj,gate_proj" in said
+    # what trains: per layer r x (in + out) of q 32->64, k and v 32->32, o 64->32, gate and
+    # up 32->48, down 48->32 (4 x 560 = 2,240), two layers, and the head's 32 weights
+    assert "4,512 params train" in said, said[-2000:]
     texts = read_comments(SAMPLE_CSV).texts[:12] + ["ok"]
     ours = jaxtpu.load(wd, num_devices=1).logits(texts)
 
@@ -171,3 +175,27 @@ def test_a_lora_run_exports_a_peft_adapter_and_a_merged_model_that_score_as_it_d
     with adapted.disable_adapter(), torch.no_grad():
         bare = adapted(**batch).logits[:, 0].double().numpy()
     assert np.abs(bare - theirs).max() > 1e-3
+
+    # --init-from the adapter continues from it, on both sides: before any step, the run's
+    # logits (the refusal first: the adapter's own LoRA settings are asked for)
+    from jaxtpu.engine import weights
+    from torchxla_ref.weights import load_model
+
+    again = Config().replace(
+        model_dir=str(base), init_from=str(tmp_path / "adapter"), head="hf", precision="fp32"
+    )
+    with pytest.raises(ConfigError, match="continue it with --lora-rank 4 --lora-alpha 8"):
+        RunSpec.resolve(again.replace(lora_rank=8), 1)
+    again = again.replace(lora_rank=4, lora_alpha=8.0, max_len=32, seed=3)  # another seed's A
+    spec = RunSpec.resolve(again, 1)
+    assert spec.weights == str(base) and spec.adapter == str(tmp_path / "adapter")
+    start = weights.load_model(again, spec)
+    ids = batch["input_ids"].numpy().astype(np.int32)
+    mask = batch["attention_mask"].numpy().astype(np.int32)
+    jax_start = np.asarray(start.module.apply({"params": start.params}, ids, mask))
+    assert np.abs(jax_start - theirs).max() < 1e-5 * max(1.0, np.abs(theirs).max())
+    twin = load_model(spec.encoder, 0.0, spec.weights, 3, "last", 1, "hf", -1, (), spec.lora,
+                      "fp32", spec.adapter).eval()  # fmt: skip
+    with torch.no_grad():
+        torch_start = twin(torch.from_numpy(ids), torch.from_numpy(mask)).double().numpy()
+    assert np.abs(torch_start - theirs).max() < 1e-5 * max(1.0, np.abs(theirs).max())

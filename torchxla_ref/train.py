@@ -72,6 +72,7 @@ def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBacken
         spec.answer_ids,
         spec.lora,
         cfg.train.precision,
+        spec.adapter,
     ).to(strategy.device)
     optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.horizon, len(devices))
     n_params = sum(p.numel() for p in model.parameters())

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import torch
 
+from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.core.hf.heads import head_layout
-from jaxtpu.core.lora import LoraSpec, initial_a, peft_key
+from jaxtpu.core.hf.heads import head_layout, hf_head
+from jaxtpu.core.lora import LoraSpec, initial_a, peft_key, read_adapter, split_adapter
 from torchxla_ref.models import Classifier
 
 
@@ -27,6 +28,7 @@ def load_model(
     answers: tuple[int, ...] = (),
     lora: LoraSpec | None = None,
     precision: str = "fp32",
+    adapter: str | None = None,
 ) -> Classifier:
     """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
     directory has one) through `jaxtpu.core.hf.directory.fit_state_dict`, as on the JAX side.
@@ -45,19 +47,25 @@ def load_model(
         state.update({names[k]: torch.from_numpy(v) for k, v in found.items()})
         model.load_state_dict(state, strict=True)
     if lora:
-        add_adapters(model, lora, enc.model_type, seed, precision)
+        add_adapters(model, lora, enc.model_type, seed, precision, adapter)
     return model
 
 
 def add_adapters(
-    model: Classifier, lora: LoraSpec, model_type: str, seed: int, precision: str = "fp32"
+    model: Classifier,
+    lora: LoraSpec,
+    model_type: str,
+    seed: int,
+    precision: str = "fp32",
+    adapter: str | None = None,
 ) -> None:
     """peft's LoRA on the encoder, in place (`get_peft_model` with `LoraConfig`): the base
     frozen, the head trained in full, each adapter A started as the JAX side starts it
     (`jaxtpu.core.lora.initial_a`, B at zero), and in a bf16 run every frozen dense weight
     held in bf16 (`jaxtpu.core.lora.held_in_bf16`: the kernels; autocast reads them in bf16
     anyway). `model.bert` becomes the `PeftModel`; a `--head hf` model's forward runs through
-    the same, now adapted, layers."""
+    the same, now adapted, layers. `adapter`: a peft adapter directory (`--init-from`) whose
+    adapters and head replace the new ones (the JAX side's `weights.load_adapter`)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -76,6 +84,20 @@ def add_adapters(
                 p.copy_(torch.from_numpy(initial_a(key, fan_in, rank, seed)))
             elif name.endswith("lora_B.default.weight"):
                 p.zero_()
+        if adapter:
+            _, tensors = read_adapter(adapter)
+            encoder, head = split_adapter(tensors, hf_head(model_type).prefix)
+            found = {**encoder, **head}
+            for name, p in model.named_parameters():
+                if not p.requires_grad:
+                    continue
+                key = peft_key(name.removeprefix("bert.")).removeprefix("head.")
+                if key not in found or tuple(found[key].shape) != tuple(p.shape):
+                    raise CheckpointError(
+                        f"--init-from {adapter}: {key} is missing or of another shape; an "
+                        "adapter of another model or rank"
+                    )
+                p.copy_(torch.from_numpy(found[key]))
         if precision == "bf16":
             for module in model.bert.modules():
                 if isinstance(module, torch.nn.Linear) and not module.weight.requires_grad:

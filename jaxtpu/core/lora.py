@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jaxtpu.core.errors import ConfigError
+
 # The params of one adapted layer, as jaxtpu names them, and their Hugging Face (peft) keys
 # below the layer's module, each with whether jaxtpu's array is the transpose of peft's.
 ADAPTER_LEAVES = {"lora_a": ("lora_A.weight", True), "lora_b": ("lora_B.weight", True)}
@@ -139,3 +141,73 @@ def adapter_tensors(
     }
     out.update({f"{PEFT_PREFIX}{key}": value for key, value in head.items()})
     return out
+
+
+def is_adapter_dir(path: str | None) -> bool:
+    """Whether `path` is a peft adapter directory (it holds `adapter_config.json`)."""
+    from pathlib import Path
+
+    return bool(path) and (Path(str(path)) / ADAPTER_CONFIG).is_file()
+
+
+def read_adapter(path: str, flag: str = "--init-from") -> tuple[LoraSpec, dict[str, np.ndarray]]:
+    """A peft LoRA adapter directory: its adapters (`LoraSpec`) and its tensors in peft's saved
+    keys; one-line errors for what jaxtpu cannot continue from (another peft method, a rank
+    or alpha per layer, DoRA, adapter biases, a missing or unreadable file)."""
+    import json
+    from pathlib import Path
+
+    d = Path(path)
+    try:
+        config = json.loads((d / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{flag} {path}: unreadable {ADAPTER_CONFIG} ({e})") from None
+    problems = []
+    if config.get("peft_type") != "LORA":
+        problems.append(f"peft_type {config.get('peft_type')!r} (jaxtpu continues LORA)")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if config.get(key):
+            problems.append(f"{key} (a rank or alpha per layer)")
+    for key in ("use_dora", "use_rslora", "lora_bias"):
+        if config.get(key):
+            problems.append(key)
+    if config.get("bias", "none") != "none":
+        problems.append(f"bias {config['bias']!r}")
+    targets = config.get("target_modules")
+    if not isinstance(targets, list) or not targets:
+        problems.append(f"target_modules {targets!r} (jaxtpu reads a list of module names)")
+    if problems:
+        raise ConfigError(
+            f"{flag} {path}: a peft adapter jaxtpu cannot continue: {'; '.join(problems)}"
+        )
+    weights = d / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        raise ConfigError(f"{flag} {path}: no {ADAPTER_WEIGHTS} beside {ADAPTER_CONFIG}")
+    from safetensors.numpy import load_file
+
+    try:
+        tensors = load_file(str(weights))
+    except Exception as e:  # safetensors raises its own error types
+        raise ConfigError(f"{flag} {path}: unreadable {ADAPTER_WEIGHTS} ({e})") from None
+    spec = LoraSpec(
+        int(config["r"]),
+        float(config.get("lora_alpha", 8)),
+        float(config.get("lora_dropout", 0.0)),
+        tuple(targets),
+    )
+    return spec, tensors
+
+
+def split_adapter(
+    tensors: dict[str, np.ndarray], encoder_prefix: str
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """An adapter's tensors (peft's saved keys, `adapter_tensors`) -> (the adapters by their
+    Hugging Face keys below the encoder, the head's tensors by its keys)."""
+    encoder, head = {}, {}
+    inner = f"{PEFT_PREFIX}{encoder_prefix}."
+    for key, value in tensors.items():
+        if key.startswith(inner):
+            encoder[key[len(inner) :]] = value
+        else:
+            head[key.removeprefix(PEFT_PREFIX)] = value
+    return encoder, head

@@ -17,13 +17,21 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config, OptimConfig
 from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import get_family, rename
-from jaxtpu.core.hf.heads import head_layout
-from jaxtpu.core.lora import ADAPTER_LEAVES, LoraSpec, held_in_bf16, initial_a
+from jaxtpu.core.hf.heads import head_layout, hf_head
+from jaxtpu.core.lora import (
+    ADAPTER_LEAVES,
+    LoraSpec,
+    held_in_bf16,
+    initial_a,
+    read_adapter,
+    split_adapter,
+)
 from jaxtpu.core.schedules import layer_lr_scale
 
 # The mapping table: Flax leaf name -> (Hugging Face leaf name, transpose?). Module paths map
@@ -198,6 +206,8 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
         )
     if spec.lora:
         params = start_adapters(params, spec.encoder.model_type, cfg.train.seed)
+        if spec.adapter:
+            params = load_adapter(params, spec.adapter, spec.encoder.model_type)
         params = hold_frozen(params, cfg.train.precision)
     scales = lr_scales(params, spec.encoder, cfg.optim) if cfg.optim.layerwise else None
     if cfg.model.scan_layers:
@@ -247,4 +257,35 @@ def merge_adapters(params: Mapping[str, Any], lora: LoraSpec) -> dict[str, Any]:
         module = path[:-1]
         a, b = flat.pop(path), flat.pop(module + ("lora_b",))
         flat[module + ("kernel",)] = flat[module + ("kernel",)] + np.float32(lora.scaling) * (a @ b)
+    return _unflatten(flat)
+
+
+def load_adapter(params: Mapping[str, Any], adapter: str, model_type: str) -> dict[str, Any]:
+    """The adapters and the head of a peft adapter directory (`--init-from`) in place of
+    theirs: every adapter of the model and every head tensor must be in it, at its shape."""
+    _, tensors = read_adapter(adapter)
+    encoder, head = split_adapter(tensors, hf_head(model_type).prefix)
+    flat = _flatten(params)
+    wanted = {
+        (hf_key(path[1:], model_type) if path[0] == "bert" else hf_key(path, model_type)): path
+        for path in flat
+        if path[-1] in ADAPTER_LEAVES or path[0] != "bert"
+    }
+    found = {**encoder, **head}
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        raise CheckpointError(
+            f"--init-from {adapter}: {len(missing)} of the model's adapter and head tensors are "
+            f"not in it (first: {missing[0]}); it adapts other layers or another model"
+        )
+    for key, path in wanted.items():
+        value = found[key].T if LEAVES[path[-1]][1] else found[key]
+        if value.shape != np.shape(flat[path]):
+            theirs = np.shape(value.T) if LEAVES[path[-1]][1] else np.shape(value)
+            ours = np.shape(flat[path])[:: -1 if LEAVES[path[-1]][1] else 1]
+            raise CheckpointError(
+                f"--init-from {adapter}: {key} is {tuple(theirs)}, the model's {tuple(ours)}; "
+                "an adapter of another model or rank"
+            )
+        flat[path] = np.ascontiguousarray(value, np.float32)
     return _unflatten(flat)

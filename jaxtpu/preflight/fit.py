@@ -95,6 +95,7 @@ def find_batch(
     capacity: int,
     say: Any,
     tolerance: float = 1 / 8,
+    speed: bool = True,
 ) -> Report:
     """The largest per-device batch whose train and eval steps fit, to within `tolerance` of
     itself (0 = exact): from --batch-size, doubling while it fits (halving while it does not),
@@ -102,7 +103,9 @@ def find_batch(
     (the TPU compiler's schedule changes), so the answer is the largest batch seen to fit on
     that path. It goes no higher than `MAX_BATCH` (the report's `search_cap` says when it
     stopped there with every batch fitting). One compilation per batch tried; returns the
-    report of the batch found (or of the smallest tried, not fitting, when nothing fits)."""
+    report of the batch found (or of the smallest tried, not fitting, when nothing fits),
+    with the estimated step time of that batch (`speed`; its compilation of the unrolled
+    program can take many times the search's on a deep model)."""
     tried: dict[int, Report] = {}
 
     def fits(b: int) -> bool:
@@ -137,8 +140,9 @@ def find_batch(
     if not best.error:
         chosen = cfg.replace(batch_size=best.batch_size)
         best.flops_per_step = flops_per_step(chosen, devices)
-        spec = RunSpec.resolve(chosen, len(devices), platform_of(devices))
-        add_estimate(best, chosen, target, devices, spec)
+        if speed:
+            spec = RunSpec.resolve(chosen, len(devices), platform_of(devices))
+            add_estimate(best, chosen, target, devices, spec)
     return best
 
 

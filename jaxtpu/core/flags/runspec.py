@@ -28,7 +28,7 @@ from jaxtpu.core.hf.encoder import (
 )
 from jaxtpu.core.hf.families import default_pooling
 from jaxtpu.core.hf.heads import hf_pooling
-from jaxtpu.core.lora import LoraSpec
+from jaxtpu.core.lora import LoraSpec, is_adapter_dir, read_adapter
 from jaxtpu.core.storage import local_input
 from jaxtpu.core.tasks import Task
 
@@ -90,6 +90,9 @@ class RunSpec:
     answer_ids: tuple[int, ...] = ()
     # --lora-rank: the adapters trained on the frozen base (`jaxtpu.core.lora`); None: off
     lora: LoraSpec | None = None
+    # --init-from a peft adapter directory: the adapters and head the run starts from (its
+    # base is `weights`, the --model-dir); None: the adapters start new
+    adapter: str | None = None
 
     @classmethod
     def resolve(cls, cfg: Config, devices: int | None = None, platform: str = "") -> RunSpec:
@@ -170,7 +173,31 @@ class RunSpec:
                     f"llama); {why}"
                 )
             answers = answer_ids(tokenizer_from or packaged_minilm_dir(), model.answer_tokens)
-        lora = model.lora
+        lora, adapter = model.lora, None
+        weights = local_input(model.init_from, "--init-from") if model.init_from else model_dir
+        if model.init_from and is_adapter_dir(weights):
+            adapter, weights = weights, model_dir
+            found, _ = read_adapter(adapter)
+            if lora is None or (found.rank, found.alpha, set(found.targets)) != (
+                lora.rank,
+                lora.alpha,
+                set(lora.targets),
+            ):
+                raise ConfigError(
+                    f"--init-from {model.init_from} is a peft LoRA adapter ({found.describe()}); "
+                    f"continue it with --lora-rank {found.rank} --lora-alpha {found.alpha:g} "
+                    f"--lora-targets {','.join(found.targets)}"
+                )
+            if model.head != "hf":
+                raise ConfigError(
+                    f"--init-from {model.init_from}: a peft adapter holds the family's own "
+                    "classification head (peft's modules_to_save); add --head hf"
+                )
+        elif lora and model.init_from:
+            raise ConfigError(
+                f"--lora-rank with --init-from {model.init_from}: LoRA starts from --model-dir, "
+                "or continues a peft adapter directory (adapter_config.json)"
+            )
         if lora:
             kind = enc.family.kind
             if not kind.lora_targets:
@@ -195,7 +222,7 @@ class RunSpec:
             pooling=default_pooling(enc.family, pooling, enc.default_pooling),
             pooling_from=pooling_from,
             model_dir=model_dir,
-            weights=local_input(model.init_from, "--init-from") if model.init_from else model_dir,
+            weights=weights,
             tokenizer_from=tokenizer_from,
             parallel=place.parallel,
             sharding=resolve_sharding(place.parallel, place.sharding, platform, place.mesh),
@@ -204,6 +231,7 @@ class RunSpec:
             segment_sep=segment_sep,
             answer_ids=answers,
             lora=lora,
+            adapter=adapter,
         )
 
     @property
@@ -223,7 +251,7 @@ class RunSpec:
         enc = self.encoder
         lora = ""
         if self.lora:
-            lora = f", {self.lora.describe()}: {(n_trained or 0) / 1e6:.2f}M params train"
+            lora = f", {self.lora.describe()}: {n_trained or 0:,} params train"
         return (
             f"{enc.model_type} ({enc.family.architecture}), {enc.num_hidden_layers} layers x "
             f"{enc.hidden_size} hidden, {n_params / 1e6:.1f}M params, "

@@ -127,7 +127,10 @@ class ModelConfig:
         "Start from the weights of a PyTorch training notebook: a torch.save(model.state_dict())"
         " file (e.g. the PyTorch/XLA notebook's xm.save of BERTBaseUncased: bert.* + a "
         "Linear(hidden, 1) head) or a Lightning .ckpt; the encoder prefix and the head are "
-        "detected. Needs --model-dir for config.json and the tokenizer.",
+        "detected. Needs --model-dir for config.json and the tokenizer. Or a peft LoRA "
+        "adapter directory (adapter_config.json, adapter_model.safetensors: a jaxtpu export of "
+        "a LoRA run, or peft's save_pretrained) to continue, on the base model --model-dir, "
+        "with the adapter's --lora-rank, --lora-alpha and --lora-targets and --head hf.",
     )
     tokenizer_dir: str | None = _f(
         None,
@@ -273,11 +276,6 @@ class ModelConfig:
             raise ConfigError(
                 f"--init-from {self.init_from} needs --model-dir: the Hugging Face directory "
                 "with the checkpoint's config.json and tokenizer"
-            )
-        if self.lora_rank and self.init_from:
-            raise ConfigError(
-                f"--lora-rank with --init-from {self.init_from}: jaxtpu does not start LoRA "
-                "from a notebook's state dict; start from --model-dir"
             )
         if self.hidden_size % self.num_heads:
             raise ConfigError(

@@ -1,0 +1,213 @@
+"""Qwen3-4B, -8B and -14B with LoRA on the TPUs Kaggle and Colab users have: preflight's
+memory per chip, the largest batch that fits and the estimated step and epoch, for the Agile
+Community Rules competition (docs/big-models.md's decoder table). Estimates, not
+measurements.
+
+`python -m benchmarks.decoders --out runs/decoders.json` (one process per target keeps the
+TPU compiler's memory down: `--targets v5e-8`, then `--targets v6e-8 --resume`, ...;
+`--table-of runs/decoders.json` prints the table of what is saved).
+
+Each row is `jaxtpu.preflight.fit.find_batch` of the model at one length on one target:
+`--head hf` (transformers' Qwen3ForSequenceClassification head), LoRA rank 16, alpha 32 on
+every projection of every layer (the base frozen and held in bf16, no optimizer state for
+it), bf16, jit with jaxtpu's TPU defaults (FSDP over every chip), `--scan-layers` and
+`--remat layer` (without remat, 36 layers of a 4B model's activations at 8 x 256 tokens
+already exceed a v5e chip: the compiler refuses it). The config.json files are written here
+from the published shapes (Qwen/Qwen3-4B, -8B, -14B, with the pad token their tokenizer pads
+with); no weight is created. The batch is the largest per-chip batch whose train and eval
+steps the TPU compiler fits (to within 1/8); the step is preflight's estimate for that batch
+(jaxtpu's roofline of the program compiled for the target, a range, `docs/tpu.md`); the epoch
+is the competition's train.csv, `RULES_TRAIN` rows, every step at the row's length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+# Rows of the Agile Community Rules competition's train.csv (Kaggle's data page). With its
+# test file's labelled examples added (`--rule-examples`) a run trains on several times more.
+RULES_TRAIN = 2_029
+
+_QWEN3 = {
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "pad_token_id": 151643,  # <|endoftext|>, what Qwen's tokenizer pads with
+}
+CONFIGS = {
+    "Qwen3-4B": {
+        **_QWEN3,
+        "hidden_size": 2560,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "intermediate_size": 9728,
+        "tie_word_embeddings": True,
+    },
+    "Qwen3-8B": {
+        **_QWEN3,
+        "hidden_size": 4096,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "intermediate_size": 12288,
+        "tie_word_embeddings": False,
+    },
+    "Qwen3-14B": {
+        **_QWEN3,
+        "hidden_size": 5120,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+        "intermediate_size": 17408,
+        "tie_word_embeddings": False,
+    },
+}
+# (model, target): the v5e-1 rows are the 4B's only (a single 16 GiB chip)
+ROWS = [
+    (model, target)
+    for target in ("v5e-8", "v6e-8", "v5e-1")
+    for model in CONFIGS
+    if target != "v5e-1" or model == "Qwen3-4B"
+]
+LORA = {"lora_rank": 16, "lora_alpha": 32.0}
+HEADER = (
+    "| model | target | max len | largest batch/chip | params/chip | optimizer/chip "
+    "| train step peak | chip | est. step s* | est. comments/s* | est. rules epoch min* "
+    "| compile s |"
+)
+
+
+def config_dir(root: Path, name: str) -> Path:
+    """A directory holding only `CONFIGS[name]` as config.json: preflight reads no weight."""
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(CONFIGS[name]))
+    return path
+
+
+def row(saved: dict[str, Any]) -> str:
+    from jaxtpu.preflight.report import Report, gib, span
+
+    r = Report(**{k: v for k, v in saved.items() if k != "model"})
+    largest = r.extra.get("largest_batch", 0)
+    if not largest:
+        cells = [
+            "none (refused at 1)" if r.error else "none",
+            gib(r.params),
+            gib(r.optimizer),
+            "-",
+            gib(r.capacity),
+            "-",
+            "-",
+            "-",
+        ]
+    else:
+        steps = math.ceil(RULES_TRAIN / r.global_batch)
+        cells = [
+            str(largest),
+            gib(r.params),
+            gib(r.optimizer),
+            gib(r.total),
+            gib(r.capacity),
+            span(r.est_step_s, r.est_step_high_s, lambda x: f"{x:.3f}"),
+            span(
+                r.global_batch / r.est_step_high_s if r.est_step_high_s else 0,
+                r.global_batch / r.est_step_s if r.est_step_s else 0,
+                lambda x: f"{x:.0f}",
+            ),
+            span(steps * r.est_step_s, steps * r.est_step_high_s, lambda x: f"{x / 60:.1f}"),
+        ]
+    return (
+        f"| {saved['model']} | {r.target} | {r.max_len} | "
+        + " | ".join([*cells, f"{r.compile_s:.0f}"])
+        + " |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.decoders",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--targets", default="v5e-8,v6e-8,v5e-1", help="comma-separated [all three]")
+    p.add_argument("--models", default=",".join(CONFIGS), help="comma-separated [all three]")
+    p.add_argument("--lengths", default="256,512", help="comma-separated [256,512]")
+    p.add_argument("--batch-size", type=int, default=8, help="where the search starts [8]")
+    p.add_argument("--out", default=None, help="JSON file of the reports, kept after every row")
+    p.add_argument("--resume", action="store_true", help="keep --out's rows and skip them")
+    p.add_argument("--table-of", metavar="JSON", help="print the table of an --out file")
+    p.add_argument(
+        "--no-speed",
+        action="store_true",
+        help="memory and the largest batch only: no step estimate, whose compilation of the "
+        "unrolled program (every layer, not one scanned) takes most of a row's time",
+    )
+    args = p.parse_args(argv)
+    if args.table_of:
+        saved = json.loads(Path(args.table_of).read_text())
+        print(HEADER + "\n|" + "---|" * HEADER.count(" | ") + "---|")
+        print("\n".join(row(r) for r in saved))
+        return 0
+
+    from jaxtpu.core.flags import presets
+    from jaxtpu.engine import hosts
+    from jaxtpu.preflight import fit as pf_fit
+    from jaxtpu.preflight import targets as pf_targets
+
+    hosts.set_cpu_device_count(8)
+    reports: list[dict[str, Any]] = []
+    if args.resume and args.out and Path(args.out).exists():
+        reports = json.loads(Path(args.out).read_text())
+    done = {(r["model"], r["target"], r["max_len"]) for r in reports}
+    root = Path(tempfile.mkdtemp(prefix="jaxtpu-decoders-"))
+    targets, models = args.targets.split(","), args.models.split(",")
+    for model, target in ROWS:
+        if target not in targets or model not in models:
+            continue
+        n = pf_targets.TPU_TARGETS[target].devices
+        devices, capacity = pf_targets.target_devices(target, n)
+        for length in map(int, args.lengths.split(",")):
+            if (model, target, length) in done:
+                continue
+            t0 = time.time()
+            cfg = presets.PRESETS["bert-base"]().replace(
+                model_dir=str(config_dir(root, model)),
+                head="hf",
+                train_csv="",
+                max_len=length,
+                batch_size=args.batch_size,
+                parallel="jit",
+                num_devices=n,
+                scan_layers=True,
+                remat="layer",
+                **LORA,
+            )
+
+            def say(tried: Any, where: str = f"{model} {target} {length}") -> None:
+                verdict = "fits" if tried.fits else "does not fit"
+                print(f"  {where}: batch {tried.batch_size} {verdict} ({tried.compile_s:.0f} s)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+
+            r = pf_fit.find_batch(cfg, target, devices, capacity, say, speed=not args.no_speed)
+            reports.append({"model": model, **asdict(r)})
+            print(row(reports[-1]), f"({time.time() - t0:.0f} s)", flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps(reports, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
