@@ -114,7 +114,8 @@ def row(saved: dict[str, Any]) -> str:
             "-",
         ]
     else:
-        steps = math.ceil(RULES_TRAIN / r.global_batch)
+        chips = math.prod(int(axis.split("=")[1]) for axis in r.mesh.split(","))
+        steps = math.ceil(RULES_TRAIN / (largest * chips))
         cells = [
             str(largest),
             gib(r.params),
@@ -123,8 +124,8 @@ def row(saved: dict[str, Any]) -> str:
             gib(r.capacity),
             span(r.est_step_s, r.est_step_high_s, lambda x: f"{x:.3f}"),
             span(
-                r.global_batch / r.est_step_high_s if r.est_step_high_s else 0,
-                r.global_batch / r.est_step_s if r.est_step_s else 0,
+                largest * chips / r.est_step_high_s if r.est_step_high_s else 0,
+                largest * chips / r.est_step_s if r.est_step_s else 0,
                 lambda x: f"{x:.0f}",
             ),
             span(steps * r.est_step_s, steps * r.est_step_high_s, lambda x: f"{x / 60:.1f}"),
@@ -203,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
 
             r = pf_fit.find_batch(cfg, target, devices, capacity, say, speed=not args.no_speed)
             reports.append({"model": model, **asdict(r)})
-            print(row(reports[-1]), f"({time.time() - t0:.0f} s)", flush=True)
             if args.out:
                 Path(args.out).write_text(json.dumps(reports, indent=2))
+            print(row(reports[-1]), f"({time.time() - t0:.0f} s)", flush=True)
     return 0
 
 

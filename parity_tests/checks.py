@@ -52,8 +52,11 @@ REPORT_FAMILY_TRAJECTORIES = (("qwen3", "toxicity"),)
 # Trajectories of a family with extra flags on both sides, in the report only for the same
 # reason: Qwen3 with LoRA (rank 4, alpha 8, every projection; the head in full), peft's
 # adapters on the torch side, at a rate at which the adapters move in 21 steps.
-VARIANT_FLAGS = {"lora": ["--lora-rank", "4", "--lora-alpha", "8", "--lr", "2e-3"]}
-REPORT_VARIANT_TRAJECTORIES = (("qwen3", "toxicity", "lora"),)
+# The bf16 one holds the frozen kernels in bf16 on both sides, at the bf16 trajectories'
+# tolerance.
+LORA_FLAGS = ["--lora-rank", "4", "--lora-alpha", "8", "--lr", "2e-3"]
+VARIANT_FLAGS = {"lora": LORA_FLAGS, "lora bf16": [*LORA_FLAGS, "--precision", "bf16"]}
+REPORT_VARIANT_TRAJECTORIES = (("qwen3", "toxicity", "lora"), ("qwen3", "toxicity", "lora bf16"))
 # The tasks of the bucketed trajectories: the rules task's text pairs on the tiny BERT, whose
 # token types they set (its one-comment BCE is toxicity's, which the 8-device trajectories
 # hold), and ranking's pairs of comments.
@@ -349,17 +352,20 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity", variant: 
         *FAMILY_FLAGS.get(family, []),
         *VARIANT_FLAGS.get(variant, []),
     ]
-    name = f"{family}-{task}-{head}{f'-{variant}' if variant else ''}"
+    precision = "bf16" if variant.endswith("bf16") else "fp32"
+    tol = TRAJ_BF16_RTOL[task] if precision == "bf16" else TRAJ_FP32_RTOL
+    name = f"{family}-{task}-{head}{f'-{variant}' if variant else ''}".replace(" ", "-")
     ref = run_side("torch", work / f"traj-{name}-spmd", *flags, "--parallel", "spmd").check()
     run = run_side("jax", work / f"traj-{name}-jit", *flags, "--parallel", "jit").check()
     rel = relative_diff(run.losses, ref.losses)
     worst = max(rel)
+    what = " ".join([family, task, *variant.split()[: 1 if variant.endswith("bf16") else None]])
     return Result(
-        f"trajectory {family} {task}{f' {variant}' if variant else ''} fp32"
-        f"{' (its own head)' if head == 'hf' else ''}: jaxtpu jit vs torch_xla spmd, 8 devices",
-        TRAJ_FP32_RTOL,
+        f"trajectory {what} {precision}{' (its own head)' if head == 'hf' else ''}: jaxtpu "
+        "jit vs torch_xla spmd, 8 devices",
+        tol,
         worst,
-        worst <= TRAJ_FP32_RTOL and len(rel) >= 20,
+        worst <= tol and len(rel) >= 20,
         f"{len(rel)} steps, worst at step {int(np.argmax(rel)) + 1}",
         {"jaxtpu jit": run.losses, "torch_xla spmd": ref.losses},
     )

@@ -294,8 +294,8 @@ def test_decoders_table_row_gives_the_largest_batch_and_the_rules_epoch():
 
     r = Report("v5e-8", "fsdp", "layer", "data=1,fsdp=8", 12, 512, total=15 * 2**30)
     r.params, r.optimizer, r.capacity = 3 * 2**30, 2**27, 16 * 2**30
-    r.fits, r.est_step_s, r.est_step_high_s, r.global_batch = True, 1.0, 2.0, 96
-    r.extra["largest_batch"] = 12
+    r.fits, r.est_step_s, r.est_step_high_s = True, 1.0, 2.0
+    r.extra["largest_batch"] = 12  # on 8 chips: 96 comments a step
     cells = [c.strip() for c in decoders.row({"model": "Qwen3-14B", **r.__dict__}).split("|")]
     # ceil(2,029 / 96) = 22 steps of 1-2 s: 0.4-0.7 min; 96 comments in 1-2 s: 48-96 /s
     assert cells[1:6] == ["Qwen3-14B", "v5e-8", "512", "12", "3.00 GiB"]
@@ -303,6 +303,9 @@ def test_decoders_table_row_gives_the_largest_batch_and_the_rules_epoch():
     refused = Report("v5e-1", "fsdp", "layer", "data=1,fsdp=1", 1, 512, error="RESOURCE_EXHAUSTED")
     cells = [c.strip() for c in decoders.row({"model": "Qwen3-4B", **refused.__dict__}).split("|")]
     assert cells[4] == "none (refused at 1)" and cells[9] == "-"
+    r.est_step_s = r.est_step_high_s = 0.0  # --no-speed: memory and batch, no estimate
+    cells = [c.strip() for c in decoders.row({"model": "Qwen3-8B", **r.__dict__}).split("|")]
+    assert cells[4] == "12" and cells[9:12] == ["-", "-", "-"]
     assert [m for m, t in decoders.ROWS if t == "v5e-1"] == ["Qwen3-4B"]
 
 
