@@ -5,7 +5,9 @@ measurements.
 
 `python -m benchmarks.decoders --out runs/decoders.json` (one process per target keeps the
 TPU compiler's memory down: `--targets v5e-8`, then `--targets v6e-8 --resume`, ...;
-`--table-of runs/decoders.json` prints the table of what is saved).
+`--table-of runs/decoders.json` prints the table of what is saved). The step estimate
+compiles the unrolled program (every layer), over ten minutes a row on a 2-core machine:
+`--no-speed` saves memory and batch only, and `--estimate` adds the estimate to saved rows.
 
 Each row is `jaxtpu.preflight.fit.find_batch` of the model at one length on one target:
 `--head hf` (transformers' Qwen3ForSequenceClassification head), LoRA rank 16, alpha 32 on
@@ -137,6 +139,59 @@ def row(saved: dict[str, Any]) -> str:
     )
 
 
+def run_config(root: Path, model: str, length: int, batch: int, chips: int) -> Any:
+    """The training flags of one row (see the module docstring)."""
+    from jaxtpu.core.flags import presets
+
+    return presets.PRESETS["bert-base"]().replace(
+        model_dir=str(config_dir(root, model)),
+        head="hf",
+        train_csv="",
+        max_len=length,
+        batch_size=batch,
+        parallel="jit",
+        num_devices=chips,
+        scan_layers=True,
+        remat="layer",
+        **LORA,
+    )
+
+
+def _estimate_saved(
+    out: str | None,
+    reports: list[dict[str, Any]],
+    root: Path,
+    targets: list[str],
+    models: list[str],
+    lengths: list[int],
+) -> int:
+    """`--estimate`: the step estimate of saved rows at their largest batch."""
+    from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.preflight import speed as pf_speed
+    from jaxtpu.preflight import targets as pf_targets
+    from jaxtpu.preflight.report import Report
+    from jaxtpu.preflight.targets import platform_of
+
+    if not out:
+        raise SystemExit("--estimate reads and updates the rows of --out")
+    for saved in reports:
+        largest = saved["extra"].get("largest_batch", 0)
+        wanted = saved["target"] in targets and saved["model"] in models
+        if not wanted or saved["max_len"] not in lengths or saved["est_step_s"] or not largest:
+            continue
+        t0 = time.time()
+        n = pf_targets.TPU_TARGETS[saved["target"]].devices
+        devices, _ = pf_targets.target_devices(saved["target"], n)
+        cfg = run_config(root, saved["model"], saved["max_len"], largest, n)
+        spec = RunSpec.resolve(cfg, n, platform_of(devices))
+        r = Report(**{k: v for k, v in saved.items() if k != "model"})
+        pf_speed.add_estimate(r, cfg, saved["target"], devices, spec)
+        saved.update(asdict(r))
+        Path(out).write_text(json.dumps(reports, indent=2))
+        print(row(saved), f"({time.time() - t0:.0f} s)", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.decoders",
@@ -151,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="keep --out's rows and skip them")
     p.add_argument("--table-of", metavar="JSON", help="print the table of an --out file")
     p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="for the rows of --out (within --targets, --models, --lengths) saved without a step "
+        "estimate (by --no-speed): estimate it at the row's largest batch and save the row",
+    )
+    p.add_argument(
         "--no-speed",
         action="store_true",
         help="memory and the largest batch only: no step estimate, whose compilation of the "
@@ -163,39 +224,30 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(row(r) for r in saved))
         return 0
 
-    from jaxtpu.core.flags import presets
     from jaxtpu.engine import hosts
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import targets as pf_targets
 
     hosts.set_cpu_device_count(8)
     reports: list[dict[str, Any]] = []
-    if args.resume and args.out and Path(args.out).exists():
+    if (args.resume or args.estimate) and args.out and Path(args.out).exists():
         reports = json.loads(Path(args.out).read_text())
     done = {(r["model"], r["target"], r["max_len"]) for r in reports}
     root = Path(tempfile.mkdtemp(prefix="jaxtpu-decoders-"))
     targets, models = args.targets.split(","), args.models.split(",")
+    lengths = list(map(int, args.lengths.split(",")))
+    if args.estimate:
+        return _estimate_saved(args.out, reports, root, targets, models, lengths)
     for model, target in ROWS:
         if target not in targets or model not in models:
             continue
         n = pf_targets.TPU_TARGETS[target].devices
         devices, capacity = pf_targets.target_devices(target, n)
-        for length in map(int, args.lengths.split(",")):
+        for length in lengths:
             if (model, target, length) in done:
                 continue
             t0 = time.time()
-            cfg = presets.PRESETS["bert-base"]().replace(
-                model_dir=str(config_dir(root, model)),
-                head="hf",
-                train_csv="",
-                max_len=length,
-                batch_size=args.batch_size,
-                parallel="jit",
-                num_devices=n,
-                scan_layers=True,
-                remat="layer",
-                **LORA,
-            )
+            cfg = run_config(root, model, length, args.batch_size, n)
 
             def say(tried: Any, where: str = f"{model} {target} {length}") -> None:
                 verdict = "fits" if tried.fits else "does not fit"

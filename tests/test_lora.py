@@ -199,3 +199,39 @@ def test_a_lora_run_exports_a_peft_adapter_and_a_merged_model_that_score_as_it_d
     with torch.no_grad():
         torch_start = twin(torch.from_numpy(ids), torch.from_numpy(mask)).double().numpy()
     assert np.abs(torch_start - theirs).max() < 1e-5 * max(1.0, np.abs(theirs).max())
+
+
+@pytest.mark.model
+@pytest.mark.torch  # peft imports accelerate, which imports torch_xla
+def test_layer_rates_of_the_adapters_are_the_same_on_both_sides(tmp_path):
+    """--layer-lr-decay under LoRA: each adapter's rate multiplier on the JAX side equals its
+    parameter group's on the torch side (peft's names, read as their plain keys), and the
+    frozen base has no group."""
+    pytest.importorskip("peft")
+    from jaxtpu.core.lora import peft_key
+    from jaxtpu.core.schedules import Horizon, peak_lr
+    from jaxtpu.engine import weights
+    from parity_tests.families import build
+    from torchxla_ref import optim
+    from torchxla_ref.weights import load_model
+
+    base = build("qwen3", tmp_path / "base")
+    cfg = Config().replace(model_dir=str(base), head="hf", lora_rank=4, layer_lr_decay=0.5)
+    spec = RunSpec.resolve(cfg, 1)
+    ours = {
+        weights.hf_key(path[1:] if path[0] == "bert" else path, "qwen3"): float(scale)
+        for path, scale in _flatten(weights.load_model(cfg, spec).lr_scales).items()
+        if path[-1] in ("lora_a", "lora_b") or path[0] != "bert"
+    }
+    model = load_model(spec.encoder, 0.0, spec.weights, 0, "last", 1, "hf", -1, (), spec.lora)
+    opt, _ = optim.make_optimizer(model, cfg.optim, Horizon(10, 10), 1)
+    name = {id(p): n for n, p in model.named_parameters()}
+    theirs = {
+        peft_key(name[id(p)].removeprefix("bert.").removeprefix("head.")): g["initial_lr"]
+        / peak_lr(cfg.optim, 1)
+        for g in opt.param_groups
+        for p in g["params"]
+    }
+    assert set(ours) == set(theirs) and len(ours) == 29  # 28 adapters and the head, no base
+    assert {round(v, 6) for v in ours.values()} == {0.5, 1.0}  # layer 0, layer 1 and head
+    assert all(abs(ours[k] - theirs[k]) < 1e-6 for k in ours), (ours, theirs)

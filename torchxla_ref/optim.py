@@ -31,7 +31,8 @@ def param_groups(
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue  # LoRA's frozen base: no group, no optimizer state
-        name = peft_key(name)  # a peft-wrapped encoder's parameters by their plain keys
+        if name.startswith("bert."):  # a peft-wrapped encoder's parameters by their plain keys
+            name = "bert." + peft_key(name.removeprefix("bert."))
         skip = which != "all" and any(nd in name for nd in NO_DECAY)
         key = (scale(name) if scale else 1.0, not skip)
         groups.setdefault(key, []).append(p)
