@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.table_of:
         saved = json.loads(Path(args.table_of).read_text())
+        saved.sort(key=lambda r: (ROWS.index((r["model"], r["target"])), r["max_len"]))
         print(HEADER + "\n|" + "---|" * HEADER.count(" | ") + "---|")
         print("\n".join(row(r) for r in saved))
         return 0
