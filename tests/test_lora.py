@@ -64,6 +64,37 @@ def test_the_lora_flags_resolve_and_refuse_in_one_line(tmp_path):
     }
 
 
+def test_an_adapter_jaxtpu_cannot_continue_is_refused_in_one_line(tmp_path):
+    import json
+
+    from safetensors.numpy import save_file
+
+    from jaxtpu.core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_dir, read_adapter
+
+    good = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    refusals = [
+        ({**good, "use_dora": True}, "use_dora"),
+        ({**good, "rank_pattern": {"q_proj": 8}}, "rank_pattern"),
+        ({**good, "bias": "all"}, "bias 'all'"),
+        ({**good, "target_modules": "q_proj|v_proj"}, "a list of module names"),
+        ({**good, "peft_type": "IA3"}, "peft_type 'IA3'"),
+    ]
+    for config, message in refusals:
+        (tmp_path / ADAPTER_CONFIG).write_text(json.dumps(config))
+        with pytest.raises(ConfigError, match=message):
+            read_adapter(str(tmp_path))
+    (tmp_path / ADAPTER_CONFIG).write_text(json.dumps(good))
+    assert is_adapter_dir(str(tmp_path)) and not is_adapter_dir(str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match=f"no {ADAPTER_WEIGHTS}"):
+        read_adapter(str(tmp_path))
+    save_file({"base_model.model.score.weight": np.ones((1, 4), np.float32)},
+              str(tmp_path / ADAPTER_WEIGHTS))  # fmt: skip
+    spec, tensors = read_adapter(str(tmp_path))
+    assert spec == LoraSpec(4, 8.0, 0.0, ("q_proj",)) and list(tensors) == [
+        "base_model.model.score.weight"
+    ]
+
+
 @pytest.mark.model
 @pytest.mark.torch  # peft imports accelerate, which imports torch_xla
 @pytest.mark.parametrize("name", ["qwen3", "qwen2"])  # Qwen2: the q/k/v biases too

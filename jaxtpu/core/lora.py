@@ -13,9 +13,11 @@ the adapters and the classification head train in fp32. Framework-free: no JAX, 
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -145,18 +147,14 @@ def adapter_tensors(
 
 def is_adapter_dir(path: str | None) -> bool:
     """Whether `path` is a peft adapter directory (it holds `adapter_config.json`)."""
-    from pathlib import Path
-
     return bool(path) and (Path(str(path)) / ADAPTER_CONFIG).is_file()
 
 
 def read_adapter(path: str, flag: str = "--init-from") -> tuple[LoraSpec, dict[str, np.ndarray]]:
     """A peft LoRA adapter directory: its adapters (`LoraSpec`) and its tensors in peft's saved
     keys; one-line errors for what jaxtpu cannot continue from (another peft method, a rank
-    or alpha per layer, DoRA, adapter biases, a missing or unreadable file)."""
-    import json
-    from pathlib import Path
-
+    or alpha per layer, DoRA, adapter biases, a missing or unreadable file). What the file
+    leaves out is peft's default (r 8, alpha 8, dropout 0)."""
     d = Path(path)
     try:
         config = json.loads((d / ADAPTER_CONFIG).read_text())
@@ -190,7 +188,7 @@ def read_adapter(path: str, flag: str = "--init-from") -> tuple[LoraSpec, dict[s
     except Exception as e:  # safetensors raises its own error types
         raise ConfigError(f"{flag} {path}: unreadable {ADAPTER_WEIGHTS} ({e})") from None
     spec = LoraSpec(
-        int(config["r"]),
+        int(config.get("r", 8)),
         float(config.get("lora_alpha", 8)),
         float(config.get("lora_dropout", 0.0)),
         tuple(targets),
