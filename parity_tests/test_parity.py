@@ -49,6 +49,9 @@ def test_spawn_trajectory(work):
     assert_results([checks.spawn_trajectory(work)])
 
 
-@pytest.mark.parametrize("task", ["toxicity", "ranking"])
+# toxicity only: ranking's outcome check (the same model and dropout on twice the sequences,
+# 3.5 of make test's 25 minutes in CI) is in the report (`parity_tests.report`); ranking's
+# margin loss and pairs are held step for step by its trajectories here.
+@pytest.mark.parametrize("task", ["toxicity"])
 def test_outcome_with_dropout(work, real_data, task, request):
     assert_results([checks.outcome(work, task, full=request.config.getoption("--parity-full"))])
