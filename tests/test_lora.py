@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 from jaxtpu.core.data.demo import SAMPLE_CSV
 from jaxtpu.core.data.readers import read_comments
@@ -121,7 +122,7 @@ def test_a_lora_state_has_no_optimizer_state_and_bf16_kernels_for_the_frozen_bas
     cfg = Config().replace(model_dir=str(base), head="hf", precision="bf16", lora_rank=4)
     spec = RunSpec.resolve(cfg, 1)
     model = weights.load_model(cfg, spec)
-    flat = _flatten(model.params)
+    flat = flatten_dict(model.params)
     kernels = [p for p in flat if p[-1] == "kernel" and p[0] == "bert"]
     assert kernels and all(flat[p].dtype == jax.numpy.bfloat16 for p in kernels)
     assert flat[("bert", "embed_tokens", "embedding")].dtype == np.float32
@@ -133,26 +134,6 @@ def test_a_lora_state_has_no_optimizer_state_and_bf16_kernels_for_the_frozen_bas
     assert moments == 2 * trained + 1  # mu and nu of what trains, and the count
     everything = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
     assert trained < everything / 4
-
-
-def _flatten(tree, prefix=()):
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, prefix + (k,)))
-        else:
-            out[prefix + (k,)] = v
-    return out
-
-
-def _unflatten(flat):
-    tree = {}
-    for path, v in flat.items():
-        node = tree
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = v
-    return tree
 
 
 @pytest.mark.e2e
@@ -251,7 +232,7 @@ def test_layer_rates_of_the_adapters_are_the_same_on_both_sides(tmp_path):
     spec = RunSpec.resolve(cfg, 1)
     ours = {
         weights.hf_key(path[1:] if path[0] == "bert" else path, "qwen3"): float(scale)
-        for path, scale in _flatten(weights.load_model(cfg, spec).lr_scales).items()
+        for path, scale in flatten_dict(weights.load_model(cfg, spec).lr_scales).items()
         if path[-1] in ("lora_a", "lora_b") or path[0] != "bert"
     }
     model = load_model(spec.encoder, 0.0, spec.weights, 0, "last", 1, "hf", -1, (), spec.lora)
