@@ -123,12 +123,13 @@ def load_params(
       (params, kept): the filled tree (numpy fp32) and the HF keys left at their initial value.
     """
     # LoRA adapters are the run's own, never a checkpoint's: they keep the template's value
+    every = _flatten(template)
     leaves = {
         hf_key(path[1:] if path[0] == "bert" else path, model_type): (path, leaf)
-        for path, leaf in _flatten(template).items()
+        for path, leaf in every.items()
         if path[-1] not in ADAPTER_LEAVES
     }
-    adapters = {p: leaf for p, leaf in _flatten(template).items() if p[-1] in ADAPTER_LEAVES}
+    adapters = {p: leaf for p, leaf in every.items() if p[-1] in ADAPTER_LEAVES}
 
     def hf_shape(path: tuple[str, ...], leaf: Any) -> tuple[int, ...]:
         return tuple(leaf.shape[::-1] if LEAVES[path[-1]][1] else leaf.shape)
