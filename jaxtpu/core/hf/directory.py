@@ -45,6 +45,8 @@ TOKENIZER_FILES = (
     "merges.txt",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",  # transformers >= 4.43 writes a chat template beside the config
+    "chat_template.json",
 )
 
 HEAD_FILE = "head.safetensors"
@@ -421,20 +423,22 @@ COLLAPSE = [
 ]
 
 
-def export_tokenizer(tokenizer_dir: str | Path, out: str | Path) -> bool:
+def export_tokenizer(tokenizer_dir: str | Path, out: str | Path, collapse: bool = True) -> bool:
     """Copies a run's tokenizer files into an export, its `tokenizer.json` given the
     whitespace rule jaxtpu applies before tokenizing (every run of whitespace one space, none
     at the ends: `jaxtpu.core.data.readers.normalize_text`) as the first steps of its
     normalizer, so that transformers' pipeline() and an onnxruntime user scoring raw text see
-    the tokens jaxtpu trained and scores on. Returns False when there is no tokenizer.json to
-    carry the rule (a slow tokenizer's files alone)."""
+    the tokens jaxtpu trained and scores on. Not with `collapse` False: a run that read
+    prompts (`--prompt-template`) tokenized their newlines and the chat template's as they
+    are, and so must its export. Returns False when there is no tokenizer.json to carry the
+    rule (a slow tokenizer's files alone, or `collapse` False)."""
     out = Path(out)
     for name in TOKENIZER_FILES:
         src = Path(tokenizer_dir) / name
         if src.exists():
             shutil.copy2(src, out / name)
     path = out / "tokenizer.json"
-    if not path.exists():
+    if not path.exists() or not collapse:
         return False
     spec = json.loads(path.read_text(encoding="utf-8"))
     spec["normalizer"] = collapsing_whitespace(spec.get("normalizer"))
