@@ -36,6 +36,7 @@ class Model:
         self.scorer = Scorer(self.trained, devices, batch_size)
         self.task = self.scorer.task
         self.backend = self.scorer.backend
+        self._prompt = self.trained.cfg.data.prompt_template
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -45,7 +46,8 @@ class Model:
     def logits(self, texts: Iterable[str]) -> np.ndarray:
         """The model's raw outputs: (N,) or (N, outputs) (the labels', then any auxiliary
         targets'), for any iterable of strings (a list, a generator, a pandas Series, ...),
-        read once."""
+        read once. A rules model scores (rule, comment) pairs; a model trained with
+        --prompt-template scores each comment (and rule) inside that prompt, as it trained."""
         if isinstance(texts, str | bytes):
             raise UserError("predict takes an iterable of strings (one comment each), not one")
         texts = list(texts)  # a generator is read once: every item is scored
@@ -58,11 +60,23 @@ class Model:
                     f"--rule-template renders it); item {wrong[0]} is {kind}"
                 )
             norm = readers.normalize_text
+            if self._prompt:  # the rule goes into the run's prompt, as its rows' did
+                t = readers.row_template(self._prompt)
+                if set(t.fields) != {"rule"}:
+                    raise UserError(
+                        f"this model's --prompt-template {self._prompt!r} reads columns "
+                        f"{', '.join(t.fields)}, not the rule alone: score a file of them with "
+                        "jaxtpu predict"
+                    )
+                return self.scorer.logits([(t.render({"rule": a}), norm(b)) for a, b in texts])
             return self.scorer.logits([(norm(a), norm(b)) for a, b in texts])
         wrong = [i for i, t in enumerate(texts) if not isinstance(t, str)]
         if wrong:
             kind = type(texts[wrong[0]]).__name__
             raise UserError(f"predict takes strings (one comment each); item {wrong[0]} is {kind}")
+        if self._prompt:  # each comment in the run's prompt, as its rows were
+            first = readers.row_template(self._prompt, rules=False).render({})
+            return self.scorer.logits([(first, readers.normalize_text(t)) for t in texts])
         return self.scorer.logits([readers.normalize_text(t) for t in texts])
 
     def predict(

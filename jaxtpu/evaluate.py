@@ -64,7 +64,7 @@ def read_labelled(
     """The labelled file a run of `task` can be scored on: pairs for a ranker (pairs drawn at
     random from labels would make the number depend on a seed), a labelled rules file for a
     rules run (its pairs made by the run's own --rule-template), labelled comments
-    otherwise."""
+    otherwise; each row as the run's --prompt-template makes it a prompt, if it has one."""
     kind = readers.file_kind(readers.columns(path))
     wanted = "pairs" if task.comments_per_example == 2 else "classification"
     wanted = "rules" if task.text_pairs else wanted
@@ -106,7 +106,7 @@ def evaluate(
         pairs = readers.file_kind(readers.columns(path)) == "pairs"
         model = load_model_dir(model_dir, max_len, pairs)
     task, d = model.spec.task, model.cfg.data
-    data = read_labelled(path, task, d.rule_template)
+    data = read_labelled(path, task, d.row_template)
     tokenizer = load_tokenizer(model.tokenizer_dir)
     examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
     global_batch = batch_size * len(devices)

@@ -102,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "with --merge"
                 )
             _export_adapter(args, model, params, outputs)
+            _say_prompt(model)
             return 0
         if lora:
             params = weights.merge_adapters(params, lora)
@@ -116,7 +117,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             _export_state_dict(args, model, params)
         else:
             _export_directory(args, model, params, outputs, layout.kind == "hf")
+        _say_prompt(model)
     return 0
+
+
+def _raw_text(model: Any) -> bool:
+    """Whether the export's tokenizer collapses whitespace as jaxtpu did before tokenizing a
+    comment (`export_tokenizer`): not for a run that read prompts, whose newlines it kept."""
+    return not model.cfg.data.prompt_template
+
+
+def _say_prompt(model: Any) -> None:
+    """A run that read prompts (--prompt-template): the export scores the text it is given,
+    so the user must give the same prompts."""
+    template = model.cfg.data.prompt_template
+    if template:
+        print(
+            f"this run read each comment inside --prompt-template {template!r}, laid out by "
+            "its tokenizer's chat template (when it has one; apply_chat_template with the "
+            "prompt as the user message and add_generation_prompt=True): the export scores the "
+            "text it is given, so give it those prompts (its tokenizer keeps their whitespace; "
+            "collapse the comment's own as jaxtpu did)"
+        )
 
 
 def _check_output(args: argparse.Namespace) -> None:
@@ -162,6 +184,7 @@ def _export_directory(
         "outputs": outputs,
         "step": step,
         "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
+        **({"prompt_template": p} if (p := model.cfg.data.prompt_template) else {}),
     }
     enc = model.spec.encoder
     classifier = None
@@ -173,7 +196,8 @@ def _export_directory(
         if args.format == "onnx":
             meta = onnx_export(model, params, outputs, staging, head, classifier, args.quantize)
         else:
-            weights.save_hf(params, enc, staging, model.tokenizer_dir, head, classifier)
+            weights.save_hf(params, enc, staging, None, head, classifier)
+            export_tokenizer(model.tokenizer_dir, staging, _raw_text(model))
     if args.format == "onnx":
         diffs = ", ".join(f"{k} {v:.2e}" for k, v in meta["diffs"].items())
         fused = ", ".join(f"{n} {k}" for k, n in meta["fused_for_onnxruntime"].items())
@@ -215,7 +239,7 @@ def _export_adapter(args: argparse.Namespace, model: Any, params: dict, outputs:
     with storage.staged_dir(out) as staging:  # `out` appears only when complete
         save_file(tensors, str(staging / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (staging / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        export_tokenizer(model.tokenizer_dir, staging)
+        export_tokenizer(model.tokenizer_dir, staging, _raw_text(model))
     print(
         f"exported step {step} ({task}) to {out} as a peft LoRA adapter ({lora.describe()}; "
         f"{len(tensors)} tensors, the head {', '.join(head_modules)} in full) for the base "
@@ -276,7 +300,7 @@ def onnx_export(
         files = {"fp32": "model.onnx"}
         if quantize:
             files["int8"] = onnxexport.quantize_int8(raw, out / "model_int8.onnx").name
-    export_tokenizer(model.tokenizer_dir, out)
+    export_tokenizer(model.tokenizer_dir, out, _raw_text(model))
 
     diffs = _onnx_differences(model, params, len(outputs), out, files)
     if not diffs["fp32"] <= ONNX_TOLERANCE:

@@ -54,9 +54,20 @@ REPORT_FAMILY_TRAJECTORIES = (("qwen3", "toxicity"),)
 # adapters on the torch side, at a rate at which the adapters move in 21 steps.
 # The bf16 one holds the frozen kernels in bf16 on both sides, at the bf16 trajectories'
 # tolerance.
+# The rules task on Qwen3 reads prompts (`--prompt-template`, through the test tokenizer's
+# chat template; most comments cut at 128 tokens, the instructions longer than the shortest).
 LORA_FLAGS = ["--lora-rank", "4", "--lora-alpha", "8", "--lr", "2e-3"]
-VARIANT_FLAGS = {"lora": LORA_FLAGS, "lora bf16": [*LORA_FLAGS, "--precision", "bf16"]}
-REPORT_VARIANT_TRAJECTORIES = (("qwen3", "toxicity", "lora"), ("qwen3", "toxicity", "lora bf16"))
+RULES_PROMPT = "Rule: {rule}\\nComment: {comment}\\nDoes the comment break the rule?"
+VARIANT_FLAGS = {
+    "lora": LORA_FLAGS,
+    "lora bf16": [*LORA_FLAGS, "--precision", "bf16"],
+    "prompt": ["--prompt-template", RULES_PROMPT, "--max-len", "128"],
+}
+REPORT_VARIANT_TRAJECTORIES = (
+    ("qwen3", "toxicity", "lora"),
+    ("qwen3", "toxicity", "lora bf16"),
+    ("qwen3", "rules", "prompt"),
+)
 # The tasks of the bucketed trajectories: the rules task's text pairs on the tiny BERT, whose
 # token types they set (its one-comment BCE is toxicity's, which the 8-device trajectories
 # hold), and ranking's pairs of comments.
@@ -73,7 +84,12 @@ FAMILY_FLAGS = {
 # transformers' RobertaForSequenceClassification, DebertaV2ForSequenceClassification and
 # Qwen3ForSequenceClassification (the score of the last token that is not padding) on the
 # torch side against the Flax head of `jaxtpu.core.hf.heads`.
-HF_HEAD = {("roberta", "multilabel"), ("deberta-v2", "ranking"), ("qwen3", "toxicity")}
+HF_HEAD = {
+    ("roberta", "multilabel"),
+    ("deberta-v2", "ranking"),
+    ("qwen3", "toxicity"),
+    ("qwen3", "rules"),
+}
 # The notebooks' recipe knobs (issue 27), driven through the family trajectories so both
 # sides are held to the same steps with them set: the PyTorch/XLA notebook's optimizer
 # (transformers.AdamW, eps 1e-6, no clipping) with warm restarts on one, the Lightning severity

@@ -85,6 +85,25 @@ DECODER_TOKENIZERS = {
     ),
 }
 DECODER_NAMES = tuple(DECODER_TOKENIZERS)
+# Chat templates of the decoders' kinds, written for these tests: ChatML as Qwen lays it out
+# (Qwen2.5's with the default system message its template adds) and Llama 3's headers, with
+# the BOS and the trimmed message its template writes. `--prompt-template` renders through them.
+_CHATML = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+CHAT_TEMPLATES = {
+    "qwen3": _CHATML,
+    "qwen2": "{%- if messages[0]['role'] != 'system' %}{{- '<|im_start|>system\\nYou are a "
+    "helpful assistant.<|im_end|>\\n' }}{%- endif %}" + _CHATML,
+    "llama": (
+        "{{- bos_token }}{%- for m in messages %}{{- '<|start_header_id|>' + m['role'] + "
+        "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}"
+        "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+    ),
+}
 TOKENIZERS.update(DECODER_TOKENIZERS)
 FAMILY_NAMES = tuple(k for k in TOKENIZERS if k not in DECODER_TOKENIZERS)
 # A second DeBERTa: the options DeBERTa-v3 does not use (separate position projections,
@@ -310,6 +329,7 @@ def _tokenizer(name: str, texts: list[str]):
         bos_token=first or None,
         eos_token=last,
         model_max_length=512,
+        chat_template=CHAT_TEMPLATES.get(name),
     )
 
 

@@ -3,8 +3,9 @@ peft's own (`LoraConfig`, `get_peft_model` with task_type SEQ_CLS on transformer
 `*ForSequenceClassification` of a decoder's test checkpoint), both given the same nonzero A
 and B on every projection (B starts at zero, where A gets no gradient and the adapters change
 nothing): the logits, and the gradient of every adapter and of the head, in fp32, with right
-and left padding. `tests/test_lora.py` runs it; the report's step "lora: forward + gradients"
-prints its numbers.
+and left padding, on prompts (`--prompt-template`, through the test tokenizer's chat
+template; the instructions longer than the shortest comments). `tests/test_lora.py` runs it;
+the report's step "lora: forward + gradients" prints its numbers.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from parity_tests.checks import Result
+from parity_tests.checks import RULES_PROMPT, Result
 
 RANK, ALPHA = 4, 8.0
+RULES = ("No spam.", "No insults or personal attacks.")
 FORWARD_RTOL = 1e-5  # of the logits' scale, as the families' forward check measures
 GRAD_RTOL = 1e-4  # per tensor, of its largest entry
 
@@ -29,7 +31,8 @@ def forward_and_gradients(work: Path, family: str) -> list[Result]:
     from flax.traverse_util import flatten_dict, unflatten_dict
 
     from jaxtpu.core.data.demo import SAMPLE_CSV
-    from jaxtpu.core.data.readers import read_comments
+    from jaxtpu.core.data.readers import PromptTemplate, read_comments
+    from jaxtpu.core.data.tokens import encode_texts
     from jaxtpu.core.flags.runspec import RunSpec
     from jaxtpu.core.flags.schema import Config
     from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS
@@ -86,15 +89,16 @@ def forward_and_gradients(work: Path, family: str) -> list[Result]:
         for name, path in ours_of.items():
             theirs[name].copy_(torch.from_numpy(flat[path].T.copy()))
 
+    # prompts, as a rules run reads them: the chat template's tokens of each, the comment cut
+    # at 128 tokens; the instructions are longer than the shortest comments
     texts = read_comments(SAMPLE_CSV).texts[:40:4]
+    prompt = PromptTemplate(RULES_PROMPT, rules=True)
+    items = [(prompt.render({"rule": RULES[k % 2]}), t) for k, t in enumerate(texts)]
     labels = (np.arange(len(texts)) % 2).astype(np.float32)
     results = []
     for side in ("right", "left"):
         tok.padding_side = side
-        batch = tok(
-            texts, max_length=40, truncation=True, padding="max_length", return_tensors="np"
-        )
-        ids, mask = batch["input_ids"].astype(np.int32), batch["attention_mask"].astype(np.int32)
+        ids, mask = encode_texts(items, tok, 128)
 
         def loss(p, ids=ids, mask=mask):
             logits = model.module.apply({"params": steps.merge_trained(p, frozen)}, ids, mask)

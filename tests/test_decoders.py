@@ -130,15 +130,18 @@ def test_decoder_configs_are_read_and_their_refusals_are_one_line():
     assert json.dumps(EncoderConfig.from_hf_dict(base).to_hf_dict())  # plain JSON
 
 
-def test_the_rules_task_on_a_decoder_is_refused_until_prompts_exist(tmp_path):
+def test_the_rules_task_on_a_decoder_needs_a_prompt(tmp_path):
     config = {"model_type": "qwen3", "pad_token_id": 0, "vocab_size": 50, "hidden_size": 32}
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4}))
     cfg = Config().replace(model_dir=str(tmp_path), task="rules")
-    with pytest.raises(ConfigError, match="a decoder reads the rule and the comment as one"):
+    with pytest.raises(ConfigError, match="as one prompt.*--prompt-template 'Rule: {rule}"):
         RunSpec.resolve(cfg, 1)
+    prompt = cfg.replace(prompt_template="{rule}: {comment}")
+    assert RunSpec.resolve(prompt, 1).segment_sep == -1  # one text: no token types
 
 
 @pytest.mark.model
+@pytest.mark.torch  # torchxla_ref's model: peft's import brings accelerate's torch_xla
 @pytest.mark.parametrize("name", ["qwen3", "llama"])
 def test_the_token_head_scores_the_log_odds_of_two_answers_before_training(name, tmp_path):
     """--token-head: before any training, the score is what transformers' causal LM says, the

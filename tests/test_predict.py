@@ -75,15 +75,24 @@ def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_di
     tok.add_tokens(["zzzunseen"])
     tok.save_pretrained(other_tok)
 
-    def model(task, tokenizer_dir):
+    from jaxtpu.core.flags.schema import Config
+
+    def model(task, tokenizer_dir, prompt=""):
         return SimpleNamespace(
-            spec=SimpleNamespace(task=get_task(task)), tokenizer_dir=tokenizer_dir
+            spec=SimpleNamespace(task=get_task(task)),
+            tokenizer_dir=tokenizer_dir,
+            cfg=Config().replace(prompt_template=prompt),
         )
 
     with pytest.raises(UserError, match="--workdir B is a ranking run, A a toxicity run"):
         check_ensemble([model("toxicity", minilm_dir), model("ranking", minilm_dir)], ["A", "B"])
     with pytest.raises(UserError, match="--workdir B has another tokenizer than A"):
         check_ensemble([model("toxicity", minilm_dir), model("toxicity", other_tok)], ["A", "B"])
+    with pytest.raises(UserError, match="B reads each row as --prompt-template 'Toxic.*A as"):
+        check_ensemble(
+            [model("toxicity", minilm_dir), model("toxicity", minilm_dir, "Toxic? {comment}")],
+            ["A", "B"],
+        )
     check_ensemble([model("toxicity", minilm_dir), model("toxicity", minilm_dir)], ["A", "B"])
 
 

@@ -333,8 +333,10 @@ def test_evaluate_reads_pairs_with_the_runs_template_and_an_ensemble_needs_one(
     p = write(tmp_path / "l.csv", [row(1, "spam", "No ads.", 1, sub="r/x")])
     assert read_labelled(str(p), TASK, "{rule} in {subreddit}").first == ["No ads. in r/x"]
 
-    def run(template):
-        data = SimpleNamespace(rule_template=template)
+    def run(template, prompt=""):
+        data = SimpleNamespace(
+            rule_template=template, prompt_template=prompt, row_template=prompt or template
+        )
         return SimpleNamespace(
             spec=SimpleNamespace(task=TASK),
             cfg=SimpleNamespace(data=data),
@@ -342,5 +344,7 @@ def test_evaluate_reads_pairs_with_the_runs_template_and_an_ensemble_needs_one(
         )
 
     check_ensemble([run("{rule}"), run("{rule}")], ["a", "b"])
-    with pytest.raises(UserError, match="an ensemble scores one pair per row"):
+    with pytest.raises(UserError, match="--rule-template .*an ensemble scores one text per row"):
         check_ensemble([run("{rule}"), run("{rule} {subreddit}")], ["a", "b"])
+    with pytest.raises(UserError, match="--prompt-template '{rule}: {comment}'"):
+        check_ensemble([run("{rule}", "{rule}: {comment}"), run("{rule}")], ["a", "b"])

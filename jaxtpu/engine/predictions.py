@@ -128,7 +128,7 @@ def predict_stream(
             f.seek(size)
             if not resume:
                 f.write(_csv_bytes([columns]))
-            template = scorers[0].model.cfg.data.rule_template
+            template = scorers[0].model.cfg.data.row_template
             for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows, template)):
                 start = k * chunk_rows
                 if resume and start == resume["rows"]:

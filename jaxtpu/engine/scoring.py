@@ -282,14 +282,18 @@ def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
                 f"--workdir {wd} has another tokenizer than {workdirs[0]}; an ensemble averages "
                 "runs of one model family and tokenizer"
             )
-        if not first.spec.task.text_pairs:
-            continue
-        template = model.cfg.data.rule_template
-        if template != first.cfg.data.rule_template:
+        mine, theirs = model.cfg.data, first.cfg.data
+        if mine.row_template != theirs.row_template:
             raise UserError(
-                f"--workdir {wd} reads each rule as --rule-template {template!r}, {workdirs[0]} "
-                f"as {first.cfg.data.rule_template!r}; an ensemble scores one pair per row"
+                f"--workdir {wd} reads each row as {_rows(mine)}, {workdirs[0]} as "
+                f"{_rows(theirs)}; an ensemble scores one text per row"
             )
+
+
+def _rows(data: Any) -> str:
+    """How a run reads each row: its flag and template."""
+    flag = "--prompt-template" if data.prompt_template else "--rule-template"
+    return f"{flag} {data.row_template!r}"
 
 
 def load_multilabel(workdirs: Sequence[str]) -> list[Any]:

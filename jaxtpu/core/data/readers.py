@@ -4,6 +4,7 @@ read as a stream (framework-free)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core.data.prompts import COMMENT, MARK
 from jaxtpu.core.data.records import (
     IDENTITIES,
     LANG_COLUMN,
@@ -202,7 +204,7 @@ def comments_to_score(
     rules file's rows are text pairs (`template`, its run's --rule-template, and the body)."""
     table = open_table(path)
     if file_kind(table.header) == "rules":
-        whole = read_rules(path, False, table=table, template=RuleTemplate(template))
+        whole = read_rules(path, False, table=table, template=row_template(template))
         for start in range(0, len(whole), chunk):
             part = whole.subset(np.arange(start, min(start + chunk, len(whole))))
             part.dropped = sum(not t for t in part.texts)
@@ -220,10 +222,10 @@ def comments_to_score(
         if with_ids:
             ids.append((row.get(id_col) or "").strip())
         if len(texts) == chunk:
-            yield Comments(str(path), texts, None, ids=ids, dropped=empty)
+            yield prompted(Comments(str(path), texts, None, ids=ids, dropped=empty), template)
             texts, ids, empty = [], [], 0
     if texts:
-        yield Comments(str(path), texts, None, ids=ids, dropped=empty)
+        yield prompted(Comments(str(path), texts, None, ids=ids, dropped=empty), template)
 
 
 def read_comments(
@@ -412,6 +414,80 @@ class RuleTemplate:
         return normalize_text(self.template.format_map(values))
 
 
+class PromptTemplate:
+    """`--prompt-template`: each row as one prompt, the template's text as written (`\\n` and
+    `\\t` in it are a newline and a tab) with `{comment}` where the comment goes and, in a
+    rules file, `{rule}` and any other column (`{subreddit}`, `{positive_example_1}`, ...),
+    each value whitespace-normalised. `render` gives the prompt with `prompts.MARK` in the
+    comment's place: the first text of the row's pair, the comment its second
+    (`jaxtpu.core.data.prompts` tokenizes them)."""
+
+    def __init__(self, template: str, rules: bool = True) -> None:
+        text = template.replace("\\n", "\n").replace("\\t", "\t")
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        except ValueError as e:
+            raise DataError(f"--prompt-template {template!r}: {e}") from None
+        if fields.count(COMMENT) != 1:
+            raise DataError(
+                f"--prompt-template {template!r} names {{comment}} {fields.count(COMMENT)} "
+                "times; once, where the comment goes (it is the part cut at --max-len)"
+            )
+        if any(not f.isidentifier() for f in fields):
+            raise DataError(
+                f"--prompt-template {template!r}: each {{...}} names one column, e.g. {{rule}}"
+            )
+        columns = tuple(dict.fromkeys(f for f in fields if f != COMMENT))
+        if rules and "rule" not in columns:
+            raise DataError(
+                f"--prompt-template {template!r} has no {{rule}}: the model must read the rule"
+            )
+        if not rules and columns:
+            raise DataError(
+                f"--prompt-template {template!r} names {', '.join(columns)}: a prompt of "
+                "comments alone names only {comment} (the rules task reads a row's columns)"
+            )
+        self.template, self.text, self.fields = template, text, columns
+
+    def check(self, path: Any, header: list[str]) -> None:
+        missing = [f for f in self.fields if f not in header]
+        if missing:
+            raise DataError(
+                f"{path}: --prompt-template {self.template!r} names column(s) "
+                f"{', '.join(missing)} the file does not have; found: {', '.join(header)}"
+            )
+
+    def render(self, row: Mapping[str, Any]) -> str:
+        values = {
+            f: normalize_text(row[f]).replace(MARK, "") if isinstance(row[f], str) else ""
+            for f in self.fields
+        }
+        return self.text.format_map({**values, COMMENT: MARK})
+
+
+def row_template(template: str, rules: bool = True) -> RuleTemplate | PromptTemplate:
+    """The template of a run's rows (`DataConfig.row_template`): a prompt when it names
+    `{comment}` (`--prompt-template`), else the first text of a rules row's pair
+    (`--rule-template`)."""
+    return PromptTemplate(template, rules) if _is_prompt(template) else RuleTemplate(template)
+
+
+def _is_prompt(template: str) -> bool:
+    try:
+        return any(f == COMMENT for _, f, _, _ in string.Formatter().parse(template))
+    except ValueError:  # not a template at all: the template's own class says why
+        return False
+
+
+def prompted(data: Comments, template: str) -> Comments:
+    """`data` (comments, not a rules file's rows) as prompts when `template` is one
+    (`--prompt-template`, naming only `{comment}`): the same prompt before every comment."""
+    if not _is_prompt(template):
+        return data
+    first = PromptTemplate(template, rules=False).render({})
+    return dataclasses.replace(data, first=[first] * len(data), digests=None)
+
+
 def _rule(path: Any, where: str, row: Mapping[str, Any]) -> str:
     rule = _text(row, "rule", where, path)
     if not rule:
@@ -436,7 +512,7 @@ def read_rules(
     fold_column: str = "",
     table: Table | None = None,
     columns: Mapping[str, NumberColumn] | None = None,
-    template: RuleTemplate | None = None,
+    template: RuleTemplate | PromptTemplate | None = None,
 ) -> Comments:
     """Reads an Agile Community Rules file (`train.csv`, or with `labelled=False` `test.csv`):
     each row a text pair, the first text the `template` over its columns (`--rule-template`,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxtpu.core.data.readers import RuleTemplate, columns, rule_examples
+from jaxtpu.core.data.readers import PromptTemplate, RuleTemplate, columns, rule_examples
 from jaxtpu.core.data.records import RULE_ID, RULE_LABEL, Comments, Groups
 from jaxtpu.core.data.tables import open_table
 from jaxtpu.core.errors import DataError
@@ -39,7 +39,9 @@ class ExampleCount:
 
 
 def example_rows(
-    paths: Sequence[str | os.PathLike], template: RuleTemplate, valid: Comments | None
+    paths: Sequence[str | os.PathLike],
+    template: RuleTemplate | PromptTemplate,
+    valid: Comments | None,
 ) -> tuple[Comments, ExampleCount]:
     """The examples of every row of `paths` as labelled rules rows: each
     `positive_example_*` a row labelled 1 and each `negative_example_*` one labelled 0, for the

@@ -50,7 +50,8 @@ def read_task_file(
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
     the fold ids of `fold_column` when one is asked for and the numeric `columns` a run asks
     for; with a `cache_dir`, through the file cache (`read_cached`; not a rules file, whose
-    first texts come from `template`, `--rule-template`, and which is small). A file in a
+    first texts come from `template`, and which is small). `template` is the run's
+    `DataConfig.row_template`: a rules row's first text, or each row's prompt. A file in a
     bucket is read from its local copy (`storage.fetch`), its messages naming the URL."""
     if storage.is_remote(path):
         local = storage.fetch(str(path))
@@ -72,7 +73,7 @@ def read_task_file(
             fold_column=fold_column,
             table=table,
             columns=columns,
-            template=readers.RuleTemplate(template),
+            template=readers.row_template(template),
         )
     if cache_dir is None:
         data = readers.READERS[kind](path, fold_column=fold_column, table=table, columns=columns)
@@ -85,7 +86,7 @@ def read_task_file(
             task.name,
         )
         data.groups = Groups()
-    return data
+    return readers.prompted(data, template) if isinstance(data, Comments) else data
 
 
 def number_columns(cfg: Config, training: bool = True) -> dict[str, NumberColumn]:
@@ -169,7 +170,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
         train, valid = (
             data,
             read_task_file(
-                d.valid_csv, task, cache_dir=cache, columns=valid_columns, template=d.rule_template
+                d.valid_csv, task, cache_dir=cache, columns=valid_columns, template=d.row_template
             ),
         )
         split_desc = f"validation file {d.valid_csv}"
@@ -197,7 +198,11 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     extra = overlap = 0
     if d.extra_train:
         more = read_task_file(
-            d.extra_train, task, cache_dir=cache, columns=aux_columns(task, False)
+            d.extra_train,
+            task,
+            cache_dir=cache,
+            columns=aux_columns(task, False),
+            template=d.row_template,
         )
         more, overlap = without_validation_texts(more, valid, f"--extra-train {d.extra_train}")
         extra = len(more)
@@ -215,7 +220,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     if d.rule_examples:
         paths = [p.strip() for p in d.rule_examples.split(",") if p.strip()]
         local = [storage.fetch(p) if storage.is_remote(p) else p for p in paths]
-        rows, examples = rules.example_rows(local, readers.RuleTemplate(d.rule_template), valid)
+        rows, examples = rules.example_rows(local, readers.row_template(d.row_template), valid)
         log.info("--rule-examples %s: %s", d.rule_examples, examples.describe())
         more_ex = encode(rows, tokenizer, d.max_len, d.cache_dir, task)
         train_ex = train_ex.concat(more_ex, train_ex.row_weights, 1.0)
@@ -244,9 +249,7 @@ def _training_rows(cfg: Config, cache: Path) -> tuple[Comments | Pairs, str]:
     d, task, seed = cfg.data, cfg.task, cfg.train.seed
     if d.train_csv:
         path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
-        data = read_task_file(
-            path, task, d.fold_column, cache, number_columns(cfg), d.rule_template
-        )
+        data = read_task_file(path, task, d.fold_column, cache, number_columns(cfg), d.row_template)
         source = str(path)
     else:
         data = demo_comments(d.demo_size, seed)

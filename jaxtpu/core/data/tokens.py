@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core.data import prompts
 from jaxtpu.core.data.buckets import real_lengths
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.files import (
@@ -57,6 +58,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         state = json.loads(backend.to_str())
         state.pop("truncation", None)
         state.pop("padding", None)
+        chat = getattr(tokenizer, "chat_template", None)
+        if chat:  # a prompt's tokens are the chat template's
+            state["chat_template"] = chat
         described = json.dumps(state, sort_keys=True)
     return hashlib.sha256(described.encode()).hexdigest()[:16]
 
@@ -69,7 +73,16 @@ def _chunks(
 ) -> Iterator[tuple[int, np.ndarray]]:
     """(start, (k, 2, max_len) int32 ids and mask) of each chunk of `texts`: texts, or text
     pairs (the rules task), whose second text is truncated, never the first (the callers'
-    `check_pairs_fit` has refused a first text that leaves no room)."""
+    `check_fit` has refused a first text that leaves no room), or prompts
+    (`prompts.prompt_ids`: their comment is truncated, never the instructions)."""
+    if prompts.is_prompts(texts):
+        if tokenizer.pad_token_id is None:
+            raise DataError("the tokenizer has no pad token: prompts cannot be batched")
+        left = tokenizer.padding_side == "left"
+        for start in range(0, len(texts), CHUNK):
+            part = prompts.prompt_ids(texts[start : start + CHUNK], tokenizer, max_len)
+            yield start, _padded(part, max_len, tokenizer.pad_token_id, left)
+        return
     pairs = _pairs(texts)
     backend = _backend(tokenizer, max_len, "only_second" if pairs else "longest_first")
     for start in range(0, len(texts), CHUNK):
@@ -98,6 +111,15 @@ def _chunks(
 
 def _pairs(texts: Sequence[Any]) -> bool:
     return bool(texts) and isinstance(texts[0], tuple)
+
+
+def check_fit(texts: Sequence[Any], tokenizer: Any, max_len: int) -> None:
+    """Refuses text pairs or prompts whose fixed part leaves no room for the comment
+    (`check_pairs_fit`, `prompts.check_prompts_fit`); texts always fit."""
+    if prompts.is_prompts(texts):
+        prompts.check_prompts_fit(texts, tokenizer, max_len)
+    elif _pairs(texts):
+        check_pairs_fit(texts, tokenizer, max_len)
 
 
 def check_pairs_fit(pairs: Sequence[tuple[str, str]], tokenizer: Any, max_len: int) -> None:
@@ -153,10 +175,9 @@ def _backend(tokenizer: Any, max_len: int, strategy: str = "longest_first") -> A
 def encode_texts(
     texts: Sequence[str] | Sequence[tuple[str, str]], tokenizer: Any, max_len: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, attention_mask), int32 (len(texts), max_len) of texts or text pairs:
-    truncated and padded to `max_len`, with no cache (`tokenize` caches)."""
-    if _pairs(texts):
-        check_pairs_fit(texts, tokenizer, max_len)
+    """(input_ids, attention_mask), int32 (len(texts), max_len) of texts, text pairs or
+    prompts: truncated and padded to `max_len`, with no cache (`tokenize` caches)."""
+    check_fit(texts, tokenizer, max_len)
     both = np.empty((len(texts), 2, max_len), np.int32)
     for start, chunk in _chunks(texts, tokenizer, max_len):
         both[start : start + len(chunk)] = chunk
@@ -291,8 +312,7 @@ def cached_tokens(
         listed = list(texts())
         if len(listed) != n:
             raise DataError(f"{len(listed)} texts to tokenize, {n} digests: they must match")
-        if _pairs(listed):  # before the entry: a refusal is not a cache that failed
-            check_pairs_fit(listed, tokenizer, max_len)
+        check_fit(listed, tokenizer, max_len)  # before the entry: a refusal is not a failed cache
         try:
             lengths = _write_entry(path, listed, tokenizer, max_len)
             both = _read_entry(path, shape)

@@ -153,11 +153,12 @@ class RunSpec:
             else model_dir
         )
         segment_sep = -1
-        if cfg.task.text_pairs and enc.family.kind.causal:
+        pairs = cfg.task.text_pairs and not cfg.data.prompt_template  # a prompt is one text
+        if pairs and enc.family.kind.causal:
             raise ConfigError(
                 f"--task {cfg.task.name} on {enc.model_type}: a decoder reads the rule and the "
-                "comment as one prompt, not as a text pair, and jaxtpu does not build decoder "
-                "prompts yet; train the rules task on an encoder"
+                "comment as one prompt, not as a text pair; give one, e.g. --prompt-template "
+                "'Rule: {rule}\\nComment: {comment}\\nDoes the comment break the rule?'"
             )
         known = known or {}
         answers: tuple[int, ...] = tuple(known.get("answer_ids") or ())
@@ -213,7 +214,7 @@ class RunSpec:
                 )
         if "segment_sep" in known:
             segment_sep = int(known["segment_sep"])
-        elif cfg.task.text_pairs and enc.type_vocab_size >= 2:
+        elif pairs and enc.type_vocab_size >= 2:
             segment_sep = separator_id(tokenizer_from or packaged_minilm_dir())
         return cls(
             task=cfg.task,

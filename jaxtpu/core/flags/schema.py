@@ -380,6 +380,16 @@ class DataConfig:
         "{positive_example_1} Does not: {negative_example_1}'. The comment (body) is the "
         "second text; at --max-len the comment is truncated, never this.",
     )
+    prompt_template: str = _f(
+        "",
+        "Each row as one prompt, for a decoder classifier: text over the file's columns with "
+        "{comment} where the comment goes ('\\n' in it is a newline), e.g. 'Rule: {rule}\\n"
+        "Comment: {comment}\\nDoes the comment break the rule?' (--task rules: {rule} and "
+        "any column; other tasks: {comment} alone). Laid out by the tokenizer's chat template "
+        "when it has one (the user message, then the generation prompt), token for token as "
+        "transformers' apply_chat_template; at --max-len the comment is cut, never the rest. "
+        "Empty: a comment is read as it is (a rules row as a pair, --rule-template).",
+    )
     rule_examples: str = _f(
         "",
         "--task rules: FILE[,FILE...] of Agile Community Rules rows whose examples "
@@ -408,8 +418,24 @@ class DataConfig:
         None, "Tokenization cache directory; default ~/.cache/jaxtpu/tokens.", resume=True
     )
 
+    @property
+    def row_template(self) -> str:
+        """What each row of a file becomes: `--prompt-template` when given (it names
+        {comment}), else the first text of a rules row's pair (`--rule-template`)."""
+        return self.prompt_template or self.rule_template
+
     def check(self) -> None:
         parse_buckets(self.buckets, self.max_len)
+        if self.prompt_template and "{comment}" not in self.prompt_template:
+            raise ConfigError(
+                f"--prompt-template {self.prompt_template!r} has no {{comment}}: it marks where "
+                "each comment goes"
+            )
+        if self.prompt_template and self.rule_template != "{rule}":
+            raise ConfigError(
+                "--prompt-template and --rule-template both say what a rules row reads: give "
+                "one (the prompt names the rule's columns itself)"
+            )
         if self.n_folds == 1:
             raise ConfigError("--n-folds must be 0 (off) or >= 2, got 1")
         if self.fold_column and (self.n_folds or self.valid_csv):
@@ -1039,6 +1065,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"{', '.join(given)}: the Agile Community Rules options go with --task rules, "
             f"not --task {cfg.train.task}"
+        )
+    if cfg.data.prompt_template and cfg.task.comments_per_example != 1:
+        raise ConfigError(
+            f"--prompt-template: --task {cfg.train.task} compares two comments; a prompt holds "
+            "one (toxicity, multilabel, rules)"
         )
     if cfg.data.bias_weights and cfg.task.comments_per_example != 1:
         raise ConfigError(
