@@ -270,11 +270,17 @@ def family_results(family: str, out: dict) -> list[Result]:
 
 
 def family_init(
-    work: Path, family: str, task: str = "toxicity", aux_columns: str = "", head: str = "jaxtpu"
+    work: Path,
+    family: str,
+    task: str = "toxicity",
+    aux_columns: str = "",
+    head: str = "jaxtpu",
+    **overrides: Any,
 ) -> Path:
     """The family's test checkpoint (`parity_tests.families`) with one seeded head (with an
     output per auxiliary target of `aux_columns`; `head` jaxtpu's or the family's own), saved
-    as a directory both sides start from."""
+    as a directory both sides start from. `overrides`: flags the run needs to resolve (a
+    decoder's rules run, its prompt)."""
     from parity_tests.families import build
 
     source = work / "families" / family
@@ -282,7 +288,13 @@ def family_init(
         build(family, source)
     name = f"init-{family}-{task}{'-aux' if aux_columns else ''}{'-hf' if head == 'hf' else ''}"
     return shared_init(
-        work / name, task, "tiny", model_dir=str(source), aux_columns=aux_columns, head=head
+        work / name,
+        task,
+        "tiny",
+        model_dir=str(source),
+        aux_columns=aux_columns,
+        head=head,
+        **overrides,
     )
 
 
@@ -350,7 +362,8 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity", variant: 
     if task == "rules":
         weighted = ["--train-csv", str(rules_file(work)), "--max-rows", "256"]
     head = "hf" if (family, task) in HF_HEAD else "jaxtpu"
-    model_dir = family_init(work, family, task, aux, head)
+    prompt = {"prompt_template": RULES_PROMPT} if variant == "prompt" else {}
+    model_dir = family_init(work, family, task, aux, head, **prompt)
     flags = [
         *("--head", head),
         *TRAJ_FLAGS,
