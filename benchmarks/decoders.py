@@ -25,6 +25,7 @@ is the competition's train.csv, `RULES_TRAIN` rows, every step at the row's leng
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -91,11 +92,13 @@ HEADER = (
 )
 
 
-def config_dir(root: Path, name: str) -> Path:
-    """A directory holding only `CONFIGS[name]` as config.json: preflight reads no weight."""
-    path = root / name
+def config_dir(root: Path, name: str, layers: int = 0) -> Path:
+    """A directory holding only `CONFIGS[name]` as config.json (with `layers` layers instead
+    of its own, when given): preflight reads no weight."""
+    path = root / (f"{name}-{layers}-layers" if layers else name)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(CONFIGS[name]))
+    config = {**CONFIGS[name], **({"num_hidden_layers": layers} if layers else {})}
+    (path / "config.json").write_text(json.dumps(config))
     return path
 
 
@@ -139,12 +142,13 @@ def row(saved: dict[str, Any]) -> str:
     )
 
 
-def run_config(root: Path, model: str, length: int, batch: int, chips: int) -> Any:
-    """The training flags of one row (see the module docstring)."""
+def run_config(root: Path, model: str, length: int, batch: int, chips: int, layers: int = 0) -> Any:
+    """The training flags of one row (see the module docstring); of the model cut to
+    `layers` layers, when given."""
     from jaxtpu.core.flags import presets
 
     return presets.PRESETS["bert-base"]().replace(
-        model_dir=str(config_dir(root, model)),
+        model_dir=str(config_dir(root, model, layers)),
         head="hf",
         train_csv="",
         max_len=length,
@@ -157,6 +161,48 @@ def run_config(root: Path, model: str, length: int, batch: int, chips: int) -> A
     )
 
 
+# `--estimate` without `--whole`: the programs of the model cut to these layer counts.
+FIT_LAYERS = (2, 4)
+FIT_NOTE = "affine in the layer count"
+_FITTED = ("est_step_s", "est_step_high_s", "roofline_step_s", "est_bytes_per_step")
+
+
+def _layer_fit(a: Any, b: Any, config: dict[str, Any]) -> Any:
+    """The estimate of the whole model from those of the model cut to `FIT_LAYERS` layers
+    (`a`, `b`): every layer is the same program, so each estimated time and byte count is
+    affine in the layer count (the embedding, head and optimizer's share, plus one layer's
+    times the count), and the two cut programs fix the line. The model FLOPs are the whole
+    model's (`Encoder.train_flops` needs no compile)."""
+    (la, lb), layers = FIT_LAYERS, config["num_hidden_layers"]
+    t = (layers - la) / (lb - la)
+    out = copy.deepcopy(b)
+    for name in _FITTED:
+        setattr(out, name, getattr(a, name) + (getattr(b, name) - getattr(a, name)) * t)
+    out.model_flops = a.model_flops + (b.model_flops - a.model_flops) * t
+    out.remat_flops = a.remat_flops + (b.remat_flops - a.remat_flops) * t
+    out.est_method = f"{b.est_method}, {FIT_NOTE} ({la} and {lb} layers compiled)"
+    out.extra["layer_fit"] = {
+        str(k): [r.est_step_s, r.est_step_high_s] for k, r in zip(FIT_LAYERS, (a, b), strict=True)
+    }
+    return out
+
+
+def _estimated(root: Path, saved: dict[str, Any], devices: list[Any], layers: int = 0) -> Any:
+    """Preflight's step estimate of a saved row at its largest batch (of the model cut to
+    `layers` layers, when given), as a `Report`."""
+    from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.preflight import speed as pf_speed
+    from jaxtpu.preflight.report import Report
+    from jaxtpu.preflight.targets import platform_of
+
+    n, largest = len(devices), saved["extra"]["largest_batch"]
+    cfg = run_config(root, saved["model"], saved["max_len"], largest, n, layers)
+    spec = RunSpec.resolve(cfg, n, platform_of(devices))
+    r = Report(**{k: v for k, v in saved.items() if k != "model"})
+    pf_speed.add_estimate(r, cfg, saved["target"], devices, spec)
+    return r
+
+
 def _estimate_saved(
     out: str | None,
     reports: list[dict[str, Any]],
@@ -164,28 +210,31 @@ def _estimate_saved(
     targets: list[str],
     models: list[str],
     lengths: list[int],
+    whole: bool,
 ) -> int:
-    """`--estimate`: the step estimate of saved rows at their largest batch."""
-    from jaxtpu.core.flags.runspec import RunSpec
-    from jaxtpu.preflight import speed as pf_speed
+    """`--estimate`: the step estimate of saved rows at their largest batch: of the whole
+    program (`whole`), or affine in the layer count from two programs of a few layers
+    (`_layer_fit`). A saved estimate of the whole program is kept; `whole` replaces a fit."""
     from jaxtpu.preflight import targets as pf_targets
-    from jaxtpu.preflight.report import Report
-    from jaxtpu.preflight.targets import platform_of
 
     if not out:
         raise SystemExit("--estimate reads and updates the rows of --out")
     for saved in reports:
         largest = saved["extra"].get("largest_batch", 0)
         wanted = saved["target"] in targets and saved["model"] in models
-        if not wanted or saved["max_len"] not in lengths or saved["est_step_s"] or not largest:
+        # a whole program's estimate is kept; a fit is replaced by one (--whole)
+        done = saved["est_step_s"] and (FIT_NOTE not in saved["est_method"] or not whole)
+        if not wanted or saved["max_len"] not in lengths or done or not largest:
             continue
         t0 = time.time()
         n = pf_targets.TPU_TARGETS[saved["target"]].devices
         devices, _ = pf_targets.target_devices(saved["target"], n)
-        cfg = run_config(root, saved["model"], saved["max_len"], largest, n)
-        spec = RunSpec.resolve(cfg, n, platform_of(devices))
-        r = Report(**{k: v for k, v in saved.items() if k != "model"})
-        pf_speed.add_estimate(r, cfg, saved["target"], devices, spec)
+        if whole:
+            r = _estimated(root, saved, devices)
+            r.extra.pop("layer_fit", None)
+        else:
+            cut = (_estimated(root, saved, devices, k) for k in FIT_LAYERS)
+            r = _layer_fit(*cut, CONFIGS[saved["model"]])
         saved.update(asdict(r))
         Path(out).write_text(json.dumps(reports, indent=2))
         print(row(saved), f"({time.time() - t0:.0f} s)", flush=True)
@@ -210,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="for the rows of --out (within --targets, --models, --lengths) saved without a step "
         "estimate (by --no-speed): estimate it at the row's largest batch and save the row",
+    )
+    p.add_argument(
+        "--whole",
+        action="store_true",
+        help="--estimate compiles the whole unrolled program (every layer: 6-10 minutes a "
+        f"row here) instead of the model cut to {FIT_LAYERS[0]} and {FIT_LAYERS[1]} layers, "
+        "from which the estimate is drawn affine in the layer count (each layer is the same "
+        "program)",
     )
     p.add_argument(
         "--no-speed",
@@ -238,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     targets, models = args.targets.split(","), args.models.split(",")
     lengths = list(map(int, args.lengths.split(",")))
     if args.estimate:
-        return _estimate_saved(args.out, reports, root, targets, models, lengths)
+        return _estimate_saved(args.out, reports, root, targets, models, lengths, args.whole)
     for model, target in ROWS:
         if target not in targets or model not in models:
             continue

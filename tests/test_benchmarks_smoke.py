@@ -309,6 +309,24 @@ def test_decoders_table_row_gives_the_largest_batch_and_the_rules_epoch():
     assert [m for m, t in decoders.ROWS if t == "v5e-1"] == ["Qwen3-4B"]
 
 
+def test_the_decoders_step_estimate_is_affine_in_the_layer_count():
+    from benchmarks import decoders
+    from jaxtpu.preflight.report import Report
+
+    def cut(step, high, flops):
+        r = Report("v5e-8", "fsdp", "layer", "data=1,fsdp=8", 12, 512, est_method="roofline")
+        r.est_step_s, r.est_step_high_s, r.roofline_step_s = step, high, step
+        r.est_bytes_per_step, r.model_flops, r.remat_flops = 10.0 * step, flops, flops / 3
+        return r
+
+    # 2 layers 1.0 s, 4 layers 1.5 s: 0.25 s a layer on 0.5 s of the rest; 40 layers: 10.5 s
+    whole = decoders._layer_fit(cut(1.0, 1.2, 6.0), cut(1.5, 1.8, 10.0), {"num_hidden_layers": 40})
+    assert whole.est_step_s == 10.5 and whole.est_step_high_s == pytest.approx(12.6)
+    assert whole.est_bytes_per_step == 105.0 and whole.model_flops == 82.0  # 2 a layer + 2
+    assert whole.est_method.startswith("roofline, affine in the layer count (2 and 4 layers")
+    assert whole.extra["layer_fit"] == {"2": [1.0, 1.2], "4": [1.5, 1.8]}
+
+
 def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_them():
     from benchmarks import scoring
 
