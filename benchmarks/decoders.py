@@ -127,7 +127,8 @@ def row(saved: dict[str, Any]) -> str:
             gib(r.optimizer),
             gib(r.total),
             gib(r.capacity),
-            span(r.est_step_s, r.est_step_high_s, lambda x: f"{x:.3f}"),
+            span(r.est_step_s, r.est_step_high_s, lambda x: f"{x:.3f}")
+            + ("†" if FIT_NOTE in r.est_method else ""),  # drawn from 2 and 4 layers
             span(
                 largest * chips / r.est_step_high_s if r.est_step_high_s else 0,
                 largest * chips / r.est_step_s if r.est_step_s else 0,
@@ -280,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         saved.sort(key=lambda r: (ROWS.index((r["model"], r["target"])), r["max_len"]))
         print(HEADER + "\n|" + "---|" * HEADER.count(" | ") + "---|")
         print("\n".join(row(r) for r in saved))
+        print("\n* estimates (preflight's roofline of the program compiled for the target), not "
+              "measurements")  # fmt: skip
+        if any(FIT_NOTE in r["est_method"] for r in saved):
+            print(f"\u2020 {FIT_NOTE}, from the model cut to {FIT_LAYERS[0]} and {FIT_LAYERS[1]} "
+                  "layers (--estimate without --whole)")  # fmt: skip
         return 0
 
     from jaxtpu.engine import hosts

@@ -325,6 +325,9 @@ def test_the_decoders_step_estimate_is_affine_in_the_layer_count():
     assert whole.est_bytes_per_step == 105.0 and whole.model_flops == 82.0  # 2 a layer + 2
     assert whole.est_method.startswith("roofline, affine in the layer count (2 and 4 layers")
     assert whole.extra["layer_fit"] == {"2": [1.0, 1.2], "4": [1.5, 1.8]}
+    whole.fits, whole.extra["largest_batch"] = True, 12
+    cells = [c.strip() for c in decoders.row({"model": "Qwen3-14B", **whole.__dict__}).split("|")]
+    assert cells[9] == "10.500-12.600†"  # the table marks an estimate drawn from the fit
 
 
 def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_them():
