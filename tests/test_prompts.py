@@ -171,6 +171,10 @@ def test_every_reader_gives_prompts_a_rules_files_columns_and_comments_alone(tmp
         assert not (toxic.text_digests() == plain.text_digests()).all(1).any()
     chunk = next(readers.comments_to_score(SAMPLE_CSV, 5, "Is it toxic? {comment}"))
     assert len(chunk.first) == 5 and chunk.encoded()[0][1] == chunk.texts[0]
+    demo, _ = taskdata._training_rows(
+        Config().replace(prompt_template="Is it toxic? {comment}", train_csv=""), tmp_path
+    )
+    assert demo.first == [f"Is it toxic? {prompts.MARK}"] * len(demo)  # the demo rows too
 
 
 @pytest.mark.e2e

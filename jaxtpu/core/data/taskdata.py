@@ -252,7 +252,7 @@ def _training_rows(cfg: Config, cache: Path) -> tuple[Comments | Pairs, str]:
         data = read_task_file(path, task, d.fold_column, cache, number_columns(cfg), d.row_template)
         source = str(path)
     else:
-        data = demo_comments(d.demo_size, seed)
+        data = readers.prompted(demo_comments(d.demo_size, seed), d.row_template)
         source = f"built-in demo data ({d.demo_size} generated comments)"
         asked = [f"--aux-columns {c}" for c in task.aux_columns]
         asked += [f"--weight-column {d.weight_column}"] if d.weight_column else []
