@@ -200,6 +200,10 @@ def test_a_decoder_rules_run_trains_predicts_and_exports_on_its_prompts(real_csv
     flags += ["--prompt-template", PROMPT, "--max-len", "128", "--max-rows", "64"]
     proc = cli("jaxtpu.train", *flags, "--train-csv", train, "--max-steps", "2", "--workdir", wd)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    said = proc.stdout + proc.stderr  # the run shows the first prompt as the model reads it
+    assert (
+        "laid out by the tokenizer's chat template); the first: '<|im_start|>user\\nRule: " in said
+    )
     out = tmp_path / "submission.csv"
     assert predict.main(["--workdir", str(wd), "--input", str(test), "--output", str(out)]) == 0
     written = {r["row_id"]: float(r["rule_violation"]) for r in csv.DictReader(open(out))}

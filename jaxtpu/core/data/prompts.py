@@ -52,6 +52,12 @@ def chat_parts(tokenizer: Any, message: str) -> tuple[str, str]:
     return before, after
 
 
+def prompt_text(tokenizer: Any, message: str, comment: str) -> str:
+    """The whole text of one prompt as the model reads it (before tokenizing)."""
+    before, after = chat_parts(tokenizer, message)
+    return before + comment + after
+
+
 def _backend(tokenizer: Any) -> Any:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import storage
-from jaxtpu.core.data import readers, rules
+from jaxtpu.core.data import prompts, readers, rules
 from jaxtpu.core.data.demo import SAMPLE_CSV, demo_comments
 from jaxtpu.core.data.filecache import read_cached
 from jaxtpu.core.data.pairing import pairs_from_labels
@@ -192,6 +192,11 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
             f"{task.monitor} is undefined and no best model could be chosen; give a --valid-csv "
             "with both classes, a larger --valid-fraction, or more rows"
         )
+    if isinstance(train, Comments) and train.first is not None and d.prompt_template:
+        chat = getattr(tokenizer, "chat_template", None)
+        how = "laid out by the tokenizer's chat template" if chat else "no chat template"
+        first = prompts.prompt_text(tokenizer, train.first[0], train.texts[0])
+        log.info("each row is one prompt (--prompt-template, %s); the first: %r", how, first[:400])
     weights = row_weights(train, cfg, source)
     train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
     train_ex.row_weights = weights
