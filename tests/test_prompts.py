@@ -160,6 +160,9 @@ def test_every_reader_gives_prompts_a_rules_files_columns_and_comments_alone(tmp
     assert data.texts == ["buy now", "hello"]
     scored = next(readers.comments_to_score(rules_csv, 10, template))
     assert scored.first == data.first
+    # a rule holding the mark's character is still a pair, not a prompt
+    pair = readers.RuleTemplate().render({"rule": "No\x00 ads."})
+    assert pair == "No ads." and not prompts.is_prompts([(pair, "buy now")])
     # a comments file: the same prompt before every comment, through the file cache too
     for cache in (None, tmp_path / "cache"):
         toxic = taskdata.read_task_file(

@@ -201,7 +201,8 @@ def comments_to_score(
     """The comments of a file to score, `chunk` rows at a time, as a stream (`predict` on
     millions of rows): each an unlabelled `Comments` of its rows, empty comments kept (every id
     gets a score) and counted in `dropped`; `ids` empty when the file has no id column. A
-    rules file's rows are text pairs (`template`, its run's --rule-template, and the body)."""
+    rules file's rows are text pairs (`template`, its run's --rule-template, and the body);
+    with a run's --prompt-template (`template` naming {comment}), every row is its prompt."""
     table = open_table(path)
     if file_kind(table.header) == "rules":
         whole = read_rules(path, False, table=table, template=row_template(template))
@@ -411,7 +412,8 @@ class RuleTemplate:
 
     def render(self, row: Mapping[str, Any]) -> str:
         values = {f: normalize_text(row[f]) if isinstance(row[f], str) else "" for f in self.fields}
-        return normalize_text(self.template.format_map(values))
+        # never a prompt's mark, so a pair is not taken for a prompt (`prompts.is_prompts`)
+        return normalize_text(self.template.format_map(values)).replace(MARK, "")
 
 
 class PromptTemplate:

@@ -195,7 +195,8 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     if isinstance(train, Comments) and train.first is not None and d.prompt_template:
         chat = getattr(tokenizer, "chat_template", None)
         how = "laid out by the tokenizer's chat template" if chat else "no chat template"
-        first = prompts.prompt_text(tokenizer, train.first[0], train.texts[0])
+        # the comment left as {comment}: a file-cached run's texts stay unread
+        first = prompts.prompt_text(tokenizer, train.first[0], "{comment}")
         log.info("each row is one prompt (--prompt-template, %s); the first: %r", how, first[:400])
     weights = row_weights(train, cfg, source)
     train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
