@@ -382,41 +382,65 @@ def read_pairs(
     return Pairs(str(path), less, more, dropped, folds_or_none, columns=numbers_of)
 
 
-class RuleTemplate:
-    """`--rule-template`: the first text of each rules row's pair, from its columns
-    (`{rule}`, `{subreddit}`, `{positive_example_1}`, ...), each value whitespace-normalised.
-    The rule itself must be in it: the model has to read which rule it is asked about."""
+class _ColumnTemplate:
+    """What `RuleTemplate` and `PromptTemplate` share: the columns of a rules file a template
+    names (`fields`), checked against a file's header and read from its rows, each value
+    whitespace-normalised; `flag` names the template in messages."""
 
-    def __init__(self, template: str = DEFAULT_RULE_TEMPLATE) -> None:
+    flag = ""
+
+    @classmethod
+    def _names(cls, template: str, text: str) -> list[str]:
+        """The {...} names of `text` (the template as it is read), each one column."""
         try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+            return [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
         except ValueError as e:
-            raise DataError(f"--rule-template {template!r}: {e}") from None
-        if "rule" not in fields:
-            raise DataError(
-                f"--rule-template {template!r} has no {{rule}}: the model must read the rule"
-            )
+            raise DataError(f"{cls.flag} {template!r}: {e}") from None
+
+    @classmethod
+    def _check_names(cls, template: str, fields: list[str], example: str) -> None:
         if any(not f.isidentifier() for f in fields):
             raise DataError(
-                f"--rule-template {template!r}: each {{...}} names one column, e.g. {{subreddit}}"
+                f"{cls.flag} {template!r}: each {{...}} names one column, e.g. {{{example}}}"
             )
-        self.template, self.fields = template, tuple(dict.fromkeys(fields))
+
+    def __init__(self, template: str, text: str, fields: tuple[str, ...]) -> None:
+        self.template, self.text, self.fields = template, text, fields
 
     def check(self, path: Any, header: list[str]) -> None:
         missing = [f for f in self.fields if f not in header]
         if missing:
             raise DataError(
-                f"{path}: --rule-template {self.template!r} names column(s) "
+                f"{path}: {self.flag} {self.template!r} names column(s) "
                 f"{', '.join(missing)} the file does not have; found: {', '.join(header)}"
             )
 
+    def _values(self, row: Mapping[str, Any]) -> dict[str, str]:
+        return {f: normalize_text(row[f]) if isinstance(row[f], str) else "" for f in self.fields}
+
+
+class RuleTemplate(_ColumnTemplate):
+    """`--rule-template`: the first text of each rules row's pair, from its columns
+    (`{rule}`, `{subreddit}`, `{positive_example_1}`, ...), each value whitespace-normalised.
+    The rule itself must be in it: the model has to read which rule it is asked about."""
+
+    flag = "--rule-template"
+
+    def __init__(self, template: str = DEFAULT_RULE_TEMPLATE) -> None:
+        fields = self._names(template, template)
+        if "rule" not in fields:
+            raise DataError(
+                f"--rule-template {template!r} has no {{rule}}: the model must read the rule"
+            )
+        self._check_names(template, fields, "subreddit")
+        super().__init__(template, template, tuple(dict.fromkeys(fields)))
+
     def render(self, row: Mapping[str, Any]) -> str:
-        values = {f: normalize_text(row[f]) if isinstance(row[f], str) else "" for f in self.fields}
         # never a prompt's mark, so a pair is not taken for a prompt (`prompts.is_prompts`)
-        return normalize_text(self.template.format_map(values)).replace(MARK, "")
+        return normalize_text(self.text.format_map(self._values(row))).replace(MARK, "")
 
 
-class PromptTemplate:
+class PromptTemplate(_ColumnTemplate):
     """`--prompt-template`: each row as one prompt, the template's text as written (`\\n` and
     `\\t` in it are a newline and a tab) with `{comment}` where the comment goes and, in a
     rules file, `{rule}` and any other column (`{subreddit}`, `{positive_example_1}`, ...),
@@ -424,21 +448,17 @@ class PromptTemplate:
     comment's place: the first text of the row's pair, the comment its second
     (`jaxtpu.core.data.prompts` tokenizes them)."""
 
+    flag = "--prompt-template"
+
     def __init__(self, template: str, rules: bool = True) -> None:
         text = template.replace("\\n", "\n").replace("\\t", "\t")
-        try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
-        except ValueError as e:
-            raise DataError(f"--prompt-template {template!r}: {e}") from None
+        fields = self._names(template, text)
         if fields.count(COMMENT) != 1:
             raise DataError(
                 f"--prompt-template {template!r} names {{comment}} {fields.count(COMMENT)} "
                 "times; once, where the comment goes (it is the part cut at --max-len)"
             )
-        if any(not f.isidentifier() for f in fields):
-            raise DataError(
-                f"--prompt-template {template!r}: each {{...}} names one column, e.g. {{rule}}"
-            )
+        self._check_names(template, fields, "rule")
         columns = tuple(dict.fromkeys(f for f in fields if f != COMMENT))
         if rules and "rule" not in columns:
             raise DataError(
@@ -449,21 +469,10 @@ class PromptTemplate:
                 f"--prompt-template {template!r} names {', '.join(columns)}: a prompt of "
                 "comments alone names only {comment} (the rules task reads a row's columns)"
             )
-        self.template, self.text, self.fields = template, text, columns
-
-    def check(self, path: Any, header: list[str]) -> None:
-        missing = [f for f in self.fields if f not in header]
-        if missing:
-            raise DataError(
-                f"{path}: --prompt-template {self.template!r} names column(s) "
-                f"{', '.join(missing)} the file does not have; found: {', '.join(header)}"
-            )
+        super().__init__(template, text, columns)
 
     def render(self, row: Mapping[str, Any]) -> str:
-        values = {
-            f: normalize_text(row[f]).replace(MARK, "") if isinstance(row[f], str) else ""
-            for f in self.fields
-        }
+        values = {f: v.replace(MARK, "") for f, v in self._values(row).items()}
         return self.text.format_map({**values, COMMENT: MARK})
 
 
