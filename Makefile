@@ -15,7 +15,7 @@ endif
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := torch,pretrained,tpu,dev,wandb,onnx,gcs
+EXTRAS := torch,pretrained,tpu,dev,wandb,onnx,gcs,serve
 # The installer: uv (from PyPI, into each venv by the venv's own pip), which resolves and
 # downloads in parallel and links each package from one cache (~/.cache/uv) into every venv
 # that wants it, so CI's three environments of ~9 GB download the big wheels once and cost

@@ -136,6 +136,9 @@ HEAVY = (
     "tensorstore",
     "wandb",
     "tensorboardX",
+    "starlette",  # jaxtpu[serve]
+    "uvicorn",
+    "prometheus_client",
 )
 
 

@@ -30,6 +30,10 @@ COMMANDS = {
         "jaxtpu.launch",
         "run train on a Cloud TPU VM's workers, re-creating a preempted VM and resuming",
     ),
+    "serve": (
+        "jaxtpu.serve.command",
+        "answer Perspective API's requests with a run's model (an HTTP server)",
+    ),
     "bisect": ("parity_tests.bisect", "layer-by-layer comparison with transformers"),
     "families": ("parity_tests.families", "build small random checkpoints of every family"),
     "parity": ("parity_tests.report", "run the parity checks and write the report"),

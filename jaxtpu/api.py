@@ -24,15 +24,25 @@ from jaxtpu.core import metrics
 from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import SCORING
-from jaxtpu.engine.scoring import Scorer, load_trained
+from jaxtpu.engine.scoring import Scorer, TrainedModel, load_trained
 
 
 class Model:
     """The best model of a jaxtpu run, ready to score text (see `load`)."""
 
     def __init__(self, workdir: str | Path, devices: list[Any], batch_size: int) -> None:
+        self._start(load_trained(workdir), devices, batch_size)
 
-        self.trained = load_trained(workdir)
+    @classmethod
+    def of(cls, trained: TrainedModel, devices: list[Any], batch_size: int) -> Model:
+        """A model already loaded (`jaxtpu.engine.scoring`'s `load_model_dir` of an export, or
+        `load_trained` of a run), scored as a run's is (`jaxtpu serve --model-dir`)."""
+        model = cls.__new__(cls)
+        model._start(trained, devices, batch_size)
+        return model
+
+    def _start(self, trained: TrainedModel, devices: list[Any], batch_size: int) -> None:
+        self.trained = trained
         self.scorer = Scorer(self.trained, devices, batch_size)
         self.task = self.scorer.task
         self.backend = self.scorer.backend

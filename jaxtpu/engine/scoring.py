@@ -262,7 +262,7 @@ class Scorer:
         batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
         layout = self.task.batch_layout(self.max_len)
         examples = tokenized.Examples(ids, mask, label, layout=layout)
-        _, scores = loop.score_examples(self.backend, examples, batcher, self.task)
+        _, scores = loop.score_examples(self.backend, examples, batcher, self.task, False)
         return scores
 
 

@@ -301,6 +301,79 @@ class LaunchFlags:
 
 
 @dataclass(frozen=True)
+class ServeFlags:
+    workdir: list[str] | None = _c(
+        None,
+        "Run directory (its best model) to serve; several are served side by side, each "
+        "answering its own attributes (an attribute two runs answer is refused).",
+        nargs="+",
+        required=True,
+        one_of="source",
+    )
+    model_dir: str | None = _c(
+        None,
+        "Instead of a run: an export to serve (a jaxtpu export with head.safetensors, or a "
+        "*ForSequenceClassification directory: `jaxtpu export` of a --head hf run), in fp32.",
+        one_of="source",
+    )
+    attributes: list[str] | None = _c(
+        None,
+        "The attributes each model answers, one value per model in order ('' keeps a model's "
+        "default): column=NAME,... renames its columns (default: every Jigsaw column's "
+        "Perspective name: toxic TOXICITY, severe_toxic SEVERE_TOXICITY, obscene PROFANITY, "
+        "threat THREAT, insult INSULT, identity_hate IDENTITY_ATTACK, sexual_explicit "
+        'SEXUALLY_EXPLICIT); a rules model needs NAME="rule text",... (each attribute the '
+        "probability that the comment breaks that rule).",
+        nargs="+",
+    )
+    languages: str = _c(
+        "",
+        "Languages the models answer, comma-separated ISO 639-1 codes (a request naming another "
+        "is refused) [default: those the run was validated on: its per-language AUCs, else en].",
+    )
+    host: str = _c(
+        "127.0.0.1",
+        "Address to listen on (0.0.0.0: every interface; give --api-keys when it is not loopback).",
+    )
+    port: int = _c(8080, "Port to listen on.", bounds=Bounds(0, 65535))
+    api_keys: str | None = _c(
+        None,
+        "A file of API keys, one a line ('#' starts a comment): a request whose ?key= is not "
+        "one of them gets Perspective's 403. Without it no key is needed.",
+    )
+    max_batch: int = _c(
+        64,
+        "Texts scored together at most (a request's comment, and its sentences with "
+        "spanAnnotations): concurrent requests are batched up to this.",
+        bounds=Bounds(1, 65536),
+    )
+    max_wait_ms: float = _c(
+        5.0,
+        "How long the first request of a batch waits for others (milliseconds).",
+        bounds=Bounds(0, 10000),
+    )
+    max_queue: int = _c(
+        256,
+        "Requests waiting to be scored at most; beyond it a request gets 429 with Retry-After.",
+        bounds=Bounds(1, 10**6),
+    )
+    max_body_kb: int = _c(
+        256,
+        "Largest request body (KiB), refused before it is read (comment.text itself is at "
+        "most 20 KB, as at Perspective).",
+        bounds=Bounds(1, 1 << 20),
+    )
+    read_timeout: float = _c(
+        10.0,
+        "Seconds a client has to send its request body (a slower one gets 408).",
+        bounds=Bounds(0, 3600, lo_open=True),
+    )
+    log_comments: bool = _c(
+        False, "Log each request's comment text (without it no comment text is ever logged)."
+    )
+
+
+@dataclass(frozen=True)
 class Command:
     """One command's flags: its own (`flags`) and the shared scoring flags it takes
     (`scoring`; those in `unset` default to None, so the command can tell they were not
@@ -332,6 +405,9 @@ COMMANDS: dict[str, Command] = {
     "lr-find": Command("jaxtpu lr-find", LrFindFlags),
     "preflight": Command("jaxtpu preflight", PreflightFlags),
     "launch": Command("jaxtpu launch", LaunchFlags),
+    "serve": Command(
+        "jaxtpu serve", ServeFlags, ("max_len", "num_devices", "batch_size"), ("max_len",)
+    ),
 }
 
 

@@ -42,10 +42,17 @@ log = logging.getLogger("jaxtpu")
 VALID_SCORES = "valid_scores.csv"  # the best model's predictions of the validation set
 
 
-def score_examples(backend: Any, examples: tokenized.Examples, batcher: Batcher, task: Task):
+def score_examples(
+    backend: Any,
+    examples: tokenized.Examples,
+    batcher: Batcher,
+    task: Task,
+    with_metrics: bool = True,
+):
     """Scores every example exactly once across all devices (in the batcher's buckets), then
-    computes the metrics on the host over the whole set; examples with row weights
-    (--weighted-val-loss) weigh the loss by them, never the other metrics.
+    computes the metrics on the host over the whole set (unless `with_metrics` is off: texts
+    scored without labels); examples with row weights (--weighted-val-loss) weigh the loss by
+    them, never the other metrics.
     Returns (metrics, scores of the examples in their order)."""
     outs, batches = [], []
     rows = backend.local_rows(batcher.eval_global_batch)
@@ -56,9 +63,11 @@ def score_examples(backend: Any, examples: tokenized.Examples, batcher: Batcher,
     weight = np.concatenate([b.weight for b in batches])
     scores = np.concatenate([o["score"] for o in outs])
     losses = np.concatenate([o["loss"] for o in outs])
-    groups = examples.groups.take(idx)
-    result = task.validation_metrics(scores, examples.label[idx], losses, weight, groups)
-    if examples.row_weights is not None:
+    result: dict[str, float] = {}
+    if with_metrics:
+        groups = examples.groups.take(idx)
+        result = task.validation_metrics(scores, examples.label[idx], losses, weight, groups)
+    if with_metrics and examples.row_weights is not None:
         result["val_loss"] = metrics.weighted_mean(losses, weight * examples.row_weights[idx])
     real = weight > 0
     ordered = np.empty((len(examples), *scores.shape[1:]), scores.dtype)

@@ -1,0 +1,96 @@
+"""A served model's version and its card (framework-free).
+
+The version is a content hash: of the weights (every array's name, dtype, shape and bytes), the
+tokenizer's files, the attribute map, the calibration and jaxtpu's version. Two servers of the
+same model answer the same version; retraining, re-calibrating or renaming an attribute gives
+another. Perspective's scores changed without one ("Bye Bye Perspective API", arXiv
+2604.25580); these cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHUNK = 1 << 20
+
+
+def digest_arrays(arrays: Iterable[tuple[str, Any]]) -> str:
+    """sha256 of named arrays, in name order: each name, dtype, shape and C-order bytes."""
+    h = hashlib.sha256()
+    for name, value in sorted(arrays, key=lambda kv: kv[0]):
+        a = np.ascontiguousarray(np.asarray(value))
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def digest_file(path: str | Path) -> str:
+    """sha256 of one file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def digest_dir(directory: str | Path, names: Iterable[str] | None = None) -> str:
+    """sha256 of the files of a directory (or of `names` in it that exist), by name."""
+    root = Path(directory)
+    files = (
+        sorted(p for p in root.iterdir() if p.is_file())
+        if names is None
+        else sorted(root / n for n in names if (root / n).is_file())
+    )
+    h = hashlib.sha256()
+    for p in files:
+        h.update(f"{p.name}|{digest_file(p)}|".encode())
+    return h.hexdigest()
+
+
+def model_version(parts: Mapping[str, Any]) -> str:
+    """The version of a served model from its parts' digests or JSON-able values (weights,
+    tokenizer, attributes, calibration, jaxtpu): 'jaxtpu-' and 16 hex digits."""
+    text = json.dumps(dict(parts), sort_keys=True, separators=(",", ":"))
+    return "jaxtpu-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def validation_summary(metrics: Mapping[str, Any], columns: Iterable[str]) -> dict[str, Any]:
+    """What a run's best evaluation says of each column (`val_auc_<column>`, or `val_auc` for a
+    one-column model) and of its bias and language breakdowns, from its metrics."""
+    columns = list(columns)
+    out: dict[str, Any] = {"auc": {}}
+    for c in columns:
+        key = f"val_auc_{c}" if f"val_auc_{c}" in metrics else None
+        if key is None and len(columns) == 1 or (key is None and c == columns[0]):
+            key = "val_auc" if "val_auc" in metrics else None
+        if key and _finite(metrics[key]):
+            out["auc"][c] = float(metrics[key])
+    for key in ("val_mean_auc", "val_jigsaw_bias", "val_mean_language_auc", "val_mean_rule_auc"):
+        if key in metrics and _finite(metrics[key]):
+            out[key] = float(metrics[key])
+    bias = {k: float(v) for k, v in metrics.items() if k.startswith("val_") and _bias_key(k)}
+    if bias:
+        out["bias"] = bias
+    return out
+
+
+def _bias_key(key: str) -> bool:
+    return any(part in key for part in ("subgroup_auc", "bpsn_auc", "bnsp_auc", "power_mean"))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and np.isfinite(value)
+
+
+def languages_of(metrics: Mapping[str, Any]) -> list[str]:
+    """The languages a run was validated on: those of its per-language AUCs
+    (`val_auc_lang_<code>`), or English when it has none (every Jigsaw file but
+    Multilingual's)."""
+    found = sorted(k[len("val_auc_lang_") :] for k in metrics if k.startswith("val_auc_lang_"))
+    return found or ["en"]

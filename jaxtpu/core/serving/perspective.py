@@ -1,0 +1,297 @@
+"""Perspective API's one method, `comments:analyze`, as data: its request read and checked
+(`parse_request`), its response built (`response`), its errors in Google's JSON shape
+(`ApiError`) (framework-free; the HTTP server is `jaxtpu.serve`).
+
+The request and response follow Perspective's API reference field for field:
+`comment.text` (required, at most `MAX_TEXT_BYTES` of UTF-8), `comment.type` (`PLAIN_TEXT`),
+`requestedAttributes` (required: a map from attribute name to `{}` or `{"scoreType":
+"PROBABILITY", "scoreThreshold": x}`), `spanAnnotations`, `languages` (echoed), `clientToken`
+(echoed), and `doNotStore`, `sessionId`, `context` (accepted; nothing is ever stored, and the
+context does not change a score, as it did not at Perspective). As Google's APIs do, a field
+this method does not have is an error rather than silently ignored, so a typo is seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_TEXT_BYTES = 20480  # Perspective's limit on comment.text (20 KB)
+MAX_ATTRIBUTES = 64  # requested attributes per request (a model has a handful)
+PROBABILITY = "PROBABILITY"
+FIELDS = {
+    "comment",
+    "context",
+    "requestedAttributes",
+    "spanAnnotations",
+    "languages",
+    "doNotStore",
+    "clientToken",
+    "sessionId",
+    "communityId",
+}
+STATUS = {
+    400: "INVALID_ARGUMENT",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "INVALID_ARGUMENT",
+    408: "DEADLINE_EXCEEDED",
+    411: "INVALID_ARGUMENT",
+    413: "INVALID_ARGUMENT",
+    415: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+}
+
+
+class ApiError(Exception):
+    """A refused request: its HTTP code, Google's status name and one line for the caller."""
+
+    def __init__(self, code: int, message: str, details: list[dict[str, Any]] | None = None):
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details or []
+
+    @property
+    def status(self) -> str:
+        return STATUS.get(self.code, "UNKNOWN")
+
+    def body(self) -> dict[str, Any]:
+        """`{"error": {"code", "message", "status"[, "details"]}}`, Google's error shape."""
+        error = {"code": self.code, "message": self.message, "status": self.status}
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}
+
+
+@dataclass(frozen=True)
+class Requested:
+    """One requested attribute: its name and the threshold under which its scores are left
+    out (None: every score)."""
+
+    name: str
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class AnalyzeRequest:
+    """A checked `comments:analyze` request."""
+
+    text: str
+    attributes: tuple[Requested, ...]
+    languages: tuple[str, ...]  # as the client wrote them; () when absent
+    spans: bool = False
+    client_token: str | None = None
+    session_id: str | None = None
+    do_not_store: bool = False
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, message)
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], where: str, name: str) -> Any:
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise _bad(f"Invalid value at '{where}' ({name}): {json.dumps(value)[:80]}")
+    return value
+
+
+def language_code(tag: str) -> str:
+    """The primary language of a BCP-47 / ISO 639-1 tag, lower case: 'en-US' -> 'en'."""
+    return tag.replace("_", "-").split("-")[0].strip().lower()
+
+
+def parse_request(
+    body: bytes, available: Sequence[str], languages: Sequence[str]
+) -> AnalyzeRequest:
+    """A `comments:analyze` request body, checked against the model.
+
+    Args:
+      body: the request's bytes (JSON).
+      available: the attribute names the model answers.
+      languages: the languages it was validated on (ISO 639-1 codes).
+
+    Raises:
+      ApiError: 400 with Perspective's message for anything the method refuses: invalid
+        JSON or UTF-8, a missing or mistyped field, an unknown field, empty or too long text,
+        a comment type other than PLAIN_TEXT, an attribute the model lacks (the message names
+        those it has), a score type other than PROBABILITY, a threshold that is not a number
+        in [0, 1], a language the model was not validated on.
+    """
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise _bad("Invalid JSON payload received. The body is not valid UTF-8.") from None
+    except ValueError as e:
+        raise _bad(f"Invalid JSON payload received. {str(e).split(':')[0]}.") from None
+    if not isinstance(data, dict):
+        raise _bad("Invalid JSON payload received. The request must be a JSON object.")
+    unknown = sorted(set(data) - FIELDS)
+    if unknown:
+        raise _bad(
+            f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.'
+        )
+    text = _comment_text(data.get("comment"))
+    attributes = _requested(data.get("requestedAttributes"), available)
+    asked = _languages(data.get("languages"), attributes, languages)
+    spans = _typed(data.get("spanAnnotations", False), bool, "span_annotations", "TYPE_BOOL")
+    do_not_store = _typed(data.get("doNotStore", False), bool, "do_not_store", "TYPE_BOOL")
+    token = data.get("clientToken")
+    if token is not None:
+        _typed(token, str, "client_token", "TYPE_STRING")
+    session = data.get("sessionId")
+    if session is not None:
+        _typed(session, str, "session_id", "TYPE_STRING")
+    context = data.get("context")
+    if context is not None:
+        _typed(context, dict, "context", "TYPE_MESSAGE")
+    return AnalyzeRequest(text, attributes, asked, spans, token, session, do_not_store)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"Unexpected token {name}: not JSON")
+
+
+def _comment_text(comment: Any) -> str:
+    if comment is None:
+        raise _bad("Comment must be specified (comment.text is required).")
+    _typed(comment, dict, "comment", "TYPE_MESSAGE")
+    unknown = sorted(set(comment) - {"text", "type"})
+    if unknown:
+        raise _bad(
+            f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at 'comment': Cannot "
+            "find field."
+        )
+    kind = comment.get("type", "PLAIN_TEXT")
+    if kind != "PLAIN_TEXT":
+        raise _bad(f"comment.type {kind!r} is not supported; only PLAIN_TEXT is.")
+    text = comment.get("text")
+    if text is None:
+        raise _bad("Comment must be specified (comment.text is required).")
+    _typed(text, str, "comment.text", "TYPE_STRING")
+    if not text.strip():
+        raise _bad(
+            "Comment text was empty: comment.text must hold at least one character that is "
+            "not whitespace."
+        )
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate escaped in the JSON (\ud800)
+        raise _bad("comment.text is not valid Unicode (an unpaired surrogate).") from None
+    if size > MAX_TEXT_BYTES:
+        raise _bad(f"Comment text too long: {size} bytes of UTF-8; the limit is {MAX_TEXT_BYTES}.")
+    return text
+
+
+def _requested(value: Any, available: Sequence[str]) -> tuple[Requested, ...]:
+    if value is None:
+        raise _bad("requestedAttributes must be specified.")
+    _typed(value, dict, "requested_attributes", "TYPE_MAP")
+    if not value:
+        raise _bad("requestedAttributes must name at least one attribute.")
+    if len(value) > MAX_ATTRIBUTES:
+        raise _bad(f"requestedAttributes names {len(value)} attributes; at most {MAX_ATTRIBUTES}.")
+    out = []
+    for name, options in value.items():
+        if name not in available:
+            raise _bad(
+                f"Unknown attribute {name[:80]!r}: this model answers {', '.join(available)}."
+            )
+        where = f"requested_attributes[{name}]"
+        _typed(options, dict, where, "TYPE_MESSAGE")
+        unknown = sorted(set(options) - {"scoreType", "scoreThreshold"})
+        if unknown:
+            raise _bad(
+                f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at '{where}': "
+                "Cannot find field."
+            )
+        kind = options.get("scoreType", PROBABILITY)
+        if kind != PROBABILITY:
+            raise _bad(f"{where}.scoreType {kind!r} is not supported; only PROBABILITY is.")
+        threshold = options.get("scoreThreshold")
+        if threshold is not None:
+            _typed(threshold, (int, float), f"{where}.score_threshold", "TYPE_FLOAT")
+            if not math.isfinite(threshold) or not 0 <= threshold <= 1:
+                raise _bad(f"{where}.scoreThreshold must be a number in [0, 1], got {threshold}.")
+            threshold = float(threshold)
+        out.append(Requested(name, threshold))
+    return tuple(out)
+
+
+def _languages(
+    value: Any, attributes: Sequence[Requested], supported: Sequence[str]
+) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    _typed(value, list, "languages", "TYPE_STRING")
+    for tag in value:
+        _typed(tag, str, "languages", "TYPE_STRING")
+    unsupported = [t for t in value if language_code(t) not in supported]
+    if unsupported:
+        attribute = attributes[0].name
+        raise ApiError(
+            400,
+            f"Attribute {attribute} does not support request languages: "
+            f"{', '.join(unsupported)} (this model was validated on {', '.join(supported)})",
+            [
+                {
+                    "@type": "type.googleapis.com/google.commentanalyzer.v1alpha1.Error",
+                    "errorType": "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE",
+                    "languageNotSupportedByAttributeError": {
+                        "detectedLanguages": list(unsupported),
+                        "attribute": attribute,
+                    },
+                }
+            ],
+        )
+    return tuple(value)
+
+
+def _score(value: float) -> dict[str, Any]:
+    return {"value": float(value), "type": PROBABILITY}
+
+
+def response(
+    request: AnalyzeRequest,
+    summary: Mapping[str, float],
+    spans: Sequence[tuple[int, int, Mapping[str, float]]] = (),
+    languages: Sequence[str] = ("en",),
+) -> dict[str, Any]:
+    """The `comments:analyze` response.
+
+    Args:
+      request: the checked request.
+      summary: each requested attribute's score of the whole text.
+      spans: (begin, end, {attribute: score}) of each sentence, when spans were asked for.
+      languages: the model's languages, echoed when the request named none.
+
+    A score under its attribute's threshold is left out; an attribute with nothing left is
+    left out of `attributeScores`, as Perspective does.
+    """
+    scores: dict[str, Any] = {}
+    for attr in request.attributes:
+        low = attr.threshold
+        entry: dict[str, Any] = {}
+        if request.spans:
+            kept = [
+                {"begin": b, "end": e, "score": _score(s[attr.name])}
+                for b, e, s in spans
+                if low is None or s[attr.name] >= low
+            ]
+            if kept:
+                entry["spanScores"] = kept
+        value = summary[attr.name]
+        if low is None or value >= low:
+            entry["summaryScore"] = _score(value)
+        if entry:
+            scores[attr.name] = entry
+    out: dict[str, Any] = {
+        "attributeScores": scores,
+        "languages": list(request.languages or languages),
+    }
+    if request.client_token is not None:
+        out["clientToken"] = request.client_token
+    return out

@@ -1,0 +1,195 @@
+"""The models behind `jaxtpu serve`: each a `Served` model that turns the texts of a request
+into the model's inputs, scores them and names its scores as attributes, with its version and
+card.
+
+A run directory (`--workdir`) and a jaxtpu or Hugging Face export (`--model-dir`) are both
+scored by `jaxtpu.api.Model`, the Python API's own scorer, so the server, `jaxtpu predict` and
+`jaxtpu.load()` read a comment the same way (whitespace collapsed, the run's prompt and rule
+template) and give it the same score.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.api import Model
+from jaxtpu.core.data import readers
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.serving import card as cards
+from jaxtpu.core.serving.attributes import Attribute, as_records, attribute_map
+from jaxtpu.engine.scoring import load_model_dir, load_trained
+
+
+@dataclass
+class Served:
+    """One model a server answers with.
+
+    Attributes:
+      source: how it was named on the command line (`--workdir runs/a`).
+      model: its `jaxtpu.api.Model`.
+      attributes: the attributes it answers.
+      languages: the languages it was validated on.
+      version: its content hash (`jaxtpu.core.serving.card.model_version`).
+      card: what `GET /v1/model` says of it.
+    """
+
+    source: str
+    model: Any
+    attributes: tuple[Attribute, ...]
+    languages: list[str]
+    version: str = ""
+    card: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rules_model(self) -> bool:
+        return bool(self.model.task.text_pairs)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.model.task.score_columns(True)
+
+    def inputs(self, texts: list[str], wanted: list[Attribute]) -> list[Any]:
+        """The model inputs for `texts` (a comment, then its sentences): the texts themselves,
+        or for a rules model a (rule, text) pair for each wanted rule, rule by rule."""
+        if not self.rules_model:
+            return list(texts)
+        return [(self._rule_text[a.name], t) for a in wanted for t in texts]
+
+    def scores(
+        self, texts: list[str], wanted: list[Attribute], out: np.ndarray
+    ) -> list[dict[str, float]]:
+        """Each text's scores of the `wanted` attributes, from `out`, the model's probabilities
+        of `inputs(texts, wanted)`."""
+        if not self.rules_model:
+            index = {c: j for j, c in enumerate(self.columns)}
+            return [
+                {a.name: float(out[i, index[a.column]]) for a in wanted} for i in range(len(texts))
+            ]
+        n = len(texts)
+        return [{a.name: float(out[k * n + i, 0]) for k, a in enumerate(wanted)} for i in range(n)]
+
+    def probabilities(self, items: list[Any]) -> np.ndarray:
+        """(N, columns) probabilities of the model's inputs (the batcher's scoring call)."""
+        logits = self.model.logits(items)
+        return np.asarray(self.model.task.predictions(logits, True), np.float64)
+
+    def prepare(self) -> None:
+        """The first text each rule attribute is scored with, as the run's rows were read."""
+        self._rule_text: dict[str, str] = {}
+        if not self.rules_model:
+            return
+        data = self.model.trained.cfg.data
+        if data.prompt_template:  # the model renders the rule into its prompt itself
+            self._rule_text = {a.name: a.rule for a in self.attributes}
+            return
+        template = readers.row_template(data.row_template)
+        if set(template.fields) != {"rule"}:
+            raise UserError(
+                f"{self.source}: its --rule-template {data.row_template!r} reads columns "
+                f"{', '.join(template.fields)}, not the rule alone; a served rule is its text"
+            )
+        self._rule_text = {a.name: template.render({"rule": a.rule}) for a in self.attributes}
+
+    def warm_up(self) -> int:
+        """Compiles the model's program for every length bucket before the server is ready
+        (from JAX's persistent compilation cache after the first start). Returns the count."""
+        edges = list(self.model.scorer.edges)
+        texts = [" ".join(["a"] * max(1, e - 4)) for e in edges]
+        rule = next(iter(self._rule_text.values()), "")
+        self.probabilities([(rule, t) for t in texts] if self.rules_model else texts)
+        return len(edges)
+
+
+def load_served(
+    source: str,
+    kind: str,
+    attributes: str,
+    languages: str,
+    num_devices: int,
+    batch_size: int,
+    max_len: int | None,
+) -> Served:
+    """A model to serve: a run directory (`kind` 'workdir') or an export ('model_dir'), with
+    its attribute map (`--attributes`, '' for the columns' Perspective names), languages
+    (`--languages`, '' for those it was validated on), version and card."""
+    from jaxtpu.engine import hosts
+
+    hosts.use_compilation_cache()
+    devices = hosts.scoring_devices(num_devices)
+    if kind == "workdir":
+        trained = load_trained(source)
+    else:
+        trained = load_model_dir(source, max_len or 512)
+    model = Model.of(trained, devices, batch_size)
+    task = model.task
+    if task.comments_per_example != 1 or trained.spec.task.comments_per_example != 1:
+        raise UserError(
+            f"--{kind.replace('_', '-')} {source} is a ranking model: its scores order "
+            "comments but are not probabilities; serve a toxicity, multilabel or rules model"
+        )
+    attrs = attribute_map(task.score_columns(True), bool(task.text_pairs), attributes)
+    metrics = {k: v for k, v in trained.meta.items() if isinstance(v, int | float)}
+    langs = [x.strip() for x in languages.split(",") if x.strip()] or cards.languages_of(metrics)
+    served = Served(f"--{kind.replace('_', '-')} {source}", model, attrs, langs)
+    served.prepare()
+    served.version, served.card = _version_and_card(served, trained, metrics)
+    return served
+
+
+def _flat_params(params: Any) -> list[tuple[str, Any]]:
+    from flax.traverse_util import flatten_dict
+
+    return [("/".join(map(str, k)), np.asarray(v)) for k, v in flatten_dict(params).items()]
+
+
+def _version_and_card(
+    served: Served, trained: Any, metrics: dict[str, float]
+) -> tuple[str, dict[str, Any]]:
+    tokenizer = Path(trained.tokenizer_dir)
+    parts = {
+        "weights": cards.digest_arrays(_flat_params(trained.params)),
+        "tokenizer": cards.digest_dir(tokenizer) if tokenizer.is_dir() else "",
+        "attributes": as_records(served.attributes),
+        "calibration": None,
+        "jaxtpu": jaxtpu_version(),
+    }
+    version = cards.model_version(parts)
+    cfg = trained.cfg
+    files = {}
+    for name in ("train_csv", "valid_csv", "extra_train"):
+        path = getattr(cfg.data, name, None)
+        if path and Path(path).is_file():
+            files[name] = {"path": str(path), "sha256": cards.digest_file(path)}
+        elif path:
+            files[name] = {"path": str(path), "sha256": None}
+    card = {
+        "version": version,
+        "source": served.source,
+        "task": served.model.task.name,
+        "attributes": as_records(served.attributes),
+        "columns": list(served.columns),
+        "languages": served.languages,
+        "precision": cfg.train.precision,
+        "max_len": cfg.data.max_len,
+        "validation": cards.validation_summary(metrics, served.model.task.label_columns),
+        "training_files": files,
+        "calibration": None,
+        "parts": parts,
+        "config": json.loads(json.dumps(trained.meta.get("config") or {}, default=str)),
+    }
+    return version, card
+
+
+def jaxtpu_version() -> str:
+    """The installed jaxtpu's version (part of every served model's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jaxtpu")
+    except PackageNotFoundError:  # a source tree that is not installed
+        return "unknown"

@@ -1,0 +1,245 @@
+"""The framework-free part of `jaxtpu serve` (`jaxtpu.core.serving`): Perspective's request read
+and refused as its API reference says, its response with thresholds and spans, the sentences'
+UTF-16 offsets, the attribute maps, the discovery document and the model's version."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxtpu.core.errors import ConfigError
+from jaxtpu.core.serving import attributes, card, discovery, perspective, spans
+from jaxtpu.core.serving.perspective import ApiError, parse_request
+
+AVAILABLE = ["TOXICITY", "INSULT"]
+
+
+def _req(**fields) -> bytes:
+    body = {"comment": {"text": "you are kind"}, "requestedAttributes": {"TOXICITY": {}}}
+    body.update(fields)
+    return json.dumps(body).encode()
+
+
+def test_a_documented_request_is_read_with_every_field():
+    body = _req(
+        requestedAttributes={
+            "TOXICITY": {},
+            "INSULT": {"scoreType": "PROBABILITY", "scoreThreshold": 0.5},
+        },
+        languages=["en"],
+        clientToken="t-1",
+        sessionId="s",
+        doNotStore=True,
+        spanAnnotations=True,
+        context={"entries": [{"text": "the article", "type": "PLAIN_TEXT"}]},
+    )
+    r = parse_request(body, AVAILABLE, ["en"])
+    assert r.text == "you are kind" and r.languages == ("en",) and r.client_token == "t-1"
+    assert r.spans and r.do_not_store and r.session_id == "s"
+    assert r.attributes == (perspective.Requested("TOXICITY"), perspective.Requested("INSULT", 0.5))
+
+
+# (body, code, words in the message): every refusal of the method, as Perspective words them
+REFUSED = [
+    (b"{not json", 400, "Invalid JSON payload"),
+    (b"\xff\xfe", 400, "not valid UTF-8"),
+    (b"[1, 2]", 400, "must be a JSON object"),
+    (
+        b'{"comment": {"text": "a"}, "requestedAttributes": {"TOXICITY": {}}, "x": NaN}',
+        400,
+        "Invalid JSON",
+    ),
+    (_req(comment=None), 400, "comment.text is required"),
+    (_req(comment={"type": "PLAIN_TEXT"}), 400, "comment.text is required"),
+    (_req(comment={"text": 5}), 400, "Invalid value at 'comment.text'"),
+    (_req(comment={"text": "   \n"}), 400, "Comment text was empty"),
+    (_req(comment={"text": "a" * 20481}), 400, "Comment text too long: 20481 bytes"),
+    (_req(comment={"text": "\u00e9" * 10241}), 400, "20482 bytes"),
+    (_req(comment={"text": "a\ud800b"}), 400, "unpaired surrogate"),
+    (_req(comment={"text": "a", "type": "HTML"}), 400, "only PLAIN_TEXT"),
+    (_req(comment={"text": "a", "lang": "en"}), 400, 'Unknown name "lang"'),
+    (_req(requestedAttributes=None), 400, "requestedAttributes must be specified"),
+    (_req(requestedAttributes={}), 400, "at least one attribute"),
+    (_req(requestedAttributes=["TOXICITY"]), 400, "Invalid value at 'requested_attributes'"),
+    (_req(requestedAttributes={"FLIRTATION": {}}), 400, "this model answers TOXICITY, INSULT"),
+    (_req(requestedAttributes={f"A{i}": {} for i in range(5000)}), 400, "at most 64"),
+    (
+        _req(requestedAttributes={"TOXICITY": {"scoreType": "STD_DEV_SCORE"}}),
+        400,
+        "only PROBABILITY",
+    ),
+    (_req(requestedAttributes={"TOXICITY": {"scoreThreshold": -0.1}}), 400, "in [0, 1], got -0.1"),
+    (_req(requestedAttributes={"TOXICITY": {"scoreThreshold": 1e999}}), 400, "token Infinity"),
+    (_req().replace(b"{}}", b'{"scoreThreshold": 1e999}}'), 400, "in [0, 1], got inf"),
+    (_req(requestedAttributes={"TOXICITY": {"scoreThreshold": "0.5"}}), 400, "score_threshold"),
+    (_req(requestedAttributes={"TOXICITY": {"threshold": 0.5}}), 400, 'Unknown name "threshold"'),
+    (_req(languages="en"), 400, "Invalid value at 'languages'"),
+    (_req(languages=["fr"]), 400, "does not support request languages: fr"),
+    (_req(spanAnnotations="yes"), 400, "span_annotations"),
+    (_req(clientToken=7), 400, "client_token"),
+    (_req(requestedAtributes={"TOXICITY": {}}), 400, 'Unknown name "requestedAtributes"'),
+]
+
+
+@pytest.mark.parametrize("body,code,words", REFUSED, ids=range(len(REFUSED)))
+def test_each_bad_request_is_refused_in_googles_error_shape(body, code, words):
+    with pytest.raises(ApiError) as e:
+        parse_request(body, AVAILABLE, ["en"])
+    assert e.value.code == code and words in e.value.message, e.value.message
+    error = e.value.body()["error"]
+    assert error == {
+        "code": code,
+        "message": e.value.message,
+        "status": "INVALID_ARGUMENT",
+        **({"details": e.value.details} if e.value.details else {}),
+    }
+
+
+def test_a_language_refusal_carries_perspectives_error_type_and_tags_are_read_by_language():
+    with pytest.raises(ApiError) as e:
+        parse_request(_req(languages=["en", "de-DE"]), AVAILABLE, ["en"])
+    detail = e.value.body()["error"]["details"][0]
+    assert detail["errorType"] == "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE"
+    assert detail["languageNotSupportedByAttributeError"] == {
+        "detectedLanguages": ["de-DE"],
+        "attribute": "TOXICITY",
+    }
+    assert parse_request(_req(languages=["en-US"]), AVAILABLE, ["en"]).languages == ("en-US",)
+
+
+def test_the_response_leaves_out_scores_under_their_threshold_and_echoes_the_token():
+    body = _req(
+        requestedAttributes={"TOXICITY": {"scoreThreshold": 0.5}, "INSULT": {}},
+        spanAnnotations=True,
+        clientToken="abc",
+    )
+    r = parse_request(body, AVAILABLE, ["en"])
+    out = perspective.response(
+        r,
+        {"TOXICITY": 0.4, "INSULT": 0.2},
+        [(0, 3, {"TOXICITY": 0.7, "INSULT": 0.1}), (4, 9, {"TOXICITY": 0.1, "INSULT": 0.3})],
+        ["en"],
+    )
+    tox = out["attributeScores"]["TOXICITY"]
+    assert "summaryScore" not in tox  # 0.4 < 0.5
+    assert tox["spanScores"] == [
+        {"begin": 0, "end": 3, "score": {"value": 0.7, "type": "PROBABILITY"}}
+    ]
+    assert out["attributeScores"]["INSULT"]["summaryScore"] == {"value": 0.2, "type": "PROBABILITY"}
+    assert len(out["attributeScores"]["INSULT"]["spanScores"]) == 2
+    assert out["clientToken"] == "abc" and out["languages"] == ["en"]
+    nothing = perspective.response(
+        r, {"TOXICITY": 0.1, "INSULT": 0.2}, [(0, 3, {"TOXICITY": 0.1, "INSULT": 0.3})]
+    )
+    assert "TOXICITY" not in nothing["attributeScores"]
+
+
+def test_sentences_are_perspectives_spans_in_utf16_code_units():
+    text = "What kind of idiot name is foo? Sorry, I like your name."
+    assert spans.sentences(text) == [(0, 31), (32, 56)]  # the API reference's own example
+    emoji = "I \U0001f600 you! Really?\nyes"
+    got = spans.sentence_spans(emoji)
+    assert [s for _, _, s in got] == ["I \U0001f600 you!", "Really?", "yes"]
+    # JavaScript's indices: the emoji is two code units
+    js = emoji.encode("utf-16-le")
+    for begin, end, s in got:
+        assert js[2 * begin : 2 * end].decode("utf-16-le") == s
+    assert got[1][0] == 10 and spans.sentences("   ") == []
+    assert spans.sentences('He said "stop." Then left.') == [(0, 15), (16, 26)]
+
+
+def test_jigsaw_columns_map_to_perspective_attributes_and_overrides_are_checked():
+    six = ("toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate")
+    names = [a.name for a in attributes.attribute_map(six, False)]
+    assert names == [
+        "TOXICITY",
+        "SEVERE_TOXICITY",
+        "PROFANITY",
+        "THREAT",
+        "INSULT",
+        "IDENTITY_ATTACK",
+    ]
+    bias = (
+        "toxic",
+        "severe_toxicity",
+        "obscene",
+        "identity_attack",
+        "insult",
+        "threat",
+        "sexual_explicit",
+    )
+    assert len(attributes.attribute_map(bias, False)) == 7
+    renamed = attributes.attribute_map(six, False, "toxic=TOX,insult=RUDE")
+    assert [(a.column, a.name) for a in renamed] == [("toxic", "TOX"), ("insult", "RUDE")]
+    rules = attributes.attribute_map(
+        ("rule_violation",), True, 'NO_ADS="No ads, no spam",LEGAL=No legal advice'
+    )
+    assert [(a.name, a.rule) for a in rules] == [
+        ("NO_ADS", "No ads, no spam"),
+        ("LEGAL", "No legal advice"),
+    ]
+    for cols, rules_model, given, words in [
+        (six, False, "toxc=TOXICITY", "no column 'toxc'"),
+        (six, False, "toxic=toxicity", "upper-case"),
+        (six, False, "toxic=A,insult=A", "A is given twice"),
+        (six, False, "toxic", "is not LEFT=RIGHT"),
+        (("rule_violation",), True, "", "pass --attributes"),
+        (("rule_violation",), True, 'A="open', "not closed"),
+        (("score",), False, "", "name them with --attributes"),
+    ]:
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+            attributes.attribute_map(cols, rules_model, given)
+    with pytest.raises(ConfigError, match="answered by both a and b"):
+        attributes.merge([renamed, renamed], ["a", "b"])
+    assert attributes.from_records(attributes.as_records(rules)) == rules
+
+
+def test_the_discovery_document_routes_analyze_to_the_servers_own_address():
+    doc = discovery.document("http://127.0.0.1:9/")
+    method = doc["resources"]["comments"]["methods"]["analyze"]
+    assert doc["rootUrl"] == "http://127.0.0.1:9/" and doc["servicePath"] == ""
+    assert (doc["name"], doc["version"]) == ("commentanalyzer", "v1alpha1")
+    assert method["path"] == "v1alpha1/comments:analyze" and method["httpMethod"] == "POST"
+    assert (
+        method["request"]["$ref"] in doc["schemas"] and method["response"]["$ref"] in doc["schemas"]
+    )
+    assert doc["parameters"]["key"]["location"] == "query"
+
+
+def test_the_version_changes_with_any_part_and_only_then(tmp_path):
+    weights = [("a/kernel", np.ones((2, 2), np.float32)), ("b", np.zeros(3, np.float32))]
+    (tmp_path / "vocab.txt").write_text("a\nb\n")
+    parts = {
+        "weights": card.digest_arrays(weights),
+        "tokenizer": card.digest_dir(tmp_path),
+        "attributes": [{"name": "TOXICITY", "column": "toxic"}],
+        "calibration": None,
+        "jaxtpu": "0.1.0",
+    }
+    v = card.model_version(parts)
+    assert v == card.model_version(dict(reversed(list(parts.items()))))  # order-free
+    assert card.digest_arrays(list(reversed(weights))) == parts["weights"]
+    bumped = [("a/kernel", np.ones((2, 2), np.float32)), ("b", np.array([0, 0, 1e-7], np.float32))]
+    assert card.model_version({**parts, "weights": card.digest_arrays(bumped)}) != v
+    assert card.model_version({**parts, "attributes": [{"name": "TOX", "column": "toxic"}]}) != v
+    (tmp_path / "vocab.txt").write_text("a\nc\n")
+    assert card.model_version({**parts, "tokenizer": card.digest_dir(tmp_path)}) != v
+
+
+def test_the_card_reads_per_column_aucs_bias_and_languages_from_a_runs_metrics():
+    metrics = {
+        "val_mean_auc": 0.9,
+        "val_auc_toxic": 0.95,
+        "val_auc_insult": float("nan"),
+        "val_jigsaw_bias": 0.91,
+        "val_subgroup_auc_male": 0.9,
+        "val_auc_lang_es": 0.8,
+        "val_auc_lang_tr": 0.7,
+    }
+    got = card.validation_summary(metrics, ["toxic", "insult"])
+    assert got["auc"] == {"toxic": 0.95} and got["val_jigsaw_bias"] == 0.91
+    assert got["bias"] == {"val_subgroup_auc_male": 0.9}
+    assert card.validation_summary({"val_auc": 0.8}, ["toxic"])["auc"] == {"toxic": 0.8}
+    assert card.languages_of(metrics) == ["es", "tr"] and card.languages_of({}) == ["en"]
