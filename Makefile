@@ -29,7 +29,7 @@ UV_VERSION := 0.13.9
 # The project's own modules, compiled before the tests for the same reason (a second or two).
 COMPILE := $(PY) -m compileall -q -j 0 jaxtpu torchxla_ref parity_tests benchmarks tests
 
-.PHONY: setup train test test-fast test-oldest test-py313 lint bench parity-report preflight docs compile clean
+.PHONY: setup train serve test test-fast test-oldest test-py313 lint bench parity-report preflight docs compile clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,13 @@ $(STAMP): pyproject.toml $(LOCK)
 
 train: $(STAMP)
 	$(PY) -m jaxtpu.train $(ARGS)
+
+# Perspective API's endpoint at 127.0.0.1:8080 for the newest run under runs/ (what `make train`
+# just wrote), or WORKDIR=DIR: `jaxtpu serve` (docs/perspective.md).
+WORKDIR ?= $(shell ls -td runs/*/ 2>/dev/null | head -1)
+serve: $(STAMP)
+	@test -n "$(WORKDIR)" || { echo "make serve: no run under runs/ (make train first, or WORKDIR=DIR)"; exit 2; }
+	$(PY) -m jaxtpu.serve --workdir $(WORKDIR) $(ARGS)
 
 # The whole suite on TEST_WORKERS pytest-xdist workers (default 2, one a core on the 2-core
 # machine it is budgeted on; each test file stays on one worker, so its module fixtures are

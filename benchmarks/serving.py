@@ -1,0 +1,345 @@
+"""`jaxtpu serve` under load: throughput and latency of the server over real comments, next to
+the same model's offline batch throughput and what a user would write instead.
+
+`python -m benchmarks.serving --workdir RUN --out runs/serving [--requests 300] [--clients 1,8,64]`
+
+Each way is a process of its own on this machine; the load generator is this process: an
+asyncio closed loop of C clients over httpx (each sends its next request when its last is
+answered; a request is one real comment of `../shared/data/jigsaw_toxic_dev.csv`, asking for
+every attribute of the model), for 1, 8 and 64 clients. The ways:
+
+  serve        `python -m jaxtpu.serve --workdir RUN` (jaxtpu backend, dynamic batching)
+  offline      `jaxtpu.load(RUN).predict(texts)` on the same comments in one call (the second
+               call: programs compiled), in a process of its own: the batch throughput the
+               server is measured against
+  baseline     a transformers `pipeline("text-classification")` of the run's export
+               (`jaxtpu export`, PyTorch eager fp32) behind a minimal Starlette handler, one
+               request at a time (`benchmarks.serving_baseline`): what a user writes instead
+
+Then the server at half its saturating rate as an open loop (Poisson arrivals at 0.5 x the
+64-client throughput): p99 over p50 there. Everything shares this 2-core machine with the load
+generator, so the ratios mean more than the absolute numbers; the CPU is recorded (model,
+cores, the flags that change the kernels). OUT/serving.json keeps every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.competitions import REAL_CSV
+
+KERNEL_FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
+
+
+def cpu_record() -> dict[str, Any]:
+    """The CPU a table ran on: model name, cores and the flags that change the kernels."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {
+        "model": model,
+        "cores": os.cpu_count(),
+        "flags": [f for f in KERNEL_FLAGS if f in flags],
+    }
+
+
+def comments(n: int, path: Path = REAL_CSV) -> list[str]:
+    """The first `n` non-empty comments of the real file."""
+    out = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            text = (row.get("comment_text") or "").strip()
+            if text:
+                out.append(text[:5000])
+            if len(out) == n:
+                break
+    return out
+
+
+def _start(cmd: list[str], marker: str, timeout: float = 600) -> tuple[subprocess.Popen, str]:
+    """A server process and its base URL, read from its first line that starts with
+    `marker` and holds http://."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    deadline = time.time() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(marker) and "http://" in line:
+            url = line.split("http://", 1)[1].split()[0]
+            return proc, "http://" + url.split("/v1alpha1")[0].rstrip("/")
+        if time.time() > deadline:
+            break
+    proc.kill()
+    sys.exit(f"benchmarks.serving: {' '.join(cmd)} did not start")
+
+
+def _wait_ready(url: str, timeout: float = 600) -> None:
+    import httpx
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    sys.exit(f"benchmarks.serving: {url} did not become ready")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _summary(latencies: list[float], wall: float, errors: int) -> dict[str, float]:
+    ms = np.asarray(latencies) * 1000
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "throughput": len(latencies) / wall if wall else 0.0,
+        "p50_ms": float(np.percentile(ms, 50)) if len(ms) else float("nan"),
+        "p95_ms": float(np.percentile(ms, 95)) if len(ms) else float("nan"),
+        "p99_ms": float(np.percentile(ms, 99)) if len(ms) else float("nan"),
+    }
+
+
+async def closed_loop(url: str, body_of, texts: list[str], clients: int) -> dict[str, float]:
+    """`clients` clients, each sending its next request when the last is answered, until every
+    text has been sent once."""
+    import httpx
+
+    queue = list(reversed(texts))
+    latencies: list[float] = []
+    errors = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while queue:
+            text = queue.pop()
+            t0 = time.perf_counter()
+            r = await http.post(url, json=body_of(text))
+            if r.status_code == 200:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                errors += 1
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return _summary(latencies, wall, errors)
+
+
+async def open_loop(url: str, body_of, texts: list[str], rate: float) -> dict[str, float]:
+    """Requests arriving as a Poisson process of `rate` per second, whatever the answers."""
+    import httpx
+
+    rng = random.Random(0)
+    latencies: list[float] = []
+    errors = 0
+
+    async def one(http: httpx.AsyncClient, text: str) -> None:
+        nonlocal errors
+        t0 = time.perf_counter()
+        r = await http.post(url, json=body_of(text))
+        if r.status_code == 200:
+            latencies.append(time.perf_counter() - t0)
+        else:
+            errors += 1
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as http:
+        tasks = []
+        t0 = time.perf_counter()
+        for text in texts:
+            tasks.append(asyncio.create_task(one(http, text)))
+            await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+    return _summary(latencies, wall, errors)
+
+
+def offline(run: str, texts: list[str]) -> float:
+    """Comments/s of `jaxtpu.load(run).predict` on `texts` (second call), in a process."""
+    code = (
+        "import json,sys,time,jaxtpu\n"
+        "texts=json.load(open(sys.argv[2]))\n"
+        "m=jaxtpu.load(sys.argv[1]); m.predict(texts); t=time.perf_counter(); m.predict(texts)\n"
+        "print(len(texts)/(time.perf_counter()-t))\n"
+    )
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"serving-texts-{os.getpid()}.json"
+    path.write_text(json.dumps(texts))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, run, str(path)], capture_output=True, text=True, check=True
+        )
+    finally:
+        path.unlink(missing_ok=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _check_run(workdir: str) -> None:
+    """One line, before any work, when --workdir is not a finished run."""
+    wd = Path(workdir)
+    if not (wd / "config.json").is_file():
+        sys.exit(
+            f"benchmarks.serving: --workdir {workdir}: not a jaxtpu run directory (no config.json)"
+        )
+    if not (wd / "checkpoints" / "best").is_dir():
+        sys.exit(
+            f"benchmarks.serving: --workdir {workdir}: no best checkpoint (the run has not "
+            "evaluated)"
+        )
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [
+        "| way | clients | comments/s | p50 ms | p95 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['way']} | {row['clients']} | {row['throughput']:.1f} | {row['p50_ms']:.0f} | "
+            f"{row['p95_ms']:.0f} | {row['p99_ms']:.0f} | {row['errors']} |"
+        )
+    lines.append(f"| offline `jaxtpu.load().predict` | - | {result['offline']:.1f} | | | | |")
+    r = result["ratios"]
+    lines += [
+        "",
+        f"serve at 64 clients / offline: {r['serve64_over_offline']:.2f} (goal >= 0.8); "
+        f"serve at 64 / baseline at 64: {r['serve64_over_baseline']:.2f} (goal >= 3); "
+        f"p99/p50 at half the saturating rate: {r['p99_over_p50_half_load']:.2f} (goal <= 3)",
+        f"CPU: {result['cpu']['model']}, {result['cpu']['cores']} cores, flags "
+        f"{', '.join(result['cpu']['flags']) or 'none of ' + ', '.join(KERNEL_FLAGS)}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.serving", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--workdir", required=True, help="A finished jaxtpu run (toxicity or multilabel)."
+    )
+    p.add_argument("--out", required=True, help="Directory for serving.json and the export.")
+    p.add_argument("--requests", type=int, default=300, help="Requests per load level.")
+    p.add_argument("--clients", default="1,8,64", help="Concurrent clients of each level.")
+    p.add_argument("--no-baseline", action="store_true", help="Leave out the pipeline baseline.")
+    args = p.parse_args(argv)
+    _check_run(args.workdir)
+    if not REAL_CSV.exists():
+        sys.exit(f"benchmarks.serving: needs the real comments at {REAL_CSV}")
+    levels = [int(x) for x in args.clients.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = comments(args.requests)
+    result: dict[str, Any] = {"cpu": cpu_record(), "requests": len(texts), "rows": []}
+    print(f"offline: jaxtpu.load().predict of {len(texts)} comments ...", flush=True)
+    result["offline"] = offline(args.workdir, texts)
+    card = None
+    proc, url = _start(
+        [sys.executable, "-m", "jaxtpu.serve", "--workdir", args.workdir, "--port", "0"], "serving"
+    )
+    try:
+        _wait_ready(url)
+        import httpx
+
+        card = httpx.get(f"{url}/v1/model").json()
+        names = [a["name"] for a in card["attributes"]]
+
+        def body(text: str) -> dict[str, Any]:
+            return {"comment": {"text": text}, "requestedAttributes": {n: {} for n in names}}
+
+        analyze = f"{url}/v1alpha1/comments:analyze"
+        asyncio.run(closed_loop(analyze, body, texts[:32], 8))  # warm
+        for c in levels:
+            row = asyncio.run(closed_loop(analyze, body, texts, c))
+            result["rows"].append({"way": "serve", "clients": c, **row})
+            print(
+                f"serve, {c} clients: {row['throughput']:.1f}/s, p50 {row['p50_ms']:.0f} ms, "
+                f"p99 {row['p99_ms']:.0f} ms",
+                flush=True,
+            )
+        top = max(r["throughput"] for r in result["rows"] if r["way"] == "serve")
+        half = asyncio.run(open_loop(analyze, body, texts, top / 2))
+        result["half_load"] = {"rate": top / 2, **half}
+    finally:
+        _stop(proc)
+    if not args.no_baseline:
+        export = out / "export"
+        if not export.exists():
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "jaxtpu.export",
+                    "--workdir",
+                    args.workdir,
+                    "--out",
+                    str(export),
+                ],
+                check=True,
+            )
+        proc, url = _start(
+            [sys.executable, "-m", "benchmarks.serving_baseline", str(export)], "baseline"
+        )
+        try:
+            _wait_ready(url)
+            analyze = f"{url}/v1alpha1/comments:analyze"
+            for c in levels:
+                row = asyncio.run(
+                    closed_loop(analyze, lambda t: {"comment": {"text": t}}, texts, c)
+                )
+                result["rows"].append({"way": "baseline", "clients": c, **row})
+                print(f"baseline, {c} clients: {row['throughput']:.1f}/s", flush=True)
+        finally:
+            _stop(proc)
+    serve64 = next(
+        (r for r in result["rows"] if r["way"] == "serve" and r["clients"] == max(levels)), None
+    )
+    base64 = next(
+        (r for r in result["rows"] if r["way"] == "baseline" and r["clients"] == max(levels)), None
+    )
+    result["ratios"] = {
+        "serve64_over_offline": serve64["throughput"] / result["offline"]
+        if serve64
+        else float("nan"),
+        "serve64_over_baseline": serve64["throughput"] / base64["throughput"]
+        if serve64 and base64
+        else float("nan"),
+        "p99_over_p50_half_load": result["half_load"]["p99_ms"] / result["half_load"]["p50_ms"],
+    }
+    result["model_version"] = card["version"] if card else None
+    (out / "serving.json").write_text(json.dumps(result, indent=1))
+    print(_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
