@@ -235,3 +235,14 @@ def test_a_decoder_rules_run_trains_predicts_and_exports_on_its_prompts(real_csv
     rule_of = [str(rows.groups.rule[k]) for k in chosen]
     ours = model.logits([(r, rows.texts[k]) for r, k in zip(rule_of, chosen, strict=True)])
     assert np.abs(ours - theirs).max() < 1e-4 * max(1.0, np.abs(theirs).max())
+
+
+@pytest.mark.parametrize(
+    "template", ["Rule: {rule}\nComment: {comment}\nAnswer {", "Rule: {rule} } {comment}"]
+)
+def test_unbalanced_braces_in_a_prompt_template_name_the_prompt_flag(template):
+    # the run's row template is the prompt whenever one is given (DataConfig.row_template)
+    with pytest.raises(DataError, match="^--prompt-template"):
+        readers.row_template(template)
+    with pytest.raises(DataError, match="^--rule-template"):
+        readers.row_template("{rule} {")

@@ -354,3 +354,16 @@ def test_a_compressed_or_json_file_is_named_for_what_it_is(tmp_path, name, conte
     with pytest.raises(DataError, match=message) as e:
         readers.read_comments(path)
     assert "\n" not in str(e.value)
+
+
+def test_a_csv_field_beyond_pythons_default_limit_is_read_and_one_past_ours_is_named(
+    tmp_path, monkeypatch
+):
+    long = "word " * 40_000  # 200,000 characters: Python's csv stops at 131,072 by default
+    path = tmp_path / "long.csv"
+    path.write_text(f'comment_text,toxic\n"{long}",1\nshort,0\n')
+    rows = [row for _, row in tables.open_table(path).rows()]
+    assert [len(r["comment_text"]) for r in rows] == [len(long), 5]
+    monkeypatch.setattr(tables, "MAX_FIELD_CHARS", 150_000)
+    with pytest.raises(DataError, match="longer than 150,000 characters.*quote left open"):
+        list(tables.open_table(path).rows())

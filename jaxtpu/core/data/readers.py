@@ -486,8 +486,9 @@ def row_template(template: str, rules: bool = True) -> RuleTemplate | PromptTemp
 def _is_prompt(template: str) -> bool:
     try:
         return any(f == COMMENT for _, f, _, _ in string.Formatter().parse(template))
-    except ValueError:  # not a template at all: the template's own class says why
-        return False
+    except ValueError:  # unbalanced braces: the template's own class says why, under the
+        # flag the user wrote (a --prompt-template always holds {comment}: DataConfig.check)
+        return "{comment}" in template
 
 
 def prompted(data: Comments, template: str) -> Comments:

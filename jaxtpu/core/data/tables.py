@@ -35,6 +35,10 @@ from jaxtpu.core.errors import DataError
 PARQUET = (".parquet", ".pq")
 JSONL = (".jsonl", ".ndjson")
 BATCH = 8192  # Parquet rows per record batch
+# The longest CSV field read, in characters. Python's csv module stops at 131,072 by default;
+# Jigsaw's comments are at most about 5,000, a rules file's four examples with them a few times
+# that, and a field of millions is almost always a quote left open that swallowed the file.
+MAX_FIELD_CHARS = 10_000_000
 
 
 def file_format(path: str | os.PathLike) -> str:
@@ -166,7 +170,18 @@ def _lines(p: Path) -> Iterator[str]:
 
 
 def _csv_reader(p: Path) -> Any:
+    csv.field_size_limit(MAX_FIELD_CHARS)
     return csv.reader(_lines(p))
+
+
+def _csv_error(p: Path, line: int, e: csv.Error) -> DataError:
+    if "field larger than field limit" in str(e):
+        return DataError(
+            f"{p}: a field ending at line {line} is longer than {MAX_FIELD_CHARS:,} characters, "
+            "the longest CSV field jaxtpu reads (a real comment is a few thousand); is a quote "
+            "left open?"
+        )
+    return DataError(f"{p}: not a readable CSV at line {line}: {e}")
 
 
 def _csv_header(p: Path) -> list[str]:
@@ -176,7 +191,7 @@ def _csv_header(p: Path) -> list[str]:
             if any(cell.strip() for cell in header):
                 return header
     except csv.Error as e:
-        raise DataError(f"{p}: not a readable CSV at line {reader.line_num}: {e}") from None
+        raise _csv_error(p, reader.line_num, e) from None
     raise DataError(f"{p}: file is empty, expected a CSV header and rows")
 
 
@@ -192,8 +207,7 @@ def _csv_rows(table: Table) -> Iterator[tuple[str, dict[str, str]]]:
                 continue  # a blank line, as csv.DictReader skips it
             yield f"line {reader.line_num}", dict(zip(names, cells, strict=False))
     except csv.Error as e:
-        line = reader.line_num
-        raise DataError(f"{table.path}: not a readable CSV at line {line}: {e}") from None
+        raise _csv_error(table.path, reader.line_num, e) from None
 
 
 # --------------------------------------------------------------------------- JSON Lines
