@@ -33,7 +33,7 @@ from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
-from jaxtpu.core.hf.directory import export_tokenizer, notebook_state_dict
+from jaxtpu.core.hf.directory import export_tokenizer, notebook_state_dict, save_tensors
 from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout, hf_head
 from jaxtpu.core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config, adapter_tensors
 from jaxtpu.core.run.exits import user_errors
@@ -226,18 +226,20 @@ def _export_adapter(args: argparse.Namespace, model: Any, params: dict, outputs:
     `AutoModelForSequenceClassification` of the base model the run started from."""
     import json
 
-    from safetensors.numpy import save_file
-
     out, step, task = args.out, model.meta.get("step"), model.cfg.train.task
     spec, lora = model.spec, model.spec.lora
     layout = hf_head(spec.encoder.model_type)
     encoder, head = weights.to_state_dicts(params, spec.encoder.model_type)
     tensors = adapter_tensors(encoder, head, layout.prefix)
     head_modules = sorted({key.split(".", 1)[0] for key in head})
-    config = adapter_config(lora, spec.model_dir, head_modules)
+    # peft loads the base from this path: absolute, so the adapter works from any directory
+    base = spec.model_dir
+    if base and Path(base).exists():
+        base = str(Path(base).resolve())
+    config = adapter_config(lora, base, head_modules)
     merged = architecture(spec.encoder.model_type, spec.encoder.family.architecture)
     with storage.staged_dir(out) as staging:  # `out` appears only when complete
-        save_file(tensors, str(staging / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        save_tensors(tensors, staging / ADAPTER_WEIGHTS)
         (staging / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         export_tokenizer(model.tokenizer_dir, staging, _raw_text(model))
     print(

@@ -35,3 +35,17 @@ def test_the_new_file_has_the_usual_permissions(tmp_path):
     files.write_text(path, "x")
     (tmp_path / "plain").write_text("x")
     assert os.stat(path).st_mode == os.stat(tmp_path / "plain").st_mode
+
+
+def test_exported_weights_have_the_usual_permissions_not_safetensors_0600(tmp_path):
+    """An export's weights are readable by whoever may read the rest of it (a server's
+    account, a team directory): safetensors alone writes them 0600."""
+    import os
+
+    import numpy as np
+
+    from jaxtpu.core.hf.directory import save_tensors
+
+    path = save_tensors({"w": np.ones((2, 2), np.float32)}, tmp_path / "model.safetensors")
+    (tmp_path / "plain").write_text("x")
+    assert os.stat(path).st_mode == os.stat(tmp_path / "plain").st_mode

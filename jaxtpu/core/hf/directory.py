@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -376,6 +377,19 @@ def _head_kind(outputs: int) -> str:
     return "one score: toxicity or ranking" if outputs == 1 else f"{outputs}: e.g. multilabel"
 
 
+def save_tensors(tensors: dict[str, np.ndarray], path: str | Path) -> Path:
+    """`tensors` as a safetensors file at `path`, readable as any file the process writes:
+    safetensors creates its files 0600, which left an export's weights unreadable to another
+    account (a server's, a shared team directory) while the rest of it was 0644."""
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+    return Path(path)
+
+
 def write_hf_dir(
     out_dir: str | Path,
     enc: EncoderConfig,
@@ -390,8 +404,6 @@ def write_hf_dir(
     keys of `jaxtpu.core.hf.heads.classifier_fields`) the head is the family's own and the
     directory a `*ForSequenceClassification` checkpoint: one `model.safetensors` of the
     encoder under its prefix and the head, in the keys transformers' class has."""
-    from safetensors.numpy import save_file
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = enc.to_hf_dict()
@@ -401,11 +413,11 @@ def write_hf_dir(
         tensors.update(head)
         config.update(classifier)
         config["architectures"] = [architecture(enc.model_type, enc.family.architecture)]
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_tensors(tensors, out / "model.safetensors")
     else:
-        save_file(encoder, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_tensors(encoder, out / "model.safetensors")
         if head:
-            save_file(head, str(out / HEAD_FILE), metadata={"format": "pt"})
+            save_tensors(head, out / HEAD_FILE)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     if head:
         (out / HEAD_META).write_text(json.dumps(head_meta or {}, indent=2, sort_keys=True))
