@@ -312,8 +312,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: a file; give a directory (new, or one this benchmark wrote)")
     if args.table:
-        print(table(summary(json.loads((out / "scoring.json").read_text()))))
+        results = out / "scoring.json"
+        if not results.is_file():
+            p.error(f"--table: no {results}; run the benchmark into --out {out} first")
+        print(table(summary(json.loads(results.read_text()))))
         return
     if args.child:
         way, o, run, c, rows, max_len = args.child
@@ -332,6 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--ways: unknown {', '.join(sorted(unknown))}; choose from {', '.join(WAYS)}")
     if args.rounds < 1 or args.rows < 1:
         p.error("--rounds and --rows: at least 1")
+    if args.workdir and not (Path(args.workdir) / "summary.json").is_file():
+        p.error(
+            f"--workdir {args.workdir}: not a finished jaxtpu run (no summary.json); leave it "
+            "out to train one into OUT/run"
+        )
     out.mkdir(parents=True, exist_ok=True)
     run = Path(args.workdir or out / "run")
     _prepare(out, run, csv_path, args.rows)

@@ -360,3 +360,28 @@ def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_t
     assert "int8's held-out AUC loss: 0.0020" in text
     assert "jaxtpu.load().predict over PyTorch bf16 autocast: 1.00x" in text  # 175 / 175
     assert "| jaxtpu-api | 175 | 100-200 | 35.0 |" in text
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--workdir", "no-such-run"], "--workdir no-such-run: not a finished jaxtpu run"),
+        (["--table"], "--table: no"),
+        (["--out-is-a-file"], "a file; give a directory"),
+    ],
+)
+def test_the_benchmarks_refuse_bad_flags_in_one_line_before_any_work(
+    tmp_path, capsys, flags, words
+):
+    from benchmarks import scoring, serving
+
+    out = tmp_path / "out"
+    if flags == ["--out-is-a-file"]:
+        out.write_text("x")
+        flags = []
+    with pytest.raises(SystemExit) as e:
+        scoring.main(["--out", str(out), *flags])
+    assert e.value.code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "out" / "run").exists()  # nothing trained
+    with pytest.raises(SystemExit, match="not a jaxtpu run directory"):
+        serving.main(["--workdir", str(tmp_path / "typo"), "--out", str(tmp_path / "s")])
