@@ -348,3 +348,16 @@ def test_evaluate_reads_pairs_with_the_runs_template_and_an_ensemble_needs_one(
         check_ensemble([run("{rule}"), run("{rule} {subreddit}")], ["a", "b"])
     with pytest.raises(UserError, match="--prompt-template '{rule}: {comment}'"):
         check_ensemble([run("{rule}", "{rule}: {comment}"), run("{rule}")], ["a", "b"])
+
+
+def test_repeated_row_ids_are_one_warning_naming_the_first(tmp_path, caplog):
+    rows = [row(7, "a", "No ads.", 1), row(8, "b", "No ads.", 0), row(7, "c", "No ads.", 0)]
+    p = write(tmp_path / "test.csv", rows + [row(8, "d", "No ads.", 1)])
+    with caplog.at_level("WARNING"):
+        readers.read_rules(p, labelled=False)
+    lines = [r.getMessage() for r in caplog.records if "repeat a row_id" in r.getMessage()]
+    assert len(lines) == 1 and "2 rows repeat a row_id, the first '7'" in lines[0]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        readers.read_rules(write(tmp_path / "ok.csv", rows[:2]), labelled=False)
+    assert "repeat" not in caplog.text

@@ -568,6 +568,7 @@ def read_rules(
     if dropped:
         what = "dropped" if labelled else "scoring as empty text"
         log.warning("%s: %s %d of %d rows with an empty body", path, what, dropped, rows)
+    _warn_duplicate_ids(path, ids)
     n = len(texts)
     return Comments(
         str(path),
@@ -580,6 +581,22 @@ def read_rules(
         columns=_number_arrays(columns, numbers, n),
         first=first,
     )
+
+
+def _warn_duplicate_ids(path: Any, ids: list[str]) -> None:
+    """One line when a rules file's row_ids repeat: a submission with repeated ids is one
+    Kaggle rejects, and a training file's usually holds a row twice."""
+    seen: set[str] = set()
+    repeated = [i for i in ids if i and (i in seen or seen.add(i))]
+    if repeated:
+        log.warning(
+            "%s: %d rows repeat a %s, the first %r: each row's id should be its own (a "
+            "submission with repeated ids is refused by Kaggle)",
+            path,
+            len(repeated),
+            RULE_ID,
+            repeated[0],
+        )
 
 
 def rule_examples(path: str | os.PathLike) -> list[tuple[str, str, float, dict[str, Any]]]:
