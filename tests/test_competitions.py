@@ -399,3 +399,27 @@ def test_a_validation_set_where_the_monitored_breakdown_is_undefined_is_refused(
     )
     cfg = tiny().replace(workdir=str(tmp_path), num_devices=1)
     assert job(cfg, data).monitor == "val_jigsaw_bias"
+
+
+def test_a_rules_validation_set_of_one_class_rules_advises_what_would_help(tmp_path):
+    """The advice is not the monitor the run already uses (val_mean_rule_auc is the rules
+    task's own): the overall AUC, or a validation set that holds both classes."""
+    import dataclasses
+
+    from helpers import fake_examples
+
+    from jaxtpu.core.data import records, taskdata
+    from jaxtpu.core.flags.presets import tiny
+    from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.core.run import plan
+
+    valid = fake_examples(16)
+    y = np.asarray(valid.label)
+    rules = records.Groups(rule=np.where(y == 1, "No ads", "No legal advice").astype(object))
+    cfg = tiny().replace(workdir=str(tmp_path), task="rules", num_devices=1)
+    data = taskdata.TaskData(fake_examples(56), dataclasses.replace(valid, groups=rules), {})
+    with pytest.raises(DataError, match="every rule .* holds one class") as e:
+        plan.Job(cfg, RunSpec.resolve(cfg), data, plan.Plan.make(cfg, data.train, 1), tmp_path, 0)
+    message = str(e.value)
+    assert "--monitor val_auc," in message and "--holdout-rules N" in message
+    assert "--monitor val_mean_rule_auc" not in message

@@ -98,11 +98,15 @@ class Job:
             why = task.undefined_monitor(self.monitor, valid.label, valid.groups)
             if why:
                 split = self.data.info.get("split", "validation")
+                others = [m for m in (task.monitor, *task.others) if m != self.monitor]
+                instead = f"pass --monitor {others[0]}, or " if others else ""
                 raise DataError(
                     f"validation set ({split}): {why}, so {self.monitor} is "
-                    "undefined at every evaluation and no best model could be chosen; pass "
-                    f"--monitor {task.monitor} (the task's own metric) or give a validation "
-                    "file where some subgroup holds both classes"
+                    f"undefined at every evaluation and no best model could be chosen; "
+                    f"{instead}give a validation set where some subgroup holds both classes "
+                    "(a larger --valid-fraction, --valid-csv"
+                    + (", or --holdout-rules N" if task.text_pairs else "")
+                    + ")"
                 )
 
     @property
