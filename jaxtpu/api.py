@@ -69,6 +69,12 @@ class Model:
                     "a rules model scores (rule, comment) pairs of strings (the rule as its "
                     f"--rule-template renders it); item {wrong[0]} is {kind}"
                 )
+            empty = [i for i, (rule, _) in enumerate(texts) if not rule.strip()]
+            if empty:  # as train and predict refuse a row whose rule is empty
+                raise UserError(
+                    f"item {empty[0]}'s rule is empty; every (rule, comment) pair asks about one "
+                    "rule"
+                )
             norm = readers.normalize_text
             if self._prompt:  # the rule goes into the run's prompt, as its rows' did
                 t = readers.row_template(self._prompt)

@@ -66,3 +66,18 @@ def test_scoring_takes_every_local_device_by_default_and_makes_no_virtual_ones(m
 
     with pytest.raises(UserError, match="num_devices must be >= 1"):
         jaxtpu.load("anywhere", num_devices=0)
+
+
+def test_a_rules_models_pairs_are_checked_as_train_and_predict_check_rows():
+    """An empty rule is refused before anything is scored (train and predict refuse such a
+    row), as is an item that is not a pair of strings."""
+    from jaxtpu.api import Model
+    from jaxtpu.core.errors import UserError
+    from jaxtpu.core.tasks import get_task
+
+    model = Model.__new__(Model)  # no scorer: the checks come before any scoring
+    model.task, model._prompt = get_task("rules"), ""
+    with pytest.raises(UserError, match="item 1's rule is empty"):
+        model.logits([("No ads", "buy now"), ("  ", "a comment")])
+    with pytest.raises(UserError, match="item 0 is str"):
+        model.logits(["a comment"])
