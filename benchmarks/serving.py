@@ -251,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=300, help="Requests per load level.")
     p.add_argument("--clients", default="1,8,64", help="Concurrent clients of each level.")
     p.add_argument("--no-baseline", action="store_true", help="Leave out the pipeline baseline.")
+    p.add_argument(
+        "--serve-flags", default="", help="More flags for jaxtpu serve, e.g. '--batch-size 4'."
+    )
     args = p.parse_args(argv)
     _check_run(args.workdir)
     if not REAL_CSV.exists():
@@ -259,13 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     texts = comments(args.requests)
-    result: dict[str, Any] = {"cpu": cpu_record(), "requests": len(texts), "rows": []}
+    result: dict[str, Any] = {
+        "cpu": cpu_record(),
+        "requests": len(texts),
+        "serve_flags": args.serve_flags,
+        "rows": [],
+    }
     print(f"offline: jaxtpu.load().predict of {len(texts)} comments ...", flush=True)
     result["offline"] = offline(args.workdir, texts)
     card = None
-    proc, url = _start(
-        [sys.executable, "-m", "jaxtpu.serve", "--workdir", args.workdir, "--port", "0"], "serving"
-    )
+    serve = [sys.executable, "-m", "jaxtpu.serve", "--workdir", args.workdir, "--port", "0"]
+    proc, url = _start(serve + args.serve_flags.split(), "serving")
     try:
         _wait_ready(url)
         import httpx

@@ -341,6 +341,16 @@ class ServeFlags:
         "A file of API keys, one a line ('#' starts a comment): a request whose ?key= is not "
         "one of them gets Perspective's 403. Without it no key is needed.",
     )
+    batch_size: int = _c(
+        ScoringConfig.batch_size,
+        "Rows per device of each model call. Every call is padded to this, so a comment's score "
+        "never depends on the requests it shares a call with, and equals jaxtpu predict's, "
+        "evaluate's and jaxtpu.load()'s at the same --batch-size (their default is this one). "
+        "On a CPU, 4 answers a lone request about 4x sooner (it computes 4 rows, not 16) at "
+        "the same throughput under load, but a bf16 run's scores then differ from predict's "
+        "default by about 1e-3 (docs/perspective.md).",
+        bounds=Bounds(1, 65536),
+    )
     max_batch: int = _c(
         64,
         "Texts scored together at most (a request's comment, and its sentences with "
@@ -405,9 +415,7 @@ COMMANDS: dict[str, Command] = {
     "lr-find": Command("jaxtpu lr-find", LrFindFlags),
     "preflight": Command("jaxtpu preflight", PreflightFlags),
     "launch": Command("jaxtpu launch", LaunchFlags),
-    "serve": Command(
-        "jaxtpu serve", ServeFlags, ("max_len", "num_devices", "batch_size"), ("max_len",)
-    ),
+    "serve": Command("jaxtpu serve", ServeFlags, ("max_len", "num_devices"), ("max_len",)),
 }
 
 
