@@ -228,7 +228,8 @@ def _table(result: dict[str, Any]) -> str:
     r = result["ratios"]
     lines += [
         "",
-        f"serve at {r['clients']} clients / offline: {r['serve64_over_offline']:.2f} (goal >= 0.8); "
+        f"serve at {r['clients']} clients / offline: {r['serve64_over_offline']:.2f} "
+        "(goal >= 0.8); "
         f"serve / baseline at {r['clients']}: {r['serve64_over_baseline']:.2f} (goal >= 3); "
         f"p99/p50 at half the saturating rate: {r['p99_over_p50_half_load']:.2f} (goal <= 3)",
         f"CPU: {result['cpu']['model']}, {result['cpu']['cores']} cores, flags "
