@@ -368,3 +368,38 @@ def test_a_served_run_scores_as_jaxtpu_load_and_stops_cleanly_on_sigterm(finishe
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.e2e
+def test_the_page_shows_each_attributes_score_as_a_bar_in_a_real_browser(served, tmp_path):
+    """Headless Chromium (Debian's: `apt-get install chromium`) opens `/?text=...`, which
+    scores the comment through the API: the page's bars are the model's scores."""
+    import os
+    import re
+    import subprocess
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no {CHROMIUM}: apt-get install chromium (Debian's package) to run it")
+    running, (model, _) = served
+    text = "You are an idiot."
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+         "--virtual-time-budget=10000", "--dump-dom",
+         f"{running.url}/?text={urllib.request.quote(text)}&key=k1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    dom = proc.stdout
+    rows = re.findall(
+        r'data-attribute="([A-Z_]+)".*?width: ([0-9.]+)%.*?class="value">([0-9.]+)<', dom
+    )
+    assert [r[0] for r in rows] == ["TOXICITY", "INSULT", "NO_ADS", "NO_LEGAL"], dom[-2000:]
+    want = {"TOXICITY": _score(text, 0), "INSULT": _score(text, 1)}
+    for name, width, value in rows[:2]:
+        assert float(value) == pytest.approx(want[name], abs=5e-4)
+        assert float(width) == pytest.approx(100 * want[name], abs=0.05)
+    assert running.server.version in dom

@@ -1,5 +1,6 @@
-"""`GET /`: a page where a moderator pastes a comment and sees each attribute's score as a bar,
-with the model's version (one self-contained HTML page; it calls the server's own API)."""
+"""`GET /`: a page where a moderator pastes a comment (or opens `/?text=...`) and sees each
+attribute's score as a bar, with the model's version (one self-contained HTML page; it calls
+the server's own API)."""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -63,7 +64,11 @@ async function score() {
   }
 }
 document.getElementById("score").addEventListener("click", score);
-card();
+// ?text=... fills the box and scores it (a link to a comment's scores); ?key=... the key
+const params = new URLSearchParams(location.search);
+const given = params.get("text");
+if (params.get("key")) document.getElementById("key").value = params.get("key");
+card().then(() => { if (given) { document.getElementById("text").value = given; score(); } });
 </script>
 </body>
 </html>
