@@ -51,7 +51,7 @@ train: $(STAMP)
 
 # Perspective API's endpoint at 127.0.0.1:8080 for the newest run under runs/ (what `make train`
 # just wrote), or WORKDIR=DIR: `jaxtpu serve` (docs/perspective.md).
-WORKDIR ?= $(shell ls -td runs/*/ 2>/dev/null | head -1)
+WORKDIR ?= $(shell ls -td runs/*/config.json 2>/dev/null | head -1 | xargs -r dirname)
 serve: $(STAMP)
 	@test -n "$(WORKDIR)" || { echo "make serve: no run under runs/ (make train first, or WORKDIR=DIR)"; exit 2; }
 	$(PY) -m jaxtpu.serve --workdir $(WORKDIR) $(ARGS)
