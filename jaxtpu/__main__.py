@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from jaxtpu import HUGE_PAGE_COMMANDS
 from jaxtpu.core import hostmem
+from jaxtpu.core.versions import installed
 
 # subcommand -> (module whose main() it runs, one line for `jaxtpu --help`)
 COMMANDS = {
@@ -51,13 +52,7 @@ def usage() -> str:
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("jaxtpu")
-    except PackageNotFoundError:  # run from a source tree that is not installed
-        return "unknown (not installed)"
+    return installed("jaxtpu", "unknown (not installed)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,6 @@ another program. Only load programs you made: unpickling an executable can run c
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from jax.experimental import serialize_executable
 from jaxtpu.core import files, storage
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.schema import OUTSIDE_PROGRAMS, Config, changed_flags
+from jaxtpu.core.versions import installed
 
 log = logging.getLogger("jaxtpu")
 
@@ -41,13 +41,6 @@ MANIFEST = "programs.json"
 FORMAT = 1
 # the virtual CPU device count jaxtpu sets itself; the device count is checked on its own
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\d+\s*")
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "-"
 
 
 def environment(devices: list[Any]) -> dict[str, Any]:
@@ -59,8 +52,8 @@ def environment(devices: list[Any]) -> dict[str, Any]:
         "devices": len(devices),
         "device_ids": [d.id for d in devices],
         "jax": jax.__version__,
-        "jaxlib": _version("jaxlib"),
-        "libtpu": _version("libtpu") if devices[0].platform == "tpu" else "-",
+        "jaxlib": installed("jaxlib"),
+        "libtpu": installed("libtpu") if devices[0].platform == "tpu" else "-",
         "XLA_FLAGS": _DEVICE_COUNT_FLAG.sub("", os.environ.get("XLA_FLAGS", "")).strip(),
         "LIBTPU_INIT_ARGS": os.environ.get("LIBTPU_INIT_ARGS", "").strip(),
     }

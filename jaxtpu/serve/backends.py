@@ -22,6 +22,7 @@ from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.serving import card as cards
 from jaxtpu.core.serving.attributes import Attribute, as_records, attribute_map
+from jaxtpu.core.versions import installed
 from jaxtpu.engine.scoring import load_model_dir, load_trained
 
 
@@ -156,7 +157,7 @@ def _version_and_card(
         "tokenizer": cards.digest_dir(tokenizer) if tokenizer.is_dir() else "",
         "attributes": as_records(served.attributes),
         "calibration": None,
-        "jaxtpu": jaxtpu_version(),
+        "jaxtpu": installed("jaxtpu", "unknown"),
     }
     version = cards.model_version(parts)
     cfg = trained.cfg
@@ -183,13 +184,3 @@ def _version_and_card(
         "config": json.loads(json.dumps(trained.meta.get("config") or {}, default=str)),
     }
     return version, card
-
-
-def jaxtpu_version() -> str:
-    """The installed jaxtpu's version (part of every served model's version)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("jaxtpu")
-    except PackageNotFoundError:  # a source tree that is not installed
-        return "unknown"
