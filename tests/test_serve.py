@@ -6,6 +6,7 @@ process of a trained run, whose scores must be `jaxtpu.load().predict`'s."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import socket
@@ -13,12 +14,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from jaxtpu.core.serving.attributes import attribute_map
 from jaxtpu.core.serving.card import model_version
+from jaxtpu.core.tasks import get_task
+from jaxtpu.serve.backends import Served
 
 uvicorn = pytest.importorskip("uvicorn", reason="needs jaxtpu[serve] (uvicorn, starlette)")
 
@@ -28,33 +32,23 @@ def _score(text: str, column: int) -> float:
     return int.from_bytes(digest[:4], "little") / 2**32
 
 
-class FakeModel:
-    """What the app asks of a `jaxtpu.serve.backends.Served`, scoring by a hash of the text.
-    A text holding FAIL fails its batch; `gate`, when set, holds every batch until opened."""
+class FakeModel(Served):
+    """A `jaxtpu.serve.backends.Served` whose model scores by a hash of the text (its inputs
+    and the mapping of scores to attributes are the real class's). A text holding FAIL fails
+    its batch; `gate`, when set, holds every batch until opened."""
 
     def __init__(self, columns=("toxic", "insult"), rules="", source="--workdir fake"):
-        self.source, self._columns = source, columns
-        self.rules_model = bool(rules)
-        self.attributes = attribute_map(columns, self.rules_model, rules)
-        self.languages = ["en"]
+        task = dataclasses.replace(
+            get_task("rules" if rules else "multilabel"), label_columns=columns
+        )
+        attributes = attribute_map(columns, bool(rules), rules)
+        super().__init__(source, SimpleNamespace(task=task), attributes, ["en"])
+        self._rule_text = {a.name: a.rule for a in attributes}
+        self._columns = columns
         self.version = model_version({"fake": source})
-        self.card = {"version": self.version, "attributes": [a.to_dict() for a in self.attributes]}
+        self.card = {"version": self.version, "attributes": [a.to_dict() for a in attributes]}
         self.gate: threading.Event | None = None
         self.calls: list[int] = []
-
-    def inputs(self, texts, wanted):
-        if not self.rules_model:
-            return list(texts)
-        return [(a.rule, t) for a in wanted for t in texts]
-
-    def scores(self, texts, wanted, out):
-        if not self.rules_model:
-            index = {c: j for j, c in enumerate(self._columns)}
-            return [
-                {a.name: float(out[i, index[a.column]]) for a in wanted} for i in range(len(texts))
-            ]
-        n = len(texts)
-        return [{a.name: float(out[k * n + i, 0]) for k, a in enumerate(wanted)} for i in range(n)]
 
     def probabilities(self, items):
         if self.gate is not None:
