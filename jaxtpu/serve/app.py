@@ -171,10 +171,6 @@ class _Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def _error(e: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.code, headers=headers)
-
-
 async def _read_body(request: Request, options: Options) -> bytes:
     """The body, refused (413) when it says or turns out to be larger than `max_body`, before
     more is read; a client that does not finish sending in `read_timeout` gets 408."""
@@ -201,93 +197,97 @@ async def _read_body(request: Request, options: Options) -> bytes:
     return bytes(body)
 
 
-def build_app(server: Server) -> Starlette:
-    """The ASGI application answering for `server` (started and stopped with the app)."""
-    options = server.options
+class _Routes:
+    """The handlers of one server's routes; every response carries the model's version."""
 
-    def headers() -> dict[str, str]:
-        return {"X-Model-Version": server.version}
+    def __init__(self, server: Server) -> None:
+        self.server, self.options = server, server.options
 
-    def check_key(request: Request) -> None:
-        if options.api_keys is None:
+    def headers(self) -> dict[str, str]:
+        return {"X-Model-Version": self.server.version}
+
+    def error(self, e: ApiError, **more: str) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.code, headers={**self.headers(), **more})
+
+    def check_key(self, request: Request) -> None:
+        keys = self.options.api_keys
+        if keys is None:
             return
         key = request.query_params.get("key")
         if key is None:
             raise ApiError(403, "The request is missing a valid API key (pass ?key=YOUR_API_KEY).")
-        if key not in options.api_keys:
+        if key not in keys:
             raise ApiError(403, "API key not valid. Please pass a valid API key.")
 
-    async def analyze(request: Request) -> Response:
+    async def analyze(self, request: Request) -> Response:
         t0 = time.perf_counter()
-        code = 200
         try:
-            check_key(request)
-            if not server.ready:
+            self.check_key(request)
+            if not self.server.ready:
                 raise ApiError(503, "The model is still loading; retry shortly.")
-            body = await _read_body(request, options)
-            req = perspective.parse_request(body, server.available, server.languages)
-            if options.log_comments:
+            body = await _read_body(request, self.options)
+            req = perspective.parse_request(body, self.server.available, self.server.languages)
+            if self.options.log_comments:
                 log.info("comment: %r", req.text)
-            try:
-                answer = await server.analyze(req)
-            except Overloaded as e:
-                code = 429
-                return _error(
-                    ApiError(429, f"Too many requests waiting; retry after {e.retry_after} s."),
-                    {**headers(), "Retry-After": str(e.retry_after)},
-                )
-            except Exception:  # noqa: BLE001 - this batch failed; the server goes on
-                log.exception("scoring failed")
-                code = 500
-                return _error(ApiError(500, "Scoring this comment failed."), headers())
-            return JSONResponse(answer, headers=headers())
+            response = await self._score(req)
         except ApiError as e:
-            code = e.code
-            return _error(e, headers())
-        finally:
-            server.metrics.requests.labels("analyze", str(code)).inc()
-            if code == 200:
-                server.metrics.latency.observe(time.perf_counter() - t0)
+            response = self.error(e)
+        self.server.metrics.requests.labels("analyze", str(response.status_code)).inc()
+        if response.status_code == 200:
+            self.server.metrics.latency.observe(time.perf_counter() - t0)
+        return response
 
-    async def discovery_doc(request: Request) -> Response:
+    async def _score(self, req: perspective.AnalyzeRequest) -> Response:
+        try:
+            answer = await self.server.analyze(req)
+        except Overloaded as e:
+            message = f"Too many requests waiting; retry after {e.retry_after} s."
+            return self.error(ApiError(429, message), **{"Retry-After": str(e.retry_after)})
+        except Exception:  # noqa: BLE001 - this batch failed; the server goes on
+            log.exception("scoring failed")
+            return self.error(ApiError(500, "Scoring this comment failed."))
+        return JSONResponse(answer, headers=self.headers())
+
+    async def discovery_doc(self, request: Request) -> Response:
         version = request.query_params.get("version", discovery.VERSION)
         if version != discovery.VERSION:
-            raise HTTPException(
-                404, f"No API version {version}; this server has {discovery.VERSION}."
-            )
-        root = str(request.base_url)
-        return JSONResponse(discovery.document(root), headers=headers())
+            message = f"No API version {version}; this server has {discovery.VERSION}."
+            return self.error(ApiError(404, message))
+        return JSONResponse(discovery.document(str(request.base_url)), headers=self.headers())
 
-    async def model_card(request: Request) -> Response:
-        return JSONResponse(server.card(), headers=headers())
+    async def model_card(self, request: Request) -> Response:
+        return JSONResponse(self.server.card(), headers=self.headers())
 
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"}, headers=headers())
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"}, headers=self.headers())
 
-    async def readyz(request: Request) -> Response:
-        if not server.ready:
-            return JSONResponse({"status": "loading"}, status_code=503, headers=headers())
-        return JSONResponse({"status": "ready", "version": server.version}, headers=headers())
+    async def readyz(self, request: Request) -> Response:
+        if not self.server.ready:
+            return JSONResponse({"status": "loading"}, status_code=503, headers=self.headers())
+        body = {"status": "ready", "version": self.server.version}
+        return JSONResponse(body, headers=self.headers())
 
-    async def metrics(request: Request) -> Response:
-        body, kind = server.metrics.render()
-        return Response(body, media_type=kind, headers=headers())
+    async def metrics(self, request: Request) -> Response:
+        body, kind = self.server.metrics.render()
+        return Response(body, media_type=kind, headers=self.headers())
 
-    async def page(request: Request) -> Response:
-        return HTMLResponse(PAGE, headers=headers())
+    async def page(self, request: Request) -> Response:
+        return HTMLResponse(PAGE, headers=self.headers())
 
-    async def http_error(request: Request, exc: Exception) -> Response:
+    async def http_error(self, request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 500)
-        detail = getattr(exc, "detail", "")
         message = {
             404: f"No such method: {request.method} {request.url.path}. This server answers "
             f"POST /{discovery.ANALYZE_PATH}.",
             405: f"Method {request.method} is not allowed on {request.url.path}.",
-        }.get(code, str(detail))
-        if code == 404 and detail and "API version" in str(detail):
-            message = str(detail)
-        server.metrics.requests.labels("other", str(code)).inc()
-        return _error(ApiError(code, message), headers())
+        }.get(code, str(getattr(exc, "detail", "")))
+        self.server.metrics.requests.labels("other", str(code)).inc()
+        return self.error(ApiError(code, message))
+
+
+def build_app(server: Server) -> Starlette:
+    """The ASGI application answering for `server` (started and stopped with the app)."""
+    r = _Routes(server)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -298,16 +298,14 @@ def build_app(server: Server) -> Starlette:
             await server.stop()
 
     routes = [
-        Route(f"/{discovery.ANALYZE_PATH}", analyze, methods=["POST"]),
-        Route("/$discovery/rest", discovery_doc, methods=["GET"]),
-        Route("/v1/model", model_card, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/", page, methods=["GET"]),
+        Route(f"/{discovery.ANALYZE_PATH}", r.analyze, methods=["POST"]),
+        Route("/$discovery/rest", r.discovery_doc, methods=["GET"]),
+        Route("/v1/model", r.model_card, methods=["GET"]),
+        Route("/healthz", r.healthz, methods=["GET"]),
+        Route("/readyz", r.readyz, methods=["GET"]),
+        Route("/metrics", r.metrics, methods=["GET"]),
+        Route("/", r.page, methods=["GET"]),
     ]
     return Starlette(
-        routes=routes,
-        exception_handlers={HTTPException: http_error},
-        lifespan=lifespan,
+        routes=routes, exception_handlers={HTTPException: r.http_error}, lifespan=lifespan
     )
