@@ -238,6 +238,76 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def serve_rows(args: argparse.Namespace, texts: list[str], levels: list[int]) -> dict[str, Any]:
+    """The server's rows at each level, its half-load open loop and its model version."""
+    import httpx
+
+    serve = [sys.executable, "-m", "jaxtpu.serve", "--workdir", args.workdir, "--port", "0"]
+    proc, url = _start(serve + args.serve_flags.split(), "serving")
+    rows = []
+    try:
+        _wait_ready(url)
+        card = httpx.get(f"{url}/v1/model").json()
+        names = [a["name"] for a in card["attributes"]]
+
+        def body(text: str) -> dict[str, Any]:
+            return {"comment": {"text": text}, "requestedAttributes": {n: {} for n in names}}
+
+        analyze = f"{url}/v1alpha1/comments:analyze"
+        asyncio.run(closed_loop(analyze, body, texts[:32], 8))  # warm
+        for c in levels:
+            row = asyncio.run(closed_loop(analyze, body, texts, c))
+            rows.append({"way": "serve", "clients": c, **row})
+            print(
+                f"serve, {c} clients: {row['throughput']:.1f}/s, p50 {row['p50_ms']:.0f} ms, "
+                f"p99 {row['p99_ms']:.0f} ms",
+                flush=True,
+            )
+        top = max(r["throughput"] for r in rows)
+        half = asyncio.run(open_loop(analyze, body, texts, top / 2))
+    finally:
+        _stop(proc)
+    return {"rows": rows, "half_load": {"rate": top / 2, **half}, "model_version": card["version"]}
+
+
+def baseline_rows(workdir: str, out: Path, texts: list[str], levels: list[int]) -> list[dict]:
+    """The pipeline baseline's rows at each level (its export written once into OUT)."""
+    export = out / "export"
+    if not export.exists():
+        cmd = [sys.executable, "-m", "jaxtpu.export", "--workdir", workdir, "--out", str(export)]
+        subprocess.run(cmd, check=True)
+    proc, url = _start(
+        [sys.executable, "-m", "benchmarks.serving_baseline", str(export)], "baseline"
+    )
+    rows = []
+    try:
+        _wait_ready(url)
+        analyze = f"{url}/v1alpha1/comments:analyze"
+        for c in levels:
+            row = asyncio.run(closed_loop(analyze, lambda t: {"comment": {"text": t}}, texts, c))
+            rows.append({"way": "baseline", "clients": c, **row})
+            print(f"baseline, {c} clients: {row['throughput']:.1f}/s", flush=True)
+    finally:
+        _stop(proc)
+    return rows
+
+
+def ratios(result: dict[str, Any], clients: int) -> dict[str, float]:
+    """Item 6's goals as ratios, at the highest client count."""
+
+    def at(way: str) -> float:
+        row = next((r for r in result["rows"] if (r["way"], r["clients"]) == (way, clients)), None)
+        return row["throughput"] if row else float("nan")
+
+    half = result["half_load"]
+    return {
+        "clients": clients,
+        "serve64_over_offline": at("serve") / result["offline"],
+        "serve64_over_baseline": at("serve") / at("baseline"),
+        "p99_over_p50_half_load": half["p99_ms"] / half["p50_ms"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.serving", description=__doc__.split("\n\n")[0]
@@ -264,84 +334,13 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_record(),
         "requests": len(texts),
         "serve_flags": args.serve_flags,
-        "rows": [],
     }
     print(f"offline: jaxtpu.load().predict of {len(texts)} comments ...", flush=True)
     result["offline"] = offline(args.workdir, texts)
-    card = None
-    serve = [sys.executable, "-m", "jaxtpu.serve", "--workdir", args.workdir, "--port", "0"]
-    proc, url = _start(serve + args.serve_flags.split(), "serving")
-    try:
-        _wait_ready(url)
-        import httpx
-
-        card = httpx.get(f"{url}/v1/model").json()
-        names = [a["name"] for a in card["attributes"]]
-
-        def body(text: str) -> dict[str, Any]:
-            return {"comment": {"text": text}, "requestedAttributes": {n: {} for n in names}}
-
-        analyze = f"{url}/v1alpha1/comments:analyze"
-        asyncio.run(closed_loop(analyze, body, texts[:32], 8))  # warm
-        for c in levels:
-            row = asyncio.run(closed_loop(analyze, body, texts, c))
-            result["rows"].append({"way": "serve", "clients": c, **row})
-            print(
-                f"serve, {c} clients: {row['throughput']:.1f}/s, p50 {row['p50_ms']:.0f} ms, "
-                f"p99 {row['p99_ms']:.0f} ms",
-                flush=True,
-            )
-        top = max(r["throughput"] for r in result["rows"] if r["way"] == "serve")
-        half = asyncio.run(open_loop(analyze, body, texts, top / 2))
-        result["half_load"] = {"rate": top / 2, **half}
-    finally:
-        _stop(proc)
+    result.update(serve_rows(args, texts, levels))
     if not args.no_baseline:
-        export = out / "export"
-        if not export.exists():
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "jaxtpu.export",
-                    "--workdir",
-                    args.workdir,
-                    "--out",
-                    str(export),
-                ],
-                check=True,
-            )
-        proc, url = _start(
-            [sys.executable, "-m", "benchmarks.serving_baseline", str(export)], "baseline"
-        )
-        try:
-            _wait_ready(url)
-            analyze = f"{url}/v1alpha1/comments:analyze"
-            for c in levels:
-                row = asyncio.run(
-                    closed_loop(analyze, lambda t: {"comment": {"text": t}}, texts, c)
-                )
-                result["rows"].append({"way": "baseline", "clients": c, **row})
-                print(f"baseline, {c} clients: {row['throughput']:.1f}/s", flush=True)
-        finally:
-            _stop(proc)
-    serve64 = next(
-        (r for r in result["rows"] if r["way"] == "serve" and r["clients"] == max(levels)), None
-    )
-    base64 = next(
-        (r for r in result["rows"] if r["way"] == "baseline" and r["clients"] == max(levels)), None
-    )
-    result["ratios"] = {
-        "clients": max(levels),
-        "serve64_over_offline": serve64["throughput"] / result["offline"]
-        if serve64
-        else float("nan"),
-        "serve64_over_baseline": serve64["throughput"] / base64["throughput"]
-        if serve64 and base64
-        else float("nan"),
-        "p99_over_p50_half_load": result["half_load"]["p99_ms"] / result["half_load"]["p50_ms"],
-    }
-    result["model_version"] = card["version"] if card else None
+        result["rows"] += baseline_rows(args.workdir, out, texts, levels)
+    result["ratios"] = ratios(result, max(levels))
     (out / "serving.json").write_text(json.dumps(result, indent=1))
     print(_table(result))
     return 0
