@@ -107,7 +107,7 @@ def evaluate(
         model = load_model_dir(model_dir, max_len, pairs)
     task, d = model.spec.task, model.cfg.data
     data = read_labelled(path, task, d.row_template)
-    tokenizer = load_tokenizer(model.tokenizer_dir)
+    tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
     examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
     global_batch = batch_size * len(devices)
     batcher = Batcher.for_data("auto", examples.real_lengths(), global_batch, d.max_len)

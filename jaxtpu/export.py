@@ -348,7 +348,9 @@ def _onnx_differences(
     texts: list[Any] = list(CHECK_TEXTS)
     if spec.task.text_pairs:
         texts = [("No insults or personal attacks.", t) for t in texts]
-    ids, mask = encode_texts(texts, load_tokenizer(model.tokenizer_dir), model.cfg.data.max_len)
+    ids, mask = encode_texts(
+        texts, load_tokenizer(model.tokenizer_dir, model.spec.pad_id), model.cfg.data.max_len
+    )
     fp32 = create_module(
         spec.encoder,
         0.0,

@@ -209,3 +209,91 @@ def test_the_token_head_is_refused_where_it_cannot_start(tmp_path):
     cfg = Config().replace(model_dir=str(tmp_path), head="hf", token_head=True, task="multilabel")
     with pytest.raises(ConfigError, match="scores 6 outputs"):
         RunSpec.resolve(cfg, 1)
+
+
+def _changed(src: Path, out: Path, config: dict | None = None, drop_pad: bool = False) -> Path:
+    """A copy of checkpoint directory `src` with `config` merged into its config.json, and its
+    tokenizer's pad token removed (`drop_pad`: Llama 3's tokenizer ships none)."""
+    import shutil
+
+    shutil.copytree(src, out)
+    if config:
+        path = out / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    if drop_pad:
+        path = out / "tokenizer_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "pad_token": None}))
+    return out
+
+
+@pytest.mark.model
+def test_one_pad_id_pads_and_pools_as_transformers_scores_each_text_alone(classifiers, tmp_path):
+    """Issue 67, items 1 and 2: a tokenizer without a pad token pads with the config's
+    pad_token_id (it used to end in transformers' 'Asking to pad' traceback), and a config
+    whose pad_token_id is not the tokenizer's pads with the config's, the id the classifier
+    pools by: each padded score is transformers' score of the text alone, with no padding."""
+    from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
+
+    base = classifiers["llama"]
+    eos = transformers.AutoTokenizer.from_pretrained(str(base)).eos_token_id
+    texts = _texts()
+    for name, changes in {
+        "no pad token": dict(drop_pad=True),
+        "config pads with eos": dict(config={"pad_token_id": eos}),
+    }.items():
+        d = _changed(base, tmp_path / name.replace(" ", "-"), **changes)
+        cfg = Config().replace(model_dir=str(d), precision="fp32", max_len=48, head="hf")
+        spec = RunSpec.resolve(cfg, 1)
+        tok = load_tokenizer(d, spec.pad_id)
+        assert tok.pad_token_id == spec.encoder.pad_token_id, name
+        ids, mask = encode_texts(texts, tok, 48)
+        assert (mask.sum(1) < 48).any() and (ids[mask == 0] == spec.pad_id).all(), name
+        model = weights.load_model(cfg, spec, head_required=True)
+        ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
+        clf = transformers.AutoModelForSequenceClassification.from_pretrained(str(d)).eval()
+        alone = []
+        for row, m in zip(ids, mask, strict=True):
+            one = torch.from_numpy(row[m > 0][None]).long()
+            with torch.no_grad():
+                alone.append(float(clf(input_ids=one).logits[0, 0]))
+        assert np.abs(ours - np.array(alone)).max() < 1e-5, name
+
+
+def test_a_config_without_pad_token_id_pads_with_eos():
+    base = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "num_attention_heads": 4}
+    assert EncoderConfig.from_hf_dict({**base, "eos_token_id": [7, 9]}).pad_token_id == 7
+    assert (
+        EncoderConfig.from_hf_dict({**base, "pad_token_id": 3, "eos_token_id": 7}).pad_token_id == 3
+    )
+
+
+@pytest.mark.model
+def test_the_token_cache_key_holds_the_pad_id_and_side(classifiers):
+    """Issue 67, item 3: the cached arrays are padded with the pad id on its side, so a
+    tokenizer that pads otherwise must not read another's entry."""
+    from jaxtpu.core.data.tokens import tokenizer_fingerprint
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(classifiers["qwen3"]))
+    first = tokenizer_fingerprint(tok)
+    assert tokenizer_fingerprint(tok) == first  # stable
+    tok.pad_token = tok.convert_ids_to_tokens(tok.pad_token_id + 1)
+    second = tokenizer_fingerprint(tok)
+    tok.padding_side = "left" if tok.padding_side == "right" else "right"
+    assert len({first, second, tokenizer_fingerprint(tok)}) == 3
+
+
+@pytest.mark.model
+def test_the_token_head_refuses_a_classifier_checkpoint(classifiers):
+    """Issue 67, item 4: --token-head on a *ForSequenceClassification directory (no LM head)
+    used to load its score head silently while config.json said token_head: true."""
+    from jaxtpu.core.errors import CheckpointError
+
+    d = classifiers["qwen3"]
+    tok = transformers.AutoTokenizer.from_pretrained(str(d))
+    words = [w for w in ("a", "I", "is", "to", "of", "in", "it", "and")]
+    single = [w for w in words if len(tok(w, add_special_tokens=False)["input_ids"]) == 1]
+    cfg = Config().replace(
+        model_dir=str(d), head="hf", token_head=True, answer_tokens=",".join(single[:2])
+    )
+    with pytest.raises(CheckpointError, match="drop --token-head"):
+        weights.load_model(cfg, RunSpec.resolve(cfg, 1))

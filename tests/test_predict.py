@@ -79,7 +79,7 @@ def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_di
 
     def model(task, tokenizer_dir, prompt=""):
         return SimpleNamespace(
-            spec=SimpleNamespace(task=get_task(task)),
+            spec=SimpleNamespace(task=get_task(task), pad_id=None),
             tokenizer_dir=tokenizer_dir,
             cfg=Config().replace(prompt_template=prompt),
         )

@@ -338,7 +338,7 @@ def test_evaluate_reads_pairs_with_the_runs_template_and_an_ensemble_needs_one(
             rule_template=template, prompt_template=prompt, row_template=prompt or template
         )
         return SimpleNamespace(
-            spec=SimpleNamespace(task=TASK),
+            spec=SimpleNamespace(task=TASK, pad_id=None),
             cfg=SimpleNamespace(data=data),
             tokenizer_dir=minilm_dir,
         )

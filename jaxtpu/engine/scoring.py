@@ -245,7 +245,7 @@ class Scorer:
     def __init__(self, model: TrainedModel, devices: list[Any], batch_size: int) -> None:
         self.model = model
         self.task = one_comment_task(model.spec.task)
-        self.tokenizer = load_tokenizer(model.tokenizer_dir)
+        self.tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
         self.max_len = model.cfg.data.max_len
         self.global_batch = batch_size * len(devices)
         self.backend = scoring_backend(model, devices, self.task)
@@ -270,14 +270,17 @@ def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
     """Models averaged together must score the same thing from the same tokens."""
 
     first = models[0]
-    fingerprint = tokenizer_fingerprint(load_tokenizer(first.tokenizer_dir))
+    fingerprint = tokenizer_fingerprint(load_tokenizer(first.tokenizer_dir, first.spec.pad_id))
     for model, wd in zip(models[1:], workdirs[1:], strict=True):
         if model.spec.task.name != first.spec.task.name:
             raise UserError(
                 f"--workdir {wd} is a {model.spec.task.name} run, {workdirs[0]} a "
                 f"{first.spec.task.name} run; an ensemble averages runs of one task"
             )
-        if tokenizer_fingerprint(load_tokenizer(model.tokenizer_dir)) != fingerprint:
+        if (
+            tokenizer_fingerprint(load_tokenizer(model.tokenizer_dir, model.spec.pad_id))
+            != fingerprint
+        ):
             raise UserError(
                 f"--workdir {wd} has another tokenizer than {workdirs[0]}; an ensemble averages "
                 "runs of one model family and tokenizer"

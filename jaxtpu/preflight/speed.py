@@ -217,7 +217,7 @@ def training_examples(cfg: Config, num_devices: int, platform: str) -> tuple[Any
     its token cache) and a line saying what they are, for `add_epoch`."""
 
     spec = RunSpec.resolve(cfg, num_devices, platform)
-    data = taskdata.load_task_data(cfg, load_tokenizer(spec.tokenizer_dir))
+    data = taskdata.load_task_data(cfg, load_tokenizer(spec.tokenizer_dir, spec.pad_id))
     info = data.info
     return data.train, (
         f"{info['train_examples']} train {info['unit']} from {info['source']}"

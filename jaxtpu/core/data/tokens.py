@@ -49,7 +49,9 @@ def default_cache_dir() -> Path:
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A content hash of a Hugging Face fast tokenizer (vocab, normalizer, special tokens)."""
+    """A content hash of a Hugging Face fast tokenizer: everything that shapes its padded
+    arrays (vocab, normalizer, special tokens, chat template, and the pad id and side, which
+    `_padded` writes and the backend's own padding state does not say)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         described = repr(tokenizer)
@@ -62,7 +64,51 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         if chat:  # a prompt's tokens are the chat template's
             state["chat_template"] = chat
         described = json.dumps(state, sort_keys=True)
+    pad = getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "padding_side", None)
+    described += f"|pad={pad[0]}|side={pad[1]}"
     return hashlib.sha256(described.encode()).hexdigest()[:16]
+
+
+def pad_with(tokenizer: Any, pad_id: int | None, where: str) -> Any:
+    """`tokenizer`, padding with `pad_id`: a decoder's config `pad_token_id`, the id its
+    classifier pools by (the last token that is not it, transformers' rule), so padding and
+    pooling agree; a tokenizer without a pad token (Llama 3's) pads with it, as transformers'
+    classifiers are documented to. One line says so when it changes anything; None (an
+    encoder) leaves the tokenizer as it is."""
+    if pad_id is None or tokenizer.pad_token_id == pad_id:
+        return tokenizer
+    if not 0 <= pad_id < len(tokenizer):
+        raise DataError(
+            f"{where}: the model's pad_token_id {pad_id} is not a token of its tokenizer "
+            f"({len(tokenizer)} tokens); give the tokenizer of this checkpoint"
+        )
+    token = tokenizer.convert_ids_to_tokens(pad_id)
+    if tokenizer.pad_token_id is None:
+        log.info(
+            "%s: the tokenizer has no pad token; padding with the model's pad_token_id %d (%r), "
+            "as transformers' classifiers do",
+            where,
+            pad_id,
+            token,
+        )
+    else:
+        log.warning(
+            "%s: the tokenizer pads with id %d (%r) but the model's config.json says "
+            "pad_token_id %d (%r), the token its classifier pools before; padding with %d",
+            where,
+            tokenizer.pad_token_id,
+            tokenizer.pad_token,
+            pad_id,
+            token,
+            pad_id,
+        )
+    tokenizer.pad_token = token
+    if tokenizer.pad_token_id != pad_id:  # a token string that maps elsewhere
+        raise DataError(
+            f"{where}: the model's pad_token_id {pad_id} ({token!r}) cannot be the tokenizer's "
+            f"pad token (it reads as id {tokenizer.pad_token_id})"
+        )
+    return tokenizer
 
 
 CHUNK = 8192  # texts per tokenizer call: its objects for 8192 texts are a few tens of MB
@@ -338,8 +384,9 @@ def _held(fd: int) -> Iterator[None]:
         os.close(fd)
 
 
-def load_tokenizer(path: str | os.PathLike) -> Any:
-    """Loads a Hugging Face fast tokenizer from a local directory (never from a hub)."""
+def load_tokenizer(path: str | os.PathLike, pad_id: int | None = None) -> Any:
+    """Loads a Hugging Face fast tokenizer from a local directory (never from a hub), padding
+    with `pad_id` when given (`pad_with`: a decoder's, `RunSpec.pad_id`)."""
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"tokenizer directory {p} does not exist")
@@ -351,7 +398,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     from transformers import AutoTokenizer  # lazy: heavy, and only needed here
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return AutoTokenizer.from_pretrained(str(p), use_fast=True)
+    return pad_with(AutoTokenizer.from_pretrained(str(p), use_fast=True), pad_id, str(p))
 
 
 def save_tokenizer(tokenizer: Any, directory: Path) -> None:

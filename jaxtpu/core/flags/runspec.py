@@ -241,6 +241,12 @@ class RunSpec:
         return self.tokenizer_from or packaged_minilm_dir()
 
     @property
+    def pad_id(self) -> int | None:
+        """The id a decoder's tokens are padded with: its config's pad_token_id, the one its
+        classifier pools by (`tokens.pad_with`); None for an encoder (its tokenizer's own)."""
+        return self.encoder.pad_token_id if self.encoder.family.kind.causal else None
+
+    @property
     def model_key(self) -> dict[str, Any]:
         """What a checkpoint of this run must match (`model_key`)."""
         lora = self.lora.to_dict() if self.lora else None

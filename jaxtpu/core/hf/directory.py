@@ -285,6 +285,13 @@ def fit_state_dict(
     else:
         sd, task_head = read_checkpoint(d)
         fitted = _fitting_head(d, task_head, layout, head_required and not layout.answers)
+        if layout.answers and fitted and not head_required:
+            raise CheckpointError(
+                f"{d}: a *ForSequenceClassification checkpoint (its own "
+                f"{layout.output}.weight, no language-model head): --token-head starts the "
+                "score from a *ForCausalLM checkpoint's LM head; drop --token-head to train "
+                "this classifier's head as it is"
+            )
         if layout.answers and not fitted:
             fitted = answer_head(d, sd, task_head, layout)
         sd.update(fitted)

@@ -17,11 +17,14 @@ configs say). Adding a kind is a record here, that Flax module and a test checkp
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jaxtpu.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # The attention kinds of ModernBERT's `layer_types`: every token, or a window of
 # `local_attention // 2` tokens on each side.
@@ -192,11 +195,18 @@ def _decoder_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -
     are not all full attention, or no pad_token_id (a classifier reads the last token that is
     not padding) is a one-line error."""
     heads, kv = out["num_attention_heads"], _kv_heads(out, source)
-    if d.get("pad_token_id") is None:
-        raise ConfigError(
-            f"{source}: no pad_token_id; a {d.get('model_type')} classifier reads each text's "
-            "last token that is not padding, so the config needs one (set pad_token_id to the "
-            "tokenizer's pad token id)"
+    pad = d.get("pad_token_id")
+    if pad is None:  # Llama 3's configs: transformers' classifiers are told to pad with eos
+        eos = d.get("eos_token_id")
+        pad = eos[0] if isinstance(eos, list) and eos else eos
+        if pad is None:
+            raise ConfigError(
+                f"{source}: no pad_token_id and no eos_token_id; a {d.get('model_type')} "
+                "classifier reads each text's last token that is not padding, so the config "
+                "needs one (set pad_token_id to the tokenizer's pad token id)"
+            )
+        log.info(
+            "%s: no pad_token_id; padding with eos_token_id %d as transformers does", source, pad
         )
     kinds = d.get("layer_types") or []
     if any(k != FULL for k in kinds):
@@ -219,6 +229,7 @@ def _decoder_fields(d: Mapping[str, Any], out: Mapping[str, Any], source: str) -
             "'llama3')"
         )
     return {
+        "pad_token_id": int(pad),
         "num_key_value_heads": kv,
         "head_dim": int(d.get("head_dim") or out["hidden_size"] // max(heads, 1)),
         "global_rope_theta": float(theta),

@@ -139,7 +139,7 @@ class Job:
         """Loads the tokenizer (process 0 keeps a copy in the run directory for predict and
         export) and the data, and plans the steps. Every process of a multi-process run loads
         the same examples (deterministic) and feeds only its rows of each global batch."""
-        tokenizer = load_tokenizer(spec.tokenizer_dir)
+        tokenizer = load_tokenizer(spec.tokenizer_dir, spec.pad_id)
         rows = spec.encoder.vocab_size
         if len(tokenizer) > rows:
             raise ConfigError(
