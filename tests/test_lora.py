@@ -247,3 +247,71 @@ def test_layer_rates_of_the_adapters_are_the_same_on_both_sides(tmp_path):
     assert set(ours) == set(theirs) and len(ours) == 29  # 28 adapters and the head, no base
     assert {round(v, 6) for v in ours.values()} == {0.5, 1.0}  # layer 0, layer 1 and head
     assert all(abs(ours[k] - theirs[k]) < 1e-6 for k in ours), (ours, theirs)
+
+
+def test_peft_target_modules_are_read_as_peft_reads_them():
+    """Issue 67, item 5: peft writes `all-linear` out as every projection's full name in
+    every layer; the names, their suffixes and the shorthand name the same --lora-targets."""
+    from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS as DENSE
+    from jaxtpu.core.lora import peft_targets
+
+    full = [
+        f"model.layers.{i}.{'mlp' if p.endswith(('gate_proj', 'up_proj', 'down_proj')) else 'self_attn'}.{p}"
+        for i in range(2)
+        for p in reversed(DENSE)
+    ]
+    assert peft_targets(full, DENSE, 2, "x") == DENSE
+    assert peft_targets(["all-linear"], DENSE, 2, "x") == DENSE
+    assert peft_targets(["v_proj", "self_attn.q_proj"], DENSE, 2, "x") == ("q_proj", "v_proj")
+    with pytest.raises(ConfigError, match=r"adapt q_proj in layers \[0\] of 2"):
+        peft_targets(["model.layers.0.self_attn.q_proj"], DENSE, 2, "x")
+    with pytest.raises(ConfigError, match="'lm_head' is not a dense layer"):
+        peft_targets(["q_proj", "lm_head"], DENSE, 2, "x")
+
+
+def test_an_all_linear_adapter_is_continued_with_the_advised_flags(tmp_path):
+    """The advice --init-from gives for an `all-linear` adapter is followed, not refused."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS as DENSE
+    from jaxtpu.core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
+    base = tmp_path / "base"
+    base.mkdir()
+    config = {"model_type": "qwen3", "pad_token_id": 0, "vocab_size": 50, "hidden_size": 32}
+    config |= {"num_attention_heads": 4, "num_hidden_layers": 2}
+    (base / "config.json").write_text(json.dumps(config))
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    names = [f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in DENSE]
+    peft = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": names}
+    (adapter / ADAPTER_CONFIG).write_text(json.dumps(peft))
+    save_file({"base_model.model.score.weight": np.ones((1, 32), np.float32)},
+              str(adapter / ADAPTER_WEIGHTS))  # fmt: skip
+    cfg = Config().replace(model_dir=str(base), init_from=str(adapter), head="hf", lora_rank=4)
+    with pytest.raises(ConfigError, match=f"--lora-targets {','.join(DENSE)}$") as advice:
+        RunSpec.resolve(cfg.replace(lora_targets="q_proj,v_proj"), 1)
+    assert "model.layers" not in str(advice.value)
+    spec = RunSpec.resolve(cfg.replace(lora_targets=",".join(DENSE)), 1)  # the advice, followed
+    assert spec.lora == LoraSpec(4, 8.0, 0.0, DENSE)
+
+
+def test_resume_compares_lora_flags_by_what_they_resolve_to():
+    """Issue 67, item 6: --lora-alpha 8 is the default alpha (-1: 2 x rank 4) the run used."""
+    from jaxtpu.core.flags.schema import changed_flags
+
+    run = Config().replace(lora_rank=4, lora_targets="q_proj,v_proj").to_dict()
+    assert (
+        changed_flags(
+            run, Config().replace(lora_rank=4, lora_targets="q_proj,v_proj", lora_alpha=8)
+        )
+        == []
+    )
+    assert changed_flags(run, Config().replace(lora_rank=4, lora_targets="v_proj,q_proj")) == []
+    moved = changed_flags(
+        run, Config().replace(lora_rank=4, lora_targets="q_proj,v_proj", lora_alpha=16)
+    )
+    assert [name for name, _, _ in moved] == ["lora_alpha"]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,8 +174,13 @@ def read_adapter(path: str, flag: str = "--init-from") -> tuple[LoraSpec, dict[s
     if config.get("bias", "none") != "none":
         problems.append(f"bias {config['bias']!r}")
     targets = config.get("target_modules")
+    if targets == ALL_LINEAR:
+        targets = [ALL_LINEAR]
     if not isinstance(targets, list) or not targets:
-        problems.append(f"target_modules {targets!r} (jaxtpu reads a list of module names)")
+        problems.append(
+            f"target_modules {targets!r} (jaxtpu reads a list of module names or "
+            f"{ALL_LINEAR!r}, not a pattern)"
+        )
     if problems:
         raise ConfigError(
             f"{flag} {path}: a peft adapter jaxtpu cannot continue: {'; '.join(problems)}"
@@ -194,6 +201,42 @@ def read_adapter(path: str, flag: str = "--init-from") -> tuple[LoraSpec, dict[s
         tuple(targets),
     )
     return spec, tensors
+
+
+ALL_LINEAR = "all-linear"  # peft's shorthand: every dense layer but the output's
+
+
+def peft_targets(
+    targets: Sequence[str], dense: Sequence[str], layers: int, source: str
+) -> tuple[str, ...]:
+    """peft's `target_modules` (`read_adapter`'s `LoraSpec.targets`) as jaxtpu's --lora-targets,
+    the layer kind's `dense` layers it names, in their order, read as peft reads them: a
+    module whose name is a target or ends in `.target` (`q_proj`, `self_attn.q_proj`, or a
+    full `model.layers.3.self_attn.q_proj`), or `all-linear`. One line refuses a target that
+    is not one of `dense` (peft's `lm_head`, a `score`) or a layer set that is not every one of
+    the `layers` (jaxtpu adapts a projection in every layer)."""
+    if list(targets) == [ALL_LINEAR]:
+        return tuple(dense)
+    layers_of: dict[str, set[int] | None] = {}  # None: every layer
+    for target in targets:
+        name = target.rsplit(".", 1)[-1]
+        if name not in dense:
+            raise ConfigError(
+                f"{source}: target_modules {target!r} is not a dense layer jaxtpu adapts "
+                f"(one of {', '.join(dense)})"
+            )
+        at = re.search(r"(?:^|\.)layers\.(\d+)\.", target)
+        if at is None:
+            layers_of[name] = None
+        elif layers_of.get(name, set()) is not None:
+            layers_of.setdefault(name, set()).add(int(at.group(1)))  # type: ignore[union-attr]
+    for name, found in layers_of.items():
+        if found is not None and found != set(range(layers)):
+            raise ConfigError(
+                f"{source}: target_modules adapt {name} in layers {sorted(found)} of {layers}; "
+                "jaxtpu adapts a dense layer in every layer"
+            )
+    return tuple(d for d in dense if d in layers_of)
 
 
 def split_adapter(

@@ -28,7 +28,7 @@ from jaxtpu.core.hf.encoder import (
 )
 from jaxtpu.core.hf.families import default_pooling
 from jaxtpu.core.hf.heads import hf_pooling
-from jaxtpu.core.lora import LoraSpec, is_adapter_dir, read_adapter
+from jaxtpu.core.lora import LoraSpec, is_adapter_dir, peft_targets, read_adapter
 from jaxtpu.core.storage import local_input
 from jaxtpu.core.tasks import Task
 
@@ -179,7 +179,15 @@ class RunSpec:
         if model.init_from and is_adapter_dir(weights):
             adapter, weights = weights, model_dir
             found, _ = read_adapter(adapter)
-            if lora is None or (found.rank, found.alpha, set(found.targets)) != (
+            dense = enc.family.kind.lora_targets  # none: refused below, with --lora-rank
+            where = f"--init-from {model.init_from}"
+            targets = (
+                peft_targets(found.targets, dense, enc.num_hidden_layers, where)
+                if dense
+                else found.targets
+            )
+            found = LoraSpec(found.rank, found.alpha, found.dropout, tuple(targets))
+            if lora is None or (found.rank, found.alpha, set(targets)) != (
                 lora.rank,
                 lora.alpha,
                 set(lora.targets),
@@ -187,7 +195,7 @@ class RunSpec:
                 raise ConfigError(
                     f"--init-from {model.init_from} is a peft LoRA adapter ({found.describe()}); "
                     f"continue it with --lora-rank {found.rank} --lora-alpha {found.alpha:g} "
-                    f"--lora-targets {','.join(found.targets)}"
+                    f"--lora-targets {','.join(targets)}"
                 )
             if model.head != "hf":
                 raise ConfigError(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_type_hints
 
@@ -1161,17 +1161,32 @@ def flat_record(recorded: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Flags whose written value stands for another: compared by what they resolve to, so that
+# `--lora-alpha 8` is the run's default alpha of 2 x rank 4 (-1), and targets in any order.
+RESOLVED: dict[str, Callable[[Config], Any]] = {
+    "lora_alpha": lambda cfg: cfg.model.lora and cfg.model.lora.alpha,
+    "lora_targets": lambda cfg: cfg.model.lora and set(cfg.model.lora.targets),
+}
+
+
 def changed_flags(recorded: dict[str, Any], cfg: Config) -> list[tuple[str, Any, Any]]:
     """(field, recorded value, value in `cfg`) of each field whose value in `cfg` differs from
-    the one `recorded` (a `to_dict()`, e.g. config.json's) holds; a field it does not hold
-    (recorded by an older version) counts as unchanged."""
+    the one `recorded` (a `to_dict()`, e.g. config.json's) holds, by what it resolves to where
+    `RESOLVED` says how; a field it does not hold (recorded by an older version) counts as
+    unchanged."""
     before = flat_record(recorded)
-    return [
+    changed = [
         (name, before.get(name, value), value)
         for values in cfg.to_dict().values()
         for name, value in values.items()
         if before.get(name, value) != value
     ]
+    if any(name in RESOLVED for name, _, _ in changed):
+        old = from_dict(recorded)
+        changed = [
+            c for c in changed if c[0] not in RESOLVED or RESOLVED[c[0]](old) != RESOLVED[c[0]](cfg)
+        ]
+    return changed
 
 
 def from_dict(d: dict[str, Any]) -> Config:
