@@ -361,3 +361,32 @@ def test_repeated_row_ids_are_one_warning_naming_the_first(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         readers.read_rules(write(tmp_path / "ok.csv", rows[:2]), labelled=False)
     assert "repeat" not in caplog.text
+
+
+def test_examples_of_a_held_out_rule_are_not_trained_on(tmp_path, tokenizer):
+    """Issue 67, item 9: --holdout-rules with --rule-examples used to train on the held-out
+    rule's own examples, so its validation was not of an unseen rule."""
+    from jaxtpu.core.data import taskdata
+    from jaxtpu.core.flags import presets
+
+    names = ["No ads.", "No spoilers.", "No insults."]
+    labelled = [row(i, f"comment {i}", names[i % 3], i % 2) for i in range(30)]
+    train = write(tmp_path / "train.csv", labelled)
+    test = write(
+        tmp_path / "test.csv",
+        [
+            row(100 + i, f"t{i}", names[i % 3], pos=(f"p{i}", "q"), neg=(f"n{i}", "m"))
+            for i in range(6)
+        ],
+        RULE_HEADER[:-1],
+    )
+    cfg = presets.tiny().replace(
+        task="rules", train_csv=str(train), holdout_rules=1, rule_examples=str(test)
+    )
+    data = taskdata.load_task_data(cfg, tokenizer)
+    held = [n for n in names if n[:50] in data.info["split"]]
+    assert len(held) == 1
+    count = data.info["rule_examples"]
+    # each rule: two rows of the test file, 2 distinct + 2 shared examples = 6 (rule, text)s
+    assert count["held_out"] == 6 and count["added"] == 12
+    assert len(data.train) == 20 + 12

@@ -29,12 +29,14 @@ class ExampleCount:
     conflicts: int = 0  # (rule, text)s labelled both ways, resolved by majority vote
     ties: int = 0  # of those, as many votes each way: dropped
     validation: int = 0  # (rule, text)s that are validation rows: left out
+    held_out: int = 0  # (rule, text)s of a rule held out for validation (--holdout-rules)
 
     def describe(self) -> str:
         return (
             f"{self.added} training rows from {self.found} examples: {self.duplicates} "
             f"duplicates merged, {self.conflicts} conflicting labels resolved by majority vote "
             f"({self.ties} ties dropped), {self.validation} left out as validation rows"
+            + (f", {self.held_out} left out as examples of held-out rules" if self.held_out else "")
         )
 
 
@@ -42,6 +44,7 @@ def example_rows(
     paths: Sequence[str | os.PathLike],
     template: RuleTemplate | PromptTemplate,
     valid: Comments | None,
+    held_out: Sequence[str] = (),
 ) -> tuple[Comments, ExampleCount]:
     """The examples of every row of `paths` as labelled rules rows: each
     `positive_example_*` a row labelled 1 and each `negative_example_*` one labelled 0, for the
@@ -51,8 +54,9 @@ def example_rows(
     same rule is one example wherever it was posted). A (rule, text) given with both labels
     takes the label most of its occurrences give; a tie is dropped, since neither label is
     known. A (rule, text) that is a validation row (`valid`) is left out, so validation stays
-    unseen. The first text of the pair is `template` over the columns of the first row the
-    example was found in.
+    unseen, and so is every example of a rule in `held_out` (--holdout-rules: the validation
+    must be of rules the model never saw). The first text of the pair is `template` over the
+    columns of the first row the example was found in.
     """
     votes: dict[tuple[str, str], list[float]] = {}
     rows: dict[tuple[str, str], dict] = {}
@@ -80,9 +84,13 @@ def example_rows(
     if valid is not None and valid.groups.rule is not None:
         seen = set(zip(valid.groups.rule.tolist(), valid.texts, strict=True))
     keys, labels = [], []
+    held = set(held_out)
     for key, given in votes.items():
         if key in seen:
             count.validation += 1
+            continue
+        if key[0] in held:
+            count.held_out += 1
             continue
         positive = sum(given)
         if 0 < positive < len(given):

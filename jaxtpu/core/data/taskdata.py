@@ -226,7 +226,9 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     if d.rule_examples:
         paths = [p.strip() for p in d.rule_examples.split(",") if p.strip()]
         local = [storage.fetch(p) if storage.is_remote(p) else p for p in paths]
-        rows, examples = rules.example_rows(local, readers.row_template(d.row_template), valid)
+        held = sorted(set(valid.groups.rule.tolist())) if d.holdout_rules else []
+        template = readers.row_template(d.row_template)
+        rows, examples = rules.example_rows(local, template, valid, held)
         log.info("--rule-examples %s: %s", d.rule_examples, examples.describe())
         more_ex = encode(rows, tokenizer, d.max_len, d.cache_dir, task)
         train_ex = train_ex.concat(more_ex, train_ex.row_weights, 1.0)
