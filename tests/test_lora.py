@@ -255,8 +255,9 @@ def test_peft_target_modules_are_read_as_peft_reads_them():
     from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS as DENSE
     from jaxtpu.core.lora import peft_targets
 
+    mlp = ("gate_proj", "up_proj", "down_proj")
     full = [
-        f"model.layers.{i}.{'mlp' if p.endswith(('gate_proj', 'up_proj', 'down_proj')) else 'self_attn'}.{p}"
+        f"model.layers.{i}.{'mlp' if p in mlp else 'self_attn'}.{p}"
         for i in range(2)
         for p in reversed(DENSE)
     ]
