@@ -89,7 +89,7 @@ def _score(args: argparse.Namespace, out: Path) -> int:
     header = readers.columns(args.input)
     if args.workdir:
         models = [load_trained(w) for w in args.workdir]
-        check_ensemble(models, args.workdir)
+        check_ensemble(models, args.workdir, ranks=args.rank_by_rule)
     elif args.init_from:
         models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
     else:

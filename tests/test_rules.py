@@ -390,3 +390,52 @@ def test_examples_of_a_held_out_rule_are_not_trained_on(tmp_path, tokenizer):
     # each rule: two rows of the test file, 2 distinct + 2 shared examples = 6 (rule, text)s
     assert count["held_out"] == 6 and count["added"] == 12
     assert len(data.train) == 20 + 12
+
+
+def test_a_rank_ensemble_reads_each_models_rows_its_own_way(tmp_path, minilm_dir):
+    """Issue 67, item 10: --rank-by-rule blends models of other families and tokenizers (a
+    decoder's prompts with an encoder's pairs, as the 2025 winners did): only the task must
+    match, and each model scores the file's rows read with its own template."""
+    from types import SimpleNamespace
+
+    from jaxtpu.engine.predictions import Progress, predict_stream
+    from jaxtpu.engine.scoring import check_ensemble
+
+    names = ["No ads.", "No spoilers."]
+    test = write(
+        tmp_path / "test.csv",
+        [row(i, f"comment {i}", names[i % 2]) for i in range(6)],
+        RULE_HEADER[:-1],
+    )
+
+    class Fake:
+        """A scorer that scores a row by the length of what it was given."""
+
+        def __init__(self, template, tokenizer):
+            prompt = template if "{comment}" in template else ""
+            data = SimpleNamespace(row_template=template, prompt_template=prompt)
+            self.model = SimpleNamespace(cfg=SimpleNamespace(data=data))
+            self.spec = SimpleNamespace(task=TASK, pad_id=None)
+            self.tokenizer_dir, self.task, self.seen = tokenizer, TASK, []
+
+        def logits(self, rows):
+            self.seen = list(rows)
+            return np.array([len(repr(r)) for r in rows], np.float32)
+
+    pairs, prompts = Fake("{rule}", minilm_dir), Fake("{rule}: {comment}?", minilm_dir)
+    runs = [SimpleNamespace(spec=f.spec, cfg=f.model.cfg, tokenizer_dir=f.tokenizer_dir)
+            for f in (pairs, prompts)]  # fmt: skip
+    check_ensemble(runs, ["a", "b"], ranks=True)
+    with pytest.raises(UserError, match="--prompt-template"):
+        check_ensemble(runs, ["a", "b"])  # averaged probabilities: one way of reading rows
+    work = {"chunk_rows": 2, "rank_by_rule": True}
+    progress = Progress(tmp_path / "out.csv", work)
+    with progress.held():
+        rows, _, written = predict_stream([pairs, prompts], str(test), progress, False, None)
+    assert rows == written == 6
+    for fake in (pairs, prompts):
+        (mine,) = readers.comments_to_score(test, 100, fake.model.cfg.data.row_template)
+        assert fake.seen == list(mine.encoded())
+    assert pairs.seen != prompts.seen
+    with open(tmp_path / "out.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == 6

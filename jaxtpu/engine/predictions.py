@@ -139,8 +139,8 @@ def predict_stream(
                     continue
                 empty += chunk.dropped
                 each = [
-                    outputs(s.logits(chunk.encoded()), task, severity, every, weights)[1]
-                    for s in scorers
+                    outputs(s.logits(texts), task, severity, every, weights)[1]
+                    for s, texts in zip(scorers, _own_rows(scorers, chunk, source), strict=True)
                 ]
                 if rank_by_rule:
                     each = [metrics.rank_within(e[:, 0], chunk.groups.rule)[:, None] for e in each]
@@ -164,6 +164,25 @@ def predict_stream(
         raise
     progress.finish()
     return done, empty, written
+
+
+def _own_rows(scorers: list[Scorer], chunk: Any, source: str) -> list[Sequence[Any]]:
+    """The rows of `chunk` as each scorer reads them: the chunk's own (read with the first
+    scorer's --rule-template or --prompt-template), or, for a model of a rank ensemble that
+    reads rows another way (a decoder's prompt beside an encoder's pair), the same rows of
+    `source` read with its template (a rank ensemble scores the file in one chunk)."""
+    first = scorers[0].model.cfg.data.row_template
+    out: list[Sequence[Any]] = []
+    for s in scorers:
+        template = s.model.cfg.data.row_template
+        if template == first:
+            out.append(chunk.encoded())
+            continue
+        (mine,) = list(readers.comments_to_score(source, sys.maxsize, template))
+        if list(mine.ids or ()) != list(chunk.ids or ()) or len(mine) != len(chunk):
+            raise UserError(f"--input {source}: its rows changed while it was scored")
+        out.append(mine.encoded())
+    return out
 
 
 def pseudo_rows(

@@ -266,17 +266,24 @@ class Scorer:
         return scores
 
 
-def check_ensemble(models: list[TrainedModel], workdirs: Sequence[str]) -> None:
-    """Models averaged together must score the same thing from the same tokens."""
+def check_ensemble(
+    models: list[TrainedModel], workdirs: Sequence[str], ranks: bool = False
+) -> None:
+    """Models averaged together must score the same thing from the same tokens; models whose
+    `ranks` are averaged (--rank-by-rule: each ranks the same rows of one file, each read its
+    own way) need only the same task, so a decoder's prompts blend with an encoder's pairs."""
 
     first = models[0]
-    fingerprint = tokenizer_fingerprint(load_tokenizer(first.tokenizer_dir, first.spec.pad_id))
     for model, wd in zip(models[1:], workdirs[1:], strict=True):
         if model.spec.task.name != first.spec.task.name:
             raise UserError(
                 f"--workdir {wd} is a {model.spec.task.name} run, {workdirs[0]} a "
                 f"{first.spec.task.name} run; an ensemble averages runs of one task"
             )
+    if ranks:
+        return
+    fingerprint = tokenizer_fingerprint(load_tokenizer(first.tokenizer_dir, first.spec.pad_id))
+    for model, wd in zip(models[1:], workdirs[1:], strict=True):
         if (
             tokenizer_fingerprint(load_tokenizer(model.tokenizer_dir, model.spec.pad_id))
             != fingerprint

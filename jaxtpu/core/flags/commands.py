@@ -109,7 +109,9 @@ class PredictFlags:
         "An Agile Community Rules test file (row_id, body, rule, ...) scored by a rules run or "
         "an ensemble of them: write each model's score ranked among its rule's rows, scaled to "
         "[0, 1] and averaged over the models (the medal solutions' blend), instead of the mean "
-        "probability. Each rule's AUC is unchanged; the file is scored in one chunk.",
+        "probability. The runs may be of different families and tokenizers (a decoder's "
+        "prompts beside an encoder's pairs): each reads the rows with its own template. Each "
+        "rule's AUC is unchanged; the file is scored in one chunk.",
     )
     resume: bool = _c(
         False,
