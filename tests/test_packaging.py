@@ -55,13 +55,33 @@ def test_the_ranges_hold_both_locked_ends():
     ranges = [Requirement(r) for r in project["dependencies"]]
     for extra in ("torch", "wandb"):
         ranges += [Requirement(r) for r in project["optional-dependencies"][extra]]
-    for lock in ("newest", "oldest"):
+    for lock, python in (("newest", "3.12"), ("oldest", "3.11")):
         pins = {}
         for line in (ROOT / "requirements" / f"{lock}.txt").read_text().splitlines():
             if line and not line.startswith("#"):
                 name, _, pinned = line.partition("==")
                 pins[name.lower().replace("_", "-")] = pinned
         for r in ranges:
+            if r.marker is not None and not r.marker.evaluate({"python_version": python}):
+                continue
             name = r.name.lower().replace("_", "-")
             assert name in pins, f"{lock}.txt has no {name}"
             assert r.specifier.contains(pins[name]), f"{lock}.txt: {name}=={pins[name]} not {r}"
+
+
+def test_the_ranges_leave_out_flax_and_jax_that_do_not_work_together():
+    """Issue 67, item 13: flax 0.12.8 with jax 0.11.1 or newer (a removed jax API) is not a
+    pair a user's pip may pick: on the Pythons where jax passes 0.10.2, flax is 0.12.9 on."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    flax = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "flax"]
+    for python, allows_0128 in (("3.11", True), ("3.12", False), ("3.13", False)):
+        held = [
+            r for r in flax if r.marker is None or r.marker.evaluate({"python_version": python})
+        ]
+        assert len(held) == 1, python
+        assert held[0].specifier.contains("0.12.8") == allows_0128, python
+        assert held[0].specifier.contains("0.12.12"), python
