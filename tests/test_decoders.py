@@ -297,3 +297,35 @@ def test_the_token_head_refuses_a_classifier_checkpoint(classifiers):
     )
     with pytest.raises(CheckpointError, match="drop --token-head"):
         weights.load_model(cfg, RunSpec.resolve(cfg, 1))
+
+
+@pytest.mark.model
+@pytest.mark.torch  # torchxla_ref's model: peft's import brings accelerate's torch_xla
+@pytest.mark.parametrize("name", ["qwen3", "llama"])  # qwen2 is qwen3's layer less qk-norm
+def test_a_decoder_classifier_exports_to_onnx_and_scores_as_jaxtpu(name, classifiers, tmp_path):
+    """Issue 67, item 17: `export --format onnx` of a decoder (the graph torch's exporter
+    writes of the torch side's model, as for the encoders) scores as jaxtpu does in fp32, at
+    batch sizes and lengths it was not traced at, right padding read at the last real token."""
+    pytest.importorskip("onnxruntime", reason="the ONNX export needs onnxruntime")
+    from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
+    from torchxla_ref import onnxexport
+    from torchxla_ref.weights import load_model
+
+    clf_dir = classifiers[name]
+    cfg = Config().replace(model_dir=str(clf_dir), precision="fp32", max_len=48, head="hf")
+    spec = RunSpec.resolve(cfg, 1)
+    model = weights.load_model(cfg, spec, head_required=True)
+    torch_model = load_model(spec.encoder, 0.0, clf_dir, 0, spec.pooling, 1, "hf").eval()
+    path = onnxexport.export_onnx(torch_model, tmp_path / "model.onnx", spec.encoder)
+    session = onnxexport.session(path)
+    tok = load_tokenizer(clf_dir, spec.pad_id)
+    texts = _texts()
+    for part, length in ((texts[-3:], 40), (texts, 24)):
+        n = len(part)
+        ids, mask = encode_texts(part, tok, length)
+        assert (mask.sum(1) < length).any()  # padded rows among them
+        ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
+        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+        theirs = session.run(None, feeds)[0]
+        assert theirs.shape == (n, 1)
+        assert np.abs(theirs[:, 0] - ours).max() < 1e-4
