@@ -30,20 +30,26 @@ from jaxtpu.engine.scoring import Scorer, TrainedModel, load_trained
 class Model:
     """The best model of a jaxtpu run, ready to score text (see `load`)."""
 
-    def __init__(self, workdir: str | Path, devices: list[Any], batch_size: int) -> None:
-        self._start(load_trained(workdir), devices, batch_size)
+    def __init__(
+        self, workdir: str | Path, devices: list[Any], batch_size: int, calibrated: bool = True
+    ) -> None:
+        self._start(load_trained(workdir), devices, batch_size, calibrated)
 
     @classmethod
-    def of(cls, trained: TrainedModel, devices: list[Any], batch_size: int) -> Model:
+    def of(
+        cls, trained: TrainedModel, devices: list[Any], batch_size: int, calibrated: bool = True
+    ) -> Model:
         """A model already loaded (`jaxtpu.engine.scoring`'s `load_model_dir` of an export, or
         `load_trained` of a run), scored as a run's is (`jaxtpu serve --model-dir`)."""
         model = cls.__new__(cls)
-        model._start(trained, devices, batch_size)
+        model._start(trained, devices, batch_size, calibrated)
         return model
 
-    def _start(self, trained: TrainedModel, devices: list[Any], batch_size: int) -> None:
+    def _start(
+        self, trained: TrainedModel, devices: list[Any], batch_size: int, calibrated: bool
+    ) -> None:
         self.trained = trained
-        self.scorer = Scorer(self.trained, devices, batch_size)
+        self.scorer = Scorer(self.trained, devices, batch_size, calibrated)
         self.task = self.scorer.task
         self.backend = self.scorer.backend
         self._prompt = self.trained.cfg.data.prompt_template
@@ -105,6 +111,7 @@ class Model:
         scores = self.logits(texts)
         if self.trained.spec.task.comments_per_example == 2:
             return scores
+        scores = self.scorer.calibrate(scores)
         if all_outputs:
             names, probs = self.task.score_columns(True), self.task.predictions(scores, True)
             return {k: probs[:, j].astype(np.float32) for j, k in enumerate(names)}
@@ -121,12 +128,17 @@ def _is_pair(item: Any) -> bool:
 
 
 def load(
-    workdir: str | Path, num_devices: int | None = None, batch_size: int = SCORING.batch_size
+    workdir: str | Path,
+    num_devices: int | None = None,
+    batch_size: int = SCORING.batch_size,
+    calibrated: bool = True,
 ) -> Model:
     """The best model of run directory `workdir`, on `num_devices` devices (default: every
     local device JAX has: an accelerator's, or on a CPU one device unless virtual ones were
     asked for; a number of virtual CPU devices is made only when JAX has not started yet),
-    scoring `batch_size` texts per device per batch."""
+    scoring `batch_size` texts per device per batch. `predict` gives calibrated probabilities
+    (the run's `calibration.json`, as `jaxtpu predict` writes them) unless `calibrated` is
+    False; `logits` are the model's raw outputs either way."""
     from jaxtpu.engine import hosts
 
     if batch_size < 1:
@@ -134,4 +146,4 @@ def load(
     hosts.use_compilation_cache()
     if num_devices is not None and num_devices < 1:
         raise UserError(f"num_devices must be >= 1 (None: every local device), got {num_devices}")
-    return Model(workdir, hosts.scoring_devices(num_devices or 0), batch_size)
+    return Model(workdir, hosts.scoring_devices(num_devices or 0), batch_size, calibrated)

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jaxtpu.core import storage
+from jaxtpu.core import calibration, storage
 from jaxtpu.core.data import readers, records, taskdata, tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.data.tokens import load_tokenizer
@@ -111,7 +111,8 @@ def evaluate(
     examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
     global_batch = batch_size * len(devices)
     batcher = Batcher.for_data("auto", examples.real_lengths(), global_batch, d.max_len)
-    result, _ = loop.score_examples(scoring_backend(model, devices, task), examples, batcher, task)
+    backend = scoring_backend(model, devices, task)
+    result, scores = loop.score_examples(backend, examples, batcher, task)
     name = headline(task, examples)
     parts = {k.removeprefix("val_"): v for k, v in result.items()}
     return {
@@ -121,7 +122,36 @@ def evaluate(
         "input": str(path),
         **({"workdir": str(workdir)} if workdir else {"model_dir": str(model_dir)}),
         **parts,
+        **calibration_report(model.calibration, scores, examples.label),
     }
+
+
+def calibration_report(cal: Any, logits: Any, labels: Any) -> dict[str, Any]:
+    """{'calibration': {column: ECE and Brier score before and after}} of the file's rows under
+    the model's calibration (the metrics above are the same either way: a monotone map of each
+    column); {} for a model without one (a ranker, an older run)."""
+    if cal is None:
+        return {}
+    before, after = calibration.scores(logits, labels), calibration.scores(logits, labels, cal)
+    return {
+        "calibration": {
+            column: {
+                "ece_before": before["ece"][j],
+                "ece_after": after["ece"][j],
+                "brier_before": before["brier"][j],
+                "brier_after": after["brier"][j],
+            }
+            for j, column in enumerate(cal.columns)
+        }
+    }
+
+
+def _print_calibration(report: dict[str, Any]) -> None:
+    for column, r in report.get("calibration", {}).items():
+        print(
+            f"  calibration {column}: ECE {r['ece_before']:.4f} -> {r['ece_after']:.4f}, "
+            f"Brier {r['brier_before']:.4f} -> {r['brier_after']:.4f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,9 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "input",
                 "workdir",
                 "model_dir",
+                "calibration",
                 report["metric"],
             ):
                 print(f"  {key}: {value:.6f}" if isinstance(value, float) else f"  {key}: {value}")
+        _print_calibration(report)
         if args.out:
             storage.write_output_text(args.out, strict_json(report, indent=2) + "\n")
             print(f"wrote {args.out}")

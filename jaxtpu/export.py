@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxtpu.core import storage
+from jaxtpu.core import calibration, storage
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
@@ -198,6 +198,7 @@ def _export_directory(
         else:
             weights.save_hf(params, enc, staging, None, head, classifier)
             export_tokenizer(model.tokenizer_dir, staging, _raw_text(model))
+            carry_calibration(model, outputs, staging / "config.json")
     if args.format == "onnx":
         diffs = ", ".join(f"{k} {v:.2e}" for k, v in meta["diffs"].items())
         fused = ", ".join(f"{n} {k}" for k, n in meta["fused_for_onnxruntime"].items())
@@ -242,6 +243,8 @@ def _export_adapter(args: argparse.Namespace, model: Any, params: dict, outputs:
         save_tensors(tensors, staging / ADAPTER_WEIGHTS)
         (staging / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         export_tokenizer(model.tokenizer_dir, staging, _raw_text(model))
+        if model.calibration is not None:  # beside the adapter: peft's config has no room
+            calibration.write(staging, model.calibration.subset(outputs))
     print(
         f"exported step {step} ({task}) to {out} as a peft LoRA adapter ({lora.describe()}; "
         f"{len(tensors)} tensors, the head {', '.join(head_modules)} in full) for the base "
@@ -259,6 +262,27 @@ CHECK_TEXTS = (
     "ok",
     "Thanks for the edit; I have added the reference to the article as you asked.",
 )
+
+
+def carry_calibration(model: Any, outputs: list[str], config: Path) -> None:
+    """The run's calibration of the exported `outputs` in the export's config.json
+    (`calibration.CONFIG_KEY`), which `predict --model-dir` and `serve --model-dir` apply;
+    transformers ignores the key (its pipeline() gives the uncalibrated sigmoid)."""
+    import json
+
+    if model.calibration is None:
+        return
+    d = json.loads(config.read_text())
+    d[calibration.CONFIG_KEY] = model.calibration.subset(outputs).to_dict()
+    config.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+
+def _calibration_meta(model: Any, outputs: list[str]) -> dict[str, Any]:
+    """jaxtpu_onnx.json's `calibration`: the Platt scaling of each output, for onnxruntime
+    users to apply to the graph's logits (sigmoid(scale * logit + shift))."""
+    if model.calibration is None:
+        return {}
+    return {"calibration": model.calibration.subset(outputs).to_dict()}
 
 
 def onnx_export(
@@ -323,6 +347,7 @@ def onnx_export(
         "max_len": model.cfg.data.max_len,
         "step": head_meta["step"],
         "fused_for_onnxruntime": fused,
+        **_calibration_meta(model, outputs),
         "check": {
             "texts": len(CHECK_TEXTS),
             **{f"max_abs_logit_diff_{k}_vs_jaxtpu_fp32": v for k, v in diffs.items()},

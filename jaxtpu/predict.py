@@ -99,7 +99,7 @@ def _score(args: argparse.Namespace, out: Path) -> int:
     progress = Progress(out, _work(args))
     with progress.held():
         resume = _resume(progress, args)
-        scorers = [Scorer(m, devices, args.batch_size) for m in models]
+        scorers = [Scorer(m, devices, args.batch_size, not args.no_calibration) for m in models]
         rows, empty, written = predict_stream(scorers, args.input, progress, severity, resume)
     if empty:
         what = "left out" if args.pseudo_label else "scored as empty text"
@@ -232,6 +232,7 @@ def _work(args: argparse.Namespace) -> dict[str, Any]:
         "confidence": args.confidence,
         "label_weights": args.label_weights,
         "rank_by_rule": args.rank_by_rule,
+        "calibrated": not args.no_calibration,
     }
 
 

@@ -418,6 +418,9 @@ def test_a_rank_ensemble_reads_each_models_rows_its_own_way(tmp_path, minilm_dir
             self.spec = SimpleNamespace(task=TASK, pad_id=None)
             self.tokenizer_dir, self.task, self.seen = tokenizer, TASK, []
 
+        def calibrate(self, logits):
+            return logits
+
         def logits(self, rows):
             self.seen = list(rows)
             return np.array([len(repr(r)) for r in rows], np.float32)

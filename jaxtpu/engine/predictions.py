@@ -139,7 +139,7 @@ def predict_stream(
                     continue
                 empty += chunk.dropped
                 each = [
-                    outputs(s.logits(texts), task, severity, every, weights)[1]
+                    outputs(s.calibrate(s.logits(texts)), task, severity, every, weights)[1]
                     for s, texts in zip(scorers, _own_rows(scorers, chunk, source), strict=True)
                 ]
                 if rank_by_rule:

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import metrics, storage
+from jaxtpu.core import calibration, metrics, storage
+from jaxtpu.core.calibration import Calibration
 from jaxtpu.core.data import readers, tokenized
 from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer, tokenizer_fingerprint
@@ -44,6 +45,8 @@ class TrainedModel:
     params: Any
     meta: dict[str, Any]
     tokenizer_dir: Path
+    # the run's (or export's) per-output Platt scaling; None: a ranker, or none recorded
+    calibration: Calibration | None = None
 
 
 def load_trained(workdir: str | Path) -> TrainedModel:
@@ -72,7 +75,17 @@ def load_trained(workdir: str | Path) -> TrainedModel:
         ckpts.close()
     if cfg.model.scan_layers:  # scored and exported as the unscanned model: same weights
         params = layers.unstack_layers(params)
-    return TrainedModel(cfg, spec, module, params, meta, tokenizer_dir)
+    return TrainedModel(cfg, spec, module, params, meta, tokenizer_dir, run_calibration(workdir))
+
+
+def run_calibration(workdir: str | Path) -> Calibration | None:
+    """A run's `calibration.json` (in a bucket: a local copy of it), None when it has none."""
+    path = storage.join(str(workdir), calibration.FILE)
+    if storage.is_remote(path):
+        if not storage.exists(path):
+            return None
+        path = str(storage.fetch(path, "--workdir"))
+    return calibration.read(path)
 
 
 def run_files(workdir: str | Path) -> tuple[Path, Path]:
@@ -168,7 +181,15 @@ def load_model_dir(model_dir: str, max_len: int, pairs: bool = False) -> Trained
     )
     spec = RunSpec.resolve(cfg, 1)
     model = weights.load_model(cfg, spec, head_required=True)
-    return TrainedModel(cfg, spec, model.module, model.params, {}, Path(spec.tokenizer_dir))
+    return TrainedModel(
+        cfg,
+        spec,
+        model.module,
+        model.params,
+        {},
+        Path(spec.tokenizer_dir),
+        calibration.of_export(where),
+    )
 
 
 def classifier_task(model_dir: str, classifier: Any, pairs: bool) -> str:
@@ -242,8 +263,12 @@ class Scorer:
     each length compiles once whatever it is given (`predict`'s chunks, the Python API's
     calls)."""
 
-    def __init__(self, model: TrainedModel, devices: list[Any], batch_size: int) -> None:
+    def __init__(
+        self, model: TrainedModel, devices: list[Any], batch_size: int, calibrated: bool = True
+    ) -> None:
         self.model = model
+        # the scaling `calibrate` applies: the model's, unless scoring uncalibrated
+        self.calibration = model.calibration if calibrated else None
         self.task = one_comment_task(model.spec.task)
         self.tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
         self.max_len = model.cfg.data.max_len
@@ -264,6 +289,12 @@ class Scorer:
         examples = tokenized.Examples(ids, mask, label, layout=layout)
         _, scores = loop.score_examples(self.backend, examples, batcher, self.task, False)
         return scores
+
+    def calibrate(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` (of `logits`) as calibrated logits, whose sigmoid is the probability
+        predict, the API and the server give (`jaxtpu.core.calibration`); as they are when the
+        model has no calibration or scores without it."""
+        return logits if self.calibration is None else self.calibration.apply(logits)
 
 
 def check_ensemble(
@@ -334,7 +365,7 @@ def pair_probabilities(
     where = {t: i for i, t in enumerate(texts)}
     probs = np.mean(
         [
-            metrics.probability(s.task.main(s.logits(texts)))
+            metrics.probability(s.task.main(s.calibrate(s.logits(texts))))
             for s in (Scorer(m, devices, batch_size) for m in models)
         ],
         0,

@@ -76,7 +76,7 @@ class Served:
 
     def probabilities(self, items: list[Any]) -> np.ndarray:
         """(N, columns) probabilities of the model's inputs (the batcher's scoring call)."""
-        logits = self.model.logits(items)
+        logits = self.model.scorer.calibrate(self.model.logits(items))
         return np.asarray(self.model.task.predictions(logits, True), np.float64)
 
     def prepare(self) -> None:
@@ -114,10 +114,12 @@ def load_served(
     num_devices: int,
     batch_size: int,
     max_len: int | None,
+    calibrated: bool = True,
 ) -> Served:
     """A model to serve: a run directory (`kind` 'workdir') or an export ('model_dir'), with
     its attribute map (`--attributes`, '' for the columns' Perspective names), languages
-    (`--languages`, '' for those it was validated on), version and card."""
+    (`--languages`, '' for those it was validated on), calibration (the model's, unless
+    `calibrated` is False: --no-calibration), version and card."""
     from jaxtpu.engine import hosts
 
     hosts.use_compilation_cache()
@@ -126,7 +128,7 @@ def load_served(
         trained = load_trained(source)
     else:
         trained = load_model_dir(source, max_len or 512)
-    model = Model.of(trained, devices, batch_size)
+    model = Model.of(trained, devices, batch_size, calibrated)
     task = model.task
     if task.comments_per_example != 1 or trained.spec.task.comments_per_example != 1:
         raise UserError(
@@ -140,6 +142,13 @@ def load_served(
     served.prepare()
     served.version, served.card = _version_and_card(served, trained, metrics)
     return served
+
+
+def _calibration_record(served: Served) -> dict[str, Any] | None:
+    """What the server applies: the model's calibration record, None when it scores without
+    one (none recorded, or --no-calibration)."""
+    cal = served.model.scorer.calibration
+    return None if cal is None else cal.to_dict()
 
 
 def _flat_params(params: Any) -> list[tuple[str, Any]]:
@@ -156,7 +165,7 @@ def _version_and_card(
         "weights": cards.digest_arrays(_flat_params(trained.params)),
         "tokenizer": cards.digest_dir(tokenizer) if tokenizer.is_dir() else "",
         "attributes": as_records(served.attributes),
-        "calibration": None,
+        "calibration": _calibration_record(served),
         "jaxtpu": installed("jaxtpu", "unknown"),
     }
     version = cards.model_version(parts)
@@ -179,7 +188,7 @@ def _version_and_card(
         "max_len": cfg.data.max_len,
         "validation": cards.validation_summary(metrics, served.model.task.label_columns),
         "training_files": files,
-        "calibration": None,
+        "calibration": parts["calibration"],
         "parts": parts,
         "config": json.loads(json.dumps(trained.meta.get("config") or {}, default=str)),
     }

@@ -115,9 +115,12 @@ def serve(args: argparse.Namespace) -> int:
             args.num_devices,
             args.batch_size,
             args.max_len or SCORING.max_len,
+            not args.no_calibration,
         )
         names = ", ".join(a.name for a in served.attributes)
         print(f"  {served.model.task.name} model, version {served.version}: {names}", flush=True)
+        cal = served.model.scorer.calibration
+        print(f"  calibration: {cal.describe() if cal else _uncalibrated(args)}", flush=True)
         models.append(served)
     options = Options(
         api_keys=keys,
@@ -148,3 +151,9 @@ def serve(args: argparse.Namespace) -> int:
     uvicorn.Server(config).run(sockets=[sock])
     print("stopped" + (" on SIGTERM" if stopped_by else ""), flush=True)
     return 0
+
+
+def _uncalibrated(args: argparse.Namespace) -> str:
+    if args.no_calibration:
+        return "off (--no-calibration): scores are the model's sigmoid outputs"
+    return "none recorded (a run of an older jaxtpu, or an export without one): uncalibrated"

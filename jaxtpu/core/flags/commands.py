@@ -113,6 +113,13 @@ class PredictFlags:
         "prompts beside an encoder's pairs): each reads the rows with its own template. Each "
         "rule's AUC is unchanged; the file is scored in one chunk.",
     )
+    no_calibration: bool = _c(
+        False,
+        "Score with the model's raw probabilities: without it, a run's (or export's) "
+        "calibration (per-output Platt scaling fitted on its validation rows, "
+        "calibration.json) is applied, so a 0.7 means about 7 in 10 such comments are labelled "
+        "so. Rankings and AUCs are the same either way.",
+    )
     resume: bool = _c(
         False,
         "Continue a predict into --output that was stopped (killed, preempted) from its last "
@@ -382,6 +389,13 @@ class ServeFlags:
     )
     log_comments: bool = _c(
         False, "Log each request's comment text (without it no comment text is ever logged)."
+    )
+    no_calibration: bool = _c(
+        False,
+        "Score with the model's raw probabilities: without it, a run's (or export's) "
+        "calibration (per-output Platt scaling fitted on its validation rows, "
+        "calibration.json) is applied, so a 0.7 means about 7 in 10 such comments are labelled "
+        "so. Rankings and AUCs are the same either way.",
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import metrics
+from jaxtpu.core import calibration, metrics
 from jaxtpu.core.data import tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.errors import TrainingError
@@ -288,6 +288,16 @@ class _Driver:
             w.writerow(["row", *self.task.score_columns()])
             w.writerows([r, *p] for r, p in zip(rows.tolist(), preds.tolist(), strict=True))
 
+    def write_calibration(self, scores: np.ndarray) -> None:
+        """`calibration.json`: per-output Platt scaling fitted on the best model's validation
+        outputs (`jaxtpu.core.calibration`); a ranker's scores are not probabilities: none."""
+        if self.task.comments_per_example == 2:
+            return
+        labels = self.job.data.valid.label
+        cal = calibration.fit(scores, labels, self.task.score_columns(True))
+        calibration.write(self.job.workdir, cal)
+        log.debug("calibration: %s", cal.describe())
+
     def validate(self, call: Call) -> bool:
         """Evaluates, logs, saves the best and the latest state; True when early stopping
         says stop."""
@@ -310,6 +320,7 @@ class _Driver:
                 self.backend.save_best(step, {**self.meta(step), **result})
             if self.backend.primary:
                 self.write_valid_scores(scores)
+                self.write_calibration(scores)
         else:
             self.best["bad_evals"] += 1
         self.save_latest(step)

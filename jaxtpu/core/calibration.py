@@ -1,0 +1,261 @@
+"""Calibration: a run's probabilities made to mean what they say, by Platt scaling of each
+output, fitted on the run's validation rows when its best model is chosen.
+
+A column's logit z becomes a z + b (a > 0), fitted by Newton's method to minimise the binary
+cross-entropy of sigmoid(a z + b) against the validation labels (rater fractions stay soft;
+hard 0/1 labels take Platt's targets, (n+ + 1) / (n+ + 2) and 1 / (n- + 2), so a small or
+separable validation set cannot push a to infinity). A monotone map of each column: every
+ROC AUC is unchanged, thresholds (Perspective users' 0.7, 0.9) move to where the rates are.
+
+One implementation for every reader: training writes `calibration.json` beside the best
+checkpoint, exports carry the same record (`jaxtpu_calibration` in an HF export's config.json,
+`calibration` in `jaxtpu_onnx.json`), and `predict`, `jaxtpu.load()` and `serve` apply it;
+`evaluate` reports the expected calibration error (ECE) and Brier score before and after.
+Framework-free: numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.files import atomic_write
+
+FILE = "calibration.json"  # in a run directory, beside its best checkpoint
+CONFIG_KEY = "jaxtpu_calibration"  # in an HF export's config.json
+METHOD = "platt"
+BINS = 15  # equal-width probability bins of the expected calibration error
+# A column is fitted only with at least this many labelled validation rows on each side of
+# 0.5: fewer (a rare label, a tiny run) cannot say where its rates are, and it is left as it is.
+MIN_CLASS = 30
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-column Platt scaling (`scale` a, `shift` b) of a model's outputs, named
+    `columns` (the task's score columns, auxiliary targets included), fitted on `rows`
+    validation rows, with each column's ECE and Brier score there before and after."""
+
+    columns: tuple[str, ...]
+    scale: tuple[float, ...]
+    shift: tuple[float, ...]
+    rows: int = 0
+    before: dict[str, list[float]] = field(default_factory=dict)
+    after: dict[str, list[float]] = field(default_factory=dict)
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """The calibrated logits of (N,) or (N, C) `logits` (C = the columns fitted), float64:
+        the sigmoid of these is the calibrated probability."""
+        z = np.asarray(logits, np.float64)
+        a, b = np.asarray(self.scale), np.asarray(self.shift)
+        if z.ndim == 1 and len(a) == 1:
+            return z * a[0] + b[0]
+        if z.ndim != 2 or z.shape[1] != len(a):
+            raise UserError(
+                f"calibration of {len(a)} column(s) ({', '.join(self.columns)}) given outputs "
+                f"of shape {z.shape}: a calibration of another model"
+            )
+        return z * a + b
+
+    def subset(self, columns: list[str] | tuple[str, ...]) -> Calibration:
+        """The calibration of `columns` alone (an export of the task's outputs without its
+        auxiliary targets), in their order."""
+        at = [self.columns.index(c) for c in columns]
+        pick = {k: [v[j] for j in at] for k, v in self.before.items()}
+        after = {k: [v[j] for j in at] for k, v in self.after.items()}
+        return Calibration(
+            tuple(columns),
+            tuple(self.scale[j] for j in at),
+            tuple(self.shift[j] for j in at),
+            self.rows,
+            pick,
+            after,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": METHOD,
+            "columns": list(self.columns),
+            "scale": list(self.scale),
+            "shift": list(self.shift),
+            "rows": self.rows,
+            "before": self.before,
+            "after": self.after,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str) -> Calibration:
+        try:
+            if d.get("method") != METHOD:
+                raise ValueError(f"method {d.get('method')!r}, not {METHOD!r}")
+            out = cls(
+                tuple(str(c) for c in d["columns"]),
+                tuple(float(a) for a in d["scale"]),
+                tuple(float(b) for b in d["shift"]),
+                int(d.get("rows", 0)),
+                {k: [float(x) for x in v] for k, v in d.get("before", {}).items()},
+                {k: [float(x) for x in v] for k, v in d.get("after", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{source}: not a calibration record ({e})") from None
+        if not len(out.columns) == len(out.scale) == len(out.shift) or not all(
+            math.isfinite(x) for x in (*out.scale, *out.shift)
+        ):
+            raise UserError(f"{source}: a calibration record with mismatched or non-finite values")
+        return out
+
+    def describe(self) -> str:
+        """One line: the method and each column's ECE before -> after."""
+        ece_b, ece_a = self.before.get("ece", []), self.after.get("ece", [])
+        parts = [
+            f"{c} {b:.4f} -> {a:.4f}"
+            if (scale, shift) != (1.0, 0.0)
+            else f"{c} {b:.4f} (left as is: under {MIN_CLASS} rows of a class)"
+            for c, b, a, scale, shift in zip(
+                self.columns, ece_b, ece_a, self.scale, self.shift, strict=False
+            )
+        ]
+        return f"Platt scaling per column on {self.rows} validation rows; ECE " + ", ".join(parts)
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, np.float64)
+    return np.exp(-np.logaddexp(0.0, -z))
+
+
+def platt(z: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[float, float]:
+    """(a, b) minimising the cross-entropy of sigmoid(a z + b) against targets `y` in [0, 1]
+    (Platt's smoothed targets for hard labels), plus a ridge of one row's weight pulling
+    toward (1, 0), so that validation rows a model separates cannot drive a to huge values:
+    Newton's method on the two parameters, with a backtracking step; (1, 0) when the fit is
+    not an increasing map (a model no better than chance on these rows is left as it is)."""
+    z, y = np.asarray(z, np.float64), np.asarray(y, np.float64)
+    if np.isin(y, (0.0, 1.0)).all():
+        pos = float(y.sum())
+        y = np.where(y > 0.5, (pos + 1) / (pos + 2), 1 / (len(y) - pos + 2))
+    x = np.stack([z, np.ones_like(z)], 1)
+    ridge, centre = 1.0 / len(z), np.array([1.0, 0.0])
+
+    def loss(w: np.ndarray) -> float:
+        t = x @ w
+        return float(np.mean(np.logaddexp(0.0, t) - y * t) + ridge / 2 * np.sum((w - centre) ** 2))
+
+    w = np.array([1.0, 0.0])
+    current = loss(w)
+    for _ in range(iterations):
+        p = sigmoid(x @ w)
+        grad = x.T @ (p - y) / len(z) + ridge * (w - centre)
+        hess = (x * (p * (1 - p))[:, None]).T @ x / len(z) + ridge * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        t = 1.0
+        while t > 1e-6 and loss(w - t * step) > current:
+            t /= 2
+        w, previous = w - t * step, current
+        current = loss(w)
+        if previous - current < 1e-12:
+            break
+    a, b = float(w[0]), float(w[1])
+    if not (a > 0 and math.isfinite(a) and math.isfinite(b)):
+        return 1.0, 0.0
+    return a, b
+
+
+def ece(p: np.ndarray, y: np.ndarray, bins: int = BINS) -> float:
+    """The expected calibration error: over `bins` equal-width bins of the probability, the
+    row-weighted mean |mean probability - mean target| (soft targets as they are)."""
+    p, y = np.asarray(p, np.float64), np.asarray(y, np.float64)
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    total = 0.0
+    for k in range(bins):
+        inside = which == k
+        if inside.any():
+            total += inside.sum() * abs(p[inside].mean() - y[inside].mean())
+    return float(total / max(len(p), 1))
+
+
+def brier(p: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean((np.asarray(p, np.float64) - np.asarray(y, np.float64)) ** 2))
+
+
+def _columns(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, np.float64)
+    return a[:, None] if a.ndim == 1 else a
+
+
+def scores(logits: np.ndarray, labels: np.ndarray, cal: Calibration | None = None) -> dict:
+    """{'ece': [...], 'brier': [...]} per column of `logits` against `labels` (NaN labels
+    left out), calibrated by `cal` when given."""
+    z = _columns(cal.apply(logits) if cal is not None else logits)
+    y = _columns(labels)
+    out: dict[str, list[float]] = {"ece": [], "brier": []}
+    for j in range(z.shape[1]):
+        known = np.isfinite(y[:, j])
+        p = sigmoid(z[known, j])
+        out["ece"].append(ece(p, y[known, j]) if known.any() else float("nan"))
+        out["brier"].append(brier(p, y[known, j]) if known.any() else float("nan"))
+    return out
+
+
+def fit(logits: np.ndarray, labels: np.ndarray, columns: tuple[str, ...]) -> Calibration:
+    """Per-column Platt scaling of validation `logits` against their `labels` ((N,) or
+    (N, C); NaN = unlabelled, left out); a column with fewer than `MIN_CLASS` labelled rows
+    on either side of 0.5 is left as it is (a = 1, b = 0)."""
+    z, y = _columns(logits), _columns(labels)
+    if z.shape != y.shape or z.shape[1] != len(columns):
+        raise ValueError(f"logits {z.shape}, labels {y.shape}, {len(columns)} columns")
+    scale, shift = [], []
+    for j in range(z.shape[1]):
+        known = np.isfinite(y[:, j]) & np.isfinite(z[:, j])
+        target = y[known, j]
+        if min((target >= 0.5).sum(), (target < 0.5).sum()) < MIN_CLASS:
+            a, b = 1.0, 0.0
+        else:
+            a, b = platt(z[known, j], target)
+        scale.append(a)
+        shift.append(b)
+    cal = Calibration(tuple(columns), tuple(scale), tuple(shift), int(len(z)))
+    return Calibration(
+        cal.columns,
+        cal.scale,
+        cal.shift,
+        cal.rows,
+        scores(logits, labels),
+        scores(logits, labels, cal),
+    )
+
+
+def write(directory: str | Path, cal: Calibration) -> None:
+    with atomic_write(Path(directory) / FILE) as f:
+        f.write(json.dumps(cal.to_dict(), indent=2, allow_nan=False) + "\n")
+
+
+def read(path: str | Path) -> Calibration | None:
+    """The calibration in `path` (a run directory's `calibration.json`, or the directory),
+    None when there is none (a run of an older jaxtpu, or a ranking run); an unreadable file
+    is one line."""
+    path = Path(path)
+    path = path / FILE if path.is_dir() else path
+    if not path.exists():
+        return None
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: unreadable ({e}); delete it to score uncalibrated") from None
+    return Calibration.from_dict(d, str(path))
+
+
+def of_export(directory: str | Path) -> Calibration | None:
+    """The calibration an export's config.json carries (`CONFIG_KEY`), None without one (a
+    checkpoint transformers saved, an export of a run without calibration)."""
+    path = Path(directory) / "config.json"
+    try:
+        d = json.loads(path.read_text()).get(CONFIG_KEY) if path.exists() else None
+    except (OSError, ValueError, AttributeError):
+        return None  # the model's own reader says what is wrong with its config.json
+    return None if d is None else Calibration.from_dict(d, f"{path} {CONFIG_KEY}")
