@@ -296,7 +296,6 @@ class _Driver:
         labels = self.job.data.valid.label
         cal = calibration.fit(scores, labels, self.task.score_columns(True))
         calibration.write(self.job.workdir, cal)
-        log.debug("calibration: %s", cal.describe())
 
     def validate(self, call: Call) -> bool:
         """Evaluates, logs, saves the best and the latest state; True when early stopping
@@ -519,4 +518,7 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
         drv.best["step"],
         job.rundir,
     )
+    cal = calibration.read(job.workdir) if backend.primary else None
+    if cal is not None:
+        log.info("calibration of the best model (%s): %s", calibration.FILE, cal.describe())
     return summary

@@ -1,0 +1,65 @@
+"""Calibration on real comments the run never saw: each label's expected calibration error
+and Brier score before and after the run's calibration, with its ROC AUC (the same either
+way), on rows of the real Jigsaw file after the ones the run trained and validated on.
+
+    jaxtpu train --task multilabel --train-csv ../shared/data/jigsaw_toxic_dev.csv \\
+        --max-rows 8000 --valid-fraction 0.25 --workdir runs/cal
+    python -m benchmarks.calibration --workdir runs/cal --skip 8000 --rows 2000
+
+Prints one table and writes it as JSON with `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.competitions import write_real_rows
+
+REAL_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.calibration", description=__doc__)
+    p.add_argument("--workdir", required=True, help="A run trained with calibration.")
+    p.add_argument("--real-csv", default=str(REAL_CSV), help="The real Jigsaw comments file.")
+    p.add_argument("--skip", type=int, required=True, help="Rows the run read (--max-rows).")
+    p.add_argument("--rows", type=int, default=2000, help="Held-out rows to score.")
+    p.add_argument("--num-devices", type=int, default=0, help="Devices (0: every one).")
+    p.add_argument("--out", help="Also write the table as JSON here.")
+    args = p.parse_args(argv)
+    if not Path(args.real_csv).is_file():
+        print(f"error: {args.real_csv}: no such file (see ../shared/data/SOURCES.md)")
+        return 2
+    if not (Path(args.workdir) / "calibration.json").is_file():
+        print(f"error: --workdir {args.workdir}: no calibration.json (train it again)")
+        return 2
+    from jaxtpu.engine.hosts import scoring_devices
+    from jaxtpu.evaluate import evaluate
+
+    devices = scoring_devices(args.num_devices)
+    with tempfile.TemporaryDirectory() as tmp:
+        held = write_real_rows(Path(args.real_csv), Path(tmp) / "held.csv", args.rows, args.skip)
+        report = evaluate(args.workdir, str(held), devices)
+    rows = []
+    print(f"{report['examples']} held-out rows (after the first {args.skip} of {args.real_csv})")
+    print("| label | ROC AUC | ECE before | ECE after | Brier before | Brier after |")
+    print("|---|---|---|---|---|---|")
+    for column, r in report["calibration"].items():
+        auc = report.get(f"auc_{column}", report.get("auc"))
+        rows.append({"label": column, "auc": auc, **r})
+        print(
+            f"| {column} | {auc:.4f} | {r['ece_before']:.4f} | {r['ece_after']:.4f} | "
+            f"{r['brier_before']:.4f} | {r['brier_after']:.4f} |"
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows, "report": report}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
