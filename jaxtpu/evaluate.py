@@ -21,7 +21,7 @@ from typing import Any
 
 from jaxtpu.core import calibration, storage
 from jaxtpu.core.data import readers, records, taskdata, tokenized
-from jaxtpu.core.data.buckets import Batcher
+from jaxtpu.core.data.buckets import Batcher, fixed_edges
 from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
@@ -105,14 +105,8 @@ def evaluate(
     else:
         pairs = readers.file_kind(readers.columns(path)) == "pairs"
         model = load_model_dir(model_dir, max_len, pairs)
-    task, d = model.spec.task, model.cfg.data
-    data = read_labelled(path, task, d.row_template)
-    tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
-    examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
-    global_batch = batch_size * len(devices)
-    batcher = Batcher.for_data("auto", examples.real_lengths(), global_batch, d.max_len)
-    backend = scoring_backend(model, devices, task)
-    result, scores = loop.score_examples(backend, examples, batcher, task)
+    task = model.spec.task
+    examples, result, scores = score_file(model, path, devices, batch_size)
     name = headline(task, examples)
     parts = {k.removeprefix("val_"): v for k, v in result.items()}
     return {
@@ -124,6 +118,25 @@ def evaluate(
         **parts,
         **calibration_report(model.calibration, scores, examples.label),
     }
+
+
+def score_file(
+    model: Any, path: str, devices: list[Any], batch_size: int
+) -> tuple[tokenized.Examples, dict[str, float], Any]:
+    """(examples, validation metrics, raw outputs in the file's order) of labelled file `path`
+    under `model`, in the length buckets and batch shape `predict`, `jaxtpu.load()` and
+    `serve` score in (`Scorer`: fixed power-of-two edges, `batch_size` rows per device), so
+    that evaluate's score of a row is theirs, bf16 included."""
+    task, d = model.spec.task, model.cfg.data
+    data = read_labelled(path, task, d.row_template)
+    tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
+    examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
+    global_batch = batch_size * len(devices)
+    edges = fixed_edges(d.max_len)
+    batcher = Batcher(examples.real_lengths(), global_batch, d.max_len, edges)
+    backend = scoring_backend(model, devices, task)
+    result, scores = loop.score_examples(backend, examples, batcher, task)
+    return examples, result, scores
 
 
 def calibration_report(cal: Any, logits: Any, labels: Any) -> dict[str, Any]:

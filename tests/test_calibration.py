@@ -122,6 +122,7 @@ def test_predict_the_api_evaluate_and_exports_apply_one_calibration(finished_run
     import jaxtpu
     from jaxtpu import evaluate, export, predict
     from jaxtpu.core.data.demo import SAMPLE_CSV
+    from jaxtpu.core.flags.schema import SCORING
     from jaxtpu.engine.hosts import scoring_devices
 
     run = tmp_path / "run"
@@ -160,3 +161,12 @@ def test_predict_the_api_evaluate_and_exports_apply_one_calibration(finished_run
     report = evaluate.evaluate(str(run), str(SAMPLE_CSV), scoring_devices(1))
     r = report["calibration"]["toxic"]
     assert r["ece_before"] != r["ece_after"] and 0 <= r["ece_after"] <= 1
+    # evaluate scores each row as the API (and so predict and serve) does: bitwise, in the
+    # run's precision (issue 65, item 4: they used to differ in bf16)
+    batch = SCORING.batch_size  # jaxtpu.load()'s default
+    examples, _, outputs = evaluate.score_file(
+        model.trained, str(SAMPLE_CSV), scoring_devices(1), batch
+    )
+    rows = evaluate.read_labelled(str(SAMPLE_CSV), model.task, "{rule}")
+    np.testing.assert_array_equal(outputs, model.logits(rows.texts))
+    assert model.trained.cfg.train.precision == "bf16"
