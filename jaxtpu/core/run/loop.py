@@ -293,8 +293,11 @@ class _Driver:
         outputs (`jaxtpu.core.calibration`); a ranker's scores are not probabilities: none."""
         if self.task.comments_per_example == 2:
             return
-        labels = self.job.data.valid.label
-        cal = calibration.fit(scores, labels, self.task.score_columns(True))
+        try:
+            cal = calibration.fit(scores, self.job.data.valid.label, self.task.score_columns(True))
+        except ValueError as e:  # outputs and labels of other shapes: scores stay uncalibrated
+            log.warning("calibration not fitted (%s); this run scores uncalibrated", e)
+            return
         calibration.write(self.job.workdir, cal)
 
     def validate(self, call: Call) -> bool:
