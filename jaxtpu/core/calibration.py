@@ -16,6 +16,7 @@ Framework-free: numpy only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -67,15 +68,17 @@ class Calibration:
         """The calibration of `columns` alone (an export of the task's outputs without its
         auxiliary targets), in their order."""
         at = [self.columns.index(c) for c in columns]
-        pick = {k: [v[j] for j in at] for k, v in self.before.items()}
-        after = {k: [v[j] for j in at] for k, v in self.after.items()}
+
+        def picked(values: dict[str, list[float]]) -> dict[str, list[float]]:
+            return {k: [v[j] for j in at] for k, v in values.items()}
+
         return Calibration(
             tuple(columns),
             tuple(self.scale[j] for j in at),
             tuple(self.shift[j] for j in at),
             self.rows,
-            pick,
-            after,
+            picked(self.before),
+            picked(self.after),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -220,13 +223,8 @@ def fit(logits: np.ndarray, labels: np.ndarray, columns: tuple[str, ...]) -> Cal
         scale.append(a)
         shift.append(b)
     cal = Calibration(tuple(columns), tuple(scale), tuple(shift), int(len(z)))
-    return Calibration(
-        cal.columns,
-        cal.scale,
-        cal.shift,
-        cal.rows,
-        scores(logits, labels),
-        scores(logits, labels, cal),
+    return dataclasses.replace(
+        cal, before=scores(logits, labels), after=scores(logits, labels, cal)
     )
 
 

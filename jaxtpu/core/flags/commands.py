@@ -47,6 +47,17 @@ def _c(
     return field(default=default, metadata=metadata)
 
 
+def _no_calibration() -> Any:
+    """--no-calibration, the same flag on predict and serve (a field of its own for each)."""
+    return _c(
+        False,
+        "Score with the model's raw probabilities: without it, a run's (or export's) "
+        "calibration (per-output Platt scaling fitted on its validation rows, "
+        "calibration.json) is applied, so a 0.7 means about 7 in 10 such comments are labelled "
+        "so. Rankings and AUCs are the same either way.",
+    )
+
+
 @dataclass(frozen=True)
 class PredictFlags:
     workdir: list[str] | None = _c(
@@ -113,13 +124,7 @@ class PredictFlags:
         "prompts beside an encoder's pairs): each reads the rows with its own template. Each "
         "rule's AUC is unchanged; the file is scored in one chunk.",
     )
-    no_calibration: bool = _c(
-        False,
-        "Score with the model's raw probabilities: without it, a run's (or export's) "
-        "calibration (per-output Platt scaling fitted on its validation rows, "
-        "calibration.json) is applied, so a 0.7 means about 7 in 10 such comments are labelled "
-        "so. Rankings and AUCs are the same either way.",
-    )
+    no_calibration: bool = _no_calibration()
     resume: bool = _c(
         False,
         "Continue a predict into --output that was stopped (killed, preempted) from its last "
@@ -390,13 +395,7 @@ class ServeFlags:
     log_comments: bool = _c(
         False, "Log each request's comment text (without it no comment text is ever logged)."
     )
-    no_calibration: bool = _c(
-        False,
-        "Score with the model's raw probabilities: without it, a run's (or export's) "
-        "calibration (per-output Platt scaling fitted on its validation rows, "
-        "calibration.json) is applied, so a 0.7 means about 7 in 10 such comments are labelled "
-        "so. Rankings and AUCs are the same either way.",
-    )
+    no_calibration: bool = _no_calibration()
 
 
 @dataclass(frozen=True)

@@ -178,30 +178,7 @@ class RunSpec:
         weights = local_input(model.init_from, "--init-from") if model.init_from else model_dir
         if model.init_from and is_adapter_dir(weights):
             adapter, weights = weights, model_dir
-            found, _ = read_adapter(adapter)
-            dense = enc.family.kind.lora_targets  # none: refused below, with --lora-rank
-            where = f"--init-from {model.init_from}"
-            targets = (
-                peft_targets(found.targets, dense, enc.num_hidden_layers, where)
-                if dense
-                else found.targets
-            )
-            found = LoraSpec(found.rank, found.alpha, found.dropout, tuple(targets))
-            if lora is None or (found.rank, found.alpha, set(targets)) != (
-                lora.rank,
-                lora.alpha,
-                set(lora.targets),
-            ):
-                raise ConfigError(
-                    f"--init-from {model.init_from} is a peft LoRA adapter ({found.describe()}); "
-                    f"continue it with --lora-rank {found.rank} --lora-alpha {found.alpha:g} "
-                    f"--lora-targets {','.join(targets)}"
-                )
-            if model.head != "hf":
-                raise ConfigError(
-                    f"--init-from {model.init_from}: a peft adapter holds the family's own "
-                    "classification head (peft's modules_to_save); add --head hf"
-                )
+            _check_adapter(adapter, model, enc)
         elif lora and model.init_from:
             raise ConfigError(
                 f"--lora-rank with --init-from {model.init_from}: LoRA starts from --model-dir, "
@@ -336,3 +313,31 @@ def _encoder(cfg: Config, model_dir: str | None) -> EncoderConfig:
             f"{limit} or less"
         )
     return enc
+
+
+def _check_adapter(adapter: str, model: Any, enc: EncoderConfig) -> None:
+    """Refuses --init-from a peft adapter directory (`adapter`) unless --lora-* are its own,
+    with its `target_modules` read as peft reads them (`peft_targets`), and --head hf."""
+    found, _ = read_adapter(adapter)
+    dense = enc.family.kind.lora_targets  # none: refused by the caller, with --lora-rank
+    where = f"--init-from {model.init_from}"
+    targets = (
+        peft_targets(found.targets, dense, enc.num_hidden_layers, where) if dense else found.targets
+    )
+    found = dataclasses.replace(found, targets=tuple(targets))
+    lora = model.lora
+    if lora is None or (found.rank, found.alpha, set(targets)) != (
+        lora.rank,
+        lora.alpha,
+        set(lora.targets),
+    ):
+        raise ConfigError(
+            f"--init-from {model.init_from} is a peft LoRA adapter ({found.describe()}); "
+            f"continue it with --lora-rank {found.rank} --lora-alpha {found.alpha:g} "
+            f"--lora-targets {','.join(targets)}"
+        )
+    if model.head != "hf":
+        raise ConfigError(
+            f"--init-from {model.init_from}: a peft adapter holds the family's own "
+            "classification head (peft's modules_to_save); add --head hf"
+        )

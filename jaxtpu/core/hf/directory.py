@@ -285,15 +285,8 @@ def fit_state_dict(
     else:
         sd, task_head = read_checkpoint(d)
         fitted = _fitting_head(d, task_head, layout, head_required and not layout.answers)
-        if layout.answers and fitted and not head_required:
-            raise CheckpointError(
-                f"{d}: a *ForSequenceClassification checkpoint (its own "
-                f"{layout.output}.weight, no language-model head): --token-head starts the "
-                "score from a *ForCausalLM checkpoint's LM head; drop --token-head to train "
-                "this classifier's head as it is"
-            )
-        if layout.answers and not fitted:
-            fitted = answer_head(d, sd, task_head, layout)
+        if layout.answers:
+            fitted = _token_head(d, sd, task_head, layout, fitted, head_required)
         sd.update(fitted)
     output = layout.output + ".weight"
     head_w, want = sd.get(output), expected.get(output)
@@ -513,6 +506,27 @@ def segment_types(ids: Any, mask: Any, sep: int) -> Any:
     is_sep = (ids == sep) * 1  # an integer array in all three
     after = is_sep.cumsum(-1) - is_sep  # separators strictly before each token
     return (after > 0) * (mask > 0)
+
+
+def _token_head(
+    d: Path,
+    encoder: Mapping[str, np.ndarray],
+    task_head: Mapping[str, np.ndarray],
+    layout: Any,
+    fitted: dict[str, np.ndarray],
+    head_required: bool,
+) -> dict[str, np.ndarray]:
+    """--token-head's head: a trained one (`fitted`, when the head is required: a run's
+    export), else one started from the LM head (`answer_head`); a classifier checkpoint's
+    own head to start from is refused, since it has no LM head."""
+    if fitted and not head_required:
+        raise CheckpointError(
+            f"{d}: a *ForSequenceClassification checkpoint (its own "
+            f"{layout.output}.weight, no language-model head): --token-head starts the "
+            "score from a *ForCausalLM checkpoint's LM head; drop --token-head to train "
+            "this classifier's head as it is"
+        )
+    return fitted or answer_head(d, encoder, task_head, layout)
 
 
 def answer_head(
