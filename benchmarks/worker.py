@@ -26,7 +26,7 @@ import numpy as np
 from jaxtpu.core import hostmem
 from jaxtpu.core.flags.presets import tiny
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.flags.schema import JAX_STRATEGIES, REMATS, SHARDINGS, Config
+from jaxtpu.core.flags.schema import JAX_STRATEGIES, PRECISIONS, REMATS, SHARDINGS, Config
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.run.rundir import peak_host_memory_mb
 from jaxtpu.core.schedules import Horizon
@@ -94,7 +94,7 @@ def jax_backend(cfg: Config, strategy: str, devices: int, max_len: int, k: int =
     spec = RunSpec.resolve(cfg, len(devs))
     model = load_model(cfg, spec)
     tx = optim.make_optimizer(cfg.optim, Horizon(1000, 1000), len(devs))
-    state = steps.create_state(model.module.apply, model.params, tx)
+    state = steps.create_state(model.module.apply, model.params, tx, steps.loss_scaler(cfg.train))
     placement = Placement(spec.sharding, *spec.mesh)
     strategy_ = parallel.make_strategy(strategy, devs, steps.for_task("toxicity"), placement)
     backend = JaxBackend(strategy_, state, 0, steps_per_call=k)
@@ -139,6 +139,9 @@ def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[
     opt, sched = optim.make_optimizer(model, cfg.optim, Horizon(1000, 1000), 1)
     if compiled:
         model = torch.compile(model)
+    scaler = steps.grad_scaler(
+        precision, "cpu", cfg.train.loss_scale, cfg.train.loss_scale_growth_interval
+    )
 
     def step(batch: dict[str, Any]) -> Any:
         return steps.train_step(
@@ -152,6 +155,7 @@ def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[
             accumulate=1,
             update=True,
             clip_norm=cfg.optim.clip_norm,
+            scaler=scaler,
         )
 
     return step
@@ -189,7 +193,9 @@ def matmul_peak(precision: str, n: int = 2048, reps: int = 10) -> float:
     import jax
     import jax.numpy as jnp
 
-    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    from jaxtpu.models.encoder import COMPUTE_DTYPES
+
+    dtype = COMPUTE_DTYPES[precision]
     a = jnp.ones((n, n), dtype)
     b = jnp.ones((n, n), dtype)
     f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
@@ -209,7 +215,9 @@ def model_gemms(args: argparse.Namespace, reps: int = 10) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
+    from jaxtpu.models.encoder import COMPUTE_DTYPES
+
+    dtype = COMPUTE_DTYPES[args.precision]
     w = WORKLOADS[args.workload]
     h, f, heads = w["hidden_size"], w["intermediate_size"], w["num_heads"]
     t, b, s, d = args.batch * args.seq, args.batch, args.seq, w["hidden_size"] // w["num_heads"]
@@ -271,7 +279,7 @@ def parser() -> argparse.ArgumentParser:
         "(torch)",
     )
     p.add_argument("--workload", choices=list(WORKLOADS), default="minilm")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--batch", type=int, default=32, help="global batch")
     p.add_argument("--seq", type=int, default=128)

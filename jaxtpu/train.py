@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import hostmem
+from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
+from jaxtpu.core.hardware import precision_problem
 from jaxtpu.core.run import loop, plan, signals
 from jaxtpu.core.run.exits import exit_code, user_errors
 from jaxtpu.core.run.folds import train_folds
@@ -60,6 +62,20 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
         return _train(cfg, store, procs, t_start, early)
 
 
+def check_precision(precision: str, device: Any) -> None:
+    """Refuses bf16 on a GPU without bfloat16, warns of fp16 off a GPU
+    (`jaxtpu.core.hardware.precision_problem`)."""
+    problem = precision_problem(
+        precision, device.platform, getattr(device, "compute_capability", None)
+    )
+    if problem is None:
+        return
+    level, message = problem
+    if level == "error":
+        raise ConfigError(message)
+    log.warning(message)
+
+
 def _train(
     cfg: Config, store: RunStore, procs: Any, t_start: float, early: Any = None
 ) -> dict[str, Any]:
@@ -82,6 +98,7 @@ def _train(
         f", remat {cfg.model.remat}" if cfg.model.remat != "none" else "",
         ", scanned layers" if cfg.model.scan_layers else "",
     )
+    check_precision(cfg.train.precision, devices[0])
     if jax.config.jax_compilation_cache_dir:  # set by hosts.use_compilation_cache
         log.info("compiled programs cached in %s", jax.config.jax_compilation_cache_dir)
     if hostmem.active():

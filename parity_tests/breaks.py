@@ -5,7 +5,9 @@ something else. Prints one line per comparison; exits 1 if any passed.
 - trajectories (the 8-device trajectory check, whose jaxtpu runs share one process,
   `harness.run_jax_runs`): jaxtpu trains at --lr 5.5e-4 where the reference trains at 5e-4;
 - outcome (check 4, dropout on): jaxtpu fine-tunes at --lr 5e-4 where the reference
-  fine-tunes at 5e-5."""
+  fine-tunes at 5e-5;
+- fp16 (check 3d, fp16 with loss scaling): jaxtpu's loss scale never skips a step (every
+  gradient counts as finite, `parity_tests.jaxruns --never-skip`)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity_tests.breaks", description=__doc__)
     p.add_argument("--work", required=True, help="a directory for the runs")
     p.add_argument("--task", default="toxicity", choices=("toxicity", "ranking"))
-    p.add_argument("--check", default="trajectories", choices=("trajectories", "outcome"))
+    p.add_argument("--check", default="trajectories", choices=("trajectories", "outcome", "fp16"))
     args = p.parse_args(argv)
     harness.share_compilations()
     if args.check == "trajectories":
@@ -31,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
 
         checks.run_jax_runs = broken
         results = checks.trajectories(Path(args.work), args.task)
+    elif args.check == "fp16":
+        real = harness.run_jax_runs
+
+        def never_skips(runs: list, timeout: float = 1200) -> list:
+            return real(runs, timeout, options=("--never-skip",))
+
+        checks.run_jax_runs = never_skips
+        results = checks.fp16_trajectories(Path(args.work))
     else:
         one = harness.run_side
 

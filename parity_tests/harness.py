@@ -90,13 +90,16 @@ def run_side(
     return Run(workdir, proc.returncode, proc.stdout, proc.stderr)
 
 
-def run_jax_runs(runs: list[tuple[Path, list[str]]], timeout: float = 1200) -> list[Run]:
+def run_jax_runs(
+    runs: list[tuple[Path, list[str]]], timeout: float = 1200, options: tuple[str, ...] = ()
+) -> list[Run]:
     """Several jaxtpu runs (each a workdir and its flags, as on the command line) one after
     another in one fresh process (`python -m parity_tests.jaxruns`): one interpreter, JAX
     start and tokenizer load for all, each run in a directory of its own as `run_side` would
-    write it. The torch side never shares it (see the module docstring)."""
+    write it. The torch side never shares it (see the module docstring). `options`: the
+    worker's own (`--never-skip`, for `parity_tests.breaks`)."""
     argvs = [["--workdir", str(wd), "--no-progress", *flags] for wd, flags in runs]
-    cmd = [sys.executable, "-m", "parity_tests.jaxruns", json.dumps(argvs)]
+    cmd = [sys.executable, "-m", "parity_tests.jaxruns", *options, json.dumps(argvs)]
     proc = subprocess.run(
         cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout
     )

@@ -27,6 +27,7 @@ def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.
         ("trajectories toxicity", lambda: checks.trajectories(work, "toxicity")),
         ("trajectories ranking", lambda: checks.trajectories(work, "ranking")),
         ("spawn trajectory", lambda: [checks.spawn_trajectory(work)]),
+        ("fp16 trajectories", lambda: checks.fp16_trajectories(work)),
         ("families: forward + gradients", lambda: checks.families_forward(work)),
         (
             "decoders: forward + gradients",

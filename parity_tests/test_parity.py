@@ -55,3 +55,14 @@ def test_spawn_trajectory(work):
 @pytest.mark.parametrize("task", ["toxicity"])
 def test_outcome_with_dropout(work, real_data, task, request):
     assert_results([checks.outcome(work, task, full=request.config.getoption("--parity-full"))])
+
+
+def test_fp16_loss_scaling_trajectories(work):
+    results = checks.fp16_trajectories(work)
+    assert len(results) == 2  # as GradScaler starts, and forced to overflow
+    assert_results(results)
+    skipped = results[1].series["torch skipped"]
+    # the forced run skipped, backed off into range, then trained (and grew again)
+    assert 5 <= sum(skipped) < len(skipped) and not skipped[-1]
+    assert sum(results[0].series["torch skipped"]) < 21
+    assert max(results[0].series["torch loss scale"]) > 2.0**16  # it grew

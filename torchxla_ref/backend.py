@@ -50,6 +50,12 @@ class XlaBackend:
         self.primary = strategy.ordinal == 0
         self.ckpts = Checkpoints(workdir, self.primary, self.xm if xla else None)
         self._train_compiles = 0
+        from torchxla_ref import steps
+
+        train = cfg.train
+        self.scaler = steps.grad_scaler(
+            train.precision, self.device_type, train.loss_scale, train.loss_scale_growth_interval
+        )
 
     # One host process drives the loop; spawn replicas take their slice in `strategy.put`.
     num_processes = 1
@@ -101,6 +107,7 @@ class XlaBackend:
         compiles_before = self._compiles()
         self.micro += 1
         acc = self.cfg.optim.accumulate
+        scale = None if self.scaler is None else self.scaler.get_scale()
         loss, grad_norm = steps.train_step(
             self.model,
             self.optimizer,
@@ -114,21 +121,24 @@ class XlaBackend:
             clip_norm=self.cfg.optim.clip_norm,
             reduce_gradients=self.xm.reduce_gradients if self.strategy.replicas > 1 else None,
             margin=self.cfg.train.margin,
+            scaler=self.scaler,
         )
+        scaling = {}
+        if scale is not None:  # the scale this step's loss was multiplied by; halved: skipped
+            scaling = {"loss_scale": scale, "skipped": float(self.scaler.get_scale() < scale)}
         if self.strategy.replicas > 1:  # each replica's loss is of its slice: average them
             loss = self.xm.all_reduce(self.xm.REDUCE_SUM, loss, scale=1.0 / self.strategy.replicas)
         self._sync()  # the step boundary: the traced graph is compiled once, then reused
         self._train_compiles += self._compiles() - compiles_before
-        return loss, grad_norm
+        return loss, grad_norm, scaling
 
     def fetch(self, handles: list[Any]) -> list[dict[str, float]]:
         out: list[dict[str, float]] = []
 
         def collect(items: list[Any]) -> None:  # runs after the barrier, on device data
-            for loss, norm in items:
-                out.append(
-                    {"loss": loss.item(), "grad_norm": None if norm is None else norm.item()}
-                )
+            for loss, norm, scaling in items:
+                norm = None if norm is None else norm.item()
+                out.append({"loss": loss.item(), "grad_norm": norm, **scaling})
 
         if not self.xla:
             collect(handles)
@@ -158,6 +168,8 @@ class XlaBackend:
             payload["optimizer"] = self.optimizer.state_dict()
             payload["scheduler"] = self.scheduler.state_dict()
             payload["micro"] = self.micro
+            if self.scaler is not None:
+                payload["scaler"] = self.scaler.state_dict()
         return payload
 
     def save_latest(self, step: int, meta: dict[str, Any]) -> None:
@@ -182,5 +194,7 @@ class XlaBackend:
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         self.micro = payload["micro"]
+        if self.scaler is not None:
+            self.scaler.load_state_dict(payload["scaler"])
         log.info("resumed from %s at step %d", self.ckpts.latest_path(), payload["meta"]["step"])
-        return ResumeState(int(payload["meta"]["step"]), payload["meta"]["best"])
+        return ResumeState.of(payload["meta"])

@@ -52,11 +52,23 @@ def task_loss(
     return own(mine(scores), mine(label), margin) + task.aux_weight * aux
 
 
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager:
-    """bf16 compute with fp32 master weights (torch.autocast), like the JAX side's policy."""
-    if precision == "bf16":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
+    """bf16 or fp16 compute with fp32 master weights (torch.autocast), like the JAX side's
+    policy; fp32 as it is."""
+    if precision in AUTOCAST:
+        return torch.autocast(device_type, dtype=AUTOCAST[precision])
     return contextlib.nullcontext()
+
+
+def grad_scaler(precision: str, device_type: str, init_scale: float, growth_interval: int):
+    """--precision fp16's dynamic loss scaling: `torch.amp.GradScaler` (growth x2, backoff
+    x0.5, its defaults and Lightning's); None for bf16 and fp32."""
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device_type, init_scale=init_scale, growth_interval=growth_interval)
 
 
 def loss_fn(
@@ -91,21 +103,30 @@ def train_step(
     clip_norm: float,
     reduce_gradients: Callable[[torch.optim.Optimizer], None] | None = None,
     margin: float = RANKING_MARGIN,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward + backward (gradients summed over `accumulate` micro-steps); on `update`,
     all-reduce gradients across replicas (spawn path: `xm.reduce_gradients`, i.e. the first
     half of `xm.optimizer_step`, split off so clipping sees the global gradient), clip, step
     the optimizer and the schedule, and zero the grads.
 
+    With a `scaler` (--precision fp16, `grad_scaler`) the loss is scaled before the backward
+    pass and the gradients unscaled before clipping, as torch's AMP recipe does; a step whose
+    gradients are not finite is skipped by `GradScaler.step`, and then the schedule is not
+    stepped either (it counts the updates made, as optax's count does on the JAX side).
+
     Returns:
       (loss, grad_norm or None): the micro-batch loss and, on updates, the pre-clip norm.
     """
     loss = loss_fn(model, batch, task, precision, device_type, margin)
-    (loss / accumulate).backward()
+    scaled = loss / accumulate
+    (scaled if scaler is None else scaler.scale(scaled)).backward()
     grad_norm = None
     if update:
         if reduce_gradients is not None:
             reduce_gradients(optimizer)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         params = [p for p in model.parameters() if p.grad is not None]
         if clip_norm > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm)
@@ -113,8 +134,15 @@ def train_step(
             grad_norm = torch.linalg.vector_norm(
                 torch.stack([torch.linalg.vector_norm(p.grad) for p in params])
             )
-        optimizer.step()
-        scheduler.step()
+        if scaler is None:
+            optimizer.step()
+            scheduler.step()
+        else:
+            before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            if scaler.get_scale() >= before:  # a skipped step always halves the scale
+                scheduler.step()
         optimizer.zero_grad(set_to_none=False)
     return loss.detach(), grad_norm
 

@@ -18,6 +18,7 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
+from jaxtpu.core.hardware import precision_problem
 from jaxtpu.core.run import loop, plan, signals
 from jaxtpu.core.run.exits import exit_code, user_errors
 from jaxtpu.core.run.folds import train_folds
@@ -45,6 +46,9 @@ def _run(cfg: Config, workdir: Path, t_start: float, early: Any) -> dict[str, An
         log.info(
             "devices: %d x %s (torch_xla %s)", len(devices), strategy.device, cfg.placement.parallel
         )
+        problem = precision_problem(cfg.train.precision, "cpu")  # eager, spmd, spawn: the CPU
+        if problem is not None:
+            log.warning(problem[1])
 
     job = plan.Job.load(cfg, spec, workdir, len(devices), strategy.ordinal == 0, t_start)
     backend = build_backend(job, strategy, devices)
@@ -123,6 +127,12 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
             "in a bucket are jaxtpu's (jaxtpu train --workdir gs://...)"
         )
     t_start = time.time()
+    if cfg.train.precision == "fp16" and cfg.placement.parallel != "eager":
+        raise UserError(
+            f"--precision fp16 --parallel {cfg.placement.parallel}: torch_xla has no fp16 "
+            "loss scaling (its GPU path is gone); the torch side trains fp16 with plain "
+            "torch: --parallel eager"
+        )
     if cfg.placement.parallel == "eager" and cfg.placement.num_devices != 1:
         raise UserError("--parallel eager runs on the host CPU: use --num-devices 1")
     if cfg.placement.parallel != "eager":

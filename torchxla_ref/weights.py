@@ -61,11 +61,12 @@ def add_adapters(
 ) -> None:
     """peft's LoRA on the encoder, in place (`get_peft_model` with `LoraConfig`): the base
     frozen, the head trained in full, each adapter A started as the JAX side starts it
-    (`jaxtpu.core.lora.initial_a`, B at zero), and in a bf16 run every frozen dense weight
-    held in bf16 (`jaxtpu.core.lora.held_in_bf16`: the kernels; autocast reads them in bf16
-    anyway). `model.bert` becomes the `PeftModel`; a `--head hf` model's forward runs through
-    the same, now adapted, layers. `adapter`: a peft adapter directory (`--init-from`) whose
-    adapters and head replace the new ones (the JAX side's `weights.load_adapter`)."""
+    (`jaxtpu.core.lora.initial_a`, B at zero), and in a bf16 (fp16) run every frozen dense
+    weight held in bf16 (fp16) (`jaxtpu.core.lora.held_in_bf16`: the kernels; autocast reads
+    them in that dtype anyway). `model.bert` becomes the `PeftModel`; a `--head hf` model's
+    forward runs through the same, now adapted, layers. `adapter`: a peft adapter directory
+    (`--init-from`) whose adapters and head replace the new ones (the JAX side's
+    `weights.load_adapter`)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -98,10 +99,11 @@ def add_adapters(
                         "adapter of another model or rank"
                     )
                 p.copy_(torch.from_numpy(found[key]))
-        if precision == "bf16":
+        if precision in ("bf16", "fp16"):
+            held = torch.bfloat16 if precision == "bf16" else torch.float16
             for module in model.bert.modules():
                 if isinstance(module, torch.nn.Linear) and not module.weight.requires_grad:
-                    module.weight.data = module.weight.data.to(torch.bfloat16)
+                    module.weight.data = module.weight.data.to(held)
 
 
 def _hf(key: str) -> str:

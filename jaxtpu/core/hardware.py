@@ -78,3 +78,34 @@ def peak_flops_per_device(device_kind: str) -> float | None:
         if chip.device_kind == device_kind:
             return chip.per_device()[1]
     return None
+
+
+# NVIDIA GPUs compute in bfloat16 from compute capability 8.0 (Ampere: A100, L4, H100); a T4
+# (7.5), V100 (7.0) or P100 (6.0) has fp16 only (NVIDIA's CUDA C++ programming guide,
+# "Arithmetic Instructions" by compute capability).
+BF16_MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def precision_problem(
+    precision: str, platform: str, compute_capability: str | None = None
+) -> tuple[str, str] | None:
+    """What is wrong with training in `precision` on a device of `platform` ('cpu', 'gpu' or
+    'cuda', 'tpu'; a GPU's `compute_capability` such as '7.5'): ('error', why) for bf16 on a
+    GPU without bfloat16, ('warning', why) for fp16 off a GPU, None when it fits."""
+    gpu = platform in ("gpu", "cuda")
+    if precision == "bf16" and gpu and compute_capability:
+        major, minor = (int(x) for x in compute_capability.split(".")[:2])
+        if (major, minor) < BF16_MIN_COMPUTE_CAPABILITY:
+            return (
+                "error",
+                f"--precision bf16: this GPU (compute capability {compute_capability}) has no "
+                "bfloat16; use --precision fp16 (with loss scaling) or fp32",
+            )
+    if precision == "fp16" and not gpu:
+        return (
+            "warning",
+            f"--precision fp16 on {platform.upper()}: fp16 with loss scaling is for GPUs "
+            "without bfloat16 (T4, P100); here it runs, for parity checks, at fp32's speed or "
+            "slower (docs/gpu.md); bf16 or fp32 train faster",
+        )
+    return None

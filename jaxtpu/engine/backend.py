@@ -63,11 +63,10 @@ class JaxBackend:
             log.info("--resume: no checkpoint in %s yet, starting at step 0", self.ckpts.root)
             return ResumeState()
         host = self._host_state
-        template = {"step": host.step, "params": host.params, "opt_state": host.opt_state}
-        restored, meta = self.ckpts.restore_latest(template, model_key)
-        self._host_state = host.replace(**restored)
+        restored, meta = self.ckpts.restore_latest(_tree(host), model_key)
+        self._host_state = _untree(host, restored)
         log.info("resumed from %s at step %d", self.ckpts.latest_dir, int(meta["step"]))
-        return ResumeState(int(meta["step"]), meta["best"])
+        return ResumeState.of(meta)
 
     def compile_count(self) -> int:
         """Train programs compiled so far (one per call length; none for a program loaded
@@ -114,9 +113,7 @@ class JaxBackend:
         return self.strategy.eval(self.state, self.strategy.put_batch(batch))
 
     def save_latest(self, step: int, meta: dict[str, Any]) -> None:
-        host = self.strategy.host_state(self.state)
-        tree = {"step": host.step, "params": host.params, "opt_state": host.opt_state}
-        self.ckpts.save_latest(step, tree, meta)
+        self.ckpts.save_latest(step, _tree(self.strategy.host_state(self.state)), meta)
 
     def save_best(self, step: int, meta: dict[str, Any]) -> None:
         self.ckpts.save_best(step, self.strategy.host_state(self.state).params, meta)
@@ -154,3 +151,23 @@ def _padding(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "weight": np.zeros_like(batch["weight"]),
         "row_weight": np.zeros_like(batch["weight"]),
     }
+
+
+def _tree(state: Any) -> dict[str, Any]:
+    """What a latest checkpoint holds of a train state: step, params, optimizer state and, in
+    a --precision fp16 run, the loss scale and its count of finite steps (the torch side
+    saves `GradScaler.state_dict()`)."""
+    tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    if state.loss_scale is not None:
+        scale = state.loss_scale
+        tree["loss_scale"] = {"scale": scale.scale, "fin_steps": scale.fin_steps}
+    return tree
+
+
+def _untree(state: Any, tree: dict[str, Any]) -> Any:
+    """`state` with what `_tree` saved restored into it."""
+    scale = tree.pop("loss_scale", None)
+    state = state.replace(**tree)
+    if scale is None:
+        return state
+    return state.replace(loss_scale=state.loss_scale.replace(**scale))

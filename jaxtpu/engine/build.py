@@ -48,7 +48,7 @@ def build_backend(
         log.info("learning rates: %s", rates)
     scales = None if model.lr_scales is None else steps.split_trained(model.lr_scales)[0]
     tx = optim.make_optimizer(cfg.optim, job.plan.horizon, len(devices), scales, schedule)
-    state = steps.create_state(model.module.apply, model.params, tx)
+    state = steps.create_state(model.module.apply, model.params, tx, steps.loss_scaler(cfg.train))
     fns = steps.for_task(cfg.task, cfg.train.margin)
     placement = Placement(spec.sharding, *spec.mesh)
     strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement, saved)

@@ -15,9 +15,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-from flax import traverse_util
-from flax.training.train_state import TrainState
+from flax import struct, traverse_util
+from flax.training import train_state
+from flax.training.dynamic_scale import DynamicScale
 
 from jaxtpu.core.lora import has_adapters, trains
 from jaxtpu.core.tasks import RANKING_MARGIN, Task, get_task
@@ -30,6 +32,8 @@ __all__ = [
     "Steps",
     "TrainState",
     "create_state",
+    "dynamic_scale",
+    "loss_scaler",
     "eval_step",
     "for_task",
     "merge_trained",
@@ -130,15 +134,52 @@ def merge_trained(trained: Any, frozen: Any) -> Any:
     return traverse_util.unflatten_dict(flat)
 
 
-def create_state(apply_fn: Callable[..., Any], params: Any, tx: Any) -> TrainState:
+class TrainState(train_state.TrainState):
+    """flax's train state, plus the dynamic loss scale of a --precision fp16 run
+    (`dynamic_scale`; None otherwise, which adds no leaf)."""
+
+    loss_scale: DynamicScale | None = struct.field(default=None)
+
+
+def dynamic_scale(scale: float, growth_interval: int) -> DynamicScale:
+    """flax's `DynamicScale` behaving as `torch.amp.GradScaler(init_scale=scale,
+    growth_interval=growth_interval)` (growth x2, backoff x0.5), which the torch side runs.
+
+    flax's and torch's rules differ by one in the interval: GradScaler doubles the scale on
+    the `growth_interval`-th finite step in a row, `DynamicScale` on the step after
+    `growth_interval` finite ones (it checks the count before adding the step). So flax is
+    given `growth_interval - 1`. The scale and the count are fp32 and int32 arrays, so a
+    step's carry keeps one type (a Python float would be weakly typed)."""
+    return DynamicScale(
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=growth_interval - 1,
+        fin_steps=np.int32(0),
+        scale=np.float32(scale),
+    )
+
+
+def loss_scaler(train: Any) -> DynamicScale | None:
+    """The dynamic loss scale of a run's `TrainConfig` (--precision fp16: --loss-scale,
+    --loss-scale-growth-interval), None for bf16 and fp32 runs."""
+    if train.precision != "fp16":
+        return None
+    return dynamic_scale(train.loss_scale, train.loss_scale_growth_interval)
+
+
+def create_state(
+    apply_fn: Callable[..., Any], params: Any, tx: Any, loss_scale: DynamicScale | None = None
+) -> TrainState:
     """A train state at step 0 whose optimizer holds state for what trains only
-    (`split_trained`): under LoRA no moments for the frozen base."""
+    (`split_trained`): under LoRA no moments for the frozen base. `loss_scale`: an fp16 run's
+    `dynamic_scale`."""
     return TrainState(
         step=0,
         apply_fn=apply_fn,
         params=params,
         tx=tx,
         opt_state=tx.init(split_trained(params)[0]),
+        loss_scale=loss_scale,
     )
 
 
@@ -159,7 +200,10 @@ def train_step(
       loss: the task's per-example loss (`for_task`).
       axis_name: the device axis to average over, under pmap/shard_map.
     Returns:
-      (new_state, {'loss', 'grad_norm'}), metrics averaged over all devices.
+      (new_state, {'loss', 'grad_norm'}), metrics averaged over all devices; with a loss
+      scale (--precision fp16) also 'loss_scale' (the scale this step's loss was multiplied
+      by) and 'skipped' (1 when a gradient was not finite: params, optimizer and schedule
+      are kept as they were, as `torch.amp.GradScaler.step` skips the optimizer).
     """
     rng = jax.random.fold_in(rng, state.step)
     if axis_name is not None:
@@ -176,16 +220,31 @@ def train_step(
         return _weighted_mean(loss(scores, batch["label"]), batch["row_weight"])
 
     trained, frozen = split_trained(state.params)
-    value, grads = jax.value_and_grad(lambda p: loss_fn(merge_trained(p, frozen)))(trained)
+    scaler = state.loss_scale
+
+    def of_trained(p: Any) -> jax.Array:
+        return loss_fn(merge_trained(p, frozen))
+
+    if scaler is None:
+        value, grads = jax.value_and_grad(of_trained)(trained)
+        if axis_name is not None:
+            grads = jax.lax.pmean(grads, axis_name)
+    else:  # the gradients of scale x loss, unscaled (and averaged over axis_name)
+        scaler, finite, value, grads = scaler.value_and_grad(of_trained, axis_name=axis_name)(
+            trained
+        )
     if axis_name is not None:
-        grads = jax.lax.pmean(grads, axis_name)
         value = jax.lax.pmean(value, axis_name)
     metrics = {"loss": value, "grad_norm": optax.tree.norm(grads)}
-    if frozen is None:
-        return state.apply_gradients(grads=grads), metrics
     updates, opt_state = state.tx.update(grads, state.opt_state, trained)
     params = merge_trained(optax.apply_updates(trained, updates), frozen)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    if scaler is not None:
+        keep = partial(jnp.where, finite)
+        params = jax.tree_util.tree_map(keep, params, state.params)
+        opt_state = jax.tree_util.tree_map(keep, opt_state, state.opt_state)
+        metrics.update(loss_scale=state.loss_scale.scale, skipped=(~finite).astype(jnp.float32))
+    new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return (new if scaler is None else new.replace(loss_scale=scaler)), metrics
 
 
 def train_steps(
@@ -220,8 +279,10 @@ def train_steps(
         real = jnp.sum(batch["weight"])
         if axis_name is not None:
             real = jax.lax.psum(real, axis_name)
-        skipped = {"loss": jnp.zeros((), jnp.float32), "grad_norm": jnp.zeros((), jnp.float32)}
-        return jax.lax.cond(real > 0, step, lambda st, _: (st, skipped), st, batch)
+        scaled = st.loss_scale is not None
+        names = ["loss", "grad_norm", *(("loss_scale", "skipped") if scaled else ())]
+        padding = {name: jnp.zeros((), jnp.float32) for name in names}
+        return jax.lax.cond(real > 0, step, lambda st, _: (st, padding), st, batch)
 
     return jax.lax.scan(body, state, batches)
 

@@ -232,21 +232,22 @@ def start_adapters(params: Mapping[str, Any], model_type: str, seed: int) -> dic
 
 
 def hold_frozen(params: Mapping[str, Any], precision: str) -> dict[str, Any]:
-    """A LoRA run's params as it holds them: in a bf16 run every frozen matrix in bf16
-    (`jaxtpu.core.lora.held_in_bf16`), the rest as they are; arrays or, for a program's
-    shapes, `jax.ShapeDtypeStruct`s."""
-    if precision != "bf16":
+    """A LoRA run's params as it holds them: in a bf16 (fp16) run every frozen matrix in bf16
+    (fp16) (`jaxtpu.core.lora.held_in_bf16` says which), the rest as they are; arrays or, for
+    a program's shapes, `jax.ShapeDtypeStruct`s."""
+    if precision not in ("bf16", "fp16"):
         return dict(params)
     import jax
     import ml_dtypes
 
+    held = ml_dtypes.bfloat16 if precision == "bf16" else np.float16
     flat = _flatten(params)
     for path, leaf in flat.items():
         if held_in_bf16(path):
             if isinstance(leaf, jax.ShapeDtypeStruct):
-                flat[path] = jax.ShapeDtypeStruct(leaf.shape, ml_dtypes.bfloat16)
+                flat[path] = jax.ShapeDtypeStruct(leaf.shape, held)
             else:
-                flat[path] = np.asarray(leaf, ml_dtypes.bfloat16)
+                flat[path] = np.asarray(leaf, held)
     return _unflatten(flat)
 
 

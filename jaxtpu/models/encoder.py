@@ -20,6 +20,9 @@ from jaxtpu.core.lora import LoraSpec
 from jaxtpu.models import layers
 from jaxtpu.models.head import Classifier
 
+# --precision -> the compute dtype (params stay fp32)
+COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
+
 
 def create_module(
     cfg: EncoderConfig,
@@ -42,7 +45,7 @@ def create_module(
     'hf' (the family's own classification head); `segment_sep` the separator of text pairs'
     token types (`RunSpec.segment_sep`, -1: none); `lora` the adapters on its dense layers
     (`jaxtpu.models.layers.LoraDense`), or None."""
-    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    dtype = COMPUTE_DTYPES[precision]
     return Classifier(
         dataclasses.replace(cfg, lora=lora),
         head_dropout=head_dropout,

@@ -30,10 +30,12 @@ def dense(
     out: Dtype = jnp.float32,
     use_bias: bool = True,
 ):
-    """A dense layer; under bf16 compute its matmul is bf16 with fp32 accumulation and its
-    result in `out` (`--matmul-output`)."""
-    mixed = partial(ops.mixed_dot_general, out=out)
-    extra = {"dot_general": mixed} if dtype == jnp.bfloat16 else {}
+    """A dense layer; under bf16 (fp16) compute its matmul is bf16 (fp16) with fp32
+    accumulation and its result in `out` (`--matmul-output`)."""
+    extra = {}
+    if ops.is_half(dtype):
+        half = jnp.dtype(dtype).type
+        extra = {"dot_general": partial(ops.mixed_dot_general, out=out, half=half)}
     if cfg.lora and name in cfg.lora.targets:
         return LoraDense(
             features,

@@ -1,4 +1,4 @@
-"""Performance kernels the models are built from: bf16 matmuls with a bf16 backward pass
+"""Performance kernels the models are built from: 16-bit matmuls with a 16-bit backward pass
 (custom VJP), and dropout with counter-hash masks. Both were measured on XLA:CPU
 (docs/benchmarks.md, "What made it faster") and are plain JAX, so they run the same on TPU.
 """
@@ -12,40 +12,47 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-# --------------------------------------------------------------------------- bf16 matmuls
+# --------------------------------------------------------------------------- half matmuls
+
+# The 16-bit compute dtypes (--precision bf16, fp16): matmuls take them as operands.
+HALF = (jnp.bfloat16, jnp.float16)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32) -> jax.Array:
-    """A two-operand matmul-type einsum with bf16 operands and fp32 accumulation, its result
-    in `out` (fp32, or bf16: `--matmul-output`, rounded once from the fp32 accumulator).
+@partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
+def mixed_einsum(
+    spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32, half: Any = jnp.bfloat16
+) -> jax.Array:
+    """A two-operand matmul-type einsum with `half` operands (bf16, or fp16 for --precision
+    fp16) and fp32 accumulation, its result in `out` (fp32, or bf16: `--matmul-output`,
+    rounded once from the fp32 accumulator).
 
-    The backward pass runs its two matmuls the same way (bf16 cotangent, fp32 accumulation,
+    The backward pass runs its two matmuls the same way (`half` cotangent, fp32 accumulation,
     results in `out`), as torch.autocast does: under autocast the gradients with respect to
-    the bf16 copies of the operands are bf16, and the casts' backward widens them. So with
+    the 16-bit copies of the operands are 16-bit, and the casts' backward widens them. So with
     bf16 results the operands' gradients are bf16 values even where an operand is fp32 (half
     the bytes for the attention probabilities' and the projections' input gradients; the
-    TPU compiler's estimate is in docs/tpu.md, "Tuned for the TPU"). Letting JAX
-    differentiate `einsum(..., preferred_element_type=f32)` instead gives fp32 backward
-    matmuls, which ran several times slower on XLA:CPU (`python -m benchmarks.compare`;
-    docs/benchmarks.md).
+    TPU compiler's estimate is in docs/tpu.md, "Tuned for the TPU"). Under fp16 the cotangent's
+    cast is where a too large loss scale overflows to inf, as it does in torch's fp16 backward
+    (what dynamic loss scaling detects). Letting JAX differentiate `einsum(...,
+    preferred_element_type=f32)` instead gives fp32 backward matmuls, which ran several times
+    slower on XLA:CPU (`python -m benchmarks.compare`; docs/benchmarks.md).
     Every index must appear in exactly two of the three terms (true of matmuls).
     """
-    return _mixed_fwd(spec, a, b, out)[0]
+    return _mixed_fwd(spec, a, b, out, half)[0]
 
 
-def _mixed_fwd(spec: str, a: jax.Array, b: jax.Array, out: Any = jnp.float32):
-    a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+def _mixed_fwd(spec: str, a: jax.Array, b: jax.Array, out: Any, half: Any):
+    a16, b16 = a.astype(half), b.astype(half)
     y = jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32).astype(out)
     # Zero-size markers carry the input dtypes, which the cotangents must have.
     return y, (a16, b16, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
 
 
-def _mixed_bwd(spec: str, result: Any, res, g: jax.Array):
+def _mixed_bwd(spec: str, result: Any, half: Any, res, g: jax.Array):
     a16, b16, a_dtype, b_dtype = res
     ins, out = spec.split("->")
     sa, sb = ins.split(",")
-    g16 = g.astype(jnp.bfloat16)
+    g16 = g.astype(half)
     f32 = jnp.float32
     da = jnp.einsum(f"{out},{sb}->{sa}", g16, b16, preferred_element_type=f32).astype(result)
     db = jnp.einsum(f"{sa},{out}->{sb}", a16, g16, preferred_element_type=f32).astype(result)
@@ -56,23 +63,34 @@ mixed_einsum.defvjp(_mixed_fwd, _mixed_bwd)
 
 
 def mixed_dot_general(
-    lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, out=jnp.float32
+    lhs,
+    rhs,
+    dimension_numbers,
+    precision=None,
+    preferred_element_type=None,
+    out=jnp.float32,
+    half=jnp.bfloat16,
 ):
-    """`nn.Dense`'s contraction (last axis of the input with the kernel's first) in bf16, its
-    result in `out`."""
+    """`nn.Dense`'s contraction (last axis of the input with the kernel's first) in `half`,
+    its result in `out`."""
     (lc, rc), (lb, rb) = dimension_numbers
     if tuple(lc) != (lhs.ndim - 1,) or tuple(rc) != (0,) or lb or rb:
         raise NotImplementedError(f"unsupported contraction {dimension_numbers}")
-    return mixed_einsum("...k,kn->...n", lhs, rhs, out)
+    return mixed_einsum("...k,kn->...n", lhs, rhs, out, half)
+
+
+def is_half(dtype: Any) -> bool:
+    """Whether `dtype` is a 16-bit compute dtype (`HALF`)."""
+    return any(dtype == h for h in HALF)
 
 
 def matmul(
     spec: str, a: jax.Array, b: jax.Array, dtype: jnp.dtype, out: Any = jnp.float32
 ) -> jax.Array:
-    """Attention matmuls: mixed bf16 under bf16 compute (result in `out`), plain fp32
-    otherwise."""
-    if dtype == jnp.bfloat16:
-        return mixed_einsum(spec, a, b, out)
+    """Attention matmuls: mixed 16-bit under bf16 or fp16 compute (result in `out`), plain
+    fp32 otherwise."""
+    if is_half(dtype):
+        return mixed_einsum(spec, a, b, out, jnp.dtype(dtype).type)
     return jnp.einsum(spec, a, b)
 
 

@@ -64,7 +64,8 @@ def abstract_run(
     if spec.lora:
         params = weights.hold_frozen(params, cfg.train.precision)
     tx = optim.make_optimizer(cfg.optim, horizon, len(devices))
-    state = jax.eval_shape(lambda p: steps.create_state(module.apply, p, tx), params)
+    scaler = steps.loss_scaler(cfg.train)
+    state = jax.eval_shape(lambda p: steps.create_state(module.apply, p, tx, scaler), params)
     placement = Placement(spec.sharding, *spec.mesh)
     fns = steps.for_task(cfg.task, cfg.train.margin)
     strategy = parallel.make_strategy(cfg.placement.parallel, devices, fns, placement)

@@ -44,15 +44,16 @@ def resolve_sharding(parallel: str, sharding: str, platform: str = "", mesh: str
     return "fsdp" if parallel == "jit" and platform == "tpu" and not mesh else "zero1"
 
 
-def resolve_matmul_output(flag: str, platform: str = "") -> str:
+def resolve_matmul_output(flag: str, platform: str = "", precision: str = "bf16") -> str:
     """--matmul-output with 'auto' resolved for the devices' `platform`: the dtype of the bf16
     matmuls' results, forward and backward. bf16 on a TPU (the TPU compiler's cost model
     estimates BERT-base's step shorter, docs/tpu.md "Tuned for the TPU"; also what
     torch.autocast returns), fp32 elsewhere (the choice measured on this CPU,
-    docs/benchmarks.md)."""
+    docs/benchmarks.md) and for every --precision fp16 run (fp16 results would overflow
+    where bf16's do not)."""
     if flag != "auto":
         return flag
-    return "bf16" if platform == "tpu" else "fp32"
+    return "bf16" if platform == "tpu" and precision == "bf16" else "fp32"
 
 
 def mesh_sizes(

@@ -213,7 +213,9 @@ class RunSpec:
             parallel=place.parallel,
             sharding=resolve_sharding(place.parallel, place.sharding, platform, place.mesh),
             mesh=mesh_sizes(place.parallel, place.sharding, place.mesh, n, platform),
-            matmul_output=resolve_matmul_output(cfg.model.matmul_output, platform),
+            matmul_output=resolve_matmul_output(
+                cfg.model.matmul_output, platform, cfg.train.precision
+            ),
             segment_sep=segment_sep,
             answer_ids=answers,
             lora=lora,

@@ -28,7 +28,11 @@ from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS
 from jaxtpu.core.lora import LoraSpec
 from jaxtpu.core.tasks import LABEL_COLUMNS, RANKING_MARGIN, TASKS, Task, get_task, monitor_names
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
+# torch.amp.GradScaler's defaults (the Lightning severity notebook's `precision=16`): the scale
+# a --precision fp16 run starts from, and the finite steps in a row after which it doubles.
+LOSS_SCALE = 2.0**16
+LOSS_SCALE_GROWTH_INTERVAL = 2000
 SCHEDULES = ("constant", "linear", "cosine", "cosine-restarts", "onecycle")
 # How AdamW updates: torch.optim.AdamW's, or the (removed) transformers.AdamW the Kaggle
 # notebooks ran, which adds eps before the bias correction and decays after the step.
@@ -604,7 +608,27 @@ class TrainConfig:
         "metric.",
         ("", *monitor_names()),
     )
-    precision: str = _f("bf16", "Compute precision; params and optimizer stay fp32.", PRECISIONS)
+    precision: str = _f(
+        "bf16",
+        "Compute precision; params and optimizer stay fp32. bf16: TPUs and GPUs from the "
+        "A100 on, no loss scaling. fp16: GPUs without bfloat16 (Kaggle's T4 and P100), with "
+        "dynamic loss scaling as torch.amp.GradScaler does it (--loss-scale, "
+        "--loss-scale-growth-interval; a step whose gradients are not finite is skipped: no "
+        "update, the schedule not advanced). fp32: no rounding.",
+        PRECISIONS,
+    )
+    loss_scale: float = _f(
+        LOSS_SCALE,
+        "--precision fp16: the loss scale the run starts from (GradScaler's init_scale). A "
+        "step with an inf/NaN gradient halves it and is skipped.",
+        bounds=Bounds(1, 2.0**127),
+    )
+    loss_scale_growth_interval: int = _f(
+        LOSS_SCALE_GROWTH_INTERVAL,
+        "--precision fp16: after this many finite steps in a row the loss scale doubles "
+        "(GradScaler's growth_interval).",
+        bounds=Bounds(1, 10**9),
+    )
     batch_size: int = _f(4, "Examples (or pairs) per device per step.", bounds=Bounds(1, 65536))
     valid_batch_size: int = _f(
         0,
@@ -646,6 +670,19 @@ class TrainConfig:
     )
 
     def check(self) -> None:
+        scaling = {
+            "--loss-scale": (self.loss_scale, LOSS_SCALE),
+            "--loss-scale-growth-interval": (
+                self.loss_scale_growth_interval,
+                LOSS_SCALE_GROWTH_INTERVAL,
+            ),
+        }
+        for flag, (value, default) in scaling.items():
+            if value != default and self.precision != "fp16":
+                raise ConfigError(
+                    f"{flag} {value} goes with --precision fp16 (loss scaling); --precision "
+                    f"{self.precision} has none"
+                )
         if self.margin != RANKING_MARGIN and self.task != "ranking":
             raise ConfigError(f"--margin {self.margin} applies to --task ranking only")
         aux = self.aux
@@ -1076,6 +1113,8 @@ def validate(cfg: Config) -> None:
             f"--bias-weights weights comments by identity mentions; --task {cfg.train.task} "
             "trains on pairs (use --weight-column with a pairs file)"
         )
+    if cfg.train.precision == "fp16":
+        _check_fp16(cfg)
     k = max(cfg.placement.steps_per_call, 1)
     steps = {
         "log_every": cfg.output.log_every,
@@ -1087,6 +1126,21 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"--{name.replace('_', '-')} {value} is not a multiple of --steps-per-call {k}"
             )
+
+
+def _check_fp16(cfg: Config) -> None:
+    """What --precision fp16 does not combine with (yet)."""
+    if cfg.optim.accumulate > 1:
+        raise ConfigError(
+            f"--precision fp16 with --accumulate {cfg.optim.accumulate}: loss scaling checks "
+            "each step's gradients, not an accumulated sum, so the two are not combined; "
+            "raise --batch-size, or use --precision bf16 or fp32 to accumulate"
+        )
+    if cfg.model.matmul_output == "bf16":
+        raise ConfigError(
+            "--matmul-output bf16 rounds bf16 matmuls' results; --precision fp16 keeps its "
+            "matmuls' results in fp32: drop --matmul-output"
+        )
 
 
 def _check_schedule(o: OptimConfig) -> None:

@@ -101,6 +101,7 @@ class _Driver:
     ) -> None:
         self.job, self.backend, self.runlog = job, backend, runlog
         self.setup, self.start_step = setup, resume.step
+        self.skipped = resume.skipped  # fp16: steps skipped for non-finite gradients
         self.cfg, self.task = job.cfg, job.cfg.task
         self.best = resume.best
         self.last_eval: dict[str, Any] = {}
@@ -129,6 +130,7 @@ class _Driver:
             **self.job.spec.model_key,
             "step": step,
             "best": self.best,
+            "skipped_steps": self.skipped,
             "config": self.cfg.to_dict(),
         }
 
@@ -255,10 +257,15 @@ class _Driver:
         self.clock.waited(waited)
         figures = self.clock.interval()
         share = figures["time_share"]
-        update = (step - 1) // self.cfg.optim.accumulate  # the update step `step` fed
+        scaling = self.loss_scaling(host, step)
+        # the update step `step` fed (a skipped step did not advance the schedule)
+        update = (step - 1) // self.cfg.optim.accumulate - self.skipped
         lr = learning_rate(update, self.job.plan.horizon, self.cfg.optim, self.peak)
-        # grad_norm is None on accumulation micro-steps of the torch side
-        norms = [h["grad_norm"] for h in host if h.get("grad_norm") is not None]
+        # grad_norm is None on accumulation micro-steps of the torch side, and not a norm
+        # of a skipped step's
+        norms = [
+            h["grad_norm"] for h in host if h.get("grad_norm") is not None and not h.get("skipped")
+        ]
         self.runlog.write(
             {
                 "event": "train",
@@ -267,6 +274,7 @@ class _Driver:
                 "loss": loss,
                 "grad_norm": float(np.mean(norms)) if norms else None,
                 "lr": float(lr),
+                **scaling,
                 **figures,
                 "data_wait_s": share["data_wait"] * figures["wall_s"],
                 "data_wait_share": share["data_wait"],
@@ -275,6 +283,28 @@ class _Driver:
         )
         if self.bar is not None:
             self.bar.set_postfix(progress_postfix(loss, figures), refresh=False)
+
+    def loss_scaling(self, host: list[dict[str, float]], step: int) -> dict[str, Any]:
+        """A --precision fp16 run's loss scaling over the steps of `host` (up to `step`), for
+        its metrics line: the scale of the last step, the steps skipped (their gradients
+        were not finite) in the interval and in the run so far; {} for other runs. A
+        skipped step is also a log line."""
+        if not host or "loss_scale" not in host[0]:
+            return {}
+        skipped = int(sum(h["skipped"] for h in host))
+        self.skipped += skipped
+        if skipped:
+            log.info(
+                "step %d: %d of the last %d steps skipped (an inf/NaN gradient at loss scale "
+                "%g); the scale is halved each time, %d skipped in the run",
+                step,
+                skipped,
+                len(host),
+                max(h["loss_scale"] for h in host if h["skipped"]),
+                self.skipped,
+            )
+        scale = host[-1]["loss_scale"]
+        return {"loss_scale": scale, "skipped": skipped, "skipped_steps": self.skipped}
 
     def write_valid_scores(self, scores: np.ndarray) -> None:
         """`valid_scores.csv`: the best model's predictions (`Task.predictions`) of every
@@ -466,7 +496,7 @@ def _steps(drv: _Driver, inputs: Iterator[tuple[Call, Any]], stop: StopFlag, sta
                 return step, "early stopping"
             if stop.requested(backend, call):
                 stopped_by = stop.name or "SIGTERM"  # another process's signal
-                backend.fetch(pending)
+                drv.loss_scaling(backend.fetch(pending), step)  # its skipped steps counted
                 drv.save_latest(step)
                 log.info(
                     "%s: saved the latest state at step %d; continue with --resume",

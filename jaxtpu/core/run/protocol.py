@@ -95,3 +95,10 @@ class ResumeState:
     best: dict[str, Any] = field(
         default_factory=lambda: {"value": -math.inf, "step": None, "bad_evals": 0}
     )
+    skipped: int = 0  # --precision fp16: steps skipped for non-finite gradients so far
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> ResumeState:
+        """The state a checkpoint's meta (`jaxtpu.core.run.loop` writes it) records; a meta
+        of a version before skipped steps were counted has none."""
+        return cls(int(meta["step"]), meta["best"], int(meta.get("skipped_steps", 0)))
