@@ -12,10 +12,21 @@ else
 PYTHON ?= $(shell requirements/find-python 3.11)
 LOCK   ?= requirements/oldest.txt
 endif
+# ACCEL=cuda: NVIDIA GPUs (Kaggle's T4 x2 and P100, Colab's T4, L4, A100; docs/gpu.md): jax's
+# CUDA 12 plugin instead of the TPU compiler, from requirements/cuda.txt (newest.txt's versions).
+ACCEL  ?= tpu
+ifeq ($(filter $(ACCEL),tpu cuda),)
+$(error ACCEL=$(ACCEL): expected tpu (the default: TPUs and CPUs) or cuda (NVIDIA GPUs))
+endif
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := torch,pretrained,tpu,dev,wandb,onnx,gcs,serve
+ifeq ($(ACCEL),cuda)
+LOCK   := requirements/cuda.txt
+PYTHON := $(NEWEST)
+STAMP  := $(VENV)/.installed-cuda
+endif
+EXTRAS := torch,pretrained,$(ACCEL),dev,wandb,onnx,gcs,serve
 # The installer: uv (from PyPI, into each venv by the venv's own pip), which resolves and
 # downloads in parallel and links each package from one cache (~/.cache/uv) into every venv
 # that wants it, so CI's three environments of ~9 GB download the big wheels once and cost

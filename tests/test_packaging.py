@@ -45,8 +45,8 @@ def test_installing_beside_an_existing_jax_keeps_it(tmp_path):
 
 
 def test_the_ranges_hold_both_locked_ends():
-    """Every exact version of requirements/newest.txt and oldest.txt is inside the ranges of
-    pyproject.toml (what a user's pip is allowed to pick)."""
+    """Every exact version of requirements/newest.txt, oldest.txt and cuda.txt is inside the
+    ranges of pyproject.toml (what a user's pip is allowed to pick)."""
     import tomllib
 
     from packaging.requirements import Requirement
@@ -55,7 +55,7 @@ def test_the_ranges_hold_both_locked_ends():
     ranges = [Requirement(r) for r in project["dependencies"]]
     for extra in ("torch", "wandb"):
         ranges += [Requirement(r) for r in project["optional-dependencies"][extra]]
-    for lock, python in (("newest", "3.12"), ("oldest", "3.11")):
+    for lock, python in (("newest", "3.12"), ("oldest", "3.11"), ("cuda", "3.12")):
         pins = {}
         for line in (ROOT / "requirements" / f"{lock}.txt").read_text().splitlines():
             if line and not line.startswith("#"):
@@ -85,3 +85,49 @@ def test_the_ranges_leave_out_flax_and_jax_that_do_not_work_together():
         assert len(held) == 1, python
         assert held[0].specifier.contains("0.12.8") == allows_0128, python
         assert held[0].specifier.contains("0.12.12"), python
+
+
+def pins(text: str) -> dict[str, str]:
+    """name -> version of a lock's `name==version` lines (names normalised)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, pinned = line.partition("==")
+            out[name.strip().lower().replace("_", "-")] = pinned.strip()
+    return out
+
+
+@pytest.mark.e2e
+def test_the_cuda_lock_is_a_resolution_of_the_ranges_and_keeps_the_newest_versions():
+    """Issue 66, item 3: uv resolves pyproject.toml's ranges with the cuda extra (jax's CUDA 12
+    plugin beside torch's CUDA 12.8 wheel) for Linux x86-64 and Python 3.12, held to
+    requirements/cuda.txt, to exactly its versions (package metadata from PyPI; no GPU);
+    and every version it shares with newest.txt, which `make test` runs, is newest.txt's."""
+    from pathlib import Path
+
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.exists():
+        pytest.skip(f"{uv}: make setup installs uv into the virtual environment")
+    lock = ROOT / "requirements" / "cuda.txt"
+    extras = ["torch", "pretrained", "cuda", "dev", "onnx", "gcs", "serve", "wandb"]
+    proc = subprocess.run(
+        [
+            str(uv),
+            *("pip", "compile", "pyproject.toml", "--python-version", "3.12"),
+            *("--python-platform", "x86_64-manylinux_2_28", "-c", str(lock)),
+            *(a for e in extras for a in ("--extra", e)),
+            *("--no-header", "--no-annotate", "-q"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    locked = pins(lock.read_text())
+    assert pins(proc.stdout) == locked
+    assert {"jax-cuda12-plugin", "jax-cuda12-pjrt", "torch"} <= set(locked)
+    assert "libtpu" not in locked
+    newest = pins((ROOT / "requirements" / "newest.txt").read_text())
+    differ = {n: (v, newest[n]) for n, v in locked.items() if n in newest and newest[n] != v}
+    assert not differ, differ
