@@ -125,22 +125,25 @@ def torch_xla_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Cal
     return (lambda: backend.train_step(batch)), (lambda h: backend.fetch([h]))
 
 
-def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[Any], Any]:
-    """Plain PyTorch on the CPU (all cores): a fresh toxicity model of `cfg` (seed 0), eager
-    or `torch.compile`d, and its train step on a batch of tensors, returning the step's
-    outputs (loss first). Shared with `benchmarks.epoch`."""
+def torch_cpu_trainer(
+    cfg: Config, compiled: bool, precision: str, device: str = "cpu"
+) -> Callable[[Any], Any]:
+    """Plain PyTorch on the CPU (all cores), or on `device` 'cuda' (a GPU): a fresh toxicity
+    model of `cfg` (seed 0), eager or `torch.compile`d, and its train step on a batch of
+    tensors on that device, under autocast (and fp16's GradScaler) as --precision says,
+    returning the step's outputs (loss first). Shared with `benchmarks.epoch`."""
     import torch
 
     from torchxla_ref import optim, steps, weights
 
     torch.set_num_threads(os.cpu_count() or 1)
     enc = RunSpec.resolve(cfg).encoder
-    model = weights.load_model(enc, cfg.head_dropout, None, 0).train()
+    model = weights.load_model(enc, cfg.head_dropout, None, 0).to(device).train()
     opt, sched = optim.make_optimizer(model, cfg.optim, Horizon(1000, 1000), 1)
     if compiled:
         model = torch.compile(model)
     scaler = steps.grad_scaler(
-        precision, "cpu", cfg.train.loss_scale, cfg.train.loss_scale_growth_interval
+        precision, device, cfg.train.loss_scale, cfg.train.loss_scale_growth_interval
     )
 
     def step(batch: dict[str, Any]) -> Any:
@@ -151,7 +154,7 @@ def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[
             batch,
             task="toxicity",
             precision=precision,
-            device_type="cpu",
+            device_type=device,
             accumulate=1,
             update=True,
             clip_norm=cfg.optim.clip_norm,
@@ -164,10 +167,10 @@ def torch_cpu_trainer(cfg: Config, compiled: bool, precision: str) -> Callable[[
 def torch_cpu_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Callable]:
     import torch
 
-    train = torch_cpu_trainer(cfg, args.parallel == "compile", args.precision)
+    train = torch_cpu_trainer(cfg, args.parallel == "compile", args.precision, args.device)
     host = fixed_batch(args.batch, args.seq, RunSpec.resolve(cfg).encoder.vocab_size)
-    batch = {k: torch.from_numpy(v) for k, v in host.items()}
-    return (lambda: train(batch)), (lambda h: float(h[0]))
+    batch = {k: torch.from_numpy(v).to(args.device) for k, v in host.items()}
+    return (lambda: train(batch)), (lambda h: float(h[0]))  # .item(): waits for the device
 
 
 def minor_page_faults() -> int:
@@ -281,6 +284,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", choices=list(WORKLOADS), default="minilm")
     p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--devices", type=int, default=8)
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="--framework torch: where plain PyTorch trains (cuda: the first GPU)",
+    )
     p.add_argument("--batch", type=int, default=32, help="global batch")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--min-steps", type=int, default=3)
@@ -375,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats = [d.memory_stats() or {} for d in jax.local_devices()[: args.devices]]
         peaks = [s.get("peak_bytes_in_use") for s in stats if s.get("peak_bytes_in_use")]
         record["peak_device_mb"] = max(peaks) / 2**20 if peaks else None
+    elif args.framework == "torch" and args.device == "cuda":
+        import torch
+
+        record["peak_device_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(record))
     return 0
 

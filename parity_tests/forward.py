@@ -4,7 +4,8 @@
 runs in its own process (JAX and torch_xla must not share one) and writes `logits`, the
 encoder's last hidden state `hidden`, the vector the head reads `pooled` (the family's default
 pooling) and the batch's `attention_mask`; with
-`--grads`, `grad/<Hugging Face key>` for every parameter, from the mean BCE loss on the batch;
+`--grads`, `grad/<Hugging Face key>` for every parameter, from the mean BCE loss on the batch
+(in fp16 scaled by `LOSS_SCALE` and unscaled, as fp16 training does);
 with `--capture`, `act/<point>` for every point of `capture_points` (the bisection's layers).
 Dropout is off (`deterministic` / `eval()`), so the three sides compute the same function.
 `--plant-fault KIND:LAYER` plants a known porting bug in one layer of the JAX side (see
@@ -32,6 +33,9 @@ FAULTS = {
     "transposed-kernel": "the layer's attention query kernel loaded without the transpose",
 }
 FAULT_LN_EPS = 1e-3
+# fp16 gradients are taken of the loss times GradScaler's initial scale and divided back, as
+# fp16 training takes them (unscaled, the small ones underflow in fp16's backward pass).
+LOSS_SCALE = {"fp16": 2.0**16}
 
 
 def capture_points(enc: EncoderConfig) -> list[str]:
@@ -166,7 +170,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
             mutable=["intermediates"],
         )
         loss = optax.sigmoid_binary_cross_entropy(logits, jnp.asarray(labels)).mean()
-        return loss, (logits, state["intermediates"])
+        return loss * LOSS_SCALE.get(args.precision, 1.0), (logits, state["intermediates"])
 
     intercept = nn.intercept_methods(interceptor) if interceptor else contextlib.nullcontext()
     with intercept:
@@ -186,6 +190,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
                 node = node[name]
             out[f"act/{point}"] = np.asarray(node["__call__"][0], np.float32)
     if args.grads:
+        grads = jax.tree_util.tree_map(lambda g: g / LOSS_SCALE.get(args.precision, 1.0), grads)
         encoder_grads, head = weights.to_state_dicts(jax.device_get(grads), enc.model_type)
         out.update({f"grad/{k}": v for k, v in {**encoder_grads, **head}.items()})
     return out
@@ -203,7 +208,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
 
         device = torch_xla.device()
     else:
-        device = torch.device("cpu")
+        device = torch.device(device_kind)  # cpu, or cuda (plain torch on a GPU)
     model = weights.load_model(enc, 0.0, args.model_dir, 0).to(device).eval()
     captured = {}
     encoded = {}
@@ -221,7 +226,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
     with steps.autocast(args.precision, device_kind):
         logits = model(t(ids), t(mask))
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), t(labels))
-    loss.backward()
+    (loss * LOSS_SCALE.get(args.precision, 1.0)).backward()
     if device_kind == "xla":
         import torch_xla
 
@@ -237,13 +242,20 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
         out[f"act/{point}"] = value.detach().float().cpu().numpy()
     if args.grads:
         for name, p in model.named_parameters():
-            out[f"grad/{name.removeprefix('bert.')}"] = p.grad.detach().float().cpu().numpy()
+            grad = p.grad.detach().float() / LOSS_SCALE.get(args.precision, 1.0)
+            out[f"grad/{name.removeprefix('bert.')}"] = grad.cpu().numpy()
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity_tests.forward", description=__doc__)
-    p.add_argument("--side", choices=("jax", "xla", "hf"), required=True)
+    p.add_argument(
+        "--side",
+        choices=("jax", "xla", "hf", "cuda"),
+        required=True,
+        help="jax; xla (torch_xla's device); hf (plain torch on the CPU); cuda (plain torch on "
+        "the first GPU)",
+    )
     p.add_argument("--model-dir", required=True, help="HF directory with head.safetensors")
     p.add_argument("--csv", required=True, help="labelled classification CSV (real comments)")
     p.add_argument("--n", type=int, default=16, help="comments in the batch")
@@ -251,8 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--precision",
         default="fp32",
-        help="fp32, bf16, or both as 'fp32,bf16': one process computes each in turn and "
-        "writes --out with {precision} replaced (what a second process would cost is its "
+        help="fp32, bf16, fp16, or several as 'fp32,bf16': one process computes each in turn "
+        "and writes --out with {precision} replaced (what a second process would cost is its "
         "start: JAX or torch and transformers imported again)",
     )
     p.add_argument("--grads", action="store_true", help="also write the gradients")
@@ -265,10 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     precisions = args.precision.split(",")
-    if not set(precisions) <= {"fp32", "bf16"} or len(set(precisions)) != len(precisions):
-        p.error(f"--precision {args.precision}: fp32, bf16 or fp32,bf16")
+    if not set(precisions) <= {"fp32", "bf16", "fp16"} or len(set(precisions)) != len(precisions):
+        p.error(f"--precision {args.precision}: one or more of fp32, bf16, fp16")
     if len(precisions) > 1 and "{precision}" not in args.out:
-        p.error("--out must contain {precision} when --precision names two")
+        p.error("--out must contain {precision} when --precision names several")
     ids, mask, labels = batch(args.csv, args.model_dir, args.n, args.max_len)
     if args.side == "xla":
         os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -278,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.side == "jax":
             out = run_jax(one, ids, mask, labels)
         else:
-            out = run_torch(one, ids, mask, labels, args.side if args.side == "xla" else "cpu")
+            kind = {"xla": "xla", "hf": "cpu", "cuda": "cuda"}[args.side]
+            out = run_torch(one, ids, mask, labels, kind)
         np.savez(args.out.format(precision=precision), attention_mask=mask, **out)
     return 0
 
