@@ -34,7 +34,7 @@ class XlaBackend:
         xla: bool = True,
     ) -> None:
         self.xla = xla
-        self.device_type = "xla" if xla else "cpu"
+        self.device_type = "xla" if xla else strategy.device.type  # eager: cpu or cuda
         if xla:
             import torch_xla
             import torch_xla.core.xla_model as xm

@@ -112,19 +112,31 @@ class SpawnStrategy:
 
 
 class EagerStrategy:
-    """`--parallel eager`: plain PyTorch on the host CPU, no XLA (the reference baseline)."""
+    """`--parallel eager`: plain PyTorch, no XLA (the reference baseline): on the first CUDA
+    GPU when torch sees one (torch_xla's GPU path is gone), else on the host CPU."""
 
     def __init__(self) -> None:
         import torch
 
         torch.set_num_threads(os.cpu_count() or 1)
-        self.device = torch.device("cpu")
+        self.device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
         self.replicas, self.ordinal, self.num_devices = 1, 0, 1
+
+    @property
+    def compute_capability(self) -> str | None:
+        """The GPU's compute capability ('7.5'), None on the CPU."""
+        import torch
+
+        if self.device.type != "cuda":
+            return None
+        return ".".join(map(str, torch.cuda.get_device_capability(self.device)))
 
     def put(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         import torch
 
-        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+        return {
+            k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in batch.items()
+        }
 
     def gather(self, t: Any) -> np.ndarray:
         return t.detach().cpu().numpy()

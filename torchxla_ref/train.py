@@ -46,7 +46,11 @@ def _run(cfg: Config, workdir: Path, t_start: float, early: Any) -> dict[str, An
         log.info(
             "devices: %d x %s (torch_xla %s)", len(devices), strategy.device, cfg.placement.parallel
         )
-        problem = precision_problem(cfg.train.precision, "cpu")  # eager, spmd, spawn: the CPU
+        kind = getattr(strategy.device, "type", "xla")  # eager: cpu or cuda
+        capability = getattr(strategy, "compute_capability", None)
+        problem = precision_problem(cfg.train.precision, kind, capability)
+        if problem is not None and problem[0] == "error":
+            raise UserError(problem[1])
         if problem is not None:
             log.warning(problem[1])
 

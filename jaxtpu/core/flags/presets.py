@@ -131,7 +131,9 @@ def lightning_severity() -> Config:
     (tests/test_presets.py); folds.json and oof.csv for the five folds.
     Not reproduced: the head's dropout is the ranking task's 0.2 and the batch sizes, length
     and epochs are jaxtpu's (--dropout, --batch-size, --valid-batch-size, --max-len,
-    --epochs: set the notebook's); Lightning's `precision=16` is --precision bf16 here.
+    --epochs: set the notebook's). Lightning's `precision=16` (fp16 with GradScaler's
+    dynamic loss scaling) is `--precision fp16` (docs/gpu.md); the preset's default is bf16,
+    for a TPU.
     """
     return Config().replace(
         model_dir=None,
