@@ -515,6 +515,7 @@ def fp16_result(what: str, run: Any, ref: Any) -> Result:
     rel = relative_diff(run.losses, ref.losses) if len(mine) == len(theirs) else [float("inf")]
     worst = max(rel)
     same = scales[0] == scales[1] and skips[0] == skips[1]
+    same &= run.summary.get("skipped_steps") == sum(skips[0])  # the run's own count
     return Result(
         check,
         TRAJ_FP16_RTOL,

@@ -101,11 +101,17 @@ def precision_problem(
                 f"--precision bf16: this GPU (compute capability {compute_capability}) has no "
                 "bfloat16; use --precision fp16 (with loss scaling) or fp32",
             )
+    if precision == "fp16" and platform == "cpu":
+        return (
+            "warning",
+            "--precision fp16 on the CPU: fp16 with loss scaling is for GPUs without bfloat16 "
+            "(T4, P100); here it runs, for parity checks, no faster than fp32 (measured in "
+            "docs/gpu.md); bf16 or fp32 train faster",
+        )
     if precision == "fp16" and not gpu:
         return (
             "warning",
             f"--precision fp16 on {platform.upper()}: fp16 with loss scaling is for GPUs "
-            "without bfloat16 (T4, P100); here it runs, for parity checks, at fp32's speed or "
-            "slower (docs/gpu.md); bf16 or fp32 train faster",
+            "without bfloat16 (T4, P100); this device computes bf16 (--precision bf16)",
         )
     return None

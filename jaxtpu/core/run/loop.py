@@ -528,6 +528,7 @@ def _finish(drv: _Driver, step: int, stopped_by: str | None) -> dict[str, Any]:
         "devices": backend.num_devices,
         "parallel": job.cfg.placement.parallel,
         "precision": job.cfg.train.precision,
+        **({"skipped_steps": drv.skipped} if job.cfg.train.precision == "fp16" else {}),
         "train_compiles": backend.compile_count(),
         "device_memory_mb": backend.device_memory_mb(),
         "workdir": job.rundir,
