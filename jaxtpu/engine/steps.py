@@ -33,9 +33,9 @@ __all__ = [
     "TrainState",
     "create_state",
     "dynamic_scale",
-    "loss_scaler",
     "eval_step",
     "for_task",
+    "loss_scaler",
     "merge_trained",
     "split_trained",
     "train_step",
@@ -135,7 +135,7 @@ def merge_trained(trained: Any, frozen: Any) -> Any:
 
 
 class TrainState(train_state.TrainState):
-    """flax's train state, plus the dynamic loss scale of a --precision fp16 run
+    """flax's train state, plus `loss_scale`: the dynamic loss scale of a --precision fp16 run
     (`dynamic_scale`; None otherwise, which adds no leaf)."""
 
     loss_scale: DynamicScale | None = struct.field(default=None)
@@ -237,12 +237,13 @@ def train_step(
         value = jax.lax.pmean(value, axis_name)
     metrics = {"loss": value, "grad_norm": optax.tree.norm(grads)}
     updates, opt_state = state.tx.update(grads, state.opt_state, trained)
-    params = merge_trained(optax.apply_updates(trained, updates), frozen)
-    if scaler is not None:
+    stepped = optax.apply_updates(trained, updates)
+    if scaler is not None:  # a skipped step: what trains and its optimizer kept as they were
         keep = partial(jnp.where, finite)
-        params = jax.tree_util.tree_map(keep, params, state.params)
+        stepped = jax.tree_util.tree_map(keep, stepped, trained)
         opt_state = jax.tree_util.tree_map(keep, opt_state, state.opt_state)
         metrics.update(loss_scale=state.loss_scale.scale, skipped=(~finite).astype(jnp.float32))
+    params = merge_trained(stepped, frozen)
     new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return (new if scaler is None else new.replace(loss_scale=scaler)), metrics
 
