@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from parity_tests import checks, harness
+from parity_tests import checks, fp16, harness
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         def never_skips(runs: list, timeout: float = 1200) -> list:
             return real(runs, timeout, options=("--never-skip",))
 
-        checks.run_jax_runs = never_skips
-        results = checks.fp16_trajectories(Path(args.work))
+        fp16.run_jax_runs = never_skips
+        results = fp16.fp16_trajectories(Path(args.work))
     else:
         one = harness.run_side
 

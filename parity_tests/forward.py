@@ -159,6 +159,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
         params, interceptor = _planted(args.plant_fault, params, enc.num_hidden_layers)
     points = {_flax_path(p): p for p in capture_points(enc)}
     wanted = {*points, ("bert",)}
+    scale = LOSS_SCALE.get(args.precision, 1.0)
 
     def loss_fn(p):
         logits, state = module.apply(
@@ -170,7 +171,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
             mutable=["intermediates"],
         )
         loss = optax.sigmoid_binary_cross_entropy(logits, jnp.asarray(labels)).mean()
-        return loss * LOSS_SCALE.get(args.precision, 1.0), (logits, state["intermediates"])
+        return loss * scale, (logits, state["intermediates"])
 
     intercept = nn.intercept_methods(interceptor) if interceptor else contextlib.nullcontext()
     with intercept:
@@ -190,7 +191,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
                 node = node[name]
             out[f"act/{point}"] = np.asarray(node["__call__"][0], np.float32)
     if args.grads:
-        grads = jax.tree_util.tree_map(lambda g: g / LOSS_SCALE.get(args.precision, 1.0), grads)
+        grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
         encoder_grads, head = weights.to_state_dicts(jax.device_get(grads), enc.model_type)
         out.update({f"grad/{k}": v for k, v in {**encoder_grads, **head}.items()})
     return out
@@ -210,6 +211,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
     else:
         device = torch.device(device_kind)  # cpu, or cuda (plain torch on a GPU)
     model = weights.load_model(enc, 0.0, args.model_dir, 0).to(device).eval()
+    scale = LOSS_SCALE.get(args.precision, 1.0)
     captured = {}
     encoded = {}
     model.bert.register_forward_hook(lambda _m, _i, output: encoded.update(out=output))
@@ -226,7 +228,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
     with steps.autocast(args.precision, device_kind):
         logits = model(t(ids), t(mask))
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), t(labels))
-    (loss * LOSS_SCALE.get(args.precision, 1.0)).backward()
+    (loss * scale).backward()
     if device_kind == "xla":
         import torch_xla
 
@@ -242,7 +244,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
         out[f"act/{point}"] = value.detach().float().cpu().numpy()
     if args.grads:
         for name, p in model.named_parameters():
-            grad = p.grad.detach().float() / LOSS_SCALE.get(args.precision, 1.0)
+            grad = p.grad.detach().float() / scale
             out[f"grad/{name.removeprefix('bert.')}"] = grad.cpu().numpy()
     return out
 

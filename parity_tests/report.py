@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from parity_tests import checks, families, lora
+from parity_tests import checks, families, fp16, lora
 
 
 def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.Result]:
@@ -27,7 +27,7 @@ def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.
         ("trajectories toxicity", lambda: checks.trajectories(work, "toxicity")),
         ("trajectories ranking", lambda: checks.trajectories(work, "ranking")),
         ("spawn trajectory", lambda: [checks.spawn_trajectory(work)]),
-        ("fp16 trajectories", lambda: checks.fp16_trajectories(work)),
+        ("fp16 trajectories", lambda: fp16.fp16_trajectories(work)),
         ("families: forward + gradients", lambda: checks.families_forward(work)),
         (
             "decoders: forward + gradients",

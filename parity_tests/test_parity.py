@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity_tests import checks
+from parity_tests import checks, fp16
 
 pytestmark = [pytest.mark.e2e, pytest.mark.torch]
 
@@ -58,7 +58,7 @@ def test_outcome_with_dropout(work, real_data, task, request):
 
 
 def test_fp16_loss_scaling_trajectories(work):
-    results = checks.fp16_trajectories(work)
+    results = fp16.fp16_trajectories(work)
     assert len(results) == 2  # as GradScaler starts, and forced to overflow
     assert_results(results)
     skipped = results[1].series["torch skipped"]

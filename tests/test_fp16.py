@@ -163,13 +163,13 @@ def test_the_torch_xla_side_refuses_fp16_and_names_eager():
 
 
 def test_the_fp16_parity_check_fails_a_scaler_that_never_skips(tmp_path):
-    """The comparison itself (`parity_tests.checks.fp16_result`) on metrics lines written
+    """The comparison itself (`parity_tests.fp16.fp16_result`) on metrics lines written
     here: equal scales and skips pass; a jaxtpu side that never skipped, or one whose run
     did not finish, fails. (The real broken scaler: `python -m parity_tests.breaks --check
     fp16`.)"""
     import json
 
-    from parity_tests.checks import fp16_result
+    from parity_tests.fp16 import fp16_result
     from parity_tests.harness import Run
 
     def run(name, skipped, finished=True):

@@ -44,6 +44,16 @@ def test_installing_beside_an_existing_jax_keeps_it(tmp_path):
     assert wanted == ["jaxtpu"], (wanted, have)
 
 
+def pins(text: str) -> dict[str, str]:
+    """name -> version of a lock's `name==version` lines (names normalised)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, pinned = line.partition("==")
+            out[name.strip().lower().replace("_", "-")] = pinned.strip()
+    return out
+
+
 def test_the_ranges_hold_both_locked_ends():
     """Every exact version of requirements/newest.txt, oldest.txt and cuda.txt is inside the
     ranges of pyproject.toml (what a user's pip is allowed to pick)."""
@@ -56,17 +66,13 @@ def test_the_ranges_hold_both_locked_ends():
     for extra in ("torch", "wandb"):
         ranges += [Requirement(r) for r in project["optional-dependencies"][extra]]
     for lock, python in (("newest", "3.12"), ("oldest", "3.11"), ("cuda", "3.12")):
-        pins = {}
-        for line in (ROOT / "requirements" / f"{lock}.txt").read_text().splitlines():
-            if line and not line.startswith("#"):
-                name, _, pinned = line.partition("==")
-                pins[name.lower().replace("_", "-")] = pinned
+        pinned = pins((ROOT / "requirements" / f"{lock}.txt").read_text())
         for r in ranges:
             if r.marker is not None and not r.marker.evaluate({"python_version": python}):
                 continue
             name = r.name.lower().replace("_", "-")
-            assert name in pins, f"{lock}.txt has no {name}"
-            assert r.specifier.contains(pins[name]), f"{lock}.txt: {name}=={pins[name]} not {r}"
+            assert name in pinned, f"{lock}.txt has no {name}"
+            assert r.specifier.contains(pinned[name]), f"{lock}.txt: {name}=={pinned[name]} not {r}"
 
 
 def test_the_ranges_leave_out_flax_and_jax_that_do_not_work_together():
@@ -85,16 +91,6 @@ def test_the_ranges_leave_out_flax_and_jax_that_do_not_work_together():
         assert len(held) == 1, python
         assert held[0].specifier.contains("0.12.8") == allows_0128, python
         assert held[0].specifier.contains("0.12.12"), python
-
-
-def pins(text: str) -> dict[str, str]:
-    """name -> version of a lock's `name==version` lines (names normalised)."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, pinned = line.partition("==")
-            out[name.strip().lower().replace("_", "-")] = pinned.strip()
-    return out
 
 
 @pytest.mark.e2e
