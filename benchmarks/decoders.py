@@ -1,7 +1,9 @@
-"""Qwen3-4B, -8B and -14B with LoRA on the TPUs Kaggle and Colab users have: preflight's
-memory per chip, the largest batch that fits and the estimated step and epoch, for the Agile
-Community Rules competition (docs/big-models.md's decoder table). Estimates, not
-measurements.
+"""Qwen3-4B, -8B and -14B with LoRA on the TPUs Kaggle and Colab users have, and Qwen3-4B on
+Kaggle's T4 x2 in fp16: preflight's memory per chip, the largest batch that fits and the
+estimated step and epoch, for the Agile Community Rules competition (docs/big-models.md's
+decoder table, docs/gpu.md's GPU row). Estimates, not measurements: on the GPU target the
+memory is XLA:CPU's for the same sharded program and the step its FLOP floor (a lower bound),
+`jaxtpu.preflight.targets`.
 
 `python -m benchmarks.decoders --out runs/decoders.json` (one process per target keeps the
 TPU compiler's memory down: `--targets v5e-8`, then `--targets v6e-8 --resume`, ...;
@@ -77,13 +79,18 @@ CONFIGS = {
         "tie_word_embeddings": False,
     },
 }
-# (model, target): the v5e-1 rows are the 4B's only (a single 16 GiB chip)
+# (model, target): the v5e-1 rows are the 4B's only (a single 16 GiB chip), and so is the
+# GPU row: Kaggle's T4 x2 in fp16, the 2025 competition's setup (a T4 has no bfloat16)
 ROWS = [
-    (model, target)
-    for target in ("v5e-8", "v6e-8", "v5e-1")
-    for model in CONFIGS
-    if target != "v5e-1" or model == "Qwen3-4B"
+    *(
+        (model, target)
+        for target in ("v5e-8", "v6e-8", "v5e-1")
+        for model in CONFIGS
+        if target != "v5e-1" or model == "Qwen3-4B"
+    ),
+    ("Qwen3-4B", "t4x2"),
 ]
+GPU_PRECISION = "fp16"
 LORA = {"lora_rank": 16, "lora_alpha": 32.0}
 HEADER = (
     "| model | target | max len | largest batch/chip | params/chip | optimizer/chip "
@@ -130,7 +137,7 @@ def row(saved: dict[str, Any]) -> str:
             span(r.est_step_s, r.est_step_high_s, lambda x: f"{x:.3f}")
             + ("†" if FIT_NOTE in r.est_method else ""),  # drawn from 2 and 4 layers
             span(
-                largest * chips / r.est_step_high_s if r.est_step_high_s else 0,
+                largest * chips / (r.est_step_high_s or r.est_step_s) if r.est_step_s else 0,
                 largest * chips / r.est_step_s if r.est_step_s else 0,
                 lambda x: f"{x:.0f}",
             ),
@@ -143,19 +150,23 @@ def row(saved: dict[str, Any]) -> str:
     )
 
 
-def run_config(root: Path, model: str, length: int, batch: int, chips: int, layers: int = 0) -> Any:
-    """The training flags of one row (see the module docstring); of the model cut to
-    `layers` layers, when given."""
+def run_config(
+    root: Path, model: str, length: int, batch: int, target: str, layers: int = 0
+) -> Any:
+    """The training flags of one row (see the module docstring): bf16 on a TPU, fp16 on a GPU
+    target; of the model cut to `layers` layers, when given."""
     from jaxtpu.core.flags import presets
+    from jaxtpu.preflight.targets import GPU_TARGETS, device_count
 
     return presets.PRESETS["bert-base"]().replace(
+        precision=GPU_PRECISION if target in GPU_TARGETS else "bf16",
         model_dir=str(config_dir(root, model, layers)),
         head="hf",
         train_csv="",
         max_len=length,
         batch_size=batch,
         parallel="jit",
-        num_devices=chips,
+        num_devices=device_count(target),
         scan_layers=True,
         remat="layer",
         **LORA,
@@ -197,8 +208,8 @@ def _estimated(root: Path, saved: dict[str, Any], devices: list[Any], layers: in
     from jaxtpu.preflight.targets import platform_of
 
     n, largest = len(devices), saved["extra"]["largest_batch"]
-    cfg = run_config(root, saved["model"], saved["max_len"], largest, n, layers)
-    spec = RunSpec.resolve(cfg, n, platform_of(devices))
+    cfg = run_config(root, saved["model"], saved["max_len"], largest, saved["target"], layers)
+    spec = RunSpec.resolve(cfg, n, platform_of(devices, saved["target"]))
     r = Report(**{k: v for k, v in saved.items() if k != "model"})
     pf_speed.add_estimate(r, cfg, saved["target"], devices, spec)
     return r
@@ -228,8 +239,9 @@ def _estimate_saved(
         if not wanted or saved["max_len"] not in lengths or done or not largest:
             continue
         t0 = time.time()
-        n = pf_targets.TPU_TARGETS[saved["target"]].devices
-        devices, _ = pf_targets.target_devices(saved["target"], n)
+        devices, _ = pf_targets.target_devices(
+            saved["target"], pf_targets.device_count(saved["target"])
+        )
         if whole:
             r = _estimated(root, saved, devices)
             r.extra.pop("layer_fit", None)
@@ -248,7 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--targets", default="v5e-8,v6e-8,v5e-1", help="comma-separated [all three]")
+    p.add_argument(
+        "--targets",
+        default="v5e-8,v6e-8,v5e-1",
+        help="comma-separated, of v5e-8, v6e-8, v5e-1 and t4x2 (Kaggle's T4 x2, fp16, "
+        "estimated without a GPU: see jaxtpu preflight) [the three TPUs]",
+    )
     p.add_argument("--models", default=",".join(CONFIGS), help="comma-separated [all three]")
     p.add_argument("--lengths", default="256,512", help="comma-separated [256,512]")
     p.add_argument("--batch-size", type=int, default=8, help="where the search starts [8]")
@@ -281,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         saved.sort(key=lambda r: (ROWS.index((r["model"], r["target"])), r["max_len"]))
         print(HEADER + "\n|" + "---|" * HEADER.count(" | ") + "---|")
         print("\n".join(row(r) for r in saved))
-        print("\n* estimates (preflight's roofline of the program compiled for the target), not "
-              "measurements")  # fmt: skip
+        print("\n* estimates (preflight's roofline of the program compiled for the target; "
+              "on a GPU target its FLOP floor, a lower bound), not measurements")  # fmt: skip
         if any(FIT_NOTE in r["est_method"] for r in saved):
             print(f"\u2020 {FIT_NOTE}, from the model cut to {FIT_LAYERS[0]} and {FIT_LAYERS[1]} "
                   "layers (--estimate without --whole)")  # fmt: skip
@@ -305,13 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     for model, target in ROWS:
         if target not in targets or model not in models:
             continue
-        n = pf_targets.TPU_TARGETS[target].devices
-        devices, capacity = pf_targets.target_devices(target, n)
+        devices, capacity = pf_targets.target_devices(target, pf_targets.device_count(target))
         for length in lengths:
             if (model, target, length) in done:
                 continue
             t0 = time.time()
-            cfg = run_config(root, model, length, args.batch_size, n)
+            cfg = run_config(root, model, length, args.batch_size, target)
 
             def say(tried: Any, where: str = f"{model} {target} {length}") -> None:
                 verdict = "fits" if tried.fits else "does not fit"

@@ -33,6 +33,10 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
         from jaxtpu.preflight.targets import targets_table
 
         markdown = markdown.replace("<!-- tpu-targets -->", targets_table())
+    if "<!-- gpu-targets -->" in markdown:
+        from jaxtpu.preflight.targets import gpu_targets_table
+
+        markdown = markdown.replace("<!-- gpu-targets -->", gpu_targets_table())
     if "<!-- layers -->" in markdown:
         from benchmarks.codeshape import layers_table
 

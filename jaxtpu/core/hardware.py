@@ -1,7 +1,7 @@
 """What accelerators this host has, read from the operating system before any framework
-starts, and what each TPU generation's chip offers (framework-free): both sides decide their
-runtime set-up from the first; preflight's targets and the loop's model-FLOPs utilisation read
-the second.
+starts, and what each TPU generation's chip and each GPU Kaggle and Colab lend offer
+(framework-free): both sides decide their runtime set-up from the first; preflight's targets
+and the loop's model-FLOPs utilisation read the second.
 """
 
 from __future__ import annotations
@@ -78,6 +78,47 @@ def peak_flops_per_device(device_kind: str) -> float | None:
         if chip.device_kind == device_kind:
             return chip.per_device()[1]
     return None
+
+
+@dataclass(frozen=True)
+class GpuChip:
+    """One NVIDIA GPU Kaggle or Colab lends, from NVIDIA's product datasheets (`source`): the
+    one table of these facts; preflight's GPU targets read it. Peaks are dense (without
+    structured sparsity), per GPU; `fp16_tflops` is the tensor-core rate with fp32
+    accumulation where the chip has tensor cores (the P100 has none: its fp16 rate)."""
+
+    device_kind: str  # what JAX reports as the device's `device_kind`
+    memory_gib: float  # the datasheet's, in GiB (the driver reports a little less)
+    fp32_tflops: float
+    fp16_tflops: float
+    bf16_tflops: float  # 0: no bfloat16 (compute capability below 8.0)
+    memory_gbps: float  # 1e9 bytes/s
+    compute_capability: str
+    source: str
+
+    def peak_tflops(self, precision: str) -> float:
+        """The peak for a run's --precision (bf16 on a chip without it: 0)."""
+        return {"fp32": self.fp32_tflops, "fp16": self.fp16_tflops, "bf16": self.bf16_tflops}[
+            precision
+        ]
+
+
+GPU_CHIPS: dict[str, GpuChip] = {
+    "t4": GpuChip("Tesla T4", 16, 8.1, 65, 0, 320, "7.5", "NVIDIA T4 datasheet"),
+    "p100": GpuChip(
+        "Tesla P100-PCIE-16GB", 16, 9.3, 18.7, 0, 732, "6.0", "NVIDIA Tesla P100 datasheet (PCIe)"
+    ),
+    "l4": GpuChip("NVIDIA L4", 24, 30.3, 121, 121, 300, "8.9", "NVIDIA L4 datasheet"),
+    "a100-40": GpuChip(
+        "NVIDIA A100-SXM4-40GB", 40, 19.5, 312, 312, 1555, "8.0", "NVIDIA A100 datasheet (SXM)"
+    ),
+    "a100-80": GpuChip(
+        "NVIDIA A100-SXM4-80GB", 80, 19.5, 312, 312, 2039, "8.0", "NVIDIA A100 datasheet (SXM)"
+    ),
+    "h100": GpuChip(
+        "NVIDIA H100 80GB HBM3", 80, 67, 989, 989, 3350, "9.0", "NVIDIA H100 datasheet (SXM)"
+    ),
+}
 
 
 # NVIDIA GPUs compute in bfloat16 from compute capability 8.0 (Ampere: A100, L4, H100); a T4

@@ -31,13 +31,21 @@ from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.cli import parse_with
 from jaxtpu.core.flags.commands import add_command_flags
 from jaxtpu.core.flags.runspec import RunSpec
+from jaxtpu.core.hardware import precision_problem
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.storage import check_output_path
 from jaxtpu.preflight.fit import check, find_batch, options
 from jaxtpu.preflight.lowering import save_programs
 from jaxtpu.preflight.report import Report, gib, say, table
 from jaxtpu.preflight.speed import add_epoch, training_examples
-from jaxtpu.preflight.targets import TARGETS, TPU_TARGETS, platform_of, target_devices
+from jaxtpu.preflight.targets import (
+    GPU_TARGETS,
+    TARGETS,
+    TPU_TARGETS,
+    memory_fraction,
+    platform_of,
+    target_devices,
+)
 
 
 def _add_flags(p: argparse.ArgumentParser) -> None:
@@ -46,6 +54,12 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
         "RAM / devices) or a TPU slice, compiled here by libtpu: "
         + ", ".join(
             f"{k} ({v.topology}, {v.chip.hbm_gib:g} GiB/chip)" for k, v in TPU_TARGETS.items()
+        )
+        + "; or GPUs, estimated from this machine's compiler (no GPU needed, none compiled "
+        "for): "
+        + ", ".join(
+            f"{k} ({v.count} x {v.chip.device_kind}, {v.chip.memory_gib:g} GiB)"
+            for k, v in GPU_TARGETS.items()
         )
         + " [default: cpu]"
     )
@@ -62,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "TPU slice) without running them, and print the memory each device needs, whether it "
         "fits, FLOPs per step and compile time, and for a TPU target the estimated (not "
         "measured) step time, epoch time and, on v5e-8, whether the run fits a Kaggle session. "
-        "Takes every training flag of jaxtpu.train.",
+        "A GPU target (t4x2, p100, t4, l4, a100-40, a100-80, h100) is estimated: memory from "
+        "this machine's compiler, the step as its FLOP floor at the GPU's peak, the program "
+        "lowered for CUDA. Takes every training flag of jaxtpu.train.",
         strategies=("jit", "shard_map"),
         add_flags=_add_flags,
     )
@@ -71,24 +87,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--num-processes: preflight compiles for one host's devices")
         out = Path(args.json or f"runs/preflight/{args.target}.json")
         check_output_path(out, "--json")  # before the first compilation, not after the last
+        if args.target in GPU_TARGETS:
+            _check_gpu(args.target, cfg.train.precision, args.save_programs)
         if args.save_programs:
             _check_programs_dir(args.save_programs, args)
         devices, capacity = target_devices(args.target, cfg.placement.num_devices)
+        platform = platform_of(devices, args.target)
         configs = options(cfg, args.sweep)
         for c in configs:  # every configuration is valid before any compiles
-            RunSpec.resolve(c, len(devices), platform_of(devices))
+            RunSpec.resolve(c, len(devices), platform)
         print(
             f"preflight: {len(configs)} configuration(s) for {args.target} "
-            f"({len(devices)} x {devices[0].device_kind}, {gib(capacity)} each), "
+            f"({_describe(args.target, devices, capacity)}), "
             f"{cfg.train.task}, {cfg.train.precision}, max_len {cfg.data.max_len}, model "
             f"{cfg.model.model_dir or 'random init'}",
             file=sys.stderr,
             flush=True,
         )
         train = None
-        if args.target in TPU_TARGETS:  # for the epoch estimate, before any compilation
+        if args.target != "cpu":  # for the epoch estimate, before any compilation
             try:
-                train, what = training_examples(cfg, len(devices), platform_of(devices))
+                train, what = training_examples(cfg, len(devices), platform)
                 print(f"preflight: epochs estimated for {what}", file=sys.stderr, flush=True)
             except UserError as e:  # the memory and step estimates do not need the data
                 print(f"preflight: no epoch estimate: {e}", file=sys.stderr, flush=True)
@@ -130,6 +149,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
     return 0
+
+
+def _describe(target: str, devices: list[Any], capacity: int) -> str:
+    """The target's devices and the memory each gives, for the first log line."""
+    if target not in GPU_TARGETS:
+        return f"{len(devices)} x {devices[0].device_kind}, {gib(capacity)} each"
+    gpu = GPU_TARGETS[target]
+    return (
+        f"{gpu.count} x {gpu.chip.device_kind}, {gib(capacity)} each: {memory_fraction():.0%} "
+        f"of {gpu.chip.memory_gib:g} GiB; estimated on {len(devices)} host CPU device(s)"
+    )
+
+
+def _check_gpu(target: str, precision: str, save_programs: str | None) -> None:
+    """A GPU target's precision (bf16 on a GPU without bfloat16 is refused, as training there
+    refuses it), and no --save-programs: nothing is compiled for the GPU."""
+    if save_programs:
+        raise ConfigError(
+            f"--save-programs {save_programs}: --target {target} is estimated, not compiled "
+            "for (the CUDA compiler needs the GPU); there are no programs to save"
+        )
+    problem = precision_problem(precision, "gpu", GPU_TARGETS[target].chip.compute_capability)
+    if problem and problem[0] == "error":
+        raise ConfigError(f"--target {target}: {problem[1]}")
 
 
 def _check_programs_dir(where: str, args: argparse.Namespace) -> None:

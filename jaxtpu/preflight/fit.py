@@ -13,7 +13,7 @@ from jaxtpu.core.flags.schema import REMATS, Config
 from jaxtpu.preflight.lowering import bytes_per_device, lower, no_cache_writes
 from jaxtpu.preflight.report import Report
 from jaxtpu.preflight.speed import add_estimate, flops_per_step, is_unrolled
-from jaxtpu.preflight.targets import platform_of
+from jaxtpu.preflight.targets import GPU_MEMORY_METHOD, GPU_TARGETS, memory_fraction, platform_of
 
 # `--sweep`: every way jaxtpu can place the state, with and without rematerialisation.
 SWEEP = [(s, r) for s in ("replicated", "zero1", "fsdp") for r in REMATS]
@@ -33,7 +33,7 @@ def check(
     is the unrolled one, else one more compilation)."""
     import jax
 
-    spec = RunSpec.resolve(cfg, len(devices), platform_of(devices))
+    spec = RunSpec.resolve(cfg, len(devices), platform_of(devices, target))
     data, fsdp = spec.mesh
     report = Report(
         target,
@@ -70,11 +70,30 @@ def check(
     report.total = _peak(mem)
     report.eval_total = _peak(eval_mem)
     report.fits = max(report.total, report.eval_total) <= capacity
+    if target in GPU_TARGETS:
+        _gpu_lowering(report, cfg, target, devices, spec)
     if flops:
         report.flops_per_step = flops_per_step(cfg, devices)
         if speed:
             add_estimate(report, cfg, target, devices, spec, compiled if is_unrolled(cfg) else None)
     return report
+
+
+def _gpu_lowering(
+    report: Report, cfg: Config, target: str, devices: list[Any], spec: RunSpec
+) -> None:
+    """A GPU target's report: its GPU named, how its memory was estimated, and the train and
+    eval steps lowered for CUDA (which needs no GPU; compiling does). A program that does not
+    lower for CUDA is refused, as the TPU compiler refuses one that cannot fit."""
+    report.device = GPU_TARGETS[target].chip.device_kind
+    report.extra["memory_method"] = GPU_MEMORY_METHOD.format(fraction=memory_fraction())
+    t0 = time.perf_counter()
+    try:
+        lower(cfg, devices, spec, platform="cuda")
+    except Exception as e:  # a lowering rule CUDA lacks, or an operation it cannot place
+        report.fits = False
+        report.error = f"does not lower for CUDA: {str(e).splitlines()[0][:240]}"
+    report.extra["cuda_lowering_s"] = round(time.perf_counter() - t0, 1)
 
 
 def _peak(mem: Any) -> int:
@@ -141,7 +160,7 @@ def find_batch(
         chosen = cfg.replace(batch_size=best.batch_size)
         best.flops_per_step = flops_per_step(chosen, devices)
         if speed:
-            spec = RunSpec.resolve(chosen, len(devices), platform_of(devices))
+            spec = RunSpec.resolve(chosen, len(devices), platform_of(devices, target))
             add_estimate(best, chosen, target, devices, spec)
     return best
 

@@ -78,9 +78,13 @@ def abstract_run(
     return strategy, abstract_state, shardings, rng
 
 
-def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lowered:
+def lower(
+    cfg: Config, devices: list[Any], spec: RunSpec | None = None, platform: str = ""
+) -> Lowered:
     """Traces and lowers the run's train call (K = --steps-per-call batches) and eval step for
-    `devices` on abstract inputs: no weight is created, nothing runs."""
+    `devices` on abstract inputs: no weight is created, nothing runs. With `platform` (e.g.
+    'cuda') the programs are lowered for that platform instead of the devices' own: they can
+    be read, not compiled here."""
     import jax
 
     spec = spec or RunSpec.resolve(cfg, len(devices), platform_of(devices))
@@ -96,10 +100,15 @@ def lower(cfg: Config, devices: list[Any], spec: RunSpec | None = None) -> Lower
             for k, (shape, dtype) in layout.items()
         }
 
+    def lowered(fn: Any, *args: Any) -> Any:
+        if not platform:
+            return fn.lower(*args)
+        return fn.trace(*args).lower(lowering_platforms=(platform,))
+
     batches = batch((cfg.placement.steps_per_call,), strategy.steps_sharding)
     return Lowered(
-        train.lower(abstract_state, batches, rng),
-        evaluate.lower(abstract_state, batch((), strategy.batch_sharding)),
+        lowered(train, abstract_state, batches, rng),
+        lowered(evaluate, abstract_state, batch((), strategy.batch_sharding)),
         abstract_state,
         shardings,
         batches,

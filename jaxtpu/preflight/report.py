@@ -58,11 +58,16 @@ class Report:
 
 COMPILER = "compiler"  # the TPU compiler's cost model, `optimal_seconds`
 ROOFLINE = "roofline"  # jaxtpu.preflight.roofline of the compiled program
+FLOOR = "flop floor"  # XLA's FLOPs per device / the GPU's published peak (GPU targets)
 METHODS = {
     COMPILER: "the TPU compiler's cost model (its `optimal_seconds`)",
     ROOFLINE: "jaxtpu's roofline of the program compiled for the target (each operation: "
     "max(matmul FLOPs / bf16 peak, HBM bytes / HBM bandwidth); a range where the program keeps "
     "arrays in on-chip memory: those bytes free, or counted at the HBM rate)",
+    FLOOR: "the FLOP floor on a GPU target: XLA's FLOPs of the step per device / the GPU's "
+    "published peak for the run's precision, a lower bound of the step (memory traffic, "
+    "kernel launches and communication not counted; the GPU's compiler is not run), and the "
+    "epoch from it a lower bound too",
 }
 
 
@@ -112,7 +117,7 @@ COLUMNS = [
     ("est. tokens/s*", lambda r: _per_second(r, r.global_batch * r.max_len)),
     (
         "est. GB/step/device*",
-        lambda r: f"{r.est_bytes_per_step / 1e9:.2f}" if r.est_step_s else "-",
+        lambda r: f"{r.est_bytes_per_step / 1e9:.2f}" if r.est_bytes_per_step else "-",
     ),
     (
         "model GFLOP/step/device (+remat)",
@@ -142,7 +147,8 @@ COLUMNS = [
 ESTIMATE_NOTE = (
     "* estimates, not measurements, of the unrolled train step, by {methods}; tokens at "
     "--max-len; MFU bound = model FLOPs (6 x matmul params x tokens + attention, remat's "
-    "recomputation apart) / (estimated step x the target's bf16 peak); epoch = its steps x "
+    "recomputation apart) / (estimated step x the target's peak: bf16 on a TPU, the run's "
+    "precision on a GPU); epoch = its steps x "
     "the estimated step, every step at --max-len (an upper bound when length buckets shorten "
     "batches; compilation and evaluation apart)"
 )
@@ -175,6 +181,8 @@ def table(reports: list[Report], find: bool) -> str:
     if any(r.est_step_s for r in reports):
         lines += ["", estimate_note(reports)]
     lines += [f"{r.target}: {r.extra['kaggle']}" for r in reports if "kaggle" in r.extra]
+    methods = {r.extra["memory_method"] for r in reports if "memory_method" in r.extra}
+    lines += [f"memory per device {m}" for m in sorted(methods)]
     return "\n".join(lines)
 
 
@@ -189,11 +197,11 @@ def say(report: Report) -> None:
         return
     speed = ""
     if report.est_step_s:
-        by = (
-            "by the TPU compiler's cost model"
-            if report.est_method == COMPILER
-            else "by jaxtpu's roofline of the compiled program"
-        )
+        by = {
+            COMPILER: "by the TPU compiler's cost model",
+            ROOFLINE: "by jaxtpu's roofline of the compiled program",
+            FLOOR: "as the FLOP floor at the GPU's peak (a lower bound)",
+        }[report.est_method]
         if report.est_step_high_s > report.est_step_s:
             by += " (a range: on-chip memory free, or at the HBM rate)"
         speed = (
@@ -202,8 +210,9 @@ def say(report: Report) -> None:
             f"{_per_second(report, report.global_batch)} examples/s"
         )
         if report.est_epoch_s:
+            bound = "at least" if report.est_method == FLOOR else "at most"
             speed += (
-                f"; an epoch ({report.steps_per_epoch} steps at --max-len) at most "
+                f"; an epoch ({report.steps_per_epoch} steps at --max-len) {bound} "
                 f"{span(report.est_epoch_s, report.est_epoch_high_s, _hours)}, the run's "
                 f"{report.run_steps} step{'' if report.run_steps == 1 else 's'} "
                 f"{span(report.est_run_s, report.est_run_high_s, _hours)}"

@@ -1,7 +1,8 @@
-"""Speed before the TPU, estimated, never measured: the model's FLOPs per step as XLA counts
-them; the step time of the train step compiled for a TPU target (`estimate`) by two methods,
-the TPU compiler's own cost model and jaxtpu's roofline of the compiled program
-(`jaxtpu.preflight.roofline`); and from the step time and the data, an epoch's and the run's time,
+"""Speed before the TPU or GPU, estimated, never measured: the model's FLOPs per step as XLA
+counts them; the step time of the train step compiled for a TPU target (`estimate`) by two
+methods, the TPU compiler's own cost model and jaxtpu's roofline of the compiled program
+(`jaxtpu.preflight.roofline`); for a GPU target the FLOP floor at the GPU's published peak
+(`FLOOR`, a lower bound); and from the step time and the data, an epoch's and the run's time,
 checked against Kaggle's TPU session limits (`add_epoch`).
 
 Which method a report uses (`Report.est_method`): the compiler's cost model where it is
@@ -22,8 +23,8 @@ from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.run.plan import Plan
 from jaxtpu.preflight import roofline
 from jaxtpu.preflight.lowering import lower, no_cache_writes
-from jaxtpu.preflight.report import COMPILER, ROOFLINE, Report
-from jaxtpu.preflight.targets import TPU_TARGETS, Target
+from jaxtpu.preflight.report import COMPILER, FLOOR, ROOFLINE, Report
+from jaxtpu.preflight.targets import GPU_TARGETS, TPU_TARGETS, GpuTarget, Target
 
 
 def unrolled(cfg: Config) -> Config:
@@ -131,6 +132,9 @@ def add_estimate(
     report.model_flops, report.remat_flops = spec.encoder.train_flops(
         cfg.train.batch_size * spec.task.comments_per_example, cfg.data.max_len, cfg.model.remat
     )
+    if target in GPU_TARGETS:
+        _add_floor(report, cfg, GPU_TARGETS[target])
+        return
     if target not in TPU_TARGETS:
         return
     tpu = TPU_TARGETS[target]
@@ -152,6 +156,19 @@ def add_estimate(
     )
     if e.unknown_trips:
         report.extra["roofline_loops_counted_once"] = e.unknown_trips
+
+
+def _add_floor(report: Report, cfg: Config, gpu: GpuTarget) -> None:
+    """A GPU target's step estimate: its FLOP floor, XLA's FLOPs of the step per device at
+    the GPU's published peak for the run's precision (a lower bound of the step: memory
+    traffic, kernel launches and communication are not counted)."""
+    peak = gpu.chip.peak_tflops(cfg.train.precision) * 1e12
+    if not peak or not report.flops_per_step:
+        return
+    # not `report.peak_flops`: a model-FLOPs utilisation bound of a FLOP floor says nothing
+    report.extra["peak_tflops"] = peak / 1e12
+    report.est_step_s = report.flops_per_step / peak
+    report.est_method = FLOOR
 
 
 # Kaggle's TPU notebooks (docs/tpu.md): one v5e-8, sessions of at most 9 hours, 20 hours of

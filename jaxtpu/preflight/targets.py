@@ -1,6 +1,13 @@
-"""The targets preflight compiles for: this machine's devices, or a TPU slice it does not
-have (`Target`: a topology of one generation's chips, `hardware.TPU_CHIPS`), and the devices
-and memory per device each gives."""
+"""The targets preflight compiles for: this machine's devices, a TPU slice it does not have
+(`Target`: a topology of one generation's chips, `hardware.TPU_CHIPS`), or GPUs it does not
+have (`GpuTarget`: one or two of a Kaggle or Colab GPU, `hardware.GPU_CHIPS`), and the devices
+and memory per device each gives.
+
+A GPU target cannot be compiled for without its GPU (the CUDA compiler needs the device), so
+its memory is an estimate: the same sharded program compiled by XLA:CPU for as many host
+devices, its buffer assignment read as the GPU's (`GPU_MEMORY_METHOD`), against the share of
+the GPU's memory JAX takes; the program is also lowered for CUDA (`lowering_platforms`), which
+needs no GPU, to show it lowers there."""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxtpu.core.errors import ConfigError, DeviceError
-from jaxtpu.core.hardware import TPU_CHIPS, GiB, TpuChip
+from jaxtpu.core.hardware import GPU_CHIPS, TPU_CHIPS, GiB, GpuChip, TpuChip
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,74 @@ def targets_table() -> str:
     return "\n".join(rows)
 
 
-TARGETS = ("cpu", *TPU_TARGETS)
+@dataclass(frozen=True)
+class GpuTarget:
+    """`count` GPUs of one kind on one host, as Kaggle and Colab lend them."""
+
+    chip: GpuChip
+    count: int = 1
+    note: str = ""
+
+    def memory_per_device(self) -> int:
+        """The bytes of one GPU JAX's allocator takes (`memory_fraction`)."""
+        return int(self.chip.memory_gib * GiB * memory_fraction())
+
+
+GPU_TARGETS: dict[str, GpuTarget] = {
+    "t4x2": GpuTarget(GPU_CHIPS["t4"], 2, "Kaggle's T4 x2"),
+    "p100": GpuTarget(GPU_CHIPS["p100"], 1, "Kaggle's P100"),
+    "t4": GpuTarget(GPU_CHIPS["t4"], 1, "Colab's free GPU"),
+    "l4": GpuTarget(GPU_CHIPS["l4"], 1, "Colab"),
+    "a100-40": GpuTarget(GPU_CHIPS["a100-40"], 1, "Colab"),
+    "a100-80": GpuTarget(GPU_CHIPS["a100-80"], 1),
+    "h100": GpuTarget(GPU_CHIPS["h100"], 1, "Colab"),
+}
+
+# JAX preallocates this share of a GPU's memory for its allocator unless told otherwise (JAX's
+# "GPU memory allocation" page); newer versions may grow the pool past it, so a run that fits
+# this share fits either way.
+DEFAULT_MEMORY_FRACTION = 0.75
+GPU_MEMORY_METHOD = (
+    "estimated: XLA:CPU's buffer assignment of the same sharded program on as many host "
+    "devices (the CUDA compiler needs a GPU), against {fraction:.0%} of the GPU's memory"
+)
+
+
+def memory_fraction() -> float:
+    """The share of a GPU's memory JAX's allocator takes: XLA_CLIENT_MEM_FRACTION (or its old
+    name XLA_PYTHON_CLIENT_MEM_FRACTION) when set, else JAX's default."""
+    for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                fraction = float(value)
+            except ValueError:
+                fraction = -1.0
+            if not 0 < fraction <= 1:
+                raise ConfigError(f"{name}={value}: not a fraction in (0, 1]")
+            return fraction
+    return DEFAULT_MEMORY_FRACTION
+
+
+def gpu_targets_table() -> str:
+    """The GPU targets as the docs' markdown table, from `GPU_TARGETS` and the chip table."""
+    rows = [
+        "| target | GPU | GPUs | memory per GPU | fp32 / fp16 / bf16 peak per GPU | memory "
+        "bandwidth | compute capability | source |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in GPU_TARGETS.items():
+        c = t.chip
+        bf16 = f"{c.bf16_tflops:g}" if c.bf16_tflops else "none"
+        rows.append(
+            f"| `{name}` | {c.device_kind} | {t.count}{f' ({t.note})' if t.note else ''} | "
+            f"{c.memory_gib:g} GiB | {c.fp32_tflops:g} / {c.fp16_tflops:g} / {bf16} TFLOP/s | "
+            f"{c.memory_gbps:,g} GB/s | {c.compute_capability} | {c.source} |"
+        )
+    return "\n".join(rows)
+
+
+TARGETS = ("cpu", *TPU_TARGETS, *GPU_TARGETS)
 
 
 def target_devices(target: str, n: int) -> tuple[list[Any], int]:
@@ -91,6 +165,8 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
         devices = hosts.init_devices(n)
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return devices, host // len(devices)  # the host's RAM, shared by its virtual devices
+    if target in GPU_TARGETS:
+        return _gpu_devices(target, n)
     if target not in TPU_TARGETS:
         raise ConfigError(f"--target {target}: unknown; choose one of {', '.join(TARGETS)}")
     tpu = TPU_TARGETS[target]
@@ -118,6 +194,30 @@ def target_devices(target: str, n: int) -> tuple[list[Any], int]:
     return devices, tpu.memory_per_device()
 
 
-def platform_of(devices: list[Any]) -> str:
-    """The platform the run's defaults are tuned for ('tpu' for a TPU target)."""
+def device_count(target: str) -> int:
+    """The devices a TPU or GPU target has (what its --num-devices must be)."""
+    if target in GPU_TARGETS:
+        return GPU_TARGETS[target].count
+    return TPU_TARGETS[target].devices
+
+
+def _gpu_devices(target: str, n: int) -> tuple[list[Any], int]:
+    """Host CPU devices standing in for the target's GPUs (one each), and the GPU memory JAX
+    would take per device."""
+    from jaxtpu.engine import hosts
+
+    gpu = GPU_TARGETS[target]
+    if n != gpu.count:
+        raise ConfigError(
+            f"--target {target} has {gpu.count} GPU{'s' if gpu.count > 1 else ''}; use "
+            f"--num-devices {gpu.count}"
+        )
+    return hosts.init_devices(n), gpu.memory_per_device()
+
+
+def platform_of(devices: list[Any], target: str = "") -> str:
+    """The platform the run's defaults are tuned for: the devices' ('tpu' for a TPU target),
+    'gpu' for a GPU target (whose stand-ins are host CPU devices)."""
+    if target in GPU_TARGETS:
+        return "gpu"
     return devices[0].platform if devices else ""
