@@ -18,8 +18,8 @@ log = logging.getLogger("jaxtpu")
 
 
 class XlaBackend:
-    """The torch_xla side of the shared loop (or, with `xla=False`, plain eager PyTorch on the
-    host CPU: the baseline a CPU user would otherwise run, `--parallel eager`)."""
+    """The torch_xla side of the shared loop (or, with `xla=False`, plain PyTorch: `--parallel
+    eager` on one device, the baseline a CPU or GPU user would otherwise run, or `ddp`)."""
 
     name = "torchxla_ref"
 
@@ -34,7 +34,7 @@ class XlaBackend:
         xla: bool = True,
     ) -> None:
         self.xla = xla
-        self.device_type = "xla" if xla else strategy.device.type  # eager: cpu or cuda
+        self.device_type = "xla" if xla else strategy.device.type  # eager, ddp: cpu or cuda
         if xla:
             import torch_xla
             import torch_xla.core.xla_model as xm
@@ -45,6 +45,7 @@ class XlaBackend:
         self.num_devices = strategy.num_devices
         self.device_kind = ""  # not resolved on this side: no MFU figure
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.train_model = strategy.wrap(model)  # ddp: its backward all-reduces the gradients
         self.cfg = cfg
         self.micro = 0
         self.primary = strategy.ordinal == 0
@@ -57,7 +58,8 @@ class XlaBackend:
             train.precision, self.device_type, train.loss_scale, train.loss_scale_growth_interval
         )
 
-    # One host process drives the loop; spawn replicas take their slice in `strategy.put`.
+    # One host process drives the loop; spawn and ddp replicas take their slice in
+    # `strategy.put`.
     num_processes = 1
 
     def local_rows(self, n: int) -> slice:
@@ -109,7 +111,7 @@ class XlaBackend:
         acc = self.cfg.optim.accumulate
         scale = None if self.scaler is None else self.scaler.get_scale()
         loss, grad_norm = steps.train_step(
-            self.model,
+            self.train_model,
             self.optimizer,
             self.scheduler,
             self.strategy.put(batch),
@@ -119,15 +121,14 @@ class XlaBackend:
             accumulate=acc,
             update=self.micro % acc == 0,
             clip_norm=self.cfg.optim.clip_norm,
-            reduce_gradients=self.xm.reduce_gradients if self.strategy.replicas > 1 else None,
+            reduce_gradients=self.strategy.reduce_gradients,
             margin=self.cfg.train.margin,
             scaler=self.scaler,
         )
         scaling = {}
         if scale is not None:  # the scale this step's loss was multiplied by; halved: skipped
             scaling = {"loss_scale": scale, "skipped": float(self.scaler.get_scale() < scale)}
-        if self.strategy.replicas > 1:  # each replica's loss is of its slice: average them
-            loss = self.xm.all_reduce(self.xm.REDUCE_SUM, loss, scale=1.0 / self.strategy.replicas)
+        loss = self.strategy.mean(loss)  # each replica's loss is of its slice
         self._sync()  # the step boundary: the traced graph is compiled once, then reused
         self._train_compiles += self._compiles() - compiles_before
         return loss, grad_norm, scaling

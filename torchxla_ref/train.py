@@ -2,7 +2,8 @@
 
 Same flags, data and batches, metrics, loop and run directory layout as `jaxtpu.train`, all
 from the framework-free `jaxtpu.core` (this side never imports JAX); only the framework calls
-differ. `--parallel spmd` (default here), `spawn` or `eager`.
+differ. `--parallel spmd` (default here), `spawn`, `eager` or `ddp` (the last two plain PyTorch,
+on CUDA GPUs or the host CPU).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ log = logging.getLogger("jaxtpu")
 
 
 def _train(cfg: Config, workdir: Path, t_start: float) -> dict[str, Any]:
-    """The body of a run, in the process (spmd, eager) or in each replica (spawn); a SIGTERM
+    """The body of a run, in the process (spmd, eager) or in each replica (spawn, ddp); a SIGTERM
     from its start on stops it before its first step (`signals.early`)."""
     with signals.early() as early:
         return _run(cfg, workdir, t_start, early)
@@ -42,15 +43,16 @@ def _run(cfg: Config, workdir: Path, t_start: float, early: Any) -> dict[str, An
     strategy = parallel.make_strategy(cfg.placement.parallel, cfg.placement.num_devices)
     devices = [str(strategy.device)] * strategy.num_devices
     spec = RunSpec.resolve(cfg, len(devices))
+    kind = getattr(strategy.device, "type", "xla")  # eager, ddp: cpu or cuda
+    problem = precision_problem(
+        cfg.train.precision, kind, getattr(strategy, "compute_capability", None)
+    )
+    if problem is not None and problem[0] == "error":  # every replica stops, not the first only
+        raise UserError(problem[1])
     if strategy.ordinal == 0:
         log.info(
             "devices: %d x %s (torch_xla %s)", len(devices), strategy.device, cfg.placement.parallel
         )
-        kind = getattr(strategy.device, "type", "xla")  # eager: cpu or cuda
-        capability = getattr(strategy, "compute_capability", None)
-        problem = precision_problem(cfg.train.precision, kind, capability)
-        if problem is not None and problem[0] == "error":
-            raise UserError(problem[1])
         if problem is not None:
             log.warning(problem[1])
 
@@ -93,7 +95,7 @@ def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBacken
         scheduler,
         cfg,
         job.workdir,
-        xla=cfg.placement.parallel != "eager",
+        xla=cfg.placement.parallel not in parallel.PLAIN_TORCH,
     )
 
 
@@ -106,11 +108,57 @@ def _spawn_replica(index: int, cfg: Config, workdir: Path, t_start: float) -> No
     _train(cfg, workdir, t_start)
 
 
+def _ddp_replica(index: int, cfg: Config, workdir: Path, t_start: float, rendezvous: str) -> None:
+    from jaxtpu.core.run.exits import setup_logging
+
+    setup_logging()
+    if index != 0:
+        logging.getLogger("jaxtpu").setLevel(logging.WARNING)
+    parallel.start_ddp(index, cfg.placement.num_devices, rendezvous)
+    try:
+        _train(cfg, workdir, t_start)
+    except UserError as e:  # told by the parent in one line (`_spawn_ddp`), not a traceback
+        (workdir / f"{DDP_ERROR}{index}").write_text(str(e))
+        sys.exit(2)
+    finally:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+DDP_ERROR = ".ddp_error."
+
+
+def _spawn_ddp(cfg: Config, workdir: Path, t_start: float) -> None:
+    """`--parallel ddp`: one process per device, met through a file in the run directory. A
+    user error in any process stops them all and is raised here, as the first process said it."""
+    import torch.multiprocessing as mp
+
+    rendezvous = workdir / ".ddp_rendezvous"
+    for stale in [rendezvous, *workdir.glob(f"{DDP_ERROR}*")]:  # a killed run's
+        stale.unlink(missing_ok=True)
+    try:
+        mp.spawn(
+            _ddp_replica,
+            args=(cfg, workdir, t_start, str(rendezvous)),
+            nprocs=cfg.placement.num_devices,
+        )
+    except mp.ProcessExitedException:
+        said = sorted(workdir.glob(f"{DDP_ERROR}*"))
+        if not said:
+            raise
+        raise UserError(said[0].read_text()) from None
+    finally:
+        for made in [rendezvous, *workdir.glob(f"{DDP_ERROR}*")]:
+            made.unlink(missing_ok=True)
+
+
 def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[str, Any] | None:
     """Trains and evaluates the torch_xla reference as `cfg` says; see `jaxtpu.train`.
 
     Returns:
-      The run summary (spmd), or None for spawn (read `summary.json` in the run directory).
+      The run summary (spmd, eager), or None for spawn and ddp (read `summary.json` in the run
+      directory).
     """
     require_strategy(cfg, TORCH_STRATEGIES, "torchxla_ref")
     if cfg.placement.num_processes > 1 or cfg.placement.coordinator_address:
@@ -131,19 +179,28 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
             "in a bucket are jaxtpu's (jaxtpu train --workdir gs://...)"
         )
     t_start = time.time()
-    if cfg.train.precision == "fp16" and cfg.placement.parallel != "eager":
+    strategy = cfg.placement.parallel
+    if cfg.train.precision == "fp16" and strategy not in parallel.PLAIN_TORCH:
         raise UserError(
-            f"--precision fp16 --parallel {cfg.placement.parallel}: torch_xla has no fp16 "
-            "loss scaling (its GPU path is gone); the torch side trains fp16 with plain "
-            "torch: --parallel eager"
+            f"--precision fp16 --parallel {strategy}: torch_xla has no fp16 loss scaling (its "
+            "GPU path is gone); the torch side trains fp16 with plain torch: --parallel eager "
+            "or ddp"
         )
-    if cfg.placement.parallel == "eager" and cfg.placement.num_devices != 1:
-        raise UserError("--parallel eager runs on the host CPU: use --num-devices 1")
-    if cfg.placement.parallel != "eager":
-        parallel.configure_runtime(cfg.placement.num_devices, cfg.placement.parallel)
+    if strategy == "eager" and cfg.placement.num_devices != 1:
+        raise UserError(
+            "--parallel eager runs on one device: use --num-devices 1 (or --parallel ddp for "
+            "one process per device)"
+        )
+    if strategy == "ddp":
+        parallel.ddp_devices(cfg.placement.num_devices)
+    elif strategy != "eager":
+        parallel.configure_runtime(cfg.placement.num_devices, strategy)
     with claim_workdir(target, cfg) as store:
         workdir = store.local
-        if cfg.placement.parallel != "spawn":
+        if strategy == "ddp":
+            _spawn_ddp(cfg, workdir, t_start)
+            return None
+        if strategy != "spawn":
             return _train(cfg, workdir, t_start)
         import torch_xla.distributed.xla_multiprocessing as xmp
 
@@ -156,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv,
         prog="python -m torchxla_ref.train",
         description="PyTorch/XLA reference trainer: same flags, data, metrics and run "
-        "directory as jaxtpu.train (--parallel spmd|spawn|eager).",
+        "directory as jaxtpu.train (--parallel spmd|spawn|eager|ddp).",
         strategies=TORCH_STRATEGIES,
     )
     with user_errors():

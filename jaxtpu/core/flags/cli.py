@@ -97,8 +97,10 @@ STRATEGY_HELP = {
     "state, per-device step with lax.pmean; in maintenance mode in JAX), or shard_map (pmap's "
     "per-device step under jax.shard_map on the jit mesh; what pmap-era code migrates to).",
     TORCH_STRATEGIES: "Data-parallel strategy: spmd (one process, xr.use_spmd, inputs sharded "
-    "on a mesh), spawn (xmp.spawn, one replica per device), or eager (plain PyTorch on the "
-    "host CPU, no XLA, 1 device: the CPU baseline).",
+    "on a mesh), spawn (xmp.spawn, one replica per device), eager (plain PyTorch, no XLA, 1 "
+    "device: the first CUDA GPU, else the host CPU), or ddp (plain PyTorch, one process per "
+    "device with DistributedDataParallel: one per CUDA GPU over NCCL, or CPU processes over "
+    "gloo).",
 }
 
 

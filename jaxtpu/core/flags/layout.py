@@ -10,7 +10,7 @@ from jaxtpu.core.errors import ConfigError
 MESH_AXES = ("data", "fsdp")
 # Data-parallel strategies of each side; the first is that side's default.
 JAX_STRATEGIES = ("jit", "pmap", "shard_map")
-TORCH_STRATEGIES = ("spmd", "spawn", "eager")
+TORCH_STRATEGIES = ("spmd", "spawn", "eager", "ddp")
 
 
 def parse_mesh(mesh: str) -> dict[str, int]:
