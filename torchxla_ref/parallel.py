@@ -52,7 +52,8 @@ def configure_runtime(num_devices: int, parallel: str) -> str:
 
 
 class _OneProcess:
-    """The collectives of a strategy whose one process sees the whole batch."""
+    """The collectives of a strategy whose one process sees the whole batch (`spawn`
+    overrides the two a replica needs)."""
 
     reduce_gradients = None
 
@@ -99,7 +100,7 @@ class SpmdStrategy(_OneProcess):
         return t.cpu().numpy()
 
 
-class SpawnStrategy:
+class SpawnStrategy(_OneProcess):
     """One replica of the spawn path: its own device and its slice of each global batch."""
 
     def __init__(self) -> None:
@@ -129,11 +130,8 @@ class SpawnStrategy:
             t = self.xm.all_gather(t, dim=0)
         return t.cpu().numpy()
 
-    def wrap(self, model: Any) -> Any:
-        return model
-
     @property
-    def reduce_gradients(self) -> Any:
+    def reduce_gradients(self) -> Any:  # type: ignore[override]
         return self.xm.reduce_gradients if self.replicas > 1 else None
 
     def mean(self, loss: Any) -> Any:

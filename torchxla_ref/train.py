@@ -50,9 +50,9 @@ def _run(cfg: Config, workdir: Path, t_start: float, early: Any) -> dict[str, An
     if problem is not None and problem[0] == "error":  # every replica stops, not the first only
         raise UserError(problem[1])
     if strategy.ordinal == 0:
-        log.info(
-            "devices: %d x %s (torch_xla %s)", len(devices), strategy.device, cfg.placement.parallel
-        )
+        name = cfg.placement.parallel
+        runtime = "torch" if name in parallel.PLAIN_TORCH else "torch_xla"
+        log.info("devices: %d x %s (%s %s)", len(devices), strategy.device, runtime, name)
         if problem is not None:
             log.warning(problem[1])
 
