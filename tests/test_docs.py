@@ -103,3 +103,26 @@ def test_the_python_example_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     scored = [line for line in proc.stdout.splitlines() if line.endswith("you are an idiot")]
     assert len(scored) == 1 and 0.0 < float(scored[0].split()[0]) < 1.0
+
+
+# A test count or a CI time copied into prose goes stale with the next feature: the runs print
+# their own (`.ci/run` each leg's time, pytest the count), docs/architecture.md "Tests in tiers".
+_COPIED_FACTS = re.compile(
+    r"\b\d[\d,]* (?:fast |new |end-to-end |e2e )?tests\b"
+    r"|\b\d[\d,]* passed\b"
+    r"|(?:\.ci/run|make test[\w-]*)`? (?:took|ran in|runs in) \d"
+)
+
+
+def test_the_docs_copy_no_test_count_or_ci_time():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = [
+        f"{page.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for page in pages
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        for m in _COPIED_FACTS.finditer(line)
+    ]
+    assert found == []
+    # the check can fail: it finds what the docs used to say
+    assert _COPIED_FACTS.search("the fast tier (684 tests in 45 s here)")
+    assert _COPIED_FACTS.search("`.ci/run` took 1,713 s in all")
