@@ -254,7 +254,7 @@ def _estimate_saved(
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.decoders",
         description=__doc__,
@@ -292,7 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         help="memory and the largest batch only: no step estimate, whose compilation of the "
         "unrolled program (every layer, not one scanned) takes most of a row's time",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.table_of:
         saved = json.loads(Path(args.table_of).read_text())
         saved.sort(key=lambda r: (ROWS.index((r["model"], r["target"])), r["max_len"]))

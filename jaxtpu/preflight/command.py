@@ -87,10 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--num-processes: preflight compiles for one host's devices")
         out = Path(args.json or f"runs/preflight/{args.target}.json")
         check_output_path(out, "--json")  # before the first compilation, not after the last
-        if args.target in GPU_TARGETS:
-            _check_gpu(args.target, cfg.train.precision, args.save_programs)
-        if args.save_programs:
-            _check_programs_dir(args.save_programs, args)
+        _check_target_flags(args, cfg.train.precision)
         devices, capacity = target_devices(args.target, cfg.placement.num_devices)
         platform = platform_of(devices, args.target)
         configs = options(cfg, args.sweep)
@@ -160,6 +157,14 @@ def _describe(target: str, devices: list[Any], capacity: int) -> str:
         f"{gpu.count} x {gpu.chip.device_kind}, {gib(capacity)} each: {memory_fraction():.0%} "
         f"of {gpu.chip.memory_gib:g} GiB; estimated on {len(devices)} host CPU device(s)"
     )
+
+
+def _check_target_flags(args: argparse.Namespace, precision: str) -> None:
+    """What the target and --save-programs allow, before anything compiles."""
+    if args.target in GPU_TARGETS:
+        _check_gpu(args.target, precision, args.save_programs)
+    if args.save_programs:
+        _check_programs_dir(args.save_programs, args)
 
 
 def _check_gpu(target: str, precision: str, save_programs: str | None) -> None:
