@@ -141,10 +141,11 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
     import jax.numpy as jnp
     import optax
 
-    from jaxtpu.engine import weights
+    from jaxtpu.engine import hosts, weights
     from jaxtpu.models import encoder as models
     from jaxtpu.models import head
 
+    hosts.full_fp32_matmuls(jax.devices()[0].platform)  # as training sets it
     enc = encoder(args.model_dir)
     module = models.create_module(enc, 0.0, args.precision)
     template = models.init_params(module, ids.shape[1:], 0)

@@ -14,7 +14,7 @@ import pytest
 
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.presets import tiny
-from jaxtpu.core.hardware import precision_problem
+from jaxtpu.core.hardware import MATMUL_PRECISION_ENV, matmul_precision, precision_problem
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.engine import steps
 from jaxtpu.engine.backend import _tree, _untree
@@ -151,6 +151,25 @@ def test_precision_by_device():
     assert precision_problem("fp16", "cpu")[0] == "warning"
     assert precision_problem("bf16", "tpu") is None
     assert precision_problem("fp32", "gpu", "7.5") is None
+
+
+def test_fp32_matmuls_are_full_fp32_on_a_gpu_unless_the_user_chose(monkeypatch):
+    """JAX's GPU default is TF32, torch's fp32 (the H200 measurement is in core/hardware.py):
+    the devices' set-up asks for 'highest' on a GPU only, and never over the user's choice."""
+    from jaxtpu.engine import hosts
+
+    assert matmul_precision("gpu", {}) == matmul_precision("cuda", {}) == "highest"
+    assert matmul_precision("tpu", {}) is None and matmul_precision("cpu", {}) is None
+    assert matmul_precision("gpu", {MATMUL_PRECISION_ENV: "tensorfloat32"}) is None
+    monkeypatch.delenv(MATMUL_PRECISION_ENV, raising=False)
+    before = jax.config.jax_default_matmul_precision
+    try:
+        hosts.full_fp32_matmuls("cpu")
+        assert jax.config.jax_default_matmul_precision == before
+        hosts.full_fp32_matmuls("gpu")
+        assert jax.config.jax_default_matmul_precision == "highest"
+    finally:
+        jax.config.update("jax_default_matmul_precision", before)
 
 
 @pytest.mark.torch

@@ -127,6 +127,25 @@ GPU_CHIPS: dict[str, GpuChip] = {
 BF16_MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
+# JAX multiplies fp32 matrices on an NVIDIA GPU in TF32 by default (10 bits of mantissa, on
+# the tensor cores of compute capability 8.0 and up), where torch keeps fp32
+# (`torch.backends.cuda.matmul.allow_tf32` is off by default). So `--precision fp32` on a GPU
+# asks JAX for full-precision matmuls: measured by `benchmarks.device_check` on an H200 (MiniLM,
+# 16 comments, against torch on the same GPU), JAX's default gave gradients 1.6e-3 apart
+# (the fp32 bound is 1e-3) and "highest" 2.4e-6, logits 2.6e-5 and 3.6e-8. TPUs keep their
+# default (one bf16 pass, as torch_xla's own default); bf16 and fp16 matmuls are not changed by
+# it. A user's JAX_DEFAULT_MATMUL_PRECISION (e.g. "tensorfloat32" for TF32's speed) is kept.
+MATMUL_PRECISION_ENV = "JAX_DEFAULT_MATMUL_PRECISION"
+
+
+def matmul_precision(platform: str, environ: dict[str, str]) -> str | None:
+    """The default matmul precision a process on `platform` should set: 'highest' on a GPU
+    unless `environ` names one (then None: JAX reads it itself); None elsewhere."""
+    if platform in ("gpu", "cuda") and MATMUL_PRECISION_ENV not in environ:
+        return "highest"
+    return None
+
+
 def precision_problem(
     precision: str, platform: str, compute_capability: str | None = None
 ) -> tuple[str, str] | None:

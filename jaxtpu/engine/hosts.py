@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxtpu.core.errors import DeviceError
 from jaxtpu.core.files import cache_root
+from jaxtpu.core.hardware import MATMUL_PRECISION_ENV, matmul_precision
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ def init_devices(num_devices: int) -> list[jax.Device]:
     """
     set_cpu_device_count(num_devices)
     local = sorted(jax.local_devices(), key=lambda d: d.id)
+    full_fp32_matmuls(local[0].platform)
     if num_devices > len(local):
         raise DeviceError(
             f"--num-devices {num_devices}: only {len(local)} {local[0].platform} device(s) "
@@ -88,7 +90,22 @@ def scoring_devices(num_devices: int) -> list[jax.Device]:
     memory)."""
     if num_devices:
         return init_devices(num_devices)
-    return sorted(jax.local_devices(), key=lambda d: d.id)
+    local = sorted(jax.local_devices(), key=lambda d: d.id)
+    full_fp32_matmuls(local[0].platform)
+    return local
+
+
+def full_fp32_matmuls(platform: str) -> None:
+    """fp32 matmuls in fp32 on a GPU, not JAX's default TF32, as torch computes them
+    (`jaxtpu.core.hardware.matmul_precision`, where the measurement is)."""
+    precision = matmul_precision(platform, dict(os.environ))
+    if precision and jax.config.jax_default_matmul_precision != precision:
+        jax.config.update("jax_default_matmul_precision", precision)
+        log.info(
+            "fp32 matmuls on the %s in full fp32 (%s=tensorfloat32 for TF32)",
+            platform,
+            MATMUL_PRECISION_ENV,
+        )
 
 
 def set_cpu_device_count(num_devices: int) -> None:
