@@ -209,10 +209,12 @@ def forward_and_gradients(work: Path) -> list[Result]:
     return results
 
 
-def gradient_result(check: str, ref: dict, other: dict) -> Result:
+def gradient_result(
+    check: str, ref: dict, other: dict, zero_share: float = GRAD_ZERO_SHARE
+) -> Result:
     """Every parameter's fp32 gradient in `other` against `ref` (both `grad/<HF key>`): the
     worst norm-relative difference, tensors that are mathematically zero compared absolutely
-    (`GRAD_ZERO_SHARE`), and the key sets must be equal."""
+    (under `zero_share` of the global norm), and the key sets must be equal."""
     keys = [k for k in ref if k.startswith("grad/")]
     global_norm = float(np.sqrt(sum(np.sum(ref[k].astype(np.float64) ** 2) for k in keys)))
     missing = sorted(set(keys) ^ {k for k in other if k.startswith("grad/")})
@@ -222,8 +224,8 @@ def gradient_result(check: str, ref: dict, other: dict) -> Result:
             continue
         diff = float(np.linalg.norm(other[k] - ref[k]))
         norm = float(np.linalg.norm(ref[k]))
-        if norm < GRAD_ZERO_SHARE * global_norm:
-            passed &= diff <= GRAD_ZERO_SHARE * global_norm
+        if norm < zero_share * global_norm:
+            passed &= diff <= zero_share * global_norm
             continue
         if diff / norm > worst:
             worst, worst_key = diff / norm, k.removeprefix("grad/")

@@ -13,9 +13,9 @@ import pytest
 
 from parity_tests.harness import ROOT, clean_env
 
-pytestmark = [pytest.mark.e2e, pytest.mark.torch]
 
-
+@pytest.mark.e2e
+@pytest.mark.torch
 def test_the_device_check_dry_run_writes_every_part(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.device_check", "--out", str(tmp_path), "--dry-run"],
@@ -42,3 +42,35 @@ def test_the_device_check_dry_run_writes_every_part(tmp_path):
     assert all(r["comments_per_s"] > 0 and r["comments"] == 64 for r in scoring.values())
     text = (tmp_path / "device_check.md").read_text()
     assert "dry run" in text and "| fp16 |" in text and text in proc.stdout
+
+
+def test_the_step_plan_fits_a_lease_and_a_partial_report_still_prints():
+    """The H200 lease ran out in the steps part (18 processes, docs/gpu.md): the plan is 9 on a
+    GPU with bf16, compile and BERT-base in the fastest precision; a report whose later parts
+    never ran (or failed) still prints its table, the failure named."""
+    from benchmarks.device_check import step_plan, table
+
+    plan = step_plan(False, ["fp32", "bf16", "fp16"], 1)
+    assert len(plan) == 9
+    assert {p for w, p, *_ in plan if w == "minilm"} == {"fp32", "bf16", "fp16"}
+    assert [(w, p) for w, p, f, s, _ in plan if s == "compile" or w == "bert-base"] == [
+        ("minilm", "bf16"),
+        ("bert-base", "bf16"),
+        ("bert-base", "bf16"),
+    ]
+    t4 = step_plan(False, ["fp32", "fp16"], 2)  # no bf16: the fastest is fp16
+    assert {p for w, p, *_ in t4 if w == "bert-base"} == {"fp16"} and (
+        "minilm",
+        "fp16",
+        "jaxtpu",
+        "jit",
+        "2",
+    ) in t4
+    devices = {"jax": {"count": 1, "kind": "H", "platform": "gpu"}, "torch": {"name": "H"}}
+    row = {"precision": "fp32", "logits_max_abs_diff": 1e-5, "logits_bound": 1e-4}
+    row |= {"grad_worst_rel_diff": 2e-3, "grad_bound": 1e-3, "passed": False}
+    partial = {"dry_run": False, "devices": devices, "parity": [row], "seconds": 9}
+    partial["failed"] = {"steps": "RuntimeError: worker failed\nout of memory"}
+    text = table(partial)
+    assert "| fp32 | 1e-05 (0.0001) | 0.002 (0.001) | NO |" in text
+    assert "**steps failed:** out of memory" in text
