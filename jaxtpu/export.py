@@ -37,6 +37,7 @@ from jaxtpu.core.hf.directory import export_tokenizer, notebook_state_dict, save
 from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout, hf_head
 from jaxtpu.core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config, adapter_tensors
 from jaxtpu.core.run.exits import user_errors
+from jaxtpu.core.serving.attributes import recorded_map
 from jaxtpu.core.storage import check_output_path
 from jaxtpu.engine import weights
 from jaxtpu.engine.scoring import load_trained
@@ -186,6 +187,10 @@ def _export_directory(
         "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
         **({"prompt_template": p} if (p := model.cfg.data.prompt_template) else {}),
     }
+    # the Perspective attributes `jaxtpu serve` answers with it (the run's --attributes)
+    attrs = recorded_map(outputs, bool(model.spec.task.text_pairs), model.cfg.output.attributes)
+    if attrs:
+        head["attributes"] = attrs
     enc = model.spec.encoder
     classifier = None
     if hf_head:
@@ -345,6 +350,13 @@ def onnx_export(
         "task": head_meta["task"],
         "head": spec.head,
         "max_len": model.cfg.data.max_len,
+        # how a row became the text it scores (`jaxtpu serve --onnx` reads rows so)
+        "text_format": {
+            "rule_template": model.cfg.data.rule_template,
+            "prompt_template": model.cfg.data.prompt_template,
+        },
+        **({"attributes": head_meta["attributes"]} if "attributes" in head_meta else {}),
+        "metrics": head_meta.get("metrics", {}),
         "step": head_meta["step"],
         "fused_for_onnxruntime": fused,
         **_calibration_meta(model, outputs),

@@ -243,3 +243,46 @@ def test_the_card_reads_per_column_aucs_bias_and_languages_from_a_runs_metrics()
     assert got["bias"] == {"val_subgroup_auc_male": 0.9}
     assert card.validation_summary({"val_auc": 0.8}, ["toxic"])["auc"] == {"toxic": 0.8}
     assert card.languages_of(metrics) == ["es", "tr"] and card.languages_of({}) == ["en"]
+
+
+def test_a_map_stored_by_the_run_or_export_is_served_unless_serve_renames():
+    """Issue 65 item 2: a run's --attributes (its config.json) and an export's records are the
+    map served; serve's own --attributes wins; records naming a column the model lacks, or a
+    bad name, are one line; an export records nothing where no map exists."""
+    cols = ("toxic", "my_spam")
+    text = "toxic=TOXICITY,my_spam=SPAM"
+    assert attributes.served_map(cols, False, "", text, "run") == attributes.attribute_map(
+        cols, False, text
+    )
+    records = [{"name": "SPAM", "column": "my_spam"}]
+    assert attributes.served_map(cols, False, "", records, "x") == (
+        attributes.Attribute("SPAM", "my_spam"),
+    )
+    assert [a.name for a in attributes.served_map(cols, False, "toxic=TOX", records, "x")] == [
+        "TOX"
+    ]
+    assert [a.name for a in attributes.served_map(cols, False, "", None, "x")] == ["TOXICITY"]
+    with pytest.raises(ConfigError, match="--onnx d: its recorded attributes read column"):
+        attributes.served_map(("toxic",), False, "", records, "--onnx d")
+    with pytest.raises(ConfigError, match="must be upper-case"):
+        attributes.served_map(cols, False, "", [{"name": "spam", "column": "my_spam"}], "x")
+    assert attributes.recorded_map(cols, False, text) == [
+        {"name": "TOXICITY", "column": "toxic"},
+        {"name": "SPAM", "column": "my_spam"},
+    ]
+    assert attributes.recorded_map(("rule_violation",), True, "") is None  # rules: none named
+    assert attributes.recorded_map(("x",), False, "") is None  # no Perspective name
+
+
+def test_train_checks_its_attributes_before_anything_trains():
+    from jaxtpu.core.flags.schema import Config
+
+    cfg = Config().replace(task="multilabel", attributes="insult=RUDE")
+    assert cfg.output.attributes == "insult=RUDE"
+    with pytest.raises(ConfigError, match="the model has no column 'toxicity'"):
+        Config().replace(task="multilabel", attributes="toxicity=TOXICITY")
+    assert Config().replace(task="rules").output.attributes == ""  # none given: none checked
+    with pytest.raises(ConfigError, match="is not LEFT=RIGHT"):
+        Config().replace(task="rules", attributes="NO_ADS")
+    ok = Config().replace(task="rules", attributes='NO_ADS="No ads"')
+    assert ok.output.attributes == 'NO_ADS="No ads"'

@@ -26,6 +26,7 @@ from jaxtpu.core.flags.values import parse_buckets, parse_trackers
 from jaxtpu.core.hf.families import FAMILIES, POOLINGS
 from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS
 from jaxtpu.core.lora import LoraSpec
+from jaxtpu.core.serving.attributes import attribute_map
 from jaxtpu.core.tasks import LABEL_COLUMNS, RANKING_MARGIN, TASKS, Task, get_task, monitor_names
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -827,6 +828,15 @@ class OutputConfig:
     resume: bool = _f(
         False, "Continue from the latest checkpoint in --workdir.", resume=True, program=False
     )
+    attributes: str = _f(
+        "",
+        "The Perspective attribute each score column is served as (`jaxtpu serve`), kept in "
+        "the run's config.json and carried by every export: column=NAME,... (e.g. "
+        "'toxic=TOXICITY,my_column=SPAM'); a rules run NAME=\"rule text\",... [default: "
+        "every Jigsaw column's Perspective name, as docs/perspective.md lists].",
+        resume=True,
+        program=False,
+    )
     log_every: int = _f(
         10,
         "Fetch loss from the devices every N steps (no sync in between).",
@@ -1083,6 +1093,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be {problem}, got {value}")
     for section in SECTIONS:
         getattr(cfg, section).check()
+    if cfg.output.attributes:  # column names and attribute names, before anything trains
+        attribute_map(cfg.task.score_columns(True), cfg.task.text_pairs, cfg.output.attributes)
     if cfg.data.weight_column and cfg.data.weight_column in cfg.train.aux:
         raise ConfigError(
             f"--weight-column {cfg.data.weight_column} is also in --aux-columns: a column is a "

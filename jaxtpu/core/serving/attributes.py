@@ -169,3 +169,48 @@ def as_records(attributes: Sequence[Attribute]) -> list[dict[str, str]]:
 def from_records(records: Sequence[Mapping[str, str]]) -> tuple[Attribute, ...]:
     """`as_records`' inverse."""
     return tuple(Attribute(r["name"], r["column"], r.get("rule", "")) for r in records)
+
+
+def recorded_map(
+    columns: Sequence[str], rules_model: bool, text: str
+) -> list[dict[str, str]] | None:
+    """What a run's export records as its map: the run's `--attributes` (`text`) or the
+    default, of the exported `columns`; None where there is none to record (a rules run trained
+    without --attributes, columns without Perspective names, a map naming columns the export
+    left out)."""
+    try:
+        return as_records(attribute_map(columns, rules_model, text))
+    except ConfigError:
+        return None
+
+
+def served_map(
+    columns: Sequence[str],
+    rules_model: bool,
+    given: str,
+    stored: str | Sequence[Mapping[str, str]] | None,
+    source: str,
+) -> tuple[Attribute, ...]:
+    """The attributes a served model answers: serve's `--attributes` (`given`) when given;
+    else what the model stored (a run's `--attributes` text, or an export's records); else
+    the columns' Perspective names.
+
+    Raises:
+      ConfigError: as `attribute_map`; stored records naming a column the model lacks."""
+    if given or not stored:
+        return attribute_map(columns, rules_model, given)
+    if isinstance(stored, str):
+        return attribute_map(columns, rules_model, stored)
+    out = from_records(stored)
+    missing = [a.column for a in out if a.column not in columns]
+    if missing:
+        raise ConfigError(
+            f"{source}: its recorded attributes read column(s) {', '.join(missing)}, which "
+            f"the model does not have ({', '.join(columns)}); pass --attributes"
+        )
+    return _unique([_check_attribute(a) for a in out])
+
+
+def _check_attribute(a: Attribute) -> Attribute:
+    _check_name(a.name)
+    return a
