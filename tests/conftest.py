@@ -94,6 +94,33 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def onnx_export(finished_run: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`finished_run` exported once as ONNX with its int8 twin (`jaxtpu export --format onnx
+    --quantize int8`, in-process, from an empty working directory): the export directory,
+    what the command printed and what it left in that working directory."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    pytest.importorskip("onnxruntime", reason="the ONNX export needs onnxruntime (jaxtpu[onnx])")
+    from jaxtpu import export
+
+    base = tmp_path_factory.mktemp("onnx")
+    out, cwd = base / "onnx", base / "cwd"
+    cwd.mkdir()
+    printed, before = io.StringIO(), os.getcwd()
+    argv = ["--workdir", str(finished_run), "--out", str(out), "--format", "onnx"]
+    try:
+        os.chdir(cwd)  # the exporter and the quantizer write nothing outside --out
+        with contextlib.redirect_stdout(printed):
+            code = export.main([*argv, "--quantize", "int8"])
+    finally:
+        os.chdir(before)
+    assert code == 0, printed.getvalue()
+    return SimpleNamespace(out=out, printed=printed.getvalue(), left=list(cwd.iterdir()))
+
+
+@pytest.fixture(scope="session")
 def gcs(tmp_path_factory: pytest.TempPathFactory):
     """A Google Cloud Storage emulator on loopback for the whole session (started by the first
     test that needs it, stopped at the end); tests that stop it start it again."""

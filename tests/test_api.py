@@ -56,7 +56,7 @@ def test_scoring_takes_every_local_device_by_default_and_makes_no_virtual_ones(m
 
     from jaxtpu.engine import hosts
 
-    fake = [type("D", (), {"id": i})() for i in (3, 1, 2)]
+    fake = [type("D", (), {"id": i, "platform": "cpu"})() for i in (3, 1, 2)]
     asked = []
     monkeypatch.setattr(jax, "local_devices", lambda: fake)
     monkeypatch.setattr(hosts, "init_devices", lambda n: asked.append(n) or fake[:n])

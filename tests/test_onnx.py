@@ -28,23 +28,15 @@ def _scores(session, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 @pytest.mark.e2e
 @pytest.mark.model
-def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(
-    finished_run, tmp_path, capsys, monkeypatch
-):
-    from jaxtpu import export
+def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, onnx_export):
     from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
     from jaxtpu.engine.scoring import load_trained
     from jaxtpu.models.encoder import create_module
     from torchxla_ref.onnxexport import session
 
-    out = tmp_path / "onnx"
-    argv = ["--workdir", str(finished_run), "--out", str(out), "--format", "onnx"]
-    cwd = tmp_path / "cwd"  # the exporter and the quantizer write nothing outside --out
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    assert export.main([*argv, "--quantize", "int8"]) == 0
-    assert list(cwd.iterdir()) == []
-    printed = capsys.readouterr().out
+    out = onnx_export.out  # the export, with --quantize int8, from an empty working directory
+    assert onnx_export.left == []  # the exporter and the quantizer wrote nothing outside --out
+    printed = onnx_export.printed
     assert "model.onnx, model_int8.onnx; onnxruntime's fused ops in model.onnx: " in printed
     meta = json.loads((out / "jaxtpu_onnx.json").read_text())
     assert meta["fused_for_onnxruntime"]["Attention"] >= 1  # model.onnx is the fused graph
@@ -53,7 +45,11 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(
     assert meta["files"] == {"fp32": "model.onnx", "int8": "model_int8.onnx"}
     assert meta["labels"] == ["toxic"] and meta["head"] == "jaxtpu" and meta["opset"] == 18
     assert meta["check"]["max_abs_logit_diff_fp32_vs_jaxtpu_fp32"] <= 1e-4
-    assert (out / "tokenizer.json").exists() and not list(tmp_path.glob(".onnx.*"))
+    assert (out / "tokenizer.json").exists() and not list(out.parent.glob(".onnx.*"))
+    # what `jaxtpu serve --onnx` reads: the run's text format, attributes and metrics
+    assert meta["text_format"] == {"rule_template": "{rule}", "prompt_template": ""}
+    assert meta["attributes"] == [{"name": "TOXICITY", "column": "toxic"}]
+    assert set(meta["metrics"]) >= {"val_auc", "val_loss"}
 
     model = load_trained(finished_run)
     spec = model.spec

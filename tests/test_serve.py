@@ -364,6 +364,103 @@ def test_a_served_run_scores_as_jaxtpu_load_and_stops_cleanly_on_sigterm(finishe
             proc.kill()
 
 
+def _start_server(*flags: str):
+    """`python -m jaxtpu.serve FLAGS --port 0` as a real process: (process, its base URL),
+    once it says where it serves."""
+    import subprocess
+    import sys
+
+    from parity_tests.harness import ROOT, clean_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxtpu.serve", *flags, "--port", "0"],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for line in proc.stdout:
+        if line.startswith("serving http://"):
+            return proc, line.split()[1].split("/v1alpha1")[0]
+    raise AssertionError(proc.stderr.read())
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_an_onnx_export_served_by_two_workers_scores_as_its_graph(onnx_export, tmp_path):
+    """Issue 65: `jaxtpu serve --onnx DIR --workers 2` (two processes accepting on one socket,
+    uvicorn's supervisor): every answer is the graph's own logit (onnxruntime on the whole
+    --max-len, no buckets) through the export's recorded calibration, within 1e-6; a comment
+    gets the same score bitwise from either worker and in any batch; the int8 graph is another
+    version; SIGTERM stops both and the parent exits 0. Bad --onnx paths are one line."""
+    import signal
+
+    import onnxruntime as ort
+
+    from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
+    from jaxtpu.core.errors import UserError
+    from jaxtpu.serve.onnxmodel import OnnxModel
+
+    out = onnx_export.out
+    meta = json.loads((out / "jaxtpu_onnx.json").read_text())
+    texts = ["you are an idiot", "thanks for the edit!", "What kind of   idiot name is foo?"]
+    ids, mask = encode_texts(texts, load_tokenizer(out), meta["max_len"])
+    feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+    z = ort.InferenceSession(str(out / "model.onnx")).run(None, feeds)[0][:, 0]
+    cal = meta["calibration"]
+    want = 1 / (1 + np.exp(-(z * cal["scale"][0] + cal["shift"][0])))
+
+    proc, url = _start_server("--onnx", str(out), "--workers", "2")
+    try:
+        deadline = time.time() + 120
+        while get(f"{url}/readyz")[0] != 200:
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        body = lambda t: {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}}}  # noqa: E731
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            crowd = list(pool.map(lambda t: post(url, body(t), None), texts * 8))
+        assert {c[0] for c in crowd} == {200}, crowd[0]
+        got = np.array(
+            [c[2]["attributeScores"]["TOXICITY"]["summaryScore"]["value"] for c in crowd]
+        )
+        np.testing.assert_allclose(got, np.tile(want, 8), atol=1e-6, rtol=0)
+        assert all(len(set(got[i :: len(texts)])) == 1 for i in range(len(texts)))  # bitwise
+        assert len(_children(proc.pid)) >= 2  # the workers (and multiprocessing's tracker)
+        version = crowd[0][1]["x-model-version"]
+        assert {c[1]["x-model-version"] for c in crowd} == {version}  # both workers' the same
+        assert json.loads(get(f"{url}/v1/model")[2])["version"] == version  # one model's card
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert "stopped" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    fp32, int8 = OnnxModel(out, 4), OnnxModel(out / "model_int8.onnx", 4)
+    assert fp32.trained.weights_digest() != int8.trained.weights_digest()
+    assert np.abs(int8.predict(texts) - want).max() < 0.05
+    with pytest.raises(UserError, match="not a jaxtpu ONNX export"):
+        OnnxModel(tmp_path, 4)
+    (tmp_path / "jaxtpu_onnx.json").write_text(json.dumps({**meta, "files": {"fp32": "a.onnx"}}))
+    with pytest.raises(UserError, match="the export lists a.onnx, not model.onnx"):
+        OnnxModel(tmp_path / "model.onnx", 4)
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 

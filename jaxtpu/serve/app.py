@@ -45,6 +45,8 @@ class Options:
       max_items: texts per model call at most (the dynamic batch).
       max_wait_ms: how long a batch waits for more requests.
       max_queue: requests waiting at most; beyond, 429 with Retry-After.
+      warm_first: compile before taking connections (--workers: processes sharing a socket
+        take connections only once they can score, so none answers 503 beside a ready one).
     """
 
     api_keys: frozenset[str] | None = None
@@ -54,6 +56,7 @@ class Options:
     max_items: int = 64
     max_wait_ms: float = 5.0
     max_queue: int = 256
+    warm_first: bool = False
 
 
 class Server:
@@ -83,10 +86,13 @@ class Server:
 
     async def start(self) -> None:
         """Starts the batchers, and compiles each model's programs in the background: the
-        server answers /healthz at once, /readyz and the API once they are compiled."""
+        server answers /healthz at once, /readyz and the API once they are compiled (with
+        `warm_first`, before it takes a connection)."""
         for b in self.batchers.values():
             await b.start()
         self._warming = asyncio.create_task(self._warm_up())
+        if self.options.warm_first:
+            await self._warming
 
     async def _warm_up(self) -> None:
         loop = asyncio.get_running_loop()

@@ -20,10 +20,12 @@ import numpy as np
 from jaxtpu.api import Model
 from jaxtpu.core.data import readers
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.hf.encoder import exported_head, resolve_model_dir
 from jaxtpu.core.serving import card as cards
-from jaxtpu.core.serving.attributes import Attribute, as_records, attribute_map
+from jaxtpu.core.serving.attributes import Attribute, as_records, served_map
 from jaxtpu.core.versions import installed
 from jaxtpu.engine.scoring import load_model_dir, load_trained
+from jaxtpu.serve.onnxmodel import OnnxModel
 
 
 @dataclass
@@ -115,30 +117,42 @@ def load_served(
     batch_size: int,
     max_len: int | None,
     calibrated: bool = True,
+    threads: int = 0,
 ) -> Served:
-    """A model to serve: a run directory (`kind` 'workdir') or an export ('model_dir'), with
-    its attribute map (`--attributes`, '' for the columns' Perspective names), languages
-    (`--languages`, '' for those it was validated on), calibration (the model's, unless
-    `calibrated` is False: --no-calibration), version and card."""
-    from jaxtpu.engine import hosts
-
-    hosts.use_compilation_cache()
-    devices = hosts.scoring_devices(num_devices)
-    if kind == "workdir":
-        trained = load_trained(source)
+    """A model to serve: a run directory (`kind` 'workdir'), an export ('model_dir') or an
+    ONNX export ('onnx', on onnxruntime with `threads` threads, 0 = its default), with its
+    attribute map (`--attributes`; '' for what the run or export recorded, else the columns'
+    Perspective names), languages (`--languages`, '' for those it was validated on),
+    calibration (the model's, unless `calibrated` is False: --no-calibration), version and
+    card."""
+    flag = f"--{kind.replace('_', '-')} {source}"
+    if kind == "onnx":
+        model: Any = OnnxModel(source, batch_size, calibrated, threads)
+        trained: Any = model.trained
+        stored = trained.meta.get("attributes")
+        metrics = dict(trained.meta.get("metrics") or {})
     else:
-        trained = load_model_dir(source, max_len or 512)
-    model = Model.of(trained, devices, batch_size, calibrated)
+        from jaxtpu.engine import hosts
+
+        hosts.use_compilation_cache()
+        devices = hosts.scoring_devices(num_devices)
+        if kind == "workdir":
+            trained = load_trained(source)
+            stored = trained.cfg.output.attributes
+        else:
+            trained = load_model_dir(source, max_len or 512)
+            stored = exported_head(resolve_model_dir(source)).get("attributes")
+        model = Model.of(trained, devices, batch_size, calibrated)
+        metrics = {k: v for k, v in trained.meta.items() if isinstance(v, int | float)}
     task = model.task
     if task.comments_per_example != 1 or trained.spec.task.comments_per_example != 1:
         raise UserError(
-            f"--{kind.replace('_', '-')} {source} is a ranking model: its scores order "
+            f"{flag} is a ranking model: its scores order "
             "comments but are not probabilities; serve a toxicity, multilabel or rules model"
         )
-    attrs = attribute_map(task.score_columns(True), bool(task.text_pairs), attributes)
-    metrics = {k: v for k, v in trained.meta.items() if isinstance(v, int | float)}
+    attrs = served_map(task.score_columns(True), bool(task.text_pairs), attributes, stored, flag)
     langs = [x.strip() for x in languages.split(",") if x.strip()] or cards.languages_of(metrics)
-    served = Served(f"--{kind.replace('_', '-')} {source}", model, attrs, langs)
+    served = Served(flag, model, attrs, langs)
     served.prepare()
     served.version, served.card = _version_and_card(served, trained, metrics)
     return served
@@ -161,8 +175,12 @@ def _version_and_card(
     served: Served, trained: Any, metrics: dict[str, float]
 ) -> tuple[str, dict[str, Any]]:
     tokenizer = Path(trained.tokenizer_dir)
+    if trained.params is None:  # an ONNX export: its graph file
+        weights = trained.weights_digest()
+    else:
+        weights = cards.digest_arrays(_flat_params(trained.params))
     parts = {
-        "weights": cards.digest_arrays(_flat_params(trained.params)),
+        "weights": weights,
         "tokenizer": cards.digest_dir(tokenizer) if tokenizer.is_dir() else "",
         "attributes": as_records(served.attributes),
         "calibration": _calibration_record(served),

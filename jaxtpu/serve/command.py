@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
+import os
 import signal
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
@@ -79,19 +82,26 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+WORKER_ARGS = "JAXTPU_SERVE_ARGS"  # the flags, as JSON, for --workers' processes
+
+
 def serve(args: argparse.Namespace) -> int:
     """`main` once the flags are parsed."""
     check_command_flags("serve", args)
-    sources = (
-        [("workdir", w) for w in args.workdir] if args.workdir else [("model_dir", args.model_dir)]
-    )
+    sources = _sources(args)
     given = list(args.attributes or [])
     if given and len(given) != len(sources):
         raise ConfigError(
             f"--attributes gives {len(given)} value(s) for {len(sources)} model(s): one per "
             "model, in order ('' keeps a model's default)"
         )
-    keys = read_api_keys(args.api_keys) if args.api_keys else None
+    if args.threads and not args.onnx:
+        raise ConfigError("--threads sets onnxruntime's threads: it goes with --onnx")
+    if args.onnx and args.max_len:
+        raise ConfigError(
+            "--max-len: an ONNX export is scored at its run's --max-len (its jaxtpu_onnx.json)"
+        )
+    keys = read_api_keys(args.api_keys) if args.api_keys else None  # said before a worker starts
     if keys is None and not _is_loopback(args.host):
         print(
             f"warning: --host {args.host} without --api-keys: anyone who reaches this address "
@@ -102,11 +112,100 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/v1alpha1/comments:analyze"
+    stopped_by: list[int] = []
+    if args.workers == 1:
+        app, version = _app(args)
+        print(
+            f"serving {url} (model version {version}; compiling, /readyz says when it is ready)",
+            flush=True,
+        )
+        # uvicorn finishes the requests in flight on SIGTERM, then raises the signal again for
+        # the handler it found: this one, so the process ends as a finished server (exit 0),
+        # not as one killed by the signal
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopped_by.append(signum))
+        uvicorn.Server(_config(app)).run(sockets=[sock])
+        print("stopped" + (" on SIGTERM" if stopped_by else ""), flush=True)
+        return 0
+    return _serve_workers(args, sock, url)
+
+
+def _sources(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if args.workdir:
+        return [("workdir", w) for w in args.workdir]
+    if args.onnx:
+        return [("onnx", args.onnx)]
+    return [("model_dir", args.model_dir)]
+
+
+def _config(app: Any, **more: Any) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=30,
+        lifespan="on",
+        **more,
+    )
+
+
+def _serve_workers(args: argparse.Namespace, sock: socket.socket, url: str) -> int:
+    """--workers N: uvicorn's process supervisor (it restarts a worker that dies and stops
+    them all on SIGTERM, each finishing its requests in flight), each worker loading the
+    models itself (`worker_app`) and accepting on the one socket bound here."""
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    os.environ[WORKER_ARGS] = json.dumps(vars(args))
+    config = _config(
+        "jaxtpu.serve.command:worker_app",
+        factory=True,
+        workers=args.workers,
+        timeout_worker_healthcheck=60,  # a worker compiling its programs answers slowly
+    )
+    print(
+        f"serving {url} from {args.workers} worker processes, each loading the models and "
+        "taking connections once its programs are compiled",
+        flush=True,
+    )
+    supervisor = Multiprocess(config, sockets=[sock])
+    supervisor.run()
+    failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
+    print("stopped" + (": a worker could not start" if failed else ""), flush=True)
+    return 2 if failed else 0
+
+
+def worker_app() -> Any:
+    """The application of one --workers process (uvicorn's factory, called in the worker):
+    the models loaded from the flags the supervisor left in the environment. A user error is
+    one line and the exit uvicorn's supervisor reads as a worker that cannot start."""
+    from uvicorn.config import STARTUP_FAILURE
+
+    args = argparse.Namespace(**json.loads(os.environ[WORKER_ARGS]))
+    try:
+        return _app(args, quiet=True)[0]
+    except (UserError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(STARTUP_FAILURE)
+
+
+def _app(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
+    """The models of the flags, loaded, and the application answering with them; with the
+    server's version. `quiet` (a --workers process): nothing printed, the supervisor having
+    said what it serves."""
     from jaxtpu.serve.app import Options, Server, build_app
 
+    keys = read_api_keys(args.api_keys) if args.api_keys else None
+    given = list(args.attributes or [])
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     models = []
-    for i, (kind, source) in enumerate(sources):
-        print(f"loading --{kind.replace('_', '-')} {source} ...", flush=True)
+    for i, (kind, source) in enumerate(_sources(args)):
+        say = (lambda *a, **k: None) if quiet else print
+        say(f"loading --{kind.replace('_', '-')} {source} ...", flush=True)
         served = load_served(
             source,
             kind,
@@ -116,11 +215,12 @@ def serve(args: argparse.Namespace) -> int:
             args.batch_size,
             args.max_len or SCORING.max_len,
             not args.no_calibration,
+            threads if kind == "onnx" else 0,
         )
         names = ", ".join(a.name for a in served.attributes)
-        print(f"  {served.model.task.name} model, version {served.version}: {names}", flush=True)
+        say(f"  {served.model.task.name} model, version {served.version}: {names}", flush=True)
         cal = served.model.scorer.calibration
-        print(f"  calibration: {cal.describe() if cal else _uncalibrated(args)}", flush=True)
+        say(f"  calibration: {cal.describe() if cal else _uncalibrated(args)}", flush=True)
         models.append(served)
     options = Options(
         api_keys=keys,
@@ -130,27 +230,10 @@ def serve(args: argparse.Namespace) -> int:
         max_items=args.max_batch,
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
+        warm_first=args.workers > 1,
     )
     server = Server(models, options)
-    app = build_app(server)
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    print(
-        f"serving http://{shown}:{port}/v1alpha1/comments:analyze (model version "
-        f"{server.version}; compiling, /readyz says when it is ready)",
-        flush=True,
-    )
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, timeout_graceful_shutdown=30, lifespan="on"
-    )
-    stopped_by: list[int] = []
-    # uvicorn finishes the requests in flight on SIGTERM, then raises the signal again for the
-    # handler it found: this one, so the process ends as a finished server (exit 0), not as
-    # one killed by the signal
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopped_by.append(signum))
-    uvicorn.Server(config).run(sockets=[sock])
-    print("stopped" + (" on SIGTERM" if stopped_by else ""), flush=True)
-    return 0
+    return build_app(server), server.version
 
 
 def _uncalibrated(args: argparse.Namespace) -> str:

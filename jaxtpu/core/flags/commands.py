@@ -330,6 +330,14 @@ class ServeFlags:
         "*ForSequenceClassification directory: `jaxtpu export` of a --head hf run), in fp32.",
         one_of="source",
     )
+    onnx: str | None = _c(
+        None,
+        "Instead of a run: an ONNX export (`jaxtpu export --format onnx [--quantize int8]`) "
+        "to serve on onnxruntime, on the CPU: its directory (model.onnx, fp32) or one of its "
+        "graphs (DIR/model_int8.onnx). Scored as the run is: its text format, length buckets "
+        "and calibration, from the export's jaxtpu_onnx.json.",
+        one_of="source",
+    )
     attributes: list[str] | None = _c(
         None,
         "The attributes each model answers, one value per model in order ('' keeps a model's "
@@ -362,7 +370,9 @@ class ServeFlags:
         "evaluate's and jaxtpu.load()'s at the same --batch-size (their default is this one). "
         "On a CPU, 4 answers a lone request about 4x sooner (it computes 4 rows, not 16) at "
         "the same throughput under load, but a bf16 run's scores then differ from predict's "
-        "default by about 1e-3 (docs/perspective.md).",
+        "default by about 1e-3 (docs/perspective.md). --onnx: rows per onnxruntime call, not "
+        "padded (its kernels take any batch; a comment's score is the same bitwise in any "
+        "batch, tests/test_serve.py).",
         bounds=Bounds(1, 65536),
     )
     max_batch: int = _c(
@@ -394,6 +404,19 @@ class ServeFlags:
     )
     log_comments: bool = _c(
         False, "Log each request's comment text (without it no comment text is ever logged)."
+    )
+    workers: int = _c(
+        1,
+        "Server processes sharing --port, each with its own copy of the models (memory times "
+        "N; a second start loads compiled programs from the cache). Requests go to whichever "
+        "is free; a comment gets the same score from any of them.",
+        bounds=Bounds(1, 256),
+    )
+    threads: int = _c(
+        0,
+        "--onnx: onnxruntime's threads per worker [default 0: the cores divided among "
+        "--workers].",
+        bounds=Bounds(0, 4096),
     )
     no_calibration: bool = _no_calibration()
 

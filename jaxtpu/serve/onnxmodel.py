@@ -1,0 +1,169 @@
+"""`jaxtpu serve --onnx DIR`: an ONNX export (`jaxtpu export --format onnx [--quantize int8]`)
+scored by onnxruntime on the CPU, as `jaxtpu.api.Model` scores a run.
+
+The same text handling (`Model.logits`, inherited: whitespace collapsed, the run's rule or
+prompt template, recorded in `jaxtpu_onnx.json`), the export's tokenizer, the same fixed length
+buckets (powers of two up to the run's --max-len) and the run's calibration (the export's
+record). A batch holds only real rows, each padded to its bucket's edge: onnxruntime's kernels
+take any batch size, so a lone comment is not padded to a full batch, and a comment's score
+does not depend on its bucket's other rows beyond float rounding (`tests/test_serve_onnx.py`
+measures it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.api import Model
+from jaxtpu.core.calibration import Calibration
+from jaxtpu.core.data.buckets import edge_of, fixed_edges, real_lengths
+from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.tasks import get_task
+
+META = "jaxtpu_onnx.json"  # what `jaxtpu export --format onnx` writes beside the graph
+
+
+@dataclass
+class OnnxExport:
+    """What the server reads of an ONNX export, in the fields it reads of a `TrainedModel`:
+    the config (task, --max-len, templates), the task, the export's metadata, tokenizer and
+    calibration, and the graph file served."""
+
+    cfg: Config
+    spec: Any
+    meta: dict[str, Any]
+    tokenizer_dir: Path
+    calibration: Calibration | None
+    onnx_file: Path
+    params: None = None  # no JAX parameters: the version hashes the graph file instead
+
+    def weights_digest(self) -> str:
+        h = hashlib.sha256()
+        with open(self.onnx_file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+
+
+def read_export(path: str | Path) -> OnnxExport:
+    """An ONNX export directory (its fp32 graph) or one of its graph files
+    (`DIR/model_int8.onnx`).
+
+    Raises:
+      UserError: not a jaxtpu ONNX export, a graph file the export does not list, or metadata
+        without what scoring needs."""
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    meta_file = directory / META
+    if not meta_file.exists():
+        raise UserError(
+            f"--onnx {path}: not a jaxtpu ONNX export (no {META}); write one with jaxtpu "
+            "export --workdir RUN --out DIR --format onnx [--quantize int8]"
+        )
+    try:
+        meta = json.loads(meta_file.read_text())
+        files, task, max_len = dict(meta["files"]), str(meta["task"]), int(meta["max_len"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--onnx {path}: {META} is unreadable or incomplete ({e})") from None
+    name = files.get("fp32", "model.onnx") if path.is_dir() else path.name
+    if name not in files.values():
+        raise UserError(
+            f"--onnx {path}: the export lists {', '.join(sorted(files.values()))}, not {name}"
+        )
+    text = meta.get("text_format", {})
+    cfg = Config().replace(
+        task=task,
+        max_len=max_len,
+        precision="fp32",
+        rule_template=text.get("rule_template", "{rule}"),
+        prompt_template=text.get("prompt_template", ""),
+    )
+    labels = tuple(str(c) for c in meta.get("labels", ()))
+    base = get_task(task)
+    n = len(base.label_columns)
+    if labels[:n] != base.label_columns:
+        raise UserError(
+            f"--onnx {path}: its outputs ({', '.join(labels)}) are not a {task} model's "
+            f"({', '.join(base.label_columns)} first)"
+        )
+    cal = meta.get("calibration")
+    return OnnxExport(
+        cfg,
+        SimpleNamespace(task=base.with_aux(labels[n:], 0.0)),
+        meta,
+        directory,
+        None if cal is None else Calibration.from_dict(cal, f"{meta_file} calibration"),
+        directory / name,
+    )
+
+
+class OnnxScorer:
+    """`jaxtpu.engine.scoring.Scorer`'s part the server and `Model` use, on onnxruntime."""
+
+    def __init__(self, export: OnnxExport, batch_size: int, calibrated: bool, threads: int):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise UserError("--onnx needs onnxruntime: pip install 'jaxtpu[onnx]'") from None
+        self.model = export
+        self.calibration = export.calibration if calibrated else None
+        self.task = export.spec.task
+        self.tokenizer = load_tokenizer(export.tokenizer_dir)
+        self.max_len = export.cfg.data.max_len
+        self.edges = fixed_edges(self.max_len)
+        self.global_batch = batch_size
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        try:
+            self.session = ort.InferenceSession(
+                str(export.onnx_file), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as e:  # onnxruntime's own exception types are not public API
+            raise UserError(
+                f"--onnx {export.onnx_file}: onnxruntime cannot load it ({e})"
+            ) from None
+
+    def logits(self, texts: list[Any]) -> np.ndarray:
+        """The raw outputs of (normalized) texts or text pairs: (N,) or (N, outputs), each
+        batch one bucket's rows padded to its edge."""
+        out = np.zeros((len(texts), self.task.outputs), np.float32)
+        if texts:
+            ids, mask = encode_texts(texts, self.tokenizer, self.max_len)
+            edge = edge_of(real_lengths(mask), self.edges, self.max_len)
+            for length in np.unique(edge):
+                members = np.flatnonzero(edge == length)
+                for start in range(0, members.size, self.global_batch):
+                    rows = members[start : start + self.global_batch]
+                    feeds = {
+                        "input_ids": ids[rows, :length].astype(np.int64),
+                        "attention_mask": mask[rows, :length].astype(np.int64),
+                    }
+                    out[rows] = self.session.run(None, feeds)[0]
+        return out[:, 0] if self.task.label_shape == () else out
+
+    def calibrate(self, logits: np.ndarray) -> np.ndarray:
+        return logits if self.calibration is None else self.calibration.apply(logits)
+
+
+class OnnxModel(Model):
+    """`jaxtpu.api.Model` over an ONNX export: its `logits` and `predict` as a run's."""
+
+    def __init__(
+        self, path: str | Path, batch_size: int, calibrated: bool = True, threads: int = 0
+    ) -> None:
+        export = read_export(path)
+        self.trained = export
+        self.scorer = OnnxScorer(export, batch_size, calibrated, threads)
+        self.task = self.scorer.task
+        self.backend = None
+        self._prompt = export.cfg.data.prompt_template
