@@ -1,17 +1,21 @@
 """`jaxtpu serve` under load: throughput and latency of the server over real comments, next to
 the same model's offline batch throughput and what a user would write instead.
 
-`python -m benchmarks.serving --workdir RUN --out runs/serving [--requests 300] [--clients 1,8,64]`
+`python -m benchmarks.serving --workdir RUN --out runs/serving [--requests 300] [--clients 1,8,64]
+[--backend jaxtpu|onnx-fp32|onnx-int8]`
 
 Each way is a process of its own on this machine; the load generator is this process: an
 asyncio closed loop of C clients over httpx (each sends its next request when its last is
 answered; a request is one real comment of `../shared/data/jigsaw_toxic_dev.csv`, asking for
 every attribute of the model), for 1, 8 and 64 clients. The ways:
 
-  serve        `python -m jaxtpu.serve --workdir RUN` (jaxtpu backend, dynamic batching)
-  offline      `jaxtpu.load(RUN).predict(texts)` on the same comments in one call (the second
-               call: programs compiled), in a process of its own: the batch throughput the
-               server is measured against
+  serve        `python -m jaxtpu.serve --workdir RUN` (`--backend jaxtpu`, dynamic batching), or
+               `--onnx` the run's ONNX export (`--backend onnx-fp32`, `onnx-int8`: written once
+               into OUT/onnx by `jaxtpu export --format onnx --quantize int8`)
+  offline      the same backend's batch scoring of the same comments in one call (the second
+               call: programs compiled), in a process of its own: `jaxtpu.load(RUN).predict`,
+               or the server's own onnxruntime model (`jaxtpu.serve.onnxmodel.OnnxModel`) of
+               the graph; the throughput the server is measured against
   baseline     a transformers `pipeline("text-classification")` of the run's export
                (`jaxtpu export`, PyTorch eager fp32) behind a minimal Starlette handler, one
                request at a time (`benchmarks.serving_baseline`): what a user writes instead
@@ -181,19 +185,30 @@ async def open_loop(url: str, body_of, texts: list[str], rate: float) -> dict[st
     return _summary(timings.latencies, wall, timings.errors)
 
 
-def offline(run: str, texts: list[str]) -> float:
-    """Comments/s of `jaxtpu.load(run).predict` on `texts` (second call), in a process."""
+BACKENDS = ("jaxtpu", "onnx-fp32", "onnx-int8")
+LOADERS = {  # how each backend's offline process loads the model (sys.argv[1]: its source)
+    "jaxtpu": "import jaxtpu; m=jaxtpu.load(sys.argv[1])",
+    "onnx": "from jaxtpu.serve.onnxmodel import OnnxModel; m=OnnxModel(sys.argv[1], 64)",
+}
+
+
+def offline(source: str, texts: list[str], backend: str = "jaxtpu") -> float:
+    """Comments/s of the backend's batch scoring of `texts` (second call), in a process."""
     code = (
-        "import json,sys,time,jaxtpu\n"
+        "import json,sys,time\n"
+        f"{LOADERS[backend.split('-')[0]]}\n"
         "texts=json.load(open(sys.argv[2]))\n"
-        "m=jaxtpu.load(sys.argv[1]); m.predict(texts); t=time.perf_counter(); m.predict(texts)\n"
+        "m.predict(texts); t=time.perf_counter(); m.predict(texts)\n"
         "print(len(texts)/(time.perf_counter()-t))\n"
     )
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"serving-texts-{os.getpid()}.json"
     path.write_text(json.dumps(texts))
     try:
         out = subprocess.run(
-            [sys.executable, "-c", code, run, str(path)], capture_output=True, text=True, check=True
+            [sys.executable, "-c", code, source, str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
         )
     finally:
         path.unlink(missing_ok=True)
@@ -224,7 +239,7 @@ def _table(result: dict[str, Any]) -> str:
             f"| {row['way']} | {row['clients']} | {row['throughput']:.1f} | {row['p50_ms']:.0f} | "
             f"{row['p95_ms']:.0f} | {row['p99_ms']:.0f} | {row['errors']} |"
         )
-    lines.append(f"| offline `jaxtpu.load().predict` | - | {result['offline']:.1f} | | | | |")
+    lines.append(f"| offline ({result['backend']}) | - | {result['offline']:.1f} | | | | |")
     r = result["ratios"]
     lines += [
         "",
@@ -238,11 +253,26 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def serve_rows(args: argparse.Namespace, texts: list[str], levels: list[int]) -> dict[str, Any]:
+def source_of(args: argparse.Namespace, out: Path) -> tuple[str, str]:
+    """(the serve flag, its path) of the backend: the run, or its ONNX export (written once
+    into OUT/onnx, with the int8 twin)."""
+    if args.backend == "jaxtpu":
+        return "--workdir", args.workdir
+    export = out / "onnx"
+    if not export.exists():
+        cmd = [sys.executable, "-m", "jaxtpu.export", "--workdir", args.workdir]
+        cmd += ["--out", str(export), "--format", "onnx", "--quantize", "int8"]
+        subprocess.run(cmd, check=True)
+    return "--onnx", str(export / ("model_int8.onnx" if args.backend == "onnx-int8" else ""))
+
+
+def serve_rows(
+    args: argparse.Namespace, source: tuple[str, str], texts: list[str], levels: list[int]
+) -> dict[str, Any]:
     """The server's rows at each level, its half-load open loop and its model version."""
     import httpx
 
-    serve = [sys.executable, "-m", "jaxtpu.serve", "--workdir", args.workdir, "--port", "0"]
+    serve = [sys.executable, "-m", "jaxtpu.serve", *source, "--port", "0"]
     proc, url = _start(serve + args.serve_flags.split(), "serving")
     rows = []
     try:
@@ -257,10 +287,10 @@ def serve_rows(args: argparse.Namespace, texts: list[str], levels: list[int]) ->
         asyncio.run(closed_loop(analyze, body, texts[:32], 8))  # warm
         for c in levels:
             row = asyncio.run(closed_loop(analyze, body, texts, c))
-            rows.append({"way": "serve", "clients": c, **row})
+            rows.append({"way": f"serve {args.backend}", "clients": c, **row})
             print(
-                f"serve, {c} clients: {row['throughput']:.1f}/s, p50 {row['p50_ms']:.0f} ms, "
-                f"p99 {row['p99_ms']:.0f} ms",
+                f"serve {args.backend}, {c} clients: {row['throughput']:.1f}/s, "
+                f"p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms",
                 flush=True,
             )
         top = max(r["throughput"] for r in rows)
@@ -292,7 +322,7 @@ def baseline_rows(workdir: str, out: Path, texts: list[str], levels: list[int]) 
     return rows
 
 
-def ratios(result: dict[str, Any], clients: int) -> dict[str, float]:
+def ratios(result: dict[str, Any], clients: int) -> dict[str, Any]:
     """Item 6's goals as ratios, at the highest client count."""
 
     def at(way: str) -> float:
@@ -302,8 +332,8 @@ def ratios(result: dict[str, Any], clients: int) -> dict[str, float]:
     half = result["half_load"]
     return {
         "clients": clients,
-        "serve64_over_offline": at("serve") / result["offline"],
-        "serve64_over_baseline": at("serve") / at("baseline"),
+        "serve64_over_offline": at(f"serve {result['backend']}") / result["offline"],
+        "serve64_over_baseline": at(f"serve {result['backend']}") / at("baseline"),
         "p99_over_p50_half_load": half["p99_ms"] / half["p50_ms"],
     }
 
@@ -322,6 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--serve-flags", default="", help="More flags for jaxtpu serve, e.g. '--batch-size 4'."
     )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="jaxtpu",
+        help="What the server scores with: the run on JAX, or its ONNX export on onnxruntime "
+        "(fp32, or the int8 twin), exported once into --out.",
+    )
     args = p.parse_args(argv)
     _check_run(args.workdir)
     if not REAL_CSV.exists():
@@ -334,10 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_record(),
         "requests": len(texts),
         "serve_flags": args.serve_flags,
+        "backend": args.backend,
     }
-    print(f"offline: jaxtpu.load().predict of {len(texts)} comments ...", flush=True)
-    result["offline"] = offline(args.workdir, texts)
-    result.update(serve_rows(args, texts, levels))
+    source = source_of(args, out)
+    print(f"offline: {args.backend} batch scoring of {len(texts)} comments ...", flush=True)
+    result["offline"] = offline(source[1], texts, args.backend)
+    result.update(serve_rows(args, source, texts, levels))
     if not args.no_baseline:
         result["rows"] += baseline_rows(args.workdir, out, texts, levels)
     result["ratios"] = ratios(result, max(levels))
