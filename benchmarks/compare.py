@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import cpu_line, cpu_record
 from jaxtpu.core import files, hostmem
 from parity_tests.harness import ROOT, clean_env
 
@@ -143,6 +144,7 @@ def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: 
     record = {
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "seconds": time.time() - t0,
+        "cpu": cpu_record(),
         **extra,
         "results": records,
     }
@@ -166,7 +168,9 @@ def _strategy(r: dict[str, Any]) -> str:
     return name
 
 
-def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
+def table(
+    records: list[dict[str, Any]], peaks: dict[str, float], cpu: dict[str, Any] | None = None
+) -> str:
     head = (
         f"{'framework':<10} {'parallel':<16} {'workload':<9} {'prec':<4} {'dev':>3} "
         f"{'compile s':>9} {'median s':>9} {'p10-p90 s':>13} {'samples/s':>9} "
@@ -188,6 +192,7 @@ def table(records: list[dict[str, Any]], peaks: dict[str, float]) -> str:
         "matmul peak (2048^3 GEMM via XLA, 1 device): "
         + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items())
     )
+    lines.append(cpu_line(cpu))
     return "\n".join(lines)
 
 
@@ -361,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replot:
         saved = json.loads((out / "benchmarks.json").read_text())
         print(f"measured {saved['created']} in {saved['seconds']:.0f}s")
-        print(table(saved["results"], saved["matmul_peak_gflops"]))
+        print(table(saved["results"], saved["matmul_peak_gflops"], saved.get("cpu")))
         plot(saved["results"], out / "benchmarks.png")
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -386,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(i, len(configs), " ".join(map(str, c.values())), status, t)
         records.append(r)
     write_record(out / "benchmarks.json", t0, records, matmul_peak_gflops=peaks)
-    print(table(records, peaks))
+    print(table(records, peaks, cpu_record()))
     plot(records, out / "benchmarks.png")
     print(
         f"wrote {out / 'benchmarks.json'} and {out / 'benchmarks.png'} in {time.time() - t0:.0f}s"

@@ -59,6 +59,7 @@ from pathlib import Path
 
 from benchmarks.competitions import REAL_CSV
 from benchmarks.datascale import measured
+from benchmarks.machine import cpu_line, cpu_record
 
 WAYS = ("jaxtpu-predict", "jaxtpu-api", "pipeline-fp32", "pipeline-bf16", "onnx-fp32", "onnx-int8")
 BATCH = 32  # the other tools' batch size (jaxtpu scores its default --batch-size per device)
@@ -258,7 +259,7 @@ def summary(rounds: list[dict]) -> list[dict]:
             "per_s_min": min(rate), "per_s_max": max(rate), "load_s": median("load_s"),
             "first_s": median("first_s"), "wall_s": median("wall_s"),
             "peak_rss_gb": max(r["peak_rss_gb"] for r in mine), "auc": mine[-1]["auc"],
-            "diff": max(r["diff"] for r in mine),
+            "diff": max(r["diff"] for r in mine), "cpu": mine[-1].get("cpu"),
         })  # fmt: skip
     return rows
 
@@ -297,7 +298,10 @@ def table(rows: list[dict]) -> str:
             f"{first} | {load} | {r['wall_s']} | {r['peak_rss_gb']:.2f} GB | {r['auc']:.4f} | "
             f"{r['diff']:.1e} |"
         )
-    return "\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in ratios(rows))
+    cpu = cpu_line(rows[0].get("cpu") if rows else None)
+    return (
+        "\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in ratios(rows)) + f"\n\n{cpu}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -355,14 +359,14 @@ def main(argv: list[str] | None = None) -> None:
         f"{max_len}; {os.cpu_count()} CPUs; {args.rounds} rounds of {', '.join(ways)}",
         flush=True,
     )
-    results, reference = [], None
+    results, reference, cpu = [], None, cpu_record()
     for round_ in range(1, args.rounds + 1):
         for way in ways:
             row = _one(way, out, run, comments, args.rows, max_len, len(texts))
             probs = row.pop("probs")
             if reference is None and way.startswith("jaxtpu"):
                 reference = probs
-            row["way"], row["round"] = way, round_
+            row["way"], row["round"], row["cpu"] = way, round_, cpu
             row["auc"] = float(metrics.roc_auc(probs[held], labels[held]))
             row["diff"] = float(np.abs(probs - reference).max()) if reference is not None else 0.0
             results.append(row)

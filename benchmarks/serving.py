@@ -44,26 +44,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.competitions import REAL_CSV
-
-KERNEL_FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
-
-
-def cpu_record() -> dict[str, Any]:
-    """The CPU a table ran on: model name, cores and the flags that change the kernels."""
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {
-        "model": model,
-        "cores": os.cpu_count(),
-        "flags": [f for f in KERNEL_FLAGS if f in flags],
-    }
+from benchmarks.machine import cpu_line, cpu_record
 
 
 def comments(n: int, path: Path = REAL_CSV) -> list[str]:
@@ -247,8 +228,7 @@ def _table(result: dict[str, Any]) -> str:
         "(goal >= 0.8); "
         f"serve / baseline at {r['clients']}: {r['serve64_over_baseline']:.2f} (goal >= 3); "
         f"p99/p50 at half the saturating rate: {r['p99_over_p50_half_load']:.2f} (goal <= 3)",
-        f"CPU: {result['cpu']['model']}, {result['cpu']['cores']} cores, flags "
-        f"{', '.join(result['cpu']['flags']) or 'none of ' + ', '.join(KERNEL_FLAGS)}",
+        cpu_line(result["cpu"]),
     ]
     return "\n".join(lines)
 

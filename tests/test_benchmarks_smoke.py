@@ -360,6 +360,27 @@ def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_t
     assert "int8's held-out AUC loss: 0.0020" in text
     assert "jaxtpu.load().predict over PyTorch bf16 autocast: 1.00x" in text  # 175 / 175
     assert "| jaxtpu-api | 175 | 100-200 | 35.0 |" in text
+    assert text.endswith("CPU: not recorded (a result written before tables recorded it)")
+
+
+def test_every_benchmark_table_says_which_cpu_it_ran_on():
+    """Issue 65 item 6: the CPU's model, cores and the flags that change the kernels, read from
+    /proc/cpuinfo's text, under the scoring, serving and training tables."""
+    from benchmarks import scoring
+    from benchmarks.machine import cpu_line, cpu_record
+
+    info = "model name\t: Some CPU\nflags\t\t: fpu sse avx512f avx512_vnni amx_tile\n"
+    cpu = cpu_record(info)
+    assert cpu["model"] == "Some CPU" and cpu["flags"] == ["avx512f", "avx512_vnni", "amx_tile"]
+    line = cpu_line(cpu)
+    assert line == f"CPU: Some CPU, {os.cpu_count()} cores, flags avx512f, avx512_vnni, amx_tile"
+    assert cpu_line(cpu_record("model name : Old\nflags : fpu sse2\n")).endswith(
+        "flags none of avx512f, avx512_vnni, avx512_bf16, amx_bf16, amx_int8, amx_tile"
+    )
+    row = {"way": "onnx-fp32", "per_s": 1.0, "wall_s": 1.0, "peak_rss_gb": 1.0, "auc": 0.9}
+    row |= {"diff": 0.0, "cpu": cpu}
+    assert scoring.table(scoring.summary([row])).endswith(line)
+    assert compare.table([], {"bf16": 1.0}, cpu).endswith(line)
 
 
 @pytest.mark.parametrize(
