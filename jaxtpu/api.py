@@ -64,6 +64,18 @@ class Model:
         targets'), for any iterable of strings (a list, a generator, a pandas Series, ...),
         read once. A rules model scores (rule, comment) pairs; a model trained with
         --prompt-template scores each comment (and rule) inside that prompt, as it trained."""
+        prepared = self.prepared(texts)  # checked before anything is scored
+        return self.scorer.logits(prepared)
+
+    def buckets(self, texts: Iterable[str]) -> np.ndarray:
+        """The length bucket (its edge, in tokens) each text is scored in: texts of one bucket
+        run in one program (the server groups them so, `jaxtpu.serve.batcher`)."""
+        prepared = self.prepared(texts)
+        return self.scorer.buckets(prepared)
+
+    def prepared(self, texts: Iterable[str]) -> list[Any]:
+        """What the scorer tokenizes: each text (or pair) checked and read as the run read its
+        rows (whitespace collapsed; the run's prompt or rule template)."""
         if isinstance(texts, str | bytes):
             raise UserError("predict takes an iterable of strings (one comment each), not one")
         texts = list(texts)  # a generator is read once: every item is scored
@@ -90,16 +102,16 @@ class Model:
                         f"{', '.join(t.fields)}, not the rule alone: score a file of them with "
                         "jaxtpu predict"
                     )
-                return self.scorer.logits([(t.render({"rule": a}), norm(b)) for a, b in texts])
-            return self.scorer.logits([(norm(a), norm(b)) for a, b in texts])
+                return [(t.render({"rule": a}), norm(b)) for a, b in texts]
+            return [(norm(a), norm(b)) for a, b in texts]
         wrong = [i for i, t in enumerate(texts) if not isinstance(t, str)]
         if wrong:
             kind = type(texts[wrong[0]]).__name__
             raise UserError(f"predict takes strings (one comment each); item {wrong[0]} is {kind}")
         if self._prompt:  # each comment in the run's prompt, as its rows were
             first = readers.row_template(self._prompt, rules=False).render({})
-            return self.scorer.logits([(first, readers.normalize_text(t)) for t in texts])
-        return self.scorer.logits([readers.normalize_text(t) for t in texts])
+            return [(first, readers.normalize_text(t)) for t in texts]
+        return [readers.normalize_text(t) for t in texts]
 
     def predict(
         self, texts: Iterable[str], all_outputs: bool = False

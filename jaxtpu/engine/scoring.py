@@ -18,7 +18,7 @@ import numpy as np
 from jaxtpu.core import calibration, metrics, storage
 from jaxtpu.core.calibration import Calibration
 from jaxtpu.core.data import readers, tokenized
-from jaxtpu.core.data.buckets import Batcher, fixed_edges, real_lengths
+from jaxtpu.core.data.buckets import Batcher, edge_of, fixed_edges, real_lengths
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer, tokenizer_fingerprint
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.flags.runspec import RunSpec
@@ -257,6 +257,16 @@ def one_comment_task(task: Any) -> Any:
     return task if task.comments_per_example == 1 else get_task("toxicity")
 
 
+def text_buckets(
+    texts: Sequence[Any], tokenizer: Any, max_len: int, edges: Sequence[int]
+) -> np.ndarray:
+    """The length bucket (edge) of each of `texts` under `tokenizer`, as scoring cuts them."""
+    if not texts:
+        return np.zeros(0, np.int64)
+    _, mask = encode_texts(texts, tokenizer, max_len)
+    return edge_of(real_lengths(mask), edges, max_len)
+
+
 class Scorer:
     """A model ready to score comments on `devices`: its tokenizer, a backend that keeps its
     compiled programs, and fixed length buckets (powers of two up to the run's --max-len), so
@@ -289,6 +299,10 @@ class Scorer:
         examples = tokenized.Examples(ids, mask, label, layout=layout)
         _, scores = loop.score_examples(self.backend, examples, batcher, self.task, False)
         return scores
+
+    def buckets(self, texts: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
+        """The length bucket (edge) each of `texts` is scored in by `logits`."""
+        return text_buckets(texts, self.tokenizer, self.max_len, self.edges)
 
     def calibrate(self, logits: np.ndarray) -> np.ndarray:
         """`logits` (of `logits`) as calibrated logits, whose sigmoid is the probability

@@ -76,7 +76,12 @@ class Server:
         )
         self.batchers = {
             id(m): Batcher(
-                m.probabilities, options.max_items, options.max_wait_ms, options.max_queue
+                m.probabilities,
+                options.max_items,
+                options.max_wait_ms,
+                options.max_queue,
+                bucket_of=m.buckets if m.call_rows else None,
+                rows=m.call_rows,
             )
             for m in models
         }

@@ -76,6 +76,20 @@ class Served:
         n = len(texts)
         return [{a.name: float(out[k * n + i, 0]) for k, a in enumerate(wanted)} for i in range(n)]
 
+    @property
+    def call_rows(self) -> int:
+        """Texts of one call when the model pads every call to that many of one length bucket
+        (the JAX backend: the server then groups texts by bucket); 0 when it does not (ONNX)."""
+        return (
+            0
+            if getattr(self.model, "backend", None) is None
+            else int(self.model.scorer.global_batch)
+        )
+
+    def buckets(self, items: list[Any]) -> np.ndarray:
+        """The length bucket of each of the model's inputs (`inputs`)."""
+        return self.model.buckets(items)
+
     def probabilities(self, items: list[Any]) -> np.ndarray:
         """(N, columns) probabilities of the model's inputs (the batcher's scoring call)."""
         logits = self.model.scorer.calibrate(self.model.logits(items))

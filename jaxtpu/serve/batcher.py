@@ -9,6 +9,12 @@ reading requests. A batch whose scoring fails fails its own requests only; the n
 scored as if nothing happened. A text's score does not depend on the batch it shares
 (`jaxtpu.engine.scoring.Scorer` pads every call to one shape and groups texts by fixed length
 buckets), so batching changes latency, never a score.
+
+For a model that pads every call to `rows` texts of one length bucket (the JAX backend), the
+texts are grouped by bucket (`bucket_of`): a bucket is scored as soon as it fills whole calls,
+and what is left of it waits at most `max_wait_ms` (from its oldest text) for more texts of
+its length, then goes as it is. Under load every call is then full, as offline scoring's are;
+a request whose texts fall in several buckets is answered when the last of them is scored.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+# a bucket's remainder is never held back for fuller ones longer than this many waits
+STARVE = 20
 
 
 class Overloaded(Exception):
@@ -36,6 +45,17 @@ class _Job:
     items: list[Any]
     future: asyncio.Future
     queued: float = field(default_factory=time.perf_counter)
+    buckets: Sequence[int] = ()  # each item's length bucket (grouped batching)
+    results: list[Any] = field(default_factory=list)
+    left: int = 0
+
+
+@dataclass
+class _Part:
+    """One item of a job, waiting in its bucket."""
+
+    job: _Job
+    index: int
 
 
 @dataclass
@@ -58,6 +78,9 @@ class Batcher:
         is scored alone).
       max_wait_ms: how long the first request of a batch waits for others.
       max_queue: requests waiting at most; beyond it `submit` raises `Overloaded`.
+      bucket_of: each item's length bucket, for a model whose calls are `rows` items of one
+        bucket (None: batches in arrival order).
+      rows: the items of one call of such a model.
     """
 
     def __init__(
@@ -66,8 +89,11 @@ class Batcher:
         max_items: int = 64,
         max_wait_ms: float = 5.0,
         max_queue: int = 256,
+        bucket_of: Callable[[list[Any]], Sequence[int]] | None = None,
+        rows: int = 0,
     ) -> None:
         self.score, self.max_items = score, max_items
+        self.bucket_of, self.rows = (bucket_of, rows) if rows > 0 else (None, 0)
         self.max_wait = max_wait_ms / 1000
         self.max_queue = max_queue
         self.stats = BatchStats()
@@ -82,7 +108,7 @@ class Batcher:
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._run())
+        self._task = asyncio.create_task(self._run_grouped() if self.bucket_of else self._run())
 
     async def stop(self) -> None:
         if self._task:
@@ -109,9 +135,13 @@ class Batcher:
         if self._queue.qsize() >= self.max_queue:
             self.stats.refused += 1
             raise Overloaded(self.retry_after())
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Job(list(items), future))
-        return await future
+        loop = asyncio.get_running_loop()
+        job = _Job(list(items), loop.create_future())
+        if self.bucket_of:  # tokenized off the event loop
+            job.buckets = await loop.run_in_executor(None, self.bucket_of, job.items)
+            job.results, job.left = [None] * len(job.items), len(job.items)
+        await self._queue.put(job)
+        return await job.future
 
     async def _run(self) -> None:
         assert self._queue is not None
@@ -141,6 +171,99 @@ class Batcher:
             if jobs:
                 await self._score(loop, jobs)
 
+    async def _run_grouped(self) -> None:
+        """Whole calls of one bucket as soon as a bucket fills them; a bucket's remainder
+        once its oldest item has waited `max_wait`, in a call of its own."""
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        pending: dict[int, list[_Part]] = {}  # each bucket's items, oldest first
+        while True:
+            if not pending:
+                self._take(await self._queue.get(), pending)
+            while not self._queue.empty():
+                self._take(self._queue.get_nowait(), pending)
+            parts = self._whole_calls(pending)
+            if not parts:
+                bucket, wait = self._next_partial(pending)
+                if wait > 0:
+                    try:
+                        self._take(await asyncio.wait_for(self._queue.get(), wait), pending)
+                    except TimeoutError:
+                        pass
+                    continue
+                parts = pending.pop(bucket)
+            parts = [p for p in parts if not p.job.future.done()]  # gone, or failed already
+            if parts:
+                await self._score_parts(loop, parts)
+
+    def _next_partial(self, pending: dict[int, list[_Part]]) -> tuple[int, float]:
+        """The bucket whose remainder goes next, and how long until it is due. Of the buckets
+        whose oldest item has waited `max_wait`, the fullest (the call least padded) goes
+        first, unless one has waited `STARVE` times as long: then the oldest. While a call
+        runs, items gather, so under load a remainder grows before it goes."""
+        now = time.perf_counter()
+        waited = {b: now - w[0].job.queued for b, w in pending.items()}
+        oldest = max(waited, key=waited.__getitem__)
+        if waited[oldest] >= STARVE * self.max_wait:
+            return oldest, 0.0
+        due = [b for b, t in waited.items() if t >= self.max_wait]
+        if not due:
+            return oldest, self.max_wait - waited[oldest]
+        return max(due, key=lambda b: len(pending[b])), 0.0
+
+    @staticmethod
+    def _take(job: _Job, pending: dict[int, list[_Part]]) -> None:
+        for i, bucket in enumerate(job.buckets):
+            pending.setdefault(int(bucket), []).append(_Part(job, i))
+
+    def _whole_calls(self, pending: dict[int, list[_Part]]) -> list[_Part]:
+        """The items of every bucket that fills whole calls (at most `max_items` in all,
+        at least one call), taken out of `pending`."""
+        out: list[_Part] = []
+        for bucket in list(pending):
+            waiting = pending[bucket]
+            room = max(self.rows, (self.max_items - len(out)) // self.rows * self.rows)
+            n = min(len(waiting) // self.rows * self.rows, room)
+            if n:
+                out += waiting[:n]
+                if waiting[n:]:
+                    pending[bucket] = waiting[n:]
+                else:
+                    del pending[bucket]
+            if len(out) >= self.max_items:
+                break
+        return out
+
+    async def _score_parts(self, loop: asyncio.AbstractEventLoop, parts: list[_Part]) -> None:
+        items = [p.job.items[p.index] for p in parts]
+        try:
+            scores = await self._scored(loop, items)
+        except Exception as e:  # noqa: BLE001 - the batch's requests fail, the server goes on
+            for p in parts:
+                if not p.job.future.done():
+                    p.job.future.set_exception(e)
+            return
+        for p, row in zip(parts, scores, strict=True):
+            p.job.results[p.index] = row
+            p.job.left -= 1
+            if not p.job.left and not p.job.future.done():
+                p.job.future.set_result(np.stack(p.job.results))
+
+    async def _scored(self, loop: asyncio.AbstractEventLoop, items: list[Any]) -> np.ndarray:
+        """`score(items)` in the scoring thread, counted in the stats (a failure too)."""
+        t0 = time.perf_counter()
+        try:
+            scores = await loop.run_in_executor(self.pool, self.score, items)
+        except Exception:
+            self.stats.failed_batches += 1
+            raise
+        took = time.perf_counter() - t0
+        self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * took / max(1, len(items))
+        self.stats.batches += 1
+        self.stats.items += len(items)
+        self.stats.last_sizes = (self.stats.last_sizes + [len(items)])[-100:]
+        return scores
+
     async def _requeue_first(self, job: _Job) -> None:
         """Puts `job` back at the head of the queue (it starts the next batch)."""
         assert self._queue is not None
@@ -152,20 +275,13 @@ class Batcher:
 
     async def _score(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
         items = [x for j in jobs for x in j.items]
-        t0 = time.perf_counter()
         try:
-            scores = await loop.run_in_executor(self.pool, self.score, items)
+            scores = await self._scored(loop, items)
         except Exception as e:  # noqa: BLE001 - the batch's requests fail, the server goes on
-            self.stats.failed_batches += 1
             for j in jobs:
                 if not j.future.done():
                     j.future.set_exception(e)
             return
-        took = time.perf_counter() - t0
-        self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * took / max(1, len(items))
-        self.stats.batches += 1
-        self.stats.items += len(items)
-        self.stats.last_sizes = (self.stats.last_sizes + [len(items)])[-100:]
         start = 0
         for j in jobs:
             part = scores[start : start + len(j.items)]

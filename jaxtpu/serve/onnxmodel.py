@@ -28,6 +28,7 @@ from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.tasks import get_task
+from jaxtpu.engine.scoring import text_buckets
 
 META = "jaxtpu_onnx.json"  # what `jaxtpu export --format onnx` writes beside the graph
 
@@ -150,6 +151,9 @@ class OnnxScorer:
                     }
                     out[rows] = self.session.run(None, feeds)[0]
         return out[:, 0] if self.task.label_shape == () else out
+
+    def buckets(self, texts: list[Any]) -> np.ndarray:
+        return text_buckets(texts, self.tokenizer, self.max_len, self.edges)
 
     def calibrate(self, logits: np.ndarray) -> np.ndarray:
         return logits if self.calibration is None else self.calibration.apply(logits)

@@ -1,0 +1,82 @@
+"""`jaxtpu.serve.batcher` grouping texts by length bucket for a model whose every call is
+`rows` texts of one bucket (the JAX backend): whole calls of one bucket as soon as a bucket
+fills them, the rest after `max_wait_ms`, every request answered with its own rows (one whose
+texts fall in several buckets too), a failing call failing only the requests it held."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from jaxtpu.serve.batcher import Batcher
+
+
+def _bucket(text: str) -> int:
+    return 16 if len(text) < 10 else 32
+
+
+class Model:
+    """Scores a text as its length; records each call's texts; a call holding FAIL fails."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def score(self, items: list[str]) -> np.ndarray:
+        self.calls.append(list(items))
+        if any("FAIL" in t for t in items):
+            raise RuntimeError("this call cannot be scored")
+        return np.array([[float(len(t))] for t in items])
+
+    def buckets(self, items: list[str]) -> list[int]:
+        return [_bucket(t) for t in items]
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_whole_calls_of_one_bucket_go_at_once_and_the_rest_after_the_wait():
+    model = Model()
+
+    async def main():
+        b = Batcher(model.score, 64, max_wait_ms=20, bucket_of=model.buckets, rows=2)
+        await b.start()
+        mixed = ["one", "a much longer sentence here", "two"]
+        first = await asyncio.gather(b.submit(mixed), b.submit(["x", "y"]))
+        then = await asyncio.gather(
+            b.submit(["a FAIL that is long enough"]), b.submit(["z"]), return_exceptions=True
+        )
+        await b.stop()
+        return first, then
+
+    (mixed, other), (bad, fine) = _run(main())
+    assert [float(x) for x in mixed[:, 0]] == [3.0, 27.0, 3.0]
+    assert [float(x) for x in other[:, 0]] == [1.0, 1.0]
+    assert isinstance(bad, RuntimeError) and [float(x) for x in fine[:, 0]] == [1.0]
+    # the failing call held bucket 32's text only; the short request beside it was answered
+    failing = next(c for c in model.calls if any("FAIL" in t for t in c))
+    assert failing == ["a FAIL that is long enough"]
+    assert all(len({_bucket(t) for t in call}) == 1 for call in model.calls)
+
+
+def test_without_a_bucket_function_batches_go_in_arrival_order():
+    model = Model()
+
+    async def main():
+        b = Batcher(model.score, 3, max_wait_ms=50)
+        await b.start()
+        out = await asyncio.gather(*(b.submit([t]) for t in ["a", "a long one here!", "b", "c"]))
+        await b.stop()
+        return out
+
+    out = _run(main())
+    assert [float(r[0, 0]) for r in out] == [1.0, 16.0, 1.0, 1.0]
+    assert model.calls[0] == ["a", "a long one here!", "b"]  # mixed lengths: arrival order
+
+
+@pytest.mark.parametrize("rows", [0, -1])
+def test_no_rows_means_no_grouping(rows):
+    b = Batcher(Model().score, 8, bucket_of=Model().buckets, rows=rows)
+    assert b.bucket_of is None and b.rows == 0
