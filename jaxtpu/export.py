@@ -37,10 +37,12 @@ from jaxtpu.core.hf.directory import export_tokenizer, notebook_state_dict, save
 from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout, hf_head
 from jaxtpu.core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config, adapter_tensors
 from jaxtpu.core.run.exits import user_errors
+from jaxtpu.core.serving import card as cards
 from jaxtpu.core.serving.attributes import recorded_map
 from jaxtpu.core.storage import check_output_path
+from jaxtpu.core.versions import installed
 from jaxtpu.engine import weights
-from jaxtpu.engine.scoring import load_trained
+from jaxtpu.engine.scoring import load_trained, params_digest
 
 
 def save_state_dict(tensors: dict, out: Path) -> None:
@@ -204,6 +206,7 @@ def _export_directory(
             weights.save_hf(params, enc, staging, None, head, classifier)
             export_tokenizer(model.tokenizer_dir, staging, _raw_text(model))
             carry_calibration(model, outputs, staging / "config.json")
+        write_card(args.workdir, model, params, outputs, attrs or [], staging)
     if args.format == "onnx":
         diffs = ", ".join(f"{k} {v:.2e}" for k, v in meta["diffs"].items())
         fused = ", ".join(f"{n} {k}" for k, n in meta["fused_for_onnxruntime"].items())
@@ -267,6 +270,33 @@ CHECK_TEXTS = (
     "ok",
     "Thanks for the edit; I have added the reference to the article as you asked.",
 )
+
+
+def write_card(
+    workdir: str, model: Any, params: dict, outputs: list[str], attrs: list, out: Path
+) -> None:
+    """The run's model card (`GET /v1/model`'s fields: version, validation AUCs and bias
+    metrics, calibration, training files' hashes, the run's config) of what the export holds,
+    as `model_card.json` (`card.CARD_FILE`)."""
+    import json
+
+    metrics = {k: v for k, v in model.meta.items() if isinstance(v, int | float)}
+    cal = model.calibration
+    _, card = cards.build(
+        f"jaxtpu export --workdir {workdir}",
+        model.cfg.train.task,
+        outputs,
+        attrs,
+        cards.languages_of(metrics),
+        model.cfg,
+        metrics,
+        model.meta.get("config") or {},
+        params_digest(params),
+        model.tokenizer_dir,
+        None if cal is None else cal.subset(outputs).to_dict(),
+        installed("jaxtpu", "unknown"),
+    )
+    (out / cards.CARD_FILE).write_text(json.dumps(card, indent=2, allow_nan=False) + "\n")
 
 
 def carry_calibration(model: Any, outputs: list[str], config: Path) -> None:

@@ -50,6 +50,12 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, onnx_e
     assert meta["text_format"] == {"rule_template": "{rule}", "prompt_template": ""}
     assert meta["attributes"] == [{"name": "TOXICITY", "column": "toxic"}]
     assert set(meta["metrics"]) >= {"val_auc", "val_loss"}
+    # the run's model card travels with it (GET /v1/model's fields)
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["version"].startswith("jaxtpu-") and card["columns"] == ["toxic"]
+    assert card["validation"]["auc"] == {"toxic": meta["metrics"]["val_auc"]}
+    assert card["attributes"] == meta["attributes"] and card["languages"] == ["en"]
+    assert card["calibration"] == meta["calibration"] and card["config"]
 
     model = load_trained(finished_run)
     spec = model.spec

@@ -32,6 +32,7 @@ from jaxtpu.core.hf.encoder import (
     resolve_model_dir,
 )
 from jaxtpu.core.run import loop
+from jaxtpu.core.serving.card import digest_arrays
 from jaxtpu.core.severity import format_weights, pair_agreement
 from jaxtpu.core.tasks import LABELS, get_task
 from jaxtpu.engine import weights
@@ -255,6 +256,15 @@ def one_comment_task(task: Any) -> Any:
     ranker as toxicity does, a multi-label model as itself (its scores per comment)."""
 
     return task if task.comments_per_example == 1 else get_task("toxicity")
+
+
+def params_digest(params: Any) -> str:
+    """sha256 of a model's parameters (every array's path, dtype, shape and bytes): the
+    weights part of its version (`jaxtpu.core.serving.card`)."""
+    from flax.traverse_util import flatten_dict
+
+    flat = flatten_dict(params)
+    return digest_arrays(("/".join(map(str, k)), np.asarray(v)) for k, v in flat.items())
 
 
 def text_buckets(

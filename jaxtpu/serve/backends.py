@@ -10,9 +10,7 @@ template) and give it the same score.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +22,7 @@ from jaxtpu.core.hf.encoder import exported_head, resolve_model_dir
 from jaxtpu.core.serving import card as cards
 from jaxtpu.core.serving.attributes import Attribute, as_records, served_map
 from jaxtpu.core.versions import installed
-from jaxtpu.engine.scoring import load_model_dir, load_trained
+from jaxtpu.engine.scoring import load_model_dir, load_trained, params_digest
 from jaxtpu.serve.onnxmodel import OnnxModel
 
 
@@ -179,49 +177,24 @@ def _calibration_record(served: Served) -> dict[str, Any] | None:
     return None if cal is None else cal.to_dict()
 
 
-def _flat_params(params: Any) -> list[tuple[str, Any]]:
-    from flax.traverse_util import flatten_dict
-
-    return [("/".join(map(str, k)), np.asarray(v)) for k, v in flatten_dict(params).items()]
-
-
 def _version_and_card(
     served: Served, trained: Any, metrics: dict[str, float]
 ) -> tuple[str, dict[str, Any]]:
-    tokenizer = Path(trained.tokenizer_dir)
     if trained.params is None:  # an ONNX export: its graph file
         weights = trained.weights_digest()
     else:
-        weights = cards.digest_arrays(_flat_params(trained.params))
-    parts = {
-        "weights": weights,
-        "tokenizer": cards.digest_dir(tokenizer) if tokenizer.is_dir() else "",
-        "attributes": as_records(served.attributes),
-        "calibration": _calibration_record(served),
-        "jaxtpu": installed("jaxtpu", "unknown"),
-    }
-    version = cards.model_version(parts)
-    cfg = trained.cfg
-    files = {}
-    for name in ("train_csv", "valid_csv", "extra_train"):
-        path = getattr(cfg.data, name, None)
-        if path and Path(path).is_file():
-            files[name] = {"path": str(path), "sha256": cards.digest_file(path)}
-        elif path:
-            files[name] = {"path": str(path), "sha256": None}
-    card = {
-        "version": version,
-        "source": served.source,
-        "task": served.model.task.name,
-        "attributes": as_records(served.attributes),
-        "columns": list(served.columns),
-        "languages": served.languages,
-        "precision": cfg.train.precision,
-        "max_len": cfg.data.max_len,
-        "validation": cards.validation_summary(metrics, served.model.task.label_columns),
-        "training_files": files,
-        "calibration": parts["calibration"],
-        "parts": parts,
-        "config": json.loads(json.dumps(trained.meta.get("config") or {}, default=str)),
-    }
-    return version, card
+        weights = params_digest(trained.params)
+    return cards.build(
+        served.source,
+        served.model.task.name,
+        served.columns,
+        as_records(served.attributes),
+        served.languages,
+        trained.cfg,
+        metrics,
+        trained.meta.get("config") or {},
+        weights,
+        trained.tokenizer_dir,
+        _calibration_record(served),
+        installed("jaxtpu", "unknown"),
+    )

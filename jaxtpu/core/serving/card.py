@@ -94,3 +94,58 @@ def languages_of(metrics: Mapping[str, Any]) -> list[str]:
     Multilingual's)."""
     found = sorted(k[len("val_auc_lang_") :] for k in metrics if k.startswith("val_auc_lang_"))
     return found or ["en"]
+
+
+def build(
+    source: str,
+    task: str,
+    columns: Iterable[str],
+    attributes: list[dict[str, str]],
+    languages: list[str],
+    cfg: Any,
+    metrics: Mapping[str, Any],
+    config: Mapping[str, Any],
+    weights: str,
+    tokenizer_dir: str | Path,
+    calibration: dict[str, Any] | None,
+    jaxtpu_version: str,
+) -> tuple[str, dict[str, Any]]:
+    """A model's version and card: what `GET /v1/model` answers and `jaxtpu export` writes
+    (`CARD_FILE`). `weights` is the weights' digest (`digest_arrays`, or an ONNX graph's
+    `digest_file`); `cfg` the run's `Config`, `metrics` its best evaluation's, `config` the
+    run's recorded config, `calibration` the record applied (None: none)."""
+    tokenizer = Path(tokenizer_dir)
+    parts = {
+        "weights": weights,
+        "tokenizer": digest_dir(tokenizer) if tokenizer.is_dir() else "",
+        "attributes": attributes,
+        "calibration": calibration,
+        "jaxtpu": jaxtpu_version,
+    }
+    version = model_version(parts)
+    files = {}
+    for name in ("train_csv", "valid_csv", "extra_train"):
+        path = getattr(cfg.data, name, None)
+        if path and Path(path).is_file():
+            files[name] = {"path": str(path), "sha256": digest_file(path)}
+        elif path:
+            files[name] = {"path": str(path), "sha256": None}
+    card = {
+        "version": version,
+        "source": source,
+        "task": task,
+        "attributes": attributes,
+        "columns": list(columns),
+        "languages": languages,
+        "precision": cfg.train.precision,
+        "max_len": cfg.data.max_len,
+        "validation": validation_summary(metrics, cfg.task.label_columns),
+        "training_files": files,
+        "calibration": calibration,
+        "parts": parts,
+        "config": json.loads(json.dumps(dict(config), default=str)),
+    }
+    return version, card
+
+
+CARD_FILE = "model_card.json"  # the card an export carries
