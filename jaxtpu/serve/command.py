@@ -186,11 +186,26 @@ def worker_app() -> Any:
     from uvicorn.config import STARTUP_FAILURE
 
     args = argparse.Namespace(**json.loads(os.environ[WORKER_ARGS]))
+    _end_with_parent()
     try:
         return _app(args, quiet=True)[0]
     except (UserError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(STARTUP_FAILURE)
+
+
+def _end_with_parent() -> None:
+    """A worker gets SIGTERM when the supervisor dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG), so no worker goes on serving the port without it; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _app(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
