@@ -70,17 +70,19 @@ def call(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 DEVICES_JAX = """
-import json, jax, flax
+import json, jax
+from importlib.metadata import version
 d = jax.devices()
 print(json.dumps({"platform": d[0].platform, "kind": d[0].device_kind, "count": len(d),
                   "compute_capability": getattr(d[0], "compute_capability", None),
-                  "versions": f"jax {jax.__version__}, flax {flax.__version__}"}))
+                  "versions": f"jax {jax.__version__}, flax {version('flax')}"}))
 """
 DEVICES_TORCH = """
-import json, torch, transformers
+import json, torch
+from importlib.metadata import version
 cuda = torch.cuda.is_available()
 print(json.dumps({"cuda": cuda, "count": torch.cuda.device_count() if cuda else 0,
-                  "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
+                  "versions": f"torch {torch.__version__}, transformers {version('transformers')}",
                   "name": torch.cuda.get_device_name(0) if cuda else "cpu",
                   "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0)))
                   if cuda else None}))

@@ -1,7 +1,7 @@
 """`python -m benchmarks.device_check --dry-run`: the GPU/TPU check (issue 66, item 5) runs
 end to end on tiny shapes here, so it is ready when a device is lent: every part writes its
 rows, the parity part compares jaxtpu with plain torch in fp32, bf16 and fp16, and the report
-lands under --out (about 55 s on the 2-core machine)."""
+lands under --out (55-104 s on the 2-core machine, by how busy it is)."""
 
 from __future__ import annotations
 
