@@ -414,8 +414,7 @@ class ServeFlags:
     )
     threads: int = _c(
         0,
-        "--onnx: onnxruntime's threads per worker [default 0: the cores divided among "
-        "--workers].",
+        "--onnx: onnxruntime's threads per worker [default 0: the cores divided among --workers].",
         bounds=Bounds(0, 4096),
     )
     no_calibration: bool = _no_calibration()
