@@ -41,6 +41,30 @@ def test_whole_calls_of_one_bucket_go_at_once_and_the_rest_after_the_wait():
     model = Model()
 
     async def main():
+        b = Batcher(model.score, 64, max_wait_ms=1000, bucket_of=model.buckets, rows=4)
+        await b.start()
+        short = [f"s{i}" for i in range(6)]  # bucket 16: one whole call of 4, 2 left
+        long = [f"a long comment number {i}" for i in range(3)]  # bucket 32: 3, no call
+        t0 = asyncio.get_running_loop().time()
+        tasks = [asyncio.create_task(b.submit([t])) for t in short + long]
+        done, _ = await asyncio.wait(tasks, timeout=0.5)  # well before the wait ends
+        assert len(done) == 4  # the whole call went before the wait
+        assert model.calls == [short[:4]]
+        results = await asyncio.gather(*tasks)
+        assert asyncio.get_running_loop().time() - t0 >= 0.99  # the rest waited
+        await b.stop()
+        return results
+
+    results = _run(main())
+    assert [float(r[0, 0]) for r in results] == [2.0] * 6 + [23.0] * 3
+    assert sorted(map(len, model.calls)) == [2, 3, 4]  # then each bucket's remainder
+    assert all(len({_bucket(t) for t in call}) == 1 for call in model.calls)
+
+
+def test_a_request_across_buckets_gets_its_rows_in_order_and_a_failure_stays_in_its_call():
+    model = Model()
+
+    async def main():
         b = Batcher(model.score, 64, max_wait_ms=20, bucket_of=model.buckets, rows=2)
         await b.start()
         mixed = ["one", "a much longer sentence here", "two"]
