@@ -49,7 +49,9 @@ def test_whole_calls_of_one_bucket_go_at_once_and_the_rest_after_the_wait():
         tasks = [asyncio.create_task(b.submit([t])) for t in short + long]
         done, _ = await asyncio.wait(tasks, timeout=0.5)  # well before the wait ends
         assert len(done) == 4  # the whole call went before the wait
-        assert model.calls == [short[:4]]
+        # four of the short texts (each request's bucket is found off the loop, so
+        # concurrent requests may reach the queue in another order than sent)
+        assert len(model.calls) == 1 and len(set(model.calls[0]) & set(short)) == 4
         results = await asyncio.gather(*tasks)
         assert asyncio.get_running_loop().time() - t0 >= 0.99  # the rest waited
         await b.stop()
