@@ -280,7 +280,7 @@ def write_card(
     as `model_card.json` (`card.CARD_FILE`)."""
     import json
 
-    metrics = {k: v for k, v in model.meta.items() if isinstance(v, int | float)}
+    metrics = cards.numeric(model.meta)
     cal = model.calibration
     _, card = cards.build(
         f"jaxtpu export --workdir {workdir}",

@@ -80,7 +80,7 @@ class Server:
                 options.max_items,
                 options.max_wait_ms,
                 options.max_queue,
-                bucket_of=m.buckets if m.call_rows else None,
+                bucket_of=m.buckets,  # used only where calls have fixed rows
                 rows=m.call_rows,
             )
             for m in models

@@ -155,7 +155,7 @@ def load_served(
             trained = load_model_dir(source, max_len or 512)
             stored = exported_head(resolve_model_dir(source)).get("attributes")
         model = Model.of(trained, devices, batch_size, calibrated)
-        metrics = {k: v for k, v in trained.meta.items() if isinstance(v, int | float)}
+        metrics = cards.numeric(trained.meta)
     task = model.task
     if task.comments_per_example != 1 or trained.spec.task.comments_per_example != 1:
         raise UserError(

@@ -12,7 +12,6 @@ measures it).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from jaxtpu.core.data.buckets import edge_of, fixed_edges, real_lengths
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.serving.card import digest_file
 from jaxtpu.core.tasks import get_task
 from jaxtpu.engine.scoring import text_buckets
 
@@ -48,11 +48,7 @@ class OnnxExport:
     params: None = None  # no JAX parameters: the version hashes the graph file instead
 
     def weights_digest(self) -> str:
-        h = hashlib.sha256()
-        with open(self.onnx_file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+        return digest_file(self.onnx_file)
 
 
 def read_export(path: str | Path) -> OnnxExport:

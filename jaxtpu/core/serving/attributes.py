@@ -208,9 +208,6 @@ def served_map(
             f"{source}: its recorded attributes read column(s) {', '.join(missing)}, which "
             f"the model does not have ({', '.join(columns)}); pass --attributes"
         )
-    return _unique([_check_attribute(a) for a in out])
-
-
-def _check_attribute(a: Attribute) -> Attribute:
-    _check_name(a.name)
-    return a
+    for a in out:
+        _check_name(a.name)
+    return _unique(list(out))

@@ -60,6 +60,11 @@ def model_version(parts: Mapping[str, Any]) -> str:
     return "jaxtpu-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def numeric(meta: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics of a best checkpoint's record: its numeric values."""
+    return {k: v for k, v in meta.items() if isinstance(v, int | float)}
+
+
 def validation_summary(metrics: Mapping[str, Any], columns: Iterable[str]) -> dict[str, Any]:
     """What a run's best evaluation says of each column (`val_auc_<column>`, or `val_auc` for a
     one-column model) and of its bias and language breakdowns, from its metrics."""
