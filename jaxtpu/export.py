@@ -33,8 +33,10 @@ from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
-from jaxtpu.core.hf.directory import export_tokenizer, notebook_state_dict, save_tensors
+from jaxtpu.core.hf.directory import save_tensors
 from jaxtpu.core.hf.heads import architecture, classifier_fields, head_layout, hf_head
+from jaxtpu.core.hf.statedict import notebook_state_dict
+from jaxtpu.core.hf.tokenizer_dir import export_tokenizer
 from jaxtpu.core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config, adapter_tensors
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.serving import card as cards

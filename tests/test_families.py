@@ -19,6 +19,7 @@ from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf import directory as hf
+from jaxtpu.core.hf import tokenizer_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import FAMILIES
 from jaxtpu.engine import weights
@@ -115,11 +116,11 @@ def test_an_exported_tokenizer_scores_raw_text_as_jaxtpu_does(name, family_dirs,
     tokenizer did not, so pipeline() on raw comments saw newline and double-space tokens the
     model never saw (byte-level BPE and SentencePiece families). The export's tokenizer.json
     now does the same first: raw text through it gives jaxtpu's tokens."""
-    from jaxtpu.core.data.readers import normalize_text
+    from jaxtpu.core.data.templates import normalize_text
     from jaxtpu.core.data.tokens import load_tokenizer
 
     source = load_tokenizer(family_dirs[name])
-    assert hf.export_tokenizer(family_dirs[name], tmp_path)
+    assert tokenizer_dir.export_tokenizer(family_dirs[name], tmp_path)
     exported = load_tokenizer(tmp_path)
     jaxtpu_ids = source([normalize_text(t) for t in RAW])["input_ids"]
     assert exported(RAW)["input_ids"] == jaxtpu_ids
@@ -128,7 +129,7 @@ def test_an_exported_tokenizer_scores_raw_text_as_jaxtpu_does(name, family_dirs,
         assert source(RAW)["input_ids"] != jaxtpu_ids  # what an export without the rule did
     again = tmp_path / "again"  # an export of a run trained from an export: one rule, once
     again.mkdir()
-    hf.export_tokenizer(tmp_path, again)
+    tokenizer_dir.export_tokenizer(tmp_path, again)
     assert (again / "tokenizer.json").read_text() == (tmp_path / "tokenizer.json").read_text()
 
 

@@ -19,8 +19,8 @@ from helpers import (
 
 from jaxtpu import export
 from jaxtpu.core.errors import CheckpointError, ConfigError
-from jaxtpu.core.hf.directory import read_torch_file
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.statedict import read_torch_file
 
 
 def test_a_config_without_model_type_takes_its_family_from_architectures_or_is_refused(caplog):

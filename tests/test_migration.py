@@ -22,7 +22,8 @@ from jaxtpu import export, predict, train  # noqa: E402
 from jaxtpu.core.data.tokens import load_tokenizer, tokenize  # noqa: E402
 from jaxtpu.core.errors import CheckpointError, ConfigError  # noqa: E402
 from jaxtpu.core.flags import presets  # noqa: E402
-from jaxtpu.core.hf.directory import read_notebook_checkpoint, write_hf_dir  # noqa: E402
+from jaxtpu.core.hf.directory import write_hf_dir  # noqa: E402
+from jaxtpu.core.hf.statedict import read_notebook_checkpoint  # noqa: E402
 from parity_tests.forward import encoder  # noqa: E402
 from parity_tests.harness import shared_init  # noqa: E402
 

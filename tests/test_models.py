@@ -13,6 +13,7 @@ from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.flags.presets import minilm
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hf import directory as hf
+from jaxtpu.core.hf import tokenizer_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.engine import weights
 from jaxtpu.models import bert, ops
@@ -253,7 +254,7 @@ def test_text_pairs_get_the_tokenizers_token_types_on_both_sides(
     )
     ids, mask = ref["input_ids"].astype(np.int32), ref["attention_mask"].astype(np.int32)
     assert ref["token_type_ids"].any()
-    sep = hf.separator_id(minilm_dir)
+    sep = tokenizer_dir.separator_id(minilm_dir)
 
     with torch.no_grad():
         out = hf_model(

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PretrainedConfig
 
-from jaxtpu.core.hf.directory import segment_types
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.heads import classifier_fields, hf_head
+from jaxtpu.core.hf.tokenizer_dir import segment_types
 
 
 def hf_config(enc: EncoderConfig, extra: dict | None = None) -> PretrainedConfig:

@@ -23,7 +23,7 @@ from jaxtpu.core.data.tokens import encode_texts, load_tokenizer, tokenizer_fing
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config, from_dict
-from jaxtpu.core.hf.directory import HEAD_FILE, read_notebook_checkpoint
+from jaxtpu.core.hf.directory import HEAD_FILE
 from jaxtpu.core.hf.encoder import (
     EncoderConfig,
     exported_head,
@@ -31,6 +31,7 @@ from jaxtpu.core.hf.encoder import (
     read_encoder,
     resolve_model_dir,
 )
+from jaxtpu.core.hf.statedict import read_notebook_checkpoint
 from jaxtpu.core.run import loop
 from jaxtpu.core.serving.card import digest_arrays
 from jaxtpu.core.severity import format_weights, pair_agreement

@@ -11,10 +11,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxtpu.core.hf.directory import segment_types
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.heads import Op, hf_head
 from jaxtpu.core.hf.kinds import LayerKind
+from jaxtpu.core.hf.tokenizer_dir import segment_types
 from jaxtpu.models import layers, ops
 
 Dtype = jnp.dtype

@@ -39,7 +39,7 @@ from jaxtpu.core.files import (
     disk_full_message,
     remove_stale_temporaries,
 )
-from jaxtpu.core.hf.directory import TOKENIZER_VOCABS
+from jaxtpu.core.hf.tokenizer_dir import TOKENIZER_VOCABS
 
 log = logging.getLogger(__name__)
 

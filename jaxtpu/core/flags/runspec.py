@@ -17,7 +17,6 @@ from typing import Any
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import mesh_sizes, resolve_matmul_output, resolve_sharding
 from jaxtpu.core.flags.schema import Config
-from jaxtpu.core.hf.directory import answer_ids, separator_id
 from jaxtpu.core.hf.encoder import (
     EncoderConfig,
     exported_head,
@@ -28,6 +27,7 @@ from jaxtpu.core.hf.encoder import (
 )
 from jaxtpu.core.hf.families import default_pooling
 from jaxtpu.core.hf.heads import hf_pooling
+from jaxtpu.core.hf.tokenizer_dir import answer_ids, separator_id
 from jaxtpu.core.lora import LoraSpec, is_adapter_dir, peft_targets, read_adapter
 from jaxtpu.core.storage import local_input
 from jaxtpu.core.tasks import Task
@@ -128,31 +128,18 @@ class RunSpec:
         platform: str = "",
         known: dict[str, Any] | None = None,
     ) -> RunSpec:
+        """The spec from its resolvers (`_pooling`, `_answers`, `_weights`, `_check_lora`,
+        `_segment_sep`), each owning one derived value; `known`: values a finished run's
+        config.json recorded, which win over deriving them again."""
         model, place = cfg.model, cfg.placement
-        exported = exported_head(model_dir).get("pooling")
-        classifier = read_classifier_dir(model_dir, enc.model_type) if model.head == "hf" else None
-        if model.pooling != "auto":
-            pooling, pooling_from = model.pooling, "--pooling"
-        elif classifier and classifier.pooling:
-            pooling, pooling_from = classifier.pooling, "its classifier's config.json"
-        elif exported and model.head != "hf":
-            pooling, pooling_from = exported, "as exported, jaxtpu_head.json"
-        elif enc.classifier_pooling:
-            pooling, pooling_from = "auto", "config.json's classifier_pooling"
-        elif model.head == "hf":
-            pooling, pooling_from = "auto", f"{enc.model_type}'s classification head"
-        else:
-            pooling, pooling_from = "auto", f"{enc.model_type}'s default"
-        if model.head == "hf":
-            auto = pooling == "auto" and enc.classifier_pooling
-            pooling = hf_pooling(enc.model_type, enc.classifier_pooling if auto else pooling)
+        known = known or {}
+        pooling, pooling_from = _pooling(model, enc, model_dir)
         n = devices or place.num_devices * place.num_processes
         tokenizer_from = (
             local_input(model.tokenizer_dir, "--tokenizer-dir")
             if model.tokenizer_dir
             else model_dir
         )
-        segment_sep = -1
         pairs = cfg.task.text_pairs and not cfg.data.prompt_template  # a prompt is one text
         if pairs and enc.family.kind.causal:
             raise ConfigError(
@@ -160,47 +147,9 @@ class RunSpec:
                 "comment as one prompt, not as a text pair; give one, e.g. --prompt-template "
                 "'Rule: {rule}\\nComment: {comment}\\nDoes the comment break the rule?'"
             )
-        known = known or {}
-        answers: tuple[int, ...] = tuple(known.get("answer_ids") or ())
-        if model.token_head and not answers:
-            if not enc.family.kind.causal or cfg.task.outputs != 1:
-                why = (
-                    f"{enc.model_type} is not a decoder"
-                    if not enc.family.kind.causal
-                    else f"--task {cfg.task.name} scores {cfg.task.outputs} outputs"
-                )
-                raise ConfigError(
-                    f"--token-head starts one score from a decoder's LM head (qwen3, qwen2, "
-                    f"llama); {why}"
-                )
-            answers = answer_ids(tokenizer_from or packaged_minilm_dir(), model.answer_tokens)
-        lora, adapter = model.lora, None
-        weights = local_input(model.init_from, "--init-from") if model.init_from else model_dir
-        if model.init_from and is_adapter_dir(weights):
-            adapter, weights = weights, model_dir
-            _check_adapter(adapter, model, enc)
-        elif lora and model.init_from:
-            raise ConfigError(
-                f"--lora-rank with --init-from {model.init_from}: LoRA starts from --model-dir, "
-                "or continues a peft adapter directory (adapter_config.json)"
-            )
-        if lora:
-            kind = enc.family.kind
-            if not kind.lora_targets:
-                raise ConfigError(
-                    f"--lora-rank on {enc.model_type}: jaxtpu adapts the decoders (qwen3, "
-                    f"qwen2, llama) with LoRA, not the {kind.name} layer kind; train it whole"
-                )
-            unknown = [t for t in lora.targets if t not in kind.lora_targets]
-            if unknown:
-                raise ConfigError(
-                    f"--lora-targets {','.join(unknown)}: not a dense layer of {enc.model_type}; "
-                    f"one or more of {','.join(kind.lora_targets)}"
-                )
-        if "segment_sep" in known:
-            segment_sep = int(known["segment_sep"])
-        elif pairs and enc.type_vocab_size >= 2:
-            segment_sep = separator_id(tokenizer_from or packaged_minilm_dir())
+        answers = _answers(cfg, enc, known, tokenizer_from)
+        weights, adapter = _weights(model, enc, model_dir)
+        _check_lora(model.lora, enc)
         return cls(
             task=cfg.task,
             encoder=enc,
@@ -216,9 +165,9 @@ class RunSpec:
             matmul_output=resolve_matmul_output(
                 cfg.model.matmul_output, platform, cfg.train.precision
             ),
-            segment_sep=segment_sep,
+            segment_sep=_segment_sep(known, pairs, enc, tokenizer_from),
             answer_ids=answers,
-            lora=lora,
+            lora=model.lora,
             adapter=adapter,
         )
 
@@ -315,6 +264,93 @@ def _encoder(cfg: Config, model_dir: str | None) -> EncoderConfig:
             f"{limit} or less"
         )
     return enc
+
+
+def _pooling(model: Any, enc: EncoderConfig, model_dir: str | None) -> tuple[str, str]:
+    """(pooling, why): --pooling, else the classifier's or the export's record, else the
+    family's default; under --head hf, the family head's own pooling."""
+    exported = exported_head(model_dir).get("pooling")
+    classifier = read_classifier_dir(model_dir, enc.model_type) if model.head == "hf" else None
+    if model.pooling != "auto":
+        pooling, pooling_from = model.pooling, "--pooling"
+    elif classifier and classifier.pooling:
+        pooling, pooling_from = classifier.pooling, "its classifier's config.json"
+    elif exported and model.head != "hf":
+        pooling, pooling_from = exported, "as exported, jaxtpu_head.json"
+    elif enc.classifier_pooling:
+        pooling, pooling_from = "auto", "config.json's classifier_pooling"
+    elif model.head == "hf":
+        pooling, pooling_from = "auto", f"{enc.model_type}'s classification head"
+    else:
+        pooling, pooling_from = "auto", f"{enc.model_type}'s default"
+    if model.head == "hf":
+        auto = pooling == "auto" and enc.classifier_pooling
+        pooling = hf_pooling(enc.model_type, enc.classifier_pooling if auto else pooling)
+    return pooling, pooling_from
+
+
+def _answers(
+    cfg: Config, enc: EncoderConfig, known: dict[str, Any], tokenizer_from: str | None
+) -> tuple[int, ...]:
+    """--token-head's (yes, no) answer token ids (recorded, else from the tokenizer); ()."""
+    answers: tuple[int, ...] = tuple(known.get("answer_ids") or ())
+    if not cfg.model.token_head or answers:
+        return answers
+    if not enc.family.kind.causal or cfg.task.outputs != 1:
+        why = (
+            f"{enc.model_type} is not a decoder"
+            if not enc.family.kind.causal
+            else f"--task {cfg.task.name} scores {cfg.task.outputs} outputs"
+        )
+        raise ConfigError(
+            f"--token-head starts one score from a decoder's LM head (qwen3, qwen2, llama); {why}"
+        )
+    return answer_ids(tokenizer_from or packaged_minilm_dir(), cfg.model.answer_tokens)
+
+
+def _weights(model: Any, enc: EncoderConfig, model_dir: str | None) -> tuple[Any, str | None]:
+    """(where the initial weights come from, the peft adapter directory the run continues or
+    None): --init-from, else the --model-dir."""
+    weights = local_input(model.init_from, "--init-from") if model.init_from else model_dir
+    if model.init_from and is_adapter_dir(weights):
+        _check_adapter(weights, model, enc)
+        return model_dir, weights
+    if model.lora and model.init_from:
+        raise ConfigError(
+            f"--lora-rank with --init-from {model.init_from}: LoRA starts from --model-dir, "
+            "or continues a peft adapter directory (adapter_config.json)"
+        )
+    return weights, None
+
+
+def _check_lora(lora: LoraSpec | None, enc: EncoderConfig) -> None:
+    """Refuses --lora-rank on a layer kind without adapter targets, or targets it lacks."""
+    if not lora:
+        return
+    kind = enc.family.kind
+    if not kind.lora_targets:
+        raise ConfigError(
+            f"--lora-rank on {enc.model_type}: jaxtpu adapts the decoders (qwen3, "
+            f"qwen2, llama) with LoRA, not the {kind.name} layer kind; train it whole"
+        )
+    unknown = [t for t in lora.targets if t not in kind.lora_targets]
+    if unknown:
+        raise ConfigError(
+            f"--lora-targets {','.join(unknown)}: not a dense layer of {enc.model_type}; "
+            f"one or more of {','.join(kind.lora_targets)}"
+        )
+
+
+def _segment_sep(
+    known: dict[str, Any], pairs: bool, enc: EncoderConfig, tokenizer_from: str | None
+) -> int:
+    """Text pairs' separator id on an encoder with token types (recorded, else the
+    tokenizer's), after which tokens are type 1; -1: every token type 0."""
+    if "segment_sep" in known:
+        return int(known["segment_sep"])
+    if pairs and enc.type_vocab_size >= 2:
+        return separator_id(tokenizer_from or packaged_minilm_dir())
+    return -1
 
 
 def _check_adapter(adapter: str, model: Any, enc: EncoderConfig) -> None:
