@@ -189,7 +189,7 @@ def _write_sorted(src: Path, dst: Path, rows: int, tokenizer_dir: Path) -> None:
     normalized, ordered by their length in the export's tokens (ties in file order)."""
     from transformers import AutoTokenizer
 
-    from jaxtpu.core.data.readers import normalize_text
+    from jaxtpu.core.data.templates import normalize_text
 
     held_out = _sample_texts()  # the default run's comments: OUT/run never trained on them
     with open(src, newline="", encoding="utf-8") as f:
@@ -211,7 +211,7 @@ def _write_sorted(src: Path, dst: Path, rows: int, tokenizer_dir: Path) -> None:
 
 def _write_rows(src: Path, dst: Path, keep) -> None:
     """The header and the rows of `src` whose (normalized) comment `keep` accepts."""
-    from jaxtpu.core.data.readers import normalize_text
+    from jaxtpu.core.data.templates import normalize_text
 
     with (
         open(src, newline="", encoding="utf-8") as f,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import metrics
-from jaxtpu.core.data import readers
+from jaxtpu.core.data import templates
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.engine.scoring import Scorer, TrainedModel, load_trained
@@ -93,9 +93,9 @@ class Model:
                     f"item {empty[0]}'s rule is empty; every (rule, comment) pair asks about one "
                     "rule"
                 )
-            norm = readers.normalize_text
+            norm = templates.normalize_text
             if self._prompt:  # the rule goes into the run's prompt, as its rows' did
-                t = readers.row_template(self._prompt)
+                t = templates.row_template(self._prompt)
                 if set(t.fields) != {"rule"}:
                     raise UserError(
                         f"this model's --prompt-template {self._prompt!r} reads columns "
@@ -109,9 +109,9 @@ class Model:
             kind = type(texts[wrong[0]]).__name__
             raise UserError(f"predict takes strings (one comment each); item {wrong[0]} is {kind}")
         if self._prompt:  # each comment in the run's prompt, as its rows were
-            first = readers.row_template(self._prompt, rules=False).render({})
-            return [(first, readers.normalize_text(t)) for t in texts]
-        return [readers.normalize_text(t) for t in texts]
+            first = templates.row_template(self._prompt, rules=False).render({})
+            return [(first, templates.normalize_text(t)) for t in texts]
+        return [templates.normalize_text(t) for t in texts]
 
     def predict(
         self, texts: Iterable[str], all_outputs: bool = False

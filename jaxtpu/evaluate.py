@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxtpu.core import calibration, storage
-from jaxtpu.core.data import readers, records, taskdata, tokenized
+from jaxtpu.core.data import readers, records, taskdata, templates, tokenized
 from jaxtpu.core.data.buckets import Batcher, fixed_edges
 from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError, UserError
@@ -59,7 +59,7 @@ def headline(task: Task, examples: tokenized.Examples) -> str:
 
 
 def read_labelled(
-    path: str, task: Task, template: str = readers.DEFAULT_RULE_TEMPLATE
+    path: str, task: Task, template: str = templates.DEFAULT_RULE_TEMPLATE
 ) -> records.Comments | records.Pairs:
     """The labelled file a run of `task` can be scored on: pairs for a ranker (pairs drawn at
     random from labels would make the number depend on a seed), a labelled rules file for a

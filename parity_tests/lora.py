@@ -31,7 +31,8 @@ def forward_and_gradients(work: Path, family: str) -> list[Result]:
     from flax.traverse_util import flatten_dict, unflatten_dict
 
     from jaxtpu.core.data.demo import SAMPLE_CSV
-    from jaxtpu.core.data.readers import PromptTemplate, read_comments
+    from jaxtpu.core.data.readers import read_comments
+    from jaxtpu.core.data.templates import PromptTemplate
     from jaxtpu.core.data.tokens import encode_texts
     from jaxtpu.core.flags.runspec import RunSpec
     from jaxtpu.core.flags.schema import Config

@@ -16,7 +16,7 @@ from sklearn.metrics import roc_auc_score
 
 from benchmarks.competitions import IDENTITIES, real_rows, write_bias_file, write_language_file
 from jaxtpu.core import metrics
-from jaxtpu.core.data import readers, records, tokenized
+from jaxtpu.core.data import readers, records, templates, tokenized
 from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.tasks import TASKS, get_task, higher_is_better
 
@@ -144,7 +144,7 @@ def test_readers_of_each_competition_layout(real_csv, tmp_path):
     test = write_language_file(real_csv, tmp_path / "test.csv", 20, 0, 1, labelled=False)
     assert readers.file_kind(readers.columns(test)) == "unlabelled"
     to_score = readers.read_comments(test, labelled=False)
-    assert to_score.texts[0] == readers.normalize_text(real_rows(real_csv, 1)[0]["comment_text"])
+    assert to_score.texts[0] == templates.normalize_text(real_rows(real_csv, 1)[0]["comment_text"])
     assert to_score.ids[:2] == ["0", "1"]
 
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxtpu.core.data import readers, tokenized
+from jaxtpu.core.data import templates, tokenized
 from jaxtpu.core.flags import presets
 
 
@@ -103,7 +103,7 @@ def _batch(model_dir, texts):
     from jaxtpu.core.data.tokens import load_tokenizer, tokenize
 
     ids, mask, _ = tokenize(
-        [readers.normalize_text(t) for t in texts], load_tokenizer(model_dir), 32
+        [templates.normalize_text(t) for t in texts], load_tokenizer(model_dir), 32
     )
     return torch.from_numpy(ids).long(), torch.from_numpy(mask).long()
 

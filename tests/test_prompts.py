@@ -11,7 +11,7 @@ import csv
 import numpy as np
 import pytest
 
-from jaxtpu.core.data import prompts, readers, taskdata
+from jaxtpu.core.data import prompts, readers, taskdata, templates
 from jaxtpu.core.data.demo import SAMPLE_CSV
 from jaxtpu.core.data.tokens import encode_texts, tokenizer_fingerprint
 from jaxtpu.core.errors import ConfigError, DataError
@@ -37,7 +37,7 @@ def decoder(request, comments):
 
 
 def items_of(comments: list[str], template: str = PROMPT) -> list[tuple[str, str]]:
-    t = readers.PromptTemplate(template)
+    t = templates.PromptTemplate(template)
     return [(t.render(RULES[k % 2]), c) for k, c in enumerate(comments)]
 
 
@@ -97,7 +97,7 @@ def test_at_max_len_the_comment_is_cut_never_the_instructions(decoder, comments)
 
 def test_instructions_that_leave_no_room_are_refused_before_any_token(decoder, comments):
     long_rule = {"rule": "Be civil. " * 40}
-    t = readers.PromptTemplate(PROMPT)
+    t = templates.PromptTemplate(PROMPT)
     with pytest.raises(DataError, match="the prompt without its comment takes .* raise --max-len"):
         encode_texts([(t.render(long_rule), comments[0])], decoder, 128)
 
@@ -133,7 +133,7 @@ def test_without_a_chat_template_the_prompt_is_one_text_with_the_tokenizers_spec
 )
 def test_a_bad_template_is_one_line(template, rules, message):
     with pytest.raises(DataError, match=message):
-        readers.PromptTemplate(template, rules)
+        templates.PromptTemplate(template, rules)
 
 
 def test_the_flags_go_with_a_task_of_one_comment_and_not_with_a_rule_template():
@@ -161,7 +161,7 @@ def test_every_reader_gives_prompts_a_rules_files_columns_and_comments_alone(tmp
     scored = next(readers.comments_to_score(rules_csv, 10, template))
     assert scored.first == data.first
     # a rule holding the mark's character is still a pair, not a prompt
-    pair = readers.RuleTemplate().render({"rule": "No\x00 ads."})
+    pair = templates.RuleTemplate().render({"rule": "No\x00 ads."})
     assert pair == "No ads." and not prompts.is_prompts([(pair, "buy now")])
     # a comments file: the same prompt before every comment, through the file cache too
     for cache in (None, tmp_path / "cache"):
@@ -215,7 +215,7 @@ def test_a_decoder_rules_run_trains_predicts_and_exports_on_its_prompts(real_csv
     assert export.main(["--workdir", str(wd), "--out", str(tmp_path / "hf")]) == 0
     clf = transformers.AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "hf"))
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-    rows = readers.read_rules(test, False, template=readers.row_template(PROMPT))
+    rows = readers.read_rules(test, False, template=templates.row_template(PROMPT))
     chosen = [
         k
         for k in range(40)
@@ -243,6 +243,6 @@ def test_a_decoder_rules_run_trains_predicts_and_exports_on_its_prompts(real_csv
 def test_unbalanced_braces_in_a_prompt_template_name_the_prompt_flag(template):
     # the run's row template is the prompt whenever one is given (DataConfig.row_template)
     with pytest.raises(DataError, match="^--prompt-template"):
-        readers.row_template(template)
+        templates.row_template(template)
     with pytest.raises(DataError, match="^--rule-template"):
-        readers.row_template("{rule} {")
+        templates.row_template("{rule} {")

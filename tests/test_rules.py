@@ -14,11 +14,11 @@ from sklearn.metrics import roc_auc_score
 
 from benchmarks.competitions import RULE_HEADER, RULES, TRAIN_RULES, write_rules_files
 from jaxtpu.core import metrics
-from jaxtpu.core.data import readers, records, rules
+from jaxtpu.core.data import readers, records, rules, templates
 from jaxtpu.core.data.tokens import encode_texts
 from jaxtpu.core.errors import ConfigError, DataError, UserError
 from jaxtpu.core.flags.schema import SCORING
-from jaxtpu.core.hf.directory import segment_types, separator_id
+from jaxtpu.core.hf.tokenizer_dir import segment_types, separator_id
 from jaxtpu.core.tasks import RULE_MONITOR, get_task, rule_metrics
 
 TASK = get_task("rules")
@@ -97,7 +97,7 @@ def test_a_rules_file_is_read_as_text_pairs_with_its_rule_and_ids(tmp_path):
         [row(7, "  spam  here ", "No  ads.", 1, sub="r/x"), row(8, "", "No ads.", 0)],
     )
     assert readers.file_kind(readers.columns(p)) == "rules"
-    data = readers.read_rules(p, template=readers.RuleTemplate("{rule} in {subreddit}"))
+    data = readers.read_rules(p, template=templates.RuleTemplate("{rule} in {subreddit}"))
     assert data.texts == ["spam here"] and data.first == ["No ads. in r/x"]  # empty dropped
     assert data.ids == ["7"] and data.labels.tolist() == [1.0]
     assert data.groups.rule.tolist() == ["No ads."]
@@ -125,9 +125,9 @@ def test_bad_rules_files_are_one_line(tmp_path, rows, header, message):
 def test_a_template_must_name_the_rule_and_columns_the_file_has(tmp_path):
     p = write(tmp_path / "t.csv", [row(1, "b", "r", 1)])
     with pytest.raises(DataError, match="has no {rule}"):
-        readers.RuleTemplate("{subreddit}")
+        templates.RuleTemplate("{subreddit}")
     with pytest.raises(DataError, match="flair"):
-        readers.read_rules(p, template=readers.RuleTemplate("{rule} {flair}"))
+        readers.read_rules(p, template=templates.RuleTemplate("{rule} {flair}"))
 
 
 def test_the_rule_options_go_with_the_rules_task_and_holdout_with_a_row_split():
@@ -155,7 +155,7 @@ def test_examples_are_deduplicated_voted_and_kept_off_the_validation_rows(tmp_pa
         RULE_HEADER[:-1],
     )
     valid = readers.read_rules(write(tmp_path / "v.csv", [row(9, "valid text", a, 0)]))
-    data, count = rules.example_rows([p], readers.RuleTemplate(), valid)
+    data, count = rules.example_rows([p], templates.RuleTemplate(), valid)
     got = {(r, t): y for r, t, y in zip(data.groups.rule, data.texts, data.labels, strict=True)}
     # "hello" under a: 0, 1, 0 -> 0 by majority; "tie": 1, 0 -> dropped; subreddit ignored
     assert got == {
@@ -174,11 +174,11 @@ def test_examples_are_deduplicated_voted_and_kept_off_the_validation_rows(tmp_pa
 def test_examples_need_their_columns_and_a_test_file_sharing_validation_ids_is_refused(tmp_path):
     no_examples = write(tmp_path / "t.csv", [[1, "b", "r"]], ["row_id", "body", "rule"])
     with pytest.raises(DataError, match="missing example column"):
-        rules.example_rows([no_examples], readers.RuleTemplate(), None)
+        rules.example_rows([no_examples], templates.RuleTemplate(), None)
     test = write(tmp_path / "test.csv", [row(5, "b", "r")], RULE_HEADER[:-1])
     valid = readers.read_rules(write(tmp_path / "v.csv", [row(5, "b", "r", 1)]))
     with pytest.raises(DataError, match="validation rows' ids"):
-        rules.example_rows([test], readers.RuleTemplate(), valid)
+        rules.example_rows([test], templates.RuleTemplate(), valid)
 
 
 def test_holding_out_whole_rules():
@@ -308,7 +308,7 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = list(csv.DictReader(open(out)))
-    truth = readers.read_rules(labelled, template=readers.RuleTemplate(template))
+    truth = readers.read_rules(labelled, template=templates.RuleTemplate(template))
     assert list(rows[0]) == ["row_id", "rule_violation"] and len(rows) == len(truth)
     assert [r["row_id"] for r in rows] == truth.ids
     assert "rank scores" in proc.stdout

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.api import Model
-from jaxtpu.core.data import readers
+from jaxtpu.core.data import templates
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.hf.encoder import exported_head, resolve_model_dir
 from jaxtpu.core.serving import card as cards
@@ -102,7 +102,7 @@ class Served:
         if data.prompt_template:  # the model renders the rule into its prompt itself
             self._rule_text = {a.name: a.rule for a in self.attributes}
             return
-        template = readers.row_template(data.row_template)
+        template = templates.row_template(data.row_template)
         if set(template.fields) != {"rule"}:
             raise UserError(
                 f"{self.source}: its --rule-template {data.row_template!r} reads columns "

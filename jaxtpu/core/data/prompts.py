@@ -3,7 +3,7 @@ classifiers, tokenized as the model's chat template lays them out (framework-fre
 
 A row's prompt travels as a text pair (`Comments.first`, then the comment): the first text is
 the template rendered over the row's columns with `MARK` where the comment goes
-(`readers.PromptTemplate`). The tokenizer meets it here:
+(`templates.PromptTemplate`). The tokenizer meets it here:
 
 - The message is rendered through the tokenizer's chat template when it has one, as the one
   user message with the generation prompt after it, and tokenized without the tokenizer's own

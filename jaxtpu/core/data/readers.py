@@ -4,11 +4,9 @@ read as a stream (framework-free)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
-import string
 import sys
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core.data.prompts import COMMENT, MARK
 from jaxtpu.core.data.records import (
     IDENTITIES,
     LANG_COLUMN,
@@ -34,18 +31,18 @@ from jaxtpu.core.data.records import (
     Pairs,
 )
 from jaxtpu.core.data.tables import Structured, Table, open_table
+from jaxtpu.core.data.templates import (
+    DEFAULT_RULE_TEMPLATE,
+    PromptTemplate,
+    RuleTemplate,
+    normalize_text,
+    prompted,
+    row_template,
+)
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.tasks import LABEL_COLUMNS
 
 log = logging.getLogger(__name__)
-
-
-DEFAULT_RULE_TEMPLATE = "{rule}"  # --rule-template's default: the rule alone
-
-
-def normalize_text(text: str) -> str:
-    """Collapses all runs of whitespace (newlines, tabs) to one space."""
-    return " ".join(text.split())
 
 
 def columns(path: str | os.PathLike) -> list[str]:
@@ -380,124 +377,6 @@ def read_pairs(
     folds_or_none = _numpy(folds, np.int64) if fold_column else None
     numbers_of = _number_arrays(columns, numbers, len(less))
     return Pairs(str(path), less, more, dropped, folds_or_none, columns=numbers_of)
-
-
-class _ColumnTemplate:
-    """What `RuleTemplate` and `PromptTemplate` share: the columns of a rules file a template
-    names (`fields`), checked against a file's header and read from its rows, each value
-    whitespace-normalised; `flag` names the template in messages."""
-
-    flag = ""
-
-    @classmethod
-    def _names(cls, template: str, text: str) -> list[str]:
-        """The {...} names of `text` (the template as it is read), each one column."""
-        try:
-            return [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
-        except ValueError as e:
-            raise DataError(f"{cls.flag} {template!r}: {e}") from None
-
-    @classmethod
-    def _check_names(cls, template: str, fields: list[str], example: str) -> None:
-        if any(not f.isidentifier() for f in fields):
-            raise DataError(
-                f"{cls.flag} {template!r}: each {{...}} names one column, e.g. {{{example}}}"
-            )
-
-    def __init__(self, template: str, text: str, fields: tuple[str, ...]) -> None:
-        self.template, self.text, self.fields = template, text, fields
-
-    def check(self, path: Any, header: list[str]) -> None:
-        missing = [f for f in self.fields if f not in header]
-        if missing:
-            raise DataError(
-                f"{path}: {self.flag} {self.template!r} names column(s) "
-                f"{', '.join(missing)} the file does not have; found: {', '.join(header)}"
-            )
-
-    def _values(self, row: Mapping[str, Any]) -> dict[str, str]:
-        return {f: normalize_text(row[f]) if isinstance(row[f], str) else "" for f in self.fields}
-
-
-class RuleTemplate(_ColumnTemplate):
-    """`--rule-template`: the first text of each rules row's pair, from its columns
-    (`{rule}`, `{subreddit}`, `{positive_example_1}`, ...), each value whitespace-normalised.
-    The rule itself must be in it: the model has to read which rule it is asked about."""
-
-    flag = "--rule-template"
-
-    def __init__(self, template: str = DEFAULT_RULE_TEMPLATE) -> None:
-        fields = self._names(template, template)
-        if "rule" not in fields:
-            raise DataError(
-                f"--rule-template {template!r} has no {{rule}}: the model must read the rule"
-            )
-        self._check_names(template, fields, "subreddit")
-        super().__init__(template, template, tuple(dict.fromkeys(fields)))
-
-    def render(self, row: Mapping[str, Any]) -> str:
-        # never a prompt's mark, so a pair is not taken for a prompt (`prompts.is_prompts`)
-        return normalize_text(self.text.format_map(self._values(row))).replace(MARK, "")
-
-
-class PromptTemplate(_ColumnTemplate):
-    """`--prompt-template`: each row as one prompt, the template's text as written (`\\n` and
-    `\\t` in it are a newline and a tab) with `{comment}` where the comment goes and, in a
-    rules file, `{rule}` and any other column (`{subreddit}`, `{positive_example_1}`, ...),
-    each value whitespace-normalised. `render` gives the prompt with `prompts.MARK` in the
-    comment's place: the first text of the row's pair, the comment its second
-    (`jaxtpu.core.data.prompts` tokenizes them)."""
-
-    flag = "--prompt-template"
-
-    def __init__(self, template: str, rules: bool = True) -> None:
-        text = template.replace("\\n", "\n").replace("\\t", "\t")
-        fields = self._names(template, text)
-        if fields.count(COMMENT) != 1:
-            raise DataError(
-                f"--prompt-template {template!r} names {{comment}} {fields.count(COMMENT)} "
-                "times; once, where the comment goes (it is the part cut at --max-len)"
-            )
-        self._check_names(template, fields, "rule")
-        columns = tuple(dict.fromkeys(f for f in fields if f != COMMENT))
-        if rules and "rule" not in columns:
-            raise DataError(
-                f"--prompt-template {template!r} has no {{rule}}: the model must read the rule"
-            )
-        if not rules and columns:
-            raise DataError(
-                f"--prompt-template {template!r} names {', '.join(columns)}: a prompt of "
-                "comments alone names only {comment} (the rules task reads a row's columns)"
-            )
-        super().__init__(template, text, columns)
-
-    def render(self, row: Mapping[str, Any]) -> str:
-        values = {f: v.replace(MARK, "") for f, v in self._values(row).items()}
-        return self.text.format_map({**values, COMMENT: MARK})
-
-
-def row_template(template: str, rules: bool = True) -> RuleTemplate | PromptTemplate:
-    """The template of a run's rows (`DataConfig.row_template`): a prompt when it names
-    `{comment}` (`--prompt-template`), else the first text of a rules row's pair
-    (`--rule-template`)."""
-    return PromptTemplate(template, rules) if _is_prompt(template) else RuleTemplate(template)
-
-
-def _is_prompt(template: str) -> bool:
-    try:
-        return any(f == COMMENT for _, f, _, _ in string.Formatter().parse(template))
-    except ValueError:  # unbalanced braces: the template's own class says why, under the
-        # flag the user wrote (a --prompt-template always holds {comment}: DataConfig.check)
-        return "{comment}" in template
-
-
-def prompted(data: Comments, template: str) -> Comments:
-    """`data` (comments, not a rules file's rows) as prompts when `template` is one
-    (`--prompt-template`, naming only `{comment}`): the same prompt before every comment."""
-    if not _is_prompt(template):
-        return data
-    first = PromptTemplate(template, rules=False).render({})
-    return dataclasses.replace(data, first=[first] * len(data), digests=None)
 
 
 def _rule(path: Any, where: str, row: Mapping[str, Any]) -> str:

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxtpu.core.data.readers import PromptTemplate, RuleTemplate, columns, rule_examples
+from jaxtpu.core.data.readers import columns, rule_examples
 from jaxtpu.core.data.records import RULE_ID, RULE_LABEL, Comments, Groups
 from jaxtpu.core.data.tables import open_table
+from jaxtpu.core.data.templates import PromptTemplate, RuleTemplate
 from jaxtpu.core.errors import DataError
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import storage
-from jaxtpu.core.data import prompts, readers, rules
+from jaxtpu.core.data import prompts, readers, rules, templates
 from jaxtpu.core.data.demo import SAMPLE_CSV, demo_comments
 from jaxtpu.core.data.filecache import read_cached
 from jaxtpu.core.data.pairing import pairs_from_labels
@@ -45,7 +45,7 @@ def read_task_file(
     fold_column: str = "",
     cache_dir: Any = None,
     columns: Mapping[str, NumberColumn] | None = None,
-    template: str = readers.DEFAULT_RULE_TEMPLATE,
+    template: str = templates.DEFAULT_RULE_TEMPLATE,
 ) -> Comments | Pairs:
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
     the fold ids of `fold_column` when one is asked for and the numeric `columns` a run asks
@@ -73,7 +73,7 @@ def read_task_file(
             fold_column=fold_column,
             table=table,
             columns=columns,
-            template=readers.row_template(template),
+            template=templates.row_template(template),
         )
     if cache_dir is None:
         data = readers.READERS[kind](path, fold_column=fold_column, table=table, columns=columns)
@@ -86,7 +86,7 @@ def read_task_file(
             task.name,
         )
         data.groups = Groups()
-    return readers.prompted(data, template) if isinstance(data, Comments) else data
+    return templates.prompted(data, template) if isinstance(data, Comments) else data
 
 
 def number_columns(cfg: Config, training: bool = True) -> dict[str, NumberColumn]:
@@ -161,77 +161,16 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     Returns:
       train and validation `Examples` plus an `info` dict describing what was loaded.
     """
-    d, task, seed = cfg.data, cfg.task, cfg.train.seed
+    d, task = cfg.data, cfg.task
     cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
     data, source = _training_rows(cfg, cache)
-    valid_rows = None
-    if d.valid_csv:
-        valid_columns = number_columns(cfg, training=False)
-        train, valid = (
-            data,
-            read_task_file(
-                d.valid_csv, task, cache_dir=cache, columns=valid_columns, template=d.row_template
-            ),
-        )
-        split_desc = f"validation file {d.valid_csv}"
-    else:
-        tr, valid_rows, split_desc = _split_rows(data, cfg, source)
-        train, valid = data.subset(tr), data.subset(valid_rows)
-    if task.main_outputs > 1:
-        check_label_columns(train, task, source)
-    if task.comments_per_example == 2:
-        # Build pairs within each split, so no comment is in both train and validation pairs.
-        if isinstance(train, Comments):
-            train = pairs_from_labels(train, int(len(train) * d.pairs_per_comment), seed)
-        if isinstance(valid, Comments):
-            valid = pairs_from_labels(valid, int(len(valid) * d.pairs_per_comment), seed + 1)
-    why = task.undefined(valid.labels) if isinstance(valid, Comments) else None
-    if why:
-        raise DataError(
-            f"validation set ({split_desc}, {len(valid)} {task.unit}): {why}, so "
-            f"{task.monitor} is undefined and no best model could be chosen; give a --valid-csv "
-            "with both classes, a larger --valid-fraction, or more rows"
-        )
-    if isinstance(train, Comments) and train.first is not None and d.prompt_template:
-        chat = getattr(tokenizer, "chat_template", None)
-        how = "laid out by the tokenizer's chat template" if chat else "no chat template"
-        # the comment left as {comment}: a file-cached run's texts stay unread
-        first = prompts.prompt_text(tokenizer, train.first[0], "{comment}")
-        log.info("each row is one prompt (--prompt-template, %s); the first: %r", how, first[:400])
+    train, valid, valid_rows, split_desc = _splits(cfg, data, source, cache)
+    _log_prompt(cfg, train, tokenizer)
     weights = row_weights(train, cfg, source)
     train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
     train_ex.row_weights = weights
-    extra = overlap = 0
-    if d.extra_train:
-        more = read_task_file(
-            d.extra_train,
-            task,
-            cache_dir=cache,
-            columns=aux_columns(task, False),
-            template=d.row_template,
-        )
-        more, overlap = without_validation_texts(more, valid, f"--extra-train {d.extra_train}")
-        extra = len(more)
-        log.info(
-            "--extra-train %s: %d more training %s, each of weight %g; validation unchanged%s",
-            d.extra_train,
-            extra,
-            task.unit,
-            d.extra_weight,
-            f" ({overlap} that share a text with a validation row left out)" if overlap else "",
-        )
-        more_ex = encode(more, tokenizer, d.max_len, d.cache_dir, task)
-        train_ex = train_ex.concat(more_ex, weights, d.extra_weight)
-    examples = None
-    if d.rule_examples:
-        paths = [p.strip() for p in d.rule_examples.split(",") if p.strip()]
-        local = [storage.fetch(p) if storage.is_remote(p) else p for p in paths]
-        held = sorted(set(valid.groups.rule.tolist())) if d.holdout_rules else []
-        template = readers.row_template(d.row_template)
-        rows, examples = rules.example_rows(local, template, valid, held)
-        log.info("--rule-examples %s: %s", d.rule_examples, examples.describe())
-        more_ex = encode(rows, tokenizer, d.max_len, d.cache_dir, task)
-        train_ex = train_ex.concat(more_ex, train_ex.row_weights, 1.0)
+    train_ex, extra, overlap = _extra_train(cfg, train_ex, valid, tokenizer, cache)
+    train_ex, examples = _rule_examples(cfg, train_ex, valid, tokenizer)
     valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task)
     if d.weighted_val_loss:
         valid_ex.row_weights = row_weights(valid, cfg, split_desc, "validation")
@@ -251,6 +190,96 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     return TaskData(train_ex, valid_ex, info, valid_rows)
 
 
+def _splits(
+    cfg: Config, data: Comments | Pairs, source: str, cache: Path
+) -> tuple[Any, Any, np.ndarray | None, str]:
+    """(train, validation, the validation rows' indices or None, how it was split): a
+    --valid-csv, else a split of `data`; ranking's pairs built within each split, so no comment
+    is in both; a validation set whose metric is undefined refused."""
+    d, task, seed = cfg.data, cfg.task, cfg.train.seed
+    valid_rows = None
+    if d.valid_csv:
+        columns = number_columns(cfg, training=False)
+        train = data
+        valid = read_task_file(
+            d.valid_csv, task, cache_dir=cache, columns=columns, template=d.row_template
+        )
+        split_desc = f"validation file {d.valid_csv}"
+    else:
+        tr, valid_rows, split_desc = _split_rows(data, cfg, source)
+        train, valid = data.subset(tr), data.subset(valid_rows)
+    if task.main_outputs > 1:
+        check_label_columns(train, task, source)
+    if task.comments_per_example == 2:
+        if isinstance(train, Comments):
+            train = pairs_from_labels(train, int(len(train) * d.pairs_per_comment), seed)
+        if isinstance(valid, Comments):
+            valid = pairs_from_labels(valid, int(len(valid) * d.pairs_per_comment), seed + 1)
+    why = task.undefined(valid.labels) if isinstance(valid, Comments) else None
+    if why:
+        raise DataError(
+            f"validation set ({split_desc}, {len(valid)} {task.unit}): {why}, so "
+            f"{task.monitor} is undefined and no best model could be chosen; give a --valid-csv "
+            "with both classes, a larger --valid-fraction, or more rows"
+        )
+    return train, valid, valid_rows, split_desc
+
+
+def _log_prompt(cfg: Config, train: Any, tokenizer: Any) -> None:
+    """Logs the first prompt as the model reads it (--prompt-template)."""
+    if isinstance(train, Comments) and train.first is not None and cfg.data.prompt_template:
+        chat = getattr(tokenizer, "chat_template", None)
+        how = "laid out by the tokenizer's chat template" if chat else "no chat template"
+        # the comment left as {comment}: a file-cached run's texts stay unread
+        first = prompts.prompt_text(tokenizer, train.first[0], "{comment}")
+        log.info("each row is one prompt (--prompt-template, %s); the first: %r", how, first[:400])
+
+
+def _extra_train(
+    cfg: Config, train_ex: Examples, valid: Any, tokenizer: Any, cache: Path
+) -> tuple[Examples, int, int]:
+    """(training examples with --extra-train's rows appended, how many, how many left out
+    for sharing a text with a validation row)."""
+    d, task = cfg.data, cfg.task
+    if not d.extra_train:
+        return train_ex, 0, 0
+    more = read_task_file(
+        d.extra_train,
+        task,
+        cache_dir=cache,
+        columns=aux_columns(task, False),
+        template=d.row_template,
+    )
+    more, overlap = without_validation_texts(more, valid, f"--extra-train {d.extra_train}")
+    log.info(
+        "--extra-train %s: %d more training %s, each of weight %g; validation unchanged%s",
+        d.extra_train,
+        len(more),
+        task.unit,
+        d.extra_weight,
+        f" ({overlap} that share a text with a validation row left out)" if overlap else "",
+    )
+    more_ex = encode(more, tokenizer, d.max_len, d.cache_dir, task)
+    return train_ex.concat(more_ex, train_ex.row_weights, d.extra_weight), len(more), overlap
+
+
+def _rule_examples(
+    cfg: Config, train_ex: Examples, valid: Any, tokenizer: Any
+) -> tuple[Examples, Any]:
+    """(training examples with --rule-examples' rows appended, their record or None)."""
+    d = cfg.data
+    if not d.rule_examples:
+        return train_ex, None
+    paths = [p.strip() for p in d.rule_examples.split(",") if p.strip()]
+    local = [storage.fetch(p) if storage.is_remote(p) else p for p in paths]
+    held = sorted(set(valid.groups.rule.tolist())) if d.holdout_rules else []
+    template = templates.row_template(d.row_template)
+    rows, examples = rules.example_rows(local, template, valid, held)
+    log.info("--rule-examples %s: %s", d.rule_examples, examples.describe())
+    more_ex = encode(rows, tokenizer, d.max_len, d.cache_dir, task=cfg.task)
+    return train_ex.concat(more_ex, train_ex.row_weights, 1.0), examples
+
+
 def _training_rows(cfg: Config, cache: Path) -> tuple[Comments | Pairs, str]:
     """The rows the run learns from before any split (the --train-csv file, or demo comments),
     cut to --max-rows and --subsample, and a description of where they came from."""
@@ -260,7 +289,7 @@ def _training_rows(cfg: Config, cache: Path) -> tuple[Comments | Pairs, str]:
         data = read_task_file(path, task, d.fold_column, cache, number_columns(cfg), d.row_template)
         source = str(path)
     else:
-        data = readers.prompted(demo_comments(d.demo_size, seed), d.row_template)
+        data = templates.prompted(demo_comments(d.demo_size, seed), d.row_template)
         source = f"built-in demo data ({d.demo_size} generated comments)"
         asked = [f"--aux-columns {c}" for c in task.aux_columns]
         asked += [f"--weight-column {d.weight_column}"] if d.weight_column else []
