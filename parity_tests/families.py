@@ -132,6 +132,41 @@ def _config(name: str, pad: int):
         )
     if name == "electra":
         return t.ElectraConfig(**SHAPE, **common, embedding_size=16, max_position_embeddings=128)
+    if name in ("eurobert", "mmbert", "modernbert"):
+        return _prenorm_config(name, common)
+    if name in ("qwen3", "qwen2", "llama"):
+        return _decoder_config(name, common)
+    deberta = dict(**SHAPE, **common, max_position_embeddings=128, relative_attention=True)
+    if name == "deberta-v2":  # DeBERTa-v3's options
+        return t.DebertaV2Config(
+            **deberta,
+            type_vocab_size=0,
+            position_buckets=16,
+            max_relative_positions=64,
+            pos_att_type=["p2c", "c2p"],
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            layer_norm_eps=1e-7,
+        )
+    if name == "deberta-v2-unshared":
+        return t.DebertaV2Config(
+            **deberta,
+            type_vocab_size=2,
+            max_relative_positions=24,
+            pos_att_type="c2p|p2c",
+            share_att_key=False,
+            position_biased_input=True,
+            embedding_size=16,
+            layer_norm_eps=1e-7,
+        )
+    raise ValueError(f"no test checkpoint for {name!r}; known: {FAMILY_NAMES}")
+
+
+def _prenorm_config(name: str, common: dict):
+    """EuroBERT's, mmBERT's and ModernBERT's test configs."""
+    import transformers as t
+
     # The pre-norm families (EuroBERT, ModernBERT, mmBERT) at transformers' 0.02 init (before
     # the 0.1 perturbation): at 0.2 their unnormalised residual stream grows layer by layer
     # and the bf16 comparison measured that growth (EuroBERT's hidden state: 0.038 at 0.2).
@@ -181,6 +216,13 @@ def _config(name: str, pad: int):
             eos_token_id=3,
             sep_token_id=3,
         )
+    raise ValueError(name)
+
+
+def _decoder_config(name: str, common: dict):
+    """Qwen3's, Qwen2's and Llama's test configs."""
+    import transformers as t
+
     # The decoders: grouped-query attention (2 key/value heads for 4 query heads). Qwen3 with
     # heads wider than hidden / heads (16, as Qwen3's 128 are) and tied embeddings; Qwen2 with
     # its q/k/v biases; Llama with Llama 3.1's rotary scaling, its original context (64) short
@@ -220,31 +262,7 @@ def _config(name: str, pad: int):
             bos_token_id=1,
             eos_token_id=2,
         )
-    deberta = dict(**SHAPE, **common, max_position_embeddings=128, relative_attention=True)
-    if name == "deberta-v2":  # DeBERTa-v3's options
-        return t.DebertaV2Config(
-            **deberta,
-            type_vocab_size=0,
-            position_buckets=16,
-            max_relative_positions=64,
-            pos_att_type=["p2c", "c2p"],
-            share_att_key=True,
-            norm_rel_ebd="layer_norm",
-            position_biased_input=False,
-            layer_norm_eps=1e-7,
-        )
-    if name == "deberta-v2-unshared":
-        return t.DebertaV2Config(
-            **deberta,
-            type_vocab_size=2,
-            max_relative_positions=24,
-            pos_att_type="c2p|p2c",
-            share_att_key=False,
-            position_biased_input=True,
-            embedding_size=16,
-            layer_norm_eps=1e-7,
-        )
-    raise ValueError(f"no test checkpoint for {name!r}; known: {FAMILY_NAMES}")
+    raise ValueError(name)
 
 
 def tokenizer_kind(name: str) -> tuple[str, list[str], tuple[str, str]]:
