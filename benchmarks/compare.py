@@ -312,7 +312,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.compare",
         description=__doc__,
@@ -354,6 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="only print the table and redraw the plot from DIR/benchmarks.json (no runs)",
     )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.replot and args.epoch:

@@ -156,7 +156,7 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", required=True, help="directory for the files and datascale.json")
     p.add_argument("--rows", default="10000,230000,2000000", help="sizes (default: %(default)s)")
@@ -167,6 +167,11 @@ def main(argv: list[str] | None = None) -> None:
         "--table", action="store_true", help="print OUT/datascale.json as a markdown table"
     )
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = _parser()
     args = p.parse_args(argv)
     if args.table:
         print(table(json.loads((Path(args.out) / "datascale.json").read_text())))
@@ -183,7 +188,6 @@ def main(argv: list[str] | None = None) -> None:
     valid = out / "valid-500.csv"
     with open(valid, "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows(head)
-    me = [sys.executable, "-m", "benchmarks.datascale", "--out", str(out), "--child"]
     scorer = out / "tiny-run"
     if not args.no_predict:
         print("training the tiny scoring model", flush=True)
@@ -207,61 +211,69 @@ def main(argv: list[str] | None = None) -> None:
         )
     results = []
     for n in [int(x) for x in args.rows.split(",")]:
-        print(f"{n} rows: writing the file", flush=True)
-        train = write_repeated(real, out / f"train-{n}.csv", n)
-        cache = out / f"cache-{n}"
-        shutil.rmtree(cache, ignore_errors=True)
-        row: dict = {"rows": n, "file_mb": round(train.stat().st_size / 2**20, 1)}
-        row["baseline"] = measured([*me, "baseline", str(train)])
-        row["prepare"] = measured([*me, "prepare", str(train), str(valid), str(cache)])
-        row["cached"] = measured([*me, "prepare", str(train), str(valid), str(cache)])
-        if not args.no_train:
-            run = out / f"run-{n}"
-            shutil.rmtree(run, ignore_errors=True)
-            row["train"] = measured(
-                [
-                    sys.executable,
-                    "-m",
-                    "jaxtpu.train",
-                    "--preset",
-                    "minilm",
-                    "--train-csv",
-                    str(train),
-                    "--valid-csv",
-                    str(valid),
-                    "--max-steps",
-                    "2",
-                    "--buckets",
-                    "none",
-                    "--cache-dir",
-                    str(cache),
-                    "--workdir",
-                    str(run),
-                    "--no-progress",
-                ]
-            )
-            shutil.rmtree(run, ignore_errors=True)
-        if not args.no_predict:
-            scores = out / f"scores-{n}.csv"
-            row["predict"] = measured(
-                [
-                    sys.executable,
-                    "-m",
-                    "jaxtpu.predict",
-                    "--workdir",
-                    str(scorer),
-                    "--input",
-                    str(train),
-                    "--output",
-                    str(scores),
-                    "--overwrite",
-                ]
-            )
-            scores.unlink()
-        shutil.rmtree(cache, ignore_errors=True)
+        row = _size(n, real, out, valid, scorer, args)
         print(json.dumps(row), flush=True)
         results.append(row)
         (out / "datascale.json").write_text(json.dumps(results, indent=1))
+
+
+def _size(n: int, real: Path, out: Path, valid: Path, scorer: Path, args: Any) -> dict:
+    """One size's row: the file, the baseline read, preparing it cold and cached, training
+    (unless --no-train) and predicting (unless --no-predict) on it."""
+    me = [sys.executable, "-m", "benchmarks.datascale", "--out", str(out), "--child"]
+    print(f"{n} rows: writing the file", flush=True)
+    train = write_repeated(real, out / f"train-{n}.csv", n)
+    cache = out / f"cache-{n}"
+    shutil.rmtree(cache, ignore_errors=True)
+    row: dict = {"rows": n, "file_mb": round(train.stat().st_size / 2**20, 1)}
+    row["baseline"] = measured([*me, "baseline", str(train)])
+    row["prepare"] = measured([*me, "prepare", str(train), str(valid), str(cache)])
+    row["cached"] = measured([*me, "prepare", str(train), str(valid), str(cache)])
+    if not args.no_train:
+        run = out / f"run-{n}"
+        shutil.rmtree(run, ignore_errors=True)
+        row["train"] = measured(
+            [
+                sys.executable,
+                "-m",
+                "jaxtpu.train",
+                "--preset",
+                "minilm",
+                "--train-csv",
+                str(train),
+                "--valid-csv",
+                str(valid),
+                "--max-steps",
+                "2",
+                "--buckets",
+                "none",
+                "--cache-dir",
+                str(cache),
+                "--workdir",
+                str(run),
+                "--no-progress",
+            ]
+        )
+        shutil.rmtree(run, ignore_errors=True)
+    if not args.no_predict:
+        scores = out / f"scores-{n}.csv"
+        row["predict"] = measured(
+            [
+                sys.executable,
+                "-m",
+                "jaxtpu.predict",
+                "--workdir",
+                str(scorer),
+                "--input",
+                str(train),
+                "--output",
+                str(scores),
+                "--overwrite",
+            ]
+        )
+        scores.unlink()
+    shutil.rmtree(cache, ignore_errors=True)
+    return row
 
 
 if __name__ == "__main__":

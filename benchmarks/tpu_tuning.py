@@ -97,7 +97,7 @@ def swapped(variant: str) -> Iterator[dict[str, Any]]:
         layers.layer_norm = saved_ln
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.tpu_tuning",
         description=__doc__,
@@ -131,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also print the N operation groups that memory traffic slows the "
         "most, per variant (jaxtpu.preflight.roofline) [0: none]",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
 
     from jaxtpu.core.flags import presets
