@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.competitions import write_real_rows
+from parity_tests.competitions import write_real_rows
 
 REAL_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "jigsaw_toxic_dev.csv"
 

@@ -137,21 +137,34 @@ def over_limits(root: Path | None = None) -> list[str]:
     return out
 
 
-# jaxtpu's layers, top to bottom, each a set of module-name prefixes (a module belongs to the
-# layer of its longest matching prefix): a module imports modules of its own layer and of the
-# layers below it, never above, and the imports (those inside functions too) form no cycle.
+# The layers, top to bottom, each a set of module-name prefixes (a module belongs to the layer
+# of its longest matching prefix): a module imports modules of its own layer and of the layers
+# below it, never above, and the imports (those inside functions too) form no cycle. The
+# harnesses (benchmarks, parity_tests) sit above the commands they run; the PyTorch reference
+# (torchxla_ref) sits on jaxtpu.core alone, below the JAX side it is checked against.
 # docs/architecture.md ("Layers") shows this table; tests/test_layers.py holds the code to it.
 LAYERS = (
+    ("benchmarks", "measurements of both sides: run by hand, never imported", ("benchmarks",)),
+    ("parity_tests", "the checks that both sides compute the same thing", ("parity_tests",)),
     ("commands", "what a user runs (`python -m jaxtpu.X`, `jaxtpu X`): leaves", ("jaxtpu",)),
     ("api", "the Python API (`jaxtpu.load`)", ("jaxtpu.api",)),
     ("engine", "the JAX engine the commands drive", ("jaxtpu.engine",)),
     ("models", "the Flax layers", ("jaxtpu.models",)),
+    ("torchxla_ref", "the PyTorch reference, on jaxtpu.core alone", ("torchxla_ref",)),
     ("core.run", "the loop both sides share and its run directory", ("jaxtpu.core.run",)),
     ("core.data", "what a run reads", ("jaxtpu.core.data",)),
     ("core.flags", "what a run is asked to do", ("jaxtpu.core.flags",)),
     ("core.hf", "Hugging Face checkpoints and the family table", ("jaxtpu.core.hf",)),
     ("core", "framework-free facts and helpers every room uses", ("jaxtpu.core",)),
 )
+# The JAX side builds no torch model of its own, with these exceptions (each with its reason):
+# an import of the reference by a jaxtpu module not named here is a violation.
+REFERENCE_IMPORTS = {
+    "jaxtpu.export": (
+        "--format onnx: torch.onnx exports a torch module, so the graph is traced from the "
+        "reference's model with the run's weights, then checked against jaxtpu's logits"
+    ),
+}
 # Imported inside a function to defer them (start-up time, optional extras); a jaxtpu module
 # may be imported inside a function only when it imports one of these at its top, or inside a
 # module's own `__getattr__` (PEP 562: `jaxtpu.load` keeps `import jaxtpu` light).
@@ -237,9 +250,9 @@ def imports_of(path: Path, root: Path, modules: set[str]) -> tuple[list[Import],
 
 
 def import_graph(root: Path = ROOT) -> tuple[list[Import], dict[str, set[str]]]:
-    """Every import between the modules of `root`/jaxtpu, and each module's top-level
-    packages."""
-    paths = sorted((root / "jaxtpu").rglob("*.py"))
+    """Every import between the modules of the shipped packages under `root`, and each
+    module's top-level packages."""
+    paths = [p for top in SHIPPED for p in sorted((root / top).rglob("*.py"))]
     modules = {module_name(p, root) for p in paths}
     edges, tops = [], {}
     for path in paths:
@@ -263,7 +276,7 @@ def command_of(module: str) -> str | None:
     """The command a module of the commands layer belongs to: `jaxtpu.X` for a module or
     package right under jaxtpu/ (`jaxtpu.preflight.fit` is preflight's); None for the
     package itself."""
-    if module == "jaxtpu" or layer_of(module) != 0:
+    if module == "jaxtpu" or LAYERS[layer_of(module)][0] != "commands":
         return None
     return ".".join(module.split(".")[:2])
 
@@ -285,12 +298,19 @@ def layer_violations(root: Path = ROOT) -> list[str]:
     for e in sorted(set(edges), key=lambda e: (e.source, e.line, e.target)):
         where = f"{e.source} (line {e.line}) imports {e.target}"
         src, dst = layer_of(e.source), layer_of(e.target)
+        inside = e.source.split(".")[0] in ("jaxtpu", "torchxla_ref")  # the libraries
         if dst < src:
             out.append(f"{where}: layer {LAYERS[dst][0]} is above {LAYERS[src][0]}")
         elif command_of(e.target) and command_of(e.target) != command_of(e.source):
-            if e.source != "jaxtpu":
+            if inside and e.source != "jaxtpu":
                 out.append(f"{where}: a command is a leaf; nothing imports it")
-        if e.deferred and not e.lazy_attribute and not heavy(e.target, set()):
+        if (
+            e.source.startswith("jaxtpu")
+            and e.target.startswith("torchxla_ref")
+            and e.source not in REFERENCE_IMPORTS
+        ):
+            out.append(f"{where}: the JAX side imports the reference (not in REFERENCE_IMPORTS)")
+        if inside and e.deferred and not e.lazy_attribute and not heavy(e.target, set()):
             out.append(
                 f"{where} inside a function: it defers no heavy package; import it at the top"
             )

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.competitions import REAL_CSV
+from parity_tests.competitions import REAL_CSV
 
 MAX_LEN = 128
 ROOT = Path(__file__).resolve().parents[1]

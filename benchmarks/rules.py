@@ -1,4 +1,4 @@
-"""The Agile Community Rules task on the demonstration files (`benchmarks.competitions`: the
+"""The Agile Community Rules task on the demonstration files (`parity_tests.competitions`: the
 real comments' six labels written as six rules, two of them in the training file, all six in
 the test file): the pretrained MiniLM trained three ways, each scored on the labelled test file
 by `jaxtpu evaluate`, the table of docs/competitions/rules.md.
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.competitions import REAL_CSV, RULES, TRAIN_RULES, write_rules_files
 from jaxtpu.core.tasks import rule_keys
+from parity_tests.competitions import REAL_CSV, RULES, TRAIN_RULES, write_rules_files
 
 WAYS = {
     "rows": [],

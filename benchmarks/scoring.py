@@ -57,9 +57,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.competitions import REAL_CSV
 from benchmarks.datascale import measured
 from benchmarks.machine import cpu_line, cpu_record
+from parity_tests.competitions import REAL_CSV
 
 WAYS = ("jaxtpu-predict", "jaxtpu-api", "pipeline-fp32", "pipeline-bf16", "onnx-fp32", "onnx-int8")
 BATCH = 32  # the other tools' batch size (jaxtpu scores its default --batch-size per device)

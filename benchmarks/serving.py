@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.competitions import REAL_CSV
 from benchmarks.machine import cpu_line, cpu_record
+from parity_tests.competitions import REAL_CSV
 
 
 def comments(n: int, path: Path = REAL_CSV) -> list[str]:

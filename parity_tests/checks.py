@@ -461,8 +461,8 @@ def trajectories(work: Path, task: str) -> list[Result]:
 
 def rules_file(work: Path) -> Path:
     """The Agile Community Rules training file built from the real comments
-    (`benchmarks.competitions.write_rules_files`), for the rules task's trajectories."""
-    from benchmarks.competitions import write_rules_files
+    (`parity_tests.competitions.write_rules_files`), for the rules task's trajectories."""
+    from parity_tests.competitions import write_rules_files
 
     path = work / "rules" / "rules_train.csv"
     if not path.exists():

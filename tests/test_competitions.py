@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from benchmarks.competitions import IDENTITIES, real_rows, write_bias_file, write_language_file
 from jaxtpu.core import metrics
 from jaxtpu.core.data import readers, records, templates, tokenized
 from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.tasks import TASKS, get_task, higher_is_better
+from parity_tests.competitions import IDENTITIES, real_rows, write_bias_file, write_language_file
 
 IDS = IDENTITIES
 

@@ -1,6 +1,8 @@
-"""jaxtpu's imports go one way (`benchmarks.codeshape.LAYERS`, docs/architecture.md "Layers"):
-no module imports a layer above its own, no command imports another, imports inside functions
-defer only heavy packages, and nothing forms a cycle (imports inside functions counted)."""
+"""The imports of jaxtpu/, torchxla_ref/, parity_tests/ and benchmarks/ go one way
+(`benchmarks.codeshape.LAYERS`, docs/architecture.md "Layers"): no module imports a layer above
+its own, nothing in the libraries imports a command, the JAX side imports the reference only
+where `REFERENCE_IMPORTS` says why, the libraries' imports inside functions defer only heavy
+packages, and nothing forms a cycle (imports inside functions counted)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 from benchmarks import codeshape
 
 
-def test_jaxtpu_imports_follow_the_layers_without_a_cycle():
+def test_the_imports_follow_the_layers_without_a_cycle():
     assert codeshape.import_cycles() == []
     assert codeshape.layer_violations() == []
 
@@ -24,6 +26,14 @@ def test_every_module_has_a_layer_and_the_commands_are_the_top_level_modules():
     assert codeshape.LAYERS[codeshape.layer_of("jaxtpu.core.run.loop")][0] == "core.run"
     assert codeshape.LAYERS[codeshape.layer_of("jaxtpu.core.errors")][0] == "core"
     assert codeshape.command_of("jaxtpu.engine.parallel") is None
+    # every shipped package has its place: the harnesses above the commands, the reference
+    # between the Flax layers and jaxtpu.core
+    names = [name for name, _, _ in codeshape.LAYERS]
+    assert codeshape.LAYERS[codeshape.layer_of("benchmarks.compare")][0] == "benchmarks"
+    assert codeshape.LAYERS[codeshape.layer_of("parity_tests.checks")][0] == "parity_tests"
+    ref = names.index(codeshape.LAYERS[codeshape.layer_of("torchxla_ref.models")][0])
+    assert names.index("models") < ref < names.index("core.run")
+    assert codeshape.command_of("torchxla_ref.train") is None
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -49,6 +59,14 @@ def test_the_checks_find_a_cycle_an_upward_import_a_command_import_and_a_needles
             # upward: core imports the engine; and a cycle with it through the function below
             "jaxtpu/core/files.py": "def f():\n    from jaxtpu.engine import parallel\n",
             "jaxtpu/core/errors.py": "",
+            # the JAX side imports the reference: only a REFERENCE_IMPORTS module may
+            "jaxtpu/engine/steps.py": "def h():\n    from torchxla_ref import models\n",
+            "torchxla_ref/__init__.py": "",
+            "torchxla_ref/models.py": "import torch\nfrom jaxtpu.engine import parallel\n",
+            "parity_tests/__init__.py": "",
+            "parity_tests/checks.py": "from benchmarks import compare\n",  # a harness above
+            "benchmarks/__init__.py": "",
+            "benchmarks/compare.py": "from jaxtpu import train\n",  # a harness runs commands
             "jaxtpu/core/tasks.py": (
                 "from typing import TYPE_CHECKING\n"
                 "if TYPE_CHECKING:\n    from jaxtpu.engine import parallel\n"  # not counted
@@ -62,7 +80,13 @@ def test_the_checks_find_a_cycle_an_upward_import_a_command_import_and_a_needles
         "jaxtpu.core.files (line 2) imports jaxtpu.engine.parallel: layer engine is above core",
         "jaxtpu.core.tasks (line 5) imports jaxtpu.core.errors inside a function: it defers no "
         "heavy package; import it at the top",
+        "jaxtpu.engine.steps (line 2) imports torchxla_ref.models: the JAX side imports the "
+        "reference (not in REFERENCE_IMPORTS)",
         "jaxtpu.lrfind (line 1) imports jaxtpu.train: a command is a leaf; nothing imports it",
+        "parity_tests.checks (line 1) imports benchmarks.compare: layer benchmarks is above "
+        "parity_tests",
+        "torchxla_ref.models (line 2) imports jaxtpu.engine.parallel: layer engine is above "
+        "torchxla_ref",
     ]
 
 
@@ -84,25 +108,48 @@ def test_a_deferred_import_of_a_module_that_brings_jax_and_a_lazy_attribute_are_
     assert codeshape.import_cycles(root) == []
 
 
-def test_no_module_of_jaxtpu_branches_on_a_layer_kind_outside_its_record():
-    """What differs between layer kinds is read from `core.hf.kinds.LAYER_KINDS`: nowhere else
-    in jaxtpu/ compares a kind (`layer_kind`, `kind.name`) with a name."""
+def _kind_comparisons(root: Path) -> list[str]:
+    """Comparisons of a layer kind (`layer_kind`, `kind.name`, ...) with a kind's name, read
+    from the kind records, in jaxtpu/ and torchxla_ref/ outside `core/hf/kinds.py`."""
     import ast
 
+    from jaxtpu.core.hf.kinds import LAYER_KINDS
+
     found = []
-    for path in sorted((codeshape.ROOT / "jaxtpu").rglob("*.py")):
-        if path.name == "kinds.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Compare):
+    for top in ("jaxtpu", "torchxla_ref"):
+        for path in sorted((root / top).rglob("*.py")):
+            if path.name == "kinds.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Compare):
+                    continue
+                sides = [node.left, *node.comparators]
+                named = [c.value for c in sides if isinstance(c, ast.Constant)]
+                for c in sides:  # `kind.name in ("bert", ...)`
+                    if isinstance(c, ast.Tuple | ast.List | ast.Set):
+                        named += [e.value for e in c.elts if isinstance(e, ast.Constant)]
                 text = ast.unparse(node)
-                names_a_kind = any(
-                    isinstance(c, ast.Constant) and c.value in ("bert", "modernbert", "eurobert")
-                    for c in [node.left, *node.comparators]
-                )
-                if names_a_kind and ("layer_kind" in text or "kind.name" in text):
-                    found.append(f"{path.relative_to(codeshape.ROOT)}:{node.lineno}: {text}")
-    assert found == []
+                if set(named) & set(LAYER_KINDS) and "kind" in text:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {text}")
+    return found
+
+
+def test_no_module_branches_on_a_layer_kind_outside_its_record(tmp_path):
+    """What differs between layer kinds is read from `core.hf.kinds.LAYER_KINDS`: nowhere else
+    in jaxtpu/ or torchxla_ref/ compares a kind with a name; the names are the records' own, so
+    a new kind (the decoders' was the fourth) is covered without editing this test."""
+    assert _kind_comparisons(codeshape.ROOT) == []
+    root = _tree(
+        tmp_path,
+        {
+            "jaxtpu/a.py": "def f(spec):\n    return spec.layer_kind == 'decoder'\n",
+            "torchxla_ref/b.py": "def g(kind):\n    return kind.name in ('eurobert', 'x')\n",
+        },
+    )
+    assert _kind_comparisons(root) == [
+        "jaxtpu/a.py:2: spec.layer_kind == 'decoder'",
+        "torchxla_ref/b.py:2: kind.name in ('eurobert', 'x')",
+    ]
 
 
 @pytest.mark.e2e

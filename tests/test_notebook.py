@@ -21,7 +21,7 @@ def test_the_example_notebook_trains_evaluates_and_writes_a_submission(real_csv,
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 
-    from benchmarks.competitions import write_language_file
+    from parity_tests.competitions import write_language_file
 
     valid = write_language_file(real_csv, tmp_path / "validation.csv", 60, 2000, 1)
     test = write_language_file(real_csv, tmp_path / "test.csv", 40, 3000, 2, labelled=False)

@@ -191,8 +191,8 @@ def test_a_decoder_rules_run_trains_predicts_and_exports_on_its_prompts(real_csv
     transformers = pytest.importorskip("transformers")
 
     import jaxtpu
-    from benchmarks.competitions import write_rules_files
     from jaxtpu import evaluate, export, predict
+    from parity_tests.competitions import write_rules_files
     from parity_tests.families import build
     from tests.helpers import cli
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from benchmarks.competitions import RULE_HEADER, RULES, TRAIN_RULES, write_rules_files
 from jaxtpu.core import metrics
 from jaxtpu.core.data import readers, records, rules, templates
 from jaxtpu.core.data.tokens import encode_texts
@@ -20,6 +19,7 @@ from jaxtpu.core.errors import ConfigError, DataError, UserError
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.hf.tokenizer_dir import segment_types, separator_id
 from jaxtpu.core.tasks import RULE_MONITOR, get_task, rule_metrics
+from parity_tests.competitions import RULE_HEADER, RULES, TRAIN_RULES, write_rules_files
 
 TASK = get_task("rules")
 

@@ -55,7 +55,7 @@ def test_spawn_runs_on_one_cpu_device_on_unintended_bias_files(tmp_path, real_cs
     """Spawn on one device, trained on files of the Unintended Bias layout: the reference reads
     them as jaxtpu does (`target` as a soft target) and reports and monitors the same bias
     metric (the shared `jaxtpu.core` code)."""
-    from benchmarks.competitions import write_bias_file
+    from parity_tests.competitions import write_bias_file
 
     train = write_bias_file(real_csv, tmp_path / "train.csv", 320, 0, 0)
     valid = write_bias_file(real_csv, tmp_path / "valid.csv", 160, 2000, 1)

@@ -21,7 +21,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
 from jaxtpu.core.hardware import precision_problem
 from jaxtpu.core.run import loop, plan, signals
-from jaxtpu.core.run.exits import exit_code, user_errors
+from jaxtpu.core.run.exits import exit_code, setup_logging, user_errors
 from jaxtpu.core.run.folds import train_folds
 from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir
@@ -100,8 +100,6 @@ def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBacken
 
 
 def _spawn_replica(index: int, cfg: Config, workdir: Path, t_start: float) -> None:
-    from jaxtpu.core.run.exits import setup_logging
-
     setup_logging()
     if index != 0:
         logging.getLogger("jaxtpu").setLevel(logging.WARNING)
@@ -109,8 +107,6 @@ def _spawn_replica(index: int, cfg: Config, workdir: Path, t_start: float) -> No
 
 
 def _ddp_replica(index: int, cfg: Config, workdir: Path, t_start: float, rendezvous: str) -> None:
-    from jaxtpu.core.run.exits import setup_logging
-
     setup_logging()
     if index != 0:
         logging.getLogger("jaxtpu").setLevel(logging.WARNING)

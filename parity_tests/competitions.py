@@ -1,7 +1,7 @@
 """Files in each Jigsaw competition's own layout, built from the real comments of ../shared/data,
 so the four competitions can be trained and evaluated here (the competitions' files are not).
 
-`python -m benchmarks.competitions --out runs/competitions` writes:
+`python -m parity_tests.competitions --out runs/competitions` writes:
 
   ub_train.csv, ub_valid.csv   Unintended Bias: id, comment_text, target (a fraction), the
                                sub-types the real labels give (severe_toxicity, obscene,
