@@ -160,7 +160,7 @@ LAYERS = (
 # The JAX side builds no torch model of its own, with these exceptions (each with its reason):
 # an import of the reference by a jaxtpu module not named here is a violation.
 REFERENCE_IMPORTS = {
-    "jaxtpu.export": (
+    "jaxtpu.engine.exports": (
         "--format onnx: torch.onnx exports a torch module, so the graph is traced from the "
         "reference's model with the run's weights, then checked against jaxtpu's logits"
     ),

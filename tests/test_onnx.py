@@ -86,8 +86,9 @@ def test_an_onnx_export_that_fails_its_check_writes_nothing(finished_run, tmp_pa
     """The check can fail: with no tolerance at all, the float rounding of torch's graph is
     refused, and neither `--out` nor its staging directory is left."""
     from jaxtpu import export
+    from jaxtpu.engine import exports
 
-    monkeypatch.setattr(export, "ONNX_TOLERANCE", -1.0)
+    monkeypatch.setattr(exports, "ONNX_TOLERANCE", -1.0)
     out = tmp_path / "onnx"
     with pytest.raises(SystemExit) as e:
         export.main(["--workdir", str(finished_run), "--out", str(out), "--format", "onnx"])
