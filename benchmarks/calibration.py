@@ -38,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (Path(args.workdir) / "calibration.json").is_file():
         print(f"error: --workdir {args.workdir}: no calibration.json (train it again)")
         return 2
+    from jaxtpu.engine.evaluation import evaluate
     from jaxtpu.engine.hosts import scoring_devices
-    from jaxtpu.evaluate import evaluate
 
     devices = scoring_devices(args.num_devices)
     with tempfile.TemporaryDirectory() as tmp:

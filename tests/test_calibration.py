@@ -120,9 +120,10 @@ def test_predict_the_api_evaluate_and_exports_apply_one_calibration(finished_run
     import shutil
 
     import jaxtpu
-    from jaxtpu import evaluate, export, predict
+    from jaxtpu import export, predict
     from jaxtpu.core.data.demo import SAMPLE_CSV
     from jaxtpu.core.flags.schema import SCORING
+    from jaxtpu.engine import evaluation
     from jaxtpu.engine.hosts import scoring_devices
 
     run = tmp_path / "run"
@@ -158,15 +159,15 @@ def test_predict_the_api_evaluate_and_exports_apply_one_calibration(finished_run
     z -= np.log1p(-no_export)  # the export's own fp32 logits (the run's are bf16)
     np.testing.assert_allclose(by_export, sigmoid(0.5 * z - 1), atol=1e-6)
 
-    report = evaluate.evaluate(str(run), str(SAMPLE_CSV), scoring_devices(1))
+    report = evaluation.evaluate(str(run), str(SAMPLE_CSV), scoring_devices(1))
     r = report["calibration"]["toxic"]
     assert r["ece_before"] != r["ece_after"] and 0 <= r["ece_after"] <= 1
     # evaluate scores each row as the API (and so predict and serve) does: bitwise, in the
     # run's precision (issue 65, item 4: they used to differ in bf16)
     batch = SCORING.batch_size  # jaxtpu.load()'s default
-    examples, _, outputs = evaluate.score_file(
+    examples, _, outputs = evaluation.score_file(
         model.trained, str(SAMPLE_CSV), scoring_devices(1), batch
     )
-    rows = evaluate.read_labelled(str(SAMPLE_CSV), model.task, "{rule}")
+    rows = evaluation.read_labelled(str(SAMPLE_CSV), model.task, "{rule}")
     np.testing.assert_array_equal(outputs, model.logits(rows.texts))
     assert model.trained.cfg.train.precision == "bf16"

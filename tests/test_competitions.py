@@ -183,7 +183,7 @@ def test_monitors_follow_the_file():
 
 
 def test_evaluate_names_the_metric_of_the_files_kind():
-    from jaxtpu.evaluate import METRICS, headline
+    from jaxtpu.engine.evaluation import METRICS, headline
 
     def ex(groups=None):
         groups = groups or records.Groups()

@@ -321,8 +321,8 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     assert np.abs(written - ranks).max() < 1e-6  # the same scores, so the same ranks
     # issue 65 item 4: evaluate scores every row of a bf16 rules run as the API (so predict
     # and serve) does, bitwise (they differed by 3.3e-5 in mean rule AUC before)
+    from jaxtpu.engine.evaluation import score_file
     from jaxtpu.engine.hosts import scoring_devices
-    from jaxtpu.evaluate import score_file
 
     assert model.trained.cfg.train.precision == "bf16"
     devices = scoring_devices(0)
@@ -337,8 +337,8 @@ def test_evaluate_reads_pairs_with_the_runs_template_and_an_ensemble_needs_one(
 ):
     from types import SimpleNamespace
 
+    from jaxtpu.engine.evaluation import read_labelled
     from jaxtpu.engine.scoring import check_ensemble
-    from jaxtpu.evaluate import read_labelled
 
     p = write(tmp_path / "l.csv", [row(1, "spam", "No ads.", 1, sub="r/x")])
     assert read_labelled(str(p), TASK, "{rule} in {subreddit}").first == ["No ads. in r/x"]

@@ -34,7 +34,6 @@ from jaxtpu.core.hf.encoder import (
 from jaxtpu.core.hf.statedict import read_notebook_checkpoint
 from jaxtpu.core.run import loop
 from jaxtpu.core.serving.card import digest_arrays
-from jaxtpu.core.severity import format_weights, pair_agreement
 from jaxtpu.core.tasks import LABELS, get_task
 from jaxtpu.engine import weights
 
@@ -398,18 +397,3 @@ def pair_probabilities(
     less = probs[[where[t] for t in pairs.less]]
     more = probs[[where[t] for t in pairs.more]]
     return less, more
-
-
-def agreement_report(
-    workdirs: Sequence[str], path: str, weights: np.ndarray, devices: list[Any], batch_size: int
-) -> dict[str, Any]:
-    """`evaluate --label-weights`: the agreement of the weighted severity on a pairs file."""
-    less, more = pair_probabilities(load_multilabel(workdirs), path, devices, batch_size)
-    return {
-        "metric": "agreement",
-        "value": pair_agreement(less, more, weights),
-        "examples": len(less),
-        "input": str(path),
-        "workdir": str(workdirs[0]),
-        "label_weights": format_weights(weights),
-    }
