@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtpu.core.tasks import rule_keys
+from jaxtpu.core.breakdowns import rule_keys
 from parity_tests.competitions import REAL_CSV, RULES, TRAIN_RULES, write_rules_files
 
 WAYS = {

@@ -13,12 +13,13 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from jaxtpu.core import metrics
+from jaxtpu.core.breakdowns import RULE_MONITOR, rule_metrics
 from jaxtpu.core.data import readers, records, rules, templates
 from jaxtpu.core.data.tokens import encode_texts
 from jaxtpu.core.errors import ConfigError, DataError, UserError
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.hf.tokenizer_dir import segment_types, separator_id
-from jaxtpu.core.tasks import RULE_MONITOR, get_task, rule_metrics
+from jaxtpu.core.tasks import get_task
 from parity_tests.competitions import RULE_HEADER, RULES, TRAIN_RULES, write_rules_files
 
 TASK = get_task("rules")

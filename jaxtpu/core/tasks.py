@@ -16,14 +16,11 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import metrics
+from jaxtpu.core.breakdowns import BREAKDOWNS, RULE_MONITOR
 from jaxtpu.core.errors import ConfigError
 
 log = logging.getLogger("jaxtpu")
 
-# The competitions' own metrics, reported where a file has their columns (`Task.monitors`).
-BIAS_MONITOR, LANGUAGE_MONITOR = "val_jigsaw_bias", "val_mean_language_auc"
-# The Agile Community Rules metric: each rule's ROC AUC, averaged with equal weight.
-RULE_MONITOR = "val_mean_rule_auc"
 RANKING_MARGIN = 0.5  # margin of the ranking loss, on both sides
 # The six labels of the Kaggle Toxic Comment Classification data, in its column order.
 LABELS = ("toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate")
@@ -60,42 +57,6 @@ def _mean_column_auc(
         )
     mean = float(np.mean(list(defined.values()))) if defined else float("nan")
     return {"val_mean_auc": mean, **{f"val_auc_{k}": v for k, v in defined.items()}}
-
-
-def rule_key(rule: str) -> str:
-    """The short name of a rule in metric keys (`val_auc_rule_<key>`): its first words,
-    lower-case letters and digits joined by '_', at most 40 characters."""
-    words = "".join(c if c.isalnum() else " " for c in rule.lower()).split()
-    key = ""
-    for w in words:
-        if key and len(key) + 1 + len(w) > 40:
-            break
-        key = f"{key}_{w}" if key else w[:40]
-    return key or "rule"
-
-
-def rule_keys(rules: list[str]) -> dict[str, str]:
-    """`rule_key` of each rule, made unique (a second rule of the same key gets '_2', ...)."""
-    out: dict[str, str] = {}
-    used: set[str] = set()
-    for rule in rules:
-        key, n = rule_key(rule), 1
-        while (key if n == 1 else f"{key}_{n}") in used:
-            n += 1
-        out[rule] = key if n == 1 else f"{key}_{n}"
-        used.add(out[rule])
-    return out
-
-
-def rule_metrics(
-    scores: np.ndarray, labels: np.ndarray, rules: np.ndarray, weight: np.ndarray | None = None
-) -> tuple[dict[str, float], list[str]]:
-    """The Agile Community Rules metric: ({'mean_rule_auc': the mean of the per-rule ROC AUCs,
-    'auc_rule_<key>': each rule's}, the rules left out because their rows hold one class)."""
-    aucs, left_out = metrics.group_aucs(scores, labels, rules, weight)
-    keys = rule_keys(sorted(set(np.asarray(rules).tolist())))
-    out = {f"auc_rule_{keys[r]}": v for r, v in aucs.items()}
-    return {"mean_rule_auc": metrics.mean_of(aucs), **out}, left_out
 
 
 def _agreement(scores: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> dict[str, float]:
@@ -250,80 +211,60 @@ class Task:
     def group_metrics(
         self, scores: np.ndarray, labels: np.ndarray, weight: np.ndarray, groups: Any
     ) -> dict[str, float]:
-        """The competitions' breakdowns of the first output (`toxic`/`target`) of a one-comment
-        task: the Unintended Bias metric over identity columns (`val_jigsaw_bias`, its overall
-        AUC, the three power means and each identity's three AUCs) and the Multilingual
-        per-language AUC (`val_auc_lang_<lang>`, `val_mean_language_auc`)."""
+        """The competitions' breakdowns (`jaxtpu.core.breakdowns.BREAKDOWNS`) of the first
+        output (`toxic`/`target`/`rule_violation`) of a one-comment task, each where the file
+        has its column: the Unintended Bias metric over identity columns, the Multilingual
+        per-language AUC, the Agile Community Rules per-rule AUC."""
         if not groups or self.comments_per_example != 1:
             return {}
         first = (lambda a: a) if self.main_outputs == 1 else (lambda a: a[:, 0])  # noqa: E731
         s, y = first(np.asarray(scores)), first(np.asarray(labels))
         out = {}
-        if getattr(groups, "rule", None) is not None:
-            parts, left_out = rule_metrics(s, y, groups.rule, weight)
+        for b in BREAKDOWNS:
+            values = b.values(groups)
+            if values is None:
+                continue
+            parts, left_out = b.measure(s, y, values, weight)
             if left_out:
                 log.warning(
-                    "%s: %d rule(s) left out (one class in the validation set): %s",
-                    RULE_MONITOR,
-                    len(left_out),
-                    "; ".join(r[:60] for r in left_out),
+                    "%s: %s(s) %s left out (one class%s in the validation set)",
+                    b.monitor,
+                    b.group,
+                    b.left_out([str(g)[:60] for g in left_out], named=True),
+                    ", or no rows," if b.no_rows else "",
                 )
             out.update({f"val_{k}": v for k, v in parts.items()})
-        if groups.identities:
-            parts, left_out = metrics.jigsaw_bias(s, y, groups.identities, weight)
-            if left_out:
-                log.warning(
-                    "val_jigsaw_bias: identity subgroup(s) %s left out (one class, or no "
-                    "rows, in the validation set)",
-                    ", ".join(left_out),
-                )
-            out.update({f"val_{k}": v for k, v in parts.items()})
-        if groups.lang is not None:
-            parts, left_out = metrics.language_aucs(s, y, groups.lang, weight)
-            if left_out:
-                log.warning(
-                    "val_mean_language_auc: language(s) %s left out (one class in the "
-                    "validation set)",
-                    ", ".join(left_out),
-                )
-            out.update({f"val_{k.replace('auc_', 'auc_lang_', 1)}": v for k, v in parts.items()})
         return out
 
     def monitors(self, groups: Any = None) -> tuple[str, ...]:
         """The metrics that may choose the best checkpoint on validation data with these
         `groups`, the default first: the competition's own metric where the file is of that
-        competition (Unintended Bias: `val_jigsaw_bias`), else the task's; `val_loss` always."""
+        competition (a breakdown ranked 'first': Unintended Bias's `val_jigsaw_bias`), else
+        the task's; the breakdowns ranked 'after' next; `val_loss` always."""
         names = [self.monitor, *self.others]
         if groups and self.comments_per_example == 1:
-            if groups.identities:
-                names.insert(0, BIAS_MONITOR)
-            if groups.lang is not None:
-                names.append(LANGUAGE_MONITOR)
+            for b in BREAKDOWNS:
+                if b.values(groups) is None or b.rank == "own":
+                    continue
+                names.insert(0, b.monitor) if b.rank == "first" else names.append(b.monitor)
         return (*names, "val_loss")
 
     def undefined_monitor(self, monitor: str, labels: np.ndarray, groups: Any) -> str | None:
-        """Why a competition breakdown `monitor` is undefined at every evaluation on this
-        validation data whatever the model scores (every identity subgroup, or every language,
-        holds one class), or None. The overall one-class case is `undefined`'s."""
-        if monitor not in (BIAS_MONITOR, LANGUAGE_MONITOR, RULE_MONITOR) or not groups:
+        """Why a breakdown's `monitor` is undefined at every evaluation on this validation
+        data whatever the model scores (every group holds one class), or None. The overall
+        one-class case is `undefined`'s."""
+        found = [b for b in BREAKDOWNS if b.monitor == monitor]
+        values = found[0].values(groups) if found else None
+        if values is None:
             return None
+        b = found[0]
         y = np.asarray(labels, np.float64)
         y = y if y.ndim == 1 else y[:, 0]
         scores, weight = np.zeros(len(y)), np.ones(len(y))  # AUCs exist iff both classes do
-        if monitor == RULE_MONITOR:
-            parts, left_out = rule_metrics(scores, y, groups.rule, weight)
-            if not np.isfinite(parts["mean_rule_auc"]):
-                return f"every rule ({len(left_out)}) holds one class"
+        parts, left_out = b.measure(scores, y, values, weight)
+        if np.isfinite(parts[monitor.removeprefix("val_")]):
             return None
-        if monitor == BIAS_MONITOR:
-            parts, left_out = metrics.jigsaw_bias(scores, y, groups.identities, weight)
-            if not np.isfinite(parts["jigsaw_bias"]):
-                return f"every identity subgroup ({', '.join(left_out)}) holds one class"
-        else:
-            parts, left_out = metrics.language_aucs(scores, y, groups.lang, weight)
-            if not np.isfinite(parts["mean_language_auc"]):
-                return f"every language ({', '.join(left_out)}) holds one class"
-        return None
+        return f"every {b.group} ({b.left_out([str(g) for g in left_out])}) holds one class"
 
     def choose_monitor(self, requested: str, groups: Any = None) -> str:
         """`--monitor` (empty: the default of `monitors`), refused when this task does not
@@ -397,7 +338,8 @@ def monitor_names() -> tuple[str, ...]:
     """Every metric some task reports on some file: the values --monitor accepts (each run
     then checks its own, `Task.choose_monitor`)."""
     tasks = sorted({m for t in TASKS.values() for m in (t.monitor, *t.others)})
-    return (*tasks, BIAS_MONITOR, LANGUAGE_MONITOR, "val_loss")
+    breakdowns = [b.monitor for b in BREAKDOWNS if b.rank != "own"]
+    return (*tasks, *breakdowns, "val_loss")
 
 
 def get_task(name: str) -> Task:

@@ -10,6 +10,7 @@ from typing import overload
 
 import numpy as np
 
+from jaxtpu.core.breakdowns import BREAKDOWNS
 from jaxtpu.core.data.tokens import digest_pairs, digest_texts
 from jaxtpu.core.tasks import LABELS, SEVERITY_WEIGHTS
 
@@ -85,25 +86,23 @@ class Groups:
     rule: np.ndarray | None = None  # (N,) str: the rule a rules row asks about
 
     def __bool__(self) -> bool:
-        return bool(self.identities) or self.lang is not None or self.rule is not None
+        return any(b.values(self) is not None for b in BREAKDOWNS)
 
     def describe(self) -> str:
         """'identities male, female; languages es, it' (those the file has)."""
-        parts = []
-        if self.identities:
-            parts.append("identities " + ", ".join(self.identities))
-        if self.lang is not None:
-            parts.append("languages " + ", ".join(sorted(set(self.lang.tolist()))))
-        if self.rule is not None:
-            parts.append(f"{len(set(self.rule.tolist()))} rules")
-        return "; ".join(parts)
+        shown = [b.shown(b.values(self)) for b in BREAKDOWNS if b.values(self) is not None]
+        return "; ".join(shown)
 
     def take(self, idx: np.ndarray) -> Groups:
-        return Groups(
-            {k: v[idx] for k, v in self.identities.items()},
-            None if self.lang is None else self.lang[idx],
-            None if self.rule is None else self.rule[idx],
-        )
+        """The groups of rows `idx`, every breakdown's field taken alike."""
+        taken = {}
+        for b in BREAKDOWNS:
+            values = getattr(self, b.field)
+            if isinstance(values, dict):
+                taken[b.field] = {k: v[idx] for k, v in values.items()}
+            else:
+                taken[b.field] = None if values is None else values[idx]
+        return Groups(**taken)
 
 
 class FileTexts(Sequence[str]):
