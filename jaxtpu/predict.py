@@ -22,6 +22,7 @@ from typing import Any
 
 from jaxtpu.core import storage
 from jaxtpu.core.data import readers
+from jaxtpu.core.data.filekinds import FileKind, described, kind_of
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.flags.schema import SCORING
@@ -94,13 +95,13 @@ def _score(args: argparse.Namespace, out: Path) -> int:
         models = [load_notebook(args.init_from, args.model_dir, _max_len(args))]
     else:
         models = [load_model_dir(args.model_dir, _max_len(args))]
-    severity = readers.file_kind(header) == "score"
-    _check_models(args, models, severity)
+    kind = kind_of(header)
+    _check_models(args, models, kind)
     progress = Progress(out, _work(args))
     with progress.held():
         resume = _resume(progress, args)
         scorers = [Scorer(m, devices, args.batch_size, not args.no_calibration) for m in models]
-        rows, empty, written = predict_stream(scorers, args.input, progress, severity, resume)
+        rows, empty, written = predict_stream(scorers, args.input, progress, kind, resume)
     if empty:
         what = "left out" if args.pseudo_label else "scored as empty text"
         print(f"warning: {empty} of {rows} comments are empty; {what}", file=sys.stderr)
@@ -145,27 +146,23 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
 
 
-def _check_models(args: argparse.Namespace, models: list[Any], severity: bool) -> None:
-    """The flags that do not fit the models loaded or the kind of file (`severity`: a Rate
-    Severity file)."""
+def _check_models(args: argparse.Namespace, models: list[Any], kind: FileKind | None) -> None:
+    """The flags that do not fit the models loaded or the kind of file (`kind`: the input's,
+    `jaxtpu.core.data.filekinds`), read from the task's and the kind's records."""
     task = models[0].spec.task
-    rules_file = readers.file_kind(readers.columns(args.input)) == "rules"
-    if task.text_pairs != rules_file:
+    severity = kind is not None and kind.severity
+    if kind is None or kind.name not in task.predicts:
+        found = kind.what if kind else "a file of unknown layout"
         raise UserError(
-            f"--input {args.input}: "
-            + (
-                "a rules run scores an Agile Community Rules file (body, rule); this is not one"
-                if task.text_pairs
-                else f"an Agile Community Rules file is scored by a rules run; this is a "
-                f"{task.name} model"
-            )
+            f"--input {args.input}: a {task.name} model scores {described(task.predicts)}; "
+            f"this is {found}"
         )
-    if rules_file and args.pseudo_label:
+    if args.pseudo_label and not kind.pseudo_labels:
         raise UserError(
-            "--pseudo-label writes comments with toxicity targets; a rules file is scored as "
-            "row_id,rule_violation (train on its examples with --rule-examples instead)"
+            f"--pseudo-label writes comments with toxicity targets; {kind.what} is scored as "
+            f"{kind.id_column},{','.join(task.label_columns)} ({kind.instead} instead)"
         )
-    if args.rank_by_rule and not rules_file:
+    if args.rank_by_rule and not kind.by_rule:
         raise UserError(
             "--rank-by-rule ranks a rules model's scores within each rule of an Agile Community "
             "Rules file; this is not one"

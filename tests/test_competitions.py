@@ -16,6 +16,7 @@ from sklearn.metrics import roc_auc_score
 
 from jaxtpu.core import metrics
 from jaxtpu.core.data import readers, records, templates, tokenized
+from jaxtpu.core.data.filekinds import kind_of
 from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.tasks import TASKS, get_task, higher_is_better
 from parity_tests.competitions import IDENTITIES, real_rows, write_bias_file, write_language_file
@@ -142,7 +143,7 @@ def test_readers_of_each_competition_layout(real_csv, tmp_path):
     )
     assert set(valid.groups.lang.tolist()) == {"es", "it", "tr"} and not valid.groups.identities
     test = write_language_file(real_csv, tmp_path / "test.csv", 20, 0, 1, labelled=False)
-    assert readers.file_kind(readers.columns(test)) == "unlabelled"
+    assert kind_of(readers.columns(test)).name == "unlabelled"
     to_score = readers.read_comments(test, labelled=False)
     assert to_score.texts[0] == templates.normalize_text(real_rows(real_csv, 1)[0]["comment_text"])
     assert to_score.ids[:2] == ["0", "1"]

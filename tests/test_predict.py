@@ -248,3 +248,73 @@ def test_a_one_output_regression_head_is_said_to_be_one(capsys, problem_type, la
     else:
         assert err.startswith(f"warning: --model-dir m: its head is a regression output ({said}")
         assert "not make them probabilities" in err and err.count("\n") == 1
+
+
+def _models(task_name: str, aux: tuple[str, ...] = ()) -> list:
+    from types import SimpleNamespace
+
+    from jaxtpu.core.tasks import get_task
+
+    task = get_task(task_name).with_aux(aux, 1.0)
+    return [SimpleNamespace(spec=SimpleNamespace(task=task))]
+
+
+@pytest.mark.parametrize(
+    "task, header, flags, message",
+    [
+        ("toxicity", ["body", "rule"], {}, "a toxicity model scores labelled comments"),
+        ("rules", ["comment_text"], {}, "a rules model scores an Agile Community Rules file"),
+        ("rules", ["less_toxic", "more_toxic"], {}, "this is a pairs file"),
+        ("toxicity", ["x"], {}, "this is a file of unknown layout"),
+        ("rules", ["body", "rule"], {"pseudo_label": True}, "scored as row_id,rule_violation"),
+        ("toxicity", ["comment_text"], {"rank_by_rule": True}, "--rank-by-rule ranks"),
+        ("toxicity", ["comment_id", "text"], {"label_weights": "1"}, "a toxicity model on that"),
+        ("multilabel", ["comment_id", "text"], {"all_outputs": True}, "one score per comment"),
+        ("ranking", ["comment_text"], {"pseudo_label": True}, "not probabilities"),
+    ],
+)
+def test_predict_refuses_a_file_or_flag_its_model_and_the_file_kind_do_not_fit(
+    task, header, flags, message
+):
+    """`predict._check_models` reads the task's `predicts` and the file kind's record
+    (`core/data/filekinds.py`): each refusal is one line, before anything is scored."""
+    from types import SimpleNamespace
+
+    from jaxtpu import predict
+    from jaxtpu.core.data.filekinds import kind_of
+
+    args = dict(input="in.csv", pseudo_label=False, rank_by_rule=False, label_weights="")
+    args = SimpleNamespace(**{**args, "all_outputs": False, **flags})
+    with pytest.raises(UserError, match=message):
+        predict._check_models(args, _models(task), kind_of(header))
+    # what fits passes: each task on a file it scores, the flags that go with it
+    fits = [
+        ("rules", ["body", "rule"], {"rank_by_rule": True}),
+        ("multilabel", ["comment_id", "text"], {"label_weights": "1"}),
+        ("toxicity", ["comment_text"], {"pseudo_label": True}),
+        ("ranking", ["comment_id", "text"], {}),
+    ]
+    for task_name, fitting, more in fits:
+        predict._check_models(
+            SimpleNamespace(**{**vars(args), **dict.fromkeys(flags, False), **more}),
+            _models(task_name),
+            kind_of(fitting),
+        )
+
+
+def test_every_file_kind_a_task_names_is_in_the_table_and_headers_match_in_order():
+    from jaxtpu.core.data.filekinds import BY_NAME, kind_of
+    from jaxtpu.core.tasks import TASKS
+
+    for task in TASKS.values():
+        assert {*task.reads, task.evaluated_on, *task.predicts} <= set(BY_NAME), task.name
+    found = {
+        ("body", "rule", "comment_text", "toxic"): "rules",  # a rules file first
+        ("less_toxic", "more_toxic", "comment_text", "toxic"): "pairs",
+        ("id", "content", "target"): "classification",
+        ("comment_id", "text"): "score",
+        ("id", "content", "lang"): "unlabelled",
+    }
+    for header, name in found.items():
+        assert kind_of(list(header)).name == name, header
+    assert kind_of(["id", "toxic"]) is None

@@ -15,6 +15,7 @@ from sklearn.metrics import roc_auc_score
 from jaxtpu.core import metrics
 from jaxtpu.core.breakdowns import RULE_MONITOR, rule_metrics
 from jaxtpu.core.data import readers, records, rules, templates
+from jaxtpu.core.data.filekinds import kind_of
 from jaxtpu.core.data.tokens import encode_texts
 from jaxtpu.core.errors import ConfigError, DataError, UserError
 from jaxtpu.core.flags.schema import SCORING
@@ -97,7 +98,7 @@ def test_a_rules_file_is_read_as_text_pairs_with_its_rule_and_ids(tmp_path):
         tmp_path / "train.csv",
         [row(7, "  spam  here ", "No  ads.", 1, sub="r/x"), row(8, "", "No ads.", 0)],
     )
-    assert readers.file_kind(readers.columns(p)) == "rules"
+    assert kind_of(readers.columns(p)).name == "rules"
     data = readers.read_rules(p, template=templates.RuleTemplate("{rule} in {subreddit}"))
     assert data.texts == ["spam here"] and data.first == ["No ads. in r/x"]  # empty dropped
     assert data.ids == ["7"] and data.labels.tolist() == [1.0]
@@ -409,6 +410,7 @@ def test_a_rank_ensemble_reads_each_models_rows_its_own_way(tmp_path, minilm_dir
     match, and each model scores the file's rows read with its own template."""
     from types import SimpleNamespace
 
+    from jaxtpu.core.data.filekinds import BY_NAME
     from jaxtpu.engine.predictions import Progress, predict_stream
     from jaxtpu.engine.scoring import check_ensemble
 
@@ -445,7 +447,9 @@ def test_a_rank_ensemble_reads_each_models_rows_its_own_way(tmp_path, minilm_dir
     work = {"chunk_rows": 2, "rank_by_rule": True}
     progress = Progress(tmp_path / "out.csv", work)
     with progress.held():
-        rows, _, written = predict_stream([pairs, prompts], str(test), progress, False, None)
+        rows, _, written = predict_stream(
+            [pairs, prompts], str(test), progress, BY_NAME["rules"], None
+        )
     assert rows == written == 6
     for fake in (pairs, prompts):
         (mine,) = readers.comments_to_score(test, 100, fake.model.cfg.data.row_template)

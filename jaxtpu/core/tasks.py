@@ -75,8 +75,10 @@ class Task:
       monitor: the task's metric, which picks the best checkpoint by default (higher is
         better; `monitors` lists the others a run may choose with --monitor).
       metric: (scores, labels, weight) of the whole evaluation set -> {monitor: value}.
-      reads: the file kinds (`jaxtpu.core.data.readers.file_kind`) a training/validation file
-        may be.
+      reads: the file kinds (`jaxtpu.core.data.filekinds.FILE_KINDS`) a training/validation
+        file may be.
+      evaluated_on: the file kind `evaluate` scores a run of the task on.
+      predicts: the file kinds `predict` scores with a model of the task.
       unit: what one example is called in messages.
       undefined: why the metric is undefined on a validation set with these labels (None when
         it is defined): such a set is refused before training.
@@ -101,6 +103,8 @@ class Task:
     metric: Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, float]]
     reads: tuple[str, ...]
     unit: str
+    evaluated_on: str = "classification"
+    predicts: tuple[str, ...] = ("classification", "unlabelled", "score")
     undefined: Callable[[np.ndarray], str | None] = lambda labels: None
     label_columns: tuple[str, ...] = ("toxic",)
     aux_columns: tuple[str, ...] = ()
@@ -304,6 +308,8 @@ TASKS: dict[str, Task] = {
         metric=_agreement,
         reads=("pairs", "classification"),  # labelled comments are paired by severity
         unit="pairs",
+        # pairs drawn at random from labels would make the number depend on a seed
+        evaluated_on="pairs",
     ),
     "multilabel": Task(
         name="multilabel",
@@ -326,6 +332,8 @@ TASKS: dict[str, Task] = {
         metric=_auc,
         reads=("rules",),
         unit="rows",
+        evaluated_on="rules",
+        predicts=("rules",),
         undefined=_both_classes,
         label_columns=("rule_violation",),
         others=("val_auc",),

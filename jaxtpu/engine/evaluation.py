@@ -17,12 +17,13 @@ import numpy as np
 from jaxtpu.core import calibration
 from jaxtpu.core.data import readers, records, taskdata, templates, tokenized
 from jaxtpu.core.data.buckets import Batcher, fixed_edges
+from jaxtpu.core.data.filekinds import BY_NAME, kind_of
 from jaxtpu.core.data.tokens import load_tokenizer
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.run import loop
 from jaxtpu.core.severity import format_weights, pair_agreement
-from jaxtpu.core.tasks import Task
+from jaxtpu.core.tasks import TASKS, Task
 from jaxtpu.engine.scoring import (
     load_model_dir,
     load_multilabel,
@@ -58,20 +59,13 @@ def read_labelled(
     random from labels would make the number depend on a seed), a labelled rules file for a
     rules run (its pairs made by the run's own --rule-template), labelled comments
     otherwise; each row as the run's --prompt-template makes it a prompt, if it has one."""
-    kind = readers.file_kind(readers.columns(path))
-    wanted = "pairs" if task.comments_per_example == 2 else "classification"
-    wanted = "rules" if task.text_pairs else wanted
-    if kind != wanted:
-        what = {
-            "pairs": "a pairs file (less_toxic, more_toxic)",
-            "classification": "labelled comments (comment_text or content, with toxic or target)",
-            "rules": "a labelled rules file (body, rule, rule_violation)",
-        }
-        found = f"a {kind} file" if kind else "a file of unknown layout"
-        hint = "; to score it, use jaxtpu.predict" if kind in ("score", "unlabelled") else ""
+    kind = kind_of(readers.columns(path))
+    if kind is None or kind.name != task.evaluated_on:
+        found = kind.what if kind else "a file of unknown layout"
+        hint = "; to score it, use jaxtpu.predict" if kind and not kind.labelled else ""
         raise DataError(
-            f"--input {path}: a {task.name} run is evaluated on {what[wanted]}; this is "
-            f"{found}{hint}"
+            f"--input {path}: a {task.name} run is evaluated on "
+            f"{BY_NAME[task.evaluated_on].what}; this is {found}{hint}"
         )
     data = taskdata.read_task_file(
         path, task, columns=taskdata.aux_columns(task, required=False), template=template
@@ -96,8 +90,11 @@ def evaluate(
     if workdir:
         model = load_trained(workdir)
     else:
-        pairs = readers.file_kind(readers.columns(path)) == "pairs"
-        model = load_model_dir(model_dir, max_len, pairs)
+        kind = kind_of(readers.columns(path))
+        ranked = kind is not None and any(  # a file a pairs task is evaluated on
+            t.comments_per_example == 2 and t.evaluated_on == kind.name for t in TASKS.values()
+        )
+        model = load_model_dir(model_dir, max_len, ranked)
     task = model.spec.task
     examples, result, scores = score_file(model, path, devices, batch_size)
     name = headline(task, examples)

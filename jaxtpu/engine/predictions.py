@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxtpu.core import files, metrics
 from jaxtpu.core.data import readers
+from jaxtpu.core.data.filekinds import BY_NAME, FileKind
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import write_text
 from jaxtpu.core.severity import parse_label_weights
@@ -99,7 +100,7 @@ class Progress:
 
 
 def predict_stream(
-    scorers: list[Scorer], source: str, progress: Progress, severity: bool, resume: dict | None
+    scorers: list[Scorer], source: str, progress: Progress, kind: FileKind, resume: dict | None
 ) -> tuple[int, int, int]:
     """Scores `source` `chunk_rows` at a time (the mean over `scorers`), appending each
     chunk's rows to the partial file and then recording them, so memory stays that of one
@@ -112,10 +113,10 @@ def predict_stream(
     weights = progress.work.get("label_weights")
     weights = None if weights is None else parse_label_weights(weights)
     rank_by_rule = progress.work.get("rank_by_rule", False)
-    columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, severity, every)
+    columns, _ = outputs(np.zeros((0, *task.label_shape), np.float32), task, kind, every)
     if pseudo:
         columns = ["id", "comment_text", *task.label_columns]
-        severity = False  # probabilities of the labels, whatever the file's kind
+        kind = BY_NAME["classification"]  # the labels' probabilities, whatever the file
     # ranks within each rule need every row of the file at once
     chunk_rows = sys.maxsize if rank_by_rule else progress.work["chunk_rows"]
     done, size = (resume["rows"], resume["bytes"]) if resume else (0, 0)
@@ -139,7 +140,7 @@ def predict_stream(
                     continue
                 empty += chunk.dropped
                 each = [
-                    outputs(s.calibrate(s.logits(texts)), task, severity, every, weights)[1]
+                    outputs(s.calibrate(s.logits(texts)), task, kind, every, weights)[1]
                     for s, texts in zip(scorers, _own_rows(scorers, chunk, source), strict=True)
                 ]
                 if rank_by_rule:
@@ -241,22 +242,21 @@ def _bar(done: int) -> Any:
 def outputs(
     scores: np.ndarray,
     task: Any,
-    severity: bool,
+    kind: FileKind,
     every: bool = False,
     label_weights: Any = None,
 ) -> tuple[list[str], np.ndarray]:
-    """(header, values (N, columns)) of the output file: `comment_id,score` for a Rate
-    Severity file (`severity`; a multi-label model ranks by the severity weights of its six
-    probabilities, as pairs are built from labels; other models by their raw score), else
-    Kaggle's submission, `id` (a rules model's: `row_id`) and a probability per label the
-    model scores (`every`: and per
-    auxiliary target, `Task.aux_columns`). `label_weights` (--label-weights) replace the
-    severity weights."""
-    if severity:
+    """(header, values (N, columns)) of the output file for an input of `kind`: for a Rate
+    Severity file (`kind.severity`), `comment_id,score` (a multi-label model ranks by the
+    severity weights of its six probabilities, as pairs are built from labels; other models by
+    their raw score); else Kaggle's submission, the kind's id column (`id`; a rules file's
+    `row_id`) and a probability per label the model scores (`every`: and per auxiliary
+    target, `Task.aux_columns`). `label_weights` (--label-weights) replace the severity
+    weights."""
+    if kind.severity:
         scores = task.main(scores)
         if scores.ndim == 2:
             weights = SEVERITY_WEIGHTS if label_weights is None else label_weights
             scores = weighted_severity(metrics.probability(scores), weights)
-        return ["comment_id", "score"], np.asarray(scores, np.float64).reshape(-1, 1)
-    ids = "row_id" if task.text_pairs else "id"  # the Agile Community Rules submission's
-    return [ids, *task.score_columns(every)], task.predictions(scores, every)
+        return [kind.id_column, "score"], np.asarray(scores, np.float64).reshape(-1, 1)
+    return [kind.id_column, *task.score_columns(every)], task.predictions(scores, every)

@@ -19,6 +19,7 @@ from jaxtpu.core import calibration, metrics, storage
 from jaxtpu.core.calibration import Calibration
 from jaxtpu.core.data import readers, tokenized
 from jaxtpu.core.data.buckets import Batcher, edge_of, fixed_edges, real_lengths
+from jaxtpu.core.data.filekinds import BY_NAME, kind_of
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer, tokenizer_fingerprint
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.flags.runspec import RunSpec
@@ -381,9 +382,9 @@ def pair_probabilities(
     """The (ensemble-mean) six label probabilities of each pair's less and more toxic comment
     of pairs file `path`: (P, 6) each; every distinct comment is scored once."""
 
-    kind = readers.file_kind(readers.columns(path))
-    if kind != "pairs":
-        raise DataError(f"--input {path}: expected a pairs file (less_toxic, more_toxic)")
+    pairs = BY_NAME["pairs"]
+    if kind_of(readers.columns(path)) is not pairs:
+        raise DataError(f"--input {path}: expected {pairs.what}")
     pairs = readers.read_pairs(path)
     texts = sorted(set(pairs.less) | set(pairs.more))
     where = {t: i for i, t in enumerate(texts)}

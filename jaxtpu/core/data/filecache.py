@@ -130,7 +130,7 @@ def _from_arrays(
         return data
 
     rows = np.arange(n)
-    if kind == "pairs":
+    if "labels" not in z:  # a Pairs entry (`_to_arrays`)
         less = FileTexts(lambda: reread().less, rows)
         more = FileTexts(lambda: reread().more, rows)
         return Pairs(str(path), less, more, int(z["dropped"]), folds, z["digests"], numbers)

@@ -14,15 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from jaxtpu.core.data.filekinds import BY_NAME, kind_of
 from jaxtpu.core.data.records import (
     IDENTITIES,
     LANG_COLUMN,
-    PAIRS_COLUMNS,
     RULE_EXAMPLES,
     RULE_ID,
     RULE_LABEL,
-    RULES_COLUMNS,
-    SCORE_COLUMNS,
     SUBLABELS,
     TEXT_COLUMNS,
     Comments,
@@ -48,25 +46,6 @@ log = logging.getLogger(__name__)
 def columns(path: str | os.PathLike) -> list[str]:
     """The header of an input file (validated like any input file)."""
     return open_table(path).header
-
-
-def file_kind(header: list[str]) -> str | None:
-    """What a file is, read from its columns: 'rules' (Agile Community Rules: body, rule;
-    labelled or not), 'pairs', 'score', 'classification', 'unlabelled' (comments to score) or
-    None."""
-    cols = set(header)
-    text = cols & set(TEXT_COLUMNS)
-    if set(RULES_COLUMNS) <= cols:
-        return "rules"
-    if set(PAIRS_COLUMNS) <= cols:
-        return "pairs"
-    if text and cols & set(LABEL_COLUMNS):
-        return "classification"
-    if set(SCORE_COLUMNS) <= cols:
-        return "score"
-    if text:
-        return "unlabelled"
-    return None
 
 
 def _one_column(path: Any, header: list[str], names: Sequence[str], what: str) -> str:
@@ -180,14 +159,14 @@ def _text(row: dict[str, str], column: str, where: str = "", path: Any = "") -> 
 
 def _text_and_id(path: Any, header: list[str], labelled: bool) -> tuple[str, str]:
     """The (text, id) columns of a classification file (`labelled`) or of any file to score."""
-    kind = file_kind(header)
+    kind = kind_of(header)
     ok = ("classification",) if labelled else ("classification", "score", "unlabelled")
-    if kind not in ok:
+    if kind is None or kind.name not in ok:
         expected = "comment_text, toxic (or target)" + (
             "" if labelled else " (or comment_text or content alone, or comment_id, text)"
         )
         raise missing_columns_error(path, header, expected)
-    if kind == "score":
+    if kind.severity:
         return "text", "comment_id"
     return _one_column(path, header, TEXT_COLUMNS, "comment text"), "id"
 
@@ -201,7 +180,7 @@ def comments_to_score(
     rules file's rows are text pairs (`template`, its run's --rule-template, and the body);
     with a run's --prompt-template (`template` naming {comment}), every row is its prompt."""
     table = open_table(path)
-    if file_kind(table.header) == "rules":
+    if kind_of(table.header) is BY_NAME["rules"]:
         whole = read_rules(path, False, table=table, template=row_template(template))
         for start in range(0, len(whole), chunk):
             part = whole.subset(np.arange(start, min(start + chunk, len(whole))))
@@ -347,7 +326,7 @@ def read_pairs(
     """Reads a Rate Severity pairs file (`less_toxic`, `more_toxic`, optional `worker`, and
     the numeric `columns` a run asks for)."""
     table = table or open_table(path)
-    if file_kind(table.header) != "pairs":
+    if kind_of(table.header) is not BY_NAME["pairs"]:
         raise missing_columns_error(path, table.header, "less_toxic, more_toxic")
     if LANG_COLUMN in table.header:
         raise DataError(
@@ -413,7 +392,7 @@ def read_rules(
     `read_comments`); an empty rule is refused."""
     table = table or open_table(path)
     header = table.header
-    if file_kind(header) != "rules":
+    if kind_of(header) is not BY_NAME["rules"]:
         raise missing_columns_error(path, header, "body, rule (an Agile Community Rules file)")
     if labelled and RULE_LABEL not in header:
         raise missing_columns_error(path, header, f"body, rule, {RULE_LABEL} (labelled rows)")
@@ -483,7 +462,7 @@ def rule_examples(path: str | os.PathLike) -> list[tuple[str, str, float, dict[s
     its label: 1 for `positive_example_*`, 0 for `negative_example_*`, the row it came from),
     empty examples skipped. Refused when the file lacks an example column."""
     table = open_table(path)
-    if file_kind(table.header) != "rules":
+    if kind_of(table.header) is not BY_NAME["rules"]:
         raise missing_columns_error(
             path, table.header, "body, rule (an Agile Community Rules file)"
         )

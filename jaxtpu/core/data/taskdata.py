@@ -17,8 +17,9 @@ from jaxtpu.core import storage
 from jaxtpu.core.data import prompts, readers, rules, templates
 from jaxtpu.core.data.demo import SAMPLE_CSV, demo_comments
 from jaxtpu.core.data.filecache import read_cached
+from jaxtpu.core.data.filekinds import BY_NAME, kind_of
 from jaxtpu.core.data.pairing import pairs_from_labels
-from jaxtpu.core.data.readers import file_kind, missing_columns_error
+from jaxtpu.core.data.readers import missing_columns_error
 from jaxtpu.core.data.records import Comments, Groups, NumberColumn, Pairs
 from jaxtpu.core.data.rowweights import row_weights, weight_columns
 from jaxtpu.core.data.splits import split, subsample
@@ -27,16 +28,9 @@ from jaxtpu.core.data.tokenized import Examples, encode, labels_of
 from jaxtpu.core.data.tokens import default_cache_dir
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.flags.schema import Config
-from jaxtpu.core.tasks import Task
+from jaxtpu.core.tasks import TASKS, Task
 
 log = logging.getLogger(__name__)
-
-
-_EXPECTED = {
-    "pairs": "less_toxic, more_toxic (pairs)",
-    "classification": "comment_text, toxic or target (labels)",
-    "rules": "body, rule, rule_violation (Agile Community Rules)",
-}
 
 
 def read_task_file(
@@ -58,16 +52,17 @@ def read_task_file(
         with storage.named(local, str(path)):
             return read_task_file(local, task, fold_column, cache_dir, columns, template)
     table = open_table(path)  # the header, read once: the reader takes it from here
-    kind = file_kind(table.header)
-    if kind not in task.reads:
-        if kind == "rules":
+    kind = kind_of(table.header)
+    if kind is None or kind.name not in task.reads:
+        readers_of = [t.name for t in TASKS.values() if kind and kind.name in t.reads]
+        if kind and kind.labelled and readers_of:
             raise DataError(
-                f"{path}: an Agile Community Rules file (body, rule); train on it with --task "
-                f"rules, not --task {task.name}"
+                f"{path}: {kind.what}; train on it with --task {' or --task '.join(readers_of)}, "
+                f"not --task {task.name}"
             )
-        expected = " or ".join(_EXPECTED[k] for k in task.reads)
+        expected = " or ".join(BY_NAME[k].expected for k in task.reads)
         raise missing_columns_error(path, table.header, expected)
-    if kind == "rules":
+    if kind.by_rule:  # its first texts are the run's template of its columns; not cached
         return readers.read_rules(
             path,
             fold_column=fold_column,
@@ -76,9 +71,11 @@ def read_task_file(
             template=templates.row_template(template),
         )
     if cache_dir is None:
-        data = readers.READERS[kind](path, fold_column=fold_column, table=table, columns=columns)
+        data = readers.READERS[kind.name](
+            path, fold_column=fold_column, table=table, columns=columns
+        )
     else:
-        data = read_cached(kind, Path(path), fold_column, Path(cache_dir), table, columns)
+        data = read_cached(kind.name, Path(path), fold_column, Path(cache_dir), table, columns)
     if isinstance(data, Comments) and data.groups and task.comments_per_example == 2:
         log.warning(
             "%s: identity/lang columns not used: the %s task is scored by agreement over pairs",
