@@ -24,6 +24,7 @@ from jaxtpu.core import metrics
 from jaxtpu.core.data import templates
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import SCORING
+from jaxtpu.core.textformat import PROMPT
 from jaxtpu.engine.scoring import Scorer, TrainedModel, load_trained
 
 
@@ -52,7 +53,7 @@ class Model:
         self.scorer = Scorer(self.trained, devices, batch_size, calibrated)
         self.task = self.scorer.task
         self.backend = self.scorer.backend
-        self._prompt = self.trained.cfg.data.prompt_template
+        self.text_format = self.trained.spec.text_format
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -79,7 +80,8 @@ class Model:
         if isinstance(texts, str | bytes):
             raise UserError("predict takes an iterable of strings (one comment each), not one")
         texts = list(texts)  # a generator is read once: every item is scored
-        if self.task.text_pairs:  # a rules model: (rule, comment) pairs
+        fmt = self.text_format
+        if fmt.rules:  # a rules model: (rule, comment) pairs
             wrong = [i for i, t in enumerate(texts) if not _is_pair(t)]
             if wrong:
                 kind = type(texts[wrong[0]]).__name__
@@ -94,13 +96,12 @@ class Model:
                     "rule"
                 )
             norm = templates.normalize_text
-            if self._prompt:  # the rule goes into the run's prompt, as its rows' did
-                t = templates.row_template(self._prompt)
+            if fmt.kind == PROMPT:  # the rule goes into the run's prompt, as its rows' did
+                t = templates.template_of(fmt)
                 if set(t.fields) != {"rule"}:
                     raise UserError(
-                        f"this model's --prompt-template {self._prompt!r} reads columns "
-                        f"{', '.join(t.fields)}, not the rule alone: score a file of them with "
-                        "jaxtpu predict"
+                        f"this model's {fmt.describe()} reads columns {', '.join(t.fields)}, "
+                        "not the rule alone: score a file of them with jaxtpu predict"
                     )
                 return [(t.render({"rule": a}), norm(b)) for a, b in texts]
             return [(norm(a), norm(b)) for a, b in texts]
@@ -108,8 +109,8 @@ class Model:
         if wrong:
             kind = type(texts[wrong[0]]).__name__
             raise UserError(f"predict takes strings (one comment each); item {wrong[0]} is {kind}")
-        if self._prompt:  # each comment in the run's prompt, as its rows were
-            first = templates.row_template(self._prompt, rules=False).render({})
+        if fmt.kind == PROMPT:  # each comment in the run's prompt, as its rows were
+            first = templates.template_of(fmt).render({})
             return [(first, templates.normalize_text(t)) for t in texts]
         return [templates.normalize_text(t) for t in texts]
 

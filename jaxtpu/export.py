@@ -34,6 +34,7 @@ from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.hf.heads import architecture, head_layout
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.storage import check_output_path
+from jaxtpu.core.textformat import PROMPT
 from jaxtpu.engine import exports, weights
 from jaxtpu.engine.scoring import load_trained
 
@@ -109,10 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _say_prompt(model: Any) -> None:
     """A run that read prompts (--prompt-template): the export scores the text it is given,
     so the user must give the same prompts."""
-    template = model.cfg.data.prompt_template
-    if template:
+    fmt = model.spec.text_format
+    if fmt.kind == PROMPT:
         print(
-            f"this run read each comment inside --prompt-template {template!r}, laid out by "
+            f"this run read each comment inside {fmt.describe()}, laid out by "
             "its tokenizer's chat template (when it has one; apply_chat_template with the "
             "prompt as the user message and add_generation_prompt=True): the export scores the "
             "text it is given, so give it those prompts (its tokenizer keeps their whitespace; "

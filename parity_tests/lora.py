@@ -45,7 +45,7 @@ def forward_and_gradients(work: Path, family: str) -> list[Result]:
     results = []
     for side in ("right", "left"):
         tok.padding_side = side
-        ids, mask = encode_texts(items, tok, 128)
+        ids, mask = encode_texts(items, tok, 128, "prompt")
 
         def loss(p, ids=ids, mask=mask):
             logits = model.module.apply({"params": steps.merge_trained(p, frozen)}, ids, mask)

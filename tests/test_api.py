@@ -74,9 +74,10 @@ def test_a_rules_models_pairs_are_checked_as_train_and_predict_check_rows():
     from jaxtpu.api import Model
     from jaxtpu.core.errors import UserError
     from jaxtpu.core.tasks import get_task
+    from jaxtpu.core.textformat import TextFormat
 
     model = Model.__new__(Model)  # no scorer: the checks come before any scoring
-    model.task, model._prompt = get_task("rules"), ""
+    model.task, model.text_format = get_task("rules"), TextFormat("pair", "{rule}", rules=True)
     with pytest.raises(UserError, match="item 1's rule is empty"):
         model.logits([("No ads", "buy now"), ("  ", "a comment")])
     with pytest.raises(UserError, match="item 0 is str"):

@@ -168,6 +168,6 @@ def test_predict_the_api_evaluate_and_exports_apply_one_calibration(finished_run
     examples, _, outputs = evaluation.score_file(
         model.trained, str(SAMPLE_CSV), scoring_devices(1), batch
     )
-    rows = evaluation.read_labelled(str(SAMPLE_CSV), model.task, "{rule}")
+    rows = evaluation.read_labelled(str(SAMPLE_CSV), model.task)
     np.testing.assert_array_equal(outputs, model.logits(rows.texts))
     assert model.trained.cfg.train.precision == "bf16"

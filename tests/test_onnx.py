@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from helpers import one_line_exit_2
 
+from jaxtpu.core.errors import UserError
+
 pytest.importorskip("onnxruntime", reason="the ONNX export needs onnxruntime (jaxtpu[onnx])")
 
 TEXTS = [
@@ -47,7 +49,7 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, onnx_e
     assert meta["check"]["max_abs_logit_diff_fp32_vs_jaxtpu_fp32"] <= 1e-4
     assert (out / "tokenizer.json").exists() and not list(out.parent.glob(".onnx.*"))
     # what `jaxtpu serve --onnx` reads: the run's text format, attributes and metrics
-    assert meta["text_format"] == {"rule_template": "{rule}", "prompt_template": ""}
+    assert meta["text_format"] == {"kind": "comment", "template": "", "rules": False}
     assert meta["attributes"] == [{"name": "TOXICITY", "column": "toxic"}]
     assert set(meta["metrics"]) >= {"val_auc", "val_loss"}
     # the run's model card travels with it (GET /v1/model's fields)
@@ -102,3 +104,28 @@ def test_quantize_needs_the_onnx_format(tmp_path, capsys):
     argv = ["--workdir", str(tmp_path), "--out", str(tmp_path / "x"), "--quantize", "int8"]
     err = one_line_exit_2(capsys, lambda: export.main(argv))
     assert "--quantize int8 quantizes an ONNX export: add --format onnx" in err
+
+
+@pytest.mark.parametrize(
+    "recorded, kind, template",
+    [
+        ({"kind": "prompt", "template": "Rule: {rule} {comment}", "rules": True}, "prompt", "R"),
+        # an export written before the TextFormat record named its two templates
+        ({"rule_template": "{rule} r/{subreddit}", "prompt_template": ""}, "pair", "{rule} r/"),
+        ({"rule_template": "{rule}", "prompt_template": "Rule: {rule} {comment}"}, "prompt", "R"),
+    ],
+)
+def test_an_onnx_exports_text_format_is_read_from_its_record_or_its_templates(
+    tmp_path, recorded, kind, template
+):
+    from jaxtpu.serve.onnxmodel import read_export
+
+    meta = {"files": {"fp32": "model.onnx"}, "task": "rules", "max_len": 64}
+    meta |= {"labels": ["rule_violation"], "text_format": recorded}
+    (tmp_path / "jaxtpu_onnx.json").write_text(json.dumps(meta))
+    fmt = read_export(tmp_path).spec.text_format
+    assert fmt.kind == kind and fmt.template.startswith(template) and fmt.rules
+    meta["text_format"] = {"kind": "sentinel"}
+    (tmp_path / "jaxtpu_onnx.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="text_format: text format 'sentinel': not one of"):
+        read_export(tmp_path)

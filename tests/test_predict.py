@@ -78,10 +78,10 @@ def test_an_ensemble_of_other_tasks_or_tokenizers_is_refused(tmp_path, minilm_di
     from jaxtpu.core.flags.schema import Config
 
     def model(task, tokenizer_dir, prompt=""):
+        fmt = Config().replace(prompt_template=prompt, task=task).text_format
         return SimpleNamespace(
-            spec=SimpleNamespace(task=get_task(task), pad_id=None),
+            spec=SimpleNamespace(task=get_task(task), pad_id=None, text_format=fmt),
             tokenizer_dir=tokenizer_dir,
-            cfg=Config().replace(prompt_template=prompt),
         )
 
     with pytest.raises(UserError, match="--workdir B is a ranking run, A a toxicity run"):

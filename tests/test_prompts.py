@@ -17,6 +17,8 @@ from jaxtpu.core.data.tokens import encode_texts, tokenizer_fingerprint
 from jaxtpu.core.errors import ConfigError, DataError
 from jaxtpu.core.flags.schema import Config, validate
 from jaxtpu.core.tasks import get_task
+from jaxtpu.core.textformat import PROMPT as PROMPT_FORM
+from jaxtpu.core.textformat import TextFormat
 from parity_tests.families import _tokenizer as family_tokenizer
 
 PROMPT = "Rule: {rule}\\nComment: {comment}\\nDoes the comment break the rule?"
@@ -36,7 +38,7 @@ def decoder(request, comments):
     return family_tokenizer(request.param, comments)
 
 
-def items_of(comments: list[str], template: str = PROMPT) -> list[tuple[str, str]]:
+def items_of(comments: list[str], template: str = PROMPT) -> list[tuple[prompts.Message, str]]:
     t = templates.PromptTemplate(template)
     return [(t.render(RULES[k % 2]), c) for k, c in enumerate(comments)]
 
@@ -52,9 +54,9 @@ def test_a_prompt_is_the_chat_templates_tokens_with_either_padding(decoder, comm
     items = items_of(comments)
     for side in ("right", "left"):
         decoder.padding_side = side
-        ids, mask = encode_texts(items, decoder, 4096)  # every prompt whole
+        ids, mask = encode_texts(items, decoder, 4096, PROMPT_FORM)  # every prompt whole
         for (message, comment), row, m in zip(items, ids, mask, strict=True):
-            want = chat_ids(decoder, message.replace(prompts.MARK, comment))
+            want = chat_ids(decoder, message.before + comment + message.after)
             assert row[m == 1].tolist() == want
             real = np.flatnonzero(m)
             assert real.size == len(want) and np.ptp(real) == real.size - 1  # one run
@@ -66,13 +68,13 @@ def test_a_prompt_is_the_chat_templates_tokens_with_either_padding(decoder, comm
 
 def test_at_max_len_the_comment_is_cut_never_the_instructions(decoder, comments):
     items = items_of(comments)
-    cut_ids, cut_mask = encode_texts(items, decoder, 128)
+    cut_ids, cut_mask = encode_texts(items, decoder, 128, PROMPT_FORM)
     cut = 0
     for side in ("right", "left"):
         decoder.truncation_side = side
-        ids, mask = encode_texts(items, decoder, 128)
+        ids, mask = encode_texts(items, decoder, 128, PROMPT_FORM)
         for (message, comment), row, m in zip(items, ids, mask, strict=True):
-            full = chat_ids(decoder, message.replace(prompts.MARK, comment))
+            full = chat_ids(decoder, message.before + comment + message.after)
             got = row[m == 1].tolist()
             assert len(got) == min(len(full), 128)
             if len(full) <= 128:
@@ -82,7 +84,7 @@ def test_at_max_len_the_comment_is_cut_never_the_instructions(decoder, comments)
             # one contiguous run of `full` is gone, and it is the comment's
             j = next(k for k in range(len(got) + 1) if k == len(got) or got[k] != full[k])
             assert got[j:] == full[len(full) - (len(got) - j) :]
-            before, after = message.split(prompts.MARK)
+            before = message.before
             text = decoder.decode(got)
             said = before.strip().split("\n")[-1]  # "Comment:", the instructions' last line
             assert said in text and text.rstrip().endswith(decoder.decode(full[-6:]).rstrip())
@@ -99,7 +101,7 @@ def test_instructions_that_leave_no_room_are_refused_before_any_token(decoder, c
     long_rule = {"rule": "Be civil. " * 40}
     t = templates.PromptTemplate(PROMPT)
     with pytest.raises(DataError, match="the prompt without its comment takes .* raise --max-len"):
-        encode_texts([(t.render(long_rule), comments[0])], decoder, 128)
+        encode_texts([(t.render(long_rule), comments[0])], decoder, 128, PROMPT_FORM)
 
 
 def test_the_chat_template_is_part_of_the_token_cache_key(comments):
@@ -113,9 +115,9 @@ def test_without_a_chat_template_the_prompt_is_one_text_with_the_tokenizers_spec
     tokenizer, comments
 ):
     items = items_of(comments[:5])
-    ids, mask = encode_texts(items, tokenizer, 256)
+    ids, mask = encode_texts(items, tokenizer, 256, PROMPT_FORM)
     for (message, comment), row, m in zip(items, ids, mask, strict=True):
-        want = tokenizer(message.replace(prompts.MARK, comment))["input_ids"][:256]
+        want = tokenizer(message.before + comment + message.after)["input_ids"][:256]
         if len(want) <= 256:
             assert row[m == 1].tolist() == want  # [CLS] ... [SEP], one segment
 
@@ -144,7 +146,10 @@ def test_the_flags_go_with_a_task_of_one_comment_and_not_with_a_rule_template():
     with pytest.raises(ConfigError, match="compares two comments"):
         validate(Config().replace(prompt_template="{comment}", task="ranking"))
     validate(Config().replace(prompt_template=PROMPT, task="rules"))
-    assert Config().replace(prompt_template=PROMPT).data.row_template == PROMPT
+    fmt = Config().replace(prompt_template=PROMPT, task="rules").text_format
+    assert fmt == TextFormat(PROMPT_FORM, PROMPT, rules=True) and not fmt.collapses_whitespace
+    assert Config().replace(task="rules").text_format == TextFormat("pair", "{rule}", True)
+    assert Config().text_format == TextFormat() and TextFormat.from_dict(fmt.to_dict()) == fmt
 
 
 def test_every_reader_gives_prompts_a_rules_files_columns_and_comments_alone(tmp_path):
@@ -155,29 +160,32 @@ def test_every_reader_gives_prompts_a_rules_files_columns_and_comments_alone(tmp
         w.writerow([1, "buy  now", "No ads.", "r/x", 1])
         w.writerow([2, "hello", "No ads.", "r/y", 0])
     template = "r/{subreddit} asks: {rule}\\n{comment}\\nBroken?"
-    data = taskdata.read_task_file(rules_csv, get_task("rules"), template=template)
-    assert data.first[0] == f"r/r/x asks: No ads.\n{prompts.MARK}\nBroken?"
+    fmt = TextFormat(PROMPT_FORM, template, rules=True)
+    data = taskdata.read_task_file(rules_csv, get_task("rules"), fmt=fmt)
+    assert data.first[0] == ("r/r/x asks: No ads.\n", "\nBroken?") and data.form == PROMPT_FORM
     assert data.texts == ["buy now", "hello"]
-    scored = next(readers.comments_to_score(rules_csv, 10, template))
-    assert scored.first == data.first
-    # a rule holding the mark's character is still a pair, not a prompt
-    pair = templates.RuleTemplate().render({"rule": "No\x00 ads."})
-    assert pair == "No ads." and not prompts.is_prompts([(pair, "buy now")])
+    scored = next(readers.comments_to_score(rules_csv, 10, fmt))
+    assert scored.first == data.first and scored.form == PROMPT_FORM
+    # a rule holding any character is the rule's text; the format, not the text, says pair
+    pairs = taskdata.read_task_file(rules_csv, get_task("rules"), fmt=TextFormat("pair", "{rule}"))
+    assert pairs.first[0] == "No ads." and pairs.form == "pair"
+    assert templates.RuleTemplate().render({"rule": "No\x00 ads."}) == "No\x00 ads."
+    comments = TextFormat(PROMPT_FORM, "Is it toxic? {comment}")
     # a comments file: the same prompt before every comment, through the file cache too
     for cache in (None, tmp_path / "cache"):
         toxic = taskdata.read_task_file(
-            SAMPLE_CSV, get_task("toxicity"), cache_dir=cache, template="Is it toxic? {comment}"
+            SAMPLE_CSV, get_task("toxicity"), cache_dir=cache, fmt=comments
         )
-        assert set(toxic.first) == {f"Is it toxic? {prompts.MARK}"}
+        assert set(toxic.first) == {("Is it toxic? ", "")} and toxic.form == PROMPT_FORM
         plain = taskdata.read_task_file(SAMPLE_CSV, get_task("toxicity"), cache_dir=cache)
         assert plain.first is None
         assert not (toxic.text_digests() == plain.text_digests()).all(1).any()
-    chunk = next(readers.comments_to_score(SAMPLE_CSV, 5, "Is it toxic? {comment}"))
+    chunk = next(readers.comments_to_score(SAMPLE_CSV, 5, comments))
     assert len(chunk.first) == 5 and chunk.encoded()[0][1] == chunk.texts[0]
     demo, _ = taskdata._training_rows(
         Config().replace(prompt_template="Is it toxic? {comment}", train_csv=""), tmp_path
     )
-    assert demo.first == [f"Is it toxic? {prompts.MARK}"] * len(demo)  # the demo rows too
+    assert demo.first == [("Is it toxic? ", "")] * len(demo)  # the demo rows too
 
 
 @pytest.mark.e2e
@@ -215,16 +223,16 @@ def test_a_decoder_rules_run_trains_predicts_and_exports_on_its_prompts(real_csv
     assert export.main(["--workdir", str(wd), "--out", str(tmp_path / "hf")]) == 0
     clf = transformers.AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "hf"))
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-    rows = readers.read_rules(test, False, template=templates.row_template(PROMPT))
-    chosen = [
-        k
-        for k in range(40)
-        if len(chat_ids(tok, rows.first[k].replace(prompts.MARK, rows.texts[k]))) <= 128
-    ]
+    rows = readers.read_rules(test, False, template=templates.PromptTemplate(PROMPT))
+
+    def whole(k: int) -> str:
+        return rows.first[k].before + rows.texts[k] + rows.first[k].after
+
+    chosen = [k for k in range(40) if len(chat_ids(tok, whole(k))) <= 128]
     assert len(chosen) >= 5
     with torch.no_grad():
         theirs = np.array([
-            clf(torch.tensor([chat_ids(tok, rows.first[k].replace(prompts.MARK, rows.texts[k]))]))
+            clf(torch.tensor([chat_ids(tok, whole(k))]))
             .logits[0, 0].item()
             for k in chosen
         ])  # fmt: skip
@@ -241,8 +249,9 @@ def test_a_decoder_rules_run_trains_predicts_and_exports_on_its_prompts(real_csv
     "template", ["Rule: {rule}\nComment: {comment}\nAnswer {", "Rule: {rule} } {comment}"]
 )
 def test_unbalanced_braces_in_a_prompt_template_name_the_prompt_flag(template):
-    # the run's row template is the prompt whenever one is given (DataConfig.row_template)
+    # the run's template is the prompt whenever one is given (`Config.text_format`)
+    prompt = Config().replace(prompt_template=template, task="rules").text_format
     with pytest.raises(DataError, match="^--prompt-template"):
-        templates.row_template(template)
+        templates.template_of(prompt)
     with pytest.raises(DataError, match="^--rule-template"):
-        templates.row_template("{rule} {")
+        templates.template_of(Config().replace(rule_template="{rule} {", task="rules").text_format)

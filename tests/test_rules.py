@@ -21,6 +21,7 @@ from jaxtpu.core.errors import ConfigError, DataError, UserError
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.hf.tokenizer_dir import segment_types, separator_id
 from jaxtpu.core.tasks import get_task
+from jaxtpu.core.textformat import PAIR, PROMPT, TextFormat
 from parity_tests.competitions import RULE_HEADER, RULES, TRAIN_RULES, write_rules_files
 
 TASK = get_task("rules")
@@ -196,7 +197,7 @@ def test_holding_out_whole_rules():
 
 def test_pairs_truncate_the_comment_never_the_rule_as_the_tokenizer_does(tokenizer):
     pairs = [("a short rule", "a comment " * 40), ("r", "tiny")]
-    ids, mask = encode_texts(pairs, tokenizer, 24)
+    ids, mask = encode_texts(pairs, tokenizer, 24, PAIR)
     ref = tokenizer(
         [a for a, _ in pairs],
         [b for _, b in pairs],
@@ -207,7 +208,7 @@ def test_pairs_truncate_the_comment_never_the_rule_as_the_tokenizer_does(tokeniz
     )
     assert (ids == ref["input_ids"]).all() and (mask == ref["attention_mask"]).all()
     with pytest.raises(DataError, match="leaving under 8 for the comment"):
-        encode_texts([("a rule " * 20, "x")], tokenizer, 24)
+        encode_texts([("a rule " * 20, "x")], tokenizer, 24, PAIR)
 
 
 def test_a_rule_too_long_for_max_len_is_refused_before_the_token_cache(tokenizer, tmp_path, caplog):
@@ -216,7 +217,7 @@ def test_a_rule_too_long_for_max_len_is_refused_before_the_token_cache(tokenizer
     pairs = [("a rule " * 20, "x")]
     digests = digest_pairs([a for a, _ in pairs], [b for _, b in pairs])
     with pytest.raises(DataError, match="leaving under 8 for the comment"):
-        cached_tokens(lambda: pairs, digests, tokenizer, 24, tmp_path)
+        cached_tokens(lambda: pairs, digests, tokenizer, 24, tmp_path, PAIR)
     assert "token cache" not in caplog.text  # a refusal, not a cache that failed
     assert not list(tmp_path.glob("*.npy"))
 
@@ -343,15 +344,13 @@ def test_evaluate_reads_pairs_with_the_runs_template_and_an_ensemble_needs_one(
     from jaxtpu.engine.scoring import check_ensemble
 
     p = write(tmp_path / "l.csv", [row(1, "spam", "No ads.", 1, sub="r/x")])
-    assert read_labelled(str(p), TASK, "{rule} in {subreddit}").first == ["No ads. in r/x"]
+    fmt = TextFormat(PAIR, "{rule} in {subreddit}", rules=True)
+    assert read_labelled(str(p), TASK, fmt).first == ["No ads. in r/x"]
 
     def run(template, prompt=""):
-        data = SimpleNamespace(
-            rule_template=template, prompt_template=prompt, row_template=prompt or template
-        )
+        fmt = TextFormat(PROMPT, prompt, True) if prompt else TextFormat(PAIR, template, True)
         return SimpleNamespace(
-            spec=SimpleNamespace(task=TASK, pad_id=None),
-            cfg=SimpleNamespace(data=data),
+            spec=SimpleNamespace(task=TASK, pad_id=None, text_format=fmt),
             tokenizer_dir=minilm_dir,
         )
 
@@ -424,11 +423,9 @@ def test_a_rank_ensemble_reads_each_models_rows_its_own_way(tmp_path, minilm_dir
     class Fake:
         """A scorer that scores a row by the length of what it was given."""
 
-        def __init__(self, template, tokenizer):
-            prompt = template if "{comment}" in template else ""
-            data = SimpleNamespace(row_template=template, prompt_template=prompt)
-            self.model = SimpleNamespace(cfg=SimpleNamespace(data=data))
-            self.spec = SimpleNamespace(task=TASK, pad_id=None)
+        def __init__(self, fmt, tokenizer):
+            self.spec = SimpleNamespace(task=TASK, pad_id=None, text_format=fmt)
+            self.model = SimpleNamespace(spec=self.spec)
             self.tokenizer_dir, self.task, self.seen = tokenizer, TASK, []
 
         def calibrate(self, logits):
@@ -438,9 +435,9 @@ def test_a_rank_ensemble_reads_each_models_rows_its_own_way(tmp_path, minilm_dir
             self.seen = list(rows)
             return np.array([len(repr(r)) for r in rows], np.float32)
 
-    pairs, prompts = Fake("{rule}", minilm_dir), Fake("{rule}: {comment}?", minilm_dir)
-    runs = [SimpleNamespace(spec=f.spec, cfg=f.model.cfg, tokenizer_dir=f.tokenizer_dir)
-            for f in (pairs, prompts)]  # fmt: skip
+    pairs = Fake(TextFormat(PAIR, "{rule}", True), minilm_dir)
+    prompts = Fake(TextFormat(PROMPT, "{rule}: {comment}?", True), minilm_dir)
+    runs = [SimpleNamespace(spec=f.spec, tokenizer_dir=f.tokenizer_dir) for f in (pairs, prompts)]
     check_ensemble(runs, ["a", "b"], ranks=True)
     with pytest.raises(UserError, match="--prompt-template"):
         check_ensemble(runs, ["a", "b"])  # averaged probabilities: one way of reading rows
@@ -452,7 +449,7 @@ def test_a_rank_ensemble_reads_each_models_rows_its_own_way(tmp_path, minilm_dir
         )
     assert rows == written == 6
     for fake in (pairs, prompts):
-        (mine,) = readers.comments_to_score(test, 100, fake.model.cfg.data.row_template)
+        (mine,) = readers.comments_to_score(test, 100, fake.spec.text_format)
         assert fake.seen == list(mine.encoded())
     assert pairs.seen != prompts.seen
     with open(tmp_path / "out.csv", newline="") as f:

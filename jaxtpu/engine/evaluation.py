@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import calibration
-from jaxtpu.core.data import readers, records, taskdata, templates, tokenized
+from jaxtpu.core.data import readers, records, taskdata, tokenized
 from jaxtpu.core.data.buckets import Batcher, fixed_edges
 from jaxtpu.core.data.filekinds import BY_NAME, kind_of
 from jaxtpu.core.data.tokens import load_tokenizer
@@ -24,6 +24,7 @@ from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.run import loop
 from jaxtpu.core.severity import format_weights, pair_agreement
 from jaxtpu.core.tasks import TASKS, Task
+from jaxtpu.core.textformat import PLAIN, TextFormat
 from jaxtpu.engine.scoring import (
     load_model_dir,
     load_multilabel,
@@ -53,7 +54,7 @@ def headline(task: Task, examples: tokenized.Examples) -> str:
 
 
 def read_labelled(
-    path: str, task: Task, template: str = templates.DEFAULT_RULE_TEMPLATE
+    path: str, task: Task, fmt: TextFormat = PLAIN
 ) -> records.Comments | records.Pairs:
     """The labelled file a run of `task` can be scored on: pairs for a ranker (pairs drawn at
     random from labels would make the number depend on a seed), a labelled rules file for a
@@ -68,7 +69,7 @@ def read_labelled(
             f"{BY_NAME[task.evaluated_on].what}; this is {found}{hint}"
         )
     data = taskdata.read_task_file(
-        path, task, columns=taskdata.aux_columns(task, required=False), template=template
+        path, task, columns=taskdata.aux_columns(task, required=False), fmt=fmt
     )
     if task.main_outputs > 1:
         taskdata.check_label_columns(data, task, f"--input {path}")
@@ -118,7 +119,7 @@ def score_file(
     `serve` score in (`Scorer`: fixed power-of-two edges, `batch_size` rows per device), so
     that evaluate's score of a row is theirs, bf16 included."""
     task, d = model.spec.task, model.cfg.data
-    data = read_labelled(path, task, d.row_template)
+    data = read_labelled(path, task, model.spec.text_format)
     tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
     examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
     global_batch = batch_size * len(devices)

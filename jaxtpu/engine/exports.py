@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import calibration, storage
+from jaxtpu.core.data import templates
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
@@ -39,13 +40,8 @@ def save_state_dict(tensors: dict, out: Path) -> None:
         torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, f)
 
 
-def _raw_text(model: Any) -> bool:
-    """Whether the export's tokenizer collapses whitespace as jaxtpu did before tokenizing a
-    comment (`export_tokenizer`): not for a run that read prompts, whose newlines it kept."""
-    return not model.cfg.data.prompt_template
-
-
 ONNX_TOLERANCE = 1e-4  # largest |logit difference| from jaxtpu in fp32 an export may have
+CHECK_RULE = "No insults or personal attacks."  # a rules model's checks ask about this rule
 
 # Comments of several lengths that an ONNX export is checked on as it is written.
 CHECK_TEXTS = (
@@ -140,7 +136,7 @@ def onnx_export(
         files = {"fp32": "model.onnx"}
         if quantize:
             files["int8"] = onnxexport.quantize_int8(raw, out / "model_int8.onnx").name
-    export_tokenizer(model.tokenizer_dir, out, _raw_text(model))
+    export_tokenizer(model.tokenizer_dir, out, model.spec.text_format.collapses_whitespace)
 
     diffs = _onnx_differences(model, params, len(outputs), out, files)
     if not diffs["fp32"] <= ONNX_TOLERANCE:
@@ -160,10 +156,7 @@ def onnx_export(
         "head": spec.head,
         "max_len": model.cfg.data.max_len,
         # how a row became the text it scores (`jaxtpu serve --onnx` reads rows so)
-        "text_format": {
-            "rule_template": model.cfg.data.rule_template,
-            "prompt_template": model.cfg.data.prompt_template,
-        },
+        "text_format": model.spec.text_format.to_dict(),
         **({"attributes": head_meta["attributes"]} if "attributes" in head_meta else {}),
         "metrics": head_meta.get("metrics", {}),
         "step": head_meta["step"],
@@ -190,12 +183,17 @@ def _onnx_differences(
     from jaxtpu.models.encoder import create_module
     from torchxla_ref import onnxexport
 
-    spec = model.spec
+    spec, fmt = model.spec, model.spec.text_format
     texts: list[Any] = list(CHECK_TEXTS)
-    if spec.task.text_pairs:
-        texts = [("No insults or personal attacks.", t) for t in texts]
+    template = templates.template_of(fmt)
+    if template is not None:  # a rules row's pair, or each row's prompt: its columns a rule
+        first = template.render(dict.fromkeys(template.fields, CHECK_RULE))
+        texts = [(first, t) for t in texts]
     ids, mask = encode_texts(
-        texts, load_tokenizer(model.tokenizer_dir, model.spec.pad_id), model.cfg.data.max_len
+        texts,
+        load_tokenizer(model.tokenizer_dir, model.spec.pad_id),
+        model.cfg.data.max_len,
+        fmt.kind,
     )
     fp32 = create_module(
         spec.encoder,
@@ -267,7 +265,8 @@ def directory(
         "outputs": outputs,
         "step": step,
         "metrics": {k: v for k, v in model.meta.items() if k.startswith("val_")},
-        **({"prompt_template": p} if (p := model.cfg.data.prompt_template) else {}),
+        # how each row became its text (`jaxtpu.core.textformat`), as the run's config.json
+        "text_format": model.spec.text_format.to_dict(),
     }
     # the Perspective attributes `jaxtpu serve` answers with it (the run's --attributes)
     attrs = recorded_map(outputs, bool(model.spec.task.text_pairs), model.cfg.output.attributes)
@@ -285,7 +284,9 @@ def directory(
             meta = onnx_export(model, params, outputs, staging, head, classifier, quantize)
         else:
             weights.save_hf(params, enc, staging, None, head, classifier)
-            export_tokenizer(model.tokenizer_dir, staging, _raw_text(model))
+            export_tokenizer(
+                model.tokenizer_dir, staging, model.spec.text_format.collapses_whitespace
+            )
             carry_calibration(model, outputs, staging / "config.json")
         write_card(workdir, model, params, outputs, attrs or [], staging)
     return meta
@@ -310,7 +311,7 @@ def adapter(model: Any, params: dict, outputs: list[str], out: str) -> tuple[int
     with storage.staged_dir(out) as staging:  # `out` appears only when complete
         save_tensors(tensors, staging / ADAPTER_WEIGHTS)
         (staging / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        export_tokenizer(model.tokenizer_dir, staging, _raw_text(model))
+        export_tokenizer(model.tokenizer_dir, staging, model.spec.text_format.collapses_whitespace)
         if model.calibration is not None:  # beside the adapter: peft's config has no room
             calibration.write(staging, model.calibration.subset(outputs))
     return len(tensors), head_modules

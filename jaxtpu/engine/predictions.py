@@ -30,6 +30,7 @@ from jaxtpu.core.files import write_text
 from jaxtpu.core.severity import parse_label_weights
 from jaxtpu.core.severity import severity as weighted_severity
 from jaxtpu.core.tasks import SEVERITY_WEIGHTS
+from jaxtpu.core.textformat import PROMPT
 
 if TYPE_CHECKING:
     from jaxtpu.engine.scoring import Scorer
@@ -129,12 +130,12 @@ def predict_stream(
             f.seek(size)
             if not resume:
                 f.write(_csv_bytes([columns]))
-            template = scorers[0].model.cfg.data.row_template
-            for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows, template)):
+            fmt = scorers[0].model.spec.text_format
+            for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows, fmt)):
                 start = k * chunk_rows
                 if resume and start == resume["rows"]:
                     _check_same_rows(digest, resume, source)
-                for text in [*(chunk.ids or ()), "\x1e", *chunk.texts, *(chunk.first or ())]:
+                for text in _row_texts(chunk):
                     digest.update(text.encode("utf-8", "surrogatepass") + b"\x1f")
                 if start < done:
                     continue
@@ -167,19 +168,28 @@ def predict_stream(
     return done, empty, written
 
 
+def _row_texts(chunk: Any) -> list[str]:
+    """Every text of a chunk's rows, in order (what a resumed predict checks it reads again):
+    the ids, then the comments, then each row's first item (a prompt's two halves)."""
+    first = chunk.first or ()
+    if chunk.form == PROMPT:
+        first = [half for message in first for half in message]
+    return [*(chunk.ids or ()), "\x1e", *chunk.texts, *first]
+
+
 def _own_rows(scorers: list[Scorer], chunk: Any, source: str) -> list[Sequence[Any]]:
     """The rows of `chunk` as each scorer reads them: the chunk's own (read with the first
-    scorer's --rule-template or --prompt-template), or, for a model of a rank ensemble that
-    reads rows another way (a decoder's prompt beside an encoder's pair), the same rows of
-    `source` read with its template (a rank ensemble scores the file in one chunk)."""
-    first = scorers[0].model.cfg.data.row_template
+    scorer's text format: --rule-template or --prompt-template), or, for a model of a rank
+    ensemble that reads rows another way (a decoder's prompt beside an encoder's pair), the
+    same rows of `source` read in its format (a rank ensemble scores the file in one chunk)."""
+    first = scorers[0].model.spec.text_format
     out: list[Sequence[Any]] = []
     for s in scorers:
-        template = s.model.cfg.data.row_template
-        if template == first:
+        fmt = s.model.spec.text_format
+        if fmt == first:
             out.append(chunk.encoded())
             continue
-        (mine,) = list(readers.comments_to_score(source, sys.maxsize, template))
+        (mine,) = list(readers.comments_to_score(source, sys.maxsize, fmt))
         if list(mine.ids or ()) != list(chunk.ids or ()) or len(mine) != len(chunk):
             raise UserError(f"--input {source}: its rows changed while it was scored")
         out.append(mine.encoded())

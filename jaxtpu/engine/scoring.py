@@ -269,12 +269,13 @@ def params_digest(params: Any) -> str:
 
 
 def text_buckets(
-    texts: Sequence[Any], tokenizer: Any, max_len: int, edges: Sequence[int]
+    texts: Sequence[Any], tokenizer: Any, max_len: int, edges: Sequence[int], form: str
 ) -> np.ndarray:
-    """The length bucket (edge) of each of `texts` under `tokenizer`, as scoring cuts them."""
+    """The length bucket (edge) of each of `texts` (in `form`, `jaxtpu.core.textformat`)
+    under `tokenizer`, as scoring cuts them."""
     if not texts:
         return np.zeros(0, np.int64)
-    _, mask = encode_texts(texts, tokenizer, max_len)
+    _, mask = encode_texts(texts, tokenizer, max_len, form)
     return edge_of(real_lengths(mask), edges, max_len)
 
 
@@ -293,17 +294,19 @@ class Scorer:
         self.task = one_comment_task(model.spec.task)
         self.tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
         self.max_len = model.cfg.data.max_len
+        self.form = model.spec.text_format.kind  # what `logits` is given: texts, pairs, prompts
         self.global_batch = batch_size * len(devices)
         self.backend = scoring_backend(model, devices, self.task)
         self.edges = fixed_edges(self.max_len)
 
-    def logits(self, texts: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
-        """The raw outputs for (normalized) `texts`, or text pairs (a rules model's): (N,) or
-        (N, labels); tokenized in memory, without the disk cache (each is scored once)."""
+    def logits(self, texts: Sequence[Any]) -> np.ndarray:
+        """The raw outputs for (normalized) `texts`, or the text pairs or prompts of the
+        model's text format (`form`): (N,) or (N, labels); tokenized in memory, without the
+        disk cache (each is scored once)."""
 
         if not texts:
             return np.zeros((0, *self.task.label_shape), np.float32)
-        ids, mask = encode_texts(texts, self.tokenizer, self.max_len)
+        ids, mask = encode_texts(texts, self.tokenizer, self.max_len, self.form)
         label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_layout's
         batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
         layout = self.task.batch_layout(self.max_len)
@@ -311,9 +314,9 @@ class Scorer:
         _, scores = loop.score_examples(self.backend, examples, batcher, self.task, False)
         return scores
 
-    def buckets(self, texts: Sequence[str] | Sequence[tuple[str, str]]) -> np.ndarray:
+    def buckets(self, texts: Sequence[Any]) -> np.ndarray:
         """The length bucket (edge) each of `texts` is scored in by `logits`."""
-        return text_buckets(texts, self.tokenizer, self.max_len, self.edges)
+        return text_buckets(texts, self.tokenizer, self.max_len, self.edges, self.form)
 
     def calibrate(self, logits: np.ndarray) -> np.ndarray:
         """`logits` (of `logits`) as calibrated logits, whose sigmoid is the probability
@@ -348,18 +351,12 @@ def check_ensemble(
                 f"--workdir {wd} has another tokenizer than {workdirs[0]}; an ensemble averages "
                 "runs of one model family and tokenizer"
             )
-        mine, theirs = model.cfg.data, first.cfg.data
-        if mine.row_template != theirs.row_template:
+        mine, theirs = model.spec.text_format, first.spec.text_format
+        if mine != theirs:
             raise UserError(
-                f"--workdir {wd} reads each row as {_rows(mine)}, {workdirs[0]} as "
-                f"{_rows(theirs)}; an ensemble scores one text per row"
+                f"--workdir {wd} reads each row as {mine.describe()}, {workdirs[0]} as "
+                f"{theirs.describe()}; an ensemble scores one text per row"
             )
-
-
-def _rows(data: Any) -> str:
-    """How a run reads each row: its flag and template."""
-    flag = "--prompt-template" if data.prompt_template else "--rule-template"
-    return f"{flag} {data.row_template!r}"
 
 
 def load_multilabel(workdirs: Sequence[str]) -> list[Any]:

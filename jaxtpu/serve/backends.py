@@ -21,6 +21,7 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.hf.encoder import exported_head, resolve_model_dir
 from jaxtpu.core.serving import card as cards
 from jaxtpu.core.serving.attributes import Attribute, as_records, served_map
+from jaxtpu.core.textformat import PROMPT
 from jaxtpu.core.versions import installed
 from jaxtpu.engine.scoring import load_model_dir, load_trained, params_digest
 from jaxtpu.serve.onnxmodel import OnnxModel
@@ -98,14 +99,14 @@ class Served:
         self._rule_text: dict[str, str] = {}
         if not self.rules_model:
             return
-        data = self.model.trained.cfg.data
-        if data.prompt_template:  # the model renders the rule into its prompt itself
+        fmt = self.model.text_format
+        if fmt.kind == PROMPT:  # the model renders the rule into its prompt itself
             self._rule_text = {a.name: a.rule for a in self.attributes}
             return
-        template = templates.row_template(data.row_template)
+        template = templates.template_of(fmt)
         if set(template.fields) != {"rule"}:
             raise UserError(
-                f"{self.source}: its --rule-template {data.row_template!r} reads columns "
+                f"{self.source}: its {fmt.describe()} reads columns "
                 f"{', '.join(template.fields)}, not the rule alone; a served rule is its text"
             )
         self._rule_text = {a.name: template.render({"rule": a.rule}) for a in self.attributes}

@@ -28,6 +28,7 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.serving.card import digest_file
 from jaxtpu.core.tasks import get_task
+from jaxtpu.core.textformat import TextFormat
 from jaxtpu.engine.scoring import text_buckets
 
 META = "jaxtpu_onnx.json"  # what `jaxtpu export --format onnx` writes beside the graph
@@ -81,9 +82,14 @@ def read_export(path: str | Path) -> OnnxExport:
         task=task,
         max_len=max_len,
         precision="fp32",
+        # an export of the stop before the TextFormat record names its two templates
         rule_template=text.get("rule_template", "{rule}"),
         prompt_template=text.get("prompt_template", ""),
     )
+    try:
+        fmt = TextFormat.from_dict(text) if "kind" in text else cfg.text_format
+    except ValueError as e:
+        raise UserError(f"--onnx {path}: {META}'s text_format: {e}") from None
     labels = tuple(str(c) for c in meta.get("labels", ()))
     base = get_task(task)
     n = len(base.label_columns)
@@ -95,7 +101,7 @@ def read_export(path: str | Path) -> OnnxExport:
     cal = meta.get("calibration")
     return OnnxExport(
         cfg,
-        SimpleNamespace(task=base.with_aux(labels[n:], 0.0)),
+        SimpleNamespace(task=base.with_aux(labels[n:], 0.0), text_format=fmt),
         meta,
         directory,
         None if cal is None else Calibration.from_dict(cal, f"{meta_file} calibration"),
@@ -116,6 +122,7 @@ class OnnxScorer:
         self.task = export.spec.task
         self.tokenizer = load_tokenizer(export.tokenizer_dir)
         self.max_len = export.cfg.data.max_len
+        self.form = export.spec.text_format.kind
         self.edges = fixed_edges(self.max_len)
         self.global_batch = batch_size
         options = ort.SessionOptions()
@@ -131,11 +138,12 @@ class OnnxScorer:
             ) from None
 
     def logits(self, texts: list[Any]) -> np.ndarray:
-        """The raw outputs of (normalized) texts or text pairs: (N,) or (N, outputs), each
+        """The raw outputs of (normalized) texts, text pairs or prompts (the export's text
+        format): (N,) or (N, outputs), each
         batch one bucket's rows padded to its edge."""
         out = np.zeros((len(texts), self.task.outputs), np.float32)
         if texts:
-            ids, mask = encode_texts(texts, self.tokenizer, self.max_len)
+            ids, mask = encode_texts(texts, self.tokenizer, self.max_len, self.form)
             edge = edge_of(real_lengths(mask), self.edges, self.max_len)
             for length in np.unique(edge):
                 members = np.flatnonzero(edge == length)
@@ -149,7 +157,7 @@ class OnnxScorer:
         return out[:, 0] if self.task.label_shape == () else out
 
     def buckets(self, texts: list[Any]) -> np.ndarray:
-        return text_buckets(texts, self.tokenizer, self.max_len, self.edges)
+        return text_buckets(texts, self.tokenizer, self.max_len, self.edges, self.form)
 
     def calibrate(self, logits: np.ndarray) -> np.ndarray:
         return logits if self.calibration is None else self.calibration.apply(logits)
@@ -166,4 +174,4 @@ class OnnxModel(Model):
         self.scorer = OnnxScorer(export, batch_size, calibrated, threads)
         self.task = self.scorer.task
         self.backend = None
-        self._prompt = export.cfg.data.prompt_template
+        self.text_format = export.spec.text_format

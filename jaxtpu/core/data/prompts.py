@@ -1,9 +1,10 @@
 """Prompts: each comment inside instructions (`--prompt-template`), for the decoder
 classifiers, tokenized as the model's chat template lays them out (framework-free).
 
-A row's prompt travels as a text pair (`Comments.first`, then the comment): the first text is
-the template rendered over the row's columns with `MARK` where the comment goes
-(`templates.PromptTemplate`). The tokenizer meets it here:
+A row's prompt travels as a pair (`Comments.first`, then the comment), its first a `Message`:
+the template rendered over the row's columns, as the text before the comment and the text
+after it (`templates.PromptTemplate`). The run's `TextFormat` says the items are prompts; no
+item is looked at to find out. The tokenizer meets them here:
 
 - The message is rendered through the tokenizer's chat template when it has one, as the one
   user message with the generation prompt after it, and tokenized without the tokenizer's own
@@ -19,40 +20,48 @@ the template rendered over the row's columns with `MARK` where the comment goes
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxtpu.core.errors import DataError
 
-MARK = "\x00"  # where the comment goes in a rendered prompt; never in a normalised text
 COMMENT = "comment"  # the template's name for the comment: `{comment}`
 MIN_COMMENT_TOKENS = 8  # a prompt that leaves fewer for the comment is refused
+# Where the comment goes while the chat template lays the message out, inside `chat_parts`
+# alone: it is never in a text, an item or a file (the comment is placed by position).
+_HOLE = "\x00"
 
 
-def is_prompts(items: Sequence[Any]) -> bool:
-    """Whether `items` (texts, or text pairs) are prompts: pairs whose first text is a
-    rendered template (it holds `MARK`)."""
-    return bool(items) and isinstance(items[0], tuple) and MARK in items[0][0]
+class Message(NamedTuple):
+    """A rendered prompt around its comment: the text before it and the text after it."""
+
+    before: str
+    after: str
+
+    def shown(self) -> str:
+        """The message as messages show it, `{comment}` in the comment's place."""
+        return f"{self.before}{{comment}}{self.after}"
 
 
-def chat_parts(tokenizer: Any, message: str) -> tuple[str, str]:
-    """(before, after): the text of the prompt around the comment, `message` (a rendered
-    template) laid out by the tokenizer's chat template when it has one."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
-        )
-    else:
-        text = message
-    if text.count(MARK) != 1:
+def chat_parts(tokenizer: Any, message: Message) -> tuple[str, str]:
+    """(before, after): the text of the prompt around the comment, `message` laid out by the
+    tokenizer's chat template when it has one."""
+    if not getattr(tokenizer, "chat_template", None):
+        return message.before, message.after
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message.before + _HOLE + message.after}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    if text.count(_HOLE) != 1:
         raise DataError(
             "the tokenizer's chat template does not keep the message as it is given (the "
             "comment's place in it is lost); jaxtpu cannot truncate its comment alone"
         )
-    before, after = text.split(MARK)
+    before, after = text.split(_HOLE)
     return before, after
 
 
-def prompt_text(tokenizer: Any, message: str, comment: str) -> str:
+def prompt_text(tokenizer: Any, message: Message, comment: str) -> str:
     """The whole text of one prompt as the model reads it (before tokenizing)."""
     before, after = chat_parts(tokenizer, message)
     return before + comment + after
@@ -77,7 +86,7 @@ def _encode(tokenizer: Any, texts: list[str]) -> list[Any]:
     return _backend(tokenizer).encode_batch(texts, add_special_tokens=not chat)
 
 
-def check_prompts_fit(items: Sequence[tuple[str, str]], tokenizer: Any, max_len: int) -> None:
+def check_prompts_fit(items: Sequence[tuple[Message, str]], tokenizer: Any, max_len: int) -> None:
     """Refuses prompts whose instructions (all but the comment) leave fewer than
     `MIN_COMMENT_TOKENS` of `max_len` for the comment: one line naming the longest."""
     messages = sorted({m for m, _ in items})
@@ -85,7 +94,7 @@ def check_prompts_fit(items: Sequence[tuple[str, str]], tokenizer: Any, max_len:
     lengths = [len(e.ids) for e in _encode(tokenizer, [a + b for a, b in parts])]
     worst = max(range(len(lengths)), key=lengths.__getitem__)
     if lengths[worst] + MIN_COMMENT_TOKENS > max_len:
-        shown = messages[worst].replace(MARK, "{comment}")[:80]
+        shown = messages[worst].shown()[:80]
         raise DataError(
             f"the prompt without its comment takes {lengths[worst]} tokens of --max-len "
             f"{max_len}, leaving under {MIN_COMMENT_TOKENS} for the comment, which is the one "
@@ -93,7 +102,9 @@ def check_prompts_fit(items: Sequence[tuple[str, str]], tokenizer: Any, max_len:
         )
 
 
-def prompt_ids(items: Sequence[tuple[str, str]], tokenizer: Any, max_len: int) -> list[list[int]]:
+def prompt_ids(
+    items: Sequence[tuple[Message, str]], tokenizer: Any, max_len: int
+) -> list[list[int]]:
     """The token ids of each (message, comment) prompt, at most `max_len` of them, unpadded:
     the chat template's tokens of the whole prompt, less the comment's last tokens when it is
     longer (`check_prompts_fit` has refused instructions that leave no room)."""

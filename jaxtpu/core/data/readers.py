@@ -35,12 +35,15 @@ from jaxtpu.core.data.templates import (
     RuleTemplate,
     normalize_text,
     prompted,
-    row_template,
+    template_of,
 )
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.tasks import LABEL_COLUMNS
+from jaxtpu.core.textformat import PAIR, TextFormat
 
 log = logging.getLogger(__name__)
+# A rules file scored by a model of no recorded format: its rule, then the comment.
+RULE_PAIRS = TextFormat(PAIR, DEFAULT_RULE_TEMPLATE, rules=True)
 
 
 def columns(path: str | os.PathLike) -> list[str]:
@@ -172,16 +175,17 @@ def _text_and_id(path: Any, header: list[str], labelled: bool) -> tuple[str, str
 
 
 def comments_to_score(
-    path: str | os.PathLike, chunk: int, template: str = DEFAULT_RULE_TEMPLATE
+    path: str | os.PathLike, chunk: int, fmt: TextFormat = RULE_PAIRS
 ) -> Iterator[Comments]:
     """The comments of a file to score, `chunk` rows at a time, as a stream (`predict` on
     millions of rows): each an unlabelled `Comments` of its rows, empty comments kept (every id
     gets a score) and counted in `dropped`; `ids` empty when the file has no id column. A
-    rules file's rows are text pairs (`template`, its run's --rule-template, and the body);
-    with a run's --prompt-template (`template` naming {comment}), every row is its prompt."""
+    rules file's rows are read in the run's text format `fmt` (text pairs of its
+    --rule-template and the body, or prompts); with a --prompt-template, every row is its
+    prompt."""
     table = open_table(path)
     if kind_of(table.header) is BY_NAME["rules"]:
-        whole = read_rules(path, False, table=table, template=row_template(template))
+        whole = read_rules(path, False, table=table, template=template_of(fmt))
         for start in range(0, len(whole), chunk):
             part = whole.subset(np.arange(start, min(start + chunk, len(whole))))
             part.dropped = sum(not t for t in part.texts)
@@ -199,10 +203,10 @@ def comments_to_score(
         if with_ids:
             ids.append((row.get(id_col) or "").strip())
         if len(texts) == chunk:
-            yield prompted(Comments(str(path), texts, None, ids=ids, dropped=empty), template)
+            yield prompted(Comments(str(path), texts, None, ids=ids, dropped=empty), fmt)
             texts, ids, empty = [], [], 0
     if texts:
-        yield prompted(Comments(str(path), texts, None, ids=ids, dropped=empty), template)
+        yield prompted(Comments(str(path), texts, None, ids=ids, dropped=empty), fmt)
 
 
 def read_comments(
@@ -438,6 +442,7 @@ def read_rules(
         folds=_numpy(folds, np.int64) if fold_column else None,
         columns=_number_arrays(columns, numbers, n),
         first=first,
+        form=template.form,
     )
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
 from jaxtpu.core.breakdowns import BREAKDOWNS
 from jaxtpu.core.data.tokens import digest_pairs, digest_texts
 from jaxtpu.core.tasks import LABELS, SEVERITY_WEIGHTS
+from jaxtpu.core.textformat import COMMENT
 
 SUBLABELS = LABELS[1:]  # ("severe_toxic", "obscene", "threat", "insult", "identity_hate")
 
@@ -155,8 +156,12 @@ class Comments:
     digests: np.ndarray | None = None  # (N, 16) uint8 `digest_texts`, made when first asked
     # the `NumberColumn`s a run asked for: name -> (N,) float32, NaN where blank
     columns: dict[str, np.ndarray] = field(default_factory=dict)
-    # text pairs (the rules task): each row's first text, before `texts[i]`; None: one text
-    first: Sequence[str] | None = None
+    # text pairs (the rules task) or prompts: each row's first item, before `texts[i]` (a
+    # `--rule-template` text, or a `prompts.Message`); None: one text
+    first: Sequence[Any] | None = None
+    # which (`jaxtpu.core.textformat`): COMMENT (no first), PAIR or PROMPT, set by the reader
+    # that rendered `first`; the tokenizer reads this, never the items' types
+    form: str = COMMENT
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -171,8 +176,8 @@ class Comments:
             )
         return self.digests
 
-    def encoded(self) -> Sequence[str] | list[tuple[str, str]]:
-        """What the tokenizer encodes: each row's text, or its (first, text) pair."""
+    def encoded(self) -> Sequence[Any]:
+        """What the tokenizer encodes (in `form`): each row's text, or its (first, text)."""
         if self.first is None:
             return self.texts
         return list(zip(self.first, self.texts, strict=True))
@@ -189,6 +194,7 @@ class Comments:
             digests=None if self.digests is None else self.digests[idx],
             columns={k: v[idx] for k, v in self.columns.items()},
             first=None if self.first is None else take_texts(self.first, idx),
+            form=self.form,
         )
 
     def severity(self) -> np.ndarray:

@@ -114,6 +114,7 @@ def example_rows(
             np.asarray(labels, np.float32),
             groups=Groups(rule=np.asarray([r for r, _ in keys], dtype=object)),
             first=[template.render(rows[k]) for k in keys],
+            form=template.form,
         ),
         count,
     )

@@ -29,6 +29,7 @@ from jaxtpu.core.data.tokens import default_cache_dir
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.tasks import TASKS, Task
+from jaxtpu.core.textformat import PLAIN, PROMPT, TextFormat
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +40,18 @@ def read_task_file(
     fold_column: str = "",
     cache_dir: Any = None,
     columns: Mapping[str, NumberColumn] | None = None,
-    template: str = templates.DEFAULT_RULE_TEMPLATE,
+    fmt: TextFormat = PLAIN,
 ) -> Comments | Pairs:
     """Reads a training/validation file of one of the kinds the task reads (`Task.reads`), with
     the fold ids of `fold_column` when one is asked for and the numeric `columns` a run asks
     for; with a `cache_dir`, through the file cache (`read_cached`; not a rules file, whose
-    first texts come from `template`, and which is small). `template` is the run's
-    `DataConfig.row_template`: a rules row's first text, or each row's prompt. A file in a
-    bucket is read from its local copy (`storage.fetch`), its messages naming the URL."""
+    first texts come from the run's text format `fmt`, and which is small): a rules row's
+    first text, or each row's prompt. A file in a bucket is read from its local copy
+    (`storage.fetch`), its messages naming the URL."""
     if storage.is_remote(path):
         local = storage.fetch(str(path))
         with storage.named(local, str(path)):
-            return read_task_file(local, task, fold_column, cache_dir, columns, template)
+            return read_task_file(local, task, fold_column, cache_dir, columns, fmt)
     table = open_table(path)  # the header, read once: the reader takes it from here
     kind = kind_of(table.header)
     if kind is None or kind.name not in task.reads:
@@ -68,7 +69,7 @@ def read_task_file(
             fold_column=fold_column,
             table=table,
             columns=columns,
-            template=templates.row_template(template),
+            template=templates.template_of(fmt),
         )
     if cache_dir is None:
         data = readers.READERS[kind.name](
@@ -83,7 +84,7 @@ def read_task_file(
             task.name,
         )
         data.groups = Groups()
-    return templates.prompted(data, template) if isinstance(data, Comments) else data
+    return templates.prompted(data, fmt) if isinstance(data, Comments) else data
 
 
 def number_columns(cfg: Config, training: bool = True) -> dict[str, NumberColumn]:
@@ -199,7 +200,7 @@ def _splits(
         columns = number_columns(cfg, training=False)
         train = data
         valid = read_task_file(
-            d.valid_csv, task, cache_dir=cache, columns=columns, template=d.row_template
+            d.valid_csv, task, cache_dir=cache, columns=columns, fmt=cfg.text_format
         )
         split_desc = f"validation file {d.valid_csv}"
     else:
@@ -224,7 +225,7 @@ def _splits(
 
 def _log_prompt(cfg: Config, train: Any, tokenizer: Any) -> None:
     """Logs the first prompt as the model reads it (--prompt-template)."""
-    if isinstance(train, Comments) and train.first is not None and cfg.data.prompt_template:
+    if isinstance(train, Comments) and train.form == PROMPT:
         chat = getattr(tokenizer, "chat_template", None)
         how = "laid out by the tokenizer's chat template" if chat else "no chat template"
         # the comment left as {comment}: a file-cached run's texts stay unread
@@ -245,7 +246,7 @@ def _extra_train(
         task,
         cache_dir=cache,
         columns=aux_columns(task, False),
-        template=d.row_template,
+        fmt=cfg.text_format,
     )
     more, overlap = without_validation_texts(more, valid, f"--extra-train {d.extra_train}")
     log.info(
@@ -270,8 +271,7 @@ def _rule_examples(
     paths = [p.strip() for p in d.rule_examples.split(",") if p.strip()]
     local = [storage.fetch(p) if storage.is_remote(p) else p for p in paths]
     held = sorted(set(valid.groups.rule.tolist())) if d.holdout_rules else []
-    template = templates.row_template(d.row_template)
-    rows, examples = rules.example_rows(local, template, valid, held)
+    rows, examples = rules.example_rows(local, templates.template_of(cfg.text_format), valid, held)
     log.info("--rule-examples %s: %s", d.rule_examples, examples.describe())
     more_ex = encode(rows, tokenizer, d.max_len, d.cache_dir, task=cfg.task)
     return train_ex.concat(more_ex, train_ex.row_weights, 1.0), examples
@@ -283,10 +283,12 @@ def _training_rows(cfg: Config, cache: Path) -> tuple[Comments | Pairs, str]:
     d, task, seed = cfg.data, cfg.task, cfg.train.seed
     if d.train_csv:
         path = SAMPLE_CSV if d.train_csv == "sample" else d.train_csv
-        data = read_task_file(path, task, d.fold_column, cache, number_columns(cfg), d.row_template)
+        data = read_task_file(
+            path, task, d.fold_column, cache, number_columns(cfg), cfg.text_format
+        )
         source = str(path)
     else:
-        data = templates.prompted(demo_comments(d.demo_size, seed), d.row_template)
+        data = templates.prompted(demo_comments(d.demo_size, seed), cfg.text_format)
         source = f"built-in demo data ({d.demo_size} generated comments)"
         asked = [f"--aux-columns {c}" for c in task.aux_columns]
         asked += [f"--weight-column {d.weight_column}"] if d.weight_column else []

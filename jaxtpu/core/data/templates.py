@@ -10,9 +10,10 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-from jaxtpu.core.data.prompts import COMMENT, MARK
+from jaxtpu.core.data.prompts import COMMENT, Message
 from jaxtpu.core.data.records import Comments
 from jaxtpu.core.errors import DataError
+from jaxtpu.core.textformat import PAIR, PROMPT, TextFormat
 
 DEFAULT_RULE_TEMPLATE = "{rule}"  # --rule-template's default: the rule alone
 
@@ -65,6 +66,7 @@ class RuleTemplate(_ColumnTemplate):
     The rule itself must be in it: the model has to read which rule it is asked about."""
 
     flag = "--rule-template"
+    form = PAIR  # its rows are text pairs (`TextFormat`)
 
     def __init__(self, template: str = DEFAULT_RULE_TEMPLATE) -> None:
         fields = self._names(template, template)
@@ -76,19 +78,19 @@ class RuleTemplate(_ColumnTemplate):
         super().__init__(template, template, tuple(dict.fromkeys(fields)))
 
     def render(self, row: Mapping[str, Any]) -> str:
-        # never a prompt's mark, so a pair is not taken for a prompt (`prompts.is_prompts`)
-        return normalize_text(self.text.format_map(self._values(row))).replace(MARK, "")
+        return normalize_text(self.text.format_map(self._values(row)))
 
 
 class PromptTemplate(_ColumnTemplate):
     """`--prompt-template`: each row as one prompt, the template's text as written (`\\n` and
     `\\t` in it are a newline and a tab) with `{comment}` where the comment goes and, in a
     rules file, `{rule}` and any other column (`{subreddit}`, `{positive_example_1}`, ...),
-    each value whitespace-normalised. `render` gives the prompt with `prompts.MARK` in the
-    comment's place: the first text of the row's pair, the comment its second
+    each value whitespace-normalised. `render` gives the prompt around the comment, a
+    `prompts.Message`: the first of the row's pair, the comment its second
     (`jaxtpu.core.data.prompts` tokenizes them)."""
 
     flag = "--prompt-template"
+    form = PROMPT  # its rows are prompts (`TextFormat`)
 
     def __init__(self, template: str, rules: bool = True) -> None:
         text = template.replace("\\n", "\n").replace("\\t", "\t")
@@ -110,31 +112,40 @@ class PromptTemplate(_ColumnTemplate):
                 "comments alone names only {comment} (the rules task reads a row's columns)"
             )
         super().__init__(template, text, columns)
+        self._before, self._after = _halves(text)
 
-    def render(self, row: Mapping[str, Any]) -> str:
-        values = {f: v.replace(MARK, "") for f, v in self._values(row).items()}
-        return self.text.format_map({**values, COMMENT: MARK})
-
-
-def row_template(template: str, rules: bool = True) -> RuleTemplate | PromptTemplate:
-    """The template of a run's rows (`DataConfig.row_template`): a prompt when it names
-    `{comment}` (`--prompt-template`), else the first text of a rules row's pair
-    (`--rule-template`)."""
-    return PromptTemplate(template, rules) if _is_prompt(template) else RuleTemplate(template)
+    def render(self, row: Mapping[str, Any]) -> Message:
+        values = self._values(row)
+        return Message(self._before.format_map(values), self._after.format_map(values))
 
 
-def _is_prompt(template: str) -> bool:
-    try:
-        return any(f == COMMENT for _, f, _, _ in string.Formatter().parse(template))
-    except ValueError:  # unbalanced braces: the template's own class says why, under the
-        # flag the user wrote (a --prompt-template always holds {comment}: DataConfig.check)
-        return "{comment}" in template
+def _halves(text: str) -> tuple[str, str]:
+    """The template `text` as two templates, of the text before `{comment}` and after it."""
+    halves: tuple[list[str], list[str]] = ([], [])
+    half = halves[0]
+    for literal, name, spec, conversion in string.Formatter().parse(text):
+        half.append(literal.replace("{", "{{").replace("}", "}}"))
+        if name == COMMENT:
+            half = halves[1]
+        elif name is not None:
+            half.append(f"{{{name}{'!' + conversion if conversion else ''}:{spec or ''}}}")
+    return "".join(halves[0]), "".join(halves[1])
 
 
-def prompted(data: Comments, template: str) -> Comments:
-    """`data` (comments, not a rules file's rows) as prompts when `template` is one
-    (`--prompt-template`, naming only `{comment}`): the same prompt before every comment."""
-    if not _is_prompt(template):
+def template_of(fmt: TextFormat) -> RuleTemplate | PromptTemplate | None:
+    """The template a run's rows are rendered with (`TextFormat`): a rules row's first text
+    (`--rule-template`), each row's prompt (`--prompt-template`), or None (a comment alone)."""
+    if fmt.kind == PAIR:
+        return RuleTemplate(fmt.template)
+    if fmt.kind == PROMPT:
+        return PromptTemplate(fmt.template, fmt.rules)
+    return None
+
+
+def prompted(data: Comments, fmt: TextFormat) -> Comments:
+    """`data` (comments, not a rules file's rows) as prompts when the run reads prompts
+    (`--prompt-template`, naming only `{comment}`): the same prompt around every comment."""
+    if fmt.kind != PROMPT:
         return data
-    first = PromptTemplate(template, rules=False).render({})
-    return dataclasses.replace(data, first=[first] * len(data), digests=None)
+    first = PromptTemplate(fmt.template, rules=False).render({})
+    return dataclasses.replace(data, first=[first] * len(data), digests=None, form=PROMPT)

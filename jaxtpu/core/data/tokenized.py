@@ -94,7 +94,7 @@ def encode(
     cache_dir: Any = None,
     task: Task | None = None,
 ) -> Examples:
-    """Tokenizes comments (or text pairs, the rules task's rule and comment: `Comments.first`),
+    """Tokenizes comments (or text pairs or prompts: `Comments.first`, in `Comments.form`),
     or both sides of each pair (ranking), with the labels of `task`
     (default: toxicity) laid out as its `Task.batch_layout` says (`labels_of`)."""
     task = task or get_task("toxicity")
@@ -111,7 +111,7 @@ def encode(
         return Examples(
             pair(t.ids), pair(t.mask), label, t.cache_hit, lengths=longer, layout=layout
         )
-    t = cached_tokens(data.encoded, data.text_digests(), tokenizer, max_len, cache_dir)
+    t = cached_tokens(data.encoded, data.text_digests(), tokenizer, max_len, cache_dir, data.form)
     labels = labels_of(data, task.label_columns)
     if task.aux_columns:  # the auxiliary targets after the labels, NaN where blank or absent
         blank = np.full(len(data), np.nan, np.float32)

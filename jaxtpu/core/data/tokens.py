@@ -40,6 +40,7 @@ from jaxtpu.core.files import (
     remove_stale_temporaries,
 )
 from jaxtpu.core.hf.tokenizer_dir import TOKENIZER_VOCABS
+from jaxtpu.core.textformat import COMMENT, PAIR, PROMPT
 
 log = logging.getLogger(__name__)
 
@@ -115,57 +116,55 @@ CHUNK = 8192  # texts per tokenizer call: its objects for 8192 texts are a few t
 
 
 def _chunks(
-    texts: Sequence[str] | Sequence[tuple[str, str]], tokenizer: Any, max_len: int
+    texts: Sequence[Any], tokenizer: Any, max_len: int, form: str = COMMENT
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """(start, (k, 2, max_len) int32 ids and mask) of each chunk of `texts`: texts, or text
-    pairs (the rules task), whose second text is truncated, never the first (the callers'
-    `check_fit` has refused a first text that leaves no room), or prompts
-    (`prompts.prompt_ids`: their comment is truncated, never the instructions)."""
-    if prompts.is_prompts(texts):
-        if tokenizer.pad_token_id is None:
-            raise DataError("the tokenizer has no pad token: prompts cannot be batched")
-        left = tokenizer.padding_side == "left"
-        for start in range(0, len(texts), CHUNK):
-            part = prompts.prompt_ids(texts[start : start + CHUNK], tokenizer, max_len)
-            yield start, _padded(part, max_len, tokenizer.pad_token_id, left)
-        return
-    pairs = _pairs(texts)
-    backend = _backend(tokenizer, max_len, "only_second" if pairs else "longest_first")
+    """(start, (k, 2, max_len) int32 ids and mask) of each chunk of `texts` in `form`
+    (`jaxtpu.core.textformat`): texts, text pairs (the rules task), whose second text is
+    truncated, never the first (the callers' `check_fit` has refused a first text that leaves
+    no room), or prompts (`prompts.prompt_ids`: their comment is truncated, never the
+    instructions)."""
+    chunks = FORMS[form][0]
     for start in range(0, len(texts), CHUNK):
-        part = texts[start : start + CHUNK]
-        if backend is None:
-            args = ([a for a, _ in part], [b for _, b in part]) if pairs else (part,)
-            enc = tokenizer(
-                *args,
-                truncation="only_second" if pairs else True,
-                max_length=max_len,
-                padding="max_length",
-                return_tensors="np",
-            )
-            yield start, np.stack([enc["input_ids"], enc["attention_mask"]], 1).astype(np.int32)
-            continue
-        yield (
-            start,
-            _padded(
-                [e.ids for e in backend.encode_batch(part, add_special_tokens=True)],
-                max_len,
-                tokenizer.pad_token_id,
-                tokenizer.padding_side == "left",
-            ),
+        yield start, chunks(texts[start : start + CHUNK], tokenizer, max_len)
+
+
+def _prompt_chunk(part: Sequence[Any], tokenizer: Any, max_len: int) -> np.ndarray:
+    if tokenizer.pad_token_id is None:
+        raise DataError("the tokenizer has no pad token: prompts cannot be batched")
+    ids = prompts.prompt_ids(part, tokenizer, max_len)
+    return _padded(ids, max_len, tokenizer.pad_token_id, tokenizer.padding_side == "left")
+
+
+def _text_chunk(part: Sequence[Any], tokenizer: Any, max_len: int, pairs: bool = False) -> Any:
+    backend = _backend(tokenizer, max_len, "only_second" if pairs else "longest_first")
+    if backend is None:
+        args = ([a for a, _ in part], [b for _, b in part]) if pairs else (part,)
+        enc = tokenizer(
+            *args,
+            truncation="only_second" if pairs else True,
+            max_length=max_len,
+            padding="max_length",
+            return_tensors="np",
         )
+        return np.stack([enc["input_ids"], enc["attention_mask"]], 1).astype(np.int32)
+    return _padded(
+        [e.ids for e in backend.encode_batch(part, add_special_tokens=True)],
+        max_len,
+        tokenizer.pad_token_id,
+        tokenizer.padding_side == "left",
+    )
 
 
-def _pairs(texts: Sequence[Any]) -> bool:
-    return bool(texts) and isinstance(texts[0], tuple)
+def _pair_chunk(part: Sequence[Any], tokenizer: Any, max_len: int) -> np.ndarray:
+    return _text_chunk(part, tokenizer, max_len, pairs=True)
 
 
-def check_fit(texts: Sequence[Any], tokenizer: Any, max_len: int) -> None:
+def check_fit(texts: Sequence[Any], tokenizer: Any, max_len: int, form: str = COMMENT) -> None:
     """Refuses text pairs or prompts whose fixed part leaves no room for the comment
     (`check_pairs_fit`, `prompts.check_prompts_fit`); texts always fit."""
-    if prompts.is_prompts(texts):
-        prompts.check_prompts_fit(texts, tokenizer, max_len)
-    elif _pairs(texts):
-        check_pairs_fit(texts, tokenizer, max_len)
+    fits = FORMS[form][1]
+    if fits is not None and len(texts):
+        fits(texts, tokenizer, max_len)
 
 
 def check_pairs_fit(pairs: Sequence[tuple[str, str]], tokenizer: Any, max_len: int) -> None:
@@ -182,6 +181,15 @@ def check_pairs_fit(pairs: Sequence[tuple[str, str]], tokenizer: Any, max_len: i
             f"--max-len {max_len}, leaving under 8 for the comment, which is the one truncated: "
             f"raise --max-len or shorten --rule-template (the longest: {firsts[worst][:80]!r})"
         )
+
+
+# How each form of `jaxtpu.core.textformat` is tokenized: (a chunk's ids and mask, the check
+# that its fixed part leaves the comment room, or None). A new form is a row here.
+FORMS: dict[str, tuple[Callable[..., np.ndarray], Callable[..., None] | None]] = {
+    COMMENT: (_text_chunk, None),
+    PAIR: (_pair_chunk, check_pairs_fit),
+    PROMPT: (_prompt_chunk, prompts.check_prompts_fit),
+}
 
 
 def _padded(ids: list[list[int]], max_len: int, pad_id: int, left: bool) -> np.ndarray:
@@ -219,13 +227,14 @@ def _backend(tokenizer: Any, max_len: int, strategy: str = "longest_first") -> A
 
 
 def encode_texts(
-    texts: Sequence[str] | Sequence[tuple[str, str]], tokenizer: Any, max_len: int
+    texts: Sequence[Any], tokenizer: Any, max_len: int, form: str = COMMENT
 ) -> tuple[np.ndarray, np.ndarray]:
     """(input_ids, attention_mask), int32 (len(texts), max_len) of texts, text pairs or
-    prompts: truncated and padded to `max_len`, with no cache (`tokenize` caches)."""
-    check_fit(texts, tokenizer, max_len)
+    prompts (`form`, `jaxtpu.core.textformat`): truncated and padded to `max_len`, with no
+    cache (`tokenize` caches)."""
+    check_fit(texts, tokenizer, max_len, form)
     both = np.empty((len(texts), 2, max_len), np.int32)
-    for start, chunk in _chunks(texts, tokenizer, max_len):
+    for start, chunk in _chunks(texts, tokenizer, max_len, form):
         both[start : start + len(chunk)] = chunk
     return both[:, 0], both[:, 1]
 
@@ -239,7 +248,9 @@ def _read_entry(path: Path, shape: tuple[int, int, int]) -> np.ndarray:
     return both
 
 
-def _write_entry(path: Path, texts: list[str], tokenizer: Any, max_len: int) -> np.ndarray:
+def _write_entry(
+    path: Path, texts: list[Any], tokenizer: Any, max_len: int, form: str = COMMENT
+) -> np.ndarray:
     """Tokenizes `texts` into the `.npy` file `path`, chunk by chunk (a killed run leaves a
     temporary file, never half an entry), and each text's length beside it (`_lengths_file`).
     Returns the lengths."""
@@ -247,7 +258,7 @@ def _write_entry(path: Path, texts: list[str], tokenizer: Any, max_len: int) -> 
     lengths = np.zeros(len(texts), np.int32)
     with atomic_write(path, "wb") as f:
         np.lib.format.write_array_header_1_0(f, header)
-        for start, chunk in _chunks(texts, tokenizer, max_len):
+        for start, chunk in _chunks(texts, tokenizer, max_len, form):
             f.write(np.ascontiguousarray(chunk, "<i4").tobytes())
             lengths[start : start + len(chunk)] = real_lengths(chunk[:, 1])
     _save_lengths(path, lengths)
@@ -320,6 +331,7 @@ def cached_tokens(
     tokenizer: Any,
     max_len: int,
     cache_dir: str | os.PathLike | None = None,
+    form: str = COMMENT,
 ) -> Tokens:
     """Tokenizes with truncation and padding to `max_len`, cached on disk.
 
@@ -327,6 +339,7 @@ def cached_tokens(
       texts: gives the texts; called only when the cache does not hold them.
       digests: `digest_texts` of those texts, the cache key with the tokenizer's content and
         `max_len` (any change to one of them tokenizes again).
+      form: the texts' form (`jaxtpu.core.textformat`): texts, text pairs or prompts.
     """
     n = digests.shape[0]
     h = hashlib.sha256()
@@ -340,7 +353,7 @@ def cached_tokens(
         lock = os.open(cache / f".{path.stem}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
         log.warning("token cache %s cannot be used (%s); tokenizing without it", cache, e)
-        return _in_memory(list(texts()), tokenizer, max_len)
+        return _in_memory(list(texts()), tokenizer, max_len, form)
     # One process of a host tokenizes an entry; the others wait for it and map it.
     with _held(lock):
         if path.exists():
@@ -358,18 +371,18 @@ def cached_tokens(
         listed = list(texts())
         if len(listed) != n:
             raise DataError(f"{len(listed)} texts to tokenize, {n} digests: they must match")
-        check_fit(listed, tokenizer, max_len)  # before the entry: a refusal is not a failed cache
+        check_fit(listed, tokenizer, max_len, form)  # first: a refusal is not a failed cache
         try:
-            lengths = _write_entry(path, listed, tokenizer, max_len)
+            lengths = _write_entry(path, listed, tokenizer, max_len, form)
             both = _read_entry(path, shape)
         except (OSError, ValueError) as e:
             log.warning("could not write token cache in %s (%s); continuing without it", cache, e)
-            return _in_memory(listed, tokenizer, max_len)
+            return _in_memory(listed, tokenizer, max_len, form)
     return Tokens(both[:, 0], both[:, 1], lengths, False)
 
 
-def _in_memory(texts: list[str], tokenizer: Any, max_len: int) -> Tokens:
-    ids, mask = encode_texts(texts, tokenizer, max_len)
+def _in_memory(texts: list[Any], tokenizer: Any, max_len: int, form: str = COMMENT) -> Tokens:
+    ids, mask = encode_texts(texts, tokenizer, max_len, form)
     return Tokens(ids, mask, real_lengths(mask).astype(np.int32), False)
 
 

@@ -31,6 +31,7 @@ from jaxtpu.core.hf.tokenizer_dir import answer_ids, separator_id
 from jaxtpu.core.lora import LoraSpec, is_adapter_dir, peft_targets, read_adapter
 from jaxtpu.core.storage import local_input
 from jaxtpu.core.tasks import Task
+from jaxtpu.core.textformat import PAIR, PLAIN, TextFormat
 
 
 def model_key(
@@ -93,6 +94,8 @@ class RunSpec:
     # --init-from a peft adapter directory: the adapters and head the run starts from (its
     # base is `weights`, the --model-dir); None: the adapters start new
     adapter: str | None = None
+    # how each row becomes text (`jaxtpu.core.textformat`): a comment, a pair or a prompt
+    text_format: TextFormat = PLAIN
 
     @classmethod
     def resolve(cls, cfg: Config, devices: int | None = None, platform: str = "") -> RunSpec:
@@ -107,9 +110,9 @@ class RunSpec:
         cls, cfg: Config, encoder: EncoderConfig, recorded: dict[str, Any] | None = None
     ) -> RunSpec:
         """The spec of a finished run, scored from its checkpoint: the encoder its checkpoint
-        carries and the pooling, text pairs' separator and answer tokens its config.json
-        recorded (`recorded`: the `resolved` entry; runs older than it resolve them from the
-        flags again), so a run scores where its --model-dir no longer is."""
+        carries and the pooling, text format, text pairs' separator and answer tokens its
+        config.json recorded (`recorded`: the `resolved` entry; runs older than it resolve
+        them from the flags again), so a run scores where its --model-dir no longer is."""
         model_dir = resolve_model_dir(cfg.model.model_dir)
         spec = cls._build(cfg, encoder, model_dir, None, known=recorded or {})
         if recorded and recorded.get("pooling"):
@@ -140,7 +143,8 @@ class RunSpec:
             if model.tokenizer_dir
             else model_dir
         )
-        pairs = cfg.task.text_pairs and not cfg.data.prompt_template  # a prompt is one text
+        fmt = _text_format(cfg, known)
+        pairs = fmt.kind == PAIR  # a prompt is one text
         if pairs and enc.family.kind.causal:
             raise ConfigError(
                 f"--task {cfg.task.name} on {enc.model_type}: a decoder reads the rule and the "
@@ -169,6 +173,7 @@ class RunSpec:
             answer_ids=answers,
             lora=model.lora,
             adapter=adapter,
+            text_format=fmt,
         )
 
     @property
@@ -227,6 +232,7 @@ class RunSpec:
             "segment_sep": self.segment_sep,
             "answer_ids": list(self.answer_ids),
             "lora": self.lora.to_dict() if self.lora else None,
+            "text_format": self.text_format.to_dict(),
         }
 
 
@@ -287,6 +293,12 @@ def _pooling(model: Any, enc: EncoderConfig, model_dir: str | None) -> tuple[str
         auto = pooling == "auto" and enc.classifier_pooling
         pooling = hf_pooling(enc.model_type, enc.classifier_pooling if auto else pooling)
     return pooling, pooling_from
+
+
+def _text_format(cfg: Config, known: dict[str, Any]) -> TextFormat:
+    """How rows become text: as the finished run recorded it, else as the flags ask."""
+    recorded = known.get("text_format")
+    return TextFormat.from_dict(recorded) if recorded else cfg.text_format
 
 
 def _answers(

@@ -28,6 +28,7 @@ from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS
 from jaxtpu.core.lora import LoraSpec
 from jaxtpu.core.serving.attributes import attribute_map
 from jaxtpu.core.tasks import LABEL_COLUMNS, RANKING_MARGIN, TASKS, Task, get_task, monitor_names
+from jaxtpu.core.textformat import TextFormat
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 # torch.amp.GradScaler's defaults (the Lightning severity notebook's `precision=16`): the scale
@@ -422,12 +423,6 @@ class DataConfig:
     cache_dir: str | None = _f(
         None, "Tokenization cache directory; default ~/.cache/jaxtpu/tokens.", resume=True
     )
-
-    @property
-    def row_template(self) -> str:
-        """What each row of a file becomes: `--prompt-template` when given (it names
-        {comment}), else the first text of a rules row's pair (`--rule-template`)."""
-        return self.prompt_template or self.rule_template
 
     def check(self) -> None:
         parse_buckets(self.buckets, self.max_len)
@@ -906,6 +901,12 @@ class Config:
     def task(self) -> Task:
         """The task's row of `jaxtpu.core.tasks.TASKS`, with the run's auxiliary targets."""
         return get_task(self.train.task).with_aux(self.train.aux, self.train.aux_weight)
+
+    @property
+    def text_format(self) -> TextFormat:
+        """How each row becomes text (`jaxtpu.core.textformat`), as these flags ask: the one
+        resolution of --prompt-template and --rule-template (`RunSpec` records it)."""
+        return TextFormat.of(self.data, self.task)
 
     @property
     def head_dropout(self) -> float:
