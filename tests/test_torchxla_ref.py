@@ -17,8 +17,11 @@ TINY = ["--preset", "tiny", "--log-every", "1"]
 
 @pytest.mark.e2e
 @pytest.mark.torch
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("task", ["toxicity", "ranking"])
+# Each task once and each precision once: the parity file's 8-device trajectories
+# (`test_loss_trajectories_8_devices`) run torch_xla SPMD on every task x precision and hold
+# each loss to jaxtpu's step for step; what this adds (compiles stay put, the metric) is
+# not a matter of the combination.
+@pytest.mark.parametrize("task, precision", [("toxicity", "bf16"), ("ranking", "fp32")])
 def test_spmd_8_devices_loss_goes_down_and_compiles_stay_put(tmp_path, task, precision):
     run = run_side(
         "torch",
