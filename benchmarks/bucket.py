@@ -40,12 +40,13 @@ def train_state(shape: dict) -> dict:
     import numpy as np
 
     from jaxtpu.core.hf.encoder import EncoderConfig
+    from jaxtpu.core.hf.modelspec import ModelSpec
     from jaxtpu.models.encoder import abstract_params, create_module
 
     enc = EncoderConfig.from_hf_dict(
         {"model_type": "bert", "vocab_size": 30522, "max_position_embeddings": 512, **shape}
     )
-    shapes = abstract_params(create_module(enc, 0.1, "fp32"), (128,))
+    shapes = abstract_params(create_module(ModelSpec(enc, head_dropout=0.1)), (128,))
     rng = np.random.default_rng(0)
 
     def fill(s):

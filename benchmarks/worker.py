@@ -117,8 +117,9 @@ def torch_xla_step(args: argparse.Namespace, cfg: Config) -> tuple[Callable, Cal
 
     parallel.configure_runtime(args.devices, args.parallel)
     strategy = parallel.make_strategy(args.parallel, args.devices)
-    enc = RunSpec.resolve(cfg).encoder
-    model = weights.load_model(enc, cfg.head_dropout, None, 0).to(strategy.device)
+    spec = RunSpec.resolve(cfg)
+    enc = spec.encoder
+    model = weights.load_model(spec.model_spec(cfg), None, 0).to(strategy.device)
     opt, sched = optim.make_optimizer(model, cfg.optim, Horizon(1000, 1000), args.devices)
     backend = XlaBackend(strategy, model, opt, sched, cfg, Path("/nonexistent"))
     batch = fixed_batch(args.batch, args.seq, enc.vocab_size)
@@ -137,8 +138,7 @@ def torch_cpu_trainer(
     from torchxla_ref import optim, steps, weights
 
     torch.set_num_threads(os.cpu_count() or 1)
-    enc = RunSpec.resolve(cfg).encoder
-    model = weights.load_model(enc, cfg.head_dropout, None, 0).to(device).train()
+    model = weights.load_model(RunSpec.resolve(cfg).model_spec(cfg), None, 0).to(device).train()
     opt, sched = optim.make_optimizer(model, cfg.optim, Horizon(1000, 1000), 1)
     if compiled:
         model = torch.compile(model)

@@ -26,6 +26,7 @@ from jaxtpu.core.data.readers import read_comments
 from jaxtpu.core.data.tokens import load_tokenizer, tokenize
 from jaxtpu.core.hf.encoder import EncoderConfig, read_encoder
 from jaxtpu.core.hf.families import get_family, rename
+from jaxtpu.core.hf.modelspec import ModelSpec
 
 FAULTS = {
     "ln-eps": "the layer's output LayerNorm with epsilon 1e-3 instead of the checkpoint's",
@@ -147,7 +148,7 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
 
     hosts.full_fp32_matmuls(jax.devices()[0].platform)  # as training sets it
     enc = encoder(args.model_dir)
-    module = models.create_module(enc, 0.0, args.precision)
+    module = models.create_module(ModelSpec(enc, precision=args.precision))
     template = models.init_params(module, ids.shape[1:], 0)
     params, kept = weights.load_params(
         args.model_dir, template, head_required=True, model_type=enc.model_type
@@ -211,7 +212,7 @@ def run_torch(args, ids, mask, labels, device_kind: str) -> dict[str, np.ndarray
         device = torch_xla.device()
     else:
         device = torch.device(device_kind)  # cpu, or cuda (plain torch on a GPU)
-    model = weights.load_model(enc, 0.0, args.model_dir, 0).to(device).eval()
+    model = weights.load_model(ModelSpec(enc), args.model_dir, 0).to(device).eval()
     scale = LOSS_SCALE.get(args.precision, 1.0)
     captured = {}
     encoded = {}

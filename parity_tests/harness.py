@@ -170,15 +170,7 @@ def shared_init(
         return out_dir
     cfg = get_preset(preset).replace(task=task, **overrides)
     spec = RunSpec.resolve(cfg)
-    model = weights.load_model(
-        spec.encoder,
-        cfg.head_dropout,
-        spec.model_dir,
-        seed,
-        spec.pooling,
-        outputs=spec.task.outputs,
-        head=spec.head,
-    )
+    model = weights.load_model(spec.model_spec(cfg), spec.model_dir, seed)
     classifier = None
     if spec.head == "hf":  # the family's own head: a *ForSequenceClassification directory
         labels = spec.task.score_columns(every=True)

@@ -19,6 +19,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import default_pooling, get_family
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.engine import weights
 from parity_tests.families import DECODER_NAMES, build
 
@@ -188,7 +189,8 @@ def test_the_token_head_scores_the_log_odds_of_two_answers_before_training(name,
     model = weights.load_model(cfg, spec)
     ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
     assert np.abs(ours - expected).max() < 1e-4
-    theirs = load_model(spec.encoder, 0.0, spec.weights, 0, "last", 1, "hf", -1, spec.answer_ids)
+    mine = ModelSpec(spec.encoder, pooling="last", head="hf", answers=spec.answer_ids)
+    theirs = load_model(mine, spec.weights, 0)
     with torch.no_grad():
         got = theirs.eval()(torch.from_numpy(ids), torch.from_numpy(mask)).double().numpy()
     assert np.abs(got - expected).max() < 1e-4
@@ -315,7 +317,8 @@ def test_a_decoder_classifier_exports_to_onnx_and_scores_as_jaxtpu(name, classif
     cfg = Config().replace(model_dir=str(clf_dir), precision="fp32", max_len=48, head="hf")
     spec = RunSpec.resolve(cfg, 1)
     model = weights.load_model(cfg, spec, head_required=True)
-    torch_model = load_model(spec.encoder, 0.0, clf_dir, 0, spec.pooling, 1, "hf").eval()
+    torch_model = load_model(ModelSpec(spec.encoder, pooling=spec.pooling, head="hf"), clf_dir, 0)
+    torch_model = torch_model.eval()
     path = onnxexport.export_onnx(torch_model, tmp_path / "model.onnx", spec.encoder)
     session = onnxexport.session(path)
     tok = load_tokenizer(clf_dir, spec.pad_id)

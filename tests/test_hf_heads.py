@@ -20,6 +20,7 @@ from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf.heads import HF_HEADS, classifier_fields, hf_pooling, read_classifier
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.core.tasks import LABELS
 from jaxtpu.engine import weights
 from parity_tests.families import FAMILY_NAMES, VARIANTS, build
@@ -124,9 +125,8 @@ def _check_onnx(export: Path, model, spec, path: Path) -> None:
     from torchxla_ref import onnxexport
     from torchxla_ref.weights import load_model
 
-    torch_model = load_model(
-        spec.encoder, 0.0, export, 0, spec.pooling, spec.task.outputs, "hf"
-    ).eval()
+    mine = ModelSpec(spec.encoder, pooling=spec.pooling, outputs=spec.task.outputs, head="hf")
+    torch_model = load_model(mine, export, 0).eval()
     onnxexport.export_onnx(torch_model, path, spec.encoder)
     fused_path = path.with_name("fused.onnx")
     fused = onnxexport.optimize_for_onnxruntime(path, fused_path)

@@ -13,6 +13,7 @@ import pytest
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.schema import Config, OptimConfig
 from jaxtpu.core.hf.kinds import LAYER_KINDS
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.core.schedules import describe_layer_rates, layer_lr_scale
 
 F, N, HEAD = 0.8, 4, 10.0
@@ -139,7 +140,7 @@ def test_torch_groups_give_each_parameter_the_flax_sides_rate():
         vocab_size=100,
     )
     cfg = OptimConfig(lr=1e-4, layer_lr_decay=0.7, head_lr=3e-3)
-    params = models.init_params(models.create_module(enc, 0.3, "fp32"), (4,), 0)
+    params = models.init_params(models.create_module(ModelSpec(enc, head_dropout=0.3)), (4,), 0)
     flax = {
         weights.param_name(tuple(k.key for k in path), "bert"): float(s)
         for path, s in jax.tree_util.tree_leaves_with_path(weights.lr_scales(params, enc, cfg))

@@ -15,6 +15,7 @@ from jaxtpu.core.data.readers import read_comments
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.core.lora import LoraSpec, held_in_bf16, initial_a, peft_key, trains
 
 TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -206,8 +207,8 @@ def test_a_lora_run_exports_a_peft_adapter_and_a_merged_model_that_score_as_it_d
     mask = batch["attention_mask"].numpy().astype(np.int32)
     jax_start = np.asarray(start.module.apply({"params": start.params}, ids, mask))
     assert np.abs(jax_start - theirs).max() < 1e-5 * max(1.0, np.abs(theirs).max())
-    twin = load_model(spec.encoder, 0.0, spec.weights, 3, "last", 1, "hf", -1, (), spec.lora,
-                      "fp32", spec.adapter).eval()  # fmt: skip
+    mine = ModelSpec(spec.encoder, pooling="last", head="hf", lora=spec.lora, adapter=spec.adapter)
+    twin = load_model(mine, spec.weights, 3).eval()
     with torch.no_grad():
         torch_start = twin(torch.from_numpy(ids), torch.from_numpy(mask)).double().numpy()
     assert np.abs(torch_start - theirs).max() < 1e-5 * max(1.0, np.abs(theirs).max())
@@ -235,7 +236,9 @@ def test_layer_rates_of_the_adapters_are_the_same_on_both_sides(tmp_path):
         for path, scale in flatten_dict(weights.load_model(cfg, spec).lr_scales).items()
         if path[-1] in ("lora_a", "lora_b") or path[0] != "bert"
     }
-    model = load_model(spec.encoder, 0.0, spec.weights, 0, "last", 1, "hf", -1, (), spec.lora)
+    model = load_model(
+        ModelSpec(spec.encoder, pooling="last", head="hf", lora=spec.lora), spec.weights, 0
+    )
     opt, _ = optim.make_optimizer(model, cfg.optim, Horizon(10, 10), 1)
     name = {id(p): n for n, p in model.named_parameters()}
     theirs = {

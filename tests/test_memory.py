@@ -16,6 +16,7 @@ from jaxtpu.core.flags import presets
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import jax_only_options
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.models import encoder as models
 from jaxtpu.models import layers
 
@@ -76,9 +77,9 @@ def test_stacking_layers_is_lossless_and_names_stay_hugging_face():
         intermediate_size=64,
         vocab_size=100,
     )
-    plain = models.init_params(models.create_module(enc, 0.0, "fp32"), (8,), 0)
+    plain = models.init_params(models.create_module(ModelSpec(enc)), (8,), 0)
     stacked = layers.stack_layers(plain)
-    scanned_shapes = models.param_shapes(models.create_module(enc, 0.0, "fp32", scan=True), (8,))
+    scanned_shapes = models.param_shapes(models.create_module(ModelSpec(enc, scan=True)), (8,))
     # the stacked tree is exactly the scanned model's tree
     assert jax.tree_util.tree_structure(stacked) == jax.tree_util.tree_structure(scanned_shapes)
     leaves = jax.tree_util.tree_leaves

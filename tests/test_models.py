@@ -15,6 +15,7 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.hf import directory as hf
 from jaxtpu.core.hf import tokenizer_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.engine import weights
 from jaxtpu.models import bert, ops
 from jaxtpu.models import encoder as models
@@ -48,7 +49,7 @@ def hf_model(minilm_dir):
 @pytest.fixture(scope="module")
 def flax_params(minilm_dir):
     enc = RunSpec.resolve(minilm()).encoder
-    module = models.create_module(enc, 0.3, "fp32")
+    module = models.create_module(ModelSpec(enc, head_dropout=0.3))
     template = models.init_params(module, (8,), 0)
     params, kept = weights.load_params(minilm_dir, template)
     assert sorted(kept) == ["classifier.bias", "classifier.weight"]  # only the new head
@@ -106,7 +107,7 @@ def test_roundtrip_hf_flax_hf_is_bit_identical(minilm_dir, flax_params, tmp_path
 @pytest.mark.model
 def test_checkpoint_of_another_size_names_the_first_mismatched_tensor(minilm_dir):
     enc = EncoderConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)
-    module = models.create_module(enc, 0.3, "fp32")
+    module = models.create_module(ModelSpec(enc, head_dropout=0.3))
     template = models.init_params(module, (8,), 0)
     with pytest.raises(
         CheckpointError,
@@ -119,7 +120,7 @@ def test_checkpoint_of_another_size_names_the_first_mismatched_tensor(minilm_dir
 def test_ranker_scores_each_comment_of_a_pair_with_the_same_head(flax_params, real_batch):
     enc, params = flax_params
     ids, mask = real_batch
-    model = models.create_module(enc, 0.2, "fp32")
+    model = models.create_module(ModelSpec(enc, head_dropout=0.2))
     single = model.apply({"params": params}, ids[:4], mask[:4])
     pairs = model.apply({"params": params}, ids[:4].reshape(2, 2, -1), mask[:4].reshape(2, 2, -1))
     assert pairs.shape == (2, 2) and pairs.dtype == jnp.float32
@@ -185,10 +186,10 @@ def test_bf16_matmul_results_reach_the_model_and_keep_fp32_logits():
     ids = np.random.default_rng(0).integers(1000, 20000, (4, 16)).astype(np.int32)
     mask = np.ones_like(ids)
 
-    params = models.init_params(models.create_module(enc, 0.0, "fp32"), (16,), 0)
+    params = models.init_params(models.create_module(ModelSpec(enc)), (16,), 0)
 
     def logits(precision, out):
-        module = models.create_module(enc, 0.0, precision, matmul_output=out)
+        module = models.create_module(ModelSpec(enc, precision=precision, matmul_output=out))
         return module, params, jax.jit(module.apply)({"params": params}, ids, mask)
 
     _, _, exact = logits("bf16", "fp32")
@@ -266,12 +267,12 @@ def test_text_pairs_get_the_tokenizers_token_types_on_both_sides(
     head = params["classifier"]
     expected = (pooled @ np.asarray(head["kernel"]) + np.asarray(head["bias"]))[:, 0]
     for segment_sep, close in ((sep, True), (-1, False)):
-        module = models.create_module(enc, 0.0, "fp32", segment_sep=segment_sep)
+        module = models.create_module(ModelSpec(enc, segment_sep=segment_sep))
         got = np.asarray(module.apply({"params": params}, ids, mask))
         diff = np.abs(got - expected).max()
         assert (diff <= 1e-4) == close, (segment_sep, diff)
 
-    torch_model = load_model(enc, 0.0, minilm_dir, 0, segment_sep=sep).eval()
+    torch_model = load_model(ModelSpec(enc, segment_sep=sep), minilm_dir, 0).eval()
     with torch.no_grad():
         got = torch_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         weight, bias = torch_model.classifier.weight.numpy(), torch_model.classifier.bias.numpy()

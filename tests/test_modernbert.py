@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.models import modernbert
 
 pytestmark = pytest.mark.model  # every test here runs layers of the Flax model
@@ -118,14 +119,14 @@ def test_a_scanned_stack_of_several_groups_is_the_unscanned_model():
     kinds = tuple("sliding_attention" if i % 3 else "full_attention" for i in range(7))
     enc = dataclasses.replace(ENC, num_hidden_layers=7, layer_types=kinds)
     assert scan_period(kinds) == 3
-    plain = models.init_params(models.create_module(enc, 0.0, "fp32"), (20,), 0)
+    plain = models.init_params(models.create_module(ModelSpec(enc)), (20,), 0)
     stacked = models.stack_for_scan(enc, plain)
     assert set(stacked["bert"]["encoder"]) == {"layer_0", "layers"}
     ids = jnp.asarray(np.random.default_rng(0).integers(1, 50, size=(2, 20)), jnp.int32)
     mask = jnp.ones_like(ids).at[1, 15:].set(0)
-    want = models.create_module(enc, 0.0, "fp32").apply({"params": plain}, ids, mask)
+    want = models.create_module(ModelSpec(enc)).apply({"params": plain}, ids, mask)
     for remat in ("none", "layer"):
-        module = models.create_module(enc, 0.0, "fp32", remat=remat, scan=True)
+        module = models.create_module(ModelSpec(enc, remat=remat, scan=True))
         got = module.apply({"params": stacked}, ids, mask)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     back = layers.unstack_layers(stacked)

@@ -11,6 +11,7 @@ import pytest
 from helpers import one_line_exit_2
 
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.hf.modelspec import ModelSpec
 
 pytest.importorskip("onnxruntime", reason="the ONNX export needs onnxruntime (jaxtpu[onnx])")
 
@@ -61,7 +62,7 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, onnx_e
 
     model = load_trained(finished_run)
     spec = model.spec
-    fp32 = create_module(spec.encoder, 0.0, "fp32", pooling=spec.pooling, head=spec.head)
+    fp32 = create_module(ModelSpec(spec.encoder, pooling=spec.pooling, head=spec.head))
     tok = load_tokenizer(out)  # the tokenizer the export ships
     fp32_session, int8_session = session(out / "model.onnx"), session(out / "model_int8.onnx")
     for n, length in ((1, 9), (len(TEXTS), 16), (3, 12)):  # batches and lengths never traced

@@ -9,6 +9,7 @@ import pytest
 
 from jaxtpu.core.flags.schema import OptimConfig
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.core.schedules import Horizon, learning_rate
 
 torch = pytest.importorskip("torch")
@@ -171,7 +172,7 @@ def test_no_decay_groups_match_between_sides():
         num_hidden_layers=1,
         vocab_size=100,
     )
-    params = models.init_params(models.create_module(enc, 0.3, "fp32"), (4,), 0)
+    params = models.init_params(models.create_module(ModelSpec(enc, head_dropout=0.3)), (4,), 0)
     mask = optim.decay_mask(params)
     jax_decay = sum(
         x.size

@@ -70,20 +70,8 @@ def build_backend(job: plan.Job, strategy: Any, devices: list[str]) -> XlaBacken
     from torchxla_ref import optim, weights
 
     cfg, spec = job.cfg, job.spec
-    model = weights.load_model(
-        spec.encoder,
-        cfg.head_dropout,
-        spec.weights,
-        cfg.train.seed,
-        spec.pooling,
-        spec.task.outputs,
-        spec.head,
-        spec.segment_sep,
-        spec.answer_ids,
-        spec.lora,
-        cfg.train.precision,
-        spec.adapter,
-    ).to(strategy.device)
+    model = weights.load_model(spec.model_spec(cfg), spec.weights, cfg.train.seed)
+    model = model.to(strategy.device)
     optimizer, scheduler = optim.make_optimizer(model, cfg.optim, job.plan.horizon, len(devices))
     n_params = sum(p.numel() for p in model.parameters())
     n_trained = sum(p.numel() for p in model.parameters() if p.requires_grad)

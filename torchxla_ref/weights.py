@@ -12,42 +12,33 @@ from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.heads import head_layout, hf_head
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.core.lora import LoraSpec, initial_a, peft_key, read_adapter, split_adapter
 from torchxla_ref.models import Classifier
 
 
-def load_model(
-    enc: EncoderConfig,
-    head_dropout: float,
-    model_dir: str | Path | None,
-    seed: int,
-    pooling: str | None = None,
-    outputs: int = 1,
-    head: str = "jaxtpu",
-    segment_sep: int = -1,
-    answers: tuple[int, ...] = (),
-    lora: LoraSpec | None = None,
-    precision: str = "fp32",
-    adapter: str | None = None,
-) -> Classifier:
-    """The model: seeded random init, then filled from `model_dir` (encoder, and head if the
-    directory has one) through `jaxtpu.core.hf.directory.fit_state_dict`, as on the JAX side.
-    Every key is accounted for: a tensor is either loaded or one the checks allow to keep its
-    init (a new head, a missing pooler), and `load_state_dict` runs strict. Encoder dropout
-    comes from `enc` either way. With `lora`, the loaded model then gets its adapters
-    (`add_adapters`)."""
+def load_model(spec: ModelSpec, model_dir: str | Path | None, seed: int) -> Classifier:
+    """The model of `spec` (`jaxtpu.core.hf.modelspec.ModelSpec`): seeded random init, then
+    filled from `model_dir` (encoder, and head if the directory has one) through
+    `jaxtpu.core.hf.directory.fit_state_dict`, as on the JAX side. Every key is accounted
+    for: a tensor is either loaded or one the checks allow to keep its init (a new head, a
+    missing pooler), and `load_state_dict` runs strict. Encoder dropout comes from the
+    encoder either way. With LoRA, the loaded model then gets its adapters (`add_adapters`)."""
+    enc = spec.encoder
     torch.manual_seed(seed)
-    model = Classifier(enc, head_dropout, pooling, outputs, head, segment_sep)
+    model = Classifier(
+        enc, spec.head_dropout, spec.pooling, spec.outputs, spec.head, spec.segment_sep
+    )
     if model_dir:
         state = model.state_dict()
         names = {_hf(k): k for k in state}
         expected = {hf: tuple(state[k].shape) for hf, k in names.items()}
-        layout = head_layout(enc.model_type, head, answers)
+        layout = head_layout(enc.model_type, spec.head, spec.answers)
         found, _ = fit_state_dict(model_dir, expected, layout=layout)
         state.update({names[k]: torch.from_numpy(v) for k, v in found.items()})
         model.load_state_dict(state, strict=True)
-    if lora:
-        add_adapters(model, lora, enc.model_type, seed, precision, adapter)
+    if spec.lora:
+        add_adapters(model, spec.lora, enc.model_type, seed, spec.precision, spec.adapter)
     return model
 
 

@@ -9,6 +9,7 @@ the JAX side that imports the reference (`benchmarks.codeshape.REFERENCE_IMPORTS
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 from jaxtpu.core.hf.directory import save_tensors
 from jaxtpu.core.hf.heads import classifier_fields, hf_head
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.core.hf.statedict import notebook_state_dict
 from jaxtpu.core.hf.tokenizer_dir import export_tokenizer
 from jaxtpu.core.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config, adapter_tensors
@@ -121,13 +123,10 @@ def onnx_export(
             f"--format onnx needs torch, onnx, onnxscript and onnxruntime ({e.name} is "
             "missing): pip install 'jaxtpu[torch,onnx]'"
         ) from None
-    spec, enc = model.spec, model.spec.encoder
-    pooling = model.module.pooling
+    enc = model.spec.encoder
     hf_dir = out / "hf"
     weights.save_hf(params, enc, hf_dir, None, head_meta, classifier)
-    torch_model = load_model(
-        enc, 0.0, hf_dir, 0, pooling, len(outputs), spec.head, spec.segment_sep
-    )
+    torch_model = load_model(_fp32_spec(model, len(outputs)), hf_dir, 0)
     shutil.rmtree(hf_dir)
     with tempfile.TemporaryDirectory(dir=out) as tmp:  # inside the staging directory
         raw = onnxexport.export_onnx(torch_model, Path(tmp) / "model.onnx", enc)
@@ -153,7 +152,7 @@ def onnx_export(
         "output": "logits (batch x labels); a label's probability is its sigmoid",
         "labels": outputs,
         "task": head_meta["task"],
-        "head": spec.head,
+        "head": model.spec.head,
         "max_len": model.cfg.data.max_len,
         # how a row became the text it scores (`jaxtpu serve --onnx` reads rows so)
         "text_format": model.spec.text_format.to_dict(),
@@ -183,7 +182,7 @@ def _onnx_differences(
     from jaxtpu.models.encoder import create_module
     from torchxla_ref import onnxexport
 
-    spec, fmt = model.spec, model.spec.text_format
+    fmt = model.spec.text_format
     texts: list[Any] = list(CHECK_TEXTS)
     template = templates.template_of(fmt)
     if template is not None:  # a rules row's pair, or each row's prompt: its columns a rule
@@ -195,15 +194,7 @@ def _onnx_differences(
         model.cfg.data.max_len,
         fmt.kind,
     )
-    fp32 = create_module(
-        spec.encoder,
-        0.0,
-        "fp32",
-        pooling=model.module.pooling,
-        outputs=outputs,
-        head=spec.head,
-        segment_sep=spec.segment_sep,
-    )
+    fp32 = create_module(_fp32_spec(model, outputs))
     ours = np.asarray(fp32.apply({"params": params}, ids, mask), np.float64)
     ours = ours.reshape(len(CHECK_TEXTS), -1)
     feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
@@ -211,6 +202,25 @@ def _onnx_differences(
         kind: float(np.abs(onnxexport.session(out / name).run(None, feeds)[0] - ours).max())
         for kind, name in files.items()
     }
+
+
+def _fp32_spec(model: Any, outputs: int) -> ModelSpec:
+    """The trained model as both sides build it for the ONNX graph and its check: fp32, no
+    dropout, no adapters (they are merged), its `outputs` (the task's, or every one), its
+    head the trained one the export holds (no answer tokens to start one from)."""
+    spec = model.spec.model_spec(model.cfg, scan=False)
+    return dataclasses.replace(
+        spec,
+        head_dropout=0.0,
+        precision="fp32",
+        outputs=outputs,
+        lora=None,
+        adapter=None,
+        answers=(),
+        remat="none",
+        matmul_output="fp32",
+        pooling=model.module.pooling,
+    )
 
 
 def task_head(params: dict, outputs: int, output: str = "classifier") -> dict:

@@ -16,7 +16,7 @@ import numpy as np
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.hf.encoder import EncoderConfig
-from jaxtpu.core.lora import LoraSpec
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.models import layers
 from jaxtpu.models.head import Classifier
 
@@ -24,59 +24,30 @@ from jaxtpu.models.head import Classifier
 COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 
 
-def create_module(
-    cfg: EncoderConfig,
-    head_dropout: float,
-    precision: str,
-    remat: str = "none",
-    scan: bool = False,
-    pooling: str | None = None,
-    outputs: int = 1,
-    matmul_output: str = "fp32",
-    head: str = "jaxtpu",
-    segment_sep: int = -1,
-    lora: LoraSpec | None = None,
-) -> Classifier:
-    """The model with fp32 storage and the compute dtype of `precision` (every task shares it;
-    `Task.example_shape` says what its inputs look like); `remat` is a key of `REMAT` or
-    'none'; `scan` runs the layers as one `nn.scan` (params as `stack_layers` makes them);
-    `pooling` one of `jaxtpu.core.hf.families.POOLINGS` (None = the family's default);
-    `matmul_output` the bf16 matmuls' result dtype ('fp32' or 'bf16'); `head` 'jaxtpu' or
-    'hf' (the family's own classification head); `segment_sep` the separator of text pairs'
-    token types (`RunSpec.segment_sep`, -1: none); `lora` the adapters on its dense layers
-    (`jaxtpu.models.layers.LoraDense`), or None."""
-    dtype = COMPUTE_DTYPES[precision]
+def create_module(spec: ModelSpec) -> Classifier:
+    """The Flax model of `spec` (`jaxtpu.core.hf.modelspec.ModelSpec`), with fp32 storage and
+    the compute dtype of its precision (every task shares it; `Task.example_shape` says what
+    its inputs look like); its `remat` a key of `REMAT` or 'none', `scan` the layers as one
+    `nn.scan` (params as `stack_layers` makes them), `lora` its adapters on the dense layers
+    (`jaxtpu.models.layers.LoraDense`)."""
     return Classifier(
-        dataclasses.replace(cfg, lora=lora),
-        head_dropout=head_dropout,
-        dtype=dtype,
+        dataclasses.replace(spec.encoder, lora=spec.lora),
+        head_dropout=spec.head_dropout,
+        dtype=COMPUTE_DTYPES[spec.precision],
         param_dtype=jnp.float32,
-        matmul_out=jnp.bfloat16 if matmul_output == "bf16" else jnp.float32,
-        remat=remat,
-        scan=scan,
-        pooling=pooling or cfg.default_pooling,
-        outputs=outputs,
-        head=head,
-        segment_sep=segment_sep,
+        matmul_out=jnp.bfloat16 if spec.matmul_output == "bf16" else jnp.float32,
+        remat=spec.remat,
+        scan=spec.scan,
+        pooling=spec.pooling or spec.encoder.default_pooling,
+        outputs=spec.outputs,
+        head=spec.head,
+        segment_sep=spec.segment_sep,
     )
 
 
 def for_run(cfg: Config, spec: RunSpec, scan: bool | None = None) -> Classifier:
-    """The module a run trains (its encoder, precision, head and its dropout, remat, pooling,
-    and as many outputs as the task scores); `scan` defaults to the run's --scan-layers."""
-    return create_module(
-        spec.encoder,
-        cfg.head_dropout,
-        cfg.train.precision,
-        cfg.model.remat,
-        cfg.model.scan_layers if scan is None else scan,
-        spec.pooling,
-        spec.task.outputs,
-        spec.matmul_output,
-        spec.head,
-        spec.segment_sep,
-        spec.lora,
-    )
+    """The module a run trains (`RunSpec.model_spec`); `scan` defaults to --scan-layers."""
+    return create_module(spec.model_spec(cfg, scan))
 
 
 def stack_for_scan(enc: EncoderConfig, params: dict) -> dict:

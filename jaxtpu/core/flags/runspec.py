@@ -27,6 +27,7 @@ from jaxtpu.core.hf.encoder import (
 )
 from jaxtpu.core.hf.families import default_pooling
 from jaxtpu.core.hf.heads import hf_pooling
+from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.core.hf.tokenizer_dir import answer_ids, separator_id
 from jaxtpu.core.lora import LoraSpec, is_adapter_dir, peft_targets, read_adapter
 from jaxtpu.core.storage import local_input
@@ -174,6 +175,26 @@ class RunSpec:
             lora=model.lora,
             adapter=adapter,
             text_format=fmt,
+        )
+
+    def model_spec(self, cfg: Config, scan: bool | None = None) -> ModelSpec:
+        """The model this run builds on either side (`ModelSpec`): its encoder, head and its
+        dropout, pooling, outputs, separator, answers, LoRA, adapter and precision, and the
+        JAX side's compile options (`scan`: the run's --scan-layers unless given)."""
+        return ModelSpec(
+            self.encoder,
+            head_dropout=cfg.head_dropout,
+            precision=cfg.train.precision,
+            pooling=self.pooling,
+            outputs=self.task.outputs,
+            head=self.head,
+            segment_sep=self.segment_sep,
+            answers=self.answer_ids,
+            lora=self.lora,
+            adapter=self.adapter,
+            remat=cfg.model.remat,
+            scan=cfg.model.scan_layers if scan is None else scan,
+            matmul_output=self.matmul_output,
         )
 
     @property
