@@ -6,8 +6,6 @@ params initialised, abstract (shapes only) or as zeros. The layers are in `jaxtp
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -31,7 +29,7 @@ def create_module(spec: ModelSpec) -> Classifier:
     `nn.scan` (params as `stack_layers` makes them), `lora` its adapters on the dense layers
     (`jaxtpu.models.layers.LoraDense`)."""
     return Classifier(
-        dataclasses.replace(spec.encoder, lora=spec.lora),
+        layers.LayerConfig.of(spec.encoder, spec.lora),
         head_dropout=spec.head_dropout,
         dtype=COMPUTE_DTYPES[spec.precision],
         param_dtype=jnp.float32,

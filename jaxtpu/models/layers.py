@@ -6,6 +6,7 @@ Architecture only: knows nothing of devices."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from functools import partial
 
 import flax.linen as nn
@@ -19,6 +20,19 @@ from jaxtpu.core.lora import LoraSpec
 from jaxtpu.models import ops
 
 Dtype = jnp.dtype
+
+
+@dataclass(frozen=True)
+class LayerConfig(EncoderConfig):
+    """What the Flax layers read: the encoder's architecture (the checkpoint's config.json)
+    and what the run adds to its dense layers, LoRA's adapters (`jaxtpu.core.lora`), which
+    the checkpoint's record (`EncoderConfig`) never carries (`create_module` makes this)."""
+
+    lora: LoraSpec | None = None
+
+    @classmethod
+    def of(cls, enc: EncoderConfig, lora: LoraSpec | None) -> LayerConfig:
+        return cls(**{f.name: getattr(enc, f.name) for f in fields(enc)}, lora=lora)
 
 
 def dense(
@@ -36,10 +50,11 @@ def dense(
     if ops.is_half(dtype):
         half = jnp.dtype(dtype).type
         extra = {"dot_general": partial(ops.mixed_dot_general, out=out, half=half)}
-    if cfg.lora and name in cfg.lora.targets:
+    lora = getattr(cfg, "lora", None)  # a `LayerConfig`'s; a bare encoder's has none
+    if lora and name in lora.targets:
         return LoraDense(
             features,
-            cfg.lora,
+            lora,
             use_bias=use_bias,
             dtype=dtype,
             param_dtype=param_dtype,

@@ -16,7 +16,6 @@ from jaxtpu.core import storage
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.hf.families import FAMILIES, Family, get_family, read_fields, write_fields
 from jaxtpu.core.hf.heads import ClassifierConfig, is_classifier, read_classifier
-from jaxtpu.core.lora import LoraSpec
 
 log = logging.getLogger("jaxtpu")
 
@@ -75,9 +74,6 @@ class EncoderConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_scaling: tuple[float, ...] = ()
-    # Not the checkpoint's: a LoRA run's adapters (`jaxtpu.core.lora`), which the model's
-    # dense layers read (`jaxtpu.models.encoder.create_module` sets it); never in config.json
-    lora: LoraSpec | None = None
 
     @property
     def attention_head_size(self) -> int:
