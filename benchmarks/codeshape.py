@@ -110,6 +110,10 @@ def definitions(kind: type, root: Path | None = None) -> list[tuple[int, str]]:
 # here with the reason each is one.
 FUNCTION_LINES = 80
 MODULE_LINES = 600
+# A command's module parses, checks, calls the library and says what it did: no more lines
+# than this (issue 64, item 4). The commands: jaxtpu/X.py and jaxtpu/X/command.py.
+COMMAND_LINES = 200
+NOT_COMMANDS = ("__init__.py", "__main__.py", "api.py")  # the package and the Python API
 TABLES = {
     "jaxtpu/core/flags/schema.py": (
         "the flag table: every flag of a run is a field of its section's dataclass with its "
@@ -121,7 +125,7 @@ TABLES = {
 
 def over_limits(root: Path | None = None) -> list[str]:
     """What crosses the limits, one line each: a function over `FUNCTION_LINES` lines, a
-    module over `MODULE_LINES` (the `TABLES` excepted)."""
+    module over `MODULE_LINES` (the `TABLES` excepted), a command over `COMMAND_LINES`."""
     root = root or ROOT
     out = [
         f"{where}: {size} lines, over {FUNCTION_LINES} for a function"
@@ -134,7 +138,20 @@ def over_limits(root: Path | None = None) -> list[str]:
             lines = _lines(path)
             if lines > MODULE_LINES and rel not in TABLES:
                 out.append(f"{rel}: {lines} lines, over {MODULE_LINES} for a module")
+    for path in commands(root):
+        lines = _lines(path)
+        if lines > COMMAND_LINES:
+            rel = path.relative_to(root).as_posix()
+            out.append(f"{rel}: {lines} lines, over {COMMAND_LINES} for a command")
     return out
+
+
+def commands(root: Path | None = None) -> list[Path]:
+    """The commands' modules: `jaxtpu/X.py` (but the package's and the API's) and a command
+    package's `jaxtpu/X/command.py`."""
+    top = (root or ROOT) / "jaxtpu"
+    found = [p for p in sorted(top.glob("*.py")) if p.name not in NOT_COMMANDS]
+    return found + sorted(top.glob("*/command.py"))
 
 
 # The layers, top to bottom, each a set of module-name prefixes (a module belongs to the layer

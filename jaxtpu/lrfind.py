@@ -31,54 +31,12 @@ from jaxtpu.core.flags.cli import parse_with
 from jaxtpu.core.flags.commands import add_command_flags, check_command_flags
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import JAX_STRATEGIES, Config, require_strategy
+from jaxtpu.core.lrsweep import DIVERGED, smooth, suggest, sweep_rate
 from jaxtpu.core.run import plan
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.engine.build import build_backend
 
 log = logging.getLogger("jaxtpu")
-
-SMOOTHING = 0.98  # fastai's exponential moving average of the loss (bias-corrected)
-DIVERGED = 4.0  # stop once the smoothed loss exceeds this x its minimum (fastai's stop_div)
-SKIP_START = 0.1  # the first share of the steps is left out of the suggestion (Lightning's)
-
-
-def sweep_rate(step: Any, start: float, end: float, steps: int, xp: Any = np) -> Any:
-    """The rate of optimizer update `step` (0-based): start x (end / start)^(step / (steps - 1))."""
-    frac = xp.minimum(xp.asarray(step, xp.float32) / max(steps - 1, 1), 1.0)
-    return start * (end / start) ** frac
-
-
-def smooth(losses: Sequence[float], beta: float = SMOOTHING) -> np.ndarray:
-    """Bias-corrected exponential moving average: avg_i = beta avg_(i-1) + (1 - beta) loss_i,
-    reported as avg_i / (1 - beta^(i+1))."""
-    out, avg = [], 0.0
-    for i, x in enumerate(losses):
-        avg = beta * avg + (1 - beta) * x
-        out.append(avg / (1 - beta ** (i + 1)))
-    return np.asarray(out)
-
-
-def suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, str]:
-    """The suggested rate and why: the steepest descent of the smoothed loss against log10(lr)
-    (Lightning's rule), among the steps after the first tenth and up to the smoothed loss's
-    minimum (past it the loss rises: those rates are too high). None when the loss never
-    falls there."""
-    n = len(lrs)
-    lo, hi = max(int(n * SKIP_START), 1), int(np.argmin(smoothed))
-    if hi - lo < 2:
-        return None, (
-            "the smoothed loss reaches its minimum in the first steps: no falling stretch to "
-            "suggest from (lower --start-lr, or more --lr-find-steps)"
-        )
-    slope = np.gradient(smoothed[lo : hi + 1], np.log10(lrs[lo : hi + 1]))[:-1]  # not the min
-    i = lo + int(np.argmin(slope))
-    if slope[i - lo] >= 0:
-        return None, "the smoothed loss does not fall over the sweep"
-    why = (
-        f"steepest descent of the smoothed loss (step {i + 1}, slope {slope[i - lo]:.3g} per "
-        f"decade), below the minimum at lr {lrs[hi]:.3g}"
-    )
-    return float(lrs[i]), why
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

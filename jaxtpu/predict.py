@@ -22,15 +22,14 @@ from typing import Any
 
 from jaxtpu.core import storage
 from jaxtpu.core.data import readers
-from jaxtpu.core.data.filekinds import FileKind, described, kind_of
+from jaxtpu.core.data.filekinds import kind_of
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.severity import parse_label_weights
 from jaxtpu.core.storage import check_output_path
-from jaxtpu.core.tasks import LABELS
-from jaxtpu.engine.predictions import Progress, predict_stream
+from jaxtpu.engine.predictions import Progress, check_fits, predict_stream, resume_of
 from jaxtpu.engine.scoring import (
     Scorer,
     check_ensemble,
@@ -96,10 +95,11 @@ def _score(args: argparse.Namespace, out: Path) -> int:
     else:
         models = [load_model_dir(args.model_dir, _max_len(args))]
     kind = kind_of(header)
-    _check_models(args, models, kind)
-    progress = Progress(out, _work(args))
+    work = _work(args)
+    check_fits(args.input, work, models, kind)
+    progress = Progress(out, work)
     with progress.held():
-        resume = _resume(progress, args)
+        resume = resume_of(progress, args.resume, args.overwrite)
         scorers = [Scorer(m, devices, args.batch_size, not args.no_calibration) for m in models]
         rows, empty, written = predict_stream(scorers, args.input, progress, kind, resume)
     if empty:
@@ -146,65 +146,6 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
 
 
-def _check_models(args: argparse.Namespace, models: list[Any], kind: FileKind | None) -> None:
-    """The flags that do not fit the models loaded or the kind of file (`kind`: the input's,
-    `jaxtpu.core.data.filekinds`), read from the task's and the kind's records."""
-    task = models[0].spec.task
-    severity = kind is not None and kind.severity
-    if kind is None or kind.name not in task.predicts:
-        found = kind.what if kind else "a file of unknown layout"
-        raise UserError(
-            f"--input {args.input}: a {task.name} model scores {described(task.predicts)}; "
-            f"this is {found}"
-        )
-    if args.pseudo_label and not kind.pseudo_labels:
-        raise UserError(
-            f"--pseudo-label writes comments with toxicity targets; {kind.what} is scored as "
-            f"{kind.id_column},{','.join(task.label_columns)} ({kind.instead} instead)"
-        )
-    if args.rank_by_rule and not kind.by_rule:
-        raise UserError(
-            "--rank-by-rule ranks a rules model's scores within each rule of an Agile Community "
-            "Rules file; this is not one"
-        )
-    if args.label_weights and not (severity and task.label_columns == LABELS):
-        raise UserError(
-            "--label-weights scores a Rate Severity file (comment_id, text) with a "
-            f"multilabel model; this is a {task.name} model on "
-            f"{'that file' if severity else 'a file of another kind'}"
-        )
-    if args.all_outputs and (severity or len({m.spec.task.aux_columns for m in models}) > 1):
-        raise UserError(
-            "--all-outputs writes every output of one kind of model to a classification "
-            "file's scores; "
-            + (
-                "a Rate Severity file gets one score per comment"
-                if severity
-                else "these runs have different --aux-columns"
-            )
-        )
-    if args.pseudo_label and (task.comments_per_example == 2 or args.all_outputs):
-        raise UserError(
-            "--pseudo-label writes a classification model's probabilities as training "
-            "targets; "
-            + (
-                "drop --all-outputs (the file holds the task's own labels)"
-                if args.all_outputs
-                else "a ranker's scores are not probabilities"
-            )
-        )
-    if (
-        severity
-        and task.main_outputs > 1
-        and task.label_columns != LABELS
-        and not args.pseudo_label
-    ):
-        raise UserError(
-            f"--input {args.input}: a Rate Severity file needs one score per comment; "
-            f"this {task.name} model scores {', '.join(task.label_columns)}"
-        )
-
-
 def _max_len(args: argparse.Namespace) -> int:
     """--max-len of a model scored without a run, or the scoring default."""
     return args.max_len or SCORING.max_len
@@ -231,32 +172,6 @@ def _work(args: argparse.Namespace) -> dict[str, Any]:
         "rank_by_rule": args.rank_by_rule,
         "calibrated": not args.no_calibration,
     }
-
-
-def _resume(progress: Progress, args: argparse.Namespace) -> dict[str, Any] | None:
-    """The stopped predict to continue (--resume), or None to start afresh; a stopped one is
-    never overwritten silently."""
-    out = progress.output
-    stopped = progress.stopped()
-    if stopped is None or not progress.partial.exists():
-        if args.resume:
-            raise UserError(f"--resume: no stopped predict into --output {out} to continue")
-        return None
-    if not args.resume:
-        if args.overwrite:
-            return None
-        raise UserError(
-            f"--output {out}: a predict into it stopped after {stopped.get('rows', 0)} rows; "
-            "pass --resume to continue it or --overwrite to start again"
-        )
-    for key, value in progress.work.items():
-        if stopped.get(key) != value:
-            raise UserError(
-                f"--resume: the stopped predict into {out} had {key} {stopped.get(key)!r}, "
-                f"this one {value!r}; continue it with the same input and settings, or pass "
-                "--overwrite to start again"
-            )
-    return stopped
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from helpers import TINY, one_line_exit_2
 
 from jaxtpu import launch
 from jaxtpu.core.errors import UserError
+from jaxtpu.core.run import tpuvm
 
 
 def test_the_workers_run_train_with_resume_and_a_coordinator_on_a_slice():
@@ -61,7 +62,7 @@ ARGV = ["--tpu", "t", "--zone", "us-west9-z", "--accelerator-type", "v5litepod-8
 
 def _launch(monkeypatch, capsys, answers, finished=False):
     script = ScriptedGcloud(answers)
-    monkeypatch.setattr(launch.Gcloud, "_run", script)
+    monkeypatch.setattr(tpuvm.Gcloud, "_run", script)
     monkeypatch.setattr(launch, "finished", lambda workdir: finished)
     try:
         code = launch.main([*ARGV, "--", *TINY, "--workdir", "gs://b/r"])
@@ -76,7 +77,7 @@ def test_a_notice_before_describes_json_is_skipped(monkeypatch, capsys):
     answers = {"describe": [(0, notice + READY_VM[1], "")], "ssh": [(0, "", "")]}
     code, _, calls = _launch(monkeypatch, capsys, answers, finished=True)
     assert code == 0 and calls == ["describe", "ssh"]
-    assert launch.vm_record("no json here {") is None
+    assert tpuvm.vm_record("no json here {") is None
     code, out, _ = _launch(monkeypatch, capsys, {"describe": [(0, "WARNING: a notice\n", "")]})
     assert code == 2 and out.err.strip().endswith("printed no JSON object: WARNING: a notice")
 

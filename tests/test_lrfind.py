@@ -11,27 +11,28 @@ import pytest
 from helpers import one_line_exit_2
 
 from jaxtpu import lrfind
+from jaxtpu.core import lrsweep
 
 
 def test_the_rate_grows_exponentially_from_start_to_end():
-    rates = [float(lrfind.sweep_rate(i, 1e-6, 1e-1, 11)) for i in range(11)]
+    rates = [float(lrsweep.sweep_rate(i, 1e-6, 1e-1, 11)) for i in range(11)]
     np.testing.assert_allclose(rates, np.logspace(-6, -1, 11), rtol=1e-5)
 
 
 def test_the_smoothing_is_a_bias_corrected_moving_average():
-    np.testing.assert_allclose(lrfind.smooth([2.0] * 5), [2.0] * 5)  # no lag toward 0
+    np.testing.assert_allclose(lrsweep.smooth([2.0] * 5), [2.0] * 5)  # no lag toward 0
     beta, x = 0.5, [1.0, 3.0]
-    assert lrfind.smooth(x, beta)[1] == pytest.approx((0.25 * 1 + 0.5 * 3) / (1 - 0.25))
+    assert lrsweep.smooth(x, beta)[1] == pytest.approx((0.25 * 1 + 0.5 * 3) / (1 - 0.25))
 
 
 def test_the_suggestion_is_the_steepest_fall_before_the_minimum():
     lrs = np.logspace(-7, 0, 71)
     # flat, then falling fastest around 1e-3, a minimum at 1e-2, then rising
     loss = 1.0 - 0.5 / (1 + np.exp(-3 * (np.log10(lrs) + 3))) + np.maximum(np.log10(lrs) + 2, 0)
-    lr, why = lrfind.suggest(lrs, loss)
+    lr, why = lrsweep.suggest(lrs, loss)
     assert lr == pytest.approx(1e-3, rel=0.3) and "steepest descent" in why
-    assert lrfind.suggest(lrs, np.linspace(1, 2, 71))[0] is None  # never falls
-    lr, why = lrfind.suggest(lrs, np.linspace(2, 1, 71) * 0 + np.r_[0.5, np.ones(70)])
+    assert lrsweep.suggest(lrs, np.linspace(1, 2, 71))[0] is None  # never falls
+    lr, why = lrsweep.suggest(lrs, np.linspace(2, 1, 71) * 0 + np.r_[0.5, np.ones(70)])
     assert lr is None and "first steps" in why
 
 

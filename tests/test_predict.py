@@ -276,17 +276,17 @@ def _models(task_name: str, aux: tuple[str, ...] = ()) -> list:
 def test_predict_refuses_a_file_or_flag_its_model_and_the_file_kind_do_not_fit(
     task, header, flags, message
 ):
-    """`predict._check_models` reads the task's `predicts` and the file kind's record
+    """`predictions.check_fits` reads the task's `predicts` and the file kind's record
     (`core/data/filekinds.py`): each refusal is one line, before anything is scored."""
     from types import SimpleNamespace
 
-    from jaxtpu import predict
     from jaxtpu.core.data.filekinds import kind_of
+    from jaxtpu.engine.predictions import check_fits
 
     args = dict(input="in.csv", pseudo_label=False, rank_by_rule=False, label_weights="")
     args = SimpleNamespace(**{**args, "all_outputs": False, **flags})
     with pytest.raises(UserError, match=message):
-        predict._check_models(args, _models(task), kind_of(header))
+        check_fits(args.input, vars(args), _models(task), kind_of(header))
     # what fits passes: each task on a file it scores, the flags that go with it
     fits = [
         ("rules", ["body", "rule"], {"rank_by_rule": True}),
@@ -295,11 +295,8 @@ def test_predict_refuses_a_file_or_flag_its_model_and_the_file_kind_do_not_fit(
         ("ranking", ["comment_id", "text"], {}),
     ]
     for task_name, fitting, more in fits:
-        predict._check_models(
-            SimpleNamespace(**{**vars(args), **dict.fromkeys(flags, False), **more}),
-            _models(task_name),
-            kind_of(fitting),
-        )
+        fine = {**vars(args), **dict.fromkeys(flags, False), **more}
+        check_fits(args.input, fine, _models(task_name), kind_of(fitting))
 
 
 def test_every_file_kind_a_task_names_is_in_the_table_and_headers_match_in_order():

@@ -18,18 +18,19 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jaxtpu.core import files, metrics
 from jaxtpu.core.data import readers
-from jaxtpu.core.data.filekinds import BY_NAME, FileKind
+from jaxtpu.core.data.filekinds import BY_NAME, FileKind, described
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import write_text
 from jaxtpu.core.severity import parse_label_weights
 from jaxtpu.core.severity import severity as weighted_severity
-from jaxtpu.core.tasks import SEVERITY_WEIGHTS
+from jaxtpu.core.tasks import LABELS, SEVERITY_WEIGHTS
 from jaxtpu.core.textformat import PROMPT
 
 if TYPE_CHECKING:
@@ -270,3 +271,91 @@ def outputs(
             scores = weighted_severity(metrics.probability(scores), weights)
         return [kind.id_column, "score"], np.asarray(scores, np.float64).reshape(-1, 1)
     return [kind.id_column, *task.score_columns(every)], task.predictions(scores, every)
+
+
+def check_fits(source: str, work: dict[str, Any], models: list[Any], kind: FileKind | None) -> None:
+    """Refuses what a predict's `work` (its flags, `jaxtpu.predict`) asks that does not fit
+    the models loaded or the kind of its input (`kind`, `jaxtpu.core.data.filekinds`), as read
+    from the task's and the kind's records: one line each, before anything is scored
+    (`source`: the --input as given)."""
+    args = SimpleNamespace(**{**work, "input": source})
+    task = models[0].spec.task
+    severity = kind is not None and kind.severity
+    if kind is None or kind.name not in task.predicts:
+        found = kind.what if kind else "a file of unknown layout"
+        raise UserError(
+            f"--input {args.input}: a {task.name} model scores {described(task.predicts)}; "
+            f"this is {found}"
+        )
+    if args.pseudo_label and not kind.pseudo_labels:
+        raise UserError(
+            f"--pseudo-label writes comments with toxicity targets; {kind.what} is scored as "
+            f"{kind.id_column},{','.join(task.label_columns)} ({kind.instead} instead)"
+        )
+    if args.rank_by_rule and not kind.by_rule:
+        raise UserError(
+            "--rank-by-rule ranks a rules model's scores within each rule of an Agile Community "
+            "Rules file; this is not one"
+        )
+    if args.label_weights and not (severity and task.label_columns == LABELS):
+        raise UserError(
+            "--label-weights scores a Rate Severity file (comment_id, text) with a "
+            f"multilabel model; this is a {task.name} model on "
+            f"{'that file' if severity else 'a file of another kind'}"
+        )
+    if args.all_outputs and (severity or len({m.spec.task.aux_columns for m in models}) > 1):
+        raise UserError(
+            "--all-outputs writes every output of one kind of model to a classification "
+            "file's scores; "
+            + (
+                "a Rate Severity file gets one score per comment"
+                if severity
+                else "these runs have different --aux-columns"
+            )
+        )
+    if args.pseudo_label and (task.comments_per_example == 2 or args.all_outputs):
+        raise UserError(
+            "--pseudo-label writes a classification model's probabilities as training "
+            "targets; "
+            + (
+                "drop --all-outputs (the file holds the task's own labels)"
+                if args.all_outputs
+                else "a ranker's scores are not probabilities"
+            )
+        )
+    if (
+        severity
+        and task.main_outputs > 1
+        and task.label_columns != LABELS
+        and not args.pseudo_label
+    ):
+        raise UserError(
+            f"--input {args.input}: a Rate Severity file needs one score per comment; "
+            f"this {task.name} model scores {', '.join(task.label_columns)}"
+        )
+
+
+def resume_of(progress: Progress, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+    """The stopped predict to continue (--resume), or None to start afresh; a stopped one is
+    never overwritten silently."""
+    out = progress.output
+    stopped = progress.stopped()
+    if stopped is None or not progress.partial.exists():
+        if resume:
+            raise UserError(f"--resume: no stopped predict into --output {out} to continue")
+        return None
+    if not resume:
+        if overwrite:
+            return None
+        raise UserError(
+            f"--output {out}: a predict into it stopped after {stopped.get('rows', 0)} rows; "
+            "pass --resume to continue it or --overwrite to start again"
+        )
+    for key, value in progress.work.items():
+        if stopped.get(key) != value:
+            raise UserError(
+                f"--resume: the stopped predict into {out} had {key} {stopped.get(key)!r}, "
+                f"this one {value!r}; continue it with the same input and settings, or pass "
+                "--overwrite to start again"
+            )
+    return stopped

@@ -31,18 +31,18 @@ from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.cli import parse_with
 from jaxtpu.core.flags.commands import add_command_flags
 from jaxtpu.core.flags.runspec import RunSpec
-from jaxtpu.core.hardware import precision_problem
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.storage import check_output_path
 from jaxtpu.preflight.fit import check, find_batch, options
 from jaxtpu.preflight.lowering import save_programs
-from jaxtpu.preflight.report import Report, gib, say, table
+from jaxtpu.preflight.report import Report, say, table
 from jaxtpu.preflight.speed import add_epoch, training_examples
 from jaxtpu.preflight.targets import (
     GPU_TARGETS,
     TARGETS,
     TPU_TARGETS,
-    memory_fraction,
+    check_gpu_target,
+    describe_target,
     platform_of,
     target_devices,
 )
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             RunSpec.resolve(c, len(devices), platform)
         print(
             f"preflight: {len(configs)} configuration(s) for {args.target} "
-            f"({_describe(args.target, devices, capacity)}), "
+            f"({describe_target(args.target, devices, capacity)}), "
             f"{cfg.train.task}, {cfg.train.precision}, max_len {cfg.data.max_len}, model "
             f"{cfg.model.model_dir or 'random init'}",
             file=sys.stderr,
@@ -148,36 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _describe(target: str, devices: list[Any], capacity: int) -> str:
-    """The target's devices and the memory each gives, for the first log line."""
-    if target not in GPU_TARGETS:
-        return f"{len(devices)} x {devices[0].device_kind}, {gib(capacity)} each"
-    gpu = GPU_TARGETS[target]
-    return (
-        f"{gpu.count} x {gpu.chip.device_kind}, {gib(capacity)} each: {memory_fraction():.0%} "
-        f"of {gpu.chip.memory_gib:g} GiB; estimated on {len(devices)} host CPU device(s)"
-    )
-
-
 def _check_target_flags(args: argparse.Namespace, precision: str) -> None:
     """What the target and --save-programs allow, before anything compiles."""
     if args.target in GPU_TARGETS:
-        _check_gpu(args.target, precision, args.save_programs)
+        check_gpu_target(args.target, precision, args.save_programs)
     if args.save_programs:
         _check_programs_dir(args.save_programs, args)
-
-
-def _check_gpu(target: str, precision: str, save_programs: str | None) -> None:
-    """A GPU target's precision (bf16 on a GPU without bfloat16 is refused, as training there
-    refuses it), and no --save-programs: nothing is compiled for the GPU."""
-    if save_programs:
-        raise ConfigError(
-            f"--save-programs {save_programs}: --target {target} is estimated, not compiled "
-            "for (the CUDA compiler needs the GPU); there are no programs to save"
-        )
-    problem = precision_problem(precision, "gpu", GPU_TARGETS[target].chip.compute_capability)
-    if problem and problem[0] == "error":
-        raise ConfigError(f"--target {target}: {problem[1]}")
 
 
 def _check_programs_dir(where: str, args: argparse.Namespace) -> None:

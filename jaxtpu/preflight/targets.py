@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxtpu.core.errors import ConfigError, DeviceError
-from jaxtpu.core.hardware import GPU_CHIPS, TPU_CHIPS, GiB, GpuChip, TpuChip
+from jaxtpu.core.hardware import GPU_CHIPS, TPU_CHIPS, GiB, GpuChip, TpuChip, precision_problem
+from jaxtpu.preflight.report import gib
 
 
 @dataclass(frozen=True)
@@ -221,3 +222,27 @@ def platform_of(devices: list[Any], target: str = "") -> str:
     if target in GPU_TARGETS:
         return "gpu"
     return devices[0].platform if devices else ""
+
+
+def describe_target(target: str, devices: list[Any], capacity: int) -> str:
+    """The target's devices and the memory each gives, for the first log line."""
+    if target not in GPU_TARGETS:
+        return f"{len(devices)} x {devices[0].device_kind}, {gib(capacity)} each"
+    gpu = GPU_TARGETS[target]
+    return (
+        f"{gpu.count} x {gpu.chip.device_kind}, {gib(capacity)} each: {memory_fraction():.0%} "
+        f"of {gpu.chip.memory_gib:g} GiB; estimated on {len(devices)} host CPU device(s)"
+    )
+
+
+def check_gpu_target(target: str, precision: str, save_programs: str | None) -> None:
+    """A GPU target's precision (bf16 on a GPU without bfloat16 is refused, as training there
+    refuses it), and no --save-programs: nothing is compiled for the GPU."""
+    if save_programs:
+        raise ConfigError(
+            f"--save-programs {save_programs}: --target {target} is estimated, not compiled "
+            "for (the CUDA compiler needs the GPU); there are no programs to save"
+        )
+    problem = precision_problem(precision, "gpu", GPU_TARGETS[target].chip.compute_capability)
+    if problem and problem[0] == "error":
+        raise ConfigError(f"--target {target}: {problem[1]}")
