@@ -242,18 +242,21 @@ def scoring(out: Path, dry: bool) -> list[dict]:
 
 
 def table(report: dict[str, Any]) -> str:
-    """The report as Markdown."""
+    """The report as Markdown: a table of each part that has rows, and each failed part."""
     j, t = report["devices"]["jax"], report["devices"]["torch"]
     lines = [
         f"device check{' (dry run: tiny shapes, not figures)' if report['dry_run'] else ''}: "
         f"jax {j['count']} x {j['kind']} ({j['platform']}), torch {t['name']}; "
         f"{report['seconds']:.0f} s",
-        "",
-        *([f"{j['versions']}; {t['versions']}", ""] if "versions" in j else []),
-        "| parity | logits max abs diff (bound) | worst gradient rel diff (bound) | ok |",
-        "|---|---|---|---|",
+        *(["", f"{j['versions']}; {t['versions']}"] if "versions" in j else []),
     ]
-    for r in report["parity"]:
+    if report.get("parity"):
+        lines += [
+            "",
+            "| parity | logits max abs diff (bound) | worst gradient rel diff (bound) | ok |",
+        ]
+        lines.append("|---|---|---|---|")
+    for r in report.get("parity", []):
         grad = f"{r['grad_worst_rel_diff']:.2g}" + (
             f" ({r['grad_bound']:g})" if r["grad_bound"] else " (reported)"
         )
@@ -263,15 +266,17 @@ def table(report: dict[str, Any]) -> str:
             f"| {r['precision']} | {r['logits_max_abs_diff']:.2g} ({r['logits_bound']:g}) | "
             f"{grad} | {'yes' if r['passed'] else 'NO'} |"
         )
-    lines += ["", "| workload | precision | way | devices | steps/s | compile s | peak MB |"]
-    lines.append("|---|---|---|---|---|---|---|")
+    if report.get("steps"):
+        lines += ["", "| workload | precision | way | devices | steps/s | compile s | peak MB |"]
+        lines.append("|---|---|---|---|---|---|---|")
     for r in report.get("steps", []):
         peak = "-" if r["device_peak_mb"] is None else f"{r['device_peak_mb']:,.0f}"
         lines.append(
             f"| {r['workload']} | {r['precision']} | {r['way']} | {r['devices']} | "
             f"{r['steps_per_s']:.2f} | {r['compile_s']:.1f} | {peak} |"
         )
-    lines += ["", "| scoring | comments | comments/s |", "|---|---|---|"]
+    if report.get("scoring"):
+        lines += ["", "| scoring | comments | comments/s |", "|---|---|---|"]
     for r in report.get("scoring", []):
         lines.append(f"| {r['way']} | {r['comments']} | {r['comments_per_s']:,.0f} |")
     for name, why in report.get("failed", {}).items():

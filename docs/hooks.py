@@ -2,7 +2,8 @@
 commands' flags from theirs) at build time, so it can never disagree with `--help`, and so are
 the lists of flags that may change on --resume and that are jaxtpu's alone; the architecture
 page's module map is generated from the modules' docstrings, so it names every module there is;
-the home page is the README's front."""
+the home page is the README's front; a measured result's table is generated from the report
+its check saved in docs/measured/."""
 
 from __future__ import annotations
 
@@ -41,8 +42,30 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
         from benchmarks.codeshape import layers_table
 
         markdown = markdown.replace("<!-- layers -->", layers_table())
+    if "<!-- measured:" in markdown:  # a saved report's table, never numbers copied by hand
+        markdown = measured_tables(markdown, config)
     if "<!-- modules -->" in markdown:
         from benchmarks.codeshape import module_map
 
         markdown = markdown.replace("<!-- modules -->", module_map())
     return markdown
+
+
+def measured_tables(markdown: str, config) -> str:  # noqa: ANN001 (mkdocs' config)
+    """Each `<!-- measured:FILE -->` replaced by the table of `docs/measured/FILE`, a report a
+    check wrote (`device_check-*.json`: `benchmarks.device_check.table`)."""
+    import json
+    import re
+    from pathlib import Path
+
+    from benchmarks.device_check import table
+
+    docs = Path(config["config_file_path"]).parent / "docs" / "measured"
+
+    def one(match: re.Match) -> str:
+        name = match.group(1)
+        if not name.startswith("device_check"):
+            raise ValueError(f"<!-- measured:{name} -->: no table for this kind of report")
+        return table(json.loads((docs / name).read_text()))
+
+    return re.sub(r"<!-- measured:([\w.-]+) -->", one, markdown)

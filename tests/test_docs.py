@@ -126,3 +126,24 @@ def test_the_docs_copy_no_test_count_or_ci_time():
     # the check can fail: it finds what the docs used to say
     assert _COPIED_FACTS.search("the fast tier (684 tests in 45 s here)")
     assert _COPIED_FACTS.search("`.ci/run` took 1,713 s in all")
+
+
+def test_a_measured_table_is_generated_from_the_report_its_check_saved():
+    """Issue 64, item 7: a measured result in the docs is its check's saved report, rendered
+    by the check's own table at build time (`<!-- measured:FILE -->`), never copied by hand."""
+    import importlib.util
+
+    from benchmarks.device_check import table
+
+    spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = (ROOT / "docs" / "gpu.md").read_text()
+    assert "<!-- measured:device_check-h200.json -->" in page and "| fp32 | 2.6e-05" not in page
+    config = {"config_file_path": str(ROOT / "mkdocs.yml")}
+    built = hooks.on_page_markdown(page, None, config, None)
+    report = json.loads((ROOT / "docs" / "measured" / "device_check-h200.json").read_text())
+    assert table(report) in built and "<!-- measured:" not in built
+    assert "| fp32 | 2.6e-05 (0.0001) | 0.0016 (0.001) | NO |" in built  # what it measured
+    with pytest.raises(ValueError, match="no table for this kind of report"):
+        hooks.on_page_markdown("<!-- measured:serving.json -->", None, config, None)
