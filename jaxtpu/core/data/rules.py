@@ -8,14 +8,18 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from jaxtpu.core import storage
 from jaxtpu.core.data.readers import columns, rule_examples
 from jaxtpu.core.data.records import RULE_ID, RULE_LABEL, Comments, Groups
 from jaxtpu.core.data.tables import open_table
-from jaxtpu.core.data.templates import PromptTemplate, RuleTemplate
+from jaxtpu.core.data.templates import PromptTemplate, RuleTemplate, template_of
+from jaxtpu.core.data.tokenized import Examples, encode
 from jaxtpu.core.errors import DataError
+from jaxtpu.core.flags.schema import Config
 
 log = logging.getLogger(__name__)
 
@@ -140,3 +144,31 @@ def holdout_rules(rules: np.ndarray, n: int, seed: int, source: str) -> tuple[np
     chosen = sorted(np.random.default_rng(seed).choice(len(names), n, replace=False).tolist())
     held = [names[i] for i in chosen]
     return np.flatnonzero(np.isin(rules, held)), held
+
+
+def holdout_split(data: Any, n: int, seed: int, source: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """--holdout-rules: (train rows, validation rows, a description): every row of `n` of
+    the file's rules validates (`holdout_rules`), the others train."""
+    if not isinstance(data, Comments) or data.groups.rule is None:
+        raise DataError(f"--holdout-rules: {source} is not a rules file (no rule column)")
+    va, held = holdout_rules(data.groups.rule, n, seed, source)
+    tr = np.setdiff1d(np.arange(len(data)), va)
+    names = "; ".join(r[:50] for r in held)
+    return tr, va, f"{len(held)} held-out rule(s), seed {seed}: {names}"
+
+
+def with_examples(
+    cfg: Config, train_ex: Examples, valid: Any, tokenizer: Any
+) -> tuple[Examples, Any]:
+    """(training examples `train_ex` with --rule-examples' rows appended, their record or
+    None without the flag); a rule held out for validation gives none of its examples."""
+    d = cfg.data
+    if not d.rule_examples:
+        return train_ex, None
+    paths = [p.strip() for p in d.rule_examples.split(",") if p.strip()]
+    local = [storage.fetch(p) if storage.is_remote(p) else p for p in paths]
+    held = sorted(set(valid.groups.rule.tolist())) if d.holdout_rules else []
+    rows, examples = example_rows(local, template_of(cfg.text_format), valid, held)
+    log.info("--rule-examples %s: %s", d.rule_examples, examples.describe())
+    more_ex = encode(rows, tokenizer, d.max_len, d.cache_dir, task=cfg.task)
+    return train_ex.concat(more_ex, train_ex.row_weights, 1.0), examples

@@ -168,7 +168,7 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     train_ex = encode(train, tokenizer, d.max_len, d.cache_dir, task)
     train_ex.row_weights = weights
     train_ex, extra, overlap = _extra_train(cfg, train_ex, valid, tokenizer, cache)
-    train_ex, examples = _rule_examples(cfg, train_ex, valid, tokenizer)
+    train_ex, examples = rules.with_examples(cfg, train_ex, valid, tokenizer)
     valid_ex = encode(valid, tokenizer, d.max_len, d.cache_dir, task)
     if d.weighted_val_loss:
         valid_ex.row_weights = row_weights(valid, cfg, split_desc, "validation")
@@ -261,22 +261,6 @@ def _extra_train(
     return train_ex.concat(more_ex, train_ex.row_weights, d.extra_weight), len(more), overlap
 
 
-def _rule_examples(
-    cfg: Config, train_ex: Examples, valid: Any, tokenizer: Any
-) -> tuple[Examples, Any]:
-    """(training examples with --rule-examples' rows appended, their record or None)."""
-    d = cfg.data
-    if not d.rule_examples:
-        return train_ex, None
-    paths = [p.strip() for p in d.rule_examples.split(",") if p.strip()]
-    local = [storage.fetch(p) if storage.is_remote(p) else p for p in paths]
-    held = sorted(set(valid.groups.rule.tolist())) if d.holdout_rules else []
-    rows, examples = rules.example_rows(local, templates.template_of(cfg.text_format), valid, held)
-    log.info("--rule-examples %s: %s", d.rule_examples, examples.describe())
-    more_ex = encode(rows, tokenizer, d.max_len, d.cache_dir, task=cfg.task)
-    return train_ex.concat(more_ex, train_ex.row_weights, 1.0), examples
-
-
 def _training_rows(cfg: Config, cache: Path) -> tuple[Comments | Pairs, str]:
     """The rows the run learns from before any split (the --train-csv file, or demo comments),
     cut to --max-rows and --subsample, and a description of where they came from."""
@@ -316,12 +300,7 @@ def _split_rows(data: Comments | Pairs, cfg: Config, source: str) -> tuple[Any, 
     own folds (--fold-column), fold k of --n-folds, or a held-out fraction."""
     d, seed = cfg.data, cfg.train.seed
     if d.holdout_rules:
-        if not isinstance(data, Comments) or data.groups.rule is None:
-            raise DataError(f"--holdout-rules: {source} is not a rules file (no rule column)")
-        va, held = rules.holdout_rules(data.groups.rule, d.holdout_rules, seed, source)
-        tr = np.setdiff1d(np.arange(len(data)), va)
-        names = "; ".join(r[:50] for r in held)
-        return tr, va, f"{len(held)} held-out rule(s), seed {seed}: {names}"
+        return rules.holdout_split(data, d.holdout_rules, seed, source)
     if d.fold_column:
         assert data.folds is not None
         ids = np.unique(data.folds)
