@@ -255,3 +255,20 @@ def test_unbalanced_braces_in_a_prompt_template_name_the_prompt_flag(template):
         templates.template_of(prompt)
     with pytest.raises(DataError, match="^--rule-template"):
         templates.template_of(Config().replace(rule_template="{rule} {", task="rules").text_format)
+
+
+def test_the_text_format_is_the_recorded_one_and_a_decoder_is_refused_text_pairs():
+    """`RunSpec`'s text format resolver: a finished run's recorded format wins over the
+    flags; a decoder reads a rules row as one prompt, never as a text pair."""
+    from jaxtpu.core.flags.runspec import _text_format
+    from jaxtpu.core.hf.encoder import EncoderConfig
+
+    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    qwen3 = EncoderConfig(model_type="qwen3", intermediate_size=48, vocab_size=100, **shape)
+    rules = Config().replace(task="rules")
+    with pytest.raises(ConfigError, match="--task rules on qwen3: a decoder reads the rule"):
+        _text_format(rules, {}, qwen3)
+    asked = rules.replace(prompt_template=PROMPT)
+    assert _text_format(asked, {}, qwen3) == TextFormat(PROMPT_FORM, PROMPT, rules=True)
+    recorded = {"text_format": TextFormat(PROMPT_FORM, "{rule}: {comment}", True).to_dict()}
+    assert _text_format(asked, recorded, qwen3).template == "{rule}: {comment}"

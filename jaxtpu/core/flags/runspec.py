@@ -132,9 +132,9 @@ class RunSpec:
         platform: str = "",
         known: dict[str, Any] | None = None,
     ) -> RunSpec:
-        """The spec from its resolvers (`_pooling`, `_answers`, `_weights`, `_check_lora`,
-        `_segment_sep`), each owning one derived value; `known`: values a finished run's
-        config.json recorded, which win over deriving them again."""
+        """The spec from its resolvers (`_pooling`, `_text_format`, `_answers`, `_weights`,
+        `_check_lora`, `_segment_sep`), each owning one derived value; `known`: values a
+        finished run's config.json recorded, which win over deriving them again."""
         model, place = cfg.model, cfg.placement
         known = known or {}
         pooling, pooling_from = _pooling(model, enc, model_dir)
@@ -144,14 +144,7 @@ class RunSpec:
             if model.tokenizer_dir
             else model_dir
         )
-        fmt = _text_format(cfg, known)
-        pairs = fmt.kind == PAIR  # a prompt is one text
-        if pairs and enc.family.kind.causal:
-            raise ConfigError(
-                f"--task {cfg.task.name} on {enc.model_type}: a decoder reads the rule and the "
-                "comment as one prompt, not as a text pair; give one, e.g. --prompt-template "
-                "'Rule: {rule}\\nComment: {comment}\\nDoes the comment break the rule?'"
-            )
+        fmt = _text_format(cfg, known, enc)
         answers = _answers(cfg, enc, known, tokenizer_from)
         weights, adapter = _weights(model, enc, model_dir)
         _check_lora(model.lora, enc)
@@ -170,7 +163,7 @@ class RunSpec:
             matmul_output=resolve_matmul_output(
                 cfg.model.matmul_output, platform, cfg.train.precision
             ),
-            segment_sep=_segment_sep(known, pairs, enc, tokenizer_from),
+            segment_sep=_segment_sep(known, fmt.kind == PAIR, enc, tokenizer_from),
             answer_ids=answers,
             lora=model.lora,
             adapter=adapter,
@@ -316,10 +309,18 @@ def _pooling(model: Any, enc: EncoderConfig, model_dir: str | None) -> tuple[str
     return pooling, pooling_from
 
 
-def _text_format(cfg: Config, known: dict[str, Any]) -> TextFormat:
-    """How rows become text: as the finished run recorded it, else as the flags ask."""
+def _text_format(cfg: Config, known: dict[str, Any], enc: EncoderConfig) -> TextFormat:
+    """How rows become text: as the finished run recorded it, else as the flags ask; text
+    pairs refused on a decoder, which reads a rule and a comment as one prompt."""
     recorded = known.get("text_format")
-    return TextFormat.from_dict(recorded) if recorded else cfg.text_format
+    fmt = TextFormat.from_dict(recorded) if recorded else cfg.text_format
+    if fmt.kind == PAIR and enc.family.kind.causal:
+        raise ConfigError(
+            f"--task {cfg.task.name} on {enc.model_type}: a decoder reads the rule and the "
+            "comment as one prompt, not as a text pair; give one, e.g. --prompt-template "
+            "'Rule: {rule}\\nComment: {comment}\\nDoes the comment break the rule?'"
+        )
+    return fmt
 
 
 def _answers(
