@@ -250,7 +250,10 @@ class Task:
             for b in BREAKDOWNS:
                 if b.values(groups) is None or b.rank == "own":
                     continue
-                names.insert(0, b.monitor) if b.rank == "first" else names.append(b.monitor)
+                if b.rank == "first":
+                    names.insert(0, b.monitor)
+                else:
+                    names.append(b.monitor)
         return (*names, "val_loss")
 
     def undefined_monitor(self, monitor: str, labels: np.ndarray, groups: Any) -> str | None:
