@@ -22,6 +22,7 @@ import pytest
 from jaxtpu.core.serving.attributes import attribute_map
 from jaxtpu.core.serving.card import model_version
 from jaxtpu.core.tasks import get_task
+from jaxtpu.core.textformat import TextFormat
 from jaxtpu.serve.backends import Served
 
 uvicorn = pytest.importorskip("uvicorn", reason="needs jaxtpu[serve] (uvicorn, starlette)")
@@ -42,7 +43,8 @@ class FakeModel(Served):
             get_task("rules" if rules else "multilabel"), label_columns=columns
         )
         attributes = attribute_map(columns, bool(rules), rules)
-        super().__init__(source, SimpleNamespace(task=task), attributes, ["en"])
+        fmt = TextFormat("pair", "{rule}", rules=True) if rules else TextFormat()
+        super().__init__(source, SimpleNamespace(task=task, text_format=fmt), attributes, ["en"])
         self._rule_text = {a.name: a.rule for a in attributes}
         self._columns = columns
         self.version = model_version({"fake": source})

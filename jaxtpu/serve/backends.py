@@ -49,7 +49,9 @@ class Served:
 
     @property
     def rules_model(self) -> bool:
-        return bool(self.model.task.text_pairs)
+        """Whether the model reads a rules file's rows (its `TextFormat`): each attribute is a
+        rule, and a comment is scored once per rule asked for."""
+        return self.model.text_format.rules
 
     @property
     def columns(self) -> tuple[str, ...]:
