@@ -424,3 +424,26 @@ def test_a_rules_validation_set_of_one_class_rules_advises_what_would_help(tmp_p
     message = str(e.value)
     assert "--monitor val_auc," in message and "--holdout-rules N" in message
     assert "--monitor val_mean_rule_auc" not in message
+
+
+def test_groups_describe_take_and_say_which_breakdowns_a_file_has():
+    """`Groups` reads the breakdown table (`core/breakdowns.py`) for what it holds: its
+    description in the log, its rows taken alike, and whether it holds any."""
+    import numpy as np
+
+    from jaxtpu.core.data.records import Groups
+
+    groups = Groups(
+        {"male": np.array([1.0, np.nan, 0.0]), "female": np.zeros(3)},
+        np.array(["es", "it", "es"]),
+        np.array(["No ads.", "No spam.", "No ads."], dtype=object),
+    )
+    assert groups.describe() == "identities male, female; languages es, it; 2 rules"
+    taken = groups.take(np.array([2, 0]))
+    assert taken.lang.tolist() == ["es", "es"] and taken.rule.tolist() == ["No ads."] * 2
+    assert taken.identities["male"].tolist() == [0.0, 1.0] and set(taken.identities) == {
+        "male",
+        "female",
+    }
+    assert Groups(lang=np.array(["en"])).describe() == "languages en"
+    assert groups and not Groups() and Groups().describe() == ""

@@ -92,7 +92,7 @@ class Breakdown:
     rank: str
     no_rows: bool = False
     count_left_out: bool = False
-    shown: Callable[[Any], str] = lambda values: ""
+    shown: Callable[[Any], str] = str
 
     def values(self, groups: Any) -> Any:
         """The field's values in `groups`, or None where the file has none."""
@@ -108,7 +108,30 @@ class Breakdown:
 
 
 BREAKDOWNS: tuple[Breakdown, ...] = (
-    Breakdown("rule", RULE_MONITOR, rule_metrics, "rule", rank="own", count_left_out=True),
-    Breakdown("identities", BIAS_MONITOR, metrics.jigsaw_bias, "identity subgroup", "first", True),
-    Breakdown("lang", LANGUAGE_MONITOR, _language_metrics, "language", rank="after"),
+    Breakdown(
+        "identities",
+        BIAS_MONITOR,
+        metrics.jigsaw_bias,
+        "identity subgroup",
+        "first",
+        no_rows=True,
+        shown=lambda identities: "identities " + ", ".join(identities),
+    ),
+    Breakdown(
+        "lang",
+        LANGUAGE_MONITOR,
+        _language_metrics,
+        "language",
+        "after",
+        shown=lambda lang: "languages " + ", ".join(sorted(set(lang.tolist()))),
+    ),
+    Breakdown(
+        "rule",
+        RULE_MONITOR,
+        rule_metrics,
+        "rule",
+        "own",
+        count_left_out=True,
+        shown=lambda rule: f"{len(set(rule.tolist()))} rules",
+    ),
 )
