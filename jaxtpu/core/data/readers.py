@@ -30,7 +30,6 @@ from jaxtpu.core.data.records import (
 )
 from jaxtpu.core.data.tables import Structured, Table, open_table
 from jaxtpu.core.data.templates import (
-    DEFAULT_RULE_TEMPLATE,
     PromptTemplate,
     RuleTemplate,
     normalize_text,
@@ -39,11 +38,9 @@ from jaxtpu.core.data.templates import (
 )
 from jaxtpu.core.errors import DataError
 from jaxtpu.core.tasks import LABEL_COLUMNS
-from jaxtpu.core.textformat import PAIR, TextFormat
+from jaxtpu.core.textformat import PLAIN, TextFormat
 
 log = logging.getLogger(__name__)
-# A rules file scored by a model of no recorded format: its rule, then the comment.
-RULE_PAIRS = TextFormat(PAIR, DEFAULT_RULE_TEMPLATE, rules=True)
 
 
 def columns(path: str | os.PathLike) -> list[str]:
@@ -175,14 +172,14 @@ def _text_and_id(path: Any, header: list[str], labelled: bool) -> tuple[str, str
 
 
 def comments_to_score(
-    path: str | os.PathLike, chunk: int, fmt: TextFormat = RULE_PAIRS
+    path: str | os.PathLike, chunk: int, fmt: TextFormat = PLAIN
 ) -> Iterator[Comments]:
     """The comments of a file to score, `chunk` rows at a time, as a stream (`predict` on
     millions of rows): each an unlabelled `Comments` of its rows, empty comments kept (every id
     gets a score) and counted in `dropped`; `ids` empty when the file has no id column. A
     rules file's rows are read in the run's text format `fmt` (text pairs of its
-    --rule-template and the body, or prompts); with a --prompt-template, every row is its
-    prompt."""
+    --rule-template and the body, or prompts; by default the rule alone, then the body);
+    with a --prompt-template, every row is its prompt."""
     table = open_table(path)
     if kind_of(table.header) is BY_NAME["rules"]:
         whole = read_rules(path, False, table=table, template=template_of(fmt))
