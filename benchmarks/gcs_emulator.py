@@ -5,6 +5,7 @@ run as a process of its own with its objects in a directory."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -97,9 +98,27 @@ class GcsEmulator:
 
     def objects(self, url: str) -> dict[str, bytes]:
         """Every object under gs:// URL `url`, by its path below it (read from the emulator's
-        files, not through any client under test)."""
+        files, not through any client under test). A run may be writing meanwhile: an object
+        deleted between the listing and its read (a checkpoint replaced) is left out."""
+        objects = {}
+        for name, path in self._files(url):
+            try:
+                objects[name] = path.read_bytes()
+            except FileNotFoundError:
+                continue
+        return objects
+
+    def names(self, url: str) -> set[str]:
+        """The paths of the objects under gs:// URL `url`, without reading them: for polling
+        a run that is writing."""
+        return {name for name, _ in self._files(url)}
+
+    def _files(self, url: str) -> list[tuple[str, Path]]:
         bucket, _, prefix = url.removeprefix("gs://").partition("/")
         base = self.root / bucket / prefix
-        return {
-            p.relative_to(base).as_posix(): p.read_bytes() for p in base.rglob("*") if p.is_file()
-        }
+        # os.walk, not Path.rglob: a directory removed mid-walk is skipped, not an error
+        return [
+            ((Path(folder) / name).relative_to(base).as_posix(), Path(folder) / name)
+            for folder, _, files in os.walk(base)
+            for name in files
+        ]

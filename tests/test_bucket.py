@@ -152,7 +152,7 @@ def test_a_second_run_on_a_held_bucket_directory_is_refused(gcs, tmp_path):
     )  # fmt: skip
     try:
         deadline = time.time() + 120
-        while ".lease" not in gcs.objects(url) and time.time() < deadline:
+        while ".lease" not in gcs.names(url) and time.time() < deadline:
             assert first.poll() is None, first.communicate()[1][-2000:]
             time.sleep(0.1)
         env2, cwd2 = _fresh_machine(tmp_path, "b", gcs)
@@ -200,7 +200,7 @@ def test_two_processes_write_one_bucket_run_and_stop_together_on_sigterm(
 
     procs = start(resume=False)
     deadline = time.time() + 300
-    while "checkpoints/latest/3/commit_success.txt" not in gcs.objects(url):
+    while "checkpoints/latest/3/commit_success.txt" not in gcs.names(url):
         assert all(p.poll() is None for p in procs), procs[0].communicate()[1][-3000:]
         assert time.time() < deadline
         time.sleep(0.05)
@@ -235,7 +235,7 @@ def test_a_bucket_that_stops_answering_is_one_line_and_loses_nothing(gcs, tmp_pa
     )  # fmt: skip
     try:
         deadline = time.time() + 200
-        while "checkpoints/latest/4/commit_success.txt" not in gcs.objects(url):
+        while "checkpoints/latest/4/commit_success.txt" not in gcs.names(url):
             assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.05)
         gcs.stop()  # the bucket stops answering
