@@ -93,3 +93,48 @@ def test_a_full_disk_in_the_fast_tokenizers_own_writer_is_one_line_and_leaves_no
     with pytest.raises(DataError, match="no space left on device writing the tokenizer"):
         tokens.save_tokenizer(tokenizer, tmp_path / "tokenizer")
     assert list(tmp_path.iterdir()) == []
+
+
+def _asked_auto(monkeypatch) -> list[str]:
+    """The directories AutoTokenizer is asked for from now on (it still answers)."""
+    import transformers
+
+    asked, auto = [], transformers.AutoTokenizer.from_pretrained
+
+    def counted(path, *args, **kwargs):
+        asked.append(str(path))
+        return auto(path, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", counted)
+    return asked
+
+
+def test_a_tokenizer_directory_loaded_again_gets_autotokenizers_class_without_asking_it(
+    tmp_path, minilm_dir, monkeypatch
+):
+    import shutil
+
+    from jaxtpu.core.hf import tokenizer_class
+
+    d = tmp_path / "tok"
+    shutil.copytree(minilm_dir, d, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    (d / f"{tmp_path.name}.txt").write_text("")  # a key no other test's directory has
+    asked = _asked_auto(monkeypatch)
+    first = tokens.load_tokenizer(d)
+    again = tokens.load_tokenizer(d)
+    assert asked == [str(d)]  # the second load read the remembered class
+    assert type(again) is type(first)
+    texts = ["A comment, with  Ünïcode and [SEP] marks.", "short"]
+    assert again(texts, padding=True)["input_ids"] == first(texts, padding=True)["input_ids"]
+    assert tokens.tokenizer_fingerprint(again) == tokens.tokenizer_fingerprint(first)
+
+    # what the class choice reads changed: AutoTokenizer is asked again
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    tokens.load_tokenizer(d)
+    assert asked == [str(d)] * 2
+    # a remembered class that no longer imports is a miss, never an error
+    key = tokenizer_class.choice_key(d, __import__("transformers").__version__)
+    tokenizer_class.memo_path(key).write_text("transformers.nowhere:Gone\n")
+    assert type(tokens.load_tokenizer(d)) is type(first)
+    assert asked == [str(d)] * 3

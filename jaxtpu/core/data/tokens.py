@@ -39,6 +39,7 @@ from jaxtpu.core.files import (
     disk_full_message,
     remove_stale_temporaries,
 )
+from jaxtpu.core.hf import tokenizer_class
 from jaxtpu.core.hf.tokenizer_dir import TOKENIZER_VOCABS
 from jaxtpu.core.textformat import COMMENT, PAIR, PROMPT
 
@@ -408,10 +409,8 @@ def load_tokenizer(path: str | os.PathLike, pad_id: int | None = None) -> Any:
             f"{p}: no tokenizer found (one of {', '.join(TOKENIZER_VOCABS)}); "
             "pass --tokenizer-dir with a Hugging Face tokenizer directory"
         )
-    from transformers import AutoTokenizer  # lazy: heavy, and only needed here
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return pad_with(AutoTokenizer.from_pretrained(str(p), use_fast=True), pad_id, str(p))
+    return pad_with(tokenizer_class.from_pretrained(p), pad_id, str(p))
 
 
 def save_tokenizer(tokenizer: Any, directory: Path) -> None:
