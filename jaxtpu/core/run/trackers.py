@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -55,9 +56,7 @@ def check_ready(names: tuple[str, ...]) -> None:
 
 class TensorBoard:
     def __init__(self, workdir: Path) -> None:
-        from tensorboardX import SummaryWriter
-
-        self.writer = SummaryWriter(str(workdir / "tensorboard"))
+        self.writer = _summary_writer()(str(workdir / "tensorboard"))
 
     def log(self, prefix: str, values: dict[str, float], step: int) -> None:
         for k, v in values.items():
@@ -65,6 +64,25 @@ class TensorBoard:
 
     def close(self, summary: dict[str, Any] | None) -> None:
         self.writer.close()
+
+
+def _summary_writer() -> type:
+    """tensorboardX's SummaryWriter, imported without torch: its writer imports torch when it
+    can, only to accept torch tensors as values (jaxtpu logs floats), and torch costs a JAX-side
+    process seconds to import. Where torch is already imported it is used as it is; otherwise
+    `import torch` fails for tensorboardX's import alone (a None entry in sys.modules, Python's
+    way to make an import fail) and imports normally after."""
+    if "tensorboardX.writer" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", ...) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
 
 
 class WandB:
