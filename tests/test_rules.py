@@ -319,9 +319,18 @@ def test_a_rules_run_trains_evaluates_and_writes_the_submission(real_csv, tmp_pa
     import jaxtpu
 
     model = jaxtpu.load(wd)
-    ranks = metrics.rank_within(model.predict(truth.encoded()), truth.groups.rule)
+    scores = np.asarray(model.predict(truth.encoded()), np.float64)
+    ranks = metrics.rank_within(scores, truth.groups.rule)
     written = np.array([float(r["rule_violation"]) for r in rows])
-    assert np.abs(written - ranks).max() < 1e-6  # the same scores, so the same ranks
+    # the same scores, so the same ranks, but for comments the bf16 model scores within its
+    # rounding of each other: another process's program may order those two the other way
+    # (one pair of 266 once, 0.0038 of a rank)
+    assert np.mean(np.abs(written - ranks) < 1e-6) > 0.95
+    rules = np.asarray(truth.groups.rule)
+    for rule in set(rules.tolist()):
+        at = np.flatnonzero(rules == rule)
+        in_written_order = scores[at[np.argsort(written[at], kind="stable")]]
+        assert np.diff(in_written_order).min() > -2e-3, rule
     # issue 65 item 4: evaluate scores every row of a bf16 rules run as the API (so predict
     # and serve) does, bitwise (they differed by 3.3e-5 in mean rule AUC before)
     from jaxtpu.engine.evaluation import score_file
