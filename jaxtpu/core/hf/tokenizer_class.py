@@ -31,8 +31,8 @@ def choice_key(directory: Path, transformers_version: str) -> str:
     only a relative one counts: transformers matches the name it was given against a few hub
     ids (patterns like `deepseek-ai/deepseek-coder-*`), which no absolute path matches, so
     directories of the same content share their entry."""
-    name = "" if directory.is_absolute() else str(directory)
-    digest = hashlib.sha256(f"{transformers_version}\0{name}".encode())
+    given = "" if directory.is_absolute() else str(directory)
+    digest = hashlib.sha256(f"{transformers_version}\0{given}".encode())
     for name in sorted(os.listdir(directory)):
         digest.update(f"\0{name}".encode())
         if name.endswith(".json") and (directory / name).is_file():
