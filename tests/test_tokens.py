@@ -114,6 +114,8 @@ def test_a_tokenizer_directory_loaded_again_gets_autotokenizers_class_without_as
 ):
     import shutil
 
+    import transformers
+
     from jaxtpu.core.hf import tokenizer_class
 
     d = tmp_path / "tok"
@@ -134,7 +136,7 @@ def test_a_tokenizer_directory_loaded_again_gets_autotokenizers_class_without_as
     tokens.load_tokenizer(d)
     assert asked == [str(d)] * 2
     # a remembered class that no longer imports is a miss, never an error
-    key = tokenizer_class.choice_key(d, __import__("transformers").__version__)
+    key = tokenizer_class.choice_key(d, transformers.__version__)
     tokenizer_class.memo_path(key).write_text("transformers.nowhere:Gone\n")
     assert type(tokens.load_tokenizer(d)) is type(first)
     assert asked == [str(d)] * 3
