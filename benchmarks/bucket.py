@@ -12,7 +12,7 @@ Checkpoints` (the class a run saves with), one process, the state on the host as
 client-side work and the HTTP traffic on this machine, not a real bucket's bandwidth: a
 Cloud TPU VM writes to GCS at several hundred MB/s to a few GB/s, so the bucket figures
 here are for the order of magnitude and for sync against async. Writes `bucket.json`;
-`--table` prints it as Markdown.
+`--table` prints it as Markdown, `--report FILE` keeps it for the docs (`benchmarks.measured`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -95,6 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, help="directory for bucket.json")
     p.add_argument("--repeats", type=int, default=3, help="saves per figure [default: 3]")
     p.add_argument("--table", action="store_true", help="print OUT/bucket.json as Markdown")
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep the results as a measured report (benchmarks.measured), e.g. "
+        "docs/measured/bucket.json, the table docs/cloud.md shows",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.table:
@@ -130,6 +137,13 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             emulator.stop()
     print(table(rows))
+    if args.report:
+        from benchmarks import measured as kept_reports
+
+        given = sys.argv[1:] if argv is None else argv
+        print(
+            f"kept as {kept_reports.keep(args.report, 'bucket', rows, 'benchmarks.bucket', given)}"
+        )
 
 
 if __name__ == "__main__":

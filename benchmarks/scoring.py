@@ -283,7 +283,13 @@ def ratios(rows: list[dict]) -> list[str]:
     return lines
 
 
-def table(rows: list[dict]) -> str:
+def report_table(rows: list[dict]) -> str:
+    """A kept report's table (`benchmarks.measured`): the rounds' summary; the CPU is in the
+    report's caption."""
+    return table(summary(rows), cpu=False)
+
+
+def table(rows: list[dict], cpu: bool = True) -> str:
     head = (
         "| way | comments/s (median) | slowest-fastest round | first call s | load s | "
         "process s | peak RSS | AUC (held out) | max abs prob diff vs jaxtpu |\n"
@@ -298,10 +304,8 @@ def table(rows: list[dict]) -> str:
             f"{first} | {load} | {r['wall_s']} | {r['peak_rss_gb']:.2f} GB | {r['auc']:.4f} | "
             f"{r['diff']:.1e} |"
         )
-    cpu = cpu_line(rows[0].get("cpu") if rows else None)
-    return (
-        "\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in ratios(rows)) + f"\n\n{cpu}"
-    )
+    text = "\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in ratios(rows))
+    return text + (f"\n\n{cpu_line(rows[0].get('cpu') if rows else None)}" if cpu else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,6 +317,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--csv", default=str(REAL_CSV), help="the real comments (default: %(default)s)")
     p.add_argument("--ways", default=",".join(WAYS), help="which ways (default: all)")
     p.add_argument("--table", action="store_true", help="print OUT/scoring.json as Markdown")
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep every round as a measured report (benchmarks.measured), e.g. "
+        "docs/measured/scoring.json, the table docs/elsewhere.md shows",
+    )
     p.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -373,6 +383,12 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(row), flush=True)
             (out / "scoring.json").write_text(json.dumps(results, indent=2))
     print(table(summary(results)))
+    if args.report:
+        from benchmarks import measured as kept_reports
+
+        given = sys.argv[1:] if argv is None else argv
+        kept = kept_reports.keep(args.report, "scoring", results, "benchmarks.scoring", given)
+        print(f"kept as {kept}")
 
 
 def _one(way: str, out: Path, run: Path, comments: Path, rows: int, max_len: int, n: int) -> dict:

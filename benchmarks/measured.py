@@ -1,0 +1,163 @@
+"""Measured results, kept once: a benchmark's report as it wrote it, with when, where and by
+what command it was measured, in one JSON file under docs/measured/; the docs' tables are
+generated from those files and nothing else.
+
+A benchmark run with `--report FILE` writes FILE (`keep`): its own results (`report`), its
+kind, the command line, and where it ran (`provenance`: the UTC date, the commit, and whether
+the working tree had changes, the CPU, the Python and library versions). A page names the file
+with `<!-- measured:FILE -->` and `docs/hooks.py` puts `render(FILE)` there: the kind's own
+table function over the report, and a line saying when, on what and how it was measured. The
+prose around a table links to it instead of quoting its numbers (`tests/test_docs.py`).
+
+`python -m benchmarks.measured FILE...` prints what the docs will show for each file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.machine import cpu_line, cpu_record
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS_MEASURED = ROOT / "docs" / "measured"
+
+# a report's kind -> its table function ("module:function", taking the report)
+KINDS = {
+    "bucket": "benchmarks.bucket:table",
+    "scoring": "benchmarks.scoring:report_table",
+    "device_check": "benchmarks.device_check:table",
+}
+# the distributions whose versions a report records (read from the installed metadata: no
+# import, so recording costs nothing and a missing one is just absent)
+VERSIONS = (
+    "jax",
+    "jaxlib",
+    "flax",
+    "torch",
+    "torch_xla",
+    "transformers",
+    "onnxruntime",
+    "orbax-checkpoint",
+)
+
+
+def commit() -> str:
+    """The checked-out commit, '+changes' when tracked files differ from it; 'unknown'
+    outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if status.stdout.strip() else "")
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+
+    found = {}
+    for name in VERSIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def provenance() -> dict[str, Any]:
+    """Where and when this process measures: date (UTC), commit, CPU, Python, versions."""
+    return {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commit": commit(),
+        "cpu": cpu_record(),
+        "python": platform.python_version(),
+        "versions": versions(),
+    }
+
+
+def keep(path: str | Path, kind: str, report: Any, module: str, argv: Sequence[str]) -> Path:
+    """Writes the report file: `report` (the benchmark's own results) as `kind`, measured
+    now by `python -m module argv`."""
+    if kind not in KINDS:
+        raise ValueError(f"no table for reports of kind {kind!r}; known: {', '.join(KINDS)}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "kind": kind,
+        "command": shlex.join(["python", "-m", module, *argv]),
+        "measured": provenance(),
+        "report": report,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)  # a killed benchmark leaves the previous report whole
+    return path
+
+
+def kind_of(path: Path, record: dict[str, Any]) -> str:
+    """A kept report names its kind; a device check's report written before reports were
+    kept (the file itself, no envelope) is known by its file name."""
+    if "kind" in record and "report" in record:
+        return record["kind"]
+    if path.name.startswith("device_check"):
+        return "device_check"
+    raise ValueError(
+        f"{path}: not a kept report (no 'kind'); write it with the benchmark's --report"
+    )
+
+
+def caption(record: dict[str, Any]) -> str:
+    """The line under a table: when, at which commit, on what, with which command."""
+    m = record["measured"]
+    v = m.get("versions", {})
+    stack = ", ".join(
+        f"{k} {v[k]}" for k in ("jax", "torch", "transformers", "onnxruntime") if k in v
+    )
+    return (
+        f"Measured {m['date']} at commit `{m['commit']}`; {cpu_line(m.get('cpu'))}; Python "
+        f"{m['python']}{', ' + stack if stack else ''}. Again: `{record['command']}`."
+    )
+
+
+def render(path: str | Path) -> str:
+    """What the docs show for a report file: its table and, for a kept report, its caption."""
+    path = Path(path)
+    record = json.loads(path.read_text())
+    kind = kind_of(path, record)
+    module, function = KINDS[kind].split(":")
+    table = getattr(importlib.import_module(module), function)
+    if "report" not in record:  # a bare device check report
+        return table(record)
+    return table(record["report"]) + "\n\n" + caption(record)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    for name in args:
+        print(render(name), end="\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
