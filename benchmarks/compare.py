@@ -139,8 +139,11 @@ def progress(i: int, n: int, name: str, status: str, started: float) -> None:
     print(f"[{i}/{n}] {name}: {status} ({time.time() - started:.0f}s)", flush=True)
 
 
-def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: Any) -> None:
-    """The run's JSON: when, how long, what else the table needs, and one record per row."""
+def write_record(
+    path: Path, t0: float, records: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    """The run's JSON (returned, and written to `path`): when, how long, what else the table
+    needs, and one record per row."""
     record = {
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "seconds": time.time() - t0,
@@ -149,6 +152,7 @@ def write_record(path: Path, t0: float, records: list[dict[str, Any]], **extra: 
         "results": records,
     }
     files.write_text(path, json.dumps(record, indent=1))  # a killed run keeps the old file
+    return record
 
 
 def _strategy(r: dict[str, Any]) -> str:
@@ -194,6 +198,32 @@ def table(
     )
     lines.append(cpu_line(cpu))
     return "\n".join(lines)
+
+
+def markdown(saved: dict[str, Any]) -> str:
+    """A kept report's table (`benchmarks.measured`): one row per configuration, median
+    seconds per step first; the matmul peak the MFU column is against under it."""
+    lines = [
+        "| framework | strategy | model | precision | devices | median s/step | p10-p90 s | "
+        "samples/s | MFU | compile s | peak host MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in saved["results"]:
+        head = f"| {r['framework']} | {_strategy(r)} | {r['workload']} | {r['precision']} | "
+        head += f"{r['devices']} |"
+        if "error" in r:
+            lines.append(head + f" error: {r['error']} | | | | | |")
+            continue
+        lines.append(
+            head + f" {r['median_s']:.3f} | {r['p10_s']:.3f}-{r['p90_s']:.3f} | "
+            f"{r['samples_per_s']:.1f} | {r['mfu'] * 100:.1f} % | {r['compile_s']:.1f} | "
+            f"{r['peak_host_mb']:,.0f} |"
+        )
+    peaks = ", ".join(f"{k} {v:.0f}" for k, v in saved["matmul_peak_gflops"].items())
+    return (
+        "\n".join(lines)
+        + f"\n\nMatmul peak (a 2048^3 GEMM through XLA, 1 device), GFLOP/s: {peaks}."
+    )
 
 
 def epoch_table(records: list[dict[str, Any]]) -> str:
@@ -350,6 +380,12 @@ def _parser() -> argparse.ArgumentParser:
         help="--epoch: run only this max length's rows (repeatable; default: 128 and 256)",
     )
     p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep the results as a measured report (benchmarks.measured), e.g. "
+        "docs/measured/compare-quick.json, the table docs/benchmarks.md shows (not with --epoch)",
+    )
+    p.add_argument(
         "--replot",
         action="store_true",
         help="only print the table and redraw the plot from DIR/benchmarks.json (no runs)",
@@ -364,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replot and args.epoch:
         print(epoch_table(json.loads((out / "epoch.json").read_text())["results"]))
         return 0
+    if args.epoch and args.report:
+        p.error("--report: the step-time rows only; --epoch writes DIR/epoch.json")
     if args.epoch:
         out.mkdir(parents=True, exist_ok=True)
         max_lens = args.epoch_max_len or EPOCH_MAX_LENS
@@ -395,8 +433,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = r["error"]
         progress(i, len(configs), " ".join(map(str, c.values())), status, t)
         records.append(r)
-    write_record(out / "benchmarks.json", t0, records, matmul_peak_gflops=peaks)
+    saved = write_record(out / "benchmarks.json", t0, records, matmul_peak_gflops=peaks)
     print(table(records, peaks, cpu_record()))
+    if args.report:
+        from benchmarks import measured
+
+        given = list(sys.argv[1:] if argv is None else argv)
+        print(
+            f"kept as {measured.keep(args.report, 'compare', saved, 'benchmarks.compare', given)}"
+        )
     plot(records, out / "benchmarks.png")
     print(
         f"wrote {out / 'benchmarks.json'} and {out / 'benchmarks.png'} in {time.time() - t0:.0f}s"

@@ -33,6 +33,7 @@ DOCS_MEASURED = ROOT / "docs" / "measured"
 # a report's kind -> its table function ("module:function", taking the report)
 KINDS = {
     "bucket": "benchmarks.bucket:table",
+    "compare": "benchmarks.compare:markdown",
     "scoring": "benchmarks.scoring:report_table",
     "device_check": "benchmarks.device_check:table",
 }

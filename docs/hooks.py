@@ -52,20 +52,20 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
 
 
 def measured_tables(markdown: str, config) -> str:  # noqa: ANN001 (mkdocs' config)
-    """Each `<!-- measured:FILE -->` replaced by the table of `docs/measured/FILE`, a report a
-    check wrote (`device_check-*.json`: `benchmarks.device_check.table`)."""
-    import json
+    """Each `<!-- measured:FILE -->` replaced by what `benchmarks.measured.render` makes of
+    `docs/measured/FILE`, a report a benchmark or check kept: its table, and when, where and
+    by what command it was measured."""
     import re
     from pathlib import Path
 
-    from benchmarks.device_check import table
+    from benchmarks.measured import render
 
     docs = Path(config["config_file_path"]).parent / "docs" / "measured"
 
     def one(match: re.Match) -> str:
-        name = match.group(1)
-        if not name.startswith("device_check"):
-            raise ValueError(f"<!-- measured:{name} -->: no table for this kind of report")
-        return table(json.loads((docs / name).read_text()))
+        path = docs / match.group(1)
+        if not path.is_file():
+            raise ValueError(f"<!-- measured:{match.group(1)} -->: no such report in {docs}")
+        return render(path)
 
     return re.sub(r"<!-- measured:([\w.-]+) -->", one, markdown)

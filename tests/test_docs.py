@@ -145,5 +145,5 @@ def test_a_measured_table_is_generated_from_the_report_its_check_saved():
     report = json.loads((ROOT / "docs" / "measured" / "device_check-h200.json").read_text())
     assert table(report) in built and "<!-- measured:" not in built
     assert "| fp32 | 2.6e-05 (0.0001) | 0.0016 (0.001) | NO |" in built  # what it measured
-    with pytest.raises(ValueError, match="no table for this kind of report"):
+    with pytest.raises(ValueError, match="no such report"):
         hooks.on_page_markdown("<!-- measured:serving.json -->", None, config, None)
