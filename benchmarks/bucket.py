@@ -26,6 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import provenance
+
 SHAPES = {
     "MiniLM (6 x 384)": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12,
                              intermediate_size=1536),
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         print(table(json.loads((out / "bucket.json").read_text())))
         return
     out.mkdir(parents=True, exist_ok=True)
+    started = provenance() if args.report else None  # the code and machine that measure
     import jax
     import numpy as np
 
@@ -138,12 +142,9 @@ def main(argv: list[str] | None = None) -> None:
             emulator.stop()
     print(table(rows))
     if args.report:
-        from benchmarks import measured as kept_reports
-
         given = sys.argv[1:] if argv is None else argv
-        print(
-            f"kept as {kept_reports.keep(args.report, 'bucket', rows, 'benchmarks.bucket', given)}"
-        )
+        kept = keep_report(args.report, "bucket", rows, "benchmarks.bucket", given, started)
+        print(f"kept as {kept}")
 
 
 if __name__ == "__main__":

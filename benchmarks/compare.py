@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import cpu_line, cpu_record
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import provenance
 from jaxtpu.core import files, hostmem
 from parity_tests.harness import ROOT, clean_env
 
@@ -413,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(saved["results"], out / "benchmarks.png")
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    started = provenance() if args.report else None  # the code and machine that measure
     t0 = time.time()
     peaks = {}
     for precision in ("fp32", "bf16"):
@@ -436,12 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved = write_record(out / "benchmarks.json", t0, records, matmul_peak_gflops=peaks)
     print(table(records, peaks, cpu_record()))
     if args.report:
-        from benchmarks import measured
-
         given = list(sys.argv[1:] if argv is None else argv)
-        print(
-            f"kept as {measured.keep(args.report, 'compare', saved, 'benchmarks.compare', given)}"
-        )
+        kept = keep_report(args.report, "compare", saved, "benchmarks.compare", given, started)
+        print(f"kept as {kept}")
     plot(records, out / "benchmarks.png")
     print(
         f"wrote {out / 'benchmarks.json'} and {out / 'benchmarks.png'} in {time.time() - t0:.0f}s"

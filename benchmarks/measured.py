@@ -94,9 +94,17 @@ def provenance() -> dict[str, Any]:
     }
 
 
-def keep(path: str | Path, kind: str, report: Any, module: str, argv: Sequence[str]) -> Path:
-    """Writes the report file: `report` (the benchmark's own results) as `kind`, measured
-    now by `python -m module argv`."""
+def keep(
+    path: str | Path,
+    kind: str,
+    report: Any,
+    module: str,
+    argv: Sequence[str],
+    when: dict[str, Any] | None = None,
+) -> Path:
+    """Writes the report file: `report` (the benchmark's own results) as `kind`, measured by
+    `python -m module argv`; `when`: `provenance()` as the benchmark started (a commit made
+    while it ran is not its code), else now."""
     if kind not in KINDS:
         raise ValueError(f"no table for reports of kind {kind!r}; known: {', '.join(KINDS)}")
     path = Path(path)
@@ -104,7 +112,7 @@ def keep(path: str | Path, kind: str, report: Any, module: str, argv: Sequence[s
     record = {
         "kind": kind,
         "command": shlex.join(["python", "-m", module, *argv]),
-        "measured": provenance(),
+        "measured": when or provenance(),
         "report": report,
     }
     tmp = path.with_name(path.name + ".tmp")

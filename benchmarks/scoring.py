@@ -59,6 +59,8 @@ from pathlib import Path
 
 from benchmarks.datascale import measured
 from benchmarks.machine import cpu_line, cpu_record
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import provenance
 from parity_tests.competitions import REAL_CSV
 
 WAYS = ("jaxtpu-predict", "jaxtpu-api", "pipeline-fp32", "pipeline-bf16", "onnx-fp32", "onnx-int8")
@@ -357,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
             "out to train one into OUT/run"
         )
     out.mkdir(parents=True, exist_ok=True)
+    started = provenance() if args.report else None  # the code and machine that measure
     run = Path(args.workdir or out / "run")
     _prepare(out, run, csv_path, args.rows)
     comments = out / f"comments-{args.rows}.csv"
@@ -384,10 +387,8 @@ def main(argv: list[str] | None = None) -> None:
             (out / "scoring.json").write_text(json.dumps(results, indent=2))
     print(table(summary(results)))
     if args.report:
-        from benchmarks import measured as kept_reports
-
         given = sys.argv[1:] if argv is None else argv
-        kept = kept_reports.keep(args.report, "scoring", results, "benchmarks.scoring", given)
+        kept = keep_report(args.report, "scoring", results, "benchmarks.scoring", given, started)
         print(f"kept as {kept}")
 
 
