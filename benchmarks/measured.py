@@ -34,6 +34,7 @@ DOCS_MEASURED = ROOT / "docs" / "measured"
 KINDS = {
     "bucket": "benchmarks.bucket:table",
     "compare": "benchmarks.compare:markdown",
+    "default_run": "benchmarks.default_run:table",
     "scoring": "benchmarks.scoring:report_table",
     "device_check": "benchmarks.device_check:table",
 }
