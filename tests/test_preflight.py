@@ -408,13 +408,14 @@ def test_colabs_v5e_1_and_a_multi_host_v5e_16_compile_a_run(target):
 def test_find_batch_on_kaggles_v5e_8_estimates_the_epoch_and_the_session(
     tmp_path, capsys, monkeypatch
 ):
-    """--find-batch on Kaggle's v5e-8 (doubling stopped at 64 here to keep it short): the
+    """--find-batch on Kaggle's v5e-8 (from 32, doubling stopped at 64 here to keep it short:
+    two compilations of the search and the estimate's): the
     largest batch, its step time by the roofline (a range, labelled), the epoch of the data
     the flags name (4,500 training comments of the 5,000-comment demo: 8 steps of 8 x 64) and
     whether the run fits a Kaggle session, in the log, the table and the JSON."""
     monkeypatch.setattr(pf_fit, "MAX_BATCH", 64)
     out = tmp_path / "v5e.json"
-    flags = ["--preset", "tiny", "--target", "v5e-8", "--max-len", "32", "--batch-size", "16"]
+    flags = ["--preset", "tiny", "--target", "v5e-8", "--max-len", "32", "--batch-size", "32"]
     flags += ["--demo-size", "5000", "--find-batch", "--json", str(out)]
     assert pf_command.main(flags) == 0
     (r,) = json.loads(out.read_text())["reports"]
