@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -142,8 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             emulator.stop()
     print(table(rows))
     if args.report:
-        given = sys.argv[1:] if argv is None else argv
-        kept = keep_report(args.report, "bucket", rows, "benchmarks.bucket", given, started)
+        kept = keep_report(args.report, "bucket", rows, "benchmarks.bucket", argv, started)
         print(f"kept as {kept}")
 
 

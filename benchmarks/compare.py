@@ -439,8 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved = write_record(out / "benchmarks.json", t0, records, matmul_peak_gflops=peaks)
     print(table(records, peaks, cpu_record()))
     if args.report:
-        given = list(sys.argv[1:] if argv is None else argv)
-        kept = keep_report(args.report, "compare", saved, "benchmarks.compare", given, started)
+        kept = keep_report(args.report, "compare", saved, "benchmarks.compare", argv, started)
         print(f"kept as {kept}")
     plot(records, out / "benchmarks.png")
     print(

@@ -99,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "train_losses"}))
     print(table(runs))
     if args.report:
-        given = sys.argv[1:] if argv is None else argv
         kept = keep_report(
-            args.report, "default_run", runs, "benchmarks.default_run", given, started
+            args.report, "default_run", runs, "benchmarks.default_run", argv, started
         )
         print(f"kept as {kept}")
     return 0

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import cpu_line, cpu_record
+from jaxtpu.core import files
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS_MEASURED = ROOT / "docs" / "measured"
 
 # a report's kind -> its table function ("module:function", taking the report)
 KINDS = {
@@ -100,25 +100,24 @@ def keep(
     kind: str,
     report: Any,
     module: str,
-    argv: Sequence[str],
+    argv: Sequence[str] | None,
     when: dict[str, Any] | None = None,
 ) -> Path:
-    """Writes the report file: `report` (the benchmark's own results) as `kind`, measured by
-    `python -m module argv`; `when`: `provenance()` as the benchmark started (a commit made
-    while it ran is not its code), else now."""
+    """Writes the report file (atomically: a killed benchmark leaves the previous report
+    whole): `report` (the benchmark's own results) as `kind`, measured by `python -m module
+    argv` (None: this process's own arguments); `when`: `provenance()` as the benchmark
+    started (a commit made while it ran is not its code), else now."""
     if kind not in KINDS:
         raise ValueError(f"no table for reports of kind {kind!r}; known: {', '.join(KINDS)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "kind": kind,
-        "command": shlex.join(["python", "-m", module, *argv]),
+        "command": shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)]),
         "measured": when or provenance(),
         "report": report,
     }
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(path)  # a killed benchmark leaves the previous report whole
+    files.write_text(path, json.dumps(record, indent=1) + "\n")
     return path
 
 

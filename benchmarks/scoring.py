@@ -387,8 +387,7 @@ def main(argv: list[str] | None = None) -> None:
             (out / "scoring.json").write_text(json.dumps(results, indent=2))
     print(table(summary(results)))
     if args.report:
-        given = sys.argv[1:] if argv is None else argv
-        kept = keep_report(args.report, "scoring", results, "benchmarks.scoring", given, started)
+        kept = keep_report(args.report, "scoring", results, "benchmarks.scoring", argv, started)
         print(f"kept as {kept}")
 
 
