@@ -19,12 +19,40 @@ Comparisons with transformers' PyTorch models are marked by hand.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["pytester"]  # tests/test_tiers.py runs a test session of its own
+
+
+def _test_compile_cache() -> Path:
+    """JAX's persistent compilation cache for every test process of this machine (both
+    workers, every subprocess, every later run and clone), one directory per jax version:
+    the suite compiles the same tiny programs run after run, and a process that finds them
+    there skips XLA's compile. An entry is keyed by the program, the compile options, the
+    devices and jax's version, so a hit is the executable a compile would give; a test of
+    the cache itself sets its own directory. `JAX_COMPILATION_CACHE_DIR` set by the user
+    wins. The first run on a machine fills it."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "jaxtpu-tests" / f"xla-jax-{metadata.version('jax')}"
+
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_test_compile_cache())
+    # jax's own least-recently-used eviction keeps each version's directory under 2 GiB
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    cache = Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    entries = list(cache.glob("*-cache")) if cache.is_dir() else []
+    size = sum(f.stat().st_size for f in entries) / 2**20
+    return f"compilation cache: {cache} ({len(entries)} programs, {size:.0f} MiB)"
 
 
 # The marks that take a test out of `make test-fast`.
