@@ -37,6 +37,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import provenance
+
 # Rows of the Agile Community Rules competition's train.csv (Kaggle's data page). With its
 # test file's labelled examples added (`--rule-examples`) a run trains on several times more.
 RULES_TRAIN = 2_029
@@ -107,6 +110,19 @@ def config_dir(root: Path, name: str, layers: int = 0) -> Path:
     config = {**CONFIGS[name], **({"num_hidden_layers": layers} if layers else {})}
     (path / "config.json").write_text(json.dumps(config))
     return path
+
+
+def table(reports: list[dict[str, Any]]) -> str:
+    """The Markdown table of saved rows (in `ROWS` order, then length), with its notes: what
+    `--table-of` prints and the docs show of a kept report (`benchmarks.measured`)."""
+    saved = sorted(reports, key=lambda r: (ROWS.index((r["model"], r["target"])), r["max_len"]))
+    lines = [HEADER, "|" + "---|" * HEADER.count(" | ") + "---|", *map(row, saved)]
+    lines += ["", "\\* Estimates (preflight's roofline of the program compiled for the target; "
+              "on a GPU target its FLOP floor, a lower bound), not measurements."]  # fmt: skip
+    if any(FIT_NOTE in r["est_method"] for r in saved):
+        lines += ["", f"\u2020 {FIT_NOTE}, from the model cut to {FIT_LAYERS[0]} and "
+                  f"{FIT_LAYERS[1]} layers (--estimate without --whole)."]  # fmt: skip
+    return "\n".join(lines)
 
 
 def row(saved: dict[str, Any]) -> str:
@@ -273,6 +289,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="keep --out's rows and skip them")
     p.add_argument("--table-of", metavar="JSON", help="print the table of an --out file")
     p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep this run's rows (those of --out it resumed or estimated included) as "
+        "an estimated report for the docs (benchmarks.measured), e.g. "
+        "docs/measured/decoders-t4x2.json",
+    )
+    p.add_argument(
         "--estimate",
         action="store_true",
         help="for the rows of --out (within --targets, --models, --lengths) saved without a step "
@@ -295,39 +318,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.table_of:
-        saved = json.loads(Path(args.table_of).read_text())
-        saved.sort(key=lambda r: (ROWS.index((r["model"], r["target"])), r["max_len"]))
-        print(HEADER + "\n|" + "---|" * HEADER.count(" | ") + "---|")
-        print("\n".join(row(r) for r in saved))
-        print("\n* estimates (preflight's roofline of the program compiled for the target; "
-              "on a GPU target its FLOP floor, a lower bound), not measurements")  # fmt: skip
-        if any(FIT_NOTE in r["est_method"] for r in saved):
-            print(f"\u2020 {FIT_NOTE}, from the model cut to {FIT_LAYERS[0]} and {FIT_LAYERS[1]} "
-                  "layers (--estimate without --whole)")  # fmt: skip
-        return 0
-
-    from jaxtpu.engine import hosts
+def _search(args: argparse.Namespace, reports: list[dict[str, Any]], root: Path) -> None:
+    """The largest batch (and, unless --no-speed, the step estimate) of every wanted row not
+    in `reports` yet, each appended (and --out written) as it finishes."""
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import targets as pf_targets
 
-    hosts.set_cpu_device_count(8)
-    reports: list[dict[str, Any]] = []
-    if (args.resume or args.estimate) and args.out and Path(args.out).exists():
-        reports = json.loads(Path(args.out).read_text())
     done = {(r["model"], r["target"], r["max_len"]) for r in reports}
-    root = Path(tempfile.mkdtemp(prefix="jaxtpu-decoders-"))
-    targets, models = args.targets.split(","), args.models.split(",")
-    lengths = list(map(int, args.lengths.split(",")))
-    if args.estimate:
-        return _estimate_saved(args.out, reports, root, targets, models, lengths, args.whole)
     for model, target in ROWS:
-        if target not in targets or model not in models:
+        if target not in args.targets.split(",") or model not in args.models.split(","):
             continue
         devices, capacity = pf_targets.target_devices(target, pf_targets.device_count(target))
-        for length in lengths:
+        for length in map(int, args.lengths.split(",")):
             if (model, target, length) in done:
                 continue
             t0 = time.time()
@@ -343,6 +345,31 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 Path(args.out).write_text(json.dumps(reports, indent=2))
             print(row(reports[-1]), f"({time.time() - t0:.0f} s)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.table_of:
+        print(table(json.loads(Path(args.table_of).read_text())))
+        return 0
+    started = provenance() if args.report else None  # the code and machine that estimate
+
+    from jaxtpu.engine import hosts
+
+    hosts.set_cpu_device_count(8)
+    reports: list[dict[str, Any]] = []
+    if (args.resume or args.estimate) and args.out and Path(args.out).exists():
+        reports = json.loads(Path(args.out).read_text())
+    root = Path(tempfile.mkdtemp(prefix="jaxtpu-decoders-"))
+    if args.estimate:
+        targets, models = args.targets.split(","), args.models.split(",")
+        lengths = list(map(int, args.lengths.split(",")))
+        _estimate_saved(args.out, reports, root, targets, models, lengths, args.whole)
+    else:
+        _search(args, reports, root)
+    if args.report:
+        kept = keep_report(args.report, "decoders", reports, "benchmarks.decoders", argv, started)
+        print(f"kept {kept} (benchmarks.measured)")
     return 0
 
 

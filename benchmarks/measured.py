@@ -37,7 +37,11 @@ KINDS = {
     "default_run": "benchmarks.default_run:table",
     "scoring": "benchmarks.scoring:report_table",
     "device_check": "benchmarks.device_check:table",
+    "decoders": "benchmarks.decoders:table",
 }
+# kinds whose figures are estimates (a cost model of a program compiled for hardware that is
+# not here), never measurements: their caption says so
+ESTIMATED = {"decoders"}
 # the distributions whose versions a report records (read from the installed metadata: no
 # import, so recording costs nothing and a missing one is just absent)
 VERSIONS = (
@@ -140,8 +144,9 @@ def caption(record: dict[str, Any]) -> str:
     stack = ", ".join(
         f"{k} {v[k]}" for k in ("jax", "torch", "transformers", "onnxruntime") if k in v
     )
+    what = "Estimated (not measured)" if record["kind"] in ESTIMATED else "Measured"
     return (
-        f"Measured {m['date']} at commit `{m['commit']}`; {cpu_line(m.get('cpu'))}; Python "
+        f"{what} {m['date']} at commit `{m['commit']}`; {cpu_line(m.get('cpu'))}; Python "
         f"{m['python']}{', ' + stack if stack else ''}. Again: `{record['command']}`."
     )
 

@@ -144,3 +144,30 @@ def test_no_page_gains_a_table_of_figures_copied_by_hand():
     # it can fail: a pasted table of figures is one, a generated marker none
     assert len(_tables_of_figures("| a | s |\n|---|---|\n| x | 1.5 |\n\ntext")) == 1
     assert _tables_of_figures("<!-- measured:bucket.json -->\n") == []
+
+
+def test_an_estimated_report_is_captioned_as_an_estimate_and_its_rows_are_ordered(
+    tmp_path, monkeypatch
+):
+    """benchmarks.decoders' rows are preflight's estimates for hardware that is not here: the
+    caption says 'Estimated (not measured)', never 'Measured', and the rows come in the
+    table's order whatever order the run saved them in."""
+    from dataclasses import asdict
+
+    from jaxtpu.preflight.report import Report
+
+    def saved(length: int, batch: int) -> dict:
+        r = Report(target="t4x2", sharding="zero1", remat="layer", mesh="data=2,fsdp=1",
+                   batch_size=batch, max_len=length, params=8 << 30, capacity=12 << 30,
+                   total=11 << 30, est_step_s=0.5, est_method="flops", compile_s=30.0,
+                   extra={"largest_batch": batch})  # fmt: skip
+        return {"model": "Qwen3-4B", **asdict(r)}
+
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    path = measured.keep(tmp_path / "d.json", "decoders", [saved(512, 5), saved(256, 12)],
+                         "benchmarks.decoders", ["--targets", "t4x2"])  # fmt: skip
+    shown = measured.render(path)
+    rows = [line for line in shown.splitlines() if line.startswith("| Qwen3-4B")]
+    assert [r.split(" | ")[2:4] for r in rows] == [["256", "12"], ["512", "5"]]
+    assert "Estimated (not measured) " in shown and "Measured" not in shown
+    assert "not measurements" in shown  # the table's own footnote on the starred columns
