@@ -107,7 +107,7 @@ HAND_COPIED = {
     "docs/competitions/unintended-bias.md": 1,  # the bias recipe's runs
     "docs/data.md": 2,  # benchmarks.datascale at 2 M rows
     "docs/families.md": 1,  # benchmarks.local_attention (CPU and TPU estimates)
-    "docs/gpu.md": 2,  # the fp16 recipe run and the T4 decoder estimates
+    "docs/gpu.md": 1,  # the fp16 recipe run
     "docs/parity.md": 1,  # the fp16 parity report
     "docs/perspective.md": 2,  # calibration and serving (a multilabel MiniLM run first)
     "docs/tpu.md": 4,  # the TPU tuning, roofline and estimates tables (TPU compiles)
