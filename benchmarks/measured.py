@@ -169,7 +169,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__)
         return 0 if args else 2
     for name in args:
-        print(render(name), end="\n\n")
+        try:
+            print(render(name), end="\n\n")
+        except FileNotFoundError:
+            print(f"benchmarks.measured: {name}: no such report", file=sys.stderr)
+            return 2
+        except (ValueError, KeyError) as e:  # not JSON, not a kept report, a kind unknown
+            said = str(e) if name in str(e) else f"{name}: {e}"
+            print(f"benchmarks.measured: {said}", file=sys.stderr)
+            return 2
     return 0
 
 

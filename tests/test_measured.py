@@ -52,6 +52,14 @@ def test_a_report_of_no_known_kind_is_refused_when_kept_and_when_shown(tmp_path)
         measured.render(tmp_path / "rows.json")
 
 
+def test_showing_a_missing_or_foreign_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "rows.json").write_text(json.dumps(BUCKET_ROWS))
+    for name, said in (("nope.json", "no such report"), ("rows.json", "not a kept report")):
+        assert measured.main([str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_every_kept_report_renders_and_a_page_shows_it():
     """Each file in docs/measured/ has a table and is named by a page; each page's marker
     names a file there (the docs build fails on a missing one)."""
