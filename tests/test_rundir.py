@@ -73,7 +73,9 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("side", SIDE_COMMANDS)
+@pytest.mark.parametrize(
+    "side", ["jax", pytest.param("torch", marks=pytest.mark.torch)]
+)  # the torch side's command, run in this process, imports torch_xla
 def test_resume_refuses_changed_flags_and_records_what_ran(tmp_path, capsys, side):
     """Each side's command in this process (a run, two refused resumes and a resume that may
     change --max-steps): what is checked is the run directory and the one-line refusals."""
