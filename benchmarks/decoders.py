@@ -318,7 +318,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _search(args: argparse.Namespace, reports: list[dict[str, Any]], root: Path) -> None:
+def _search(
+    args: argparse.Namespace,
+    reports: list[dict[str, Any]],
+    root: Path,
+    targets: list[str],
+    models: list[str],
+    lengths: list[int],
+) -> None:
     """The largest batch (and, unless --no-speed, the step estimate) of every wanted row not
     in `reports` yet, each appended (and --out written) as it finishes."""
     from jaxtpu.preflight import fit as pf_fit
@@ -326,10 +333,10 @@ def _search(args: argparse.Namespace, reports: list[dict[str, Any]], root: Path)
 
     done = {(r["model"], r["target"], r["max_len"]) for r in reports}
     for model, target in ROWS:
-        if target not in args.targets.split(",") or model not in args.models.split(","):
+        if target not in targets or model not in models:
             continue
         devices, capacity = pf_targets.target_devices(target, pf_targets.device_count(target))
-        for length in map(int, args.lengths.split(",")):
+        for length in lengths:
             if (model, target, length) in done:
                 continue
             t0 = time.time()
@@ -361,12 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     if (args.resume or args.estimate) and args.out and Path(args.out).exists():
         reports = json.loads(Path(args.out).read_text())
     root = Path(tempfile.mkdtemp(prefix="jaxtpu-decoders-"))
+    targets, models = args.targets.split(","), args.models.split(",")
+    lengths = list(map(int, args.lengths.split(",")))
     if args.estimate:
-        targets, models = args.targets.split(","), args.models.split(",")
-        lengths = list(map(int, args.lengths.split(",")))
         _estimate_saved(args.out, reports, root, targets, models, lengths, args.whole)
     else:
-        _search(args, reports, root)
+        _search(args, reports, root, targets, models, lengths)
     if args.report:
         kept = keep_report(args.report, "decoders", reports, "benchmarks.decoders", argv, started)
         print(f"kept {kept} (benchmarks.measured)")
