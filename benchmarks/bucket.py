@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.measured import keep as keep_report
-from benchmarks.measured import provenance
+from benchmarks.measured import start as start_report
 
 SHAPES = {
     "MiniLM (6 x 384)": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12,
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         print(table(json.loads((out / "bucket.json").read_text())))
         return
     out.mkdir(parents=True, exist_ok=True)
-    started = provenance() if args.report else None  # the code and machine that measure
+    started = start_report(args.report, "benchmarks.bucket")  # the code and machine that measure
     import jax
     import numpy as np
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from benchmarks.machine import cpu_line, cpu_record
 from benchmarks.measured import keep as keep_report
-from benchmarks.measured import provenance
+from benchmarks.measured import start as start_report
 from jaxtpu.core import files, hostmem
 from parity_tests.harness import ROOT, clean_env
 
@@ -415,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(saved["results"], out / "benchmarks.png")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    started = provenance() if args.report else None  # the code and machine that measure
+    started = start_report(args.report, "benchmarks.compare")  # the code and machine that measure
     t0 = time.time()
     peaks = {}
     for precision in ("fp32", "bf16"):

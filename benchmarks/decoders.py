@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.measured import keep as keep_report
-from benchmarks.measured import provenance
+from benchmarks.measured import start as start_report
 
 # Rows of the Agile Community Rules competition's train.csv (Kaggle's data page). With its
 # test file's labelled examples added (`--rule-examples`) a run trains on several times more.
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table_of:
         print(table(json.loads(Path(args.table_of).read_text())))
         return 0
-    started = provenance() if args.report else None  # the code and machine that estimate
+    started = start_report(args.report, "benchmarks.decoders")  # the code and machine that estimate
 
     from jaxtpu.engine import hosts
 

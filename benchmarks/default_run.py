@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.measured import keep as keep_report
-from benchmarks.measured import provenance
+from benchmarks.measured import start as start_report
 from parity_tests.harness import ROOT, clean_env
 
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs: at least 1")
-    started = provenance() if args.report else None
+    started = start_report(args.report, "benchmarks.default_run")
     runs = []
     with tempfile.TemporaryDirectory(prefix="jaxtpu-default-run-") as tmp:
         cache = Path(tmp) / "cache"

@@ -2,9 +2,10 @@
 what command it was measured, in one JSON file under docs/measured/; the docs' tables are
 generated from those files and nothing else.
 
-A benchmark run with `--report FILE` writes FILE (`keep`): its own results (`report`), its
-kind, the command line, and where it ran (`provenance`: the UTC date, the commit, and whether
-the working tree had changes, the CPU, the Python and library versions). A page names the file
+A benchmark run with `--report FILE` checks FILE as it starts (`start`) and writes it at the
+end (`keep`): its own results (`report`), its kind, the command line, and where it ran
+(`provenance`: the UTC date, the commit, and whether the working tree had changes, the CPU,
+the Python and library versions). A page names the file
 with `<!-- measured:FILE -->` and `docs/hooks.py` puts `render(FILE)` there: the kind's own
 table function over the report, and a line saying when, on what and how it was measured. The
 prose around a table links to it instead of quoting its numbers (`tests/test_docs.py`).
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import cpu_line, cpu_record
-from jaxtpu.core import files
+from jaxtpu.core import files, storage
+from jaxtpu.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,6 +99,21 @@ def provenance() -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": versions(),
     }
+
+
+def start(path: str | Path | None, module: str) -> dict[str, Any] | None:
+    """A benchmark's `--report FILE` checked before any work, and `provenance()` as the work
+    starts (a commit made while it runs is not its code); None without a report. A path that
+    cannot be written ends the benchmark here in one line (exit 2), not after hours of
+    measuring."""
+    if path is None:
+        return None
+    try:
+        storage.check_output_path(Path(path), "--report")
+    except UserError as e:
+        print(f"{module}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return provenance()
 
 
 def keep(

@@ -60,7 +60,7 @@ from pathlib import Path
 from benchmarks.datascale import measured
 from benchmarks.machine import cpu_line, cpu_record
 from benchmarks.measured import keep as keep_report
-from benchmarks.measured import provenance
+from benchmarks.measured import start as start_report
 from parity_tests.competitions import REAL_CSV
 
 WAYS = ("jaxtpu-predict", "jaxtpu-api", "pipeline-fp32", "pipeline-bf16", "onnx-fp32", "onnx-int8")
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
             "out to train one into OUT/run"
         )
     out.mkdir(parents=True, exist_ok=True)
-    started = provenance() if args.report else None  # the code and machine that measure
+    started = start_report(args.report, "benchmarks.scoring")  # the code and machine that measure
     run = Path(args.workdir or out / "run")
     _prepare(out, run, csv_path, args.rows)
     comments = out / f"comments-{args.rows}.csv"

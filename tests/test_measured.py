@@ -60,6 +60,27 @@ def test_showing_a_missing_or_foreign_file_is_one_line(tmp_path, capsys):
         assert said in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("module", ["decoders", "default_run"])
+def test_a_report_path_that_cannot_be_written_ends_a_benchmark_before_its_work(
+    tmp_path, monkeypatch, capsys, module
+):
+    """`--report FILE` is checked as a benchmark starts (`measured.start`), not after hours of
+    measuring: a directory there ends it in one line, exit 2. Both benchmarks would start a
+    process or compile right after, which this tier's guard would fail."""
+    import importlib
+
+    bench = importlib.import_module(f"benchmarks.{module}")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--report", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"benchmarks.{module}: --report {tmp_path} is a directory; give a file path"
+    assert measured.start(None, "benchmarks.x") is None  # no report: nothing checked
+    monkeypatch.setattr(measured, "provenance", lambda: {"commit": "c"})  # git: a process
+    assert measured.start(tmp_path / "new" / "r.json", "benchmarks.x") == {"commit": "c"}
+    assert not (tmp_path / "new").exists()  # checked, nothing made before the results
+
+
 def test_every_kept_report_renders_and_a_page_shows_it():
     """Each file in docs/measured/ has a table and is named by a page; each page's marker
     names a file there (the docs build fails on a missing one)."""
