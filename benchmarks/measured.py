@@ -40,6 +40,7 @@ KINDS = {
     "scoring": "benchmarks.scoring:report_table",
     "device_check": "benchmarks.device_check:table",
     "decoders": "benchmarks.decoders:table",
+    "rules": "benchmarks.rules:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import start as start_report
 from jaxtpu.core.breakdowns import rule_keys
 from parity_tests.competitions import REAL_CSV, RULES, TRAIN_RULES, write_rules_files
 
@@ -39,10 +41,14 @@ WAYS = {
 }
 
 
+def rundir(out: Path, way: str) -> Path:
+    return out / way.replace("+", "_")
+
+
 def run(way: str, flags: list[str], files: dict[str, Path], out: Path, epochs: int) -> dict:
     """Trains one way (skipped when its run finished before) and evaluates its best model on
     the labelled test file."""
-    workdir = out / way.replace("+", "_")
+    workdir = rundir(out, way)
     if not (workdir / "summary.json").exists():
         shutil.rmtree(workdir, ignore_errors=True)  # a run that did not finish: again
         cmd = [
@@ -116,6 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--csv", default=str(REAL_CSV), help="the real comments (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=2, help="epochs of each run (default: 2)")
     p.add_argument("--ways", default=",".join(WAYS), help="which runs (default: %(default)s)")
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep the results as a measured report (benchmarks.measured), e.g. "
+        "docs/measured/rules.json, the table docs/competitions/rules.md shows",
+    )
     args = p.parse_args(argv)
     real, out = Path(args.csv), Path(args.out)
     if not real.exists():
@@ -124,11 +136,18 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [w for w in ways if w not in WAYS]
     if unknown:
         p.error(f"--ways: unknown {', '.join(unknown)}; the ways are {', '.join(WAYS)}")
+    reused = [w for w in ways if (rundir(out, w) / "summary.json").exists()]
+    if args.report and reused:  # a kept report is this code's runs, not earlier ones
+        p.error(f"--report: {out} holds finished runs ({', '.join(reused)}); give a new --out")
+    started = start_report(args.report, "benchmarks.rules")  # the code and machine that measure
     train, test, labelled = write_rules_files(real, out)
     files = {"train": train, "test": test, "labelled": labelled}
     results = {w: run(w, WAYS[w], files, out, args.epochs) for w in ways}
     (out / "rules.json").write_text(json.dumps(results, indent=1))
     print(table(results))
+    if args.report:
+        kept = keep_report(args.report, "rules", results, "benchmarks.rules", argv, started)
+        print(f"kept {kept}")
 
 
 if __name__ == "__main__":
