@@ -41,6 +41,7 @@ KINDS = {
     "device_check": "benchmarks.device_check:table",
     "decoders": "benchmarks.decoders:table",
     "rules": "benchmarks.rules:table",
+    "parity": "benchmarks.parity:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
