@@ -42,6 +42,8 @@ KINDS = {
     "decoders": "benchmarks.decoders:table",
     "rules": "benchmarks.rules:table",
     "parity": "benchmarks.parity:table",
+    "competitions": "benchmarks.competitions:table",
+    "bias": "benchmarks.competitions:bias_table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
