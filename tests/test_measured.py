@@ -200,3 +200,34 @@ def test_an_estimated_report_is_captioned_as_an_estimate_and_its_rows_are_ordere
     assert [r.split(" | ")[2:4] for r in rows] == [["256", "12"], ["512", "5"]]
     assert "Estimated (not measured) " in shown and "Measured" not in shown
     assert "not measurements" in shown  # the table's own footnote on the starred columns
+
+
+def test_the_competitions_tables_show_each_runs_commands_training_and_evaluation():
+    """benchmarks.competitions' rows (kinds competitions and bias): a run's monitored best,
+    evaluate's headline on its count of examples or pairs, its parts less the per-identity
+    ones, what predict wrote, and the bias table's val_loss at the best step."""
+    from benchmarks import competitions
+
+    row = {
+        "run": "Unintended Bias",
+        "commands": ["jaxtpu train --workdir runs/ub", "jaxtpu evaluate --workdir runs/ub"],
+        "summary": {"steps": 94, "monitor": "val_jigsaw_bias", "best": {"value": 0.95, "step": 94}},
+        "best_eval": {"val_loss": 0.498, "val_jigsaw_bias": 0.95},
+        "evaluate": {"metric": "jigsaw_bias", "value": 0.952648, "examples": 1000,
+                     "jigsaw_bias": 0.952648, "overall_auc": 0.951, "subgroup_auc": 0.9557,
+                     "bpsn_auc": 0.9425, "bnsp_auc": 0.9614, "bpsn_auc_muslim": 0.5},
+    }  # fmt: skip
+    pairs = {**row, "run": "Rate Severity", "best_eval": {},
+             "evaluate": {"metric": "agreement", "value": 0.934, "pairs": 1000},
+             "predicted": {"columns": ["id", "toxic"], "rows": 500}}  # fmt: skip
+    shown = competitions.table([row, pairs]).splitlines()
+    assert shown[2].startswith("| Unintended Bias | `jaxtpu train --workdir runs/ub`; `jaxtpu")
+    assert "| 94 steps, best val_jigsaw_bias 0.9500 |" in shown[2]
+    assert "`jigsaw_bias` 0.9526 on 1000 examples (overall_auc 0.9510, subgroup_auc" in shown[2]
+    assert "muslim" not in shown[2] and "bnsp_auc 0.9614)" in shown[2]
+    assert "`agreement` 0.9340 on 1000 pairs; predict wrote 500 rows of `id,toxic` |" in shown[3]
+    bias = competitions.bias_table([row, pairs | {"evaluate": row["evaluate"]}]).splitlines()
+    assert (
+        bias[2] == "| Unintended Bias | 94 | 0.9526 | 0.9510 | 0.9557 | 0.9425 | 0.9614 | 0.4980 |"
+    )
+    assert bias[3].endswith("| 0.9614 | - |")  # no eval record at the best step: no loss
