@@ -44,6 +44,7 @@ KINDS = {
     "parity": "benchmarks.parity:table",
     "competitions": "benchmarks.competitions:table",
     "bias": "benchmarks.competitions:bias_table",
+    "calibration": "benchmarks.calibration:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
