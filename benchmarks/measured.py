@@ -45,6 +45,7 @@ KINDS = {
     "competitions": "benchmarks.competitions:table",
     "bias": "benchmarks.competitions:bias_table",
     "calibration": "benchmarks.calibration:table",
+    "precisions": "benchmarks.precisions:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
