@@ -66,8 +66,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         scaled = "-"
         if "loss_scales" in r:
-            scales = ", ".join(f"{s:,.0f}" for s in r["loss_scales"])
-            scaled = f"{r['skipped_steps']}, {scales}"
+            low, high = r["loss_scales"][0], r["loss_scales"][-1]
+            span = f"{low:,.0f} throughout" if low == high else f"{low:,.0f} to {high:,.0f}"
+            scaled = f"{r['skipped_steps']} skipped; scale {span}"
         lines.append(
             f"| {r['precision']} | {r['steps']} | {r['val_agreement']:.4f} | "
             f"{r['val_loss']:.4f} | {r['wall_s']:.0f} | {scaled} |"

@@ -231,3 +231,21 @@ def test_the_competitions_tables_show_each_runs_commands_training_and_evaluation
         bias[2] == "| Unintended Bias | 94 | 0.9526 | 0.9510 | 0.9557 | 0.9425 | 0.9614 | 0.4980 |"
     )
     assert bias[3].endswith("| 0.9614 | - |")  # no eval record at the best step: no loss
+
+
+def test_the_precisions_table_gives_fp16_alone_its_skipped_steps_and_loss_scales():
+    from benchmarks import precisions
+
+    rows = [
+        {"precision": "bf16", "steps": 30, "val_agreement": 0.91667, "val_loss": 0.1042,
+         "wall_s": 53.4},
+        {"precision": "fp16", "steps": 30, "val_agreement": 0.91667, "val_loss": 0.1094,
+         "wall_s": 94.0, "skipped_steps": 1, "loss_scales": [32768.0, 65536.0]},
+    ]  # fmt: skip
+    shown = precisions.table(rows).splitlines()
+    assert shown[2] == "| bf16 | 30 | 0.9167 | 0.1042 | 53 | - |"
+    assert shown[3] == "| fp16 | 30 | 0.9167 | 0.1094 | 94 | 1 skipped; scale 32,768 to 65,536 |"
+    rows[1]["loss_scales"] = [65536.0]
+    assert precisions.table(rows).endswith(
+    assert precisions.table(rows).endswith("| 1 skipped; scale 65,536 throughout |")
+    )
