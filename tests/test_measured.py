@@ -246,6 +246,4 @@ def test_the_precisions_table_gives_fp16_alone_its_skipped_steps_and_loss_scales
     assert shown[2] == "| bf16 | 30 | 0.9167 | 0.1042 | 53 | - |"
     assert shown[3] == "| fp16 | 30 | 0.9167 | 0.1094 | 94 | 1 skipped; scale 32,768 to 65,536 |"
     rows[1]["loss_scales"] = [65536.0]
-    assert precisions.table(rows).endswith(
     assert precisions.table(rows).endswith("| 1 skipped; scale 65,536 throughout |")
-    )
