@@ -23,6 +23,9 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import start as start_report
+
 HIDDEN, HEADS, WINDOW, TOKENS = 768, 12, 128, 4096
 
 
@@ -104,6 +107,37 @@ def tpu_ms(form: str, length: int, target: str) -> tuple[float, float]:
     return low * 1e3, high * 1e3
 
 
+def row(length: int, repeats: int, target: str | None) -> dict[str, Any]:
+    """One length: both forms' CPU milliseconds, and (with a target) their TPU estimates."""
+    found: dict[str, Any] = {"length": length, "batch": max(1, TOKENS // length)}
+    for form in ("full", "banded"):
+        found[f"cpu_{form}_ms"] = cpu_ms(form, length, repeats)
+        found[f"est_{form}_ms"] = list(tpu_ms(form, length, target)) if target else None
+    return {**found, "target": target}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A row per length: CPU milliseconds measured, TPU milliseconds estimated (starred)."""
+    target = next((r["target"] for r in rows if r["target"]), "TPU")
+    header = (
+        "| length | batch | CPU full ms | CPU banded ms | CPU full / banded "
+        f"| {target} est. full ms* | {target} est. banded ms* | est. full / banded |"
+    )
+    lines = [header, "|" + "---|" * (header.count(" | ") + 1)]
+    for r in rows:
+        full, band = r["cpu_full_ms"], r["cpu_banded_ms"]
+        cells = [r["length"], r["batch"], f"{full:.1f}", f"{band:.1f}", f"{full / band:.2f}x"]
+        if r["est_full_ms"] is None:
+            cells += ["-", "-", "-"]
+        else:
+            (fl, fh), (bl, bh) = r["est_full_ms"], r["est_banded_ms"]
+            cells += [f"{fl:.3f}-{fh:.3f}", f"{bl:.3f}-{bh:.3f}", f"{fl / bl:.2f}x"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    lines += ["", "\\* estimate: jaxtpu's roofline of the program compiled for the target, "
+              "not measured"]  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.local_attention",
@@ -114,29 +148,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="timed CPU calls per cell [5]")
     p.add_argument("--target", default="v5e-1", help="TPU target of the estimate [v5e-1]")
     p.add_argument("--no-tpu", action="store_true", help="skip the TPU estimate")
-    args = p.parse_args(argv)
-    header = (
-        "| length | batch | CPU full ms | CPU banded ms | CPU full / banded "
-        f"| {args.target} est. full ms* | {args.target} est. banded ms* | est. full / banded |"
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep the rows as a measured report (benchmarks.measured), e.g. "
+        "docs/measured/local_attention.json, the table docs/families.md shows",
     )
-    rows: list[str] = []
+    args = p.parse_args(argv)
+    started = start_report(args.report, "benchmarks.local_attention")  # the code and machine
+    rows = []
     for length in map(int, args.lengths.split(",")):
-        cells: list[Any] = [length, max(1, TOKENS // length)]
-        full, band = cpu_ms("full", length, args.repeats), cpu_ms("banded", length, args.repeats)
-        cells += [f"{full:.1f}", f"{band:.1f}", f"{full / band:.2f}x"]
-        if args.no_tpu:
-            cells += ["-", "-", "-"]
-        else:
-            (fl, fh), (bl, bh) = (
-                tpu_ms("full", length, args.target),
-                tpu_ms("banded", length, args.target),
-            )
-            cells += [f"{fl:.3f}-{fh:.3f}", f"{bl:.3f}-{bh:.3f}", f"{fl / bl:.2f}x"]
-        rows.append("| " + " | ".join(map(str, cells)) + " |")
-        print(rows[-1], flush=True)
-    print("\n" + header + "\n|" + "---|" * header.count(" | ") + "---|")
-    print("\n".join(rows))
-    print("* estimate: jaxtpu's roofline of the program compiled for the target, not measured")
+        rows.append(row(length, args.repeats, None if args.no_tpu else args.target))
+        print(table(rows[-1:]).splitlines()[2], flush=True)
+    print("\n" + table(rows))
+    if args.report:
+        module = "benchmarks.local_attention"
+        kept = keep_report(args.report, "local_attention", rows, module, argv, started)
+        print(f"kept {kept}")
     return 0
 
 

@@ -46,6 +46,7 @@ KINDS = {
     "bias": "benchmarks.competitions:bias_table",
     "calibration": "benchmarks.calibration:table",
     "precisions": "benchmarks.precisions:table",
+    "local_attention": "benchmarks.local_attention:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
