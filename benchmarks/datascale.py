@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import start as start_report
 from parity_tests.competitions import REAL_CSV
 
 MAX_LEN = 128
@@ -166,6 +168,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--table", action="store_true", help="print OUT/datascale.json as a markdown table"
     )
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep the rows as a measured report (benchmarks.measured), e.g. "
+        "docs/measured/datascale.json, the table docs/data.md shows",
+    )
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     return p
 
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     real, out = Path(args.csv), Path(args.out)
     if not real.exists():
         p.error(f"--csv {real}: not found (see ../shared/data/SOURCES.md)")
+    started = start_report(args.report, "benchmarks.datascale")  # the code and machine
     out.mkdir(parents=True, exist_ok=True)
     with open(real, newline="", encoding="utf-8") as f:
         head = list(itertools.islice(csv.reader(f), 501))  # the header and 500 rows
@@ -215,6 +224,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(row), flush=True)
         results.append(row)
         (out / "datascale.json").write_text(json.dumps(results, indent=1))
+    print(table(results))
+    if args.report:
+        kept = keep_report(args.report, "datascale", results, "benchmarks.datascale", argv, started)
+        print(f"kept {kept}")
 
 
 def _size(n: int, real: Path, out: Path, valid: Path, scorer: Path, args: Any) -> dict:

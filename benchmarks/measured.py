@@ -47,6 +47,7 @@ KINDS = {
     "calibration": "benchmarks.calibration:table",
     "precisions": "benchmarks.precisions:table",
     "local_attention": "benchmarks.local_attention:table",
+    "datascale": "benchmarks.datascale:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
