@@ -132,7 +132,6 @@ HAND_COPIED = {
     "docs/benchmarks.md": 2,  # epoch tables at 128 and 256 (compare --epoch: 1-2 h a length)
     "docs/big-models.md": 6,  # estimates/memory tables: TPU compiles of large models
     "docs/competitions.md": 1,  # each competition's recipe run
-    "docs/competitions/rules.md": 1,  # the rules recipe's validation and holdout AUCs
     "docs/competitions/unintended-bias.md": 1,  # the bias recipe's runs
     "docs/data.md": 1,  # benchmarks.datascale at 2 M rows
     "docs/families.md": 1,  # benchmarks.local_attention (CPU and TPU estimates)
