@@ -131,7 +131,6 @@ def test_the_default_run_report_is_a_row_per_run_first_from_empty_caches():
 HAND_COPIED = {
     "docs/benchmarks.md": 2,  # epoch tables at 128 and 256 (compare --epoch: 1-2 h a length)
     "docs/big-models.md": 6,  # estimates/memory tables: TPU compiles of large models
-    "docs/competitions/unintended-bias.md": 1,  # the bias recipe's runs
     "docs/data.md": 1,  # benchmarks.datascale at 2 M rows
     "docs/families.md": 1,  # benchmarks.local_attention (CPU and TPU estimates)
     "docs/gpu.md": 1,  # the fp16 recipe run
