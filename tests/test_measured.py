@@ -134,7 +134,6 @@ HAND_COPIED = {
     "docs/data.md": 1,  # benchmarks.datascale at 2 M rows
     "docs/families.md": 1,  # benchmarks.local_attention (CPU and TPU estimates)
     "docs/gpu.md": 1,  # the fp16 recipe run
-    "docs/parity.md": 1,  # the fp16 parity report
     "docs/perspective.md": 2,  # calibration and serving (a multilabel MiniLM run first)
     "docs/tpu.md": 4,  # the TPU tuning, roofline and estimates tables (TPU compiles)
 }
