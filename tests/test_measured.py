@@ -134,7 +134,7 @@ HAND_COPIED = {
     "docs/data.md": 1,  # benchmarks.datascale at 2 M rows
     "docs/families.md": 1,  # benchmarks.local_attention (CPU and TPU estimates)
     "docs/gpu.md": 1,  # the fp16 recipe run
-    "docs/perspective.md": 2,  # calibration and serving (a multilabel MiniLM run first)
+    "docs/perspective.md": 1,  # serving (benchmarks.serving: four sittings, a quiet machine)
     "docs/tpu.md": 4,  # the TPU tuning, roofline and estimates tables (TPU compiles)
 }
 # tables of decimals that are not measurements: settings, a data description, hardware facts
