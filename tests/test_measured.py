@@ -133,7 +133,6 @@ HAND_COPIED = {
     "docs/big-models.md": 6,  # estimates/memory tables: TPU compiles of large models
     "docs/data.md": 1,  # benchmarks.datascale at 2 M rows
     "docs/families.md": 1,  # benchmarks.local_attention (CPU and TPU estimates)
-    "docs/gpu.md": 1,  # the fp16 recipe run
     "docs/perspective.md": 1,  # serving (benchmarks.serving: four sittings, a quiet machine)
     "docs/tpu.md": 4,  # the TPU tuning, roofline and estimates tables (TPU compiles)
 }
