@@ -26,6 +26,8 @@ from typing import Any
 
 from benchmarks.measured import keep as keep_report
 from benchmarks.measured import start as start_report
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.storage import check_output_path
 from parity_tests.competitions import REAL_CSV
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -99,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--precisions: unknown {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}")
     if not real.is_file():
         p.error(f"--csv {real}: not found (see ../shared/data/SOURCES.md)")
-    if out.exists() and any(out.iterdir()):
-        p.error(f"--out {out}: not empty; give a new directory")
+    try:  # a new or empty directory, as jaxtpu's own commands check theirs
+        check_output_path(out, "--out", is_dir=True)
+    except UserError as e:
+        p.error(str(e))
     started = start_report(args.report, "benchmarks.precisions")  # the code and machine
     out.mkdir(parents=True, exist_ok=True)
     rows = [run(precision, out, real) for precision in precisions]
