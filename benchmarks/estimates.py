@@ -22,7 +22,10 @@ are docs/big-models.md's table.
 Rows print as they finish (a Markdown table at the end); `--out` keeps the reports as JSON
 after every row, `--resume` skips the rows a previous `--out` already has, and `--table-of
 FILE` prints the table of such a file (one process per target keeps memory down: the TPU
-compiler's memory grows with each large program compiled in a process).
+compiler's memory grows with each large program compiled in a process). `--report FILE` keeps
+the rows as a kept report (`benchmarks.measured`, kind `estimates`, captioned as an estimate) that
+a page renders with `report_table`; it is refused with `--resume`, whose earlier rows were not
+computed by this code.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import start as start_report
 
 JIGSAW_TOXIC_TRAIN = 159_571  # rows of the Toxic Comment Classification Challenge's train.csv
 
@@ -176,6 +182,18 @@ def table_of(reports: list[dict[str, Any]], targets: list[str]) -> str:
     return "\n".join(lines)
 
 
+def report_table(reports: list[dict[str, Any]]) -> str:
+    """A kept report's table (kind `estimates`): its rows in `TARGETS`' order, then model and
+    length, and a note that every figure is an estimate."""
+    targets = [t for t in TARGETS.split(",") if any(r["target"] == t for r in reports)]
+    return (
+        table_of(reports, targets)
+        + "\n\nEvery figure is preflight's estimate for a TPU that was not there (the compiler's "
+        "cost model on v2/v3, jaxtpu's roofline of the compiled program elsewhere): not a "
+        "measurement."
+    )
+
+
 HEADER = (
     "| model | target | max len | batch/dev | sharding | train step | fits | est. step s | by "
     "| compiler s | roofline / compiler | est. examples/s | MFU bound | est. Jigsaw epoch min |"
@@ -205,7 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         help="print the Markdown table of an earlier --out file (rows in --targets order, "
         "then --models, then length) and compute nothing",
     )
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep the rows as a report (benchmarks.measured, kind estimates) for the docs",
+    )
     args = p.parse_args(argv)
+    if args.report and args.resume:
+        p.error("--report: not with --resume (the rows kept before were not computed by this run)")
     if args.table_of:
         print(table_of(json.loads(Path(args.table_of).read_text()), args.targets.split(",")))
         return 0
@@ -217,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxtpu.preflight import speed as pf_speed
     from jaxtpu.preflight import targets as pf_targets
 
+    started = start_report(args.report, "benchmarks.estimates")  # the code and the machine
     hosts.set_cpu_device_count(8)
     col = dict(pf_report.COLUMNS)
     reports: list[dict[str, Any]] = []
@@ -255,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + HEADER)
     print("|" + "---|" * HEADER.count(" | ") + "---|")
     print("\n".join(rows))
+    if args.report:
+        kept = keep_report(args.report, "estimates", reports, "benchmarks.estimates", argv, started)
+        print(f"kept {kept}")
     return 0
 
 

@@ -48,10 +48,11 @@ KINDS = {
     "precisions": "benchmarks.precisions:table",
     "local_attention": "benchmarks.local_attention:table",
     "datascale": "benchmarks.datascale:table",
+    "estimates": "benchmarks.estimates:report_table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
-ESTIMATED = {"decoders"}
+ESTIMATED = {"decoders", "estimates"}
 # the distributions whose versions a report records (read from the installed metadata: no
 # import, so recording costs nothing and a missing one is just absent)
 VERSIONS = (

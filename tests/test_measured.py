@@ -241,3 +241,30 @@ def test_the_precisions_table_gives_fp16_alone_its_skipped_steps_and_loss_scales
     assert shown[3] == "| fp16 | 30 | 0.9167 | 0.1094 | 94 | 1 skipped; scale 32,768 to 65,536 |"
     rows[1]["loss_scales"] = [65536.0]
     assert precisions.table(rows).endswith("| 1 skipped; scale 65,536 throughout |")
+
+
+def test_an_estimates_report_is_captioned_as_an_estimate_in_the_targets_order(
+    tmp_path, monkeypatch
+):
+    """benchmarks.estimates --report (kind estimates): preflight's figures for TPUs that are
+    not here, so the caption says 'Estimated (not measured)'; the rows come in TARGETS' order
+    (v3-8 before v5e-8) whatever order they were computed in, and the v3 rows carry the
+    compiler's figure beside the roofline's (what docs/tpu.md's validation reads)."""
+    from jaxtpu.preflight.report import Report
+
+    def saved(target: str, step: float, compiler: float, roofline: float) -> dict:
+        r = Report(target, "fsdp", "none", "data=1,fsdp=8", 32, 128, total=2**30)
+        r.fits, r.est_step_s, r.global_batch = True, step, 256
+        r.est_method = "compiler" if compiler > 0 else "roofline"
+        r.compiler_step_s, r.roofline_step_s = compiler, roofline
+        return {"model": "MiniLM (6 x 384)", **r.__dict__}
+
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    rows = [saved("v5e-8", 0.01, -114.0, 0.01), saved("v3-8", 0.02, 0.02, 0.019)]
+    path = measured.keep(tmp_path / "e.json", "estimates", rows, "benchmarks.estimates", [])
+    shown = measured.render(path)
+    lines = [line for line in shown.splitlines() if line.startswith("| MiniLM")]
+    assert [line.split(" | ")[1] for line in lines] == ["v3-8", "v5e-8"]
+    assert "| compiler | 0.0200 | 0.95 |" in lines[0] and "| (-114) | - |" in lines[1]
+    assert "Estimated (not measured) " in shown and "Measured" not in shown
+    assert "not a measurement" in shown
