@@ -49,6 +49,7 @@ KINDS = {
     "local_attention": "benchmarks.local_attention:table",
     "datascale": "benchmarks.datascale:table",
     "estimates": "benchmarks.estimates:report_table",
+    "serving": "benchmarks.serving:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so

@@ -24,6 +24,18 @@ Then the server at half its saturating rate as an open loop (Poisson arrivals at
 64-client throughput): p99 over p50 there. Everything shares this 2-core machine with the load
 generator, so the ratios mean more than the absolute numbers; the CPU is recorded (model,
 cores, the flags that change the kernels). OUT/serving.json keeps every figure.
+
+A sitting is one backend with its serve flags, its own offline and baseline rows; `--sitting
+BACKEND[:SERVE FLAGS]` (repeated) runs several one after another in this process, e.g. the
+four of docs/perspective.md's table:
+
+    python -m benchmarks.serving --train --workdir runs/serve-run --out runs/serving \\
+        --sitting jaxtpu --sitting onnx-fp32 --sitting onnx-int8 \\
+        --sitting 'onnx-int8:--workers 2' --report docs/measured/serving.json
+
+`--train` first trains benchmarks.calibration's multilabel MiniLM run into a new --workdir;
+`--report FILE` (with `--train` only: a kept report is of a run this code trained) keeps the
+sittings as a measured report (kind `serving`, `table`: a row per sitting against the goals).
 """
 
 from __future__ import annotations
@@ -43,7 +55,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import calibration
 from benchmarks.machine import cpu_line, cpu_record
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import start as start_report
 from parity_tests.competitions import REAL_CSV
 
 
@@ -239,27 +254,29 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def source_of(args: argparse.Namespace, out: Path) -> tuple[str, str]:
+def source_of(workdir: str, backend: str, out: Path) -> tuple[str, str]:
     """(the serve flag, its path) of the backend: the run, or its ONNX export (written once
     into OUT/onnx, with the int8 twin)."""
-    if args.backend == "jaxtpu":
-        return "--workdir", args.workdir
+    if backend == "jaxtpu":
+        return "--workdir", workdir
     export = out / "onnx"
     if not export.exists():
-        cmd = [sys.executable, "-m", "jaxtpu.export", "--workdir", args.workdir]
+        cmd = [sys.executable, "-m", "jaxtpu.export", "--workdir", workdir]
         cmd += ["--out", str(export), "--format", "onnx", "--quantize", "int8"]
         subprocess.run(cmd, check=True)
-    return "--onnx", str(export / ("model_int8.onnx" if args.backend == "onnx-int8" else ""))
+    return "--onnx", str(export / ("model_int8.onnx" if backend == "onnx-int8" else ""))
 
 
 def serve_rows(
-    args: argparse.Namespace, source: tuple[str, str], texts: list[str], levels: list[int]
+    sitting: tuple[str, str], source: tuple[str, str], texts: list[str], levels: list[int]
 ) -> dict[str, Any]:
-    """The server's rows at each level, its half-load open loop and its model version."""
+    """The server's rows at each level, its half-load open loop and its model version;
+    `sitting`: (backend, serve flags)."""
     import httpx
 
+    backend, flags = sitting
     serve = [sys.executable, "-m", "jaxtpu.serve", *source, "--port", "0"]
-    proc, url = _start(serve + args.serve_flags.split(), "serving")
+    proc, url = _start(serve + flags.split(), "serving")
     rows = []
     try:
         _wait_ready(url)
@@ -273,9 +290,9 @@ def serve_rows(
         asyncio.run(closed_loop(analyze, body, texts[:32], 8))  # warm
         for c in levels:
             row = asyncio.run(closed_loop(analyze, body, texts, c))
-            rows.append({"way": f"serve {args.backend}", "clients": c, **row})
+            rows.append({"way": f"serve {backend}", "clients": c, **row})
             print(
-                f"serve {args.backend}, {c} clients: {row['throughput']:.1f}/s, "
+                f"serve {backend}, {c} clients: {row['throughput']:.1f}/s, "
                 f"p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms",
                 flush=True,
             )
@@ -324,9 +341,91 @@ def ratios(result: dict[str, Any], clients: int) -> dict[str, Any]:
     }
 
 
+SITTING_LABELS = {  # how docs/perspective.md's table names each backend's serve command
+    "jaxtpu": "`--workdir` (jaxtpu, {precision})",
+    "onnx-fp32": "`--onnx DIR` (fp32)",
+    "onnx-int8": "`--onnx DIR/model_int8.onnx`",
+}
+
+
+def table(sittings: list[dict[str, Any]]) -> str:
+    """A row per sitting (kind `serving`): the server's throughput at each client count, its
+    latency alone and at the top count, against its offline rate and the baseline, and its
+    tail at half load, each ratio beside its goal."""
+    levels = [r["clients"] for r in sittings[0]["rows"] if r["way"].startswith("serve ")]
+    top = levels[-1]
+    lines = [
+        f"| serve | comments/s at {' / '.join(map(str, levels))} clients | p50 at {levels[0]} / "
+        f"p99 at {top} (ms) | offline comments/s | {top} clients / offline (goal 0.8) | "
+        f"baseline at {top} | / baseline (goal 3) | p99/p50 at half load (goal 3) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in sittings:
+        serve = [r for r in s["rows"] if r["way"].startswith("serve ")]
+        base = [r for r in s["rows"] if r["way"] == "baseline" and r["clients"] == top]
+        label = SITTING_LABELS[s["backend"]].format(precision=s.get("precision", "?"))
+        if s["serve_flags"]:
+            label += f", `{s['serve_flags']}`"
+        r = s["ratios"]
+        rates = " / ".join(f"{x['throughput']:.1f}" for x in serve)
+        baseline = f"{base[0]['throughput']:.1f}" if base else "-"
+        lines.append(
+            f"| {label} | {rates} | {serve[0]['p50_ms']:.0f} / {serve[-1]['p99_ms']:.0f} | "
+            f"{s['offline']:.1f} | {r['serve64_over_offline']:.2f} | {baseline} | "
+            f"{r['serve64_over_baseline']:.2f} | {r['p99_over_p50_half_load']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def sittings_of(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(backend, serve flags) of each sitting: each `--sitting BACKEND[:FLAGS]`, else the one
+    of --backend and --serve-flags."""
+    if not args.sitting:
+        return [(args.backend, args.serve_flags)]
+    out = []
+    for spec in args.sitting:
+        backend, _, flags = spec.partition(":")
+        if backend not in BACKENDS:
+            p.error(f"--sitting {spec!r}: the backend is one of {', '.join(BACKENDS)}")
+        out.append((backend, flags.strip()))
+    return out
+
+
+def precision_of(workdir: str) -> str:
+    """The run's precision, as its config.json recorded it."""
+    record = json.loads((Path(workdir) / "config.json").read_text())
+    return str(record.get("config", {}).get("train", {}).get("precision", "?"))
+
+
+def sitting(
+    args: argparse.Namespace, which: tuple[str, str], out: Path, texts: list[str], levels: list[int]
+) -> dict[str, Any]:
+    """One sitting: the backend's offline rate, the server's rows and the baseline's."""
+    backend, flags = which
+    result: dict[str, Any] = {
+        "cpu": cpu_record(),
+        "requests": len(texts),
+        "serve_flags": flags,
+        "backend": backend,
+        "precision": "fp32" if backend.startswith("onnx") else precision_of(args.workdir),
+    }
+    source = source_of(args.workdir, backend, out)
+    print(f"offline: {backend} batch scoring of {len(texts)} comments ...", flush=True)
+    result["offline"] = offline(source[1], texts, backend)
+    result.update(serve_rows(which, source, texts, levels))
+    if not args.no_baseline:
+        result["rows"] += baseline_rows(args.workdir, out, texts, levels)
+    result["ratios"] = ratios(result, max(levels))
+    print(_table(result))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.serving", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.serving",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 3)[3],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--workdir", required=True, help="A finished jaxtpu run (toxicity or multilabel)."
@@ -345,29 +444,43 @@ def main(argv: list[str] | None = None) -> int:
         help="What the server scores with: the run on JAX, or its ONNX export on onnxruntime "
         "(fp32, or the int8 twin), exported once into --out.",
     )
+    p.add_argument(
+        "--sitting",
+        action="append",
+        metavar="BACKEND[:FLAGS]",
+        help="A sitting: a backend and its serve flags, e.g. 'onnx-int8:--workers 2'; "
+        "repeated, they run one after another (instead of --backend and --serve-flags).",
+    )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="First train benchmarks.calibration's multilabel MiniLM run into a new --workdir.",
+    )
+    p.add_argument("--report", metavar="FILE", help="Keep the sittings as a report (--train).")
     args = p.parse_args(argv)
-    _check_run(args.workdir)
+    if args.report and not args.train:
+        p.error("--report: with --train only (a kept report is of a run this code trained)")
+    if args.train and Path(args.workdir).exists():
+        p.error(f"--train: --workdir {args.workdir} exists; give a new directory")
+    which = sittings_of(p, args)
     if not REAL_CSV.exists():
         sys.exit(f"benchmarks.serving: needs the real comments at {REAL_CSV}")
+    started = start_report(args.report, "benchmarks.serving")  # the code and the machine
+    if args.train:
+        calibration.train(args.workdir, str(REAL_CSV), calibration.TRAIN_ROWS)
+    _check_run(args.workdir)
     levels = [int(x) for x in args.clients.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     texts = comments(args.requests)
-    result: dict[str, Any] = {
-        "cpu": cpu_record(),
-        "requests": len(texts),
-        "serve_flags": args.serve_flags,
-        "backend": args.backend,
-    }
-    source = source_of(args, out)
-    print(f"offline: {args.backend} batch scoring of {len(texts)} comments ...", flush=True)
-    result["offline"] = offline(source[1], texts, args.backend)
-    result.update(serve_rows(args, source, texts, levels))
-    if not args.no_baseline:
-        result["rows"] += baseline_rows(args.workdir, out, texts, levels)
-    result["ratios"] = ratios(result, max(levels))
-    (out / "serving.json").write_text(json.dumps(result, indent=1))
-    print(_table(result))
+    sittings = []
+    for one in which:
+        sittings.append(sitting(args, one, out, texts, levels))
+        (out / "serving.json").write_text(json.dumps(sittings, indent=1))
+    print(table(sittings))
+    if args.report:
+        kept = keep_report(args.report, "serving", sittings, "benchmarks.serving", argv, started)
+        print(f"kept {kept}")
     return 0
 
 

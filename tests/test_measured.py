@@ -44,8 +44,8 @@ def test_a_kept_report_renders_its_kinds_table_and_says_where_when_and_how(tmp_p
 
 
 def test_a_report_of_no_known_kind_is_refused_when_kept_and_when_shown(tmp_path):
-    with pytest.raises(ValueError, match="no table for reports of kind 'serving'"):
-        measured.keep(tmp_path / "s.json", "serving", [], "benchmarks.serving", [])
+    with pytest.raises(ValueError, match="no table for reports of kind 'epoch'"):
+        measured.keep(tmp_path / "s.json", "epoch", [], "benchmarks.epoch", [])
     assert not (tmp_path / "s.json").exists()
     (tmp_path / "rows.json").write_text(json.dumps(BUCKET_ROWS))  # a bare bucket.json
     with pytest.raises(ValueError, match="not a kept report"):
@@ -268,3 +268,41 @@ def test_an_estimates_report_is_captioned_as_an_estimate_in_the_targets_order(
     assert "| compiler | 0.0200 | 0.95 |" in lines[0] and "| (-114) | - |" in lines[1]
     assert "Estimated (not measured) " in shown and "Measured" not in shown
     assert "not a measurement" in shown
+
+
+def test_the_serving_table_is_a_row_per_sitting_against_its_goals(tmp_path, monkeypatch):
+    """benchmarks.serving --report (kind serving): each sitting (a backend and its serve flags)
+    one row: the server's rates at each client count, p50 alone and p99 at the top count, its
+    offline rate and the baseline's at the top count, and the three ratios the goals judge."""
+    import argparse
+
+    from benchmarks import serving
+
+    def sitting(backend: str, flags: str, rates: list[float], offline: float) -> dict:
+        rows = [{"way": f"serve {backend}", "clients": c, "throughput": t, "p50_ms": 10.0 * c,
+                 "p99_ms": 30.0 * c} for c, t in zip((1, 8, 64), rates, strict=True)]  # fmt: skip
+        rows += [{"way": "baseline", "clients": c, "throughput": 40.0 + c, "p50_ms": 1.0,
+                  "p99_ms": 1.0} for c in (1, 8, 64)]  # fmt: skip
+        result = {"backend": backend, "serve_flags": flags, "offline": offline, "rows": rows,
+                  "precision": "bf16", "half_load": {"p50_ms": 20.0, "p99_ms": 50.0}}  # fmt: skip
+        return result | {"ratios": serving.ratios(result, 64)}
+
+    sittings = [sitting("jaxtpu", "", [10.0, 30.0, 130.0], 130.0),
+                sitting("onnx-int8", "--workers 2", [50.0, 160.0, 208.0], 200.0)]  # fmt: skip
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    path = measured.keep(tmp_path / "s.json", "serving", sittings, "benchmarks.serving", [])
+    lines = measured.render(path).splitlines()
+    assert lines[0].startswith("| serve | comments/s at 1 / 8 / 64 clients | p50 at 1 / p99 at 64")
+    # 130 / 130 offline, 130 / 104 baseline at 64; 50 / 20 at half load
+    assert lines[2] == (
+        "| `--workdir` (jaxtpu, bf16) | 10.0 / 30.0 / 130.0 | 10 / 1920 | 130.0 | 1.00 | 104.0 "
+        "| 1.25 | 2.50 |"
+    )
+    assert lines[3].startswith("| `--onnx DIR/model_int8.onnx`, `--workers 2` | 50.0 / 160.0")
+    assert "| 1.04 | 104.0 | 2.00 | 2.50 |" in lines[3]
+    assert lines[-1].startswith("Measured ")
+    p = argparse.ArgumentParser()
+    args = argparse.Namespace(sitting=["jaxtpu", "onnx-int8:--workers 2"], backend="jaxtpu")
+    assert serving.sittings_of(p, args) == [("jaxtpu", ""), ("onnx-int8", "--workers 2")]
+    with pytest.raises(SystemExit):  # a backend that is not one: argparse's one line, exit 2
+        serving.sittings_of(p, argparse.Namespace(sitting=["onnx-int4"]))
