@@ -228,6 +228,62 @@ def markdown(saved: dict[str, Any]) -> str:
     )
 
 
+def _x_padded(records: list[dict[str, Any]]) -> list[float]:
+    """Each epoch row's time over jaxtpu padded's at the same length (a `+warm` row: over
+    padded `+warm`'s, when the run has one); nan for a failed row."""
+    base = {
+        (r["max_len"], r.get("compile_cache") or "cold"): r["epoch_s"]
+        for r in records
+        if "epoch_s" in r and r["batching"] == "padded" and r["framework"] == "jaxtpu"
+    }
+    out = []
+    for r in records:
+        key = (r["max_len"], r.get("compile_cache") or "cold")
+        key = key if key in base else (r["max_len"], "cold")
+        out.append(r["epoch_s"] / base[key] if "epoch_s" in r and key in base else float("nan"))
+    return out
+
+
+EPOCH_NOTE = (
+    "epoch s = compile s + steady s (every batch of the epoch, timed); real tok/s "
+    "= the epoch's real tokens / steady s; tokens = tokens computed / tokens at "
+    "full padding; +hp = malloc on transparent huge pages; +warm = programs loaded "
+    "from the persistent compilation cache (a second run); x padded = epoch s / "
+    "jaxtpu padded's (a +warm row: / padded +warm's); cores = CPU cores busy "
+    "while the epoch's steps ran"
+)
+
+
+def epoch_markdown(saved: dict[str, Any]) -> str:
+    """A kept report's epoch table (kind `epoch`): a row per framework and batching at each
+    length, its epoch against jaxtpu padded's, what compiling took, the steady rate and the
+    share of tokens computed; the columns' meaning under it."""
+    lines = [
+        "| len | framework | batching | epoch s | x padded | compile s | steady s | "
+        "real tok/s | tokens | compiles | cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    records = saved["results"]
+    for r, rel in zip(records, _x_padded(records), strict=True):
+        way = _strategy(r)  # torch's: eager or compile, +hp
+        if r["framework"] == "jaxtpu":
+            name = f"jaxtpu {way}"
+        else:
+            name = f"torch.{way}" if way.startswith("compile") else f"torch {way}"
+        batching = "random, dynamic padding" if r["batching"] == "random" else r["batching"]
+        head = f"| {r['max_len']} | {name} | {batching} |"
+        if "error" in r:
+            lines.append(head + f" error: {r['error']} | | | | | | | |")
+            continue
+        lines.append(
+            head + f" {r['epoch_s']:.0f} | {rel:.2f} | {r['compile_s']:.1f} | "
+            f"{r['epoch_s'] - r['compile_s']:.0f} | {r['real_tokens_per_s']:.0f} | "
+            f"{r['tokens_vs_full_padding']:.2f} | {r['compiles']} | "
+            f"{r.get('steady_cpu_cores', float('nan')):.2f} |"
+        )
+    return "\n".join(lines) + "\n\n" + EPOCH_NOTE[0].upper() + EPOCH_NOTE[1:] + "."
+
+
 def epoch_table(records: list[dict[str, Any]]) -> str:
     """The epoch rows, with each row's time relative to jaxtpu padded at the same length (a
     `+warm` jaxtpu row: relative to padded `+warm`, when the run has one)."""
@@ -237,20 +293,12 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
         f"{'lengths':>7} {'compiles':>8} {'wait %':>6} {'cores':>5}"
     )
     lines = [head, "-" * len(head)]
-    padded = [r for r in records if "epoch_s" in r and r["batching"] == "padded"]
-    base = {
-        (r["max_len"], r.get("compile_cache") or "cold"): r["epoch_s"]
-        for r in padded
-        if r["framework"] == "jaxtpu"
-    }
-    for r in records:
+    relative = _x_padded(records)
+    for r, rel in zip(records, relative, strict=True):
         name = f"{r['max_len']:>4} {r['framework']:<9} {_strategy(r):<16} {r['batching']:<9} "
         if "error" in r:
             lines.append(name + f"error: {r['error']}")
             continue
-        key = (r["max_len"], r.get("compile_cache") or "cold")
-        key = key if key in base else (r["max_len"], "cold")
-        rel = r["epoch_s"] / base[key] if key in base else float("nan")
         lines.append(
             name + f"{r['epoch_s']:>8.0f} {rel:>8.2f} {r['compile_s']:>9.1f} "
             f"{r['epoch_s'] - r['compile_s']:>8.0f} "
@@ -258,20 +306,15 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
             f"{r['lengths']:>7} {r['compiles']:>8} {100 * r['data_wait_share']:>6.2f} "
             f"{r.get('steady_cpu_cores', float('nan')):>5.2f}"
         )
-    lines.append(
-        "epoch s = compile s + steady s (every batch of the epoch, timed); real tok/s "
-        "= the epoch's real tokens / steady s; tokens = tokens computed / tokens at "
-        "full padding; +hp = malloc on transparent huge pages; +warm = programs loaded "
-        "from the persistent compilation cache (a second run); x padded = epoch s / "
-        "jaxtpu padded's (a +warm row: / padded +warm's); cores = CPU cores busy "
-        "while the epoch's steps ran"
-    )
+    lines.append(EPOCH_NOTE)
     return "\n".join(lines)
 
 
 def run_epoch(
     out: Path, num_batches: int, timeout: float, max_lens: Sequence[int] = EPOCH_MAX_LENS
-) -> int:
+) -> dict[str, Any]:
+    """Every epoch row of `max_lens`, each in its own process; OUT/epoch.json after each row
+    (an interrupted run keeps the rows it finished). Returns the record written last."""
     t0 = time.time()
     records = []
     configs = [(n, *row) for n in max_lens for row in EPOCH_ROWS]
@@ -304,10 +347,10 @@ def run_epoch(
         progress(i, len(configs), name, status, t)
         records.append(r)
         # after every row: an interrupted run keeps the rows it finished
-        write_record(out / "epoch.json", t0, records, num_batches=num_batches)
+        saved = write_record(out / "epoch.json", t0, records, num_batches=num_batches)
     print(epoch_table(records))
     print(f"wrote {out / 'epoch.json'} in {time.time() - t0:.0f}s")
-    return 0
+    return saved
 
 
 def plot(records: list[dict[str, Any]], path: Path) -> None:
@@ -385,7 +428,8 @@ def _parser() -> argparse.ArgumentParser:
         "--report",
         metavar="FILE",
         help="also keep the results as a measured report (benchmarks.measured), e.g. "
-        "docs/measured/compare-quick.json, the table docs/benchmarks.md shows (not with --epoch)",
+        "docs/measured/compare-quick.json, the table docs/benchmarks.md shows (with --epoch: "
+        "kind epoch, whole epochs only)",
     )
     p.add_argument(
         "--replot",
@@ -402,12 +446,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replot and args.epoch:
         print(epoch_table(json.loads((out / "epoch.json").read_text())["results"]))
         return 0
-    if args.epoch and args.report:
-        p.error("--report: the step-time rows only; --epoch writes DIR/epoch.json")
+    if args.epoch and args.report and args.epoch_batches:
+        p.error("--report: of whole epochs only (--epoch-batches projects the rows)")
     if args.epoch:
         out.mkdir(parents=True, exist_ok=True)
+        started = start_report(args.report, "benchmarks.compare")  # the code and machine
         max_lens = args.epoch_max_len or EPOCH_MAX_LENS
-        return run_epoch(out, args.epoch_batches, args.timeout, max_lens)
+        saved = run_epoch(out, args.epoch_batches, args.timeout, max_lens)
+        if args.report:
+            kept = keep_report(args.report, "epoch", saved, "benchmarks.compare", argv, started)
+            print(f"kept as {kept}")
+        return 0
     if args.replot:
         saved = json.loads((out / "benchmarks.json").read_text())
         print(f"measured {saved['created']} in {saved['seconds']:.0f}s")

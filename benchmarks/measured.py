@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KINDS = {
     "bucket": "benchmarks.bucket:table",
     "compare": "benchmarks.compare:markdown",
+    "epoch": "benchmarks.compare:epoch_markdown",
     "default_run": "benchmarks.default_run:table",
     "scoring": "benchmarks.scoring:report_table",
     "device_check": "benchmarks.device_check:table",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks import compare, worker
+from benchmarks import compare, measured, worker
 from jaxtpu.core import hostmem
 from jaxtpu.core.hf.encoder import EncoderConfig
 from parity_tests.harness import ROOT, clean_env
@@ -226,10 +226,19 @@ def test_epoch_max_len_runs_only_that_lengths_rows(tmp_path, monkeypatch):
         return {"error": "not run"}
 
     monkeypatch.setattr(compare, "run_worker", fake_worker)
-    assert compare.main(["--out", str(tmp_path), "--epoch", "--epoch-max-len", "256"]) == 0
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    kept = tmp_path / "epoch-256.json"
+    flags = ["--out", str(tmp_path), "--epoch", "--epoch-max-len", "256", "--report", str(kept)]
+    assert compare.main(flags) == 0
     assert seen == [256] * len(compare.EPOCH_ROWS)
     saved = json.loads((tmp_path / "epoch.json").read_text())["results"]
     assert [r["max_len"] for r in saved] == seen
+    # --report keeps the same rows as a report of kind epoch, each failed row said as such
+    record = json.loads(kept.read_text())
+    assert record["kind"] == "epoch" and record["report"]["results"] == saved
+    assert measured.render(kept).count("error: not run") == len(compare.EPOCH_ROWS)
+    with pytest.raises(SystemExit):  # a projected epoch is not kept
+        compare.main([*flags, "--epoch-batches", "4"])
 
 
 def test_tpu_tuning_swaps_each_change_in_and_back_out():

@@ -146,4 +146,4 @@ def test_a_measured_table_is_generated_from_the_report_its_check_saved():
     assert table(report) in built and "<!-- measured:" not in built
     assert "| fp32 | 2.6e-05 (0.0001) | 0.0016 (0.001) | NO |" in built  # what it measured
     with pytest.raises(ValueError, match="no such report"):
-        hooks.on_page_markdown("<!-- measured:epoch-128.json -->", None, config, None)
+        hooks.on_page_markdown("<!-- measured:no-such-report.json -->", None, config, None)

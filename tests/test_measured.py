@@ -44,8 +44,8 @@ def test_a_kept_report_renders_its_kinds_table_and_says_where_when_and_how(tmp_p
 
 
 def test_a_report_of_no_known_kind_is_refused_when_kept_and_when_shown(tmp_path):
-    with pytest.raises(ValueError, match="no table for reports of kind 'epoch'"):
-        measured.keep(tmp_path / "s.json", "epoch", [], "benchmarks.epoch", [])
+    with pytest.raises(ValueError, match="no table for reports of kind 'no-such-kind'"):
+        measured.keep(tmp_path / "s.json", "no-such-kind", [], "benchmarks.epoch", [])
     assert not (tmp_path / "s.json").exists()
     (tmp_path / "rows.json").write_text(json.dumps(BUCKET_ROWS))  # a bare bucket.json
     with pytest.raises(ValueError, match="not a kept report"):
@@ -306,3 +306,37 @@ def test_the_serving_table_is_a_row_per_sitting_against_its_goals(tmp_path, monk
     assert serving.sittings_of(p, args) == [("jaxtpu", ""), ("onnx-int8", "--workers 2")]
     with pytest.raises(SystemExit):  # a backend that is not one: argparse's one line, exit 2
         serving.sittings_of(p, argparse.Namespace(sitting=["onnx-int4"]))
+
+
+def test_the_epoch_table_is_each_row_against_jaxtpu_padded_at_its_length(tmp_path, monkeypatch):
+    """benchmarks.compare --epoch --report (kind epoch): a row per framework and batching; x
+    padded is the row's epoch over jaxtpu padded's (a +warm row: over padded +warm's), steady s
+    is the epoch less its compile time, and torch's rows are named as the docs name them."""
+
+    def row(fw: str, way: str, batching: str, epoch: float, cache: str | None = None, **kw):
+        return {"framework": fw, "parallel": way, "batching": batching, "max_len": 128,
+                "epoch_s": epoch, "compile_s": 4.0, "real_tokens_per_s": 3000.0,
+                "tokens_vs_full_padding": 0.55, "compiles": 4, "steady_cpu_cores": 1.9,
+                "compile_cache": cache, **kw}  # fmt: skip
+
+    jax = {"steps_per_call": 8, "sharding": "fsdp", "huge_pages": True}
+    records = [row("jaxtpu", "jit", "padded", 200.0, "cold", **jax),
+               row("jaxtpu", "jit", "bucketed", 120.0, "cold", **jax),
+               row("jaxtpu", "jit", "padded", 160.0, "warm", **jax),
+               row("jaxtpu", "jit", "bucketed", 100.0, "warm", **jax),
+               row("torch", "eager", "random", 300.0), row("torch", "compile", "bucketed", 180.0),
+               row("torch", "eager", "bucketed", 150.0, huge_pages=True),
+               {"framework": "torch", "parallel": "eager", "batching": "random", "max_len": 128,
+                "error": "timed out after 3600s"}]  # fmt: skip
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    saved = {"results": records}
+    path = measured.keep(tmp_path / "e.json", "epoch", saved, "benchmarks.compare", ["--epoch"])
+    lines = [line for line in measured.render(path).splitlines() if line.startswith("| 128 |")]
+    first = "| 128 | jaxtpu jit/8+fsdp+hp | padded | 200 | 1.00 | 4.0 | 196 | 3000 | 0.55 | 4 |"
+    assert lines[0] == first + " 1.90 |"
+    assert lines[1].startswith("| 128 | jaxtpu jit/8+fsdp+hp | bucketed | 120 | 0.60 |")
+    assert lines[3].startswith("| 128 | jaxtpu jit/8+fsdp+hp+warm | bucketed | 100 | 0.62 |")
+    assert lines[4].startswith("| 128 | torch eager | random, dynamic padding | 300 | 1.50 |")
+    assert lines[5].startswith("| 128 | torch.compile | bucketed | 180 | 0.90 |")
+    assert lines[6].startswith("| 128 | torch eager+hp | bucketed | 150 | 0.75 |")
+    assert "error: timed out after 3600s" in lines[7]
