@@ -60,6 +60,7 @@ ESTIMATED = {"decoders", "estimates"}
 VERSIONS = (
     "jax",
     "jaxlib",
+    "libtpu",
     "flax",
     "torch",
     "torch_xla",
@@ -170,7 +171,7 @@ def caption(record: dict[str, Any]) -> str:
     m = record["measured"]
     v = m.get("versions", {})
     stack = ", ".join(
-        f"{k} {v[k]}" for k in ("jax", "torch", "transformers", "onnxruntime") if k in v
+        f"{k} {v[k]}" for k in ("jax", "libtpu", "torch", "transformers", "onnxruntime") if k in v
     )
     what = "Estimated (not measured)" if record["kind"] in ESTIMATED else "Measured"
     return (
