@@ -51,10 +51,11 @@ KINDS = {
     "datascale": "benchmarks.datascale:table",
     "estimates": "benchmarks.estimates:report_table",
     "serving": "benchmarks.serving:table",
+    "tpu_tuning": "benchmarks.tpu_tuning:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
-ESTIMATED = {"decoders", "estimates"}
+ESTIMATED = {"decoders", "estimates", "tpu_tuning"}
 # the distributions whose versions a report records (read from the installed metadata: no
 # import, so recording costs nothing and a missing one is just absent)
 VERSIONS = (

@@ -28,6 +28,8 @@ time beyond their FLOPs (`jaxtpu.preflight.roofline`): where the step's distance
 comes from. Each row also has that roofline's own step time (`roofline_step_s`): jaxtpu's
 estimate from the compiled program, not the compiler's, and the only one for targets whose
 cost model gives no usable step time (v4, v5e and v6e with every libtpu on PyPI here).
+`--report FILE` keeps the rows as a kept report (`benchmarks.measured`, kind `tpu_tuning`,
+captioned as an estimate; `table`: a row per variant against the floor).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import start as start_report
+
 VARIANTS = (
     "default",
     "dropout=prng",
@@ -52,6 +57,47 @@ VARIANTS = (
     "layernorm_out=bf16",
     "tpu",
 )
+
+
+CHOICES = {  # what each variant is, as docs/tpu.md's table says it
+    "default": "as measured on the CPU: hash dropout, fp32 matmul results, erf GELU, ZeRO-1",
+    "dropout=prng": "dropout masks from JAX's PRNG (threefry) instead of the counter hash",
+    "matmul_out=bf16": "bf16 matmul results (`--matmul-output bf16`), forward and backward",
+    "gelu=tanh": "tanh GELU instead of exact erf",
+    "dropout=off": "no dropout at all (what the masks cost)",
+    "sharding=replicated": "state replicated instead of ZeRO-1",
+    "sharding=fsdp": "FSDP over the devices instead of ZeRO-1 (`--sharding fsdp`)",
+    "layernorm_out=bf16": "LayerNorm results in bf16 (a bf16 residual stream)",
+    "tpu": "bf16 matmul results and FSDP (what a TPU gets with `auto`)",
+}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A kept report's table (kind `tpu_tuning`): a row per variant, the compiler's estimated
+    step and its ratio to the FLOP floor, and jaxtpu's roofline of the same program; what was
+    compiled above it, and that these are estimates under it."""
+    r0 = rows[0]
+    shape = f"{r0['preset']}" + (f" with {r0['model']}" if r0["model"] else "")
+    lines = [
+        f"{shape}, length {r0['max_len']}, {r0['batch_per_device']} per device, bf16, jit, on "
+        f"{r0['target']}; x floor: the estimate over the model's FLOPs at the target's bf16 peak "
+        f"({r0['floor_s']:.4f} s).",
+        "",
+        "| choice | variant | est. s/step | x floor | roofline s/step |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        est = f"{r['est_step_s']:.4f}" if r["est_step_s"] > 0 else f"({r['est_step_s']:.3g})"
+        floor = f"{r['vs_floor']:.2f}" if r["vs_floor"] else "-"
+        choice = CHOICES.get(r["variant"], r["variant"])
+        lines.append(
+            f"| {choice} | `{r['variant']}` | {est} | {floor} | {r['roofline_step_s']:.4f} |"
+        )
+    return "\n".join(lines) + (
+        "\n\nEstimates, not measurements: the TPU compiler's cost model (`optimal_seconds`) of "
+        "the unrolled train step compiled for a TPU that was not there, and jaxtpu's roofline of "
+        "that program."
+    )
 
 
 @contextmanager
@@ -124,6 +170,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="also append the rows to this JSON-lines file")
     p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also keep the rows as a report (benchmarks.measured, kind tpu_tuning) for the docs",
+    )
+    p.add_argument(
         "--breakdown",
         type=int,
         default=0,
@@ -145,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxtpu.preflight import speed as pf_speed
     from jaxtpu.preflight import targets as pf_targets
 
+    started = start_report(args.report, "benchmarks.tpu_tuning")  # the code and the machine
     hosts.set_cpu_device_count(8)
     devices, _ = pf_targets.target_devices(args.target, 8)
     target = pf_targets.TPU_TARGETS[args.target]
@@ -158,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         matmul_output="fp32",
         **json.loads(args.model or "{}"),
     )
+    rows = []
     for variant in args.variants.split(","):
         with swapped(variant) as overrides:
             cfg = base.replace(**overrides)
@@ -195,11 +248,15 @@ def main(argv: list[str] | None = None) -> int:
                 hlo_roofline.roofline(compiled.as_text(), *rates)
             ).seconds
         print(json.dumps(row), flush=True)
+        rows.append(row)
         if args.breakdown:
             print(hlo_roofline.table(ops, args.breakdown, max(seconds, 0.0)), flush=True)
         if args.out:
             with Path(args.out).open("a") as f:
                 f.write(json.dumps(row) + "\n")
+    if args.report:
+        kept = keep_report(args.report, "tpu_tuning", rows, "benchmarks.tpu_tuning", argv, started)
+        print(f"kept {kept}")
     return 0
 
 

@@ -340,3 +340,28 @@ def test_the_epoch_table_is_each_row_against_jaxtpu_padded_at_its_length(tmp_pat
     assert lines[5].startswith("| 128 | torch.compile | bucketed | 180 | 0.90 |")
     assert lines[6].startswith("| 128 | torch eager+hp | bucketed | 150 | 0.75 |")
     assert "error: timed out after 3600s" in lines[7]
+
+
+def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_path, monkeypatch):
+    """benchmarks.tpu_tuning --report (kind tpu_tuning): a row per variant in the order run,
+    named by what it changes, the compiler's estimate over the FLOP floor, the roofline beside
+    it; a negative compiler figure (v4+ off a TPU) is shown in parentheses with no ratio."""
+
+    def row(variant: str, est: float) -> dict:
+        return {"preset": "bert-base", "model": "", "target": "v3-8", "max_len": 128,
+                "batch_per_device": 32, "variant": variant, "est_step_s": est, "floor_s": 0.035,
+                "vs_floor": est / 0.035 if est > 0 else None, "roofline_step_s": 0.048}  # fmt: skip
+
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    rows = [row("default", 0.0579), row("tpu", 0.0492), row("gelu=tanh", -26.0)]
+    path = measured.keep(tmp_path / "t.json", "tpu_tuning", rows, "benchmarks.tpu_tuning", [])
+    shown = measured.render(path)
+    lines = [line for line in shown.splitlines() if line.startswith("| ") and "`" in line]
+    assert lines[0] == (
+        "| as measured on the CPU: hash dropout, fp32 matmul results, erf GELU, ZeRO-1 | "
+        "`default` | 0.0579 | 1.65 | 0.0480 |"
+    )
+    assert lines[1].startswith("| bf16 matmul results and FSDP (what a TPU gets with `auto`) |")
+    assert "| `gelu=tanh` | (-26) | - | 0.0480 |" in lines[2]
+    assert shown.startswith("bert-base, length 128, 32 per device, bf16, jit, on v3-8")
+    assert "Estimated (not measured) " in shown and "Estimates, not measurements" in shown
