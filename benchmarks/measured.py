@@ -52,10 +52,11 @@ KINDS = {
     "estimates": "benchmarks.estimates:report_table",
     "serving": "benchmarks.serving:table",
     "tpu_tuning": "benchmarks.tpu_tuning:table",
+    "preflight": "benchmarks.preflight_sweep:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
-ESTIMATED = {"decoders", "estimates", "tpu_tuning"}
+ESTIMATED = {"decoders", "estimates", "tpu_tuning", "preflight"}
 # the distributions whose versions a report records (read from the installed metadata: no
 # import, so recording costs nothing and a missing one is just absent)
 VERSIONS = (

@@ -365,3 +365,35 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
     assert "| `gelu=tanh` | (-26) | - | 0.0480 |" in lines[2]
     assert shown.startswith("bert-base, length 128, 32 per device, bf16, jit, on v3-8")
     assert "Estimated (not measured) " in shown and "Estimates, not measurements" in shown
+
+
+def test_a_preflight_sweep_is_kept_with_preflights_own_table(tmp_path, monkeypatch, capsys):
+    """benchmarks.preflight_sweep (kind preflight): preflight's JSON kept as it wrote it and
+    shown with preflight's own table, the largest batch column when it searched; its flags
+    after `--` are checked before any process starts."""
+    from dataclasses import asdict
+
+    from benchmarks import preflight_sweep
+    from jaxtpu.preflight.report import Report
+
+    def saved(sharding: str, largest: int) -> dict:
+        r = Report(target="v3-8", sharding=sharding, remat="none", mesh="data=8,fsdp=1",
+                   batch_size=largest, max_len=224, params=2 << 30, capacity=16 << 30,
+                   total=15 << 30, extra={"largest_batch": largest})  # fmt: skip
+        r.fits = True
+        return asdict(r)
+
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    record = {"target": "v3-8", "config": {}, "reports": [saved("replicated", 11)]}
+    record["reports"].append(saved("zero1", 16))
+    path = measured.keep(tmp_path / "p.json", "preflight", record, "benchmarks.preflight_sweep", [])
+    shown = measured.render(path)
+    rows = [line for line in shown.splitlines() if line.startswith("| replicated") or
+            line.startswith("| zero1")]  # fmt: skip
+    assert [r.split(" | ")[3] for r in rows] == ["11", "16"]  # largest batch/dev
+    assert "| 2.00 GiB |" in rows[0] and "Estimated (not measured) " in shown
+    for flags in ([], ["--", "--preset", "tiny", "--json", "x.json"]):
+        with pytest.raises(SystemExit) as e:
+            preflight_sweep.main(["--report", str(tmp_path / "r.json"), *flags])
+        assert e.value.code == 2
+    assert not (tmp_path / "r.json").exists()
