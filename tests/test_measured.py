@@ -131,7 +131,6 @@ def test_the_default_run_report_is_a_row_per_run_first_from_empty_caches():
 HAND_COPIED = {
     "docs/benchmarks.md": 2,  # epoch tables at 128 and 256 (compare --epoch: 1-2 h a length)
     "docs/big-models.md": 5,  # estimates tables: TPU compiles of large models
-    "docs/data.md": 1,  # benchmarks.datascale at 2 M rows
     "docs/tpu.md": 3,  # the TPU tuning and roofline tables, the estimates of targets but v3-8
 }
 # tables of decimals that are not measurements: settings, a data description, hardware facts
