@@ -200,7 +200,7 @@ HEADER = (
 )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.estimates",
         description=__doc__,
@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="also keep the rows as a report (benchmarks.measured, kind estimates) for the docs",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if args.report and args.resume:
         p.error("--report: not with --resume (the rows kept before were not computed by this run)")
