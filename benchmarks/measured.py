@@ -7,10 +7,12 @@ end (`keep`): its own results (`report`), its kind, the command line, and where 
 (`provenance`: the UTC date, the commit, and whether the working tree had changes, the CPU,
 the Python and library versions). A page names the file
 with `<!-- measured:FILE -->` and `docs/hooks.py` puts `render(FILE)` there: the kind's own
-table function over the report, and a line saying when, on what and how it was measured. The
-prose around a table links to it instead of quoting its numbers (`tests/test_docs.py`).
+table function over the report, and a line saying when, on what and how it was measured;
+`<!-- measured:A,B -->` joins the rows of several reports of one kind in one table
+(`render_joined`). The prose around a table links to it instead of quoting its numbers
+(`tests/test_docs.py`).
 
-`python -m benchmarks.measured FILE...` prints what the docs will show for each file.
+`python -m benchmarks.measured FILE[,FILE...]...` prints what the docs will show for each marker.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ KINDS = {
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
+# a page's marker: `<!-- measured:FILE -->`, or FILE,FILE... for one table of several
+MARKER = r"<!-- measured:([\w.-]+(?:,[\w.-]+)*) -->"
 ESTIMATED = {"decoders", "estimates", "tpu_tuning", "preflight"}
 # the distributions whose versions a report records (read from the installed metadata: no
 # import, so recording costs nothing and a missing one is just absent)
@@ -168,30 +172,57 @@ def kind_of(path: Path, record: dict[str, Any]) -> str:
     )
 
 
-def caption(record: dict[str, Any]) -> str:
-    """The line under a table: when, at which commit, on what, with which command."""
+def caption(record: dict[str, Any], commands: Sequence[str] = ()) -> str:
+    """The line under a table: when, at which commit, on what, with which command (`commands`:
+    the several that made one table's rows, each its own process)."""
     m = record["measured"]
     v = m.get("versions", {})
     stack = ", ".join(
         f"{k} {v[k]}" for k in ("jax", "libtpu", "torch", "transformers", "onnxruntime") if k in v
     )
     what = "Estimated (not measured)" if record["kind"] in ESTIMATED else "Measured"
+    again = "; ".join(f"`{c}`" for c in commands or [record["command"]])
     return (
         f"{what} {m['date']} at commit `{m['commit']}`; {cpu_line(m.get('cpu'))}; Python "
-        f"{m['python']}{', ' + stack if stack else ''}. Again: `{record['command']}`."
+        f"{m['python']}{', ' + stack if stack else ''}. Again: {again}."
     )
+
+
+def _table_function(kind: str) -> Any:
+    module, function = KINDS[kind].split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def render(path: str | Path) -> str:
     """What the docs show for a report file: its table and, for a kept report, its caption."""
     path = Path(path)
     record = json.loads(path.read_text())
-    kind = kind_of(path, record)
-    module, function = KINDS[kind].split(":")
-    table = getattr(importlib.import_module(module), function)
+    table = _table_function(kind_of(path, record))
     if "report" not in record:  # a bare device check report
         return table(record)
     return table(record["report"]) + "\n\n" + caption(record)
+
+
+def render_joined(paths: Sequence[str | Path]) -> str:
+    """One table of several kept reports of one kind whose reports are rows (each run in a
+    process of its own, e.g. a TPU target per process: the compiler's memory grows with each
+    program a process compiles): their rows in the files' order, and a caption per distinct
+    sitting (date, commit, machine, versions) naming each of its commands. One file is
+    `render`'s."""
+    if len(paths) == 1:
+        return render(paths[0])
+    records = [json.loads(Path(p).read_text()) for p in paths]
+    kinds = {kind_of(Path(p), r) for p, r in zip(paths, records, strict=True)}
+    if len(kinds) != 1:
+        raise ValueError(f"{', '.join(map(str, paths))}: one table needs one kind, not {kinds}")
+    if not all(isinstance(r.get("report"), list) for r in records):
+        raise ValueError(f"{', '.join(map(str, paths))}: only reports of rows join in one table")
+    sittings: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        sittings.setdefault(json.dumps(r["measured"], sort_keys=True), []).append(r)
+    captions = [caption(rs[0], [r["command"] for r in rs]) for rs in sittings.values()]
+    rows = [row for r in records for row in r["report"]]
+    return "\n\n".join([_table_function(kinds.pop())(rows), *captions])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     for name in args:
         try:
-            print(render(name), end="\n\n")
+            print(render_joined(name.split(",")), end="\n\n")
         except FileNotFoundError:
             print(f"benchmarks.measured: {name}: no such report", file=sys.stderr)
             return 2

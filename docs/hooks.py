@@ -54,18 +54,21 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
 def measured_tables(markdown: str, config) -> str:  # noqa: ANN001 (mkdocs' config)
     """Each `<!-- measured:FILE -->` replaced by what `benchmarks.measured.render` makes of
     `docs/measured/FILE`, a report a benchmark or check kept: its table, and when, where and
-    by what command it was measured."""
+    by what command it was measured; `<!-- measured:A,B -->`: the rows of both in one table
+    (`render_joined`)."""
     import re
     from pathlib import Path
 
-    from benchmarks.measured import render
+    from benchmarks.measured import MARKER, render_joined
 
     docs = Path(config["config_file_path"]).parent / "docs" / "measured"
 
     def one(match: re.Match) -> str:
-        path = docs / match.group(1)
-        if not path.is_file():
-            raise ValueError(f"<!-- measured:{match.group(1)} -->: no such report in {docs}")
-        return render(path)
+        paths = [docs / name for name in match.group(1).split(",")]
+        for path in paths:
+            if not path.is_file():
+                marker = f"<!-- measured:{match.group(1)} -->"
+                raise ValueError(f"{marker}: no such report {path.name} in {docs}")
+        return render_joined(paths)
 
-    return re.sub(r"<!-- measured:([\w.-]+) -->", one, markdown)
+    return re.sub(MARKER, one, markdown)

@@ -43,6 +43,32 @@ def test_a_kept_report_renders_its_kinds_table_and_says_where_when_and_how(tmp_p
     assert not list(path.parent.glob("*.tmp"))
 
 
+def test_reports_of_one_kind_join_in_one_table_with_a_caption_per_sitting(tmp_path, monkeypatch):
+    """`<!-- measured:A,B -->` (`render_joined`): the rows of reports made one process each
+    (a TPU target per process) in one table, in the files' order; one caption per sitting
+    naming each command of it; another kind, or a report that is not rows, is refused."""
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    when = measured.provenance()
+    a, b = (
+        measured.keep(
+            tmp_path / f"{n}.json", "bucket", [row], "benchmarks.bucket", [f"--{n}"], when
+        )
+        for n, row in zip("ab", reversed(BUCKET_ROWS), strict=True)
+    )
+    shown = measured.render_joined([a, b])
+    assert shown.index("| async |") < shown.index("| sync |")  # a's row, then b's
+    assert shown.count("\n|---") == 1 and shown.count("Measured ") == 1
+    assert "Again: `python -m benchmarks.bucket --a`; `python -m benchmarks.bucket --b`." in shown
+    later = measured.keep(tmp_path / "c.json", "bucket", BUCKET_ROWS, "benchmarks.bucket", [],
+                          {**when, "date": "2099-01-01"})  # fmt: skip
+    assert measured.render_joined([a, later]).count("Measured ") == 2  # two sittings
+    assert measured.render_joined([a]) == measured.render(a)
+    other = measured.keep(tmp_path / "d.json", "default_run", [], "benchmarks.default_run", [])
+    with pytest.raises(ValueError, match="one table needs one kind"):
+        measured.render_joined([a, other])
+    assert re.findall(measured.MARKER, "<!-- measured:a.json,b-1.json -->") == ["a.json,b-1.json"]
+
+
 def test_a_report_of_no_known_kind_is_refused_when_kept_and_when_shown(tmp_path):
     with pytest.raises(ValueError, match="no table for reports of kind 'no-such-kind'"):
         measured.keep(tmp_path / "s.json", "no-such-kind", [], "benchmarks.epoch", [])
@@ -87,7 +113,8 @@ def test_every_kept_report_renders_and_a_page_shows_it():
     kept = sorted((ROOT / "docs" / "measured").glob("*.json"))
     assert kept, "no report kept in docs/measured/"
     pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
-    named = set(re.findall(r"<!-- measured:([\w.-]+) -->", pages))
+    markers = re.findall(measured.MARKER, pages)
+    named = {name for marker in markers for name in marker.split(",")}
     assert named == {p.name for p in kept}
     for path in kept:
         assert "|---|" in measured.render(path), path.name
@@ -363,6 +390,16 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
     assert "| `gelu=tanh` | (-26) | - | 0.0480 |" in lines[2]
     assert shown.startswith("bert-base, length 128, 32 per device, bf16, jit, on v3-8")
     assert "Estimated (not measured) " in shown and "Estimates, not measurements" in shown
+    assert "Where `" not in shown  # no --breakdown: no groups
+    groups = [{"group": "fusion/loop      backward layer_N/attention/self", "count": 48,
+               "bytes": 2.25e9, "seconds": 0.0052, "beyond_flops": 0.0049},
+              {"group": "all operations", "count": 900, "bytes": 12.9e9, "seconds": 0.0484,
+               "beyond_flops": 0.0135}]  # fmt: skip
+    rows[1]["breakdown"] = groups  # --breakdown 1: the top group, then the step
+    path = measured.keep(tmp_path / "t.json", "tpu_tuning", rows, "benchmarks.tpu_tuning", [])
+    lines = measured.render(path).split("Where `tpu`'s step goes beyond its FLOPs")[1].splitlines()
+    assert lines[4] == "| `fusion/loop backward layer_N/attention/self` | 48 | 2.25 | 5.20 | 4.90 |"
+    assert lines[5] == "| **all operations** | 900 | 12.90 | 48.40 | 13.50 |"
 
 
 def test_a_preflight_sweep_is_kept_with_preflights_own_table(tmp_path, monkeypatch, capsys):
