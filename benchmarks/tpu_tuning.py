@@ -29,7 +29,8 @@ comes from. Each row also has that roofline's own step time (`roofline_step_s`):
 estimate from the compiled program, not the compiler's, and the only one for targets whose
 cost model gives no usable step time (v4, v5e and v6e with every libtpu on PyPI here).
 `--report FILE` keeps the rows as a kept report (`benchmarks.measured`, kind `tpu_tuning`,
-captioned as an estimate; `table`: a row per variant against the floor).
+captioned as an estimate; `table`: a row per variant against the floor, and with `--breakdown`
+each variant's groups, kept in its row).
 """
 
 from __future__ import annotations
@@ -93,11 +94,36 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {choice} | `{r['variant']}` | {est} | {floor} | {r['roofline_step_s']:.4f} |"
         )
+    for r in rows:
+        if r.get("breakdown"):
+            lines += ["", *breakdown_table(r)]
     return "\n".join(lines) + (
         "\n\nEstimates, not measurements: the TPU compiler's cost model (`optimal_seconds`) of "
         "the unrolled train step compiled for a TPU that was not there, and jaxtpu's roofline of "
         "that program."
     )
+
+
+def breakdown_table(row: dict[str, Any]) -> list[str]:
+    """A variant's `--breakdown` groups (`jaxtpu.preflight.roofline`: the operations the step
+    runs, grouped by the JAX operation they came from, layers folded) as Markdown lines, the
+    most time beyond their FLOPs first, then the whole step."""
+    lines = [
+        f"Where `{row['variant']}`'s step goes beyond its FLOPs (jaxtpu's roofline of the compiled "
+        "program: each operation costs max(its matmul FLOPs at the peak, its bytes at the HBM "
+        "rate), grouped by the JAX operation it came from, layers folded):",
+        "",
+        "| operation (forward/backward, path) | ops per step | GB | est. ms | ms beyond FLOPs |",
+        "|---|---|---|---|---|",
+    ]
+    for g in row["breakdown"]:
+        name = " ".join(g["group"].split())
+        name = f"**{name}**" if name == "all operations" else f"`{name}`"
+        lines.append(
+            f"| {name} | {g['count']:,} | {g['bytes'] / 1e9:.2f} | {g['seconds'] * 1e3:.2f} | "
+            f"{g['beyond_flops'] * 1e3:.2f} |"
+        )
+    return lines
 
 
 @contextmanager
@@ -185,23 +211,73 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _variant_row(
+    args: argparse.Namespace, base: Any, variant: str, devices: list[Any]
+) -> tuple[dict[str, Any], list[Any]]:
+    """One variant compiled for the target: its row (with the roofline's `--breakdown` groups
+    when asked) and the roofline's operation groups."""
+    from dataclasses import asdict
+
+    from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.preflight import roofline as hlo_roofline
+    from jaxtpu.preflight import speed as pf_speed
+    from jaxtpu.preflight import targets as pf_targets
+
+    target = pf_targets.TPU_TARGETS[args.target]
+    peak, bandwidth = target.peak_flops_per_device(), target.bandwidth_per_device()
+    with swapped(variant) as overrides:
+        cfg = base.replace(**overrides)
+        spec = RunSpec.resolve(cfg, len(devices))
+        t0 = time.perf_counter()
+        pf_speed._ESTIMATES.clear()  # keyed by the config: a swapped kernel is not in it
+        compiled = pf_speed.compile_unrolled(cfg, devices)
+        e = pf_speed.estimate(cfg, devices, target, compiled)
+        seconds, roofline_s = e.compiler_s, e.roofline_s
+        flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
+        ops = hlo_roofline.roofline(compiled.as_text(), peak, bandwidth)
+        floor = flops / peak
+        row = {
+            "preset": args.preset,
+            "model": args.model,
+            "target": args.target,
+            "max_len": args.max_len,
+            "batch_per_device": args.batch_size,
+            "variant": variant,
+            "est_step_s": seconds,
+            "est_gb_per_step": e.compiler_bytes / 1e9,
+            "floor_s": floor,
+            "vs_floor": seconds / floor if seconds > 0 else None,
+            "roofline_step_s": roofline_s,
+            "roofline_high_s": e.roofline_high_s,
+            "roofline_gb_per_step": e.roofline_bytes / 1e9,  # HBM bytes
+            "roofline_high_gb_per_step": e.roofline_high_bytes / 1e9,  # on-chip too
+            "roofline_vs_floor": roofline_s / floor,
+            "compile_s": round(time.perf_counter() - t0, 1),
+        }
+    for other in filter(None, args.rates_of.split(",")):
+        there = pf_targets.TPU_TARGETS[other]
+        rates = there.peak_flops_per_device(), there.bandwidth_per_device()
+        row[f"roofline_at_{other}_s"] = hlo_roofline.total(
+            hlo_roofline.roofline(compiled.as_text(), *rates)
+        ).seconds
+    if args.breakdown:  # the groups memory traffic slows the most, then the whole step
+        top = [*ops[: args.breakdown], hlo_roofline.total(ops)]
+        row["breakdown"] = [asdict(r) for r in top]
+    return row, ops
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
 
     from jaxtpu.core.flags import presets
-    from jaxtpu.core.flags.runspec import RunSpec
     from jaxtpu.engine import hosts
     from jaxtpu.preflight import roofline as hlo_roofline
-    from jaxtpu.preflight import speed as pf_speed
     from jaxtpu.preflight import targets as pf_targets
 
     started = start_report(args.report, "benchmarks.tpu_tuning")  # the code and the machine
     hosts.set_cpu_device_count(8)
     devices, _ = pf_targets.target_devices(args.target, 8)
-    target = pf_targets.TPU_TARGETS[args.target]
-    peak = target.peak_flops_per_device()
-    bandwidth = target.bandwidth_per_device()
     base = presets.PRESETS[args.preset]().replace(
         max_len=args.max_len,
         batch_size=args.batch_size,
@@ -212,45 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     for variant in args.variants.split(","):
-        with swapped(variant) as overrides:
-            cfg = base.replace(**overrides)
-            spec = RunSpec.resolve(cfg, len(devices))
-            t0 = time.perf_counter()
-            pf_speed._ESTIMATES.clear()  # keyed by the config: a swapped kernel is not in it
-            compiled = pf_speed.compile_unrolled(cfg, devices)
-            e = pf_speed.estimate(cfg, devices, target, compiled)
-            seconds, bytes_accessed, roofline_s = e.compiler_s, e.compiler_bytes, e.roofline_s
-            flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
-            ops = hlo_roofline.roofline(compiled.as_text(), peak, bandwidth)
-            floor = flops / peak
-            row = {
-                "preset": args.preset,
-                "model": args.model,
-                "target": args.target,
-                "max_len": args.max_len,
-                "batch_per_device": args.batch_size,
-                "variant": variant,
-                "est_step_s": seconds,
-                "est_gb_per_step": bytes_accessed / 1e9,
-                "floor_s": floor,
-                "vs_floor": seconds / floor if seconds > 0 else None,
-                "roofline_step_s": roofline_s,
-                "roofline_high_s": e.roofline_high_s,
-                "roofline_gb_per_step": e.roofline_bytes / 1e9,  # HBM bytes
-                "roofline_high_gb_per_step": e.roofline_high_bytes / 1e9,  # on-chip too
-                "roofline_vs_floor": roofline_s / floor,
-                "compile_s": round(time.perf_counter() - t0, 1),
-            }
-        for other in filter(None, args.rates_of.split(",")):
-            there = pf_targets.TPU_TARGETS[other]
-            rates = there.peak_flops_per_device(), there.bandwidth_per_device()
-            row[f"roofline_at_{other}_s"] = hlo_roofline.total(
-                hlo_roofline.roofline(compiled.as_text(), *rates)
-            ).seconds
-        print(json.dumps(row), flush=True)
+        row, ops = _variant_row(args, base, variant, devices)
+        print(json.dumps({k: v for k, v in row.items() if k != "breakdown"}), flush=True)
         rows.append(row)
         if args.breakdown:
-            print(hlo_roofline.table(ops, args.breakdown, max(seconds, 0.0)), flush=True)
+            print(hlo_roofline.table(ops, args.breakdown, max(row["est_step_s"], 0.0)), flush=True)
         if args.out:
             with Path(args.out).open("a") as f:
                 f.write(json.dumps(row) + "\n")
