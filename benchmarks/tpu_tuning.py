@@ -73,34 +73,46 @@ CHOICES = {  # what each variant is, as docs/tpu.md's table says it
 }
 
 
+def _roofline(r: dict[str, Any], low: str, high: str) -> str:
+    """The roofline's step, a range where the program keeps arrays on the chip (v4 and later:
+    on-chip bytes free, or at the HBM rate), one figure where both ends agree within 1% (v2, v3)."""
+    lo, hi = r[low], r.get(high, r[low])
+    return f"{lo:.4f}" if abs(hi - lo) <= 0.01 * lo else f"{lo:.4f}-{hi:.4f}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """A kept report's table (kind `tpu_tuning`): a row per variant, the compiler's estimated
-    step and its ratio to the FLOP floor, and jaxtpu's roofline of the same program; what was
-    compiled above it, and that these are estimates under it."""
+    step and its ratio to the FLOP floor, jaxtpu's roofline of the same program (and, with
+    `--rates-of`, that program's roofline at other targets' rates); what was compiled above
+    it, with `--breakdown` each variant's groups below, and that these are estimates."""
     r0 = rows[0]
-    shape = f"{r0['preset']}" + (f" with {r0['model']}" if r0["model"] else "")
+    model = ", ".join(f"{k} {v}" for k, v in json.loads(r0["model"] or "{}").items())
+    rates = [k[len("roofline_at_") : -2] for k in r0 if k.startswith("roofline_at_")]
     lines = [
-        f"{shape}, length {r0['max_len']}, {r0['batch_per_device']} per device, bf16, jit, on "
-        f"{r0['target']}; x floor: the estimate over the model's FLOPs at the target's bf16 peak "
-        f"({r0['floor_s']:.4f} s).",
+        f"{r0['preset']}{' with ' + model if model else ''}, length {r0['max_len']}, "
+        f"{r0['batch_per_device']} per device, bf16, jit, on {r0['target']}; x floor: the "
+        f"estimate over the model's FLOPs at the target's bf16 peak ({r0['floor_s']:.4f} s).",
         "",
-        "| choice | variant | est. s/step | x floor | roofline s/step |",
-        "|---|---|---|---|---|",
+        "| choice | variant | est. s/step | x floor | roofline s/step |"
+        + "".join(f" at {t}'s rates |" for t in rates),
+        "|---|---|---|---|---|" + "---|" * len(rates),
     ]
     for r in rows:
         est = f"{r['est_step_s']:.4f}" if r["est_step_s"] > 0 else f"({r['est_step_s']:.3g})"
         floor = f"{r['vs_floor']:.2f}" if r["vs_floor"] else "-"
         choice = CHOICES.get(r["variant"], r["variant"])
+        there = "".join(f" {r[f'roofline_at_{t}_s']:.4f} |" for t in rates)
         lines.append(
-            f"| {choice} | `{r['variant']}` | {est} | {floor} | {r['roofline_step_s']:.4f} |"
+            f"| {choice} | `{r['variant']}` | {est} | {floor} | "
+            f"{_roofline(r, 'roofline_step_s', 'roofline_high_s')} |{there}"
         )
     for r in rows:
         if r.get("breakdown"):
             lines += ["", *breakdown_table(r)]
     return "\n".join(lines) + (
         "\n\nEstimates, not measurements: the TPU compiler's cost model (`optimal_seconds`) of "
-        "the unrolled train step compiled for a TPU that was not there, and jaxtpu's roofline of "
-        "that program."
+        "the unrolled train step compiled for a TPU that was not there (in parentheses where it "
+        "is negative, as on v4, v5e and v6e off a TPU), and jaxtpu's roofline of that program."
     )
 
 

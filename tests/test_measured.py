@@ -391,6 +391,14 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
     assert shown.startswith("bert-base, length 128, 32 per device, bf16, jit, on v3-8")
     assert "Estimated (not measured) " in shown and "Estimates, not measurements" in shown
     assert "Where `" not in shown  # no --breakdown: no groups
+    # on v5e the program keeps arrays on the chip: the roofline is a range; --rates-of: columns
+    v5e = {**row("tpu", -50.0), "target": "v5e-8", "roofline_step_s": 0.0158,
+           "roofline_high_s": 0.0416, "roofline_at_v6e-8_s": 0.0079}  # fmt: skip
+    lines = measured.render(measured.keep(
+        tmp_path / "v5e.json", "tpu_tuning", [v5e], "benchmarks.tpu_tuning", []
+    )).splitlines()  # fmt: skip
+    assert lines[2].endswith("| roofline s/step | at v6e-8's rates |")
+    assert lines[4].endswith("| `tpu` | (-50) | - | 0.0158-0.0416 | 0.0079 |")
     groups = [{"group": "fusion/loop      backward layer_N/attention/self", "count": 48,
                "bytes": 2.25e9, "seconds": 0.0052, "beyond_flops": 0.0049},
               {"group": "all operations", "count": 900, "bytes": 12.9e9, "seconds": 0.0484,
