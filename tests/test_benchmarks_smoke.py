@@ -386,6 +386,9 @@ def test_every_benchmark_table_says_which_cpu_it_ran_on():
     assert cpu_line(cpu_record("model name : Old\nflags : fpu sse2\n")).endswith(
         "flags none of avx512f, avx512_vnni, avx512_bf16, amx_bf16, amx_int8, amx_tile"
     )
+    # one name, two generations: the family, model and clock tell them apart when listed
+    zen4 = "cpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2596.128\n"
+    assert cpu_line(cpu_record(zen4)).startswith("CPU: AMD EPYC (family/model 25/17, 2,596 MHz), ")
     row = {"way": "onnx-fp32", "per_s": 1.0, "wall_s": 1.0, "peak_rss_gb": 1.0, "auc": 0.9}
     row |= {"diff": 0.0, "cpu": cpu}
     assert scoring.table(scoring.summary([row])).endswith(line)
