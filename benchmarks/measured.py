@@ -58,9 +58,9 @@ KINDS = {
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so
+ESTIMATED = {"decoders", "estimates", "tpu_tuning", "preflight"}
 # a page's marker: `<!-- measured:FILE -->`, or FILE,FILE... for one table of several
 MARKER = r"<!-- measured:([\w.-]+(?:,[\w.-]+)*) -->"
-ESTIMATED = {"decoders", "estimates", "tpu_tuning", "preflight"}
 # the distributions whose versions a report records (read from the installed metadata: no
 # import, so recording costs nothing and a missing one is just absent)
 VERSIONS = (
