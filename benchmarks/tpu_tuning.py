@@ -73,10 +73,10 @@ CHOICES = {  # what each variant is, as docs/tpu.md's table says it
 }
 
 
-def _roofline(r: dict[str, Any], low: str, high: str) -> str:
+def _roofline(r: dict[str, Any]) -> str:
     """The roofline's step, a range where the program keeps arrays on the chip (v4 and later:
     on-chip bytes free, or at the HBM rate), one figure where both ends agree within 1% (v2, v3)."""
-    lo, hi = r[low], r.get(high, r[low])
+    lo, hi = r["roofline_step_s"], r.get("roofline_high_s", r["roofline_step_s"])
     return f"{lo:.4f}" if abs(hi - lo) <= 0.01 * lo else f"{lo:.4f}-{hi:.4f}"
 
 
@@ -102,10 +102,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         floor = f"{r['vs_floor']:.2f}" if r["vs_floor"] else "-"
         choice = CHOICES.get(r["variant"], r["variant"])
         there = "".join(f" {r[f'roofline_at_{t}_s']:.4f} |" for t in rates)
-        lines.append(
-            f"| {choice} | `{r['variant']}` | {est} | {floor} | "
-            f"{_roofline(r, 'roofline_step_s', 'roofline_high_s')} |{there}"
-        )
+        lines.append(f"| {choice} | `{r['variant']}` | {est} | {floor} | {_roofline(r)} |{there}")
     for r in rows:
         if r.get("breakdown"):
             lines += ["", *breakdown_table(r)]

@@ -66,6 +66,11 @@ def test_reports_of_one_kind_join_in_one_table_with_a_caption_per_sitting(tmp_pa
     other = measured.keep(tmp_path / "d.json", "default_run", [], "benchmarks.default_run", [])
     with pytest.raises(ValueError, match="one table needs one kind"):
         measured.render_joined([a, other])
+    saved = {"results": [], "matmul_peak_gflops": {}}  # a compare report: a record, not rows
+    whole = [measured.keep(tmp_path / f"q{i}.json", "compare", saved, "benchmarks.compare", [])
+             for i in (1, 2)]  # fmt: skip
+    with pytest.raises(ValueError, match="only reports of rows join in one table"):
+        measured.render_joined(whole)
     assert re.findall(measured.MARKER, "<!-- measured:a.json,b-1.json -->") == ["a.json,b-1.json"]
 
 
