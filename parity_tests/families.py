@@ -25,6 +25,7 @@ special tokens.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -270,24 +271,14 @@ def tokenizer_kind(name: str) -> tuple[str, list[str], tuple[str, str]]:
     return VARIANT_TOKENIZERS.get(name) or TOKENIZERS[VARIANTS.get(name, name)]
 
 
-def _tokenizer(name: str, texts: list[str]):
-    """A fast tokenizer of the kind of `name`'s checkpoints (a family's, or a variant's own)
-    trained on `texts`."""
-    from tokenizers import (
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import PreTrainedTokenizerFast
+@functools.cache
+def _trained(kind: str, specials: tuple[str, ...], texts: tuple[str, ...]) -> str:
+    """A `tokenizers` tokenizer of `kind` trained on `texts`, as JSON (each caller makes its own
+    from it). Kept per process: a session's tests build the same checkpoints several times, and
+    training is most of a build."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    kind, specials, (first, last) = (
-        VARIANT_TOKENIZERS.get(name) or TOKENIZERS[VARIANTS.get(name, name)]
-    )
+    specials = list(specials)
     if kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -316,8 +307,30 @@ def _tokenizer(name: str, texts: list[str]):
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
         unk = "<unk>" if "<unk>" in specials else "[UNK]"
-        trainer = trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=specials, unk_token=unk)
+        # Halving the seed vocabulary each round with one EM pass, pieces of 8 characters at
+        # most: the 600 pieces come several times sooner than with the defaults
+        trainer = trainers.UnigramTrainer(
+            vocab_size=VOCAB,
+            special_tokens=specials,
+            unk_token=unk,
+            shrinking_factor=0.5,
+            n_sub_iterations=1,
+            max_piece_length=8,
+        )
     tok.train_from_iterator(texts, trainer)
+    return tok.to_str()
+
+
+def _tokenizer(name: str, texts: list[str]):
+    """A fast tokenizer of the kind of `name`'s checkpoints (a family's, or a variant's own)
+    trained on `texts`."""
+    from tokenizers import Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    kind, specials, (first, last) = (
+        VARIANT_TOKENIZERS.get(name) or TOKENIZERS[VARIANTS.get(name, name)]
+    )
+    tok = Tokenizer.from_str(_trained(kind, tuple(specials), tuple(texts)))
     ids = {s: tok.token_to_id(s) for s in specials}
     assert [ids[s] for s in specials] == list(range(len(specials))), ids
     if kind == "bpe" and first == "<s>":

@@ -61,6 +61,31 @@ def _token_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.setenv("JAXTPU_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+class _Families(dict):
+    """name -> the test checkpoint of that family (`parity_tests.families.build`), built the
+    first time a test asks for it: a test of one family pays for that family only."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name: str) -> Path:
+        from parity_tests.families import build
+
+        self[name] = build(name, self.root / name)
+        return self[name]
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every family's small random-init checkpoint, shared by the session's tests. transformers'
+    model classes are imported here, in the setup: with them accelerate imports torch_xla,
+    which a test's call may import only when it is marked `torch`."""
+    import transformers.modeling_utils  # noqa: F401
+
+    return _Families(tmp_path_factory.mktemp("families"))
+
+
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`resumable_args` run to the end without interruption: what every resumed run must match."""

@@ -28,13 +28,13 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def classifiers(tmp_path_factory) -> dict[str, Path]:
+def classifiers(tmp_path_factory, family_dirs) -> dict[str, Path]:
     """Each decoder's test checkpoint as a one-label `*ForSequenceClassification` saved by
     transformers itself (its `score` seeded and widened past its 0.02 init)."""
     root = tmp_path_factory.mktemp("decoders")
     out = {}
     for name in DECODER_NAMES:
-        base = build(name, root / name)
+        base = family_dirs[name]
         config = transformers.AutoConfig.from_pretrained(str(base))
         config.num_labels = 1
         config.problem_type = "multi_label_classification"

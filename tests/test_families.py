@@ -29,7 +29,6 @@ from parity_tests.families import (
     FAMILY_NAMES,
     VARIANT_TOKENIZERS,
     VARIANTS,
-    build,
     tokenizer_kind,
 )
 
@@ -38,12 +37,6 @@ transformers = pytest.importorskip("transformers")
 
 ALL = FAMILY_NAMES + tuple(VARIANTS) + DECODER_NAMES
 TOKENIZER_MODEL = {"wordpiece": "WordPiece", "bpe": "BPE", "unigram": "Unigram", "spm-bpe": "BPE"}
-
-
-@pytest.fixture(scope="session")
-def family_dirs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("families")
-    return {name: build(name, root / name) for name in ALL}
 
 
 def _exported(model_dir: Path, out: Path) -> Path:

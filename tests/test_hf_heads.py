@@ -23,18 +23,12 @@ from jaxtpu.core.hf.heads import HF_HEADS, classifier_fields, hf_pooling, read_c
 from jaxtpu.core.hf.modelspec import ModelSpec
 from jaxtpu.core.tasks import LABELS
 from jaxtpu.engine import weights
-from parity_tests.families import FAMILY_NAMES, VARIANTS, build
+from parity_tests.families import FAMILY_NAMES, VARIANTS
 
 torch = pytest.importorskip("torch", reason="transformers' classifiers need torch")
 transformers = pytest.importorskip("transformers")
 
 ALL = FAMILY_NAMES + tuple(VARIANTS)
-
-
-@pytest.fixture(scope="module")
-def family_dirs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("families")
-    return {name: build(name, root / name) for name in ALL}
 
 
 def _texts(n: int = 12) -> list[str]:
@@ -263,11 +257,11 @@ def test_a_transformers_classifier_is_evaluated_trained_on_and_exported(
     assert not np.allclose(again.classifier.out_proj.weight.detach().numpy(), before)
 
 
-def test_a_model_dir_without_a_classification_head_is_refused_in_one_line(tmp_path, capsys):
+def test_a_model_dir_without_a_classification_head_is_refused_in_one_line(family_dirs, capsys):
     from jaxtpu import evaluate
     from tests.helpers import one_line_exit_2
 
-    bert = build("bert", tmp_path / "bert")  # one family: not the module's ten
+    bert = family_dirs["bert"]
     capsys.readouterr()  # (what building it printed)
     argv = ["--model-dir", str(bert), "--input", str(SAMPLE_CSV)]
     err = one_line_exit_2(capsys, lambda: evaluate.main(argv))
