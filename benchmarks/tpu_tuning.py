@@ -28,6 +28,8 @@ time beyond their FLOPs (`jaxtpu.preflight.roofline`): where the step's distance
 comes from. Each row also has that roofline's own step time (`roofline_step_s`): jaxtpu's
 estimate from the compiled program, not the compiler's, and the only one for targets whose
 cost model gives no usable step time (v4, v5e and v6e with every libtpu on PyPI here).
+`--program` also keeps what the compiler wrote into each program (its matmul FLOPs, operations
+in on-chip memory, async copies and slices, loops, windowed matmul loops).
 `--report FILE` keeps the rows as a kept report (`benchmarks.measured`, kind `tpu_tuning`,
 captioned as an estimate; `table`: a row per variant against the floor, and with `--breakdown`
 each variant's groups, kept in its row).
@@ -88,21 +90,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     r0 = rows[0]
     model = ", ".join(f"{k} {v}" for k, v in json.loads(r0["model"] or "{}").items())
     rates = [k[len("roofline_at_") : -2] for k in r0 if k.startswith("roofline_at_")]
+    floors = {r["target"]: r["floor_s"] for r in rows}  # several where reports of two join
+    on = ", ".join(f"{t} ({floor:.4f} s)" for t, floor in floors.items())
+    several = len(floors) > 1
     lines = [
         f"{r0['preset']}{' with ' + model if model else ''}, length {r0['max_len']}, "
-        f"{r0['batch_per_device']} per device, bf16, jit, on {r0['target']}; x floor: the "
-        f"estimate over the model's FLOPs at the target's bf16 peak ({r0['floor_s']:.4f} s).",
+        f"{r0['batch_per_device']} per device, bf16, jit, on {on}; x floor: the estimate "
+        "over the model's FLOPs at the target's bf16 peak (in parentheses).",
         "",
-        "| choice | variant | est. s/step | x floor | roofline s/step |"
+        f"| choice | variant |{' target |' * several} est. s/step | x floor | roofline s/step |"
         + "".join(f" at {t}'s rates |" for t in rates),
-        "|---|---|---|---|---|" + "---|" * len(rates),
+        "|---|---|---|---|---|" + "---|" * (len(rates) + several),
     ]
     for r in rows:
         est = f"{r['est_step_s']:.4f}" if r["est_step_s"] > 0 else f"({r['est_step_s']:.3g})"
         floor = f"{r['vs_floor']:.2f}" if r["vs_floor"] else "-"
         choice = CHOICES.get(r["variant"], r["variant"])
+        target = f" {r['target']} |" * several
         there = "".join(f" {r[f'roofline_at_{t}_s']:.4f} |" for t in rates)
-        lines.append(f"| {choice} | `{r['variant']}` | {est} | {floor} | {_roofline(r)} |{there}")
+        lines.append(
+            f"| {choice} | `{r['variant']}` |{target} {est} | {floor} | {_roofline(r)} |{there}"
+        )
+    if any(r.get("program") for r in rows):
+        lines += ["", *program_table(rows)]
     for r in rows:
         if r.get("breakdown"):
             lines += ["", *breakdown_table(r)]
@@ -111,6 +121,33 @@ def table(rows: list[dict[str, Any]]) -> str:
         "the unrolled train step compiled for a TPU that was not there (in parentheses where it "
         "is negative, as on v4, v5e and v6e off a TPU), and jaxtpu's roofline of that program."
     )
+
+
+def program_table(rows: list[dict[str, Any]]) -> list[str]:
+    """What the compiler wrote into each variant's program (`--program`) as Markdown lines: its
+    matmul FLOPs, its bytes by the compiler's count and by the roofline's two readings, and the
+    operations of `jaxtpu.preflight.roofline.program_counts`."""
+    lines = [
+        "The compiled programs (matmul GFLOP per device by the roofline's count; GB per step by "
+        "the compiler's `bytes accessed`, by the roofline with on-chip arrays at the HBM rate, "
+        "and by the roofline with them free; operations as written, a loop's body once):",
+        "",
+        "| target | variant | matmul GFLOP | compiler GB | roofline GB, on-chip counted | "
+        "roofline GB, HBM only | on-chip results | async copies | async slices | loops | "
+        "windowed matmul loops |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r.get("program")
+        if not p:
+            continue
+        lines.append(
+            f"| {r['target']} | `{r['variant']}` | {p['matmul_gflop']:.1f} | "
+            f"{r['est_gb_per_step']:.2f} | {r['roofline_high_gb_per_step']:.2f} | "
+            f"{r['roofline_gb_per_step']:.2f} | {p['on_chip']:,} | {p['copy_starts']:,} | "
+            f"{p['slice_starts']:,} | {p['loops']:,} | {p['windowed']:,} |"
+        )
+    return lines
 
 
 def breakdown_table(row: dict[str, Any]) -> list[str]:
@@ -210,6 +247,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also keep the rows as a report (benchmarks.measured, kind tpu_tuning) for the docs",
     )
     p.add_argument(
+        "--program",
+        action="store_true",
+        help="also keep what the compiler wrote into each variant's program: its matmul "
+        "GFLOP per device, operations in on-chip memory, async copies and slices, loops and "
+        "windowed matmul loops (jaxtpu.preflight.roofline.program_counts)",
+    )
+    p.add_argument(
         "--breakdown",
         type=int,
         default=0,
@@ -272,6 +316,11 @@ def _variant_row(
     if args.breakdown:  # the groups memory traffic slows the most, then the whole step
         top = [*ops[: args.breakdown], hlo_roofline.total(ops)]
         row["breakdown"] = [asdict(r) for r in top]
+    if args.program:
+        row["program"] = {
+            "matmul_gflop": hlo_roofline.total(ops).flops / 1e9,
+            **hlo_roofline.program_counts(compiled.as_text()),
+        }
     return row, ops
 
 

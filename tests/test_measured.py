@@ -413,6 +413,21 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
     lines = measured.render(path).split("Where `tpu`'s step goes beyond its FLOPs")[1].splitlines()
     assert lines[4] == "| `fusion/loop backward layer_N/attention/self` | 48 | 2.25 | 5.20 | 4.90 |"
     assert lines[5] == "| **all operations** | 900 | 12.90 | 48.40 | 13.50 |"
+    # --program, two targets' reports joined: a target column, each target's floor, and the
+    # programs' table
+    program = {"matmul_gflop": 357.71, "on_chip": 3279, "copy_starts": 255, "slice_starts": 200,
+               "loops": 12, "windowed": 12}  # fmt: skip
+    gb = {"est_gb_per_step": 5.49, "roofline_high_gb_per_step": 5.4894,
+          "roofline_gb_per_step": 0.764}  # fmt: skip
+    v3 = {**row("tpu", 0.0492), **gb, "program": {**program, "on_chip": 0}}
+    v5 = {**v5e, **gb, "floor_s": 0.0182, "program": program}
+    paths = [measured.keep(tmp_path / f"{n}.json", "tpu_tuning", [r], "benchmarks.tpu_tuning", [])
+             for n, r in (("v3", v3), ("v5", v5))]  # fmt: skip
+    shown = measured.render_joined(paths)
+    assert "on v3-8 (0.0350 s), v5e-8 (0.0182 s);" in shown
+    assert "| `tpu` | v5e-8 | (-50) | - | 0.0158-0.0416 |" in shown
+    assert "| v5e-8 | `tpu` | 357.7 | 5.49 | 5.49 | 0.76 | 3,279 | 255 | 200 | 12 | 12 |" in shown
+    assert "| v3-8 | `tpu` | 357.7 | 5.49 | 5.49 | 0.76 | 0 | 255 |" in shown
 
 
 def test_a_preflight_sweep_is_kept_with_preflights_own_table(tmp_path, monkeypatch, capsys):

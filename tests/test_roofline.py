@@ -57,6 +57,18 @@ def test_a_v5e_style_program_counts_hbm_bytes_once_and_loops_per_iteration():
     assert whole.seconds == pytest.approx(sum(r.seconds for r in rows))
 
 
+def test_program_counts_are_what_the_compiler_wrote_and_find_a_windowed_matmul_loop():
+    """Each operation once as written: four on-chip results (the copy's and the slice's start
+    and done; the fused computation's parameter names the copy's array), one async copy, one
+    slice, three loops; a loop is a windowed matmul one only when its body (fusions included)
+    has a collective-permute beside its matmul."""
+    counts = roofline.program_counts(V5E_STYLE)
+    assert counts == {"on_chip": 4, "copy_starts": 1, "slice_starts": 1, "loops": 3, "windowed": 0}
+    permute = "  %cp = bf16[8,128]{1,0} collective-permute(%x), source_target_pairs={{0,1},{1,0}}\n"
+    windowed = V5E_STYLE.replace("  ROOT %t = ", permute + "  ROOT %t = ", 1)
+    assert roofline.program_counts(windowed)["windowed"] == 3  # the three loops share %body
+
+
 def test_roofline_counts_a_programs_bytes_and_matmul_flops():
     """The roofline of an XLA:CPU program (no tiled layouts): its bytes are XLA's
     own `bytes accessed`, its FLOPs the matmul's 2 x M x N x K, and the rows sort by the time

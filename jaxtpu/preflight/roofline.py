@@ -395,6 +395,51 @@ def total(rows: list[Row]) -> Row:
     return whole
 
 
+_MATMULS = ("convolution", "dot")
+_PERMUTES = ("collective-permute", "collective-permute-start")
+
+
+def program_counts(text: str) -> dict[str, int]:
+    """What the compiler wrote into the program, each instruction once as written (a loop's
+    body once): operations whose result is in on-chip memory (a layout with `S(1)`, VMEM;
+    bookkeeping such as parameters and tuples, which name arrays made elsewhere, aside), async
+    copies and slices that stage operands there, loops, and windowed matmul loops (a loop whose
+    body, its fusions included, has both a matmul and a collective-permute: a collective matmul,
+    e.g. FSDP's reduce-scatter fused into a weight gradient's matmul)."""
+    comps, _ = _computations(text)
+    ops = {
+        name: [m.group(3) for m in map(_INSTRUCTION.match, lines) if m]
+        for name, lines in comps.items()
+    }
+
+    def called(name: str, seen: set[str]) -> set[str]:
+        """The ops of `name` and of every computation it calls."""
+        seen.add(name)
+        found = set(ops[name])
+        for line in comps[name]:
+            for callee in re.findall(r"(?:calls|body|to_apply)=(%[\w.\-]+)", line):
+                if callee in comps and callee not in seen:
+                    found |= called(callee, seen)
+        return found
+
+    counts = dict.fromkeys(("on_chip", "copy_starts", "slice_starts", "loops", "windowed"), 0)
+    for lines in comps.values():
+        for line in lines:
+            m = _INSTRUCTION.match(line)
+            if not m:
+                continue
+            out, op = m.group(2), m.group(3)
+            counts["on_chip"] += "S(1)" in out and op not in _FREE
+            counts["copy_starts"] += op == "copy-start"
+            counts["slice_starts"] += op == "slice-start"
+            if op == "while":
+                counts["loops"] += 1
+                body = re.search(r"body=(%[\w.\-]+)", line)
+                inside = called(body.group(1), set()) if body and body.group(1) in comps else set()
+                counts["windowed"] += bool(inside & set(_MATMULS) and inside & set(_PERMUTES))
+    return counts
+
+
 def table(rows: list[Row], top: int, compiler_seconds: float = 0.0) -> str:
     """The `top` rows as text, with the module's totals (and the compiler's estimate)."""
     lines = [f"{'ms':>8} {'beyond':>8} {'GB':>7} {'n':>4}  operation (forward/backward, path)"]
