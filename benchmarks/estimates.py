@@ -17,7 +17,8 @@ length buckets), and on v5e-8 whether the run's epochs fit a Kaggle session.
 
 The ModernBERT rows (`--models` of ModernBERT-base, ModernBERT-large, mmBERT-base; `--lengths
 512,1024`, 8 comments per device; config.json files written here from the published shapes)
-are docs/big-models.md's table.
+are docs/big-models.md's table. `--configs DIR` writes those config.json files (and
+DeBERTa-v3-large's) for a `--model-dir` of preflight or `benchmarks.tpu_tuning`.
 
 Rows print as they finish (a Markdown table at the end); `--out` keeps the reports as JSON
 after every row, `--resume` skips the rows a previous `--out` already has, and `--table-of
@@ -96,8 +97,17 @@ MODERNBERT_LARGE = {
     "intermediate_size": 2624,
 }
 MMBERT_BASE = {**MODERNBERT_BASE, "vocab_size": 256000, "pad_token_id": 0}
+# DeBERTa-v3-large's (microsoft/deberta-v3-large): the base's options, 24 x 1024
+DEBERTA_V3_LARGE = {
+    **DEBERTA_V3_BASE,
+    "hidden_size": 1024,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "intermediate_size": 4096,
+}
 CONFIGS = {
     "deberta-v3-base": DEBERTA_V3_BASE,
+    "deberta-v3-large": DEBERTA_V3_LARGE,
     "modernbert-base": MODERNBERT_BASE,
     "modernbert-large": MODERNBERT_LARGE,
     "mmbert-base": MMBERT_BASE,
@@ -228,6 +238,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also keep the rows as a report (benchmarks.measured, kind estimates) for the docs",
     )
+    p.add_argument(
+        "--configs",
+        metavar="DIR",
+        help="write each published shape's config.json as DIR/NAME/ (a --model-dir for "
+        f"preflight or tpu_tuning; {', '.join(CONFIGS)}) and compute nothing",
+    )
     return p
 
 
@@ -238,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--report: not with --resume (the rows kept before were not computed by this run)")
     if args.table_of:
         print(table_of(json.loads(Path(args.table_of).read_text()), args.targets.split(",")))
+        return 0
+    if args.configs:
+        Path(args.configs).mkdir(parents=True, exist_ok=True)
+        for name in CONFIGS:
+            print(config_dir(Path(args.configs), name))
         return 0
 
     from jaxtpu.core.flags import presets
