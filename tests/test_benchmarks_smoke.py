@@ -297,6 +297,23 @@ def test_estimates_table_of_prints_saved_reports_in_target_and_model_order():
     assert "0.1000" in table[2] and "roofline" in table[2] and table[-1].endswith("| 4.2 |")
 
 
+def test_estimates_configs_writes_each_published_shape_as_a_model_dir(tmp_path, capsys):
+    """`--configs DIR`: a directory per shape holding only its config.json, which jaxtpu reads
+    as that shape (DeBERTa-v3-large: the base's options, 24 x 1024)."""
+    from benchmarks import estimates
+    from jaxtpu.core.flags.runspec import RunSpec
+    from jaxtpu.core.flags.schema import Config
+
+    assert estimates.main(["--configs", str(tmp_path / "configs")]) == 0
+    printed = capsys.readouterr().out.split()
+    assert [p.rsplit("/", 1)[-1] for p in printed] == list(estimates.CONFIGS)
+    cfg = Config().replace(model_dir=str(tmp_path / "configs" / "deberta-v3-large"), max_len=224)
+    encoder = RunSpec.resolve(cfg).encoder
+    shape = (encoder.model_type, encoder.num_hidden_layers, encoder.hidden_size)
+    assert shape == ("deberta-v2", 24, 1024)
+    assert encoder.vocab_size == 128100 and encoder.relative_attention
+
+
 def test_decoders_table_row_gives_the_largest_batch_and_the_rules_epoch():
     from benchmarks import decoders
     from jaxtpu.preflight.report import Report
