@@ -413,11 +413,12 @@ def program_counts(text: str) -> dict[str, int]:
     }
 
     def called(name: str, seen: set[str]) -> set[str]:
-        """The ops of `name` and of every computation it calls."""
+        """The ops of `name` and of the computations it calls (fusions, calls; not the bodies
+        of loops inside it, which count as loops of their own)."""
         seen.add(name)
         found = set(ops[name])
         for line in comps[name]:
-            for callee in re.findall(r"(?:calls|body|to_apply)=(%[\w.\-]+)", line):
+            for callee in re.findall(r"(?:calls|to_apply)=(%[\w.\-]+)", line):
                 if callee in comps and callee not in seen:
                     found |= called(callee, seen)
         return found
