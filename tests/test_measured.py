@@ -163,7 +163,6 @@ def test_the_default_run_report_is_a_row_per_run_first_from_empty_caches():
 HAND_COPIED = {
     "docs/benchmarks.md": 1,  # the epoch table at 256 (compare --epoch: two hours or more)
     "docs/big-models.md": 2,  # the ModernBERT and decoder estimates (hours of compiles each)
-    "docs/tpu.md": 1,  # the estimates of v5e-16, v5p-8, v4-8 (~35 min a target, a process each)
 }
 # tables of decimals that are not measurements: settings, a data description, hardware facts
 NOT_MEASURED = (
