@@ -67,6 +67,18 @@ def test_program_counts_are_what_the_compiler_wrote_and_find_a_windowed_matmul_l
     permute = "  %cp = bf16[8,128]{1,0} collective-permute(%x), source_target_pairs={{0,1},{1,0}}\n"
     windowed = V5E_STYLE.replace("  ROOT %t = ", permute + "  ROOT %t = ", 1)
     assert roofline.program_counts(windowed)["windowed"] == 3  # the three loops share %body
+    # a loop around a windowed one (scanned layers) is a loop, not one more windowed loop
+    state = "(u32[]{:T(128)}, bf16[8,128]{1,0:T(8,128)(2,1)}, bf16[128,256]{1,0:T(8,128)(2,1)})"
+    outer = (
+        f"%outer (p: {state}) -> {state} {{\n  %p = {state} parameter(0)\n"
+        f"  ROOT %inner = {state} while(%p), condition=%cond, body=%body\n}}\n\nENTRY %main"
+    )
+    nested = windowed.replace("ENTRY %main", outer, 1).replace(
+        "  ROOT %out = ",
+        f"  %nest = {state} while(%tuple), condition=%cond, body=%outer\n  ROOT %out = ",
+    )
+    counts = roofline.program_counts(nested)
+    assert (counts["loops"], counts["windowed"]) == (5, 4)
 
 
 def test_roofline_counts_a_programs_bytes_and_matmul_flops():
