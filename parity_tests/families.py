@@ -327,9 +327,7 @@ def _tokenizer(name: str, texts: list[str]):
     from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
-    kind, specials, (first, last) = (
-        VARIANT_TOKENIZERS.get(name) or TOKENIZERS[VARIANTS.get(name, name)]
-    )
+    kind, specials, (first, last) = tokenizer_kind(name)
     tok = Tokenizer.from_str(_trained(kind, tuple(specials), tuple(texts)))
     ids = {s: tok.token_to_id(s) for s in specials}
     assert [ids[s] for s in specials] == list(range(len(specials))), ids
