@@ -287,7 +287,8 @@ def _variant_row(
         e = pf_speed.estimate(cfg, devices, target, compiled)
         seconds, roofline_s = e.compiler_s, e.roofline_s
         flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
-        ops = hlo_roofline.roofline(compiled.as_text(), peak, bandwidth)
+        text = compiled.as_text()  # the program's text, read once for every roofline below
+        ops = hlo_roofline.roofline(text, peak, bandwidth)
         floor = flops / peak
         row = {
             "preset": args.preset,
@@ -311,7 +312,7 @@ def _variant_row(
         there = pf_targets.TPU_TARGETS[other]
         rates = there.peak_flops_per_device(), there.bandwidth_per_device()
         row[f"roofline_at_{other}_s"] = hlo_roofline.total(
-            hlo_roofline.roofline(compiled.as_text(), *rates)
+            hlo_roofline.roofline(text, *rates)
         ).seconds
     if args.breakdown:  # the groups memory traffic slows the most, then the whole step
         top = [*ops[: args.breakdown], hlo_roofline.total(ops)]
@@ -319,7 +320,7 @@ def _variant_row(
     if args.program:
         row["program"] = {
             "matmul_gflop": hlo_roofline.total(ops).flops / 1e9,
-            **hlo_roofline.program_counts(compiled.as_text()),
+            **hlo_roofline.program_counts(text),
         }
     return row, ops
 

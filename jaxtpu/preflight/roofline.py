@@ -395,8 +395,8 @@ def total(rows: list[Row]) -> Row:
     return whole
 
 
-_MATMULS = ("convolution", "dot")
-_PERMUTES = ("collective-permute", "collective-permute-start")
+_MATMULS = frozenset({"convolution", "dot"})
+_PERMUTES = frozenset({"collective-permute", "collective-permute-start"})
 
 
 def program_counts(text: str) -> dict[str, int]:
@@ -407,8 +407,8 @@ def program_counts(text: str) -> dict[str, int]:
     body, its fusions included, has both a matmul and a collective-permute: a collective matmul,
     e.g. FSDP's reduce-scatter fused into a weight gradient's matmul)."""
     comps, _ = _computations(text)
-    ops = {
-        name: [m.group(3) for m in map(_INSTRUCTION.match, lines) if m]
+    parsed = {  # each computation's (line, result shape, op), parsed once
+        name: [(line, m.group(2), m.group(3)) for line in lines if (m := _INSTRUCTION.match(line))]
         for name, lines in comps.items()
     }
 
@@ -416,20 +416,16 @@ def program_counts(text: str) -> dict[str, int]:
         """The ops of `name` and of the computations it calls (fusions, calls; not the bodies
         of loops inside it, which count as loops of their own)."""
         seen.add(name)
-        found = set(ops[name])
-        for line in comps[name]:
+        found = {op for _, _, op in parsed[name]}
+        for line, _, _ in parsed[name]:
             for callee in re.findall(r"(?:calls|to_apply)=(%[\w.\-]+)", line):
                 if callee in comps and callee not in seen:
                     found |= called(callee, seen)
         return found
 
     counts = dict.fromkeys(("on_chip", "copy_starts", "slice_starts", "loops", "windowed"), 0)
-    for lines in comps.values():
-        for line in lines:
-            m = _INSTRUCTION.match(line)
-            if not m:
-                continue
-            out, op = m.group(2), m.group(3)
+    for instructions in parsed.values():
+        for line, out, op in instructions:
             counts["on_chip"] += "S(1)" in out and op not in _FREE
             counts["copy_starts"] += op == "copy-start"
             counts["slice_starts"] += op == "slice-start"
@@ -437,7 +433,7 @@ def program_counts(text: str) -> dict[str, int]:
                 counts["loops"] += 1
                 body = re.search(r"body=(%[\w.\-]+)", line)
                 inside = called(body.group(1), set()) if body and body.group(1) in comps else set()
-                counts["windowed"] += bool(inside & set(_MATMULS) and inside & set(_PERMUTES))
+                counts["windowed"] += bool(inside & _MATMULS and inside & _PERMUTES)
     return counts
 
 
