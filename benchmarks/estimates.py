@@ -256,9 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         print(table_of(json.loads(Path(args.table_of).read_text()), args.targets.split(",")))
         return 0
     if args.configs:
-        Path(args.configs).mkdir(parents=True, exist_ok=True)
-        for name in CONFIGS:
-            print(config_dir(Path(args.configs), name))
+        try:
+            Path(args.configs).mkdir(parents=True, exist_ok=True)
+            for name in CONFIGS:
+                print(config_dir(Path(args.configs), name))
+        except OSError as e:
+            p.error(f"--configs {args.configs}: cannot write there ({e.strerror or e})")
         return 0
 
     from jaxtpu.core.flags import presets

@@ -312,6 +312,12 @@ def test_estimates_configs_writes_each_published_shape_as_a_model_dir(tmp_path, 
     shape = (encoder.model_type, encoder.num_hidden_layers, encoder.hidden_size)
     assert shape == ("deberta-v2", 24, 1024)
     assert encoder.vocab_size == 128100 and encoder.relative_attention
+    # a DIR that cannot be made is one line, exit 2
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        estimates.main(["--configs", str(tmp_path / "file" / "configs")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "--configs" in err and "cannot write there" in err
 
 
 def test_decoders_table_row_gives_the_largest_batch_and_the_rules_epoch():
