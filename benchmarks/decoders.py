@@ -9,7 +9,9 @@ memory is XLA:CPU's for the same sharded program and the step its FLOP floor (a 
 TPU compiler's memory down: `--targets v5e-8`, then `--targets v6e-8 --resume`, ...;
 `--table-of runs/decoders.json` prints the table of what is saved). The step estimate
 compiles the unrolled program (every layer), over ten minutes a row on a 2-core machine:
-`--no-speed` saves memory and batch only, and `--estimate` adds the estimate to saved rows.
+`--no-speed` saves memory and batch only, and `--estimate` adds the estimate to saved rows,
+searching first the rows it is asked for that --out does not have yet, so that one command
+(`--estimate --targets v5e-8 --out F --report R`) makes a target's rows from nothing.
 
 Each row is `jaxtpu.preflight.fit.find_batch` of the model at one length on one target:
 `--head hf` (transformers' Qwen3ForSequenceClassification head), LoRA rank 16, alpha 32 on
@@ -239,14 +241,12 @@ def _estimate_saved(
     models: list[str],
     lengths: list[int],
     whole: bool,
-) -> int:
+) -> None:
     """`--estimate`: the step estimate of saved rows at their largest batch: of the whole
     program (`whole`), or affine in the layer count from two programs of a few layers
     (`_layer_fit`). A saved estimate of the whole program is kept; `whole` replaces a fit."""
     from jaxtpu.preflight import targets as pf_targets
 
-    if not out:
-        raise SystemExit("--estimate reads and updates the rows of --out")
     for saved in reports:
         largest = saved["extra"].get("largest_batch", 0)
         wanted = saved["target"] in targets and saved["model"] in models
@@ -267,7 +267,6 @@ def _estimate_saved(
         saved.update(asdict(r))
         Path(out).write_text(json.dumps(reports, indent=2))
         print(row(saved), f"({time.time() - t0:.0f} s)", flush=True)
-    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -291,15 +290,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report",
         metavar="FILE",
-        help="also keep this run's rows (those of --out it resumed or estimated included) as "
-        "an estimated report for the docs (benchmarks.measured), e.g. "
-        "docs/measured/decoders-t4x2.json",
+        help="also keep this run's rows (those of --targets, --models and --lengths, all "
+        "computed by this run: refused when --out already has one of them) as an estimated "
+        "report for the docs (benchmarks.measured), e.g. docs/measured/decoders-t4x2.json",
     )
     p.add_argument(
         "--estimate",
         action="store_true",
         help="for the rows of --out (within --targets, --models, --lengths) saved without a step "
-        "estimate (by --no-speed): estimate it at the row's largest batch and save the row",
+        "estimate (by --no-speed): estimate it at the row's largest batch and save the row; "
+        "such rows --out does not have yet are searched first (as --no-speed does)",
     )
     p.add_argument(
         "--whole",
@@ -325,9 +325,10 @@ def _search(
     targets: list[str],
     models: list[str],
     lengths: list[int],
+    speed: bool,
 ) -> None:
-    """The largest batch (and, unless --no-speed, the step estimate) of every wanted row not
-    in `reports` yet, each appended (and --out written) as it finishes."""
+    """The largest batch (and, with `speed`, the step estimate) of every wanted row not in
+    `reports` yet, each appended (and --out written) as it finishes."""
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import targets as pf_targets
 
@@ -347,7 +348,7 @@ def _search(
                 print(f"  {where}: batch {tried.batch_size} {verdict} ({tried.compile_s:.0f} s)",
                       file=sys.stderr, flush=True)  # fmt: skip
 
-            r = pf_fit.find_batch(cfg, target, devices, capacity, say, speed=not args.no_speed)
+            r = pf_fit.find_batch(cfg, target, devices, capacity, say, speed=speed)
             reports.append({"model": model, **asdict(r)})
             if args.out:
                 Path(args.out).write_text(json.dumps(reports, indent=2))
@@ -355,27 +356,38 @@ def _search(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
     if args.table_of:
         print(table(json.loads(Path(args.table_of).read_text())))
         return 0
+    if args.estimate and not args.out:
+        p.error("--estimate reads and updates the rows of --out: give --out FILE")
+    reports: list[dict[str, Any]] = []
+    if (args.resume or args.estimate) and args.out and Path(args.out).exists():
+        reports = json.loads(Path(args.out).read_text())
+    targets, models = args.targets.split(","), args.models.split(",")
+    lengths = list(map(int, args.lengths.split(",")))
+
+    def selected(r: dict[str, Any]) -> bool:
+        return r["target"] in targets and r["model"] in models and r["max_len"] in lengths
+
+    if args.report and any(map(selected, reports)):
+        p.error(f"--report keeps only rows this run computes, and --out {args.out} already has "
+                f"{sum(map(selected, reports))} of them: give a new --out")  # fmt: skip
     started = start_report(args.report, "benchmarks.decoders")  # the code and machine that estimate
 
     from jaxtpu.engine import hosts
 
     hosts.set_cpu_device_count(8)
-    reports: list[dict[str, Any]] = []
-    if (args.resume or args.estimate) and args.out and Path(args.out).exists():
-        reports = json.loads(Path(args.out).read_text())
     root = Path(tempfile.mkdtemp(prefix="jaxtpu-decoders-"))
-    targets, models = args.targets.split(","), args.models.split(",")
-    lengths = list(map(int, args.lengths.split(",")))
+    # --estimate searches its rows --out lacks (memory only), then estimates them
+    _search(args, reports, root, targets, models, lengths, not (args.no_speed or args.estimate))
     if args.estimate:
         _estimate_saved(args.out, reports, root, targets, models, lengths, args.whole)
-    else:
-        _search(args, reports, root, targets, models, lengths)
     if args.report:
-        kept = keep_report(args.report, "decoders", reports, "benchmarks.decoders", argv, started)
+        kept = keep_report(args.report, "decoders", [r for r in reports if selected(r)],
+                           "benchmarks.decoders", argv, started)  # fmt: skip
         print(f"kept {kept} (benchmarks.measured)")
     return 0
 

@@ -362,6 +362,60 @@ def test_the_decoders_step_estimate_is_affine_in_the_layer_count():
     assert cells[9] == "10.500-12.600†"  # the table marks an estimate drawn from the fit
 
 
+def test_decoders_estimate_searches_what_out_lacks_and_reports_only_its_own_rows(
+    tmp_path, monkeypatch, capsys
+):
+    """`--estimate --targets T --out F --report R` makes a target's rows from nothing in one
+    process (the search without speed, then the estimate), so the report's command is all it
+    took; rows of --out it did not compute are not kept, and a --report run whose --out
+    already has one of its rows is refused before any work. Compiles nothing: the search and
+    the estimate are fakes here."""
+    from benchmarks import decoders
+    from jaxtpu.preflight import fit as pf_fit
+    from jaxtpu.preflight import targets as pf_targets
+    from jaxtpu.preflight.report import Report
+
+    searched, estimated = [], []
+
+    def find_batch(cfg, target, devices, capacity, say, speed):
+        searched.append((target, cfg.data.max_len, speed))
+        r = Report(target, "fsdp", "layer", "data=1,fsdp=8", 4, cfg.data.max_len, fits=True)
+        r.extra["largest_batch"] = 4
+        return r
+
+    def fake_estimate(root, saved, devices, layers=0):
+        estimated.append((saved["target"], saved["max_len"], layers))
+        fields = {k: v for k, v in saved.items() if k != "model"}
+        return Report(**{**fields, "est_step_s": 1.0 + layers, "est_method": "roofline"})
+
+    monkeypatch.setattr(pf_fit, "find_batch", find_batch)
+    monkeypatch.setattr(pf_targets, "target_devices", lambda target, n: ([], 16 << 30))
+    monkeypatch.setattr(decoders, "_estimated", fake_estimate)
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    out, kept = tmp_path / "rows.json", tmp_path / "kept.json"
+    other = {
+        "model": "Qwen3-4B",
+        **Report("v6e-8", "fsdp", "layer", "data=1,fsdp=8", 4, 256).__dict__,
+    }
+    out.write_text(json.dumps([other]))  # an earlier run's row of another target
+    args = ["--estimate", "--targets", "v5e-8", "--models", "Qwen3-4B", "--out", str(out)]
+    assert decoders.main([*args, "--report", str(kept)]) == 0
+    assert searched == [("v5e-8", 256, False), ("v5e-8", 512, False)]  # memory only
+    assert estimated == [("v5e-8", n, k) for n in (256, 512) for k in decoders.FIT_LAYERS]
+    rows = json.loads(kept.read_text())["report"]
+    assert [(r["target"], r["max_len"]) for r in rows] == [("v5e-8", 256), ("v5e-8", 512)]
+    assert all(decoders.FIT_NOTE in r["est_method"] for r in rows)
+    assert len(json.loads(out.read_text())) == 3  # --out keeps every row
+    with pytest.raises(SystemExit) as e:  # --out has this run's rows now: not kept again
+        decoders.main([*args, "--report", str(tmp_path / "again.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "already has 2 of them: give a new --out" in err, err
+    assert not (tmp_path / "again.json").exists() and len(searched) == 2
+    with pytest.raises(SystemExit) as e:
+        decoders.main(["--estimate"])
+    assert e.value.code == 2 and "give --out FILE" in capsys.readouterr().err
+
+
 def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_them():
     from benchmarks import scoring
 
