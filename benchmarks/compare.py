@@ -23,7 +23,8 @@ peak, peak host memory), writes `DIR/benchmarks.json` (one record per configurat
             the CPU (eager, torch.compile) fed random batches with dynamic padding and the same
             bucketed batches, plus PyTorch eager bucketed with jaxtpu's host-memory setting.
             Each row trains the whole epoch (or --epoch-batches of it, projected); writes
-            DIR/epoch.json. About 80 minutes.
+            DIR/epoch.json after every row; --resume runs only the rows an interrupted run
+            of the same rows did not finish. About 80 minutes.
 
 Every row runs its framework as that framework's own command does; jaxtpu's commands put
 glibc's malloc on transparent huge pages (`jaxtpu.core.hostmem`), plain PyTorch does not, and
@@ -310,15 +311,45 @@ def epoch_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def finished_rows(
+    path: Path, configs: Sequence[tuple[Any, ...]], num_batches: int
+) -> tuple[list[dict[str, Any]], float]:
+    """The rows an interrupted run of the same `configs` left in `path` (the longest run of
+    them, in order, that finished without error) and the seconds that run took."""
+    if not path.exists():
+        return [], 0.0
+    saved = json.loads(path.read_text())
+    if saved.get("num_batches") != num_batches:
+        return [], 0.0
+    kept = []
+    for r, (max_len, fw, st, kind, _huge, cache) in zip(saved["results"], configs, strict=False):
+        row = (r.get("max_len"), r.get("framework"), r.get("parallel"), r.get("batching"))
+        same = row == (max_len, fw, st, kind) and r.get("compile_cache") == cache
+        if not same or "error" in r:
+            break
+        kept.append(r)
+    return kept, float(saved["seconds"]) if kept else 0.0
+
+
 def run_epoch(
-    out: Path, num_batches: int, timeout: float, max_lens: Sequence[int] = EPOCH_MAX_LENS
+    out: Path,
+    num_batches: int,
+    timeout: float,
+    max_lens: Sequence[int] = EPOCH_MAX_LENS,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Every epoch row of `max_lens`, each in its own process; OUT/epoch.json after each row
-    (an interrupted run keeps the rows it finished). Returns the record written last."""
-    t0 = time.time()
-    records = []
+    (an interrupted run keeps the rows it finished; `resume` runs only the rows after them).
+    Returns the record written last."""
     configs = [(n, *row) for n in max_lens for row in EPOCH_ROWS]
+    records, before = finished_rows(out / "epoch.json", configs, num_batches) if resume else ([], 0)
+    if records:
+        print(f"--resume: {len(records)} finished rows kept from {out / 'epoch.json'}")
+    t0 = time.time() - before  # the record's seconds: both sittings
+    saved = None
     for i, (max_len, fw, st, kind, huge, cache) in enumerate(configs, 1):
+        if i <= len(records):
+            continue
         flags = [
             "--framework",
             fw,
@@ -347,6 +378,8 @@ def run_epoch(
         progress(i, len(configs), name, status, t)
         records.append(r)
         # after every row: an interrupted run keeps the rows it finished
+        saved = write_record(out / "epoch.json", t0, records, num_batches=num_batches)
+    if saved is None:  # every row had finished before
         saved = write_record(out / "epoch.json", t0, records, num_batches=num_batches)
     print(epoch_table(records))
     print(f"wrote {out / 'epoch.json'} in {time.time() - t0:.0f}s")
@@ -425,6 +458,12 @@ def _parser() -> argparse.ArgumentParser:
         help="--epoch: run only this max length's rows (repeatable; default: 128 and 256)",
     )
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="--epoch: keep the rows an interrupted run of the same rows left in DIR/epoch.json "
+        "(in order, up to its first failed row) and run only the rest",
+    )
+    p.add_argument(
         "--report",
         metavar="FILE",
         help="also keep the results as a measured report (benchmarks.measured), e.g. "
@@ -446,13 +485,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replot and args.epoch:
         print(epoch_table(json.loads((out / "epoch.json").read_text())["results"]))
         return 0
+    if args.resume and not args.epoch:
+        p.error("--resume: of --epoch rows only")
     if args.epoch and args.report and args.epoch_batches:
         p.error("--report: of whole epochs only (--epoch-batches projects the rows)")
     if args.epoch:
         out.mkdir(parents=True, exist_ok=True)
         started = start_report(args.report, "benchmarks.compare")  # the code and machine
         max_lens = args.epoch_max_len or EPOCH_MAX_LENS
-        saved = run_epoch(out, args.epoch_batches, args.timeout, max_lens)
+        saved = run_epoch(out, args.epoch_batches, args.timeout, max_lens, args.resume)
         if args.report:
             kept = keep_report(args.report, "epoch", saved, "benchmarks.compare", argv, started)
             print(f"kept as {kept}")

@@ -241,6 +241,43 @@ def test_epoch_max_len_runs_only_that_lengths_rows(tmp_path, monkeypatch):
         compare.main([*flags, "--epoch-batches", "4"])
 
 
+def test_epoch_resume_runs_only_the_rows_an_interrupted_run_left(tmp_path, monkeypatch):
+    calls = []
+
+    def worker(fail_at):
+        def fake(flags, timeout, module="worker"):
+            calls.append(len(calls) + 1)
+            if len(calls) == fail_at:
+                return {"error": "killed"}
+            at = flags.index("--compile-cache") + 1 if "--compile-cache" in flags else None
+            cache = flags[at] if at else None
+            row = {"compile_cache": cache, "epoch_s": 10.0 * len(calls), "compile_s": 1.0}
+            keys = ("real_tokens_per_s", "tokens_vs_full_padding", "lengths", "compiles")
+            return {**row, **dict.fromkeys(keys, 1), "data_wait_share": 0.0}
+
+        return fake
+
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    flags = ["--out", str(tmp_path), "--epoch", "--epoch-max-len", "256"]
+    monkeypatch.setattr(compare, "run_worker", worker(fail_at=4))
+    assert compare.main(flags) == 0
+    first = json.loads((tmp_path / "epoch.json").read_text())["results"]
+    calls.clear()
+    monkeypatch.setattr(compare, "run_worker", worker(fail_at=0))
+    kept = tmp_path / "epoch-256.json"
+    assert compare.main([*flags, "--resume", "--report", str(kept)]) == 0
+    n = len(compare.EPOCH_ROWS)
+    assert calls == list(range(1, n - 3 + 1))  # rows 4..n only: the failed row runs again
+    results = json.loads(kept.read_text())["report"]["results"]
+    assert results[:3] == first[:3] and "error" not in results[3] and len(results) == n
+    # a resume of a finished run runs nothing; of another length, everything
+    calls.clear()
+    assert compare.main([*flags, "--resume"]) == 0 and calls == []
+    assert compare.main([*flags[:-1], "128", "--resume"]) == 0 and len(calls) == n
+    with pytest.raises(SystemExit):  # the other benchmarks keep no rows
+        compare.main(["--out", str(tmp_path), "--resume"])
+
+
 def test_tpu_tuning_swaps_each_change_in_and_back_out():
     """benchmarks.tpu_tuning's variants: kernels swapped for the block only, flags as config
     overrides, '+' joins changes, an unknown one is refused."""
