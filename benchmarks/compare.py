@@ -347,9 +347,8 @@ def run_epoch(
         print(f"--resume: {len(records)} finished rows kept from {out / 'epoch.json'}")
     t0 = time.time() - before  # the record's seconds: both sittings
     saved = None
-    for i, (max_len, fw, st, kind, huge, cache) in enumerate(configs, 1):
-        if i <= len(records):
-            continue
+    todo = configs[len(records) :]
+    for i, (max_len, fw, st, kind, huge, cache) in enumerate(todo, len(records) + 1):
         flags = [
             "--framework",
             fw,
