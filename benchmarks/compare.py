@@ -318,17 +318,25 @@ def finished_rows(
     them, in order, that finished without error) and the seconds that run took."""
     if not path.exists():
         return [], 0.0
-    saved = json.loads(path.read_text())
-    if saved.get("num_batches") != num_batches:
-        return [], 0.0
-    kept = []
-    for r, (max_len, fw, st, kind, _huge, cache) in zip(saved["results"], configs, strict=False):
-        row = (r.get("max_len"), r.get("framework"), r.get("parallel"), r.get("batching"))
-        same = row == (max_len, fw, st, kind) and r.get("compile_cache") == cache
-        if not same or "error" in r:
-            break
-        kept.append(r)
-    return kept, float(saved["seconds"]) if kept else 0.0
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("num_batches") != num_batches:
+            return [], 0.0
+        kept = []
+        for r, (max_len, fw, st, kind, _huge, cache) in zip(
+            saved["results"], configs, strict=False
+        ):
+            row = (r.get("max_len"), r.get("framework"), r.get("parallel"), r.get("batching"))
+            same = row == (max_len, fw, st, kind) and r.get("compile_cache") == cache
+            if not same or "error" in r:
+                break
+            kept.append(r)
+        return kept, float(saved["seconds"]) if kept else 0.0
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(
+            f"--resume: {path} is not an epoch run's record ({type(e).__name__}: {e}); "
+            "move it away or run without --resume"
+        ) from None
 
 
 def run_epoch(

@@ -276,6 +276,10 @@ def test_epoch_resume_runs_only_the_rows_an_interrupted_run_left(tmp_path, monke
     assert compare.main([*flags[:-1], "128", "--resume"]) == 0 and len(calls) == n
     with pytest.raises(SystemExit):  # the other benchmarks keep no rows
         compare.main(["--out", str(tmp_path), "--resume"])
+    (tmp_path / "epoch.json").write_text("{not json")  # a damaged record: one line, kept
+    with pytest.raises(SystemExit, match="epoch.json is not an epoch run's record"):
+        compare.main([*flags, "--resume"])
+    assert (tmp_path / "epoch.json").read_text() == "{not json"
 
 
 def test_tpu_tuning_swaps_each_change_in_and_back_out():
