@@ -11,7 +11,10 @@ TPU compiler's memory down: `--targets v5e-8`, then `--targets v6e-8 --resume`, 
 compiles the unrolled program (every layer), over ten minutes a row on a 2-core machine:
 `--no-speed` saves memory and batch only, and `--estimate` adds the estimate to saved rows,
 searching first the rows it is asked for that --out does not have yet, so that one command
-(`--estimate --targets v5e-8 --out F --report R`) makes a target's rows from nothing.
+(`--estimate --targets v5e-8 --out F --report R`) makes a target's rows from nothing. Each row
+of --out names the commit that computed it; an interrupted `--report` run is finished by the
+same command with `--resume`, at the same commit (the rows it finished are kept, not searched
+again; a row of another commit is refused, so a report's caption is every row's code).
 
 Each row is `jaxtpu.preflight.fit.find_batch` of the model at one length on one target:
 `--head hf` (transformers' Qwen3ForSequenceClassification head), LoRA rank 16, alpha 32 on
@@ -39,6 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks import measured
 from benchmarks.measured import keep as keep_report
 from benchmarks.measured import start as start_report
 
@@ -285,7 +289,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", default="256,512", help="comma-separated [256,512]")
     p.add_argument("--batch-size", type=int, default=8, help="where the search starts [8]")
     p.add_argument("--out", default=None, help="JSON file of the reports, kept after every row")
-    p.add_argument("--resume", action="store_true", help="keep --out's rows and skip them")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep --out's rows and skip them; with --report, finish an interrupted run of the "
+        "same command (only rows computed at this commit are kept: each row names its commit)",
+    )
     p.add_argument("--table-of", metavar="JSON", help="print the table of an --out file")
     p.add_argument(
         "--report",
@@ -326,9 +335,11 @@ def _search(
     models: list[str],
     lengths: list[int],
     speed: bool,
+    code: str,
 ) -> None:
     """The largest batch (and, with `speed`, the step estimate) of every wanted row not in
-    `reports` yet, each appended (and --out written) as it finishes."""
+    `reports` yet, each appended (and --out written) as it finishes, named as computed by the
+    commit `code`."""
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import targets as pf_targets
 
@@ -349,10 +360,31 @@ def _search(
                       file=sys.stderr, flush=True)  # fmt: skip
 
             r = pf_fit.find_batch(cfg, target, devices, capacity, say, speed=speed)
+            r.extra["commit"] = code
             reports.append({"model": model, **asdict(r)})
             if args.out:
                 Path(args.out).write_text(json.dumps(reports, indent=2))
             print(row(reports[-1]), f"({time.time() - t0:.0f} s)", flush=True)
+
+
+def _refuse_other_code(
+    p: argparse.ArgumentParser, args: argparse.Namespace, rows: list[dict[str, Any]], code: str
+) -> None:
+    """--report keeps rows of this run's code only: without --resume none of --out's `rows`
+    (those it would report), with --resume those an interrupted run at this same commit
+    finished. Else one line (exit 2) before any work."""
+    if rows and not args.resume:
+        p.error(f"--report keeps only rows this run computes, and --out {args.out} already has "
+                f"{len(rows)} of them: give a new --out, or --resume to finish an interrupted "
+                "run of this command at its commit")  # fmt: skip
+    if rows and (code.endswith("+changes") or code == "unknown"):
+        p.error(f"--resume --report: this checkout ({code}) is not a commit, so --out's "
+                "rows cannot be shown to be its code: commit, then use a new --out")  # fmt: skip
+    other = sorted({str(r["extra"].get("commit", "an unnamed commit")) for r in rows} - {code})
+    if other:
+        p.error(f"--resume --report: --out {args.out} has rows computed at {', '.join(other)}, "
+                f"this run is at {code}, and a report's rows are one commit's: check out that "
+                "commit to finish them, or give a new --out")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,17 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     def selected(r: dict[str, Any]) -> bool:
         return r["target"] in targets and r["model"] in models and r["max_len"] in lengths
 
-    if args.report and any(map(selected, reports)):
-        p.error(f"--report keeps only rows this run computes, and --out {args.out} already has "
-                f"{sum(map(selected, reports))} of them: give a new --out")  # fmt: skip
     started = start_report(args.report, "benchmarks.decoders")  # the code and machine that estimate
+    code = started["commit"] if started else measured.commit()
+    if args.report:
+        _refuse_other_code(p, args, [r for r in reports if selected(r)], code)
 
     from jaxtpu.engine import hosts
 
     hosts.set_cpu_device_count(8)
     root = Path(tempfile.mkdtemp(prefix="jaxtpu-decoders-"))
     # --estimate searches its rows --out lacks (memory only), then estimates them
-    _search(args, reports, root, targets, models, lengths, not (args.no_speed or args.estimate))
+    speed = not (args.no_speed or args.estimate)
+    _search(args, reports, root, targets, models, lengths, speed, code)
     if args.estimate:
         _estimate_saved(args.out, reports, root, targets, models, lengths, args.whole)
     if args.report:

@@ -403,14 +403,10 @@ def test_the_decoders_step_estimate_is_affine_in_the_layer_count():
     assert cells[9] == "10.500-12.600†"  # the table marks an estimate drawn from the fit
 
 
-def test_decoders_estimate_searches_what_out_lacks_and_reports_only_its_own_rows(
-    tmp_path, monkeypatch, capsys
-):
-    """`--estimate --targets T --out F --report R` makes a target's rows from nothing in one
-    process (the search without speed, then the estimate), so the report's command is all it
-    took; rows of --out it did not compute are not kept, and a --report run whose --out
-    already has one of its rows is refused before any work. Compiles nothing: the search and
-    the estimate are fakes here."""
+@pytest.fixture
+def fake_decoders(monkeypatch):
+    """benchmarks.decoders with a fake search and estimate (nothing compiles) at commit
+    0123abcdef: returns the lists of what was searched and estimated."""
     from benchmarks import decoders
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import targets as pf_targets
@@ -433,6 +429,21 @@ def test_decoders_estimate_searches_what_out_lacks_and_reports_only_its_own_rows
     monkeypatch.setattr(pf_targets, "target_devices", lambda target, n: ([], 16 << 30))
     monkeypatch.setattr(decoders, "_estimated", fake_estimate)
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    return searched, estimated
+
+
+def test_decoders_estimate_searches_what_out_lacks_and_reports_only_its_own_rows(
+    tmp_path, fake_decoders, capsys
+):
+    """`--estimate --targets T --out F --report R` makes a target's rows from nothing in one
+    process (the search without speed, then the estimate), so the report's command is all it
+    took; rows of --out it did not compute are not kept, and a --report run whose --out
+    already has one of its rows is refused before any work. Compiles nothing: the search and
+    the estimate are fakes here."""
+    from benchmarks import decoders
+    from jaxtpu.preflight.report import Report
+
+    searched, estimated = fake_decoders
     out, kept = tmp_path / "rows.json", tmp_path / "kept.json"
     other = {
         "model": "Qwen3-4B",
@@ -446,6 +457,7 @@ def test_decoders_estimate_searches_what_out_lacks_and_reports_only_its_own_rows
     rows = json.loads(kept.read_text())["report"]
     assert [(r["target"], r["max_len"]) for r in rows] == [("v5e-8", 256), ("v5e-8", 512)]
     assert all(decoders.FIT_NOTE in r["est_method"] for r in rows)
+    assert {r["extra"]["commit"] for r in rows} == {"0123abcdef"}  # each row names its code
     assert len(json.loads(out.read_text())) == 3  # --out keeps every row
     with pytest.raises(SystemExit) as e:  # --out has this run's rows now: not kept again
         decoders.main([*args, "--report", str(tmp_path / "again.json")])
@@ -455,6 +467,46 @@ def test_decoders_estimate_searches_what_out_lacks_and_reports_only_its_own_rows
     with pytest.raises(SystemExit) as e:
         decoders.main(["--estimate"])
     assert e.value.code == 2 and "give --out FILE" in capsys.readouterr().err
+
+
+def test_decoders_resume_finishes_an_interrupted_report_run_of_the_same_commit(
+    tmp_path, fake_decoders, monkeypatch, capsys
+):
+    """A `--report` run killed after its first row's search is finished by the same command
+    with `--resume`: the finished row is kept (not searched again, but estimated, which it
+    was not yet) and the report holds both rows and says --resume. Rows of another commit,
+    of no named commit, or a checkout with changes are refused before any work."""
+    from benchmarks import decoders
+
+    searched, estimated = fake_decoders
+    out, kept = tmp_path / "rows.json", tmp_path / "kept.json"
+    args = ["--targets", "v5e-8", "--models", "Qwen3-4B", "--out", str(out)]
+    assert decoders.main([*args, "--lengths", "256", "--no-speed"]) == 0  # the killed run's row
+    assert estimated == [] and len(searched) == 1
+    args = ["--estimate", *args]
+    for code, said in [
+        ("fedcba9876", "rows computed at 0123abcdef, this run is at fedcba9876"),
+        ("0123abcdef+changes", "(0123abcdef+changes) is not a commit"),
+    ]:
+        monkeypatch.setattr(measured, "commit", lambda code=code: code)
+        with pytest.raises(SystemExit) as e:
+            decoders.main([*args, "--resume", "--report", str(kept)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and said in err, err
+    assert len(searched) == 1 and not kept.exists()
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")
+    assert decoders.main([*args, "--resume", "--report", str(kept)]) == 0
+    assert searched == [("v5e-8", 256, False), ("v5e-8", 512, False)]  # 256 not again
+    assert estimated == [("v5e-8", n, k) for n in (256, 512) for k in decoders.FIT_LAYERS]
+    record = json.loads(kept.read_text())
+    assert [r["max_len"] for r in record["report"]] == [256, 512]
+    assert "--resume" in record["command"]
+    unnamed = json.loads(out.read_text())
+    del unnamed[0]["extra"]["commit"]  # an --out of a run before rows named their commit
+    out.write_text(json.dumps(unnamed))
+    with pytest.raises(SystemExit) as e:
+        decoders.main([*args, "--resume", "--report", str(tmp_path / "k2.json")])
+    assert e.value.code == 2 and "computed at an unnamed commit" in capsys.readouterr().err
 
 
 def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_them():
