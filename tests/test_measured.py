@@ -161,7 +161,7 @@ def test_the_default_run_report_is_a_row_per_run_first_from_empty_caches():
 # only lose them (a new measured table is `<!-- measured:FILE -->`); lower its count when one
 # is converted. Each needs its benchmark run again with --report: the reason it is not yet.
 HAND_COPIED = {
-    # the decoder estimates (hours of compiles)
+    # the decoder estimates' v6e-8 rows (three hours of compiles here; resumable)
     "docs/big-models.md": 1,
 }
 # tables of decimals that are not measurements: settings, a data description, hardware facts
