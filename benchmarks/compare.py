@@ -23,8 +23,9 @@ peak, peak host memory), writes `DIR/benchmarks.json` (one record per configurat
             the CPU (eager, torch.compile) fed random batches with dynamic padding and the same
             bucketed batches, plus PyTorch eager bucketed with jaxtpu's host-memory setting.
             Each row trains the whole epoch (or --epoch-batches of it, projected); writes
-            DIR/epoch.json after every row; --resume runs only the rows an interrupted run
-            of the same rows did not finish. About 80 minutes.
+            DIR/epoch.json after every row, each naming the commit that ran it; --resume
+            runs only the rows an interrupted run of the same rows did not finish (with
+            --report, only when those rows are this same commit's). About 80 minutes.
 
 Every row runs its framework as that framework's own command does; jaxtpu's commands put
 glibc's malloc on transparent huge pages (`jaxtpu.core.hostmem`), plain PyTorch does not, and
@@ -43,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import measured
 from benchmarks.machine import cpu_line, cpu_record
 from benchmarks.measured import keep as keep_report
 from benchmarks.measured import start as start_report
@@ -339,20 +341,29 @@ def finished_rows(
         ) from None
 
 
+def epoch_configs(max_lens: Sequence[int]) -> list[tuple[Any, ...]]:
+    """The epoch rows of `max_lens`, in the order they run: (max length, *EPOCH_ROWS row)."""
+    return [(n, *row) for n in max_lens for row in EPOCH_ROWS]
+
+
 def run_epoch(
     out: Path,
     num_batches: int,
     timeout: float,
+    code: str,
     max_lens: Sequence[int] = EPOCH_MAX_LENS,
-    resume: bool = False,
+    kept: tuple[list[dict[str, Any]], float] = ([], 0.0),
 ) -> dict[str, Any]:
-    """Every epoch row of `max_lens`, each in its own process; OUT/epoch.json after each row
-    (an interrupted run keeps the rows it finished; `resume` runs only the rows after them).
+    """Every epoch row of `max_lens`, each in its own process and named as computed by the
+    commit `code`; OUT/epoch.json after each row (an interrupted run keeps the rows it
+    finished). `kept`: `finished_rows()` of a resumed run, whose rows are not run again.
     Returns the record written last."""
-    configs = [(n, *row) for n in max_lens for row in EPOCH_ROWS]
-    records, before = finished_rows(out / "epoch.json", configs, num_batches) if resume else ([], 0)
+    configs = epoch_configs(max_lens)
+    records, before = list(kept[0]), kept[1]
     if records:
-        print(f"--resume: {len(records)} finished rows kept from {out / 'epoch.json'}")
+        at = sorted({str(r.get("commit", "an unnamed commit")) for r in records})
+        print(f"--resume: {len(records)} finished rows kept from {out / 'epoch.json'} "
+              f"(computed at {', '.join(at)}; this run: {code})")  # fmt: skip
     t0 = time.time() - before  # the record's seconds: both sittings
     saved = None
     todo = configs[len(records) :]
@@ -379,6 +390,7 @@ def run_epoch(
             "batching": kind,
             "max_len": max_len,
             **run_worker(flags, max(timeout, 3600.0), "epoch"),
+            "commit": code,
         }
         status = r.get("error") or f"epoch {r['epoch_s']:.0f}s"
         name = f"{max_len} {fw} {st} {kind} huge pages {huge}" + (f" {cache}" if cache else "")
@@ -468,7 +480,9 @@ def _parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="--epoch: keep the rows an interrupted run of the same rows left in DIR/epoch.json "
-        "(in order, up to its first failed row) and run only the rest",
+        "(in order, up to its first failed row) and run only the rest; with --report, rows "
+        "computed at another commit (or a checkout with changes) are refused before any row "
+        "runs, since a report's caption names one commit",
     )
     p.add_argument(
         "--report",
@@ -500,10 +514,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         started = start_report(args.report, "benchmarks.compare")  # the code and machine
         max_lens = args.epoch_max_len or EPOCH_MAX_LENS
-        saved = run_epoch(out, args.epoch_batches, args.timeout, max_lens, args.resume)
+        code = started["commit"] if started else measured.commit()
+        kept = ([], 0.0)
+        if args.resume:
+            kept = finished_rows(out / "epoch.json", epoch_configs(max_lens), args.epoch_batches)
+        why = measured.other_code([r.get("commit") for r in kept[0]], code)
+        if args.report and why:
+            p.error(f"--resume --report: {out / 'epoch.json'}: {why}")
+        saved = run_epoch(out, args.epoch_batches, args.timeout, code, max_lens, kept)
         if args.report:
-            kept = keep_report(args.report, "epoch", saved, "benchmarks.compare", argv, started)
-            print(f"kept as {kept}")
+            path = keep_report(args.report, "epoch", saved, "benchmarks.compare", argv, started)
+            print(f"kept as {path}")
         return 0
     if args.replot:
         saved = json.loads((out / "benchmarks.json").read_text())

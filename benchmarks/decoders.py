@@ -377,14 +377,9 @@ def _refuse_other_code(
         p.error(f"--report keeps only rows this run computes, and --out {args.out} already has "
                 f"{len(rows)} of them: give a new --out, or --resume to finish an interrupted "
                 "run of this command at its commit")  # fmt: skip
-    if rows and (code.endswith("+changes") or code == "unknown"):
-        p.error(f"--resume --report: this checkout ({code}) is not a commit, so --out's "
-                "rows cannot be shown to be its code: commit, then use a new --out")  # fmt: skip
-    other = sorted({str(r["extra"].get("commit", "an unnamed commit")) for r in rows} - {code})
-    if other:
-        p.error(f"--resume --report: --out {args.out} has rows computed at {', '.join(other)}, "
-                f"this run is at {code}, and a report's rows are one commit's: check out that "
-                "commit to finish them, or give a new --out")  # fmt: skip
+    why = measured.other_code([r["extra"].get("commit") for r in rows], code)
+    if why:
+        p.error(f"--resume --report: --out {args.out}: {why}")
 
 
 def main(argv: list[str] | None = None) -> int:

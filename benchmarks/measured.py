@@ -96,6 +96,21 @@ def commit() -> str:
     return head.stdout.strip() + ("+changes" if status.stdout.strip() else "")
 
 
+def other_code(commits: Sequence[str | None], code: str) -> str | None:
+    """Why rows an earlier sitting computed at `commits` (None: a row that names none) cannot
+    go into a report of this run's `code`, or None when they can: a report's caption names one
+    commit, so a resumed run keeps only rows of that same commit, checked out clean."""
+    if commits and (code.endswith("+changes") or code == "unknown"):
+        return (f"this checkout ({code}) is not a commit, so an earlier sitting's rows cannot "
+                "be shown to be its code: commit, then start afresh")  # fmt: skip
+    other = sorted({c or "an unnamed commit" for c in commits} - {code})
+    if other:
+        return (f"it has rows computed at {', '.join(other)}, this run is at {code}, and a "
+                "report's rows are one commit's: check out that commit to finish them, or "
+                "start afresh")  # fmt: skip
+    return None
+
+
 def versions() -> dict[str, str]:
     from importlib import metadata
 

@@ -241,7 +241,7 @@ def test_epoch_max_len_runs_only_that_lengths_rows(tmp_path, monkeypatch):
         compare.main([*flags, "--epoch-batches", "4"])
 
 
-def test_epoch_resume_runs_only_the_rows_an_interrupted_run_left(tmp_path, monkeypatch):
+def test_epoch_resume_runs_only_the_rows_an_interrupted_run_left(tmp_path, monkeypatch, capsys):
     calls = []
 
     def worker(fail_at):
@@ -270,6 +270,19 @@ def test_epoch_resume_runs_only_the_rows_an_interrupted_run_left(tmp_path, monke
     assert calls == list(range(1, n - 3 + 1))  # rows 4..n only: the failed row runs again
     results = json.loads(kept.read_text())["report"]["results"]
     assert results[:3] == first[:3] and "error" not in results[3] and len(results) == n
+    assert {r["commit"] for r in results} == {"0123abcdef"}  # each row names its code
+    # a report keeps one commit's rows: resuming at another, or with changes, is refused
+    (tmp_path / "epoch.json").write_text(json.dumps({"num_batches": 0, "seconds": 1.0,
+                                                     "results": first[:3]}))  # fmt: skip
+    for code, why in [("fedcba9876", "rows computed at 0123abcdef, this run is at fedcba9876"),
+                      ("0123abcdef+changes", "(0123abcdef+changes) is not a commit")]:  # fmt: skip
+        monkeypatch.setattr(measured, "commit", lambda code=code: code)
+        with pytest.raises(SystemExit) as e:  # before any row runs
+            compare.main([*flags, "--resume", "--report", str(tmp_path / "other.json")])
+        assert e.value.code == 2 and why in capsys.readouterr().err and len(calls) == n - 3
+    monkeypatch.setattr(measured, "commit", lambda: "fedcba9876")
+    assert compare.main([*flags, "--resume"]) == 0  # no report: kept, and said so
+    assert "computed at 0123abcdef; this run: fedcba9876" in capsys.readouterr().out
     # a resume of a finished run runs nothing; of another length, everything
     calls.clear()
     assert compare.main([*flags, "--resume"]) == 0 and calls == []
