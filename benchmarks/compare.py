@@ -253,7 +253,8 @@ EPOCH_NOTE = (
     "full padding; +hp = malloc on transparent huge pages; +warm = programs loaded "
     "from the persistent compilation cache (a second run); x padded = epoch s / "
     "jaxtpu padded's (a +warm row: / padded +warm's); cores = CPU cores busy "
-    "while the epoch's steps ran"
+    "while the epoch's steps ran; wait % = share of the timed steps' wall time spent "
+    "waiting for the next batch (near 0: the host keeps up)"
 )
 
 
@@ -263,8 +264,8 @@ def epoch_markdown(saved: dict[str, Any]) -> str:
     share of tokens computed; the columns' meaning under it."""
     lines = [
         "| len | framework | batching | epoch s | x padded | compile s | steady s | "
-        "real tok/s | tokens | compiles | cores |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "real tok/s | tokens | compiles | cores | wait % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     records = saved["results"]
     for r, rel in zip(records, _x_padded(records), strict=True):
@@ -276,13 +277,14 @@ def epoch_markdown(saved: dict[str, Any]) -> str:
         batching = "random, dynamic padding" if r["batching"] == "random" else r["batching"]
         head = f"| {r['max_len']} | {name} | {batching} |"
         if "error" in r:
-            lines.append(head + f" error: {r['error']} | | | | | | | |")
+            lines.append(head + f" error: {r['error']} | | | | | | | | |")
             continue
         lines.append(
             head + f" {r['epoch_s']:.0f} | {rel:.2f} | {r['compile_s']:.1f} | "
             f"{r['epoch_s'] - r['compile_s']:.0f} | {r['real_tokens_per_s']:.0f} | "
             f"{r['tokens_vs_full_padding']:.2f} | {r['compiles']} | "
-            f"{r.get('steady_cpu_cores', float('nan')):.2f} |"
+            f"{r.get('steady_cpu_cores', float('nan')):.2f} | "
+            f"{100 * r.get('data_wait_share', float('nan')):.2f} |"
         )
     return "\n".join(lines) + "\n\n" + EPOCH_NOTE[0].upper() + EPOCH_NOTE[1:] + "."
 
