@@ -8,7 +8,7 @@ memory is XLA:CPU's for the same sharded program and the step its FLOP floor (a 
 `python -m benchmarks.decoders --out runs/decoders.json` (one process per target keeps the
 TPU compiler's memory down: `--targets v5e-8`, then `--targets v6e-8 --resume`, ...;
 `--table-of runs/decoders.json` prints the table of what is saved). The step estimate
-compiles the unrolled program (every layer), over ten minutes a row on a 2-core machine:
+compiles the unrolled program (every layer, where the search compiles them scanned):
 `--no-speed` saves memory and batch only, and `--estimate` adds the estimate to saved rows,
 searching first the rows it is asked for that --out does not have yet, so that one command
 (`--estimate --targets v5e-8 --out F --report R`) makes a target's rows from nothing. Each row
@@ -313,8 +313,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--whole",
         action="store_true",
-        help="--estimate compiles the whole unrolled program (every layer: 6-10 minutes a "
-        f"row here) instead of the model cut to {FIT_LAYERS[0]} and {FIT_LAYERS[1]} layers, "
+        help="--estimate compiles the whole unrolled program (every layer, not "
+        f"scanned) instead of the model cut to {FIT_LAYERS[0]} and {FIT_LAYERS[1]} layers, "
         "from which the estimate is drawn affine in the layer count (each layer is the same "
         "program)",
     )
