@@ -156,14 +156,9 @@ def test_the_default_run_report_is_a_row_per_run_first_from_empty_caches():
     assert shown[3] == "| 2 | the first run's | 57 | 0.9534 | 0.3100 | 60 | 67 |"
 
 
-# Tables of figures still copied by hand into a page, from a benchmark's output of a sitting
-# before reports were kept, per page: what issue 64's item 7 has left to convert. A page can
-# only lose them (a new measured table is `<!-- measured:FILE -->`); lower its count when one
-# is converted. Each needs its benchmark run again with --report: the reason it is not yet.
-HAND_COPIED = {
-    # the decoder estimates' v6e-8 rows (three hours of compiles here; resumable)
-    "docs/big-models.md": 1,
-}
+# No page holds a table of figures copied by hand (issue 64's item 7): every measured table is
+# `<!-- measured:FILE -->`, made from a kept report. A table that is not a measurement is named
+# in NOT_MEASURED.
 # tables of decimals that are not measurements: settings, a data description, hardware facts
 NOT_MEASURED = (
     "| task | data | head | loss | metric |",
@@ -192,7 +187,7 @@ def test_no_page_gains_a_table_of_figures_copied_by_hand():
         str(page.relative_to(ROOT)): len(_tables_of_figures(page.read_text())) for page in pages
     }
     found = {page: n for page, n in found.items() if n}
-    assert found == HAND_COPIED
+    assert found == {}
     # it can fail: a pasted table of figures is one, a generated marker none
     assert len(_tables_of_figures("| a | s |\n|---|---|\n| x | 1.5 |\n\ntext")) == 1
     assert _tables_of_figures("<!-- measured:bucket.json -->\n") == []
