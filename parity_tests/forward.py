@@ -176,8 +176,10 @@ def run_jax(args, ids, mask, labels) -> dict[str, np.ndarray]:
         return loss * scale, (logits, state["intermediates"])
 
     intercept = nn.intercept_methods(interceptor) if interceptor else contextlib.nullcontext()
+    # jitted, as training runs it: op by op, XLA:CPU has no kernel for some of the 16-bit
+    # backward's matmuls (DeBERTa's relative terms: "Unsupported element type for DotThunk")
     with intercept:
-        (_, (logits, captured)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        (_, (logits, captured)), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
     hidden, pooler = captured["bert"]["__call__"][0]
     out = {
         "logits": np.asarray(logits, np.float32),
