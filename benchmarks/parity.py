@@ -1,6 +1,6 @@
 """The parity checks kept as a measured report, the tables docs/parity.md shows.
 
-`python -m benchmarks.parity --out DIR --report docs/measured/parity-fp16.json --only fp16`
+`python -m benchmarks.parity --quick --out DIR --report docs/measured/parity-quick.json`
 
 runs `python -m parity_tests.report --out DIR` with the same `--quick`, `--full` and `--only`
 (its DIR/parity.json and DIR/parity.png are written as always), then keeps its rows (check,

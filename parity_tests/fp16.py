@@ -22,7 +22,7 @@ FP16_FLAGS = ["--precision", "fp16", "--loss-scale-growth-interval", "3"]
 FP16_OVERFLOW_SCALE = "268435456"  # 2^28
 FP16_RUNS = {"": [], "forced overflow": ["--loss-scale", FP16_OVERFLOW_SCALE]}
 # fp16 trajectories: the bound is the fp32 one, about 25x the worst relative step difference
-# measured over 21 steps (docs/measured/parity-fp16.json, shown in docs/parity.md).
+# measured over 21 steps (docs/measured/parity-quick.json, shown in docs/parity.md).
 TRAJ_FP16_RTOL = 1e-3
 
 
