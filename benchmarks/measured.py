@@ -49,6 +49,7 @@ KINDS = {
     "bias": "benchmarks.competitions:bias_table",
     "calibration": "benchmarks.calibration:table",
     "precisions": "benchmarks.precisions:table",
+    "quality": "benchmarks.quality:table",
     "local_attention": "benchmarks.local_attention:table",
     "datascale": "benchmarks.datascale:table",
     "estimates": "benchmarks.estimates:report_table",
