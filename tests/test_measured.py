@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -265,6 +266,45 @@ def test_the_precisions_table_gives_fp16_alone_its_skipped_steps_and_loss_scales
     assert shown[3] == "| fp16 | 30 | 0.9167 | 0.1094 | 94 | 1 skipped; scale 32,768 to 65,536 |"
     rows[1]["loss_scales"] = [65536.0]
     assert precisions.table(rows).endswith("| 1 skipped; scale 65,536 throughout |")
+
+
+def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_padded(
+    tmp_path, monkeypatch
+):
+    """benchmarks.quality: per seed a bucketed and a padded run of the same train command
+    (fake runs here: the command line checked, a summary written), DIR/quality.json, the
+    table's bucketed - padded per seed and their mean, and a report of kind quality."""
+    from benchmarks import quality
+
+    commands = []
+
+    def train(cmd, check):
+        flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+        commands.append((flags["--seed"], flags["--buckets"]))
+        auc = {("0", "auto"): 0.9777, ("0", "none"): 0.9745, ("1", "auto"): 0.9839,
+               ("1", "none"): 0.9845}[commands[-1]]  # fmt: skip
+        workdir = Path(flags["--workdir"])
+        workdir.mkdir(parents=True)
+        final = {"val_auc": auc, "val_loss": 0.1}
+        (workdir / "summary.json").write_text(json.dumps({"steps": 1125, "final": final}))
+
+    monkeypatch.setattr(quality.subprocess, "run", train)
+    monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
+    csv = tmp_path / "comments.csv"
+    csv.write_text("id,comment_text,target\n")
+    kept = tmp_path / "quality.json"
+    argv = ["--out", str(tmp_path / "runs"), "--csv", str(csv), "--report", str(kept)]
+    assert quality.main(argv) == 0
+    assert commands == [("0", "auto"), ("0", "none"), ("1", "auto"), ("1", "none")]
+    rows = json.loads((tmp_path / "runs" / "quality.json").read_text())
+    assert [r["val_auc"] for r in rows] == [0.9777, 0.9745, 0.9839, 0.9845]
+    shown = measured.render(kept).splitlines()
+    assert shown[2].startswith("| 0 | bucketed | 1125 | 0.9777 | 0.1000 |")
+    assert shown[2].endswith("| +0.0032 |") and shown[3].endswith("| - |")
+    assert shown[4].endswith("| -0.0006 |")
+    assert "Bucketed - padded, mean over 2 seeds: +0.0013 validation ROC AUC." in shown
+    with pytest.raises(SystemExit):  # --out holds the runs now: a new one is needed
+        quality.main(argv)
 
 
 def test_an_estimates_report_is_captioned_as_an_estimate_in_the_targets_order(
