@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import trainruns
 from benchmarks.measured import keep as keep_report
 from benchmarks.measured import start as start_report
-from jaxtpu.core.errors import UserError
-from jaxtpu.core.storage import check_output_path
 from parity_tests.competitions import REAL_CSV
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -38,13 +35,8 @@ FLAGS = ["--preset", "lightning-severity", "--model-dir", "minilm", "--max-rows"
 def run(precision: str, out: Path, csv_path: Path) -> dict[str, Any]:
     """One run; its last evaluation, wall time and (fp16) loss scales and skipped steps."""
     workdir = out / f"ls-{precision}"
-    cmd = [sys.executable, "-m", "jaxtpu.train", *FLAGS, "--train-csv", str(csv_path)]
-    cmd += ["--precision", precision, "--workdir", str(workdir)]
-    print("$", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
-    wall = time.perf_counter() - t0
-    summary = json.loads((workdir / "summary.json").read_text())
+    flags = [*FLAGS, "--train-csv", str(csv_path), "--precision", precision]
+    summary, wall = trainruns.train(flags, workdir)
     with open(workdir / "metrics.jsonl", encoding="utf-8") as f:
         trained = [r for r in map(json.loads, f) if r.get("event") == "train"]
     scales = sorted({r["loss_scale"] for r in trained if precision == "fp16"})
@@ -99,12 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(precisions) - set(PRECISIONS))
     if unknown:
         p.error(f"--precisions: unknown {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}")
-    if not real.is_file():
-        p.error(f"--csv {real}: not found (see ../shared/data/SOURCES.md)")
-    try:  # a new or empty directory, as jaxtpu's own commands check theirs
-        check_output_path(out, "--out", is_dir=True)
-    except UserError as e:
-        p.error(str(e))
+    trainruns.check_paths(p, out, real)
     started = start_report(args.report, "benchmarks.precisions")  # the code and machine
     out.mkdir(parents=True, exist_ok=True)
     rows = [run(precision, out, real) for precision in precisions]

@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import trainruns
 from benchmarks.measured import keep as keep_report
 from benchmarks.measured import start as start_report
-from jaxtpu.core.errors import UserError
-from jaxtpu.core.storage import check_output_path
 from parity_tests.competitions import REAL_CSV
 
 BATCHINGS = {"bucketed": "auto", "padded": "none"}  # row name: --buckets
@@ -38,14 +35,8 @@ FLAGS = ["--preset", "minilm", "--parallel", "jit", "--num-devices", "2",
 
 def run(seed: int, batching: str, out: Path, csv_path: Path) -> dict[str, Any]:
     """One run: its final validation ROC AUC and loss, steps and wall time."""
-    workdir = out / f"seed-{seed}-{batching}"
-    cmd = [sys.executable, "-m", "jaxtpu.train", *FLAGS, "--train-csv", str(csv_path)]
-    cmd += ["--buckets", BATCHINGS[batching], "--seed", str(seed), "--workdir", str(workdir)]
-    print("$", " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
-    wall = time.perf_counter() - t0
-    summary = json.loads((workdir / "summary.json").read_text())
+    flags = [*FLAGS, "--train-csv", str(csv_path), "--buckets", BATCHINGS[batching]]
+    summary, wall = trainruns.train([*flags, "--seed", str(seed)], out / f"seed-{seed}-{batching}")
     final = summary["final"]
     return {
         "seed": seed,
@@ -105,12 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seeds {args.seeds!r}: comma-separated integers, e.g. 0,1")
     if not seeds or len(set(seeds)) != len(seeds):
         p.error(f"--seeds {args.seeds!r}: one or more different integers, e.g. 0,1")
-    if not real.is_file():
-        p.error(f"--csv {real}: not found (see ../shared/data/SOURCES.md)")
-    try:  # a new or empty directory, as jaxtpu's own commands check theirs
-        check_output_path(out, "--out", is_dir=True)
-    except UserError as e:
-        p.error(str(e))
+    trainruns.check_paths(p, out, real)
     started = start_report(args.report, "benchmarks.quality")  # the code and machine
     out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -274,7 +274,7 @@ def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_
     """benchmarks.quality: per seed a bucketed and a padded run of the same train command
     (fake runs here: the command line checked, a summary written), DIR/quality.json, the
     table's bucketed - padded per seed and their mean, and a report of kind quality."""
-    from benchmarks import quality
+    from benchmarks import quality, trainruns
 
     commands = []
 
@@ -288,7 +288,7 @@ def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_
         final = {"val_auc": auc, "val_loss": 0.1}
         (workdir / "summary.json").write_text(json.dumps({"steps": 1125, "final": final}))
 
-    monkeypatch.setattr(quality.subprocess, "run", train)
+    monkeypatch.setattr(trainruns.subprocess, "run", train)
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
     csv = tmp_path / "comments.csv"
     csv.write_text("id,comment_text,target\n")

@@ -1,0 +1,39 @@
+"""What the benchmarks that train on the real comments share (`benchmarks.precisions`,
+`benchmarks.quality`): their checks before any run, and one `jaxtpu.train` run in a process of
+its own, timed from outside."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.storage import check_output_path
+
+
+def check_paths(p: argparse.ArgumentParser, out: Path, csv_path: Path) -> None:
+    """The real comments must be there and --out a new or empty directory (as jaxtpu's own
+    commands check theirs); else one line (exit 2) before any run."""
+    if not csv_path.is_file():
+        p.error(f"--csv {csv_path}: not found (see ../shared/data/SOURCES.md)")
+    try:
+        check_output_path(out, "--out", is_dir=True)
+    except UserError as e:
+        p.error(str(e))
+
+
+def train(flags: list[str], workdir: Path) -> tuple[dict[str, Any], float]:
+    """`python -m jaxtpu.train FLAGS --workdir WORKDIR`, its output shown and a failure raised;
+    the run's summary.json and its wall seconds (process start to exit, on whatever else the
+    machine is doing)."""
+    cmd = [sys.executable, "-m", "jaxtpu.train", *flags, "--workdir", str(workdir)]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    wall = time.perf_counter() - t0
+    return json.loads((workdir / "summary.json").read_text()), wall
