@@ -9,10 +9,10 @@ runs, one after another, each in a process of its own:
     python -m jaxtpu.train --preset minilm --train-csv CSV --parallel jit --num-devices 2
         --steps-per-call 8 --log-every 8 --buckets B --seed S --workdir DIR/seed-S-B
 
-(the epoch benchmark's jaxtpu configuration; the seed picks the held-out split, the batch
-order and dropout) and reports each run's final validation ROC AUC and loss, its steps and
-its wall time from outside, and per seed bucketed's AUC less padded's. DIR/quality.json holds
-the rows. About half an hour on a 2-core machine for two seeds.
+(the seed picks the held-out split, the batch order and dropout) and reports each run's final
+validation ROC AUC and loss, its steps and its wall time from outside, and per seed bucketed's
+AUC less padded's. DIR/quality.json holds the rows. About half an hour on a 2-core machine for
+two seeds.
 """
 
 from __future__ import annotations

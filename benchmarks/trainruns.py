@@ -28,12 +28,15 @@ def check_paths(p: argparse.ArgumentParser, out: Path, csv_path: Path) -> None:
 
 
 def train(flags: list[str], workdir: Path) -> tuple[dict[str, Any], float]:
-    """`python -m jaxtpu.train FLAGS --workdir WORKDIR`, its output shown and a failure raised;
-    the run's summary.json and its wall seconds (process start to exit, on whatever else the
-    machine is doing)."""
+    """`python -m jaxtpu.train FLAGS --workdir WORKDIR`, its output shown; the run's
+    summary.json and its wall seconds (process start to exit, on whatever else the machine is
+    doing). A run that fails ends the benchmark in one line (its own error is printed above),
+    keeping the rows written before it."""
     cmd = [sys.executable, "-m", "jaxtpu.train", *flags, "--workdir", str(workdir)]
     print("$", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    code = subprocess.run(cmd).returncode
     wall = time.perf_counter() - t0
+    if code != 0:
+        raise SystemExit(f"the run in {workdir} failed (exit {code}; its output is above)")
     return json.loads((workdir / "summary.json").read_text()), wall

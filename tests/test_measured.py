@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -278,15 +279,20 @@ def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_
 
     commands = []
 
-    def train(cmd, check):
+    fail_at = [0]  # the call that fails (0: none)
+
+    def train(cmd):
         flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
         commands.append((flags["--seed"], flags["--buckets"]))
+        if len(commands) == fail_at[0]:
+            return SimpleNamespace(returncode=1)
         auc = {("0", "auto"): 0.9777, ("0", "none"): 0.9745, ("1", "auto"): 0.9839,
                ("1", "none"): 0.9845}[commands[-1]]  # fmt: skip
         workdir = Path(flags["--workdir"])
         workdir.mkdir(parents=True)
         final = {"val_auc": auc, "val_loss": 0.1}
         (workdir / "summary.json").write_text(json.dumps({"steps": 1125, "final": final}))
+        return SimpleNamespace(returncode=0)
 
     monkeypatch.setattr(trainruns.subprocess, "run", train)
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
@@ -305,6 +311,11 @@ def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_
     assert "Bucketed - padded, mean over 2 seeds: +0.0013 validation ROC AUC." in shown
     with pytest.raises(SystemExit):  # --out holds the runs now: a new one is needed
         quality.main(argv)
+    commands.clear()
+    fail_at[0] = 2  # a failed run: one line naming it, the rows before it kept
+    with pytest.raises(SystemExit, match=r"seed-0-padded failed \(exit 1; its output is above"):
+        quality.main([*argv[:1], str(tmp_path / "again"), *argv[2:]])
+    assert len(json.loads((tmp_path / "again" / "quality.json").read_text())) == 1
 
 
 def test_an_estimates_report_is_captioned_as_an_estimate_in_the_targets_order(
