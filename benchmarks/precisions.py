@@ -11,7 +11,8 @@ runs, one precision after another, each in a process of its own:
 (a short run on this machine's devices, not the notebook's three epochs on a GPU) and reports
 each run's validation agreement and loss at its last evaluation, its wall time from outside
 (process start to exit, on whatever else the machine is doing), and for fp16 the steps it
-skipped and the loss scales it trained at. DIR/precisions.json holds the rows.
+skipped and the loss scales it trained at. DIR/precisions.json holds the rows (written after
+each run).
 """
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     trainruns.check_paths(p, out, real)
     started = start_report(args.report, "benchmarks.precisions")  # the code and machine
     out.mkdir(parents=True, exist_ok=True)
-    rows = [run(precision, out, real) for precision in precisions]
-    (out / "precisions.json").write_text(json.dumps(rows, indent=1) + "\n")
+    rows = []
+    for precision in precisions:
+        rows.append(run(precision, out, real))
+        (out / "precisions.json").write_text(json.dumps(rows, indent=1) + "\n")  # after each
     print(table(rows))
     if args.report:
         kept = keep_report(args.report, "precisions", rows, "benchmarks.precisions", argv, started)

@@ -269,6 +269,31 @@ def test_the_precisions_table_gives_fp16_alone_its_skipped_steps_and_loss_scales
     assert precisions.table(rows).endswith("| 1 skipped; scale 65,536 throughout |")
 
 
+def test_a_failed_precision_run_is_one_line_and_the_runs_before_it_are_kept(tmp_path, monkeypatch):
+    """benchmarks.precisions writes DIR/precisions.json after each run: the second run failing
+    (a fake one here) ends it in one line naming the run, with the first run's row kept."""
+    from benchmarks import precisions, trainruns
+
+    def train(cmd):
+        workdir = Path(cmd[cmd.index("--workdir") + 1])
+        if workdir.name != "ls-fp32":
+            return SimpleNamespace(returncode=1)
+        workdir.mkdir(parents=True)
+        final = {"val_agreement": 0.9, "val_loss": 0.1}
+        (workdir / "summary.json").write_text(json.dumps({"steps": 30, "final": final}))
+        (workdir / "metrics.jsonl").write_text(json.dumps({"event": "train"}) + "\n")
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(trainruns.subprocess, "run", train)
+    csv = tmp_path / "comments.csv"
+    csv.write_text("id,comment_text,target\n")
+    out = tmp_path / "runs"
+    with pytest.raises(SystemExit, match=r"ls-bf16 failed \(exit 1; its output is above"):
+        precisions.main(["--out", str(out), "--csv", str(csv), "--precisions", "fp32,bf16"])
+    rows = json.loads((out / "precisions.json").read_text())
+    assert [(r["precision"], r["val_agreement"]) for r in rows] == [("fp32", 0.9)]
+
+
 def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_padded(
     tmp_path, monkeypatch
 ):
@@ -278,7 +303,6 @@ def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_
     from benchmarks import quality, trainruns
 
     commands = []
-
     fail_at = [0]  # the call that fails (0: none)
 
     def train(cmd):
