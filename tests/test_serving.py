@@ -80,6 +80,12 @@ REFUSED = [
     (_req(spanAnnotations="yes"), 400, "span_annotations"),
     (_req(clientToken=7), 400, "client_token"),
     (_req(requestedAtributes={"TOXICITY": {}}), 400, 'Unknown name "requestedAtributes"'),
+    # issue 86: each of these was a 500 (RecursionError, OverflowError) or accepted
+    (_req(context={"entries": []}).replace(b"[]", b"[" * 50_000 + b"]" * 50_000), 400, "nested"),
+    (_req().replace(b"{}}", b'{"scoreThreshold": 1' + b"0" * 400 + b"}}"), 400, "got 10000"),
+    (_req().replace(b"{}}", b'{"scoreThreshold": 0.5, "scoreThreshold": 0.9}}'), 400, "Duplicate"),
+    (_req()[:-1] + b', "comment": {"text": "b"}}', 400, 'Duplicate name "comment"'),
+    (_req(spanAnnotations=True, comment={"text": "a.\n" * 101}), 400, "101 sentences"),
 ]
 
 
