@@ -6,11 +6,13 @@ texts fall in several buckets too), a failing call failing only the requests it 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
 
-from jaxtpu.serve.batcher import Batcher
+from jaxtpu.serve.batcher import Batcher, Overloaded
 
 
 def _bucket(text: str) -> int:
@@ -105,4 +107,79 @@ def test_without_a_bucket_function_batches_go_in_arrival_order():
 @pytest.mark.parametrize("rows", [0, -1])
 def test_no_rows_means_no_grouping(rows):
     b = Batcher(Model().score, 8, bucket_of=Model().buckets, rows=rows)
-    assert b.bucket_of is None and b.rows == 0
+    assert b.bucket_of is None and b.rows == 8  # one bucket, whose whole call is max_items
+
+
+class Gated(Model):
+    """`Model` whose calls wait for `gate` (a threading.Event) to open; `started` holds each
+    call's texts as it starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.started: list[list[str]] = []
+
+    def score(self, items):
+        self.started.append(list(items))
+        assert self.gate.wait(10), "the test never opened the gate"
+        return super().score(items)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_request_of_many_texts_does_not_hold_back_those_that_arrive_after_it(grouped):
+    """Issue 86, item 3: one request of 100 sentences (a span-heavy comment), then five
+    ordinary requests while its first call runs: their texts go in the very next call, not
+    after all of its calls (before: the long request was one call of 101 texts, or its
+    bucket's calls all went first)."""
+    model = Gated()
+
+    async def main():
+        kw = dict(bucket_of=model.buckets, rows=4) if grouped else {}
+        b = Batcher(model.score, 16, max_wait_ms=1, **kw)
+        await b.start()
+        long = asyncio.create_task(b.submit([f"s{i}" for i in range(100)]))
+        while not model.started:  # its first call is running
+            await asyncio.sleep(0.001)
+        short = [asyncio.create_task(b.submit([f"o{i}"])) for i in range(5)]
+        await asyncio.sleep(0.05)  # the ordinary texts are queued behind the running call
+        model.gate.set()
+        out = await asyncio.gather(long, *short)
+        await b.stop()
+        return out
+
+    out = _run(main())
+    assert [float(x) for x in out[0][:, 0]] == [float(len(f"s{i}")) for i in range(100)]
+    assert len(model.calls) >= 7 and all(len(c) <= 16 for c in model.calls)
+    second = model.calls[1]
+    assert {f"o{i}" for i in range(5)} <= set(second), model.calls[:3]
+
+
+def test_the_queue_bound_holds_while_texts_are_tokenized_and_retry_after_is_the_drain_time():
+    """Issue 86, items 4 and 10: 200 requests at once against max_queue 4, with a slow
+    tokenizer (the JAX backend finds each text's bucket off the event loop): never more than
+    4 wait (before: every request that arrived while others were tokenized got in), and the
+    429s' Retry-After is the measured time to score what waits (before: 16 times it, at the
+    default of 64 texts a call)."""
+    model = Gated()
+
+    def slow_buckets(items):
+        time.sleep(0.002)
+        return model.buckets(items)
+
+    async def main():
+        b = Batcher(model.score, 64, max_wait_ms=1, max_queue=4, bucket_of=slow_buckets, rows=1)
+        await b.start()
+        b._seconds_per_item = 0.05  # as if measured: 20 texts a second
+        tasks = [asyncio.create_task(b.submit([f"t{i}"])) for i in range(200)]
+        await asyncio.sleep(0.3)
+        model.gate.set()
+        out = await asyncio.gather(*tasks, return_exceptions=True)
+        await b.stop()
+        return b, out
+
+    b, out = _run(main())
+    refused = [r for r in out if isinstance(r, Overloaded)]
+    # those the first call took (the gate held it), and at most 4 waiting behind it
+    assert len(out) - len(refused) <= len(model.started[0]) + 4, len(refused)
+    assert b.stats.peak_waiting <= 4 and b.stats.refused == len(refused)
+    assert {r.retry_after for r in refused} == {1}  # at most 4 texts of 0.05 s wait

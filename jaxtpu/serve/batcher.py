@@ -1,26 +1,38 @@
 """Dynamic batching: the texts of concurrent requests scored together, in one call of the
-model, up to `max_items` texts or `max_wait_ms` after the first arrived, whichever comes first.
+model, up to `max_items` texts or `max_wait_ms` after the oldest arrived, whichever comes
+first.
 
-A request's texts (its comment, and each sentence when it asks for spans) go into one queue of
-at most `max_queue` requests: one more is refused at once (`Overloaded`, the server's 429 with
-Retry-After), so memory and latency stay bounded under a flood. The model runs in one thread
-beside the event loop (a device is driven by one caller at a time), while the loop keeps
-reading requests. A batch whose scoring fails fails its own requests only; the next batch is
-scored as if nothing happened. A text's score does not depend on the batch it shares
-(`jaxtpu.engine.scoring.Scorer` pads every call to one shape and groups texts by fixed length
-buckets), so batching changes latency, never a score.
+A request's texts (its comment, and each sentence when it asks for spans) are its parts. At
+most `max_queue` requests wait to be scored: a request counts from the moment it is admitted
+(before its texts are tokenized) until its first text enters a model call, and one more is
+refused at once (`Overloaded`, the server's 429 with a Retry-After from the measured drain
+rate), so memory and latency stay bounded under a flood. The model runs in one thread beside
+the event loop (a device is driven by one caller at a time), while the loop keeps reading
+requests. A call that fails fails the requests it held only; the next is scored as if nothing
+happened. A text's score does not depend on the call it shares (`jaxtpu.engine.scoring.
+Scorer` pads every call to one shape and groups texts by fixed length buckets), so batching
+changes latency, never a score.
+
+Fair between requests: a call takes the first waiting text of every request before the
+second of any, so a request of many texts (a long comment's sentences) is scored across
+several calls while the texts of requests that arrive meanwhile go into the next call,
+instead of waiting for all of it.
 
 For a model that pads every call to `rows` texts of one length bucket (the JAX backend), the
 texts are grouped by bucket (`bucket_of`): a bucket is scored as soon as it fills whole calls,
 and what is left of it waits at most `max_wait_ms` (from its oldest text) for more texts of
 its length, then goes as it is. Under load every call is then full, as offline scoring's are;
-a request whose texts fall in several buckets is answered when the last of them is scored.
+a request whose texts fall in several buckets is answered when the last of them is scored. A
+model without buckets is one bucket whose whole call is `max_items` texts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
+import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,32 +52,37 @@ class Overloaded(Exception):
         self.retry_after = retry_after
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     items: list[Any]
     future: asyncio.Future
+    seq: int
     queued: float = field(default_factory=time.perf_counter)
-    buckets: Sequence[int] = ()  # each item's length bucket (grouped batching)
     results: list[Any] = field(default_factory=list)
     left: int = 0
+    waiting: bool = True  # counted in `Batcher.waiting` until a text of it enters a call
 
 
-@dataclass
+@dataclass(eq=False)
 class _Part:
-    """One item of a job, waiting in its bucket."""
+    """One text of a job, waiting in its bucket; `order` places it: (its rank among its
+    job's texts of this bucket, the job's arrival), so every job's first text comes before
+    any job's second."""
 
     job: _Job
     index: int
+    order: tuple[int, int]
 
 
 @dataclass
 class BatchStats:
-    """What the batcher has done, for /metrics."""
+    """What the batcher has done, for /metrics and the tests."""
 
     batches: int = 0
     items: int = 0
     failed_batches: int = 0
     refused: int = 0
+    peak_waiting: int = 0
     last_sizes: list[int] = field(default_factory=list)
 
 
@@ -74,12 +91,12 @@ class Batcher:
 
     Args:
       score: the model's scoring function (blocking; run in one worker thread).
-      max_items: texts per model call at most (a request is never split: one larger than this
-        is scored alone).
-      max_wait_ms: how long the first request of a batch waits for others.
+      max_items: texts per model call at most; a request of more is scored over several
+        calls, interleaved with other requests' texts.
+      max_wait_ms: how long the oldest waiting text waits for a fuller call.
       max_queue: requests waiting at most; beyond it `submit` raises `Overloaded`.
       bucket_of: each item's length bucket, for a model whose calls are `rows` items of one
-        bucket (None: batches in arrival order).
+        bucket (None: one bucket, calls of up to `max_items` in fair arrival order).
       rows: the items of one call of such a model.
     """
 
@@ -93,22 +110,25 @@ class Batcher:
         rows: int = 0,
     ) -> None:
         self.score, self.max_items = score, max_items
-        self.bucket_of, self.rows = (bucket_of, rows) if rows > 0 else (None, 0)
+        self.bucket_of, self.rows = (bucket_of, rows) if rows > 0 else (None, max_items)
         self.max_wait = max_wait_ms / 1000
         self.max_queue = max_queue
         self.stats = BatchStats()
-        self._queue: asyncio.Queue[_Job] | None = None
+        self.waiting = 0  # requests admitted whose texts have not begun to be scored
+        self._pending: dict[int, list[_Part]] = {}  # each bucket's parts, in `order`
+        self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._seq = itertools.count()
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="score")
-        self._seconds_per_item = 0.01
+        self._seconds_per_item: float | None = None  # measured over the last calls
 
     @property
-    def waiting(self) -> int:
-        return self._queue.qsize() if self._queue else 0
+    def queued_texts(self) -> int:
+        return sum(len(parts) for parts in self._pending.values())
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._run_grouped() if self.bucket_of else self._run())
+        self._arrived = asyncio.Event()
+        self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
         if self._task:
@@ -120,125 +140,128 @@ class Batcher:
         self.pool.shutdown(wait=True)
 
     def retry_after(self) -> int:
-        """Seconds until the queue has likely drained (at least 1)."""
-        backlog = self.waiting * max(1, self.max_items // 4)
-        return max(1, int(np.ceil(backlog * self._seconds_per_item)))
+        """Seconds until the texts waiting now have been scored at the rate the last calls
+        scored theirs (at least 1; before any call, one second per `max_items` texts)."""
+        rate = self._seconds_per_item or 1 / self.max_items
+        return max(1, math.ceil(self.queued_texts * rate))
 
     async def submit(self, items: Sequence[Any]) -> np.ndarray:
         """The scores of `items`, scored in a batch with whatever else is waiting.
 
         Raises:
           Overloaded: `max_queue` requests are already waiting.
-          Exception: whatever scoring this request's batch raised.
+          Exception: whatever scoring one of this request's calls raised.
         """
-        assert self._queue is not None, "Batcher.start() first"
-        if self._queue.qsize() >= self.max_queue:
+        assert self._arrived is not None, "Batcher.start() first"
+        if self.waiting >= self.max_queue:  # counted before any await: the bound holds
             self.stats.refused += 1
             raise Overloaded(self.retry_after())
+        self.waiting += 1
+        self.stats.peak_waiting = max(self.stats.peak_waiting, self.waiting)
         loop = asyncio.get_running_loop()
-        job = _Job(list(items), loop.create_future())
-        if self.bucket_of:  # tokenized off the event loop
-            job.buckets = await loop.run_in_executor(None, self.bucket_of, job.items)
-            job.results, job.left = [None] * len(job.items), len(job.items)
-        await self._queue.put(job)
-        return await job.future
+        job = _Job(list(items), loop.create_future(), next(self._seq))
+        job.results, job.left = [None] * len(job.items), len(job.items)
+        try:
+            if self.bucket_of:  # tokenized off the event loop
+                buckets = await loop.run_in_executor(None, self.bucket_of, job.items)
+            else:
+                buckets = [0] * len(job.items)
+            ranks: dict[int, int] = {}
+            for i, bucket in enumerate(buckets):
+                rank = ranks[int(bucket)] = ranks.get(int(bucket), -1) + 1
+                bisect.insort(
+                    self._pending.setdefault(int(bucket), []),
+                    _Part(job, i, (rank, job.seq)),
+                    key=lambda p: p.order,
+                )
+            self._arrived.set()
+            return await job.future
+        finally:
+            self._started(job)  # answered, failed or gone before a call took it
+
+    def _started(self, job: _Job) -> None:
+        if job.waiting:
+            job.waiting = False
+            self.waiting -= 1
 
     async def _run(self) -> None:
-        assert self._queue is not None
+        """Whole calls of a bucket as soon as it fills them; a bucket's remainder once its
+        oldest text has waited `max_wait`, in a call of its own."""
+        assert self._arrived is not None
         loop = asyncio.get_running_loop()
         while True:
-            jobs = [await self._queue.get()]
-            size = len(jobs[0].items)
-            deadline = time.perf_counter() + self.max_wait
-            while size < self.max_items:
-                left = deadline - time.perf_counter()
-                if left <= 0 and self._queue.empty():
-                    break
-                try:
-                    job = (
-                        self._queue.get_nowait()
-                        if not self._queue.empty()
-                        else await asyncio.wait_for(self._queue.get(), left)
-                    )
-                except TimeoutError:
-                    break
-                if size + len(job.items) > self.max_items:
-                    await self._requeue_first(job)
-                    break
-                jobs.append(job)
-                size += len(job.items)
-            jobs = [j for j in jobs if not j.future.cancelled()]  # clients that went away
-            if jobs:
-                await self._score(loop, jobs)
-
-    async def _run_grouped(self) -> None:
-        """Whole calls of one bucket as soon as a bucket fills them; a bucket's remainder
-        once its oldest item has waited `max_wait`, in a call of its own."""
-        assert self._queue is not None
-        loop = asyncio.get_running_loop()
-        pending: dict[int, list[_Part]] = {}  # each bucket's items, oldest first
-        while True:
-            if not pending:
-                self._take(await self._queue.get(), pending)
-            while not self._queue.empty():
-                self._take(self._queue.get_nowait(), pending)
-            parts = self._whole_calls(pending)
+            self._drop_gone()
+            if not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            parts = self._whole_calls()
             if not parts:
-                bucket, wait = self._next_partial(pending)
+                bucket, wait = self._next_partial()
                 if wait > 0:
+                    self._arrived.clear()
                     try:
-                        self._take(await asyncio.wait_for(self._queue.get(), wait), pending)
+                        await asyncio.wait_for(self._arrived.wait(), wait)
                     except TimeoutError:
                         pass
                     continue
-                parts = pending.pop(bucket)
-            parts = [p for p in parts if not p.job.future.done()]  # gone, or failed already
-            if parts:
-                await self._score_parts(loop, parts)
+                parts = self._take(bucket, self.max_items)
+            await self._score_parts(loop, parts)
 
-    def _next_partial(self, pending: dict[int, list[_Part]]) -> tuple[int, float]:
+    def _drop_gone(self) -> None:
+        """Leaves out the texts of requests already answered (a client that went away, or a
+        request one of whose calls failed)."""
+        for bucket in list(self._pending):
+            kept = [p for p in self._pending[bucket] if not p.job.future.done()]
+            if kept:
+                self._pending[bucket] = kept
+            else:
+                del self._pending[bucket]
+
+    def _take(self, bucket: int, n: int) -> list[_Part]:
+        parts = self._pending[bucket]
+        taken, rest = parts[:n], parts[n:]
+        if rest:
+            self._pending[bucket] = rest
+        else:
+            del self._pending[bucket]
+        return taken
+
+    def _next_partial(self) -> tuple[int, float]:
         """The bucket whose remainder goes next, and how long until it is due. Of the buckets
-        whose oldest item has waited `max_wait`, the fullest (the call least padded) goes
+        whose oldest text has waited `max_wait`, the fullest (the call least padded) goes
         first, unless one has waited `STARVE` times as long: then the oldest. While a call
-        runs, items gather, so under load a remainder grows before it goes."""
+        runs, texts gather, so under load a remainder grows before it goes."""
         now = time.perf_counter()
-        waited = {b: now - w[0].job.queued for b, w in pending.items()}
+        waited = {b: now - min(p.job.queued for p in w) for b, w in self._pending.items()}
         oldest = max(waited, key=waited.__getitem__)
         if waited[oldest] >= STARVE * self.max_wait:
             return oldest, 0.0
         due = [b for b, t in waited.items() if t >= self.max_wait]
         if not due:
             return oldest, self.max_wait - waited[oldest]
-        return max(due, key=lambda b: len(pending[b])), 0.0
+        return max(due, key=lambda b: len(self._pending[b])), 0.0
 
-    @staticmethod
-    def _take(job: _Job, pending: dict[int, list[_Part]]) -> None:
-        for i, bucket in enumerate(job.buckets):
-            pending.setdefault(int(bucket), []).append(_Part(job, i))
-
-    def _whole_calls(self, pending: dict[int, list[_Part]]) -> list[_Part]:
-        """The items of every bucket that fills whole calls (at most `max_items` in all,
-        at least one call), taken out of `pending`."""
+    def _whole_calls(self) -> list[_Part]:
+        """The texts of every bucket that fills whole calls (at most `max_items` in all, at
+        least one call), taken out of the buckets."""
         out: list[_Part] = []
-        for bucket in list(pending):
-            waiting = pending[bucket]
+        for bucket in list(self._pending):
             room = max(self.rows, (self.max_items - len(out)) // self.rows * self.rows)
-            n = min(len(waiting) // self.rows * self.rows, room)
+            n = min(len(self._pending[bucket]) // self.rows * self.rows, room)
             if n:
-                out += waiting[:n]
-                if waiting[n:]:
-                    pending[bucket] = waiting[n:]
-                else:
-                    del pending[bucket]
+                out += self._take(bucket, n)
             if len(out) >= self.max_items:
                 break
         return out
 
     async def _score_parts(self, loop: asyncio.AbstractEventLoop, parts: list[_Part]) -> None:
+        for p in parts:
+            self._started(p.job)
         items = [p.job.items[p.index] for p in parts]
         try:
             scores = await self._scored(loop, items)
-        except Exception as e:  # noqa: BLE001 - the batch's requests fail, the server goes on
+        except Exception as e:  # noqa: BLE001 - the call's requests fail, the server goes on
             for p in parts:
                 if not p.job.future.done():
                     p.job.future.set_exception(e)
@@ -257,34 +280,10 @@ class Batcher:
         except Exception:
             self.stats.failed_batches += 1
             raise
-        took = time.perf_counter() - t0
-        self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * took / max(1, len(items))
+        per_item = (time.perf_counter() - t0) / max(1, len(items))
+        old = self._seconds_per_item
+        self._seconds_per_item = per_item if old is None else 0.8 * old + 0.2 * per_item
         self.stats.batches += 1
         self.stats.items += len(items)
         self.stats.last_sizes = (self.stats.last_sizes + [len(items)])[-100:]
         return scores
-
-    async def _requeue_first(self, job: _Job) -> None:
-        """Puts `job` back at the head of the queue (it starts the next batch)."""
-        assert self._queue is not None
-        rest = []
-        while not self._queue.empty():
-            rest.append(self._queue.get_nowait())
-        for j in [job, *rest]:
-            self._queue.put_nowait(j)
-
-    async def _score(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
-        items = [x for j in jobs for x in j.items]
-        try:
-            scores = await self._scored(loop, items)
-        except Exception as e:  # noqa: BLE001 - the batch's requests fail, the server goes on
-            for j in jobs:
-                if not j.future.done():
-                    j.future.set_exception(e)
-            return
-        start = 0
-        for j in jobs:
-            part = scores[start : start + len(j.items)]
-            start += len(j.items)
-            if not j.future.done():
-                j.future.set_result(part)
