@@ -2,33 +2,38 @@
 `POST /v1alpha1/comments:analyze`, the discovery document Google's client reads, the model's
 card (`GET /v1/model`), `/healthz`, `/readyz`, `/metrics` (Prometheus) and a page for people
 (`GET /`). Every response carries the model's version in `X-Model-Version`; every error is
-Google's JSON shape. No comment text is logged unless `log_comments`.
+Google's JSON shape, an unexpected one too (a 500, logged), and every answer is counted in
+`/metrics` by route and status. With keys, every route that shows the model or its traffic
+needs one (`?key=` or the `X-Goog-Api-Key` header); `/healthz`, `/readyz` and the static page
+do not. No comment text is logged unless `log_comments`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from jaxtpu.core.serving import discovery, perspective
 from jaxtpu.core.serving.attributes import Attribute, merge
 from jaxtpu.core.serving.card import model_version
+from jaxtpu.core.serving.keys import ApiKey, KeyRing, Quotas
 from jaxtpu.core.serving.perspective import ApiError
-from jaxtpu.core.serving.spans import sentence_spans
+from jaxtpu.serve import page
 from jaxtpu.serve.backends import Served
 from jaxtpu.serve.batcher import Batcher, Overloaded
-from jaxtpu.serve.page import PAGE
+from jaxtpu.serve.protocol import HeadLimits
 
 log = logging.getLogger("jaxtpu.serve")
 
@@ -38,9 +43,13 @@ class Options:
     """How the server answers (the command's flags).
 
     Attributes:
-      api_keys: the keys a request's `?key=` must be one of; None: no key needed.
+      api_keys: the keys a request's `?key=` or `X-Goog-Api-Key` must be one of, with their
+        names and limits; None: no key needed.
       max_body: request bodies larger than this (bytes) are refused before they are read.
-      read_timeout: seconds a client has to send its whole body.
+      read_timeout: seconds a client has to send its request's head, and again its body.
+      max_header_bytes, max_headers: a request's head at most (bytes; header lines).
+      public_url: the server's address as clients reach it (the discovery document's root);
+        None: the address the connection came in on (never the request's Host header).
       log_comments: log each request's comment text (off: never).
       max_items: texts per model call at most (the dynamic batch).
       max_wait_ms: how long a batch waits for more requests.
@@ -49,9 +58,12 @@ class Options:
         take connections only once they can score, so none answers 503 beside a ready one).
     """
 
-    api_keys: frozenset[str] | None = None
+    api_keys: KeyRing | None = None
     max_body: int = 256 * 1024
     read_timeout: float = 10.0
+    max_header_bytes: int = 16 * 1024
+    max_headers: int = 100
+    public_url: str | None = None
     log_comments: bool = False
     max_items: int = 64
     max_wait_ms: float = 5.0
@@ -127,7 +139,7 @@ class Server:
     async def analyze(self, request: perspective.AnalyzeRequest) -> dict[str, Any]:
         """The scores of a checked request: the comment (and its sentences when spans are
         asked for) through each model that owns a requested attribute."""
-        spans = sentence_spans(request.text) if request.spans else []
+        spans = list(request.sentences)
         texts = [request.text] + [s for _, _, s in spans]
         wanted: dict[int, list[Attribute]] = {}
         for r in request.attributes:
@@ -165,10 +177,22 @@ class _Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
+        self.by_key = Counter(
+            "jaxtpu_key_requests",
+            "Requests that named a valid key, by the key's name and status code.",
+            ["key", "code"],
+            registry=self.registry,
+        )
         waiting = Gauge(
             "jaxtpu_queue_requests", "Requests waiting to be scored.", registry=self.registry
         )
         waiting.set_function(lambda: sum(b.waiting for b in server.batchers.values()))
+        peak = Gauge(
+            "jaxtpu_queue_peak_requests",
+            "The most requests that have waited at once (at most --max-queue).",
+            registry=self.registry,
+        )
+        peak.set_function(lambda: max(b.stats.peak_waiting for b in server.batchers.values()))
         batches = Gauge("jaxtpu_batches", "Model calls made.", registry=self.registry)
         batches.set_function(lambda: sum(b.stats.batches for b in server.batchers.values()))
         items = Gauge("jaxtpu_batched_texts", "Texts scored.", registry=self.registry)
@@ -184,7 +208,8 @@ class _Metrics:
 
 async def _read_body(request: Request, options: Options) -> bytes:
     """The body, refused (413) when it says or turns out to be larger than `max_body`, before
-    more is read; a client that does not finish sending in `read_timeout` gets 408."""
+    more is read; a client that does not finish sending in `read_timeout` gets 408, one that
+    goes away is 499 (nothing is sent: nobody is there to read it)."""
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
@@ -205,7 +230,20 @@ async def _read_body(request: Request, options: Options) -> bytes:
         raise ApiError(
             408, f"The request body did not arrive within {options.read_timeout} s."
         ) from None
+    except ClientDisconnect:
+        raise ApiError(499, "The client closed the connection before sending its body.") from None
     return bytes(body)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class _Call:
+    """What one request's handler learned: the key it named (for the per-key counts)."""
+
+    key: ApiKey | None = None
+    extra_headers: dict[str, str] = field(default_factory=dict)
 
 
 class _Routes:
@@ -213,77 +251,127 @@ class _Routes:
 
     def __init__(self, server: Server) -> None:
         self.server, self.options = server, server.options
+        self.quotas = Quotas()
 
     def headers(self) -> dict[str, str]:
-        return {"X-Model-Version": self.server.version}
+        return {"X-Model-Version": self.server.version, "X-Content-Type-Options": "nosniff"}
 
     def error(self, e: ApiError, **more: str) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.code, headers={**self.headers(), **more})
 
-    def check_key(self, request: Request) -> None:
+    def endpoint(self, route: str, keyed: bool = True) -> Callable[[Handler], Handler]:
+        """A route's handler, wrapped: the key checked first (`keyed`, when the server has
+        keys), an `ApiError` answered in Google's shape, anything else a logged 500 in that
+        shape, and every answer counted by route and status (and by the key's name)."""
+
+        def wrap(handler: Callable[[Request, _Call], Awaitable[Response]]) -> Handler:
+            @functools.wraps(handler)
+            async def answer(request: Request) -> Response:
+                call = _Call()
+                try:
+                    if keyed:
+                        call.key = self.check_key(request)
+                    response = await handler(request, call)
+                except ApiError as e:
+                    response = self.error(e, **call.extra_headers)
+                except Exception:  # noqa: BLE001 - a bug: one logged 500, the server goes on
+                    log.exception("%s %s failed", request.method, request.url.path)
+                    response = self.error(
+                        ApiError(500, "The server failed to answer this request.")
+                    )
+                self.count(route, response.status_code, call.key)
+                return response
+
+            return answer
+
+        return wrap
+
+    def count(self, route: str, code: int, key: ApiKey | None = None) -> None:
+        self.server.metrics.requests.labels(route, str(code)).inc()
+        if key is not None:
+            self.server.metrics.by_key.labels(key.name, str(code)).inc()
+
+    def check_key(self, request: Request) -> ApiKey | None:
+        """The request's key (`?key=` or the `X-Goog-Api-Key` header, as Google's APIs take
+        it), found in constant time; 403 when the server has keys and this is none of them."""
         keys = self.options.api_keys
         if keys is None:
-            return
-        key = request.query_params.get("key")
+            return None
+        key = request.query_params.get("key") or request.headers.get("x-goog-api-key")
         if key is None:
-            raise ApiError(403, "The request is missing a valid API key (pass ?key=YOUR_API_KEY).")
-        if key not in keys:
+            raise ApiError(
+                403,
+                "The request is missing a valid API key (pass ?key=YOUR_API_KEY or the "
+                "X-Goog-Api-Key header).",
+            )
+        found = keys.find(key)
+        if found is None:
             raise ApiError(403, "API key not valid. Please pass a valid API key.")
+        return found
 
-    async def analyze(self, request: Request) -> Response:
+    def take_quota(self, call: _Call) -> None:
+        """429 in Google's shape when the call's key is over its requests a minute."""
+        if call.key is None:
+            return
+        wait = self.quotas.take(call.key)
+        if wait:
+            call.extra_headers["Retry-After"] = str(wait)
+            raise quota_exceeded(call.key, wait)
+
+    async def analyze(self, request: Request, call: _Call) -> Response:
         t0 = time.perf_counter()
-        try:
-            self.check_key(request)
-            if not self.server.ready:
-                raise ApiError(503, "The model is still loading; retry shortly.")
-            body = await _read_body(request, self.options)
-            req = perspective.parse_request(body, self.server.available, self.server.languages)
-            if self.options.log_comments:
-                log.info("comment: %r", req.text)
-            response = await self._score(req)
-        except ApiError as e:
-            response = self.error(e)
-        self.server.metrics.requests.labels("analyze", str(response.status_code)).inc()
-        if response.status_code == 200:
-            self.server.metrics.latency.observe(time.perf_counter() - t0)
-        return response
-
-    async def _score(self, req: perspective.AnalyzeRequest) -> Response:
+        self.take_quota(call)
+        if not self.server.ready:
+            raise ApiError(503, "The model is still loading; retry shortly.")
+        body = await _read_body(request, self.options)
+        req = perspective.parse_request(body, self.server.available, self.server.languages)
+        if self.options.log_comments:
+            log.info("comment: %r", req.text)
         try:
             answer = await self.server.analyze(req)
         except Overloaded as e:
             message = f"Too many requests waiting; retry after {e.retry_after} s."
-            return self.error(ApiError(429, message), **{"Retry-After": str(e.retry_after)})
-        except Exception:  # noqa: BLE001 - this batch failed; the server goes on
+            call.extra_headers["Retry-After"] = str(e.retry_after)
+            raise ApiError(429, message) from None
+        except Exception:  # noqa: BLE001 - this request's call failed; the server goes on
             log.exception("scoring failed")
-            return self.error(ApiError(500, "Scoring this comment failed."))
+            raise ApiError(500, "Scoring this comment failed.") from None
+        self.server.metrics.latency.observe(time.perf_counter() - t0)
         return JSONResponse(answer, headers=self.headers())
 
-    async def discovery_doc(self, request: Request) -> Response:
+    def root_url(self, request: Request) -> str:
+        """The discovery document's root: `--public-url`, else the address this connection
+        came in on (the socket's, which a client cannot forge as it can a Host header)."""
+        if self.options.public_url:
+            return self.options.public_url.rstrip("/") + "/"
+        host, port = request.scope.get("server") or ("127.0.0.1", 80)
+        shown = f"[{host}]" if ":" in str(host) else host
+        return f"http://{shown}:{port}/"
+
+    async def discovery_doc(self, request: Request, call: _Call) -> Response:
         version = request.query_params.get("version", discovery.VERSION)
         if version != discovery.VERSION:
-            message = f"No API version {version}; this server has {discovery.VERSION}."
-            return self.error(ApiError(404, message))
-        return JSONResponse(discovery.document(str(request.base_url)), headers=self.headers())
+            raise ApiError(404, f"No API version {version}; this server has {discovery.VERSION}.")
+        return JSONResponse(discovery.document(self.root_url(request)), headers=self.headers())
 
-    async def model_card(self, request: Request) -> Response:
+    async def model_card(self, request: Request, call: _Call) -> Response:
         return JSONResponse(self.server.card(), headers=self.headers())
 
-    async def healthz(self, request: Request) -> Response:
+    async def healthz(self, request: Request, call: _Call) -> Response:
         return JSONResponse({"status": "ok"}, headers=self.headers())
 
-    async def readyz(self, request: Request) -> Response:
+    async def readyz(self, request: Request, call: _Call) -> Response:
         if not self.server.ready:
             return JSONResponse({"status": "loading"}, status_code=503, headers=self.headers())
         body = {"status": "ready", "version": self.server.version}
         return JSONResponse(body, headers=self.headers())
 
-    async def metrics(self, request: Request) -> Response:
+    async def metrics(self, request: Request, call: _Call) -> Response:
         body, kind = self.server.metrics.render()
         return Response(body, media_type=kind, headers=self.headers())
 
-    async def page(self, request: Request) -> Response:
-        return HTMLResponse(PAGE, headers=self.headers())
+    async def page(self, request: Request, call: _Call) -> Response:
+        return HTMLResponse(page.PAGE, headers={**self.headers(), **page.HEADERS})
 
     async def http_error(self, request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 500)
@@ -292,13 +380,37 @@ class _Routes:
             f"POST /{discovery.ANALYZE_PATH}.",
             405: f"Method {request.method} is not allowed on {request.url.path}.",
         }.get(code, str(getattr(exc, "detail", "")))
-        self.server.metrics.requests.labels("other", str(code)).inc()
+        self.count("other", code)
         return self.error(ApiError(code, message))
+
+
+def quota_exceeded(key: ApiKey, wait: int) -> ApiError:
+    """Perspective's 429 for a key over its quota: RESOURCE_EXHAUSTED with an ErrorInfo whose
+    reason is RATE_LIMIT_EXCEEDED, naming the key's limit (never the key)."""
+    return ApiError(
+        429,
+        f"Quota exceeded for key {key.name}: {key.per_minute} requests a minute; retry after "
+        f"{wait} s.",
+        [
+            {
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "RATE_LIMIT_EXCEEDED",
+                "domain": "googleapis.com",
+                "metadata": {
+                    "service": "commentanalyzer.googleapis.com",
+                    "quota_limit": "RequestsPerMinutePerKey",
+                    "quota_limit_value": str(key.per_minute),
+                    "consumer": key.name,
+                },
+            }
+        ],
+    )
 
 
 def build_app(server: Server) -> Starlette:
     """The ASGI application answering for `server` (started and stopped with the app)."""
     r = _Routes(server)
+    options = server.options
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -309,14 +421,21 @@ def build_app(server: Server) -> Starlette:
             await server.stop()
 
     routes = [
-        Route(f"/{discovery.ANALYZE_PATH}", r.analyze, methods=["POST"]),
-        Route("/$discovery/rest", r.discovery_doc, methods=["GET"]),
-        Route("/v1/model", r.model_card, methods=["GET"]),
-        Route("/healthz", r.healthz, methods=["GET"]),
-        Route("/readyz", r.readyz, methods=["GET"]),
-        Route("/metrics", r.metrics, methods=["GET"]),
-        Route("/", r.page, methods=["GET"]),
+        Route(f"/{discovery.ANALYZE_PATH}", r.endpoint("analyze")(r.analyze), methods=["POST"]),
+        Route("/$discovery/rest", r.endpoint("discovery")(r.discovery_doc), methods=["GET"]),
+        Route("/v1/model", r.endpoint("model")(r.model_card), methods=["GET"]),
+        Route("/healthz", r.endpoint("healthz", keyed=False)(r.healthz), methods=["GET"]),
+        Route("/readyz", r.endpoint("readyz", keyed=False)(r.readyz), methods=["GET"]),
+        Route("/metrics", r.endpoint("metrics")(r.metrics), methods=["GET"]),
+        Route("/", r.endpoint("page", keyed=False)(r.page), methods=["GET"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes, exception_handlers={HTTPException: r.http_error}, lifespan=lifespan
     )
+    app.state.limits = HeadLimits(
+        options.max_header_bytes,
+        options.max_headers,
+        options.read_timeout,
+        lambda code: r.count("http", code),
+    )
+    return app

@@ -39,7 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0: a free one), or one line saying why not."""
+    """A socket bound to host:port (port 0: a free one), or one line saying why not. It is
+    bound before the model loads, so a taken port is said at once, and listens only once the
+    server can answer (uvicorn's `listen` when it starts serving): until then a connection is
+    refused at once instead of hanging, so a liveness probe fails fast."""
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
@@ -53,7 +56,6 @@ def _bind(host: str, port: int) -> socket.socket:
         raise UserError(
             f"--host {host} --port {port}: cannot listen there ({e.strerror or e})"
         ) from None
-    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 

@@ -1,6 +1,17 @@
 """`GET /`: a page where a moderator pastes a comment (or opens `/?text=...`) and sees each
 attribute's score as a bar, with the model's version (one self-contained HTML page; it calls
-the server's own API)."""
+the server's own API, sending the key it is given as the `X-Goog-Api-Key` header). The page
+itself is static and holds nothing of the model, so it answers without a key; what it shows
+comes from `/v1/model` and the API, which need one when the server has keys.
+
+`HEADERS` go with it: a Content-Security-Policy that allows only its own inline script and
+style (by their hashes) and calls to this server, no framing, no MIME sniffing, no referrer
+(a `?key=` in the page's address stays on the page).
+"""
+
+import base64
+import hashlib
+import re
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -30,21 +41,29 @@ PAGE = """<!doctype html>
 <p id="error"></p>
 <script>
 let attributes = [];
+function keyed() {
+  const key = document.getElementById("key").value;
+  return key ? {"X-Goog-Api-Key": key} : {};
+}
 async function card() {
-  const r = await fetch("v1/model");
+  const r = await fetch("v1/model", {headers: keyed()});
   const c = await r.json();
+  if (c.error) {
+    document.getElementById("version").textContent = "model: " + c.error.message;
+    return false;
+  }
   const models = c.models || [c];
   attributes = models.flatMap(m => m.attributes.map(a => a.name));
   document.getElementById("version").textContent =
     "model " + c.version + " - attributes: " + attributes.join(", ");
+  return true;
 }
 async function score() {
-  const key = document.getElementById("key").value;
+  if (!attributes.length && !(await card())) return;
   const body = {comment: {text: document.getElementById("text").value},
                 requestedAttributes: Object.fromEntries(attributes.map(a => [a, {}]))};
-  const url = "v1alpha1/comments:analyze" + (key ? "?key=" + encodeURIComponent(key) : "");
-  const r = await fetch(url, {method: "POST", body: JSON.stringify(body),
-                              headers: {"Content-Type": "application/json"}});
+  const r = await fetch("v1alpha1/comments:analyze", {method: "POST", body: JSON.stringify(body),
+                        headers: {"Content-Type": "application/json", ...keyed()}});
   const out = await r.json();
   const box = document.getElementById("scores");
   box.innerHTML = "";
@@ -73,3 +92,21 @@ card().then(() => { if (given) { document.getElementById("text").value = given; 
 </body>
 </html>
 """
+
+
+def _digest(tag: str) -> str:
+    """The CSP source of the page's one inline `<tag>` element: 'sha256-...' of its text."""
+    body = re.search(rf"<{tag}>(.*?)</{tag}>", PAGE, re.S)
+    assert body, tag
+    return "'sha256-" + base64.b64encode(hashlib.sha256(body[1].encode()).digest()).decode() + "'"
+
+
+HEADERS = {
+    "Content-Security-Policy": (
+        f"default-src 'none'; script-src {_digest('script')}; style-src {_digest('style')}; "
+        "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}

@@ -7,29 +7,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.schema import SCORING
+from jaxtpu.core.serving.keys import KeyRing
 from jaxtpu.serve.backends import load_served
 
 WORKER_ARGS = "JAXTPU_SERVE_ARGS"  # the flags, as JSON, for --workers' processes
 
 
-def read_api_keys(path: str) -> frozenset[str]:
-    """The keys of an --api-keys file: one a line, blank lines and '#' comments skipped."""
+def read_api_keys(path: str) -> KeyRing:
+    """The keys of an --api-keys file (`jaxtpu.core.serving.keys`: one a line, `KEY [NAME
+    [PER_MINUTE]]`, blank lines and '#' comments skipped)."""
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise UserError(f"--api-keys {path}: cannot read it ({e.strerror or e})") from None
-    keys = frozenset(x.split("#", 1)[0].strip() for x in lines) - {""}
-    if not keys:
-        raise UserError(f"--api-keys {path}: no key in it (one key a line)")
-    return keys
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"--api-keys {path}: cannot read it ({getattr(e, 'strerror', None) or e})"
+        ) from None
+    return KeyRing.parse(text, f"--api-keys {path}")
 
 
 def sources(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -43,40 +46,110 @@ def sources(args: argparse.Namespace) -> list[tuple[str, str]]:
 def uvicorn_config(app: Any, **more: Any) -> Any:
     import uvicorn
 
-    return uvicorn.Config(
-        app,
+    from jaxtpu.serve.protocol import LimitedHttpToolsProtocol
+
+    settings: dict[str, Any] = dict(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=30,
         lifespan="on",
-        **more,
+        http=LimitedHttpToolsProtocol,  # uvicorn's httptools, with limits on the head
+        ws="none",
+        proxy_headers=False,  # nothing here reads the client's address: trust no header for it
     )
+    return uvicorn.Config(app, **{**settings, **more})
 
 
 def serve_workers(args: argparse.Namespace, sock: socket.socket, url: str) -> int:
-    """--workers N: uvicorn's process supervisor (it restarts a worker that dies and stops
-    them all on SIGTERM, each finishing its requests in flight), each worker loading the
-    models itself (`worker_app`) and accepting on the one socket bound here."""
-    from uvicorn.config import STARTUP_FAILURE
-    from uvicorn.supervisors import Multiprocess
-
+    """--workers N: a process supervisor (`supervise`) whose workers each load the models
+    themselves (`worker_app`) and accept on the one socket bound here."""
     os.environ[WORKER_ARGS] = json.dumps(vars(args))
     config = uvicorn_config(
         "jaxtpu.serve.processes:worker_app",
         factory=True,
         workers=args.workers,
-        timeout_worker_healthcheck=60,  # a worker compiling its programs answers slowly
+        timeout_worker_healthcheck=HUNG_AFTER,
     )
     print(
         f"serving {url} from {args.workers} worker processes, each loading the models and "
         "taking connections once its programs are compiled",
         flush=True,
     )
-    supervisor = Multiprocess(config, sockets=[sock])
-    supervisor.run()
-    failed = any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
+    failed = supervise(config, sock)
     print("stopped" + (": a worker could not start" if failed else ""), flush=True)
     return 2 if failed else 0
+
+
+# A worker that answers no health ping for this long is hung and replaced (a worker compiling
+# its programs answers slowly); one that has died is replaced at once, whatever this is.
+HUNG_AFTER = 60.0
+# How often the supervisor looks at its workers and its signals.
+TICK = 0.25
+
+
+def supervise(config: Any, sock: socket.socket) -> bool:
+    """Runs `config.workers` worker processes on `sock` until SIGTERM or SIGINT: uvicorn's
+    supervisor, but a dead worker is replaced within a tick (uvicorn waited out its whole
+    health-ping timeout when a worker died mid-ping, 60 s here, and handled no signal
+    meanwhile), and a stop ends every worker: each gets SIGTERM, finishes its requests in
+    flight (uvicorn's graceful shutdown), and one still running after that is killed.
+    Returns whether a worker could not start."""
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    class Supervisor(Multiprocess):
+        def keep_subprocess_alive(self) -> None:
+            for idx, process in enumerate(self.processes):
+                if self.should_exit.is_set() or self._answers(process):
+                    continue
+                process.kill()  # hung, or dead already
+                process.join()
+                if process.exitcode == STARTUP_FAILURE:
+                    # it failed before serving: the app is broken, and a new one would be too
+                    self.should_exit.set()
+                    return
+                if self.should_exit.is_set():
+                    return
+                print(f"worker {process.pid} died; starting another", file=sys.stderr, flush=True)
+                self.processes[idx] = type(process)(self.config, self.sockets)
+                self.processes[idx].start()
+
+        def _answers(self, process: Any) -> bool:
+            """Whether the worker answers a health ping: False at once when it is dead or
+            dies while asked, after HUNG_AFTER when it is alive and silent; signals are
+            handled while waiting."""
+            if not process.process.is_alive():
+                return False
+            try:
+                process.parent_conn.send(b"ping")
+                deadline = time.monotonic() + self.config.timeout_worker_healthcheck
+                while not process.parent_conn.poll(TICK):
+                    self.handle_signals()
+                    if self.should_exit.is_set():
+                        return True  # stopping: the stop ends it
+                    if not process.process.is_alive() or time.monotonic() > deadline:
+                        return False
+                process.parent_conn.recv()
+                return True
+            except (OSError, EOFError, pickle.UnpicklingError):  # its end of the pipe is gone
+                return False
+
+        def run(self) -> None:
+            self.init_processes()
+            while not self.should_exit.wait(TICK):
+                self.handle_signals()
+                self.keep_subprocess_alive()
+            self.terminate_all()
+            grace = time.monotonic() + (self.config.timeout_graceful_shutdown or 30) + 5
+            for process in self.processes:
+                process.process.join(max(0.0, grace - time.monotonic()))
+                if process.process.is_alive():  # still compiling, or stuck: ended
+                    process.kill()
+                    process.join()
+
+    supervisor = Supervisor(config, sockets=[sock])
+    supervisor.run()
+    return any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
 
 
 def worker_app() -> Any:
@@ -141,6 +214,9 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
         api_keys=keys,
         max_body=args.max_body_kb * 1024,
         read_timeout=args.read_timeout,
+        max_header_bytes=args.max_header_kb * 1024,
+        max_headers=args.max_headers,
+        public_url=args.public_url,
         log_comments=args.log_comments,
         max_items=args.max_batch,
         max_wait_ms=args.max_wait_ms,

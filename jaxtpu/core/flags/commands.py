@@ -360,8 +360,19 @@ class ServeFlags:
     port: int = _c(8080, "Port to listen on.", bounds=Bounds(0, 65535))
     api_keys: str | None = _c(
         None,
-        "A file of API keys, one a line ('#' starts a comment): a request whose ?key= is not "
-        "one of them gets Perspective's 403. Without it no key is needed.",
+        "A file of API keys, one a line: KEY [NAME [PER_MINUTE]] ('#' starts a comment; a bare "
+        "KEY is named key-N, its line, with no limit). A request whose key (?key= or the "
+        "X-Goog-Api-Key header) is not one of them gets Perspective's 403, on every route but "
+        "/healthz, /readyz and the static page; a key over PER_MINUTE requests a minute gets "
+        "429 RESOURCE_EXHAUSTED with Retry-After (counted in each server process). /metrics "
+        "counts by NAME, never by key. Without it no key is needed.",
+    )
+    public_url: str | None = _c(
+        None,
+        "The server's address as its clients reach it (https://toxicity.example.org/, behind a "
+        "load balancer or TLS proxy): the root URL of the discovery document Google's client "
+        "reads. [default: the address each connection came in on; never the request's Host "
+        "header]",
     )
     batch_size: int = _c(
         ScoringConfig.batch_size,
@@ -399,8 +410,20 @@ class ServeFlags:
     )
     read_timeout: float = _c(
         10.0,
-        "Seconds a client has to send its request body (a slower one gets 408).",
+        "Seconds a client has to send its request's headers (from the connection's first "
+        "byte), and again its body; a slower one gets 408 and is closed.",
         bounds=Bounds(0, 3600, lo_open=True),
+    )
+    max_header_kb: int = _c(
+        16,
+        "Largest request line and headers together (KiB; Node.js's default): more is 431 and "
+        "the connection closed, before the rest is read.",
+        bounds=Bounds(1, 1024),
+    )
+    max_headers: int = _c(
+        100,
+        "Most request headers (Apache's default): more is 431 and the connection closed.",
+        bounds=Bounds(1, 10000),
     )
     log_comments: bool = _c(
         False, "Log each request's comment text (without it no comment text is ever logged)."
