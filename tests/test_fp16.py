@@ -181,6 +181,34 @@ def test_the_torch_xla_side_refuses_fp16_and_names_eager():
         train_and_evaluate(tiny().replace(precision="fp16", parallel="spmd"), "/nonexistent")
 
 
+@pytest.mark.parametrize(
+    ("flags", "parallel", "devices", "said"),
+    [
+        ([], "eager", 1, "using --parallel eager"),
+        (["--num-devices", "1"], "eager", 1, "using --parallel eager (give"),
+        (["--parallel", "ddp"], "ddp", 8, ""),  # chosen: kept, nothing implied
+        (["--parallel", "spmd"], "spmd", 8, ""),  # chosen: kept, refused by the trainer
+        (["--num-devices", "4"], "eager", 4, "using --parallel eager"),  # refused later
+    ],
+)
+def test_fp16_on_the_torch_side_implies_plain_torch_on_one_device(
+    flags, parallel, devices, said, capsys
+):
+    """Issue 86, item 16 (before: refused twice, one flag at a time): what the user did not
+    choose is chosen, in one line; what they chose is kept for the trainer's checks."""
+    from jaxtpu.core.flags.cli import parse_with
+    from torchxla_ref.train import TORCH_STRATEGIES, implied_by_fp16
+
+    argv = ["--preset", "tiny", "--precision", "fp16", *flags]
+    cfg, args = parse_with(argv, "torch-train", "", TORCH_STRATEGIES)
+    cfg = implied_by_fp16(cfg, args.given)
+    assert (cfg.placement.parallel, cfg.placement.num_devices) == (parallel, devices)
+    err = capsys.readouterr().err
+    assert (said in err) if said else err == ""
+    if not flags:
+        assert "--parallel eager runs on one device: using --num-devices 1" in err
+
+
 def test_the_fp16_parity_check_fails_a_scaler_that_never_skips(tmp_path):
     """The comparison itself (`parity_tests.fp16.fp16_result`) on metrics lines written
     here: equal scales and skips pass; a jaxtpu side that never skipped, or one whose run

@@ -68,6 +68,33 @@ def test_a_gpu_step_is_estimated_as_its_flop_floor_at_the_precisions_peak(precis
 
 
 @pytest.mark.parametrize(
+    ("flags", "precision", "devices", "said"),
+    [
+        (["--target", "t4x2"], "fp16", 2, "--target t4x2: using --num-devices 2 --precision fp16"),
+        (["--target", "p100", "--num-devices", "1"], "fp16", 1, "using --precision fp16 (give"),
+        (["--target", "l4"], "bf16", 1, "--target l4: using --num-devices 1 (give"),
+        (["--target", "v5e-1"], "bf16", 1, "--target v5e-1: using --num-devices 1"),
+        (["--target", "t4x2", "--precision", "bf16", "--num-devices", "1"], "bf16", 1, ""),
+    ],
+)
+def test_a_target_implies_its_device_count_and_a_precision_it_has(
+    flags, precision, devices, said, capsys
+):
+    """Issue 86, item 16 (before: --target t4x2 refused bf16, then 8 devices, one at a time):
+    what the user did not give is chosen and said in one line; what they gave is kept, for
+    the target's checks to refuse (the last case, in the test below)."""
+    from jaxtpu.core.flags.cli import parse_with
+
+    cfg, args = parse_with(
+        ["--preset", "tiny", *flags], "preflight", "", ("jit", "shard_map"), pf_command._add_flags
+    )
+    cfg = pf_targets.implied_by_target(cfg, args)
+    assert (cfg.train.precision, cfg.placement.num_devices) == (precision, devices)
+    err = capsys.readouterr().err
+    assert (said in err) if said else err == ""
+
+
+@pytest.mark.parametrize(
     ("flags", "message"),
     [
         (["--target", "t4", "--precision", "bf16", "--num-devices", "1"], "has no bfloat16"),

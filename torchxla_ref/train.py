@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.flags.cli import parse_args
+from jaxtpu.core.flags.cli import implied, parse_with
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
 from jaxtpu.core.hardware import precision_problem
@@ -192,14 +192,28 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
         return None
 
 
+def implied_by_fp16(cfg: Config, given: frozenset[str]) -> Config:
+    """fp16 on this side is plain torch (torch_xla has no fp16 loss scaling): --parallel
+    eager on one device, unless the user chose the strategy or the device count (a choice
+    that conflicts is still refused by `train_and_evaluate`)."""
+    if cfg.train.precision != "fp16":
+        return cfg
+    why = "--precision fp16 trains with plain torch (torch_xla has no fp16 loss scaling)"
+    cfg = implied(cfg, given, {"parallel": "eager"}, why)
+    if cfg.placement.parallel == "eager":
+        cfg = implied(cfg, given, {"num_devices": 1}, "--parallel eager runs on one device")
+    return cfg
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_args(
+    cfg, args = parse_with(
         argv,
         prog="python -m torchxla_ref.train",
         description="PyTorch/XLA reference trainer: same flags, data, metrics and run "
         "directory as jaxtpu.train (--parallel spmd|spawn|eager|ddp).",
         strategies=TORCH_STRATEGIES,
     )
+    cfg = implied_by_fp16(cfg, args.given)
     with user_errors():
         if cfg.train.all_folds:
             summary = train_folds(cfg, train_and_evaluate)

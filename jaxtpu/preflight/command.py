@@ -43,6 +43,7 @@ from jaxtpu.preflight.targets import (
     TPU_TARGETS,
     check_gpu_target,
     describe_target,
+    implied_by_target,
     platform_of,
     target_devices,
 )
@@ -87,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--num-processes: preflight compiles for one host's devices")
         out = Path(args.json or f"runs/preflight/{args.target}.json")
         check_output_path(out, "--json")  # before the first compilation, not after the last
+        cfg = implied_by_target(cfg, args)
         _check_target_flags(args, cfg.train.precision)
         devices, capacity = target_devices(args.target, cfg.placement.num_devices)
         platform = platform_of(devices, args.target)

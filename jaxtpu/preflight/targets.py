@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxtpu.core.errors import ConfigError, DeviceError
+from jaxtpu.core.flags.cli import implied
 from jaxtpu.core.hardware import GPU_CHIPS, TPU_CHIPS, GiB, GpuChip, TpuChip, precision_problem
 from jaxtpu.preflight.report import gib
 
@@ -246,3 +247,17 @@ def check_gpu_target(target: str, precision: str, save_programs: str | None) -> 
     problem = precision_problem(precision, "gpu", GPU_TARGETS[target].chip.compute_capability)
     if problem and problem[0] == "error":
         raise ConfigError(f"--target {target}: {problem[1]}")
+
+
+def implied_by_target(cfg: Any, args: Any) -> Any:
+    """What the target implies where the user did not choose: its device count, and on a GPU
+    without bfloat16 (a T4, a P100) fp16, the precision training there would use. A value the
+    user gave that conflicts is still refused, by the target's own checks."""
+    if args.target == "cpu":
+        return cfg
+    choices: dict[str, Any] = {"num_devices": device_count(args.target)}
+    if args.target in GPU_TARGETS:
+        chip = GPU_TARGETS[args.target].chip
+        if precision_problem("bf16", "gpu", chip.compute_capability):
+            choices["precision"] = "fp16"
+    return implied(cfg, args.given, choices, f"--target {args.target}")

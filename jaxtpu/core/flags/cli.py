@@ -140,6 +140,7 @@ def parse_with(
     try:
         if args.config:  # the file first; the command line's flags over it
             overrides = {**read_config_file(args.config), **overrides}
+        args.given = frozenset(overrides)  # what the user chose, for `implied`
         if cfg.placement.parallel not in strategies:
             overrides.setdefault("parallel", strategies[0])
         cfg = apply_overrides(cfg, overrides)
@@ -153,6 +154,24 @@ def parse_with(
     except ConfigError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits
+
+
+def implied(cfg: Config, given: frozenset[str], choices: dict[str, Any], why: str) -> Config:
+    """`cfg` with each of `choices` (flag name -> value) applied where the user gave no value
+    for that flag (on the command line or in --config), saying so in one line on stderr
+    ("--target t4x2 implies --precision fp16 --num-devices 2: ..."); a flag the user gave is
+    left as it is, for the command's own check to accept or refuse. Nothing is said when
+    nothing changes."""
+    chosen = {
+        k: v
+        for k, v in choices.items()
+        if k not in given and getattr(getattr(cfg, FIELDS[k][0]), k) != v
+    }
+    if not chosen:
+        return cfg
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in chosen.items())
+    print(f"{why}: using {flags} (give them to choose otherwise)", file=sys.stderr, flush=True)
+    return apply_overrides(cfg, chosen)
 
 
 # What --print-config writes for a preset's required model directory: a run from the file
