@@ -35,6 +35,10 @@ COMMANDS = {
         "jaxtpu.serve.command",
         "answer Perspective API's requests with a run's model (an HTTP server)",
     ),
+    "feedback": (
+        "jaxtpu.feedback",
+        "what serve --feedback kept of comments:suggestscore: delete one",
+    ),
     "bisect": ("parity_tests.bisect", "layer-by-layer comparison with transformers"),
     "families": ("parity_tests.families", "build small random checkpoints of every family"),
     "parity": ("parity_tests.report", "run the parity checks and write the report"),

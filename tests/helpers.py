@@ -355,3 +355,93 @@ def write(path: Path, text: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return path
+
+
+def exercise_feedback_store(store: Any) -> None:
+    """What any feedback store must do (`jaxtpu.core.serving.feedback.Store`, on SQLite or
+    PostgreSQL): keep, replace by clientToken, keep every suggestion without one, filter by
+    community and time, delete one, purge the old; `store` is empty when called."""
+    from jaxtpu.core.serving.feedback import Record
+
+    def record(token, text="t", community="Coral:a", when=1000.0, decision="DELETED"):
+        scores = {decision: {"summaryScore": 1.0}}
+        return Record(text, scores, community, token, None, ("en",), "jaxtpu-v1", when)
+
+    store.put(record("comment:1", "first"))
+    store.put(record(None, "no token"))
+    store.put(record(None, "no token again"))
+    store.put(record("comment:2", "other", community="Coral:b", when=5000.0))
+    store.put(record("comment:1", "changed mind", when=2000.0, decision="APPROVED"))
+    got = store.records()
+    assert [r.text for r in got] == ["no token", "no token again", "changed mind", "other"]
+    assert got[2].attribute_scores == {"APPROVED": {"summaryScore": 1.0}}
+    assert got[2].languages == ("en",) and got[2].model_version == "jaxtpu-v1"
+    assert [r.text for r in store.records(community="Coral:b")] == ["other"]
+    assert [r.text for r in store.records(since=1500)] == ["changed mind", "other"]
+    assert store.communities() == ["Coral:a", "Coral:b"]
+    assert store.delete("comment:1") == 1 and store.delete("comment:1") == 0
+    assert store.purge(1, now=5000.0 + 86400 - 1) == 2  # the two at 1000 s; 5000 s stays
+    assert [r.text for r in store.records()] == ["other"]
+
+
+def postgres_binaries() -> Path | None:
+    """The directory of a PostgreSQL server's initdb and pg_ctl (Debian's package
+    `postgresql`, which .ci/run installs), or None."""
+    import shutil
+
+    found = shutil.which("pg_ctl")
+    if found and shutil.which("initdb"):
+        return Path(found).resolve().parent
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "initdb").exists() and (candidate / "pg_ctl").exists():
+            return candidate
+    return None
+
+
+class Postgres:
+    """A PostgreSQL server of its own on a free port of 127.0.0.1 (trust authentication, user
+    postgres), its data in a new directory of the system's temporary one (pytest's are closed
+    to other users); as root, it runs as the `postgres` user (initdb refuses root). `url` is
+    its database's address; `stop()` ends it and removes its data."""
+
+    def __init__(self) -> None:
+        import socket
+        import tempfile
+
+        bin_dir = postgres_binaries()
+        assert bin_dir is not None
+        root = Path(tempfile.mkdtemp(prefix="jaxtpu-pg-"))
+        self.root, self.data, self.bin = root, root / "pgdata", bin_dir
+        self.data.mkdir()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.prefix: list[str] = []
+        if os.geteuid() == 0:
+            import pwd
+
+            user = pwd.getpwnam("postgres")
+            for path in (root, self.data):
+                os.chown(path, user.pw_uid, user.pw_gid)
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        options = f"-p {self.port} -h 127.0.0.1 -k {root} -c fsync=off"
+        log = str(root / "server.log")  # the server keeps no pipe of ours open
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "-t", "60", "start"
+        )
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, tool: str, *args: str) -> None:
+        proc = subprocess.run(
+            [*self.prefix, str(self.bin / tool), *args], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, f"{tool}: {proc.stdout}{proc.stderr}"
+
+    def stop(self) -> None:
+        import shutil
+
+        try:
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)

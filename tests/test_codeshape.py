@@ -67,4 +67,4 @@ def test_the_limits_find_a_long_function_and_a_long_module(tmp_path):
         "benchmarks/big.py: 601 lines, over 600 for a module",
         "jaxtpu/serve/command.py: 201 lines, over 200 for a command",
     ]
-    assert [p.name for p in codeshape.commands()][:3] == ["evaluate.py", "export.py", "launch.py"]
+    assert [p.name for p in codeshape.commands()][:3] == ["evaluate.py", "export.py", "feedback.py"]

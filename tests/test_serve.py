@@ -267,8 +267,9 @@ def test_refusals_over_http_are_googles_error_shape(served, how, code, words):
 
 def test_unknown_routes_and_methods_are_googles_error_shape(served):
     running, _ = served
-    status, _, body = get(f"{running.url}/v1alpha1/comments:suggestscore")
+    status, _, body = get(f"{running.url}/v1alpha1/comments:list")
     assert status == 404 and json.loads(body)["error"]["status"] == "NOT_FOUND"
+    assert "comments:suggestscore" in json.loads(body)["error"]["message"]
     status, _, body = get(f"{running.url}/v1alpha1/comments:analyze")
     assert status == 405 and "not allowed" in json.loads(body)["error"]["message"]
     status, _, body = get(f"{running.url}/$discovery/rest?version=v1&key=k1")
@@ -464,6 +465,290 @@ def test_an_unexpected_error_is_a_counted_500_in_googles_shape(served):
     metrics = get(f"{running.url}/metrics?key=k1")[2]
     assert b'jaxtpu_requests_total{code="500",route="model"} 1.0' in metrics
     assert get(f"{running.url}/v1/model?key=k1")[0] == 200
+
+
+# ------------------------------------------------ every Perspective client (issue 85)
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory):
+    """A server as a platform leaving Perspective runs it: named keys, one with a quota of 3
+    a minute, a page origin allowed, suggestions kept in an SQLite file."""
+    from jaxtpu.core.serving.feedback import Store
+
+    store_file = tmp_path_factory.mktemp("feedback") / "feedback.db"
+    keys = KeyRing.parse("coral-key coral\nhelm-key helm\nsmall-key small 3\n", "keys")
+    running = Running(
+        [FakeModel()],
+        api_keys=keys,
+        cors_origins=("https://news.example",),
+        feedback=Store(str(store_file)),
+    )
+    yield running, store_file
+    running.stop()
+
+
+def coral(url: str, operation: str, body, key: str = "coral-key"):
+    """A call as Coral Talk makes one: the tenant's endpoint setting (…/v1alpha1), the
+    operation joined to its path, the key as ?key=, a JSON body."""
+    endpoint = f"{url}/v1alpha1"
+    req = urllib.request.Request(
+        f"{endpoint}/{operation}?key={key}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read())
+
+
+def test_coral_analyzes_and_its_moderators_decisions_are_kept_replaced_and_deleted(tenants):
+    """Coral Talk, unchanged: its analyze body, then a moderator's rejection and a change of
+    mind as suggestscore (before: a 404). The store holds the latest decision of each
+    clientToken with the model version; `jaxtpu feedback delete` erases one."""
+    from jaxtpu.core.serving.feedback import Store
+    from jaxtpu.feedback import main as feedback_main
+
+    running, store_file = tenants
+    text = "you are an idiot and everyone knows it"
+    status, headers, got = coral(
+        running.url,
+        "comments:analyze",
+        {
+            "comment": {"text": text},
+            "doNotStore": True,
+            "requestedAttributes": {"TOXICITY": {}},
+            "languages": ["en"],
+        },
+    )
+    assert status == 200 and got["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == (
+        _score(text, 0)
+    )
+    assert got["languages"] == ["en"] and got["detectedLanguages"][0] == "en"
+    for decision in ("DELETED", "APPROVED"):  # rejected, then approved on second thoughts
+        body = {
+            "comment": {"text": text},
+            "context": {"entries": [{"text": json.dumps({"url": "https://news.example/s"})}]},
+            "attributeScores": {decision: {"summaryScore": {"value": 1}}},
+            "languages": ["EN"],
+            "communityId": "Coral:https://news.example/",
+            "clientToken": "comment:42",
+        }
+        status, _, got = coral(running.url, "comments:suggestscore", body)
+        assert status == 200 and got["clientToken"] == "comment:42", got
+        assert got["requestedLanguages"] == ["EN"] and got["detectedLanguages"][0] == "en"
+    kept = Store(str(store_file)).records(community="Coral:https://news.example/")
+    assert len(kept) == 1 and kept[0].attribute_scores == {"APPROVED": {"summaryScore": 1.0}}
+    assert kept[0].text == text and kept[0].model_version == running.server.version
+    assert kept[0].client_token == "comment:42" and kept[0].languages == ("EN",)
+    status, _, got = coral(running.url, "comments:suggestscore", {"comment": {"text": "x"}})
+    assert status == 400 and "attributeScores must be specified" in got["error"]["message"]
+    assert (
+        feedback_main(["delete", "--feedback", str(store_file), "--client-token", "comment:42"])
+        == 0
+    )
+    assert Store(str(store_file)).records(community="Coral:https://news.example/") == []
+    with pytest.raises(SystemExit) as e:
+        feedback_main(["delete", "--feedback", str(store_file), "--client-token", "comment:42"])
+    assert e.value.code == 2
+
+
+def test_a_batch_of_both_methods_is_answered_part_by_part_as_each_call_alone(tenants):
+    """HELM's way: google-api-python-client's new_batch_http_request() to the discovery
+    document's batchPath (before: a 404), with analyze calls, a suggestion and a bad call;
+    each part is what the call alone gets."""
+    from googleapiclient import discovery
+    from googleapiclient.errors import HttpError
+
+    running, _ = tenants
+    client = discovery.build(
+        "commentanalyzer",
+        "v1alpha1",
+        developerKey="helm-key",
+        discoveryServiceUrl=f"{running.url}/$discovery/rest?version=v1alpha1",
+        static_discovery=False,
+    )
+    texts = [f"prompt continuation number {i}, which is fine" for i in range(30)]
+    got: dict[str, object] = {}
+
+    def keep(request_id, response, exception):
+        got[request_id] = exception or response
+
+    batch = client.new_batch_http_request(callback=keep)
+    for i, t in enumerate(texts):
+        body = {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}, "INSULT": {}}}
+        batch.add(client.comments().analyze(body=body), request_id=f"a{i}")
+    suggestion = {
+        "comment": {"text": "a"},
+        "attributeScores": {"TOXICITY": {"summaryScore": {"value": 0}}},
+    }
+    batch.add(client.comments().suggestscore(body=suggestion), request_id="s")
+    bad = {"comment": {"text": "a"}, "requestedAttributes": {"SPAM": {}}}
+    batch.add(client.comments().analyze(body=bad), request_id="bad")
+    batch.execute()
+    for i, t in enumerate(texts):
+        alone = post(
+            running.url,
+            {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}, "INSULT": {}}},
+            key="helm-key",
+        )[2]
+        assert got[f"a{i}"] == alone
+    assert got["s"] == {
+        "detectedLanguages": got["s"]["detectedLanguages"],
+        "requestedLanguages": [],
+    }
+    assert isinstance(got["bad"], HttpError) and got["bad"].resp.status == 400
+    assert "this model answers TOXICITY, INSULT" in got["bad"].content.decode()
+
+
+def test_a_batch_that_is_not_multipart_or_names_another_path_is_refused(tenants):
+    running, _ = tenants
+    req = urllib.request.Request(
+        f"{running.url}/batch", b"{}", {"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400 and b"multipart/mixed" in e.value.read()
+    body = (
+        b"--B\r\nContent-Type: application/http\r\nContent-ID: <b + 1>\r\n\r\n"
+        b"GET /v1/model?key=coral-key HTTP/1.1\r\n\r\n\r\n"
+        b"--B\r\nContent-Type: application/http\r\nContent-ID: <b + 2>\r\n\r\n"
+        b"POST /v1alpha1/comments:analyze HTTP/1.1\r\nContent-Type: application/json\r\n\r\n"
+        b'{"comment": {"text": "a"}, "requestedAttributes": {"TOXICITY": {}}}\r\n--B--\r\n'
+    )
+    req = urllib.request.Request(
+        f"{running.url}/batch", body, {"Content-Type": "multipart/mixed; boundary=B"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        out = r.read()
+    assert out.count(b"HTTP/1.1 404 Not Found") == 1  # another path: that part's 404
+    assert out.count(b"HTTP/1.1 403 Forbidden") == 1  # no key in the call or the batch
+
+
+def test_a_page_of_a_listed_origin_may_call_the_server_and_others_may_not(tenants, served):
+    """Browsers (before: a preflight was a 405): --cors-origins answers the preflight and
+    puts the CORS headers on every answer to that origin, the key as the header."""
+    running, _ = tenants
+    origin = "https://news.example"
+    preflight = urllib.request.Request(
+        f"{running.url}/v1alpha1/comments:analyze",
+        method="OPTIONS",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, x-goog-api-key",
+        },
+    )
+    with urllib.request.urlopen(preflight, timeout=30) as r:
+        assert r.status == 200 and r.headers["access-control-allow-origin"] == origin
+        assert "x-goog-api-key" in r.headers["access-control-allow-headers"].lower()
+    body = {"comment": {"text": "hello there"}, "requestedAttributes": {"TOXICITY": {}}}
+    status, headers, _ = post(
+        running.url, body, key=None, headers={"Origin": origin, "X-Goog-Api-Key": "coral-key"}
+    )
+    assert status == 200 and headers["access-control-allow-origin"] == origin
+    assert "X-Model-Version" in headers["access-control-expose-headers"]
+    preflight.headers["Origin"] = "https://evil.example"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(preflight, timeout=30)
+    assert e.value.code == 400
+    status, headers, _ = post(
+        running.url,
+        body,
+        key=None,
+        headers={"Origin": "https://evil.example", "X-Goog-Api-Key": "coral-key"},
+    )
+    assert "access-control-allow-origin" not in {k.lower() for k in headers}
+    # without --cors-origins: no preflight, no CORS header (as before)
+    other, _ = served
+    preflight.headers["Origin"] = origin
+    preflight.full_url = f"{other.url}/v1alpha1/comments:analyze"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(preflight, timeout=30)
+    assert e.value.code == 405
+    metrics = get(f"{running.url}/metrics?key=coral-key")[2]
+    assert b'jaxtpu_requests_total{code="200",route="preflight"}' in metrics
+
+
+def test_a_key_over_its_quota_gets_perspectives_429_while_other_keys_go_on(tenants):
+    """Keys with names and limits: 'small-key small 3' gets 3 requests a minute, then 429
+    RESOURCE_EXHAUSTED with an ErrorInfo RATE_LIMIT_EXCEEDED and Retry-After; the header key
+    of another tenant is answered as before; /metrics counts by name."""
+    running, _ = tenants
+    body = {"comment": {"text": "hello there"}, "requestedAttributes": {"TOXICITY": {}}}
+    codes = [post(running.url, body, key="small-key")[0] for _ in range(3)]
+    status, headers, got = post(
+        running.url, body, key=None, headers={"X-Goog-Api-Key": "small-key"}
+    )
+    assert codes == [200, 200, 200] and status == 429
+    assert got["error"]["status"] == "RESOURCE_EXHAUSTED" and 1 <= int(headers["retry-after"]) <= 20
+    info = got["error"]["details"][0]
+    assert info["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
+    assert info["reason"] == "RATE_LIMIT_EXCEEDED" and info["metadata"]["quota_limit_value"] == "3"
+    assert post(running.url, body, key=None, headers={"X-Goog-Api-Key": "coral-key"})[0] == 200
+    metrics = get(f"{running.url}/metrics?key=coral-key")[2]
+    assert b'jaxtpu_key_requests_total{code="429",key="small"} 1.0' in metrics
+    assert b"small-key" not in metrics
+
+
+def test_a_comment_in_a_language_the_model_lacks_is_refused_unless_the_detection_is_unsure(tenants):
+    """Languages (before: a French comment was scored by an English model): detected and
+    sure, a 400 LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE naming it; short, scored as English with
+    its detection reported; dropUnsupportedAttributes, no scores instead of the 400."""
+    running, _ = tenants
+    french = {"comment": {"text": "Tu es vraiment un idiot, va-t'en et ne reviens jamais ici."},
+              "requestedAttributes": {"TOXICITY": {}}}  # fmt: skip
+    status, _, got = post(running.url, french, key="coral-key")
+    assert status == 400 and "detected as fr" in got["error"]["message"]
+    assert got["error"]["details"][0]["errorType"] == "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE"
+    status, _, got = post(
+        running.url, {**french, "dropUnsupportedAttributes": True}, key="coral-key"
+    )
+    assert status == 200 and got["attributeScores"] == {} and got["detectedLanguages"][0] == "fr"
+    short = {"comment": {"text": "Bonjour"}, "requestedAttributes": {"TOXICITY": {}}}
+    status, _, got = post(running.url, short, key="coral-key")
+    assert status == 200 and got["languages"] == ["en"] and got["detectedLanguages"]
+    assert got["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == _score("Bonjour", 0)
+
+
+@pytest.mark.e2e
+def test_feedback_in_a_real_postgresql_server_is_kept_replaced_deleted_and_purged():
+    """--feedback postgresql://... (several replicas writing one store) against a real
+    PostgreSQL server started for the test (Debian's; .ci/run installs it): the store's whole
+    contract, then two servers writing one store over HTTP, and `jaxtpu feedback delete`."""
+    from helpers import Postgres, exercise_feedback_store, postgres_binaries
+
+    from jaxtpu.core.serving.feedback import Store
+    from jaxtpu.feedback import main as feedback_main
+
+    if postgres_binaries() is None:
+        pytest.skip("no PostgreSQL server here: apt-get install postgresql (Debian's package)")
+    pg = Postgres()
+    replicas = []
+    try:
+        exercise_feedback_store(Store(pg.url))
+        replicas = [Running([FakeModel()], feedback=Store(pg.url)) for _ in range(2)]
+        for i, running in enumerate(replicas):  # the same comment's decision, on each replica
+            decision = ("DELETED", "APPROVED")[i]
+            body = {
+                "comment": {"text": "you are an idiot"},
+                "attributeScores": {decision: {"summaryScore": {"value": 1}}},
+                "communityId": "Coral:https://pg.example/",
+                "clientToken": "comment:7",
+            }
+            status, _, got = coral(running.url, "comments:suggestscore", body, key="")
+            assert status == 200 and got["clientToken"] == "comment:7"
+        kept = Store(pg.url).records(community="Coral:https://pg.example/")
+        assert [r.attribute_scores for r in kept] == [{"APPROVED": {"summaryScore": 1.0}}]
+        assert feedback_main(["delete", "--feedback", pg.url, "--client-token", "comment:7"]) == 0
+        assert Store(pg.url).records(community="Coral:https://pg.example/") == []
+    finally:
+        for running in replicas:
+            running.stop()
+        pg.stop()
 
 
 # --------------------------------------------------------------------------- a real model

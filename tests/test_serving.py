@@ -5,12 +5,24 @@ UTF-16 offsets, the attribute maps, the discovery document and the model's versi
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
+from helpers import exercise_feedback_store
 
-from jaxtpu.core.errors import ConfigError
-from jaxtpu.core.serving import attributes, card, discovery, perspective, spans
+from jaxtpu.core.errors import ConfigError, UserError
+from jaxtpu.core.serving import (
+    attributes,
+    batch,
+    card,
+    discovery,
+    feedback,
+    languages,
+    perspective,
+    spans,
+    suggest,
+)
 from jaxtpu.core.serving.perspective import ApiError, parse_request
 
 AVAILABLE = ["TOXICITY", "INSULT"]
@@ -292,3 +304,208 @@ def test_train_checks_its_attributes_before_anything_trains():
         Config().replace(task="rules", attributes="NO_ADS")
     ok = Config().replace(task="rules", attributes='NO_ADS="No ads"')
     assert ok.output.attributes == 'NO_ADS="No ads"'
+
+
+# ------------------------------------------------------------------ comments:suggestscore
+
+
+def _coral_suggestion(decision: str = "DELETED", comment_id: str = "c-1") -> dict:
+    """A suggestion as Coral Talk builds it (coralproject/talk, services/perspective):
+    the decision as the attribute, languages ["EN"], the story's URL and ids in context."""
+    return {
+        "comment": {"text": "you are an idiot"},
+        "context": {
+            "entries": [
+                {
+                    "text": json.dumps(
+                        {
+                            "url": f"https://news.example/story?commentID={comment_id}",
+                            "reply_to_id_Coral_comment_id": None,
+                            "Coral_comment_id": comment_id,
+                        }
+                    )
+                }
+            ]
+        },
+        "attributeScores": {decision: {"summaryScore": {"value": 1}}},
+        "languages": ["EN"],
+        "communityId": "Coral:https://news.example/",
+        "clientToken": f"comment:{comment_id}",
+    }
+
+
+def test_a_suggestion_as_coral_and_the_reference_send_it_is_read_field_for_field():
+    r = suggest.parse_suggest(json.dumps(_coral_suggestion()).encode())
+    assert r.text == "you are an idiot" and r.languages == ("EN",)
+    assert r.scores == {"DELETED": suggest.Suggested(1.0)}
+    assert r.community_id == "Coral:https://news.example/" and r.client_token == "comment:c-1"
+    spans = {
+        "comment": {"text": "I \U0001f600 you! Really?"},
+        "attributeScores": {
+            "TOXICITY": {
+                "summaryScore": {"value": 0.2, "type": "PROBABILITY"},
+                "spanScores": [{"begin": 0, "end": 7, "score": {"value": 0.9}}],
+            },
+            "INSULT": {"spanScores": [{"begin": 8, "end": 15, "score": {"value": 0}}]},
+        },
+        "sessionId": "s",
+    }
+    r = suggest.parse_suggest(json.dumps(spans).encode())
+    assert r.scores["TOXICITY"] == suggest.Suggested(0.2, ((0, 7, 0.9),))
+    assert r.scores["INSULT"].to_dict() == {"spanScores": [[8, 15, 0.0]]}
+    assert suggest.suggest_response(r, ["en"]) == {
+        "detectedLanguages": ["en"],
+        "requestedLanguages": [],
+    }
+
+
+def _suggestion(**fields) -> bytes:
+    body = {
+        "comment": {"text": "abc"},
+        "attributeScores": {"TOXICITY": {"summaryScore": {"value": 1}}},
+    }
+    body.update(fields)
+    return json.dumps(body).encode()
+
+
+def _scores(value) -> bytes:
+    return _suggestion(attributeScores={"TOXICITY": value})
+
+
+SUGGESTIONS_REFUSED = [
+    (_suggestion(attributeScores=None), "attributeScores must be specified"),
+    (_suggestion(attributeScores={}), "at least one attribute"),
+    (_suggestion(attributeScores={"no-dash": {"summaryScore": {"value": 1}}}), "letters, digits"),
+    (_scores({}), "must have a summaryScore or spanScores"),
+    (_scores({"summaryScore": {"value": 1.5}}), "summaryScore.value must be a number in [0, 1]"),
+    (_scores({"summaryScore": {}}), "summaryScore.value must be specified"),
+    (_scores({"summaryScore": {"value": "1"}}), "Invalid value at"),
+    (_scores({"summaryScore": {"value": 1, "type": "STD_DEV_SCORE"}}), "only PROBABILITY"),
+    (_scores({"spanScores": [{"begin": 2, "end": 9, "score": {"value": 1}}]}), "inside the text"),
+    (_scores({"spanScores": [{"begin": 2, "end": 2, "score": {"value": 1}}]}), "begin < end"),
+    (_scores({"spanScores": [{"begin": 0, "end": 1}]}), "score must be specified"),
+    (_scores({"summaryScore": {"value": 1}, "x": 1}), 'Unknown name "x"'),
+    (_suggestion(comment=None), "comment.text is required"),
+    (_suggestion(requestedAttributes={}), 'Unknown name "requestedAttributes"'),
+    (_suggestion(context={"entries": [{"txt": "a"}]}), 'Unknown name "txt"'),
+    (_suggestion(clientToken=5), "client_token"),
+    (_suggestion(clientToken="t" * 600), "at most 512"),
+    (_suggestion(languages="en"), "Invalid value at 'languages'"),
+]
+
+
+@pytest.mark.parametrize("body,words", SUGGESTIONS_REFUSED, ids=range(len(SUGGESTIONS_REFUSED)))
+def test_a_malformed_suggestion_is_a_400_naming_the_field(body, words):
+    with pytest.raises(ApiError) as e:
+        suggest.parse_suggest(body)
+    assert e.value.code == 400 and words in e.value.message, e.value.message
+
+
+# ------------------------------------------------------------------------------ languages
+
+
+def _detection(top, p, sure):
+    return languages.Detection((top, "xx"), (p, 1 - p), sure)
+
+
+def test_a_sure_detection_of_a_language_the_model_lacks_is_perspectives_400():
+    fr = _detection("fr", 0.95, True)
+    with pytest.raises(ApiError) as e:
+        languages.scored_as((), fr, ["en"], "TOXICITY")
+    detail = e.value.body()["error"]["details"][0]
+    assert detail["errorType"] == "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE"
+    assert detail["languageNotSupportedByAttributeError"]["detectedLanguages"] == ["fr"]
+    assert "detected as fr (probability 0.95)" in e.value.message
+    assert languages.scored_as((), fr, ["en", "fr"], "T") == ("fr",)
+    assert languages.scored_as((), _detection("fr", 0.95, False), ["en"], "T") == ("en",)
+    assert languages.scored_as(("en",), fr, ["en"], "T") == ("en",)  # named: never refused
+
+
+@pytest.mark.parametrize(
+    "text,top,sure",
+    [
+        ("Tu es vraiment un idiot, va-t'en et ne reviens pas.", "fr", True),
+        ("Gracias por la edición, fue muy útil para todos.", "es", True),
+        ("This is a perfectly ordinary English sentence about an edit.", "en", True),
+        ("Bonjour", "fr", False),  # one word: never sure
+        ("lol", None, False),
+    ],
+)
+def test_the_detector_is_sure_of_sentences_and_never_of_a_word(text, top, sure):
+    got = languages.Detector().detect(text)
+    assert got.sure == sure and (top is None or got.top == top), got
+    assert len(got.languages) == len(got.probabilities) >= 1
+
+
+# --------------------------------------------------------------------------- feedback store
+
+
+def test_an_sqlite_store_keeps_replaces_by_token_deletes_and_purges(tmp_path):
+    exercise_feedback_store(feedback.Store(str(tmp_path / "f.db")))
+    # a second connection (another worker) reads what the first wrote
+    assert [r.text for r in feedback.Store(f"sqlite:///{tmp_path / 'f.db'}").records()] == ["other"]
+
+
+@pytest.mark.parametrize(
+    "url,words",
+    [
+        ("mysql://x/y", "not a store jaxtpu knows"),
+        ("sqlite://f.db", "write sqlite:///PATH"),
+        ("/nonexistent/dir/f.db", "no directory /nonexistent/dir"),
+    ],
+)
+def test_a_feedback_url_it_cannot_use_is_one_line(url, words):
+    with pytest.raises(UserError, match=re.escape(words)):
+        feedback.Store(url)
+
+
+# --------------------------------------------------------------------------------- batches
+
+
+def test_a_batch_is_read_part_by_part_and_answered_in_order():
+    body = (
+        b"--B\r\nContent-Type: application/http\r\nContent-ID: <x + 1>\r\n\r\n"
+        b"POST /v1alpha1/comments:analyze?key=k&alt=json HTTP/1.1\r\nContent-Type: "
+        b'application/json\r\nX-Goog-Api-Key: h\r\n\r\n{"a": "\xc3\xa9"}\r\n'
+        b"--B\r\nContent-Type: text/plain\r\nContent-ID: <x + 2>\r\n\r\nhello\r\n--B--\r\n"
+    )
+    calls = batch.parse_batch('multipart/mixed; boundary="B"', body)
+    assert (calls[0].method, calls[0].path, calls[0].query["key"]) == (
+        "POST",
+        "/v1alpha1/comments:analyze",
+        "k",
+    )
+    assert calls[0].headers["x-goog-api-key"] == "h" and json.loads(calls[0].body) == {"a": "é"}
+    assert calls[1].problem and "application/http" in calls[1].problem
+    kind, out = batch.batch_response(
+        [batch.Answer("<x + 1>", 200, [("content-type", "application/json")], b"{}")]
+    )
+    assert kind.startswith("multipart/mixed; boundary=")
+    assert b"Content-ID: <response-x + 1>" in out and b"HTTP/1.1 200 OK\r\n" in out
+    for content_type, words in [
+        ("application/json", "multipart/mixed"),
+        ("multipart/mixed", "multipart/mixed"),
+    ]:
+        with pytest.raises(ApiError, match=words):
+            batch.parse_batch(content_type, body)
+    many = b"".join(
+        b"--B\r\nContent-Type: application/http\r\n\r\nGET / HTTP/1.1\r\n\r\n" for _ in range(101)
+    )
+    with pytest.raises(ApiError, match="101 calls; at most 100"):
+        batch.parse_batch("multipart/mixed; boundary=B", many + b"--B--\r\n")
+
+
+def test_the_discovery_document_declares_both_methods_and_the_batch_path():
+    doc = discovery.document("http://h:1/")
+    methods = doc["resources"]["comments"]["methods"]
+    assert methods["suggestscore"]["path"] == "v1alpha1/comments:suggestscore"
+    assert methods["suggestscore"]["request"] == {"$ref": "SuggestCommentScoreRequest"}
+    request = doc["schemas"]["SuggestCommentScoreRequest"]["properties"]
+    assert set(request) == suggest.FIELDS
+    assert set(doc["schemas"]["SuggestCommentScoreResponse"]["properties"]) == {
+        "clientToken",
+        "detectedLanguages",
+        "requestedLanguages",
+    }
+    assert "detectedLanguages" in doc["schemas"]["AnalyzeCommentResponse"]["properties"]
+    assert doc["batchPath"] == "batch"

@@ -11,6 +11,7 @@ do not. No comment text is logged unless `log_comments`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -21,18 +22,23 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from jaxtpu.core.serving import discovery, perspective
+from jaxtpu.core.serving import discovery, perspective, suggest
 from jaxtpu.core.serving.attributes import Attribute, merge
+from jaxtpu.core.serving.batch import MAX_CALLS, Answer, Call, batch_response, parse_batch
 from jaxtpu.core.serving.card import model_version
+from jaxtpu.core.serving.feedback import Record, Store, StoreError
 from jaxtpu.core.serving.keys import ApiKey, KeyRing, Quotas
+from jaxtpu.core.serving.languages import Detector, scored_as
 from jaxtpu.core.serving.perspective import ApiError
 from jaxtpu.serve import page
 from jaxtpu.serve.backends import Served
 from jaxtpu.serve.batcher import Batcher, Overloaded
+from jaxtpu.serve.metrics import Metrics
 from jaxtpu.serve.protocol import HeadLimits
 
 log = logging.getLogger("jaxtpu.serve")
@@ -50,6 +56,9 @@ class Options:
       max_header_bytes, max_headers: a request's head at most (bytes; header lines).
       public_url: the server's address as clients reach it (the discovery document's root);
         None: the address the connection came in on (never the request's Host header).
+      cors_origins: the origins whose pages may call the server (`("*",)`: any); () none.
+      feedback: where suggestscore's suggestions are kept; None: nowhere (still answered).
+      feedback_days: suggestions older than this are dropped (at start, then hourly).
       log_comments: log each request's comment text (off: never).
       max_items: texts per model call at most (the dynamic batch).
       max_wait_ms: how long a batch waits for more requests.
@@ -64,6 +73,9 @@ class Options:
     max_header_bytes: int = 16 * 1024
     max_headers: int = 100
     public_url: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    feedback: Store | None = None
+    feedback_days: float | None = None
     log_comments: bool = False
     max_items: int = 64
     max_wait_ms: float = 5.0
@@ -99,7 +111,11 @@ class Server:
         }
         self.ready = False
         self._warming: asyncio.Task | None = None
-        self.metrics = _Metrics(self)
+        self._purging: asyncio.Task | None = None
+        self.detector = Detector()
+        # the feedback store's calls block: one thread of their own, in arrival order
+        self.store_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="feedback")
+        self.metrics = Metrics(self)
 
     async def start(self) -> None:
         """Starts the batchers, and compiles each model's programs in the background: the
@@ -107,9 +123,34 @@ class Server:
         `warm_first`, before it takes a connection)."""
         for b in self.batchers.values():
             await b.start()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.detector.detect, "loads the detector's model")
+        if self.options.feedback is not None and self.options.feedback_days is not None:
+            self._purging = asyncio.create_task(self._purge_hourly())
         self._warming = asyncio.create_task(self._warm_up())
         if self.options.warm_first:
             await self._warming
+
+    async def _purge_hourly(self) -> None:
+        """Drops the suggestions older than --feedback-days, now and every hour."""
+        store, days = self.options.feedback, self.options.feedback_days
+        assert store is not None and days is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                n = await loop.run_in_executor(self.store_pool, store.purge, days)
+                if n:
+                    log.info("feedback: dropped %d suggestion(s) older than %g days", n, days)
+            except StoreError as e:
+                log.error("%s", e)
+            await asyncio.sleep(3600)
+
+    async def keep(self, record: Record) -> None:
+        """Keeps a suggestion in the feedback store (StoreError when it does not answer)."""
+        assert self.options.feedback is not None
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.store_pool, self.options.feedback.put, record)
+        self.metrics.feedback.inc()
 
     async def _warm_up(self) -> None:
         loop = asyncio.get_running_loop()
@@ -126,8 +167,10 @@ class Server:
 
     async def stop(self) -> None:
         self.ready = False
-        if self._warming and not self._warming.done():
-            self._warming.cancel()
+        for task in (self._warming, self._purging):
+            if task and not task.done():
+                task.cancel()
+        self.store_pool.shutdown(wait=True)  # a suggestion being written is kept
         for b in self.batchers.values():
             await b.stop()
 
@@ -136,9 +179,15 @@ class Server:
             return self.models[0].card
         return {"version": self.version, "models": [m.card for m in self.models]}
 
-    async def analyze(self, request: perspective.AnalyzeRequest) -> dict[str, Any]:
+    async def analyze(
+        self,
+        request: perspective.AnalyzeRequest,
+        languages: Sequence[str] = (),
+        detected: Sequence[str] = (),
+    ) -> dict[str, Any]:
         """The scores of a checked request: the comment (and its sentences when spans are
-        asked for) through each model that owns a requested attribute."""
+        asked for) through each model that owns a requested attribute; `languages` the
+        comment was scored as, and those `detected`, for the answer."""
         spans = list(request.sentences)
         texts = [request.text] + [s for _, _, s in spans]
         wanted: dict[int, list[Attribute]] = {}
@@ -155,74 +204,29 @@ class Server:
             for i, scores in enumerate(model.scores(texts, attrs, out)):
                 per_text[i].update(scores)
         span_scores = [(b, e, per_text[i + 1]) for i, (b, e, _) in enumerate(spans)]
-        return perspective.response(request, per_text[0], span_scores, self.languages)
-
-
-class _Metrics:
-    """Prometheus metrics of one server, in a registry of its own."""
-
-    def __init__(self, server: Server) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "jaxtpu_requests",
-            "Requests answered, by route and status code.",
-            ["route", "code"],
-            registry=self.registry,
+        return perspective.response(
+            request, per_text[0], span_scores, languages or self.languages, detected
         )
-        self.latency = Histogram(
-            "jaxtpu_analyze_seconds",
-            "Latency of comments:analyze, reading to answer.",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=self.registry,
-        )
-        self.by_key = Counter(
-            "jaxtpu_key_requests",
-            "Requests that named a valid key, by the key's name and status code.",
-            ["key", "code"],
-            registry=self.registry,
-        )
-        waiting = Gauge(
-            "jaxtpu_queue_requests", "Requests waiting to be scored.", registry=self.registry
-        )
-        waiting.set_function(lambda: sum(b.waiting for b in server.batchers.values()))
-        peak = Gauge(
-            "jaxtpu_queue_peak_requests",
-            "The most requests that have waited at once (at most --max-queue).",
-            registry=self.registry,
-        )
-        peak.set_function(lambda: max(b.stats.peak_waiting for b in server.batchers.values()))
-        batches = Gauge("jaxtpu_batches", "Model calls made.", registry=self.registry)
-        batches.set_function(lambda: sum(b.stats.batches for b in server.batchers.values()))
-        items = Gauge("jaxtpu_batched_texts", "Texts scored.", registry=self.registry)
-        items.set_function(lambda: sum(b.stats.items for b in server.batchers.values()))
-        ready = Gauge("jaxtpu_ready", "1 once the programs are compiled.", registry=self.registry)
-        ready.set_function(lambda: float(server.ready))
-
-    def render(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-async def _read_body(request: Request, options: Options) -> bytes:
-    """The body, refused (413) when it says or turns out to be larger than `max_body`, before
-    more is read; a client that does not finish sending in `read_timeout` gets 408, one that
-    goes away is 499 (nothing is sent: nobody is there to read it)."""
+async def _read_body(request: Request, options: Options, limit: int | None = None) -> bytes:
+    """The body, refused (413) when it says or turns out to be larger than `limit` (default
+    `max_body`), before more is read; a client that does not finish sending in `read_timeout`
+    gets 408, one that goes away is 499 (nothing is sent: nobody is there to read it)."""
+    limit = options.max_body if limit is None else limit
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
             raise ApiError(400, "Content-Length is not a number.")
-        if int(length) > options.max_body:
-            raise ApiError(413, f"Request body of {length} bytes; the limit is {options.max_body}.")
+        if int(length) > limit:
+            raise ApiError(413, f"Request body of {length} bytes; the limit is {limit}.")
     body = bytearray()
 
     async def read() -> None:
         async for chunk in request.stream():
             body.extend(chunk)
-            if len(body) > options.max_body:
-                raise ApiError(413, f"Request body over the limit of {options.max_body} bytes.")
+            if len(body) > limit:
+                raise ApiError(413, f"Request body over the limit of {limit} bytes.")
 
     try:
         await asyncio.wait_for(read(), options.read_timeout)
@@ -236,11 +240,13 @@ async def _read_body(request: Request, options: Options) -> bytes:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+Body = Callable[[], Awaitable[bytes]]
 
 
 @dataclass
 class _Call:
-    """What one request's handler learned: the key it named (for the per-key counts)."""
+    """What one call's handler learned: the key it named (for the per-key counts), and the
+    headers its error answer carries (Retry-After)."""
 
     key: ApiKey | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
@@ -252,6 +258,11 @@ class _Routes:
     def __init__(self, server: Server) -> None:
         self.server, self.options = server, server.options
         self.quotas = Quotas()
+        # the API's methods, by (HTTP method, path): a batch's calls are dispatched here too
+        self.methods = {
+            ("POST", f"/{discovery.ANALYZE_PATH}"): ("analyze", self.analyze),
+            ("POST", f"/{discovery.SUGGEST_PATH}"): ("suggestscore", self.suggestscore),
+        }
 
     def headers(self) -> dict[str, str]:
         return {"X-Model-Version": self.server.version, "X-Content-Type-Options": "nosniff"}
@@ -259,45 +270,62 @@ class _Routes:
     def error(self, e: ApiError, **more: str) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.code, headers={**self.headers(), **more})
 
+    async def respond(
+        self, route: str, call: _Call, work: Callable[[], Awaitable[Response]]
+    ) -> Response:
+        """`work`'s response: an `ApiError` answered in Google's shape, anything else a logged
+        500 in that shape; counted by route and status (and by the key's name)."""
+        try:
+            response = await work()
+        except ApiError as e:
+            response = self.error(e, **call.extra_headers)
+        except Exception:  # noqa: BLE001 - a bug: one logged 500, the server goes on
+            log.exception("%s failed", route)
+            response = self.error(ApiError(500, "The server failed to answer this request."))
+        self.count(route, response.status_code, call.key)
+        return response
+
     def endpoint(self, route: str, keyed: bool = True) -> Callable[[Handler], Handler]:
-        """A route's handler, wrapped: the key checked first (`keyed`, when the server has
-        keys), an `ApiError` answered in Google's shape, anything else a logged 500 in that
-        shape, and every answer counted by route and status (and by the key's name)."""
+        """A route's handler, the key checked first (`keyed`, when the server has keys), its
+        answer as `respond` gives it."""
 
         def wrap(handler: Callable[[Request, _Call], Awaitable[Response]]) -> Handler:
             @functools.wraps(handler)
             async def answer(request: Request) -> Response:
                 call = _Call()
-                try:
+
+                async def work() -> Response:
                     if keyed:
-                        call.key = self.check_key(request)
-                    response = await handler(request, call)
-                except ApiError as e:
-                    response = self.error(e, **call.extra_headers)
-                except Exception:  # noqa: BLE001 - a bug: one logged 500, the server goes on
-                    log.exception("%s %s failed", request.method, request.url.path)
-                    response = self.error(
-                        ApiError(500, "The server failed to answer this request.")
-                    )
-                self.count(route, response.status_code, call.key)
-                return response
+                        call.key = self.check_key(_key_of(request.query_params, request.headers))
+                    return await handler(request, call)
+
+                return await self.respond(route, call, work)
 
             return answer
 
         return wrap
+
+    def method(self, name: str) -> Handler:
+        """An API method as a route: its body read from the request."""
+        _, handler = self.methods[("POST", f"/{discovery.VERSION}/comments:{name}")]
+
+        async def route(request: Request, call: _Call) -> Response:
+            return await handler(lambda: _read_body(request, self.options), call)
+
+        return self.endpoint(name)(route)
 
     def count(self, route: str, code: int, key: ApiKey | None = None) -> None:
         self.server.metrics.requests.labels(route, str(code)).inc()
         if key is not None:
             self.server.metrics.by_key.labels(key.name, str(code)).inc()
 
-    def check_key(self, request: Request) -> ApiKey | None:
-        """The request's key (`?key=` or the `X-Goog-Api-Key` header, as Google's APIs take
-        it), found in constant time; 403 when the server has keys and this is none of them."""
+    def check_key(self, key: str | None) -> ApiKey | None:
+        """The record of a request's key (`?key=` or the `X-Goog-Api-Key` header, as Google's
+        APIs take it), found in constant time; 403 when the server has keys and this is none
+        of them."""
         keys = self.options.api_keys
         if keys is None:
             return None
-        key = request.query_params.get("key") or request.headers.get("x-goog-api-key")
         if key is None:
             raise ApiError(
                 403,
@@ -318,17 +346,27 @@ class _Routes:
             call.extra_headers["Retry-After"] = str(wait)
             raise quota_exceeded(call.key, wait)
 
-    async def analyze(self, request: Request, call: _Call) -> Response:
+    async def analyze(self, read: Body, call: _Call) -> Response:
         t0 = time.perf_counter()
         self.take_quota(call)
         if not self.server.ready:
             raise ApiError(503, "The model is still loading; retry shortly.")
-        body = await _read_body(request, self.options)
-        req = perspective.parse_request(body, self.server.available, self.server.languages)
+        req = perspective.parse_request(await read(), self.server.available, self.server.languages)
         if self.options.log_comments:
             log.info("comment: %r", req.text)
+        detection = self.server.detector.detect(req.text)
+        first = req.attributes[0].name
         try:
-            answer = await self.server.analyze(req)
+            if req.unsupported:  # named, with dropUnsupportedAttributes: dropped below
+                raise ApiError(400, "unsupported")
+            languages = scored_as(req.languages, detection, self.server.languages, first)
+        except ApiError:
+            if not req.drop_unsupported:
+                raise
+            answer = perspective.dropped_response(req, (detection.top,), detection.languages)
+            return JSONResponse(answer, headers=self.headers())
+        try:
+            answer = await self.server.analyze(req, languages, detection.languages)
         except Overloaded as e:
             message = f"Too many requests waiting; retry after {e.retry_after} s."
             call.extra_headers["Retry-After"] = str(e.retry_after)
@@ -338,6 +376,63 @@ class _Routes:
             raise ApiError(500, "Scoring this comment failed.") from None
         self.server.metrics.latency.observe(time.perf_counter() - t0)
         return JSONResponse(answer, headers=self.headers())
+
+    async def suggestscore(self, read: Body, call: _Call) -> Response:
+        """A suggestion, checked and kept where --feedback says (nowhere without it)."""
+        self.take_quota(call)
+        req = suggest.parse_suggest(await read())
+        detection = self.server.detector.detect(req.text)
+        if self.options.feedback is not None:
+            record = Record(
+                req.text,
+                {name: s.to_dict() for name, s in req.scores.items()},
+                req.community_id,
+                req.client_token,
+                req.session_id,
+                req.languages,
+                self.server.version,
+                time.time(),
+            )
+            try:
+                await self.server.keep(record)
+            except StoreError as e:
+                log.error("%s", e)
+                raise ApiError(503, "The feedback store is not answering; retry later.") from None
+        answer = suggest.suggest_response(req, detection.languages)
+        return JSONResponse(answer, headers=self.headers())
+
+    async def batch(self, request: Request, call: _Call) -> Response:
+        """Google's batch: each call answered in its part as it would be alone (its key from
+        its own URL or headers, else the batch's), all scored together."""
+        limit = self.options.max_body * MAX_CALLS
+        body = await _read_body(request, self.options, limit)
+        calls = parse_batch(request.headers.get("content-type", ""), body)
+        outer = _key_of(request.query_params, request.headers)
+        answers = await asyncio.gather(*(self.batch_call(c, outer) for c in calls))
+        kind, payload = batch_response(answers)
+        return Response(payload, media_type=kind, headers=self.headers())
+
+    async def batch_call(self, c: Call, outer_key: str | None) -> Answer:
+        part = _Call()
+        route, handler = self.methods.get((c.method, c.path), ("other", None))
+
+        async def read() -> bytes:
+            return c.body
+
+        async def work() -> Response:
+            if c.problem:
+                raise ApiError(400, c.problem)
+            if handler is None:
+                raise ApiError(
+                    404,
+                    f"No such method in a batch: {c.method} {c.path[:100]}. A batch call is "
+                    f"POST /{discovery.ANALYZE_PATH} or POST /{discovery.SUGGEST_PATH}.",
+                )
+            part.key = self.check_key(_key_of(c.query, c.headers) or outer_key)
+            return await handler(read, part)
+
+        response = await self.respond(route, part, work)
+        return Answer(c.content_id, response.status_code, response.headers.items(), response.body)
 
     def root_url(self, request: Request) -> str:
         """The discovery document's root: `--public-url`, else the address this connection
@@ -377,11 +472,16 @@ class _Routes:
         code = getattr(exc, "status_code", 500)
         message = {
             404: f"No such method: {request.method} {request.url.path}. This server answers "
-            f"POST /{discovery.ANALYZE_PATH}.",
+            f"POST /{discovery.ANALYZE_PATH} and POST /{discovery.SUGGEST_PATH}.",
             405: f"Method {request.method} is not allowed on {request.url.path}.",
         }.get(code, str(getattr(exc, "detail", "")))
         self.count("other", code)
         return self.error(ApiError(code, message))
+
+
+def _key_of(query: Any, headers: Any) -> str | None:
+    """A request's key: `?key=`, else the `X-Goog-Api-Key` header (None: neither)."""
+    return query.get("key") or headers.get("x-goog-api-key")
 
 
 def quota_exceeded(key: ApiKey, wait: int) -> ApiError:
@@ -421,7 +521,12 @@ def build_app(server: Server) -> Starlette:
             await server.stop()
 
     routes = [
-        Route(f"/{discovery.ANALYZE_PATH}", r.endpoint("analyze")(r.analyze), methods=["POST"]),
+        Route(f"/{discovery.ANALYZE_PATH}", r.method("analyze"), methods=["POST"]),
+        Route(f"/{discovery.SUGGEST_PATH}", r.method("suggestscore"), methods=["POST"]),
+        # each call of a batch is keyed on its own (its URL's key, else the batch's)
+        Route(
+            f"/{discovery.BATCH_PATH}", r.endpoint("batch", keyed=False)(r.batch), methods=["POST"]
+        ),
         Route("/$discovery/rest", r.endpoint("discovery")(r.discovery_doc), methods=["GET"]),
         Route("/v1/model", r.endpoint("model")(r.model_card), methods=["GET"]),
         Route("/healthz", r.endpoint("healthz", keyed=False)(r.healthz), methods=["GET"]),
@@ -429,8 +534,12 @@ def build_app(server: Server) -> Starlette:
         Route("/metrics", r.endpoint("metrics")(r.metrics), methods=["GET"]),
         Route("/", r.endpoint("page", keyed=False)(r.page), methods=["GET"]),
     ]
+    middleware = [_cors(r, options.cors_origins)] if options.cors_origins else []
     app = Starlette(
-        routes=routes, exception_handlers={HTTPException: r.http_error}, lifespan=lifespan
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={HTTPException: r.http_error},
+        lifespan=lifespan,
     )
     app.state.limits = HeadLimits(
         options.max_header_bytes,
@@ -439,3 +548,25 @@ def build_app(server: Server) -> Starlette:
         lambda code: r.count("http", code),
     )
     return app
+
+
+def _cors(r: _Routes, origins: Sequence[str]) -> Middleware:
+    """Starlette's CORS middleware for `origins` (`*`: any): preflights answered (and counted,
+    as route `preflight`), CORS headers on every answer to a listed origin; the key travels as
+    `?key=` or the `X-Goog-Api-Key` header, no cookies."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    class Counted(CORSMiddleware):
+        def preflight_response(self, request_headers: Any) -> Response:
+            response = super().preflight_response(request_headers)
+            r.count("preflight", response.status_code)
+            return response
+
+    return Middleware(
+        Counted,
+        allow_origins=list(origins),
+        allow_methods=["GET", "POST"],
+        allow_headers=["Content-Type", "X-Goog-Api-Key"],
+        expose_headers=["X-Model-Version", "Retry-After"],
+        max_age=600,
+    )

@@ -17,7 +17,14 @@ from collections.abc import Sequence
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.run.exits import user_errors
-from jaxtpu.serve.processes import build, read_api_keys, serve_workers, sources, uvicorn_config
+from jaxtpu.serve.processes import (
+    build,
+    open_feedback,
+    read_api_keys,
+    serve_workers,
+    sources,
+    uvicorn_config,
+)
 
 log = logging.getLogger("jaxtpu.serve")
 
@@ -26,9 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = command_parser(
         "serve",
         "Serve a jaxtpu model as Perspective API: POST /v1alpha1/comments:analyze takes "
-        "Perspective's requests and answers its responses; GET /$discovery/rest?version="
-        "v1alpha1 is the discovery document Google's API client reads; GET /v1/model the "
-        "model's card and version; /healthz, /readyz, /metrics; GET / a page for people.",
+        "Perspective's requests and answers its responses; POST /v1alpha1/comments:suggestscore "
+        "takes a client's corrections (kept with --feedback); POST /batch answers Google's "
+        "batch requests; GET /$discovery/rest?version=v1alpha1 is the discovery document "
+        "Google's API client reads; GET /v1/model the model's card and version; /healthz, "
+        "/readyz, /metrics; GET / a page for people.",
         epilog="Example: jaxtpu serve --workdir runs/a   (then: curl -s "
         '\'http://127.0.0.1:8080/v1alpha1/comments:analyze\' -d \'{"comment": {"text": '
         '"you are an idiot"}, "requestedAttributes": {"TOXICITY": {}}}\')',
@@ -90,6 +99,10 @@ def serve(args: argparse.Namespace) -> int:
             "can score comments",
             file=sys.stderr,
         )
+    if args.workers > 1:  # each worker opens it; a bad --feedback is said once, here
+        store = open_feedback(args)
+        if store is not None:
+            store.close()
     sock = _bind(args.host, args.port)  # before the model loads: a taken port is said at once
 
     import uvicorn

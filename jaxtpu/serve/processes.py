@@ -17,6 +17,7 @@ from typing import Any
 
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.schema import SCORING
+from jaxtpu.core.serving.feedback import Store, StoreError
 from jaxtpu.core.serving.keys import KeyRing
 from jaxtpu.serve.backends import load_served
 
@@ -191,8 +192,8 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
     given = list(args.attributes or [])
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     models = []
+    say = (lambda *a, **k: None) if quiet else print
     for i, (kind, source) in enumerate(sources(args)):
-        say = (lambda *a, **k: None) if quiet else print
         say(f"loading --{kind.replace('_', '-')} {source} ...", flush=True)
         served = load_served(
             source,
@@ -210,8 +211,13 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
         cal = served.model.scorer.calibration
         say(f"  calibration: {cal.describe() if cal else _uncalibrated(args)}", flush=True)
         models.append(served)
+    store = open_feedback(args, say)
+    origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
     options = Options(
         api_keys=keys,
+        cors_origins=origins,
+        feedback=store,
+        feedback_days=args.feedback_days,
         max_body=args.max_body_kb * 1024,
         read_timeout=args.read_timeout,
         max_header_bytes=args.max_header_kb * 1024,
@@ -225,6 +231,30 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
     )
     server = Server(models, options)
     return build_app(server), server.version
+
+
+def open_feedback(args: argparse.Namespace, say: Any = print) -> Store | None:
+    """The --feedback store, opened (its table made) so a bad URL is said at start; and the
+    start-up line saying where suggestions go."""
+    if args.feedback_days is not None and not args.feedback:
+        raise ConfigError("--feedback-days drops kept suggestions: it goes with --feedback")
+    if not args.feedback:
+        say(
+            "feedback: not kept (no --feedback): comments:suggestscore is answered, and "
+            "nothing is stored",
+            flush=True,
+        )
+        return None
+    try:
+        store = Store(args.feedback)
+    except StoreError as e:
+        raise UserError(f"--feedback: {e}") from None
+    days = f", dropped after {args.feedback_days:g} days" if args.feedback_days else ""
+    say(
+        f"feedback: comments:suggestscore's suggestions kept in {store.describe()}{days}",
+        flush=True,
+    )
+    return store
 
 
 def _uncalibrated(args: argparse.Namespace) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from jaxtpu.core.errors import ConfigError
@@ -23,39 +23,9 @@ from jaxtpu.core.flags.cli import (
     add_scoring_flags,
     check_scoring_flags,
 )
+from jaxtpu.core.flags.fields import _c, _no_calibration
 from jaxtpu.core.flags.schema import Bounds, ScoringConfig, base_type
-
-
-def _c(
-    default: Any,
-    help: str,
-    *,
-    choices: Sequence[str] | None = None,
-    bounds: Bounds | None = None,
-    required: bool = False,
-    nargs: str | None = None,
-    const: Any = None,
-    metavar: str | None = None,
-    one_of: str = "",
-) -> Any:
-    """A command's flag: its default and help, its choices, the values it accepts (`bounds`,
-    numeric flags), whether it must be given, argparse's `nargs`/`const`/`metavar` where the
-    flag takes other than one value, and `one_of`: the name of a group of flags of which at
-    most one may be given (exactly one when any of them is `required`)."""
-    metadata = {"help": help, "choices": choices, "bounds": bounds, "required": required}
-    metadata.update(nargs=nargs, const=const, metavar=metavar, one_of=one_of)
-    return field(default=default, metadata=metadata)
-
-
-def _no_calibration() -> Any:
-    """--no-calibration, the same flag on predict and serve (a field of its own for each)."""
-    return _c(
-        False,
-        "Score with the model's raw probabilities: without it, a run's (or export's) "
-        "calibration (per-output Platt scaling fitted on its validation rows, "
-        "calibration.json) is applied, so a 0.7 means about 7 in 10 such comments are labelled "
-        "so. Rankings and AUCs are the same either way.",
-    )
+from jaxtpu.core.flags.serving import FeedbackDeleteFlags, ServeFlags
 
 
 @dataclass(frozen=True)
@@ -315,135 +285,6 @@ class LaunchFlags:
 
 
 @dataclass(frozen=True)
-class ServeFlags:
-    workdir: list[str] | None = _c(
-        None,
-        "Run directory (its best model) to serve; several are served side by side, each "
-        "answering its own attributes (an attribute two runs answer is refused).",
-        nargs="+",
-        required=True,
-        one_of="source",
-    )
-    model_dir: str | None = _c(
-        None,
-        "Instead of a run: an export to serve (a jaxtpu export with head.safetensors, or a "
-        "*ForSequenceClassification directory: `jaxtpu export` of a --head hf run), in fp32.",
-        one_of="source",
-    )
-    onnx: str | None = _c(
-        None,
-        "Instead of a run: an ONNX export (`jaxtpu export --format onnx [--quantize int8]`) "
-        "to serve on onnxruntime, on the CPU: its directory (model.onnx, fp32) or one of its "
-        "graphs (DIR/model_int8.onnx). Scored as the run is: its text format, length buckets "
-        "and calibration, from the export's jaxtpu_onnx.json.",
-        one_of="source",
-    )
-    attributes: list[str] | None = _c(
-        None,
-        "The attributes each model answers, one value per model in order ('' keeps a model's "
-        "default): column=NAME,... renames its columns (default: every Jigsaw column's "
-        "Perspective name: toxic TOXICITY, severe_toxic SEVERE_TOXICITY, obscene PROFANITY, "
-        "threat THREAT, insult INSULT, identity_hate IDENTITY_ATTACK, sexual_explicit "
-        'SEXUALLY_EXPLICIT); a rules model needs NAME="rule text",... (each attribute the '
-        "probability that the comment breaks that rule).",
-        nargs="+",
-    )
-    languages: str = _c(
-        "",
-        "Languages the models answer, comma-separated ISO 639-1 codes (a request naming another "
-        "is refused) [default: those the run was validated on: its per-language AUCs, else en].",
-    )
-    host: str = _c(
-        "127.0.0.1",
-        "Address to listen on (0.0.0.0: every interface; give --api-keys when it is not loopback).",
-    )
-    port: int = _c(8080, "Port to listen on.", bounds=Bounds(0, 65535))
-    api_keys: str | None = _c(
-        None,
-        "A file of API keys, one a line: KEY [NAME [PER_MINUTE]] ('#' starts a comment; a bare "
-        "KEY is named key-N, its line, with no limit). A request whose key (?key= or the "
-        "X-Goog-Api-Key header) is not one of them gets Perspective's 403, on every route but "
-        "/healthz, /readyz and the static page; a key over PER_MINUTE requests a minute gets "
-        "429 RESOURCE_EXHAUSTED with Retry-After (counted in each server process). /metrics "
-        "counts by NAME, never by key. Without it no key is needed.",
-    )
-    public_url: str | None = _c(
-        None,
-        "The server's address as its clients reach it (https://toxicity.example.org/, behind a "
-        "load balancer or TLS proxy): the root URL of the discovery document Google's client "
-        "reads. [default: the address each connection came in on; never the request's Host "
-        "header]",
-    )
-    batch_size: int = _c(
-        ScoringConfig.batch_size,
-        "Rows per device of each model call. Every call is padded to this, so a comment's score "
-        "never depends on the requests it shares a call with, and equals jaxtpu predict's, "
-        "evaluate's and jaxtpu.load()'s at the same --batch-size (their default is this one). "
-        "On a CPU, 4 answers a lone request about 4x sooner (it computes 4 rows, not 16) at "
-        "the same throughput under load, but a bf16 run's scores then differ from predict's "
-        "default by about 1e-3 (docs/perspective.md). --onnx: rows per onnxruntime call, not "
-        "padded (its kernels take any batch; a comment's score is the same bitwise in any "
-        "batch, tests/test_serve.py).",
-        bounds=Bounds(1, 65536),
-    )
-    max_batch: int = _c(
-        64,
-        "Texts scored together at most (a request's comment, and its sentences with "
-        "spanAnnotations): concurrent requests are batched up to this.",
-        bounds=Bounds(1, 65536),
-    )
-    max_wait_ms: float = _c(
-        5.0,
-        "How long the first request of a batch waits for others (milliseconds).",
-        bounds=Bounds(0, 10000),
-    )
-    max_queue: int = _c(
-        256,
-        "Requests waiting to be scored at most; beyond it a request gets 429 with Retry-After.",
-        bounds=Bounds(1, 10**6),
-    )
-    max_body_kb: int = _c(
-        256,
-        "Largest request body (KiB), refused before it is read (comment.text itself is at "
-        "most 20 KB, as at Perspective).",
-        bounds=Bounds(1, 1 << 20),
-    )
-    read_timeout: float = _c(
-        10.0,
-        "Seconds a client has to send its request's headers (from the connection's first "
-        "byte), and again its body; a slower one gets 408 and is closed.",
-        bounds=Bounds(0, 3600, lo_open=True),
-    )
-    max_header_kb: int = _c(
-        16,
-        "Largest request line and headers together (KiB; Node.js's default): more is 431 and "
-        "the connection closed, before the rest is read.",
-        bounds=Bounds(1, 1024),
-    )
-    max_headers: int = _c(
-        100,
-        "Most request headers (Apache's default): more is 431 and the connection closed.",
-        bounds=Bounds(1, 10000),
-    )
-    log_comments: bool = _c(
-        False, "Log each request's comment text (without it no comment text is ever logged)."
-    )
-    workers: int = _c(
-        1,
-        "Server processes sharing --port, each with its own copy of the models (memory times "
-        "N; a second start loads compiled programs from the cache). Requests go to whichever "
-        "is free; a comment gets the same score from any of them.",
-        bounds=Bounds(1, 256),
-    )
-    threads: int = _c(
-        0,
-        "--onnx: onnxruntime's threads per worker [default 0: the cores divided among --workers].",
-        bounds=Bounds(0, 4096),
-    )
-    no_calibration: bool = _no_calibration()
-
-
-@dataclass(frozen=True)
 class Command:
     """One command's flags: its own (`flags`) and the shared scoring flags it takes
     (`scoring`; those in `unset` default to None, so the command can tell they were not
@@ -476,6 +317,7 @@ COMMANDS: dict[str, Command] = {
     "preflight": Command("jaxtpu preflight", PreflightFlags),
     "launch": Command("jaxtpu launch", LaunchFlags),
     "serve": Command("jaxtpu serve", ServeFlags, ("max_len", "num_devices"), ("max_len",)),
+    "feedback delete": Command("jaxtpu feedback delete", FeedbackDeleteFlags),
 }
 
 

@@ -1,14 +1,16 @@
-"""Perspective API's one method, `comments:analyze`, as data: its request read and checked
+"""Perspective API's `comments:analyze` as data: its request read and checked
 (`parse_request`), its response built (`response`), its errors in Google's JSON shape
-(`ApiError`) (framework-free; the HTTP server is `jaxtpu.serve`).
+(`ApiError`), and the pieces `comments:suggestscore` (`suggest`) reads the same way
+(framework-free; the HTTP server is `jaxtpu.serve`).
 
 The request and response follow Perspective's API reference field for field:
 `comment.text` (required, at most `MAX_TEXT_BYTES` of UTF-8), `comment.type` (`PLAIN_TEXT`),
 `requestedAttributes` (required: a map from attribute name to `{}` or `{"scoreType":
 "PROBABILITY", "scoreThreshold": x}`), `spanAnnotations`, `languages` (echoed), `clientToken`
-(echoed), and `doNotStore`, `sessionId`, `context` (accepted; nothing is ever stored, and the
-context does not change a score, as it did not at Perspective). As Google's APIs do, a field
-this method does not have is an error rather than silently ignored, so a typo is seen.
+(echoed), and `doNotStore`, `sessionId`, `communityId`, `context` (checked and accepted; an
+analyzed comment is never stored, and the context does not change a score, as it did not at
+Perspective). As Google's APIs do, a field this method does not have is an error rather than
+silently ignored, so a typo is seen.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ FIELDS = {
     "clientToken",
     "sessionId",
     "communityId",
+    "dropUnsupportedAttributes",
 }
 STATUS = {
     400: "INVALID_ARGUMENT",
@@ -97,15 +100,19 @@ class AnalyzeRequest:
     do_not_store: bool = False
     # with spans: (begin, end, text) of each sentence, UTF-16 offsets (`spans.sentence_spans`)
     sentences: tuple[tuple[int, int, str], ...] = ()
+    # dropUnsupportedAttributes: a language the model lacks drops every attribute (an answer
+    # with no scores) instead of a 400; `unsupported` when the named languages are such
+    drop_unsupported: bool = False
+    unsupported: bool = False
 
 
-def _bad(message: str) -> ApiError:
+def bad(message: str) -> ApiError:
     return ApiError(400, message)
 
 
-def _typed(value: Any, kind: type | tuple[type, ...], where: str, name: str) -> Any:
+def typed(value: Any, kind: type | tuple[type, ...], where: str, name: str) -> Any:
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise _bad(f"Invalid value at '{where}' ({name}): {json.dumps(value)[:80]}")
+        raise bad(f"Invalid value at '{where}' ({name}): {json.dumps(value)[:80]}")
     return value
 
 
@@ -134,31 +141,37 @@ def parse_request(
     data = load_json(body)
     unknown = sorted(set(data) - FIELDS)
     if unknown:
-        raise _bad(
-            f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.'
-        )
-    text = _comment_text(data.get("comment"))
+        raise bad(f'Invalid JSON payload received. Unknown name "{unknown[0]}": Cannot find field.')
+    text = comment_text(data.get("comment"))
     attributes = _requested(data.get("requestedAttributes"), available)
-    asked = _languages(data.get("languages"), attributes, languages)
-    spans = _typed(data.get("spanAnnotations", False), bool, "span_annotations", "TYPE_BOOL")
-    do_not_store = _typed(data.get("doNotStore", False), bool, "do_not_store", "TYPE_BOOL")
+    drop = data.get("dropUnsupportedAttributes", False)
+    typed(drop, bool, "drop_unsupported_attributes", "TYPE_BOOL")
+    try:
+        asked = _languages(data.get("languages"), attributes, languages)
+        unsupported = False
+    except ApiError:
+        if not drop:
+            raise
+        asked, unsupported = tuple(data["languages"]), True
+    spans = typed(data.get("spanAnnotations", False), bool, "span_annotations", "TYPE_BOOL")
+    do_not_store = typed(data.get("doNotStore", False), bool, "do_not_store", "TYPE_BOOL")
     token = data.get("clientToken")
     if token is not None:
-        _typed(token, str, "client_token", "TYPE_STRING")
+        typed(token, str, "client_token", "TYPE_STRING")
     session = data.get("sessionId")
     if session is not None:
-        _typed(session, str, "session_id", "TYPE_STRING")
-    context = data.get("context")
-    if context is not None:
-        _typed(context, dict, "context", "TYPE_MESSAGE")
+        typed(session, str, "session_id", "TYPE_STRING")
+    check_context(data.get("context"))
     sentences = tuple(sentence_spans(text)) if spans else ()
     if len(sentences) > MAX_SPANS:
-        raise _bad(
+        raise bad(
             f"spanAnnotations: the comment has {len(sentences)} sentences (a line break ends "
             f"one too); at most {MAX_SPANS} are scored in one request. Send it without "
             "spanAnnotations, or in parts."
         )
-    return AnalyzeRequest(text, attributes, asked, spans, token, session, do_not_store, sentences)
+    return AnalyzeRequest(
+        text, attributes, asked, spans, token, session, do_not_store, sentences, drop, unsupported
+    )
 
 
 class _Duplicate(ValueError):
@@ -191,18 +204,18 @@ def load_json(body: bytes) -> dict[str, Any]:
             body.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_no_duplicates
         )
     except UnicodeDecodeError:
-        raise _bad("Invalid JSON payload received. The body is not valid UTF-8.") from None
+        raise bad("Invalid JSON payload received. The body is not valid UTF-8.") from None
     except _Duplicate as e:
-        raise _bad(
+        raise bad(
             f'Invalid JSON payload received. Duplicate name "{str(e)[:80]}": each field may '
             "be given once."
         ) from None
     except RecursionError:
-        raise _bad("Invalid JSON payload received. The JSON is nested too deeply.") from None
+        raise bad("Invalid JSON payload received. The JSON is nested too deeply.") from None
     except ValueError as e:
-        raise _bad(f"Invalid JSON payload received. {str(e).split(':')[0]}.") from None
+        raise bad(f"Invalid JSON payload received. {str(e).split(':')[0]}.") from None
     if not isinstance(data, dict):
-        raise _bad("Invalid JSON payload received. The request must be a JSON object.")
+        raise bad("Invalid JSON payload received. The request must be a JSON object.")
     return data
 
 
@@ -210,69 +223,69 @@ def probability(value: Any, where: str, field: str) -> float:
     """A number in [0, 1] (a JSON number: an int of any size, or a float) as a float; 400
     otherwise, naming `where` (the proto path, for a value of another type) or `field`.
     Compared before it is converted, so a 400-digit integer is a 400, not an OverflowError."""
-    _typed(value, (int, float), where, "TYPE_FLOAT")
+    typed(value, (int, float), where, "TYPE_FLOAT")
     if not 0 <= value <= 1:  # False for NaN too
         shown = repr(value) if isinstance(value, float) else str(value)[:40]
-        raise _bad(f"{field} must be a number in [0, 1], got {shown}.")
+        raise bad(f"{field} must be a number in [0, 1], got {shown}.")
     return float(value)
 
 
-def _comment_text(comment: Any) -> str:
+def comment_text(comment: Any) -> str:
     if comment is None:
-        raise _bad("Comment must be specified (comment.text is required).")
-    _typed(comment, dict, "comment", "TYPE_MESSAGE")
+        raise bad("Comment must be specified (comment.text is required).")
+    typed(comment, dict, "comment", "TYPE_MESSAGE")
     unknown = sorted(set(comment) - {"text", "type"})
     if unknown:
-        raise _bad(
+        raise bad(
             f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at 'comment': Cannot "
             "find field."
         )
     kind = comment.get("type", "PLAIN_TEXT")
     if kind != "PLAIN_TEXT":
-        raise _bad(f"comment.type {kind!r} is not supported; only PLAIN_TEXT is.")
+        raise bad(f"comment.type {kind!r} is not supported; only PLAIN_TEXT is.")
     text = comment.get("text")
     if text is None:
-        raise _bad("Comment must be specified (comment.text is required).")
-    _typed(text, str, "comment.text", "TYPE_STRING")
+        raise bad("Comment must be specified (comment.text is required).")
+    typed(text, str, "comment.text", "TYPE_STRING")
     if not text.strip():
-        raise _bad(
+        raise bad(
             "Comment text was empty: comment.text must hold at least one character that is "
             "not whitespace."
         )
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:  # a lone surrogate escaped in the JSON (\ud800)
-        raise _bad("comment.text is not valid Unicode (an unpaired surrogate).") from None
+        raise bad("comment.text is not valid Unicode (an unpaired surrogate).") from None
     if size > MAX_TEXT_BYTES:
-        raise _bad(f"Comment text too long: {size} bytes of UTF-8; the limit is {MAX_TEXT_BYTES}.")
+        raise bad(f"Comment text too long: {size} bytes of UTF-8; the limit is {MAX_TEXT_BYTES}.")
     return text
 
 
 def _requested(value: Any, available: Sequence[str]) -> tuple[Requested, ...]:
     if value is None:
-        raise _bad("requestedAttributes must be specified.")
-    _typed(value, dict, "requested_attributes", "TYPE_MAP")
+        raise bad("requestedAttributes must be specified.")
+    typed(value, dict, "requested_attributes", "TYPE_MAP")
     if not value:
-        raise _bad("requestedAttributes must name at least one attribute.")
+        raise bad("requestedAttributes must name at least one attribute.")
     if len(value) > MAX_ATTRIBUTES:
-        raise _bad(f"requestedAttributes names {len(value)} attributes; at most {MAX_ATTRIBUTES}.")
+        raise bad(f"requestedAttributes names {len(value)} attributes; at most {MAX_ATTRIBUTES}.")
     out = []
     for name, options in value.items():
         if name not in available:
-            raise _bad(
+            raise bad(
                 f"Unknown attribute {name[:80]!r}: this model answers {', '.join(available)}."
             )
         where = f"requested_attributes[{name}]"
-        _typed(options, dict, where, "TYPE_MESSAGE")
+        typed(options, dict, where, "TYPE_MESSAGE")
         unknown = sorted(set(options) - {"scoreType", "scoreThreshold"})
         if unknown:
-            raise _bad(
+            raise bad(
                 f"Invalid JSON payload received. Unknown name \"{unknown[0]}\" at '{where}': "
                 "Cannot find field."
             )
         kind = options.get("scoreType", PROBABILITY)
         if kind != PROBABILITY:
-            raise _bad(f"{where}.scoreType {kind!r} is not supported; only PROBABILITY is.")
+            raise bad(f"{where}.scoreType {kind!r} is not supported; only PROBABILITY is.")
         threshold = options.get("scoreThreshold")
         if threshold is not None:
             threshold = probability(
@@ -285,30 +298,106 @@ def _requested(value: Any, available: Sequence[str]) -> tuple[Requested, ...]:
 def _languages(
     value: Any, attributes: Sequence[Requested], supported: Sequence[str]
 ) -> tuple[str, ...]:
+    return check_languages(value, attributes[0].name, supported)
+
+
+def not_supported(attribute: str, languages: Sequence[str], message: str) -> ApiError:
+    """Perspective's 400 for languages an attribute lacks (`errorType`
+    LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE, naming them)."""
+    return ApiError(
+        400,
+        message,
+        [
+            {
+                "@type": "type.googleapis.com/google.commentanalyzer.v1alpha1.Error",
+                "errorType": "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE",
+                "languageNotSupportedByAttributeError": {
+                    "detectedLanguages": list(languages),
+                    "attribute": attribute,
+                },
+            }
+        ],
+    )
+
+
+def check_languages(value: Any, attribute: str, supported: Sequence[str]) -> tuple[str, ...]:
+    """A request's `languages` (a list of BCP-47 tags; () when absent), each one the model
+    serves, or Perspective's 400 naming `attribute` and the languages it lacks."""
     if value is None:
         return ()
-    _typed(value, list, "languages", "TYPE_STRING")
+    typed(value, list, "languages", "TYPE_STRING")
     for tag in value:
-        _typed(tag, str, "languages", "TYPE_STRING")
+        typed(tag, str, "languages", "TYPE_STRING")
     unsupported = [t for t in value if language_code(t) not in supported]
     if unsupported:
-        attribute = attributes[0].name
-        raise ApiError(
-            400,
+        raise not_supported(
+            attribute,
+            unsupported,
             f"Attribute {attribute} does not support request languages: "
             f"{', '.join(unsupported)} (this model was validated on {', '.join(supported)})",
-            [
-                {
-                    "@type": "type.googleapis.com/google.commentanalyzer.v1alpha1.Error",
-                    "errorType": "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE",
-                    "languageNotSupportedByAttributeError": {
-                        "detectedLanguages": list(unsupported),
-                        "attribute": attribute,
-                    },
-                }
-            ],
         )
     return tuple(value)
+
+
+def text_entry(value: Any, where: str) -> str:
+    """A TextEntry (`{"text": ..., "type": "PLAIN_TEXT"}`): its text."""
+    typed(value, dict, where, "TYPE_MESSAGE")
+    unknown = sorted(set(value) - {"text", "type"})
+    if unknown:
+        raise bad(
+            f"Invalid JSON payload received. Unknown name \"{unknown[0][:80]}\" at '{where}': "
+            "Cannot find field."
+        )
+    kind = value.get("type", "PLAIN_TEXT")
+    if kind != "PLAIN_TEXT":
+        raise bad(f"{where}.type {str(kind)[:40]!r} is not supported; only PLAIN_TEXT is.")
+    return typed(value.get("text", ""), str, f"{where}.text", "TYPE_STRING")
+
+
+def check_context(value: Any) -> None:
+    """A request's `context`, as the API reference declares it: `entries` (TextEntry list)
+    and/or `articleAndParentComment` (`article`, `parentComment`: TextEntry). Accepted and
+    never read into a score, as at Perspective."""
+    if value is None:
+        return
+    typed(value, dict, "context", "TYPE_MESSAGE")
+    unknown = sorted(set(value) - {"entries", "articleAndParentComment"})
+    if unknown:
+        raise bad(
+            f"Invalid JSON payload received. Unknown name \"{unknown[0][:80]}\" at 'context': "
+            "Cannot find field."
+        )
+    entries = value.get("entries", [])
+    typed(entries, list, "context.entries", "TYPE_MESSAGE")
+    for i, entry in enumerate(entries):
+        text_entry(entry, f"context.entries[{i}]")
+    pair = value.get("articleAndParentComment")
+    if pair is not None:
+        where = "context.article_and_parent_comment"
+        typed(pair, dict, where, "TYPE_MESSAGE")
+        for name in set(pair) - {"article", "parentComment"}:
+            raise bad(
+                f"Invalid JSON payload received. Unknown name \"{name[:80]}\" at '{where}': "
+                "Cannot find field."
+            )
+        for name in ("article", "parentComment"):
+            if name in pair:
+                text_entry(pair[name], f"{where}.{name}")
+
+
+def dropped_response(
+    request: AnalyzeRequest, languages: Sequence[str], detected: Sequence[str]
+) -> dict[str, Any]:
+    """The answer to a request with dropUnsupportedAttributes whose language the model lacks:
+    every attribute dropped, as Perspective answered it."""
+    out: dict[str, Any] = {
+        "attributeScores": {},
+        "languages": list(request.languages or languages),
+        "detectedLanguages": list(detected),
+    }
+    if request.client_token is not None:
+        out["clientToken"] = request.client_token
+    return out
 
 
 def _score(value: float) -> dict[str, Any]:
@@ -320,6 +409,7 @@ def response(
     summary: Mapping[str, float],
     spans: Sequence[tuple[int, int, Mapping[str, float]]] = (),
     languages: Sequence[str] = ("en",),
+    detected: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The `comments:analyze` response.
 
@@ -327,7 +417,9 @@ def response(
       request: the checked request.
       summary: each requested attribute's score of the whole text.
       spans: (begin, end, {attribute: score}) of each sentence, when spans were asked for.
-      languages: the model's languages, echoed when the request named none.
+      languages: the languages the comment was scored as (`languages.scored_as`), answered
+        when the request named none.
+      detected: the comment's detected languages, most likely first (`detectedLanguages`).
 
     A score under its attribute's threshold is left out; an attribute with nothing left is
     left out of `attributeScores`, as Perspective does.
@@ -352,6 +444,7 @@ def response(
     out: dict[str, Any] = {
         "attributeScores": scores,
         "languages": list(request.languages or languages),
+        "detectedLanguages": list(detected),
     }
     if request.client_token is not None:
         out["clientToken"] = request.client_token

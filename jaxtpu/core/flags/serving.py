@@ -1,0 +1,176 @@
+"""The flags of `jaxtpu serve` and `jaxtpu feedback` (framework-free), declared as every
+command's are (`jaxtpu.core.flags.fields._c`) and registered in `jaxtpu.core.flags.commands`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxtpu.core.flags.fields import _c, _no_calibration
+from jaxtpu.core.flags.schema import Bounds, ScoringConfig
+
+
+@dataclass(frozen=True)
+class ServeFlags:
+    workdir: list[str] | None = _c(
+        None,
+        "Run directory (its best model) to serve; several are served side by side, each "
+        "answering its own attributes (an attribute two runs answer is refused).",
+        nargs="+",
+        required=True,
+        one_of="source",
+    )
+    model_dir: str | None = _c(
+        None,
+        "Instead of a run: an export to serve (a jaxtpu export with head.safetensors, or a "
+        "*ForSequenceClassification directory: `jaxtpu export` of a --head hf run), in fp32.",
+        one_of="source",
+    )
+    onnx: str | None = _c(
+        None,
+        "Instead of a run: an ONNX export (`jaxtpu export --format onnx [--quantize int8]`) "
+        "to serve on onnxruntime, on the CPU: its directory (model.onnx, fp32) or one of its "
+        "graphs (DIR/model_int8.onnx). Scored as the run is: its text format, length buckets "
+        "and calibration, from the export's jaxtpu_onnx.json.",
+        one_of="source",
+    )
+    attributes: list[str] | None = _c(
+        None,
+        "The attributes each model answers, one value per model in order ('' keeps a model's "
+        "default): column=NAME,... renames its columns (default: every Jigsaw column's "
+        "Perspective name: toxic TOXICITY, severe_toxic SEVERE_TOXICITY, obscene PROFANITY, "
+        "threat THREAT, insult INSULT, identity_hate IDENTITY_ATTACK, sexual_explicit "
+        'SEXUALLY_EXPLICIT); a rules model needs NAME="rule text",... (each attribute the '
+        "probability that the comment breaks that rule).",
+        nargs="+",
+    )
+    languages: str = _c(
+        "",
+        "Languages the models answer, comma-separated ISO 639-1 codes (a request naming another "
+        "is refused) [default: those the run was validated on: its per-language AUCs, else en].",
+    )
+    host: str = _c(
+        "127.0.0.1",
+        "Address to listen on (0.0.0.0: every interface; give --api-keys when it is not loopback).",
+    )
+    port: int = _c(8080, "Port to listen on.", bounds=Bounds(0, 65535))
+    api_keys: str | None = _c(
+        None,
+        "A file of API keys, one a line: KEY [NAME [PER_MINUTE]] ('#' starts a comment; a bare "
+        "KEY is named key-N, its line, with no limit). A request whose key (?key= or the "
+        "X-Goog-Api-Key header) is not one of them gets Perspective's 403, on every route but "
+        "/healthz, /readyz and the static page; a key over PER_MINUTE requests a minute gets "
+        "429 RESOURCE_EXHAUSTED with Retry-After (counted in each server process). /metrics "
+        "counts by NAME, never by key. Without it no key is needed.",
+    )
+    cors_origins: str | None = _c(
+        None,
+        "Origins whose web pages may call the server from the browser, comma-separated "
+        "(https://news.example.org,https://admin.example.org), or * for any: preflights "
+        "(OPTIONS) are answered and every answer to such an origin carries the CORS headers. "
+        "Without it no CORS header is sent and browsers keep other origins' pages out.",
+    )
+    feedback: str | None = _c(
+        None,
+        "Where comments:suggestscore's suggestions are kept: an SQLite file (PATH, or "
+        "sqlite:///PATH; made when missing) or postgresql://USER@HOST:PORT/DATABASE (several "
+        "replicas writing one store). Each holds the text, the scores suggested, communityId, "
+        "clientToken, sessionId, languages, the time and the model version; a second "
+        "suggestion of one clientToken replaces the first. Without it suggestscore is answered "
+        "and nothing is kept. comments:analyze never stores anything.",
+    )
+    feedback_days: float | None = _c(
+        None,
+        "Drop suggestions older than this many days (at start, then every hour). [default: "
+        "keep them]",
+        bounds=Bounds(0, 100000, lo_open=True),
+    )
+    public_url: str | None = _c(
+        None,
+        "The server's address as its clients reach it (https://toxicity.example.org/, behind a "
+        "load balancer or TLS proxy): the root URL of the discovery document Google's client "
+        "reads. [default: the address each connection came in on; never the request's Host "
+        "header]",
+    )
+    batch_size: int = _c(
+        ScoringConfig.batch_size,
+        "Rows per device of each model call. Every call is padded to this, so a comment's score "
+        "never depends on the requests it shares a call with, and equals jaxtpu predict's, "
+        "evaluate's and jaxtpu.load()'s at the same --batch-size (their default is this one). "
+        "On a CPU, 4 answers a lone request about 4x sooner (it computes 4 rows, not 16) at "
+        "the same throughput under load, but a bf16 run's scores then differ from predict's "
+        "default by about 1e-3 (docs/perspective.md). --onnx: rows per onnxruntime call, not "
+        "padded (its kernels take any batch; a comment's score is the same bitwise in any "
+        "batch, tests/test_serve.py).",
+        bounds=Bounds(1, 65536),
+    )
+    max_batch: int = _c(
+        64,
+        "Texts scored together at most (a request's comment, and its sentences with "
+        "spanAnnotations): concurrent requests are batched up to this.",
+        bounds=Bounds(1, 65536),
+    )
+    max_wait_ms: float = _c(
+        5.0,
+        "How long the first request of a batch waits for others (milliseconds).",
+        bounds=Bounds(0, 10000),
+    )
+    max_queue: int = _c(
+        256,
+        "Requests waiting to be scored at most; beyond it a request gets 429 with Retry-After.",
+        bounds=Bounds(1, 10**6),
+    )
+    max_body_kb: int = _c(
+        256,
+        "Largest request body (KiB), refused before it is read (comment.text itself is at "
+        "most 20 KB, as at Perspective).",
+        bounds=Bounds(1, 1 << 20),
+    )
+    read_timeout: float = _c(
+        10.0,
+        "Seconds a client has to send its request's headers (from the connection's first "
+        "byte), and again its body; a slower one gets 408 and is closed.",
+        bounds=Bounds(0, 3600, lo_open=True),
+    )
+    max_header_kb: int = _c(
+        16,
+        "Largest request line and headers together (KiB; Node.js's default): more is 431 and "
+        "the connection closed, before the rest is read.",
+        bounds=Bounds(1, 1024),
+    )
+    max_headers: int = _c(
+        100,
+        "Most request headers (Apache's default): more is 431 and the connection closed.",
+        bounds=Bounds(1, 10000),
+    )
+    log_comments: bool = _c(
+        False, "Log each request's comment text (without it no comment text is ever logged)."
+    )
+    workers: int = _c(
+        1,
+        "Server processes sharing --port, each with its own copy of the models (memory times "
+        "N; a second start loads compiled programs from the cache). Requests go to whichever "
+        "is free; a comment gets the same score from any of them.",
+        bounds=Bounds(1, 256),
+    )
+    threads: int = _c(
+        0,
+        "--onnx: onnxruntime's threads per worker [default 0: the cores divided among --workers].",
+        bounds=Bounds(0, 4096),
+    )
+    no_calibration: bool = _no_calibration()
+
+
+@dataclass(frozen=True)
+class FeedbackDeleteFlags:
+    feedback: str | None = _c(
+        None,
+        "The store `jaxtpu serve --feedback` keeps suggestions in: an SQLite file (PATH or "
+        "sqlite:///PATH) or postgresql://USER@HOST:PORT/DATABASE.",
+        required=True,
+    )
+    client_token: str | None = _c(
+        None,
+        "The clientToken whose suggestion is removed (a user's erasure request; Coral Talk's "
+        "tokens are comment:<id>).",
+        required=True,
+    )
