@@ -56,6 +56,22 @@ def _crowd(url: str, texts: list[str], names: list[str]) -> list[dict[str, float
         return list(reversed(list(pool.map(one, list(reversed(texts))))))
 
 
+def predicted(workdir: str, texts: list[str], out: Path) -> list[dict[str, str]]:
+    """`jaxtpu predict` of `texts` by the run (its own process; the CSV in `out`): a row of
+    column -> probability for each."""
+    with open(out / "comments.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "comment_text"])
+        w.writerows([i, t] for i, t in enumerate(texts))
+    subprocess.run(
+        [sys.executable, "-m", "jaxtpu.predict", "--workdir", workdir, "--input",
+         str(out / "comments.csv"), "--output", str(out / "predict.csv"), "--overwrite"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    with open(out / "predict.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serve_agreement", description=__doc__)
     p.add_argument("--workdir", required=True, help="a finished toxicity or multilabel run")
@@ -67,17 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     texts = comments(args.rows)
-    with open(out / "comments.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["id", "comment_text"])
-        w.writerows([i, t] for i, t in enumerate(texts))
-    subprocess.run(
-        [sys.executable, "-m", "jaxtpu.predict", "--workdir", args.workdir, "--input",
-         str(out / "comments.csv"), "--output", str(out / "predict.csv"), "--overwrite"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    with open(out / "predict.csv", newline="") as f:
-        predicted = list(csv.DictReader(f))
+    rows = predicted(args.workdir, texts, out)
     runs = []
     for i in range(2):
         cmd = [sys.executable, "-m", "jaxtpu.serve", "--workdir", args.workdir, "--port", "0"]
@@ -94,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             _stop(proc)
     result = {"rows": len(texts), "versions": [v for v, _ in runs], "attributes": {}}
     for a in attrs:
-        want = np.array([float(r[a["column"]]) for r in predicted])
+        want = np.array([float(r[a["column"]]) for r in rows])
         first = np.array([s[a["name"]] for s in runs[0][1]])
         second = np.array([s[a["name"]] for s in runs[1][1]])
         result["attributes"][a["name"]] = {

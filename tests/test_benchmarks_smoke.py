@@ -601,3 +601,9 @@ def test_the_benchmarks_refuse_bad_flags_in_one_line_before_any_work(
     assert not (tmp_path / "out" / "run").exists()  # nothing trained
     with pytest.raises(SystemExit, match="not a jaxtpu run directory"):
         serving.main(["--workdir", str(tmp_path / "typo"), "--out", str(tmp_path / "s")])
+    from benchmarks import serve_clients
+
+    with pytest.raises(SystemExit) as e:
+        serve_clients.main(["--workdir", str(tmp_path / "typo"), "--out", str(tmp_path / "c")])
+    assert e.value.code == 2 and "not a jaxtpu run directory" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
