@@ -54,6 +54,7 @@ KINDS = {
     "datascale": "benchmarks.datascale:table",
     "estimates": "benchmarks.estimates:report_table",
     "serving": "benchmarks.serving:table",
+    "score_precision": "benchmarks.score_precision:table",
     "tpu_tuning": "benchmarks.tpu_tuning:table",
     "preflight": "benchmarks.preflight_sweep:table",
 }

@@ -153,6 +153,33 @@ def test_precision_by_device():
     assert precision_problem("fp32", "gpu", "7.5") is None
 
 
+def test_scoring_upcasts_a_run_only_where_the_cpu_would_emulate_its_type():
+    """Issue 89, item 1: a bf16 (or fp16) run is scored in fp32 on a CPU without that type's
+    instructions (an AVX2 CPU), as trained on a TPU, a GPU or a CPU that has them."""
+    from jaxtpu.core.hardware import cpu_flags, scoring_precision
+
+    avx2, sapphire = {"avx", "avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+    assert scoring_precision("bf16", "cpu", flags=avx2)[0] == "fp32"
+    assert (
+        "no bf16 instructions (avx512_bf16 or amx_bf16)"
+        in scoring_precision("bf16", "cpu", flags=avx2)[1]
+    )
+    assert scoring_precision("bf16", "cpu", flags=sapphire) == ("bf16", "")
+    assert scoring_precision("fp16", "cpu", flags=sapphire)[0] == "fp32"  # no avx512_fp16
+    assert scoring_precision("fp16", "cpu", flags={"avx512_fp16"}) == ("fp16", "")
+    assert scoring_precision("bf16", "tpu", flags=avx2) == ("bf16", "")
+    assert scoring_precision("fp32", "cpu", flags=avx2) == ("fp32", "")
+    assert scoring_precision("bf16", "tpu", "fp32")[0] == "fp32"  # the user's choice
+    assert scoring_precision("bf16", "cpu", "run", flags=avx2) == ("bf16", "")
+    with pytest.raises(ValueError, match="expected auto, fp32 or run"):
+        scoring_precision("bf16", "cpu", "fast")
+    assert cpu_flags("processor : 0\nflags\t\t: fpu avx2 avx512_bf16\n") == {
+        "fpu",
+        "avx2",
+        "avx512_bf16",
+    }
+
+
 def test_fp32_matmuls_are_full_fp32_on_a_gpu_unless_the_user_chose(monkeypatch):
     """JAX's GPU default is TF32, torch's fp32 (the H200 measurement is in core/hardware.py):
     the devices' set-up asks for 'highest' on a GPU only, and never over the user's choice."""

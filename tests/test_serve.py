@@ -818,6 +818,76 @@ def test_a_served_run_scores_as_jaxtpu_load_and_stops_cleanly_on_sigterm(finishe
             proc.kill()
 
 
+@pytest.mark.e2e
+@pytest.mark.model
+def test_on_a_cpu_without_bf16_every_command_scores_in_fp32_and_they_agree_bitwise(
+    finished_run, tmp_path, monkeypatch
+):
+    """Issue 89, item 1: where XLA:CPU would emulate bf16 (an AVX2 CPU; stood in for here by
+    JAXTPU_SCORE_PRECISION=fp32, this machine having avx512_bf16), the server, `jaxtpu
+    predict` and `jaxtpu.load()` score the bf16 run in fp32, saying so; their scores are
+    bitwise equal, alone or in a crowd, the card and version say fp32, and the server pads a
+    call to the smallest size it verified gives the full batch's scores (fewer rows for a
+    lone request)."""
+    import csv
+    import signal
+    import subprocess
+    import sys
+
+    import jaxtpu
+    from parity_tests.harness import ROOT, clean_env
+
+    env = {"JAXTPU_SCORE_PRECISION": "fp32"}
+    monkeypatch.setenv("JAXTPU_SCORE_PRECISION", "fp32")
+    texts = ["you are an idiot", "thanks for the edit!", "What kind of idiot name is foo?"]
+    texts += [f"comment {i}: " + "word " * (3 * i) for i in range(13)]
+    loaded = jaxtpu.load(finished_run, num_devices=1)
+    assert loaded.scorer.model.cfg.train.precision == "fp32" and loaded.scorer.model.upcast
+    want = loaded.predict(texts)
+    rows = tmp_path / "in.csv"
+    with open(rows, "w", newline="") as f:
+        csv.writer(f).writerows([("id", "comment_text"), *enumerate(texts)])
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxtpu.predict", "--workdir", str(finished_run), "--input",
+         str(rows), "--output", str(tmp_path / "out.csv"), "--num-devices", "1"],
+        cwd=ROOT, env=clean_env(env), capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "scoring in fp32" in proc.stderr, proc.stderr[-2000:]
+    with open(tmp_path / "out.csv", newline="") as f:
+        predicted = np.array([float(r["toxic"]) for r in csv.DictReader(f)])
+    # the API answers float32 probabilities, predict and the server float64 ones of the same
+    # logits: equal to float32's rounding, and predict's and the server's bitwise (below)
+    np.testing.assert_allclose(predicted, want, rtol=0, atol=1e-7)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jaxtpu.serve", "--workdir", str(finished_run), "--port", "0"],
+        cwd=ROOT, env=clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = next(ln for ln in server.stdout if ln.startswith("serving http://"))
+        url = url.split()[1].split("/v1alpha1")[0]
+        deadline = time.time() + 180
+        while not _ready(url):
+            assert time.time() < deadline and server.poll() is None
+            time.sleep(0.2)
+        body = lambda t: {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}}}  # noqa: E731
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            crowd = list(pool.map(lambda t: post(url, body(t), None), texts))
+        alone = [post(url, body(t), None) for t in texts[:3]]
+        value = lambda a: a[2]["attributeScores"]["TOXICITY"]["summaryScore"]["value"]  # noqa: E731
+        assert np.array_equal(np.array([value(a) for a in crowd]), predicted)
+        assert [value(a) for a in alone] == [value(a) for a in crowd[:3]]
+        card = json.loads(get(f"{url}/v1/model")[2])
+        assert card["precision"] == "bf16" and card["scored_in"].startswith("fp32")
+        assert card["parts"]["scoring"] == card["scored_in"]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    err = server.stderr.read()
+    assert "scoring in fp32: the run trained in bf16" in err
+    sizes = re.search(r"calls padded to ([0-9, ]+) rows", err)
+    assert sizes and sizes[1].split(", ")[-1] == "16", err[-2000:]
+
+
 def _ready(url: str) -> bool:
     """Whether the server at `url` can score (a refused connection: not yet listening)."""
     try:
@@ -883,9 +953,7 @@ def test_an_onnx_export_served_by_two_workers_scores_as_its_graph(onnx_export, t
     texts = ["you are an idiot", "thanks for the edit!", "What kind of   idiot name is foo?"]
     ids, mask = encode_texts(texts, load_tokenizer(out), meta["max_len"])
     feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
-    z = ort.InferenceSession(str(out / "model.onnx")).run(None, feeds)[0][:, 0]
     cal = meta["calibration"]
-    want = 1 / (1 + np.exp(-(z * cal["scale"][0] + cal["shift"][0])))
 
     proc, url = _start_server("--onnx", str(out), "--workers", "2")
     try:
@@ -893,6 +961,15 @@ def test_an_onnx_export_served_by_two_workers_scores_as_its_graph(onnx_export, t
         while not _ready(url):
             assert time.time() < deadline and proc.poll() is None
             time.sleep(0.2)
+        # issue 89, item 2: the export's directory serves the graph timed faster here, the
+        # same for both workers (chosen once), said in the card
+        graph = json.loads(get(f"{url}/v1/model")[2])["graph"]
+        assert graph["chosen"] in ("fp32", "int8") and set(graph["seconds"]) == {"fp32", "int8"}
+        fast = graph["seconds"]["fp32"] >= 1.15 * graph["seconds"]["int8"]
+        assert graph["chosen"] == ("int8" if fast else "fp32")
+        chosen = meta["files"][graph["chosen"]]
+        z = ort.InferenceSession(str(out / chosen)).run(None, feeds)[0][:, 0]
+        want = 1 / (1 + np.exp(-(z * cal["scale"][0] + cal["shift"][0])))
         body = lambda t: {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}}}  # noqa: E731
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             crowd = list(pool.map(lambda t: post(url, body(t), None), texts * 8))
@@ -915,7 +992,7 @@ def test_an_onnx_export_served_by_two_workers_scores_as_its_graph(onnx_export, t
 
     fp32, int8 = OnnxModel(out, 4), OnnxModel(out / "model_int8.onnx", 4)
     assert fp32.trained.weights_digest() != int8.trained.weights_digest()
-    assert np.abs(int8.predict(texts) - want).max() < 0.05
+    assert np.abs(int8.predict(texts) - fp32.predict(texts)).max() < 0.05
     with pytest.raises(UserError, match="not a jaxtpu ONNX export"):
         OnnxModel(tmp_path, 4)
     (tmp_path / "jaxtpu_onnx.json").write_text(json.dumps({**meta, "files": {"fp32": "a.onnx"}}))

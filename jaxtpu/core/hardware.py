@@ -175,3 +175,52 @@ def precision_problem(
             "without bfloat16 (T4, P100); this device computes bf16 (--precision bf16)",
         )
     return None
+
+
+# Scoring on a CPU: XLA:CPU computes bf16 (and fp16) natively only where the CPU has the
+# instructions (AVX-512 BF16 or AMX; AVX-512 FP16), and emulates them elsewhere, slower than
+# fp32 (issue 89: a lone request to a bf16 run's server took 0.6-1.2 s on a 2-core AVX2
+# machine). `JAXTPU_SCORE_PRECISION` chooses: auto (the default, this rule), fp32 (always
+# upcast a bf16 or fp16 run), run (always the run's own precision).
+SCORE_PRECISION_ENV = "JAXTPU_SCORE_PRECISION"
+_NATIVE = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (`cpuinfo`: the text of /proc/cpuinfo; read when None; empty
+    where there is none)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.split(":")[0].strip() == "flags":
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def scoring_precision(
+    precision: str, platform: str, choice: str = "auto", flags: set[str] | None = None
+) -> tuple[str, str]:
+    """The precision to score a `precision`-trained model in on `platform`, and why when it is
+    not the run's (else ''): fp32 for a bf16 or fp16 run on a CPU without that type's
+    instructions (`flags`: the CPU's, read when None); the run's own everywhere else (TPUs,
+    GPUs, CPUs that have them). `choice` is `SCORE_PRECISION_ENV`'s value.
+
+    Raises:
+      ValueError: a `choice` other than auto, fp32 or run.
+    """
+    if choice not in ("auto", "fp32", "run"):
+        raise ValueError(f"{SCORE_PRECISION_ENV}={choice}: expected auto, fp32 or run")
+    if precision not in _NATIVE or choice == "run":
+        return precision, ""
+    if choice == "fp32":
+        return "fp32", f"{SCORE_PRECISION_ENV}=fp32"
+    if platform != "cpu":
+        return precision, ""
+    have = cpu_flags() if flags is None else flags
+    if any(f in have for f in _NATIVE[precision]):
+        return precision, ""
+    wanted = " or ".join(_NATIVE[precision])
+    return "fp32", f"this CPU has no {precision} instructions ({wanted}): XLA would emulate them"

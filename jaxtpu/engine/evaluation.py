@@ -26,6 +26,7 @@ from jaxtpu.core.severity import format_weights, pair_agreement
 from jaxtpu.core.tasks import TASKS, Task
 from jaxtpu.core.textformat import PLAIN, TextFormat
 from jaxtpu.engine.scoring import (
+    for_scoring,
     load_model_dir,
     load_multilabel,
     load_trained,
@@ -125,7 +126,7 @@ def score_file(
     global_batch = batch_size * len(devices)
     edges = fixed_edges(d.max_len)
     batcher = Batcher(examples.real_lengths(), global_batch, d.max_len, edges)
-    backend = scoring_backend(model, devices, task)
+    backend = scoring_backend(for_scoring(model, devices), devices, task)
     result, scores = loop.score_examples(backend, examples, batcher, task)
     return examples, result, scores
 

@@ -49,6 +49,50 @@ class TrainedModel:
     tokenizer_dir: Path
     # the run's (or export's) per-output Platt scaling; None: a ranker, or none recorded
     calibration: Calibration | None = None
+    # why it is scored in another precision than it trained in (`for_scoring`); '' when not
+    upcast: str = ""
+
+
+def for_scoring(model: TrainedModel, devices: list[Any]) -> TrainedModel:
+    """`model` as it is scored on `devices`: a bf16 (or fp16) run on a CPU that would emulate
+    that type is scored in fp32 (its compute dtype fp32, its weights upcast), said once on
+    stderr; anything else as it trained (`jaxtpu.core.hardware.scoring_precision`, and its
+    environment variable). Every scoring command goes through here, so they agree."""
+    import dataclasses
+    import os
+
+    import jax
+
+    from jaxtpu.core.hardware import SCORE_PRECISION_ENV, scoring_precision
+    from jaxtpu.models import encoder as models
+
+    if model.upcast:
+        return model
+    precision = model.cfg.train.precision
+    platform = devices[0].platform if devices else "cpu"
+    choice = os.environ.get(SCORE_PRECISION_ENV, "auto").strip().lower() or "auto"
+    try:
+        wanted, why = scoring_precision(precision, platform, choice)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if wanted == precision:
+        return model
+    cfg = model.cfg.replace(precision=wanted)
+    floats = lambda x: x.astype(np.float32) if np.issubdtype(x.dtype, np.floating) else x  # noqa: E731
+    params = jax.tree.map(lambda x: floats(np.asarray(x)), model.params)
+    print(
+        f"scoring in fp32: the run trained in {precision}, and {why} (the weights upcast; "
+        f"{SCORE_PRECISION_ENV}=run scores in {precision})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return dataclasses.replace(
+        model,
+        cfg=cfg,
+        module=models.for_run(cfg, model.spec, scan=False),
+        params=params,
+        upcast=f"fp32 ({why})",
+    )
 
 
 def load_trained(workdir: str | Path) -> TrainedModel:
@@ -288,7 +332,7 @@ class Scorer:
     def __init__(
         self, model: TrainedModel, devices: list[Any], batch_size: int, calibrated: bool = True
     ) -> None:
-        self.model = model
+        self.model = model = for_scoring(model, devices)
         # the scaling `calibrate` applies: the model's, unless scoring uncalibrated
         self.calibration = model.calibration if calibrated else None
         self.task = one_comment_task(model.spec.task)
@@ -298,6 +342,33 @@ class Scorer:
         self.global_batch = batch_size * len(devices)
         self.backend = scoring_backend(model, devices, self.task)
         self.edges = fixed_edges(self.max_len)
+        self.devices = len(devices)
+        # the rows a call is padded to: the smallest of these that holds it. Only the full
+        # batch, unless `verify_sizes` found smaller calls that give its scores bitwise
+        self.sizes: tuple[int, ...] = (self.global_batch,)
+
+    def call_size(self, n: int) -> int:
+        """The rows a call of `n` texts is padded to (each bucket's batch)."""
+        return next((size for size in self.sizes if size >= n), self.global_batch)
+
+    def verify_sizes(self, probe: Sequence[Any]) -> tuple[int, ...]:
+        """Lets calls be padded to fewer rows than the full batch (halvings of it, down to
+        one row a device) where a call of that size gives `probe`'s texts (one a length
+        bucket) the full batch's scores bitwise, so a text's score still does not depend on
+        the call it is in; compiles those programs now. Returns the sizes kept, the full
+        batch last. A bf16 program of another shape rounds differently (about 1e-3): it keeps
+        the full batch alone; an fp32 one on XLA:CPU kept 4 and 8 of 16 rows here."""
+        full = self.logits(probe)
+        kept = []
+        size = self.devices
+        while size < self.global_batch:
+            self.sizes = (size, self.global_batch)
+            calls = [self.logits(probe[i : i + size]) for i in range(0, len(probe), size)]
+            if np.array_equal(np.concatenate(calls), full):
+                kept.append(size)
+            size *= 2
+        self.sizes = (*kept, self.global_batch)
+        return self.sizes
 
     def logits(self, texts: Sequence[Any]) -> np.ndarray:
         """The raw outputs for (normalized) `texts`, or the text pairs or prompts of the
@@ -308,7 +379,7 @@ class Scorer:
             return np.zeros((0, *self.task.label_shape), np.float32)
         ids, mask = encode_texts(texts, self.tokenizer, self.max_len, self.form)
         label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_layout's
-        batcher = Batcher(real_lengths(mask), self.global_batch, self.max_len, self.edges)
+        batcher = Batcher(real_lengths(mask), self.call_size(len(texts)), self.max_len, self.edges)
         layout = self.task.batch_layout(self.max_len)
         examples = tokenized.Examples(ids, mask, label, layout=layout)
         _, scores = loop.score_examples(self.backend, examples, batcher, self.task, False)

@@ -10,6 +10,7 @@ template) and give it the same score.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from jaxtpu.api import Model
 from jaxtpu.core.data import templates
+from jaxtpu.core.data.demo import sample_comments
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.hf.encoder import exported_head, resolve_model_dir
 from jaxtpu.core.serving import card as cards
@@ -24,7 +26,10 @@ from jaxtpu.core.serving.attributes import Attribute, as_records, served_map
 from jaxtpu.core.textformat import PROMPT
 from jaxtpu.core.versions import installed
 from jaxtpu.engine.scoring import load_model_dir, load_trained, params_digest
-from jaxtpu.serve.onnxmodel import OnnxModel
+from jaxtpu.serve.onnxmodel import pick_graph
+
+# the packaged real comments a smaller call's scores are checked on (`Served.warm_up`)
+PROBE_COMMENTS = 64
 
 
 @dataclass
@@ -115,12 +120,29 @@ class Served:
 
     def warm_up(self) -> int:
         """Compiles the model's program for every length bucket before the server is ready
-        (from JAX's persistent compilation cache after the first start). Returns the count."""
-        edges = list(self.model.scorer.edges)
+        (from JAX's persistent compilation cache after the first start), and for a model that
+        pads each call (the JAX backend), the smaller calls that give the full batch's scores
+        bitwise (`Scorer.verify_sizes`: a lone request then computes fewer rows). Returns the
+        programs compiled."""
+        scorer = self.model.scorer
+        edges = list(scorer.edges)
         texts = [" ".join(["a"] * max(1, e - 4)) for e in edges]
         rule = next(iter(self._rule_text.values()), "")
-        self.probabilities([(rule, t) for t in texts] if self.rules_model else texts)
-        return len(edges)
+        pair = (lambda t: (rule, t)) if self.rules_model else (lambda t: t)
+        self.probabilities([pair(t) for t in texts])
+        if not hasattr(scorer, "verify_sizes"):
+            return len(edges)
+        # real comments of every length: a text of one word repeated hides rounding that
+        # differs between programs (its positions are alike), real ones show it
+        probe = [pair(t) for t in texts + sample_comments(PROBE_COMMENTS)]
+        sizes = scorer.verify_sizes(self.model.prepared(probe))
+        print(
+            f"{self.source}: calls padded to {', '.join(map(str, sizes))} rows (the smallest "
+            "that holds them; each gives the full batch's scores bitwise)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return len(edges) * len(sizes)
 
 
 def load_served(
@@ -133,16 +155,20 @@ def load_served(
     max_len: int | None,
     calibrated: bool = True,
     threads: int = 0,
+    graph: dict[str, Any] | None = None,
 ) -> Served:
     """A model to serve: a run directory (`kind` 'workdir'), an export ('model_dir') or an
     ONNX export ('onnx', on onnxruntime with `threads` threads, 0 = its default), with its
     attribute map (`--attributes`; '' for what the run or export recorded, else the columns'
     Perspective names), languages (`--languages`, '' for those it was validated on),
     calibration (the model's, unless `calibrated` is False: --no-calibration), version and
-    card."""
+    card; an ONNX export's directory serves the graph `onnxmodel.pick_graph` times faster here
+    (`graph`: that choice's record, made by --workers' supervisor for all its workers)."""
     flag = f"--{kind.replace('_', '-')} {source}"
     if kind == "onnx":
-        model: Any = OnnxModel(source, batch_size, calibrated, threads)
+        model: Any
+        model, timed = pick_graph(source, batch_size, calibrated, threads)
+        graph = graph or timed  # chosen here, or by --workers' supervisor (`graph`)
         trained: Any = model.trained
         stored = trained.meta.get("attributes")
         metrics = dict(trained.meta.get("metrics") or {})
@@ -170,6 +196,8 @@ def load_served(
     served = Served(flag, model, attrs, langs)
     served.prepare()
     served.version, served.card = _version_and_card(served, trained, metrics)
+    if graph is not None:
+        served.card["graph"] = graph
     return served
 
 
@@ -200,4 +228,5 @@ def _version_and_card(
         trained.tokenizer_dir,
         _calibration_record(served),
         installed("jaxtpu", "unknown"),
+        getattr(served.model.scorer.model, "upcast", ""),
     )

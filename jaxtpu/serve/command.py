@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
@@ -124,4 +125,14 @@ def serve(args: argparse.Namespace) -> int:
         uvicorn.Server(uvicorn_config(app)).run(sockets=[sock])
         print("stopped" + (" on SIGTERM" if stopped_by else ""), flush=True)
         return 0
+    if args.onnx and Path(args.onnx).is_dir():  # one graph for every worker, timed once
+        from jaxtpu.serve.onnxmodel import pick_graph
+
+        model, args.graph = pick_graph(args.onnx, args.batch_size, threads=args.threads)
+        args.onnx = str(model.trained.onnx_file)
+        if args.graph:
+            t = args.graph["seconds"]
+            print(f"graph: {args.graph['chosen']} (fp32 {t['fp32']:.3f} s, int8 {t['int8']:.3f} s "
+                  f"on {args.graph['comments']} real comments here; {args.graph['rule']})",
+                  flush=True)  # fmt: skip
     return serve_workers(args, sock, url)

@@ -175,3 +175,48 @@ class OnnxModel(Model):
         self.task = self.scorer.task
         self.backend = None
         self.text_format = export.spec.text_format
+
+
+# int8 is served from an export's directory only when it is this much faster than fp32 here:
+# its logits move by up to about 0.15 from fp32's (the export's own report), and a small,
+# noisy lead would let two replicas of one machine type choose differently
+INT8_LEAD = 1.15
+TIMED_COMMENTS = 64  # the packaged real comments both graphs are timed on, at start
+
+
+def pick_graph(
+    path: str | Path, batch_size: int, calibrated: bool = True, threads: int = 0
+) -> tuple[OnnxModel, dict[str, Any] | None]:
+    """The graph to serve for `--onnx PATH`: a graph file as named; for an export's directory
+    with an int8 twin, whichever of the two scores `TIMED_COMMENTS` real comments faster on
+    this CPU (the int8 graph only when `INT8_LEAD` times faster: where the CPU has VNNI or AMX,
+    about 1.7x; on AVX2 about 7%), with the timing as a record for the card; None when nothing
+    was chosen."""
+    import time
+
+    from jaxtpu.core.data.demo import sample_comments
+
+    path = Path(path)
+    fp32 = OnnxModel(path, batch_size, calibrated, threads)
+    files = fp32.trained.meta.get("files") or {}
+    if not path.is_dir() or "int8" not in files or not (path / files["int8"]).is_file():
+        return fp32, None
+    int8 = OnnxModel(path / files["int8"], batch_size, calibrated, threads)
+    texts = sorted(sample_comments(TIMED_COMMENTS), key=len)  # length-sorted, as served
+    seconds = {}
+    for name, model in (("fp32", fp32), ("int8", int8)):
+        model.logits(texts)  # the first run allocates; timed: the best of three after it
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            model.logits(texts)
+            best = min(best, time.perf_counter() - t0)
+        seconds[name] = best
+    chosen = "int8" if seconds["fp32"] >= INT8_LEAD * seconds["int8"] else "fp32"
+    record = {
+        "chosen": chosen,
+        "seconds": {k: round(v, 4) for k, v in seconds.items()},
+        "comments": len(texts),
+        "rule": f"int8 when at least {INT8_LEAD}x faster than fp32 on this CPU, timed at start",
+    }
+    return (int8 if chosen == "int8" else fp32), record

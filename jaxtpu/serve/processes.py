@@ -205,11 +205,21 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
             args.max_len or SCORING.max_len,
             not args.no_calibration,
             threads if kind == "onnx" else 0,
+            getattr(args, "graph", None),
         )
         names = ", ".join(a.name for a in served.attributes)
         say(f"  {served.model.task.name} model, version {served.version}: {names}", flush=True)
         cal = served.model.scorer.calibration
         say(f"  calibration: {cal.describe() if cal else _uncalibrated(args)}", flush=True)
+        graph = served.card.get("graph")
+        if graph:
+            t = graph["seconds"]
+            say(
+                f"  graph: {graph['chosen']} ({graph['comments']} real comments: fp32 "
+                f"{t['fp32']:.3f} s, int8 {t['int8']:.3f} s on this CPU; {graph['rule']}; "
+                "--onnx DIR/model.onnx or DIR/model_int8.onnx chooses)",
+                flush=True,
+            )
         models.append(served)
     store = open_feedback(args, say)
     origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())

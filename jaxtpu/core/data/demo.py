@@ -65,3 +65,12 @@ def demo_comments(n: int, seed: int = 0) -> Comments:
         labels.append(float(toxic))
         subs.append(sub)
     return Comments("demo", texts, np.asarray(labels, np.float32), np.asarray(subs, np.float32))
+
+
+def sample_comments(n: int) -> list[str]:
+    """The first `n` comments of the packaged sample (`SAMPLE_CSV`), whitespace collapsed."""
+    import csv
+
+    with open(SAMPLE_CSV, newline="", encoding="utf-8") as f:
+        rows = csv.DictReader(f)
+        return [" ".join(r["comment_text"].split()) for r, _ in zip(rows, range(n), strict=False)]

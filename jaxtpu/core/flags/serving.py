@@ -93,14 +93,13 @@ class ServeFlags:
     )
     batch_size: int = _c(
         ScoringConfig.batch_size,
-        "Rows per device of each model call. Every call is padded to this, so a comment's score "
-        "never depends on the requests it shares a call with, and equals jaxtpu predict's, "
-        "evaluate's and jaxtpu.load()'s at the same --batch-size (their default is this one). "
-        "On a CPU, 4 answers a lone request about 4x sooner (it computes 4 rows, not 16) at "
-        "the same throughput under load, but a bf16 run's scores then differ from predict's "
-        "default by about 1e-3 (docs/perspective.md). --onnx: rows per onnxruntime call, not "
-        "padded (its kernels take any batch; a comment's score is the same bitwise in any "
-        "batch, tests/test_serve.py).",
+        "Rows per device of each model call. A call is padded to this, or to the smallest "
+        "halving of it that the server checked, when it started, gives a call of this size's "
+        "scores bitwise (on XLA:CPU some do in fp32, none in bf16), so a comment's "
+        "score never depends on the requests it shares a call with, and equals jaxtpu "
+        "predict's, evaluate's and jaxtpu.load()'s at the same --batch-size (their default is "
+        "this one). --onnx: rows per onnxruntime call, not padded (its kernels take any batch; "
+        "a comment's score is the same bitwise in any batch, tests/test_serve.py).",
         bounds=Bounds(1, 65536),
     )
     max_batch: int = _c(

@@ -114,11 +114,14 @@ def build(
     tokenizer_dir: str | Path,
     calibration: dict[str, Any] | None,
     jaxtpu_version: str,
+    scoring: str = "",
 ) -> tuple[str, dict[str, Any]]:
     """A model's version and card: what `GET /v1/model` answers and `jaxtpu export` writes
     (`CARD_FILE`). `weights` is the weights' digest (`digest_arrays`, or an ONNX graph's
     `digest_file`); `cfg` the run's `Config`, `metrics` its best evaluation's, `config` the
-    run's recorded config, `calibration` the record applied (None: none)."""
+    run's recorded config, `calibration` the record applied (None: none), `scoring` the
+    precision it is scored in when not the one it trained in, and why ('' when it is: the
+    version is then what it always was)."""
     tokenizer = Path(tokenizer_dir)
     parts = {
         "weights": weights,
@@ -127,6 +130,8 @@ def build(
         "calibration": calibration,
         "jaxtpu": jaxtpu_version,
     }
+    if scoring:
+        parts["scoring"] = scoring
     version = model_version(parts)
     files = {}
     for name in ("train_csv", "valid_csv", "extra_train"):
@@ -143,6 +148,7 @@ def build(
         "columns": list(columns),
         "languages": languages,
         "precision": cfg.train.precision,
+        **({"scored_in": scoring} if scoring else {}),
         "max_len": cfg.data.max_len,
         "validation": validation_summary(metrics, cfg.task.label_columns),
         "training_files": files,
