@@ -249,6 +249,13 @@ def _table(result: dict[str, Any]) -> str:
         "(goal >= 0.8); "
         f"serve / baseline at {r['clients']}: {r['serve64_over_baseline']:.2f} (goal >= 3); "
         f"p99/p50 at half the saturating rate: {r['p99_over_p50_half_load']:.2f} (goal <= 3)",
+        "open loop (Poisson arrivals), p50 / p99 ms: "
+        + "; ".join(
+            f"{x['fraction']:.0%} of the saturating rate ({x['rate']:.1f}/s) "
+            f"{x['p50_ms']:.0f} / {x['p99_ms']:.0f}"
+            for x in result.get("open_loop", [])
+        )
+        + " (goal: p99 <= 800 at 80%, Coral's timeout)",
         cpu_line(result["cpu"]),
     ]
     return "\n".join(lines)
@@ -264,14 +271,20 @@ def source_of(workdir: str, backend: str, out: Path) -> tuple[str, str]:
         cmd = [sys.executable, "-m", "jaxtpu.export", "--workdir", workdir]
         cmd += ["--out", str(export), "--format", "onnx", "--quantize", "int8"]
         subprocess.run(cmd, check=True)
-    return "--onnx", str(export / ("model_int8.onnx" if backend == "onnx-int8" else ""))
+    # a graph file each: the directory would time both and choose (`onnxmodel.pick_graph`)
+    return "--onnx", str(export / ("model_int8.onnx" if backend == "onnx-int8" else "model.onnx"))
 
 
 def serve_rows(
-    sitting: tuple[str, str], source: tuple[str, str], texts: list[str], levels: list[int]
+    sitting: tuple[str, str],
+    source: tuple[str, str],
+    texts: list[str],
+    levels: list[int],
+    use_wrk: bool = False,
 ) -> dict[str, Any]:
-    """The server's rows at each level, its half-load open loop and its model version;
-    `sitting`: (backend, serve flags)."""
+    """The server's rows at each level (and with `use_wrk` a row of wrk's at the top one), its
+    open loops at `OPEN_LOOP` of its saturating rate and its model version; `sitting`:
+    (backend, serve flags)."""
     import httpx
 
     backend, flags = sitting
@@ -296,11 +309,68 @@ def serve_rows(
                 f"p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms",
                 flush=True,
             )
+        if use_wrk:
+            row = wrk_row(analyze, [body(t) for t in texts], max(levels))
+            rows.append({"way": f"serve {backend} (wrk)", "clients": max(levels), **row})
+            print(f"serve {backend}, wrk at {max(levels)} connections: "
+                  f"{row['throughput']:.1f}/s, p99 {row['p99_ms']:.0f} ms", flush=True)  # fmt: skip
         top = max(r["throughput"] for r in rows)
-        half = asyncio.run(open_loop(analyze, body, texts, top / 2))
+        loads = []
+        for fraction in OPEN_LOOP:
+            row = asyncio.run(open_loop(analyze, body, texts, top * fraction))
+            loads.append({"fraction": fraction, "rate": top * fraction, **row})
+            print(f"serve {backend}, open loop at {fraction:.0%} of {top:.1f}/s: p50 "
+                  f"{row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms", flush=True)  # fmt: skip
     finally:
         _stop(proc)
-    return {"rows": rows, "half_load": {"rate": top / 2, **half}, "model_version": card["version"]}
+    half = next(x for x in loads if x["fraction"] == 0.5)
+    return {"rows": rows, "half_load": half, "open_loop": loads, "model_version": card["version"]}
+
+
+# the open-loop rates, as fractions of the saturating rate (the best closed-loop throughput)
+OPEN_LOOP = (0.5, 0.8, 0.95)
+WRK_SECONDS = 20
+
+
+def wrk_row(url: str, bodies: list[dict[str, Any]], connections: int) -> dict[str, float]:
+    """Debian's `wrk` (a load generator in C) on `connections` keep-alive connections for
+    `WRK_SECONDS`, cycling through `bodies`: its requests/s and latency percentiles."""
+    import re
+    import shutil
+    import tempfile
+    from urllib.parse import urlsplit
+
+    if shutil.which("wrk") is None:
+        raise SystemExit("benchmarks.serving: --wrk needs Debian's wrk (apt-get install wrk)")
+    target = urlsplit(url)
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = Path(tmp) / "bodies.txt"
+        lines.write_text("".join(json.dumps(b) + "\n" for b in bodies))
+        script = Path(tmp) / "post.lua"
+        script.write_text(
+            f'local bodies = {{}}\nfor line in io.lines("{lines}") do\n'
+            "  bodies[#bodies + 1] = line\nend\n"
+            "local i = 0\nrequest = function()\n  i = i + 1\n"
+            f'  return wrk.format("POST", "{target.path}", {{["Content-Type"] = '
+            '"application/json"}, bodies[(i % #bodies) + 1])\nend\n'
+        )
+        out = subprocess.run(
+            ["wrk", "-t2", f"-c{connections}", f"-d{WRK_SECONDS}s", "--latency", "-s",
+             str(script), f"{target.scheme}://{target.netloc}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+    def ms(name: str) -> float:
+        m = re.search(rf"^\s+{name}%\s+([0-9.]+)(us|ms|s)", out, re.M)
+        if not m:
+            return float("nan")
+        return float(m[1]) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m[2]]
+
+    rate = float(re.search(r"Requests/sec:\s+([0-9.]+)", out)[1])
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"requests": round(rate * WRK_SECONDS), "errors": int(bad[1]) if bad else 0,
+            "throughput": rate, "p50_ms": ms("50"), "p95_ms": float("nan"),
+            "p99_ms": ms("99")}  # fmt: skip
 
 
 def baseline_rows(workdir: str, out: Path, texts: list[str], levels: list[int]) -> list[dict]:
@@ -343,25 +413,34 @@ def ratios(result: dict[str, Any], clients: int) -> dict[str, Any]:
 
 SITTING_LABELS = {  # how docs/perspective.md's table names each backend's serve command
     "jaxtpu": "`--workdir` (jaxtpu, {precision})",
-    "onnx-fp32": "`--onnx DIR` (fp32)",
+    "onnx-fp32": "`--onnx DIR/model.onnx` (fp32)",
     "onnx-int8": "`--onnx DIR/model_int8.onnx`",
 }
+
+
+def _python_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The server's rows of the Python generator (wrk's row apart)."""
+    return [r for r in rows if r["way"].startswith("serve ") and not r["way"].endswith("(wrk)")]
 
 
 def table(sittings: list[dict[str, Any]]) -> str:
     """A row per sitting (kind `serving`): the server's throughput at each client count, its
     latency alone and at the top count, against its offline rate and the baseline, and its
-    tail at half load, each ratio beside its goal."""
-    levels = [r["clients"] for r in sittings[0]["rows"] if r["way"].startswith("serve ")]
+    tail at half load, each ratio beside its goal; where the sitting has them, wrk's rate at
+    the top count against the offline rate and the p99 of the open loops at 50, 80 and 95% of
+    the saturating rate ('-' where it has not: a report from before they were measured)."""
+    levels = [r["clients"] for r in _python_rows(sittings[0]["rows"])]
     top = levels[-1]
     lines = [
         f"| serve | comments/s at {' / '.join(map(str, levels))} clients | p50 at {levels[0]} / "
         f"p99 at {top} (ms) | offline comments/s | {top} clients / offline (goal 0.8) | "
-        f"baseline at {top} | / baseline (goal 3) | p99/p50 at half load (goal 3) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"wrk at {top} / offline (goal 0.85) | baseline at {top} | / baseline (goal 3) | "
+        "p99/p50 at half load (goal 3) | p99 ms at 50 / 80 / 95% load (goal 800 at 80%) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in sittings:
-        serve = [r for r in s["rows"] if r["way"].startswith("serve ")]
+        serve = _python_rows(s["rows"])
+        wrk = [r for r in s["rows"] if r["way"].endswith("(wrk)")]
         base = [r for r in s["rows"] if r["way"] == "baseline" and r["clients"] == top]
         label = SITTING_LABELS[s["backend"]].format(precision=s.get("precision", "?"))
         if s["serve_flags"]:
@@ -369,10 +448,13 @@ def table(sittings: list[dict[str, Any]]) -> str:
         r = s["ratios"]
         rates = " / ".join(f"{x['throughput']:.1f}" for x in serve)
         baseline = f"{base[0]['throughput']:.1f}" if base else "-"
+        by_wrk = f"{wrk[0]['throughput'] / s['offline']:.2f}" if wrk else "-"
+        loads = s.get("open_loop")
+        tails = " / ".join(f"{x['p99_ms']:.0f}" for x in loads) if loads else "-"
         lines.append(
             f"| {label} | {rates} | {serve[0]['p50_ms']:.0f} / {serve[-1]['p99_ms']:.0f} | "
-            f"{s['offline']:.1f} | {r['serve64_over_offline']:.2f} | {baseline} | "
-            f"{r['serve64_over_baseline']:.2f} | {r['p99_over_p50_half_load']:.2f} |"
+            f"{s['offline']:.1f} | {r['serve64_over_offline']:.2f} | {by_wrk} | {baseline} | "
+            f"{r['serve64_over_baseline']:.2f} | {r['p99_over_p50_half_load']:.2f} | {tails} |"
         )
     return "\n".join(lines)
 
@@ -412,7 +494,7 @@ def sitting(
     source = source_of(args.workdir, backend, out)
     print(f"offline: {backend} batch scoring of {len(texts)} comments ...", flush=True)
     result["offline"] = offline(source[1], texts, backend)
-    result.update(serve_rows(which, source, texts, levels))
+    result.update(serve_rows(which, source, texts, levels, args.wrk))
     if not args.no_baseline:
         result["rows"] += baseline_rows(args.workdir, out, texts, levels)
     result["ratios"] = ratios(result, max(levels))
@@ -434,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=300, help="Requests per load level.")
     p.add_argument("--clients", default="1,8,64", help="Concurrent clients of each level.")
     p.add_argument("--no-baseline", action="store_true", help="Leave out the pipeline baseline.")
+    p.add_argument(
+        "--wrk",
+        action="store_true",
+        help="Also load the server with Debian's wrk (a generator in C, not sharing the "
+        "Python generator's interpreter) at the top client count for 20 s.",
+    )
     p.add_argument(
         "--serve-flags", default="", help="More flags for jaxtpu serve, e.g. '--batch-size 4'."
     )
