@@ -100,9 +100,97 @@ def _batch(url: str, texts: list[str], names: list[str]) -> tuple[list[int], lis
     return statuses, [{n: s[n]["summaryScore"]["value"] for n in names} for s in scores]
 
 
+def _coral(endpoint: str, texts: list[str], want: list[dict], column: str) -> list[dict]:
+    """Coral's analyze of every comment and ten moderators' decisions: their rows."""
+    coral = [
+        _call(
+            f"{endpoint}/comments:analyze?key=coral-key",
+            {
+                "comment": {"text": t},
+                "doNotStore": True,
+                "requestedAttributes": {"TOXICITY": {}},
+                "languages": ["en"],
+            },
+        )  # fmt: skip
+        for t in texts
+    ]
+    got = [
+        {"TOXICITY": c[2]["attributeScores"]["TOXICITY"]["summaryScore"]["value"]} for c in coral
+    ]
+    suggestions = []
+    for i, t in enumerate(texts[:10]):
+        body = {
+            "comment": {"text": t},
+            "context": {"entries": [{"text": json.dumps({"Coral_comment_id": str(i)})}]},
+            "attributeScores": {("DELETED", "APPROVED")[i % 2]: {"summaryScore": {"value": 1}}},
+            "languages": ["EN"],
+            "communityId": "Coral:https://news.example/",
+            "clientToken": f"comment:{i}",
+        }
+        suggestions.append(_call(f"{endpoint}/comments:suggestscore?key=coral-key", body))
+    return [
+        _row("Coral analyze", coral, _diff(got, want, {"TOXICITY": column})),
+        _row("Coral suggestscore", suggestions, None),
+    ]
+
+
+def _page(endpoint: str, texts: list[str], want: list[dict], columns: dict) -> list[dict]:
+    """A browser's preflight and cross-origin POSTs with the header key: their rows."""
+    preflight = _call(
+        f"{endpoint}/comments:analyze",
+        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type, x-goog-api-key"},
+        method="OPTIONS",
+    )  # fmt: skip
+    page = [
+        _call(
+            f"{endpoint}/comments:analyze",
+            {"comment": {"text": t}, "requestedAttributes": {n: {} for n in columns}},
+            {"Origin": ORIGIN, "X-Goog-Api-Key": "page-key"},
+        )
+        for t in texts
+    ]
+    got = [{n: c[2]["attributeScores"][n]["summaryScore"]["value"] for n in columns} for c in page]
+    row = _row("page POST, cross-origin, X-Goog-Api-Key", page, _diff(got, want, columns))
+    row["allow_origin"] = page[0][1].get("access-control-allow-origin")
+    return [_row("page preflight (OPTIONS)", [preflight], None), row]
+
+
+def _quota(endpoint: str, text: str) -> dict[str, Any]:
+    """Five calls of the key allowed 3 a minute: its row."""
+    small = [
+        _call(
+            f"{endpoint}/comments:analyze?key=small-key",
+            {"comment": {"text": text}, "requestedAttributes": {"TOXICITY": {}}},
+        )
+        for _ in range(5)
+    ]
+    row = _row("key 'small' (3 a minute), 5 calls", small, None)
+    row["order"] = [c[0] for c in small]
+    row["reason"] = small[-1][2]["error"]["details"][0]["reason"]
+    return row
+
+
+def _languages(endpoint: str) -> list[dict[str, Any]]:
+    """The detector's answer on `SHORT`, and the server's to each without `languages`."""
+    from jaxtpu.core.serving.languages import Detector
+
+    detector, out = Detector(), []
+    for t in SHORT:
+        d = detector.detect(t)
+        status, _, answer = _call(
+            f"{endpoint}/comments:analyze?key=coral-key",
+            {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}}},
+        )
+        out.append(
+            {"text": t, "detected": d.top, "probability": round(d.probabilities[0], 3),
+             "sure": d.sure, "status": status, "scored_as": (answer or {}).get("languages")}
+        )  # fmt: skip
+    return out
+
+
 def run(workdir: str, rows: int, out: Path) -> dict[str, Any]:
     from jaxtpu.core.serving.feedback import Store
-    from jaxtpu.core.serving.languages import Detector
 
     out.mkdir(parents=True, exist_ok=True)
     texts = comments(rows)
@@ -114,113 +202,22 @@ def run(workdir: str, rows: int, out: Path) -> dict[str, Any]:
            "--api-keys", str(out / "keys.txt"), "--cors-origins", ORIGIN,
            "--feedback", str(store)]  # fmt: skip
     proc, url = _start(cmd, "serving")
-    rows_out: list[dict[str, Any]] = []
     try:
         _wait_ready(url)
         card = _call(f"{url}/v1/model?key=coral-key", method="GET")[2]
         attrs = card["attributes"] if "attributes" in card else card["models"][0]["attributes"]
         columns = {a["name"]: a["column"] for a in attrs}
-        names = list(columns)
         endpoint = f"{url}/v1alpha1"  # Coral's endpoint setting; it joins the method to it
-
-        coral = [
-            _call(
-                f"{endpoint}/comments:analyze?key=coral-key",
-                {
-                    "comment": {"text": t},
-                    "doNotStore": True,
-                    "requestedAttributes": {"TOXICITY": {}},
-                    "languages": ["en"],
-                },
-            )  # fmt: skip
-            for t in texts
-        ]
-        got = [
-            {"TOXICITY": c[2]["attributeScores"]["TOXICITY"]["summaryScore"]["value"]}
-            for c in coral
-        ]
-        rows_out.append(
-            _row("Coral analyze", coral, _diff(got, want, {"TOXICITY": columns["TOXICITY"]}))
-        )
-
-        suggestions = []
-        for i, t in enumerate(texts[:10]):
-            body = {
-                "comment": {"text": t},
-                "context": {"entries": [{"text": json.dumps({"Coral_comment_id": str(i)})}]},
-                "attributeScores": {("DELETED", "APPROVED")[i % 2]: {"summaryScore": {"value": 1}}},
-                "languages": ["EN"],
-                "communityId": "Coral:https://news.example/",
-                "clientToken": f"comment:{i}",
-            }
-            suggestions.append(_call(f"{endpoint}/comments:suggestscore?key=coral-key", body))
-        rows_out.append(_row("Coral suggestscore", suggestions, None))
-
-        statuses, batched = _batch(url, texts, names)
-        rows_out.append(
-            {
-                "call": "batch (google-api-python-client)",
-                "statuses": _count(statuses),
-                "max_abs_vs_predict": _diff(batched, want, columns),
-            }  # fmt: skip
-        )
-
-        preflight = _call(
-            f"{endpoint}/comments:analyze",
-            headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                     "Access-Control-Request-Headers": "content-type, x-goog-api-key"},
-            method="OPTIONS",
-        )  # fmt: skip
-        rows_out.append(_row("page preflight (OPTIONS)", [preflight], None))
-        page = [
-            _call(
-                f"{endpoint}/comments:analyze",
-                {"comment": {"text": t}, "requestedAttributes": {n: {} for n in names}},
-                {"Origin": ORIGIN, "X-Goog-Api-Key": "page-key"},
-            )
-            for t in texts
-        ]
-        got = [
-            {n: c[2]["attributeScores"][n]["summaryScore"]["value"] for n in names} for c in page
-        ]
-        row = _row("page POST, cross-origin, X-Goog-Api-Key", page, _diff(got, want, columns))
-        row["allow_origin"] = page[0][1].get("access-control-allow-origin")
-        rows_out.append(row)
-
-        small = [
-            _call(
-                f"{endpoint}/comments:analyze?key=small-key",
-                {"comment": {"text": texts[0]}, "requestedAttributes": {"TOXICITY": {}}},
-            )
-            for _ in range(5)
-        ]
-        row = _row("key 'small' (3 a minute), 5 calls", small, None)
-        row["order"] = [c[0] for c in small]
-        row["reason"] = small[-1][2]["error"]["details"][0]["reason"]
-        rows_out.append(row)
-
-        detector = Detector()
-        detected = []
-        for t in SHORT:
-            d = detector.detect(t)
-            status, _, answer = _call(
-                f"{endpoint}/comments:analyze?key=coral-key",
-                {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}}},
-            )
-            detected.append(
-                {
-                    "text": t,
-                    "detected": d.top,
-                    "probability": round(d.probabilities[0], 3),
-                    "sure": d.sure,
-                    "status": status,
-                    "scored_as": (answer or {}).get("languages"),
-                }  # fmt: skip
-            )
+        calls = _coral(endpoint, texts, want, columns["TOXICITY"])
+        statuses, batched = _batch(url, texts, list(columns))
+        calls.append({"call": "batch (google-api-python-client)", "statuses": _count(statuses),
+                      "max_abs_vs_predict": _diff(batched, want, columns)})  # fmt: skip
+        calls += [*_page(endpoint, texts, want, columns), _quota(endpoint, texts[0])]
+        detected = _languages(endpoint)
     finally:
         _stop(proc)
     kept = Store(str(store)).records()
-    result = {"rows": rows, "version": card["version"], "calls": rows_out, "languages": detected,
+    result = {"rows": rows, "version": card["version"], "calls": calls, "languages": detected,
               "feedback_rows": len(kept),
               "feedback_communities": sorted({r.community_id or "(none)" for r in kept}),
               "cpu": cpu_record()}  # fmt: skip

@@ -109,7 +109,7 @@ def _wait_ready(url: str, timeout: float = 600) -> None:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: no drain (SIGTERM drains for --drain-seconds)
     try:
         proc.wait(60)
     except subprocess.TimeoutExpired:

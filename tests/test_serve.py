@@ -83,8 +83,9 @@ class FakeModel(Served):
 class Running:
     """A uvicorn server of `jaxtpu.serve.app` for `models`, in a thread, on a free port."""
 
-    def __init__(self, models, **options):
+    def __init__(self, models, drain_seconds: float = 0.0, **options):
         from jaxtpu.serve.app import Options, Server, build_app
+        from jaxtpu.serve.lifecycle import DrainingServer
         from jaxtpu.serve.processes import uvicorn_config
 
         self.server = Server(models, Options(**options))
@@ -93,7 +94,7 @@ class Running:
         self.sock.listen(128)
         self.port = self.sock.getsockname()[1]
         config = uvicorn_config(build_app(self.server), log_level="error")
-        self.uvicorn = uvicorn.Server(config)
+        self.uvicorn = DrainingServer(config, drain_seconds)
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]})
         self.thread.start()
         deadline = time.time() + 20
@@ -385,6 +386,35 @@ def test_a_key_is_found_by_comparing_every_key_in_constant_time(monkeypatch):
     ]:
         with pytest.raises(UserError, match=re.escape(words)):
             KeyRing.parse(text, "f")
+
+
+def test_sigterm_drains_then_stops_and_a_second_signal_stops_at_once():
+    """Issue 87, item 3 (before: SIGTERM stopped taking connections at once, refusing what a
+    load balancer still routed here): /readyz answers 503 at once, requests are answered for
+    --drain-seconds, then the server stops; a second SIGTERM skips the rest of the drain."""
+    import signal
+
+    body = {"comment": {"text": "hello"}, "requestedAttributes": {"TOXICITY": {}}}
+    running = Running([FakeModel()], drain_seconds=1.0)
+    try:
+        t0 = time.perf_counter()
+        running.uvicorn.handle_exit(signal.SIGTERM, None)  # what the signal calls
+        status, _, ready = get(f"{running.url}/readyz")
+        assert status == 503 and json.loads(ready)["status"] == "draining"
+        assert post(running.url, body, None)[0] == 200 and running.thread.is_alive()
+        running.thread.join(10)
+        assert not running.thread.is_alive() and time.perf_counter() - t0 >= 1.0
+    finally:
+        running.stop()
+    running = Running([FakeModel()], drain_seconds=60.0)
+    try:
+        t0 = time.perf_counter()
+        running.uvicorn.handle_exit(signal.SIGTERM, None)
+        running.uvicorn.handle_exit(signal.SIGTERM, None)
+        running.thread.join(10)
+        assert not running.thread.is_alive() and time.perf_counter() - t0 < 5
+    finally:
+        running.stop()
 
 
 def test_a_failing_batch_fails_its_own_requests_only(served):
@@ -759,7 +789,9 @@ def test_feedback_in_a_real_postgresql_server_is_kept_replaced_deleted_and_purge
 def test_a_served_run_scores_as_jaxtpu_load_and_stops_cleanly_on_sigterm(finished_run, tmp_path):
     """The tiny run `finished_run` served by `python -m jaxtpu.serve` (a real process):
     Google's client gets, for real comments, the probabilities `jaxtpu.load().predict` gives
-    (within 1e-6), alone or in a crowd; SIGTERM finishes and exits 0."""
+    (within 1e-6), alone or in a crowd. SIGTERM drains (issue 87, item 3): /readyz answers
+    503 at once while requests are still answered for --drain-seconds (2 here), then the
+    process exits 0."""
     import signal
     import subprocess
     import sys
@@ -775,7 +807,17 @@ def test_a_served_run_scores_as_jaxtpu_load_and_stops_cleanly_on_sigterm(finishe
         "\U0001f600 nice",
     ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxtpu.serve", "--workdir", str(finished_run), "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "jaxtpu.serve",
+            "--workdir",
+            str(finished_run),
+            "--port",
+            "0",
+            "--drain-seconds",
+            "2",
+        ],
         cwd=ROOT,
         env=clean_env(),
         stdout=subprocess.PIPE,
@@ -809,8 +851,18 @@ def test_a_served_run_scores_as_jaxtpu_load_and_stops_cleanly_on_sigterm(finishe
             url, {"comment": {"text": texts[0]}, "requestedAttributes": {"TOXICITY": {}}}, None
         )
         assert alone[2]["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == got[0]
+        t0 = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        deadline = time.time() + 10
+        while get(f"{url}/readyz")[0] != 503:  # at once: the balancer stops routing here
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert json.loads(get(f"{url}/readyz")[2])["status"] == "draining"
+        during = post(
+            url, {"comment": {"text": texts[1]}, "requestedAttributes": {"TOXICITY": {}}}, None
+        )
+        assert during[0] == 200 and time.perf_counter() - t0 < 2  # still answered
+        assert proc.wait(60) == 0 and time.perf_counter() - t0 >= 2
         assert "stopped" in proc.stdout.read()
         assert not any(t in proc.stderr.read() for t in ("idiot", "thanks"))  # no text logged
     finally:
@@ -859,7 +911,8 @@ def test_on_a_cpu_without_bf16_every_command_scores_in_fp32_and_they_agree_bitwi
     # logits: equal to float32's rounding, and predict's and the server's bitwise (below)
     np.testing.assert_allclose(predicted, want, rtol=0, atol=1e-7)
     server = subprocess.Popen(
-        [sys.executable, "-m", "jaxtpu.serve", "--workdir", str(finished_run), "--port", "0"],
+        [sys.executable, "-m", "jaxtpu.serve", "--workdir", str(finished_run), "--port", "0",
+         "--drain-seconds", "0"],
         cwd=ROOT, env=clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -905,7 +958,7 @@ def _start_server(*flags: str):
     from parity_tests.harness import ROOT, clean_env
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxtpu.serve", *flags, "--port", "0"],
+        [sys.executable, "-m", "jaxtpu.serve", "--drain-seconds", "0", *flags, "--port", "0"],
         cwd=ROOT,
         env=clean_env(),
         stdout=subprocess.PIPE,

@@ -6,7 +6,9 @@ evaluate, export, severity-weights and the Python API (`jaxtpu.load`) score with
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from jaxtpu.core.data.tokens import encode_texts, load_tokenizer, tokenizer_fing
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config, from_dict
+from jaxtpu.core.hardware import SCORE_PRECISION_ENV, scoring_precision
 from jaxtpu.core.hf.directory import HEAD_FILE
 from jaxtpu.core.hf.encoder import (
     EncoderConfig,
@@ -58,12 +61,8 @@ def for_scoring(model: TrainedModel, devices: list[Any]) -> TrainedModel:
     that type is scored in fp32 (its compute dtype fp32, its weights upcast), said once on
     stderr; anything else as it trained (`jaxtpu.core.hardware.scoring_precision`, and its
     environment variable). Every scoring command goes through here, so they agree."""
-    import dataclasses
-    import os
-
     import jax
 
-    from jaxtpu.core.hardware import SCORE_PRECISION_ENV, scoring_precision
     from jaxtpu.models import encoder as models
 
     if model.upcast:

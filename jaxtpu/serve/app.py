@@ -110,6 +110,7 @@ class Server:
             for m in models
         }
         self.ready = False
+        self.draining = False  # set on SIGTERM (`lifecycle.DrainingServer`): /readyz says 503
         self._warming: asyncio.Task | None = None
         self._purging: asyncio.Task | None = None
         self.detector = Detector()
@@ -456,6 +457,8 @@ class _Routes:
         return JSONResponse({"status": "ok"}, headers=self.headers())
 
     async def readyz(self, request: Request, call: _Call) -> Response:
+        if self.server.draining:  # stopping: no new traffic, though it still answers
+            return JSONResponse({"status": "draining"}, status_code=503, headers=self.headers())
         if not self.server.ready:
             return JSONResponse({"status": "loading"}, status_code=503, headers=self.headers())
         body = {"status": "ready", "version": self.server.version}
@@ -541,6 +544,7 @@ def build_app(server: Server) -> Starlette:
         exception_handlers={HTTPException: r.http_error},
         lifespan=lifespan,
     )
+    app.state.server = server  # for `lifecycle.DrainingServer`
     app.state.limits = HeadLimits(
         options.max_header_bytes,
         options.max_headers,

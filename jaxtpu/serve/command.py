@@ -1,7 +1,9 @@
 """`jaxtpu serve` (`python -m jaxtpu.serve`): answers Perspective API's `comments:analyze` with
 the best model of a run (or an export), on uvicorn. Loads the model, binds the address, then
 compiles its programs while `/healthz` already answers; `/readyz` says when it can score.
-SIGTERM or Ctrl-C stops taking connections, finishes the requests in flight and exits.
+SIGTERM drains (`/readyz` 503, requests answered for --drain-seconds), then stops taking
+connections, finishes the requests in flight and exits 0; a second SIGTERM or Ctrl-C skips
+the drain.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from jaxtpu.core.errors import ConfigError, UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.run.exits import user_errors
+from jaxtpu.serve.onnxmodel import pick_graph
 from jaxtpu.serve.processes import (
     build,
     open_feedback,
@@ -106,7 +109,7 @@ def serve(args: argparse.Namespace) -> int:
             store.close()
     sock = _bind(args.host, args.port)  # before the model loads: a taken port is said at once
 
-    import uvicorn
+    from jaxtpu.serve.lifecycle import DrainingServer
 
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -122,12 +125,10 @@ def serve(args: argparse.Namespace) -> int:
         # the handler it found: this one, so the process ends as a finished server (exit 0),
         # not as one killed by the signal
         signal.signal(signal.SIGTERM, lambda signum, frame: stopped_by.append(signum))
-        uvicorn.Server(uvicorn_config(app)).run(sockets=[sock])
+        DrainingServer(uvicorn_config(app), args.drain_seconds).run(sockets=[sock])
         print("stopped" + (" on SIGTERM" if stopped_by else ""), flush=True)
         return 0
     if args.onnx and Path(args.onnx).is_dir():  # one graph for every worker, timed once
-        from jaxtpu.serve.onnxmodel import pick_graph
-
         model, args.graph = pick_graph(args.onnx, args.batch_size, threads=args.threads)
         args.onnx = str(model.trained.onnx_file)
         if args.graph:

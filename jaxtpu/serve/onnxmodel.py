@@ -13,6 +13,7 @@ measures it).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ import numpy as np
 from jaxtpu.api import Model
 from jaxtpu.core.calibration import Calibration
 from jaxtpu.core.data.buckets import edge_of, fixed_edges, real_lengths
+from jaxtpu.core.data.demo import sample_comments
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import Config
@@ -192,10 +194,6 @@ def pick_graph(
     this CPU (the int8 graph only when `INT8_LEAD` times faster: where the CPU has VNNI or AMX,
     about 1.7x; on AVX2 about 7%), with the timing as a record for the card; None when nothing
     was chosen."""
-    import time
-
-    from jaxtpu.core.data.demo import sample_comments
-
     path = Path(path)
     fp32 = OnnxModel(path, batch_size, calibrated, threads)
     files = fp32.trained.meta.get("files") or {}

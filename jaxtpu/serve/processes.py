@@ -7,11 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.serving.feedback import Store, StoreError
 from jaxtpu.core.serving.keys import KeyRing
 from jaxtpu.serve.backends import load_served
+from jaxtpu.serve.lifecycle import HUNG_AFTER, supervise
 
 WORKER_ARGS = "JAXTPU_SERVE_ARGS"  # the flags, as JSON, for --workers' processes
 
@@ -76,81 +75,9 @@ def serve_workers(args: argparse.Namespace, sock: socket.socket, url: str) -> in
         "taking connections once its programs are compiled",
         flush=True,
     )
-    failed = supervise(config, sock)
+    failed = supervise(config, sock, args.drain_seconds)
     print("stopped" + (": a worker could not start" if failed else ""), flush=True)
     return 2 if failed else 0
-
-
-# A worker that answers no health ping for this long is hung and replaced (a worker compiling
-# its programs answers slowly); one that has died is replaced at once, whatever this is.
-HUNG_AFTER = 60.0
-# How often the supervisor looks at its workers and its signals.
-TICK = 0.25
-
-
-def supervise(config: Any, sock: socket.socket) -> bool:
-    """Runs `config.workers` worker processes on `sock` until SIGTERM or SIGINT: uvicorn's
-    supervisor, but a dead worker is replaced within a tick (uvicorn waited out its whole
-    health-ping timeout when a worker died mid-ping, 60 s here, and handled no signal
-    meanwhile), and a stop ends every worker: each gets SIGTERM, finishes its requests in
-    flight (uvicorn's graceful shutdown), and one still running after that is killed.
-    Returns whether a worker could not start."""
-    from uvicorn.config import STARTUP_FAILURE
-    from uvicorn.supervisors import Multiprocess
-
-    class Supervisor(Multiprocess):
-        def keep_subprocess_alive(self) -> None:
-            for idx, process in enumerate(self.processes):
-                if self.should_exit.is_set() or self._answers(process):
-                    continue
-                process.kill()  # hung, or dead already
-                process.join()
-                if process.exitcode == STARTUP_FAILURE:
-                    # it failed before serving: the app is broken, and a new one would be too
-                    self.should_exit.set()
-                    return
-                if self.should_exit.is_set():
-                    return
-                print(f"worker {process.pid} died; starting another", file=sys.stderr, flush=True)
-                self.processes[idx] = type(process)(self.config, self.sockets)
-                self.processes[idx].start()
-
-        def _answers(self, process: Any) -> bool:
-            """Whether the worker answers a health ping: False at once when it is dead or
-            dies while asked, after HUNG_AFTER when it is alive and silent; signals are
-            handled while waiting."""
-            if not process.process.is_alive():
-                return False
-            try:
-                process.parent_conn.send(b"ping")
-                deadline = time.monotonic() + self.config.timeout_worker_healthcheck
-                while not process.parent_conn.poll(TICK):
-                    self.handle_signals()
-                    if self.should_exit.is_set():
-                        return True  # stopping: the stop ends it
-                    if not process.process.is_alive() or time.monotonic() > deadline:
-                        return False
-                process.parent_conn.recv()
-                return True
-            except (OSError, EOFError, pickle.UnpicklingError):  # its end of the pipe is gone
-                return False
-
-        def run(self) -> None:
-            self.init_processes()
-            while not self.should_exit.wait(TICK):
-                self.handle_signals()
-                self.keep_subprocess_alive()
-            self.terminate_all()
-            grace = time.monotonic() + (self.config.timeout_graceful_shutdown or 30) + 5
-            for process in self.processes:
-                process.process.join(max(0.0, grace - time.monotonic()))
-                if process.process.is_alive():  # still compiling, or stuck: ended
-                    process.kill()
-                    process.join()
-
-    supervisor = Supervisor(config, sockets=[sock])
-    supervisor.run()
-    return any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes)
 
 
 def worker_app() -> Any:

@@ -144,6 +144,15 @@ class ServeFlags:
     log_comments: bool = _c(
         False, "Log each request's comment text (without it no comment text is ever logged)."
     )
+    drain_seconds: float = _c(
+        15.0,
+        "On SIGTERM, answer /readyz 503 at once and keep answering requests this long (what a "
+        "load balancer or Kubernetes still routes here before it notices), then stop taking "
+        "connections and finish those in flight. Kubernetes' terminationGracePeriodSeconds must "
+        "exceed it plus the longest request (its default, 30 s, does for this default). A "
+        "second SIGTERM, or Ctrl-C, stops at once after the requests in flight. 0: no drain.",
+        bounds=Bounds(0, 3600),
+    )
     workers: int = _c(
         1,
         "Server processes sharing --port, each with its own copy of the models (memory times "
