@@ -87,11 +87,28 @@ def _start(cmd: list[str], marker: str, timeout: float = 600) -> tuple[subproces
     for line in proc.stdout:
         if line.startswith(marker) and "http://" in line:
             url = line.split("http://", 1)[1].split()[0]
+            _drain(proc)
             return proc, "http://" + url.split("/v1alpha1")[0].rstrip("/")
         if time.time() > deadline:
             break
     proc.kill()
     sys.exit(f"benchmarks.serving: {' '.join(cmd)} did not start")
+
+
+def _drain(proc: subprocess.Popen) -> None:
+    """Reads what the server prints from now on, in a thread, keeping its last lines
+    (`proc.tail`): an unread pipe fills and blocks the server's next print, stalling it."""
+    import collections
+    import threading
+
+    proc.tail = collections.deque(maxlen=200)  # type: ignore[attr-defined]
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            proc.tail.append(line)  # type: ignore[attr-defined]
+
+    threading.Thread(target=read, daemon=True).start()
 
 
 def _wait_ready(url: str, timeout: float = 600) -> None:

