@@ -26,7 +26,7 @@ LOCK   := requirements/cuda.txt
 PYTHON := $(NEWEST)
 STAMP  := $(VENV)/.installed-cuda
 endif
-EXTRAS := torch,pretrained,$(ACCEL),dev,wandb,onnx,gcs,serve
+EXTRAS := jax,torch,pretrained,$(ACCEL),dev,wandb,onnx,gcs,serve
 # The installer: uv (from PyPI, into each venv by the venv's own pip), which resolves and
 # downloads in parallel and links each package from one cache (~/.cache/uv) into every venv
 # that wants it, so CI's three environments of ~9 GB download the big wheels once and cost

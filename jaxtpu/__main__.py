@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from jaxtpu import HUGE_PAGE_COMMANDS
 from jaxtpu.core import hostmem
-from jaxtpu.core.versions import installed
+from jaxtpu.core.versions import installed, jax_needed
 
 # subcommand -> (module whose main() it runs, one line for `jaxtpu --help`)
 COMMANDS = {
@@ -47,6 +47,11 @@ COMMANDS = {
 }
 
 
+# the commands a slim install (`jaxtpu[serve-onnx]`: no JAX) runs; serve checks for itself,
+# since `--workdir` and `--model-dir` need JAX and `--onnx` does not
+NO_JAX = ("serve", "feedback", "launch", "torch-train")
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: jaxtpu COMMAND [flags]   (jaxtpu COMMAND --help: its flags)", "", "commands:"]
@@ -72,6 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jaxtpu: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module_name, _ = COMMANDS[name]
+    if name not in NO_JAX and not any(a in ("-h", "--help") for a in rest):
+        problem = jax_needed(f"jaxtpu {name}")
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     if module_name in HUGE_PAGE_COMMANDS and argv is None:  # as `python -m` of them does
         hostmem.reexec_with_huge_pages()
     module = importlib.import_module(module_name)

@@ -63,7 +63,7 @@ def test_the_ranges_hold_both_locked_ends():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     ranges = [Requirement(r) for r in project["dependencies"]]
-    for extra in ("torch", "wandb"):
+    for extra in ("jax", "torch", "wandb"):
         ranges += [Requirement(r) for r in project["optional-dependencies"][extra]]
     for lock, python in (("newest", "3.12"), ("oldest", "3.11"), ("cuda", "3.12")):
         pinned = pins((ROOT / "requirements" / f"{lock}.txt").read_text())
@@ -83,7 +83,8 @@ def test_the_ranges_leave_out_flax_and_jax_that_do_not_work_together():
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    flax = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "flax"]
+    jax = project["optional-dependencies"]["jax"]
+    flax = [Requirement(r) for r in jax if Requirement(r).name == "flax"]
     for python, allows_0128 in (("3.11", True), ("3.12", False), ("3.13", False)):
         held = [
             r for r in flax if r.marker is None or r.marker.evaluate({"python_version": python})
@@ -127,3 +128,22 @@ def test_the_cuda_lock_is_a_resolution_of_the_ranges_and_keeps_the_newest_versio
     newest = pins((ROOT / "requirements" / "newest.txt").read_text())
     differ = {n: (v, newest[n]) for n, v in locked.items() if n in newest and newest[n] != v}
     assert not differ, differ
+
+
+def test_a_command_that_needs_jax_says_so_in_one_line_on_a_slim_install(monkeypatch, capsys):
+    """Issue 87, item 1: with the `jax` extra missing (`jaxtpu[serve-onnx]` alone), a command
+    that needs it is one line naming the extra, not an ImportError; serve --onnx, feedback and
+    --help go on."""
+    import jaxtpu.__main__ as cli
+    from jaxtpu.core import versions
+
+    monkeypatch.setattr(versions, "missing_jax", lambda: "jax")
+    monkeypatch.setattr(cli, "jax_needed", versions.jax_needed)
+    assert cli.main(["train", "--preset", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "jaxtpu train needs JAX (jax is not installed): pip install 'jaxtpu[jax]'" in err
+    assert "jaxtpu[serve-onnx]" in err
+    assert cli.main(["feedback"]) == 0  # its usage: no JAX needed
+    with pytest.raises(SystemExit) as e:
+        cli.main(["predict", "--help"])
+    assert e.value.code == 0

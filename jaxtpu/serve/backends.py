@@ -24,7 +24,7 @@ from jaxtpu.core.hf.encoder import exported_head, resolve_model_dir
 from jaxtpu.core.serving import card as cards
 from jaxtpu.core.serving.attributes import Attribute, as_records, served_map
 from jaxtpu.core.textformat import PROMPT
-from jaxtpu.core.versions import installed
+from jaxtpu.core.versions import installed, jax_needed
 from jaxtpu.engine.scoring import load_model_dir, load_trained, params_digest
 from jaxtpu.serve.onnxmodel import pick_graph
 
@@ -173,6 +173,9 @@ def load_served(
         stored = trained.meta.get("attributes")
         metrics = dict(trained.meta.get("metrics") or {})
     else:
+        problem = jax_needed(flag)
+        if problem:
+            raise UserError(problem)
         from jaxtpu.engine import hosts
 
         hosts.use_compilation_cache()

@@ -84,6 +84,7 @@ def read_export(path: str | Path) -> OnnxExport:
         task=task,
         max_len=max_len,
         precision="fp32",
+        tracker="none",  # nothing trains: no tracker's client is needed (a slim install has none)
         # an export of the stop before the TextFormat record names its two templates
         rule_template=text.get("rule_template", "{rule}"),
         prompt_template=text.get("prompt_template", ""),
