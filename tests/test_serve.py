@@ -1153,6 +1153,211 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.e2e
+def test_the_slim_install_serves_an_int8_export_without_jax_or_torch(onnx_export, tmp_path):
+    """Issue 87, items 1 and 2: the image recipe's Python part (deploy/container/install.sh,
+    'jaxtpu[serve-onnx]' at the newest lock's versions) into a fresh environment: JAX and
+    torch are not there, `jaxtpu serve --onnx` of the int8 graph is, and it answers the
+    full install's scores of that graph bitwise."""
+    import subprocess
+    import sys
+
+    from jaxtpu.serve.onnxmodel import OnnxModel
+    from parity_tests.harness import ROOT, clean_env
+
+    venv = tmp_path / "slim"
+    proc = subprocess.run(
+        ["sh", "deploy/container/install.sh", str(venv), sys.executable],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for module in ("jax", "flax", "torch"):
+        probe = subprocess.run([str(venv / "bin" / "python"), "-c", f"import {module}"],
+                               capture_output=True, text=True)  # fmt: skip
+        assert probe.returncode != 0 and "No module named" in probe.stderr, module
+    graph = onnx_export.out / "model_int8.onnx"
+    texts = ["you are an idiot", "thanks for the edit!", "What kind of idiot name is foo?"]
+    # one at a time, as the server gets them: the int8 graph quantizes its activations per
+    # call (onnxruntime's dynamic quantization), so a score depends on its call's other rows
+    model = OnnxModel(graph, 16)
+    want = np.array([model.predict([t])[0] for t in texts], np.float32)
+    server = subprocess.Popen(
+        [str(venv / "bin" / "jaxtpu"), "serve", "--onnx", str(graph), "--port", "0",
+         "--drain-seconds", "0"],
+        cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        url = next(ln for ln in server.stdout if ln.startswith("serving http://"))
+        url = url.split()[1].split("/v1alpha1")[0]
+        deadline = time.time() + 120
+        while not _ready(url):
+            assert time.time() < deadline and server.poll() is None, server.stderr.read()
+            time.sleep(0.2)
+        body = lambda t: {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}}}  # noqa: E731
+        got = [post(url, body(t), None)[2] for t in texts]
+        values = [g["attributeScores"]["TOXICITY"]["summaryScore"]["value"] for g in got]
+        np.testing.assert_array_equal(np.array(values, np.float32), want)
+    finally:
+        server.kill()
+
+
+HAPROXY_CONFIG = """
+global
+    maxconn 512
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    retries 3
+    option redispatch
+    retry-on conn-failure empty-response response-timeout
+frontend api
+    bind 127.0.0.1:{front}
+    default_backend replicas
+backend replicas
+    balance roundrobin
+    option httpchk GET /readyz
+    http-check expect status 200
+    default-server inter 300ms fall 1 rise 2
+{servers}
+"""
+
+
+class _Load:
+    """A closed loop of `clients` HTTP clients through the balancer until `stop`: every
+    answer's status and X-Model-Version, and the failures (anything but a 200)."""
+
+    def __init__(self, url: str, texts: list[str], clients: int = 8) -> None:
+        self.url, self.texts, self.stop = url, texts, threading.Event()
+        self.answers: list[tuple[int, str]] = []
+        self.threads = [threading.Thread(target=self._client, args=(i,)) for i in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def _client(self, i: int) -> None:
+        n = i
+        while not self.stop.is_set():
+            body = {"comment": {"text": self.texts[n % len(self.texts)]},
+                    "requestedAttributes": {"TOXICITY": {}}}  # fmt: skip
+            try:
+                status, headers, _ = post(self.url, body, None)
+                self.answers.append((status, headers.get("x-model-version", "")))
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                self.answers.append((0, repr(e)))
+            n += len(self.threads)
+
+    def finish(self) -> list[tuple[int, str]]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+        return self.answers
+
+
+@pytest.mark.e2e
+def test_replicas_behind_haproxy_lose_no_request_to_a_drain_or_a_rolling_switch(
+    onnx_export, tmp_path
+):
+    """Issue 87, item 4: HAProxy (Debian's; .ci/run installs it) in front of two replicas of
+    `jaxtpu serve --onnx`, checking /readyz every 300 ms, a closed loop of 8 clients through
+    it: every answer carries one model version; a replica given SIGTERM mid-load costs no
+    request (it drains); one killed outright costs at most the requests it held, and the
+    balancer stops sending to it within its check interval; a rolling switch to another
+    version (the int8 graph), replica by replica, answers every request with one version or
+    the other."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from parity_tests.harness import ROOT, clean_env
+
+    if shutil.which("haproxy") is None:
+        pytest.skip("no haproxy here: apt-get install haproxy (Debian's package)")
+    ports = []
+    for _ in range(5):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    front, slots = ports[0], ports[1:]
+    servers = "\n".join(f"    server r{i} 127.0.0.1:{p} check" for i, p in enumerate(slots))
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(HAPROXY_CONFIG.format(front=front, servers=servers))
+    out = onnx_export.out
+
+    def replica(port: int, graph: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "jaxtpu.serve", "--onnx", str(out / graph), "--port",
+             str(port), "--drain-seconds", "2"],
+            cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def ready(port: int) -> None:
+        deadline = time.time() + 120
+        while not _ready(f"http://127.0.0.1:{port}"):
+            assert time.time() < deadline
+            time.sleep(0.1)
+
+    balancer = subprocess.Popen(["haproxy", "-f", str(config), "-db"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+    procs = {slots[0]: replica(slots[0], "model.onnx"), slots[1]: replica(slots[1], "model.onnx")}
+    texts = ["you are an idiot", "thanks for the edit!", "What kind of idiot name is foo?"]
+    url = f"http://127.0.0.1:{front}"
+    try:
+        for port in list(procs):
+            ready(port)
+        time.sleep(1.0)  # two checks: both up in the balancer
+        # SIGTERM mid-load: it drains, no request lost
+        load = _Load(url, texts)
+        time.sleep(1.0)
+        procs[slots[0]].send_signal(signal.SIGTERM)
+        assert procs[slots[0]].wait(30) == 0
+        drained = load.finish()
+        assert drained and all(s == 200 for s, _ in drained), [a for a in drained if a[0] != 200]
+        (version,) = {v for _, v in drained}
+        # SIGKILL mid-load: at most the requests it held; then none sent to it
+        procs[slots[0]] = replica(slots[0], "model.onnx")
+        ready(slots[0])
+        time.sleep(1.0)
+        load = _Load(url, texts)
+        time.sleep(1.0)
+        procs[slots[1]].kill()
+        procs[slots[1]].wait(10)
+        time.sleep(1.0)  # more than the check interval: it is marked down
+        mark = len(load.answers)
+        killed = load.finish()
+        assert sum(s != 200 for s, _ in killed) <= 8, [a for a in killed if a[0] != 200]
+        assert all(s == 200 for s, _ in killed[mark + 8 :])  # after the check: all answered
+        # a rolling switch to the int8 graph, replica by replica
+        load = _Load(url, texts)
+        for old, new in ((slots[0], slots[2]), (None, slots[3])):
+            procs[new] = replica(new, "model_int8.onnx")
+            ready(new)
+            time.sleep(1.0)  # the balancer sees it up
+            if old is not None:
+                procs[old].send_signal(signal.SIGTERM)
+                assert procs[old].wait(30) == 0
+        time.sleep(1.0)
+        rolled = load.finish()
+        assert rolled and all(s == 200 for s, _ in rolled), [a for a in rolled if a[0] != 200]
+        versions = [v for _, v in rolled]
+        assert versions[0] == version and len(set(versions)) == 2  # old, then new
+        new_version = versions[-1]
+        assert new_version != version
+        switched = versions.index(new_version)
+        assert set(versions[switched:]) <= {version, new_version}
+        for event, answers in (("SIGTERM", drained), ("SIGKILL", killed), ("rolling", rolled)):
+            failed = sum(s != 200 for s, _ in answers)
+            print(
+                f"haproxy, 2 replicas, 8 clients: {event}: {len(answers)} requests, {failed} failed"
+            )
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        balancer.kill()
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 

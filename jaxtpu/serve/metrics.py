@@ -46,14 +46,31 @@ class Metrics:
             registry=self.registry,
         )
         peak.set_function(lambda: max(b.stats.peak_waiting for b in server.batchers.values()))
-        batches = Gauge("jaxtpu_batches", "Model calls made.", registry=self.registry)
-        batches.set_function(lambda: sum(b.stats.batches for b in server.batchers.values()))
-        items = Gauge("jaxtpu_batched_texts", "Texts scored.", registry=self.registry)
-        items.set_function(lambda: sum(b.stats.items for b in server.batchers.values()))
         ready = Gauge("jaxtpu_ready", "1 once the programs are compiled.", registry=self.registry)
         ready.set_function(lambda: float(server.ready))
+        self.registry.register(_BatcherCounters(server))
 
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _BatcherCounters:
+    """The batchers' own counts, as counters read when scraped: model calls made, texts
+    scored, calls that failed and requests refused for a full queue."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        stats = [b.stats for b in self.server.batchers.values()]
+        for name, text, value in (
+            ("jaxtpu_model_calls", "Model calls made (each a batch of texts).", "batches"),
+            ("jaxtpu_scored_texts", "Texts scored (comments and sentences).", "items"),
+            ("jaxtpu_failed_model_calls", "Model calls that failed.", "failed_batches"),
+            ("jaxtpu_queue_refused_requests", "Requests refused: the queue was full.", "refused"),
+        ):
+            yield CounterMetricFamily(name, text, value=sum(getattr(s, value) for s in stats))
