@@ -435,6 +435,16 @@ SITTING_LABELS = {  # how docs/perspective.md's table names each backend's serve
 }
 
 
+def _cpu(cpu: dict[str, Any] | None) -> str:
+    """A sitting's CPU in a few words: its model name and its widest int8/bf16 units (what
+    moves these rows most: AMX, AVX-512 VNNI, else AVX2 or older)."""
+    if not cpu:
+        return "?"
+    flags = set(cpu.get("flags", ()))
+    units = "AMX" if "amx_int8" in flags else "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX2"
+    return f"{cpu.get('model', '?')}, {units}"
+
+
 def _python_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The server's rows of the Python generator (wrk's row apart)."""
     return [r for r in rows if r["way"].startswith("serve ") and not r["way"].endswith("(wrk)")]
@@ -449,11 +459,12 @@ def table(sittings: list[dict[str, Any]]) -> str:
     levels = [r["clients"] for r in _python_rows(sittings[0]["rows"])]
     top = levels[-1]
     lines = [
-        f"| serve | comments/s at {' / '.join(map(str, levels))} clients | p50 at {levels[0]} / "
-        f"p99 at {top} (ms) | offline comments/s | {top} clients / offline (goal 0.8) | "
+        f"| CPU | serve | comments/s at {' / '.join(map(str, levels))} clients | p50 at "
+        f"{levels[0]} / p99 at {top} (ms) | offline comments/s | {top} clients / offline "
+        "(goal 0.8) | "
         f"wrk at {top} / offline (goal 0.85) | baseline at {top} | / baseline (goal 3) | "
         "p99/p50 at half load (goal 3) | p99 ms at 50 / 80 / 95% load (goal 800 at 80%) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in sittings:
         serve = _python_rows(s["rows"])
@@ -469,7 +480,8 @@ def table(sittings: list[dict[str, Any]]) -> str:
         loads = s.get("open_loop")
         tails = " / ".join(f"{x['p99_ms']:.0f}" for x in loads) if loads else "-"
         lines.append(
-            f"| {label} | {rates} | {serve[0]['p50_ms']:.0f} / {serve[-1]['p99_ms']:.0f} | "
+            f"| {_cpu(s.get('cpu'))} | {label} | {rates} | "
+            f"{serve[0]['p50_ms']:.0f} / {serve[-1]['p99_ms']:.0f} | "
             f"{s['offline']:.1f} | {r['serve64_over_offline']:.2f} | {by_wrk} | {baseline} | "
             f"{r['serve64_over_baseline']:.2f} | {r['p99_over_p50_half_load']:.2f} | {tails} |"
         )

@@ -388,6 +388,7 @@ def test_the_serving_table_is_a_row_per_sitting_against_its_goals(tmp_path, monk
 
     sittings = [sitting("jaxtpu", "", [10.0, 30.0, 130.0], 130.0),
                 sitting("onnx-int8", "--workers 2", [50.0, 160.0, 208.0], 200.0)]  # fmt: skip
+    sittings[1]["cpu"] = {"model": "Some CPU", "flags": ["avx2"]}
     sittings[1]["rows"].append({"way": "serve onnx-int8 (wrk)", "clients": 64,
                                 "throughput": 180.0, "p50_ms": 1.0, "p99_ms": 2.0})  # fmt: skip
     loads = ((0.5, 100.0), (0.8, 400.0), (0.95, 900.0))
@@ -395,14 +396,18 @@ def test_the_serving_table_is_a_row_per_sitting_against_its_goals(tmp_path, monk
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
     path = measured.keep(tmp_path / "s.json", "serving", sittings, "benchmarks.serving", [])
     lines = measured.render(path).splitlines()
-    assert lines[0].startswith("| serve | comments/s at 1 / 8 / 64 clients | p50 at 1 / p99 at 64")
+    assert lines[0].startswith(
+        "| CPU | serve | comments/s at 1 / 8 / 64 clients | p50 at 1 / p99 at 64"
+    )
     # 130 / 130 offline, 130 / 104 baseline at 64; 50 / 20 at half load
-    # a sitting of before wrk and the open loops: '-' in their columns
+    # a sitting of before wrk and the open loops: '-' in their columns; no CPU recorded: ?
     assert lines[2] == (
-        "| `--workdir` (jaxtpu, bf16) | 10.0 / 30.0 / 130.0 | 10 / 1920 | 130.0 | 1.00 | - | "
+        "| ? | `--workdir` (jaxtpu, bf16) | 10.0 / 30.0 / 130.0 | 10 / 1920 | 130.0 | 1.00 | - | "
         "104.0 | 1.25 | 2.50 | - |"
     )
-    assert lines[3].startswith("| `--onnx DIR/model_int8.onnx`, `--workers 2` | 50.0 / 160.0")
+    assert lines[3].startswith(
+        "| Some CPU, AVX2 | `--onnx DIR/model_int8.onnx`, `--workers 2` | 50.0 / 160.0"
+    )
     # issue 89: wrk's row (left out of the Python generator's rates) and the open loops
     assert "| 1.04 | 0.90 | 104.0 | 2.00 | 2.50 | 100 / 400 / 900 |" in lines[3]
     assert lines[-1].startswith("Measured ")
