@@ -1,19 +1,30 @@
 """`jaxtpu feedback ACTION` (`python -m jaxtpu.feedback`): what `jaxtpu serve --feedback` kept
 of comments:suggestscore. `delete --feedback URL --client-token T` removes one suggestion (a
-user's erasure request).
+user's erasure request); `export --feedback URL --out FILE` writes them as training rows for a
+run's columns (`jaxtpu.core.serving.decisions`), which `jaxtpu train` reads.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from jaxtpu.core import files
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.commands import check_command_flags, command_parser
 from jaxtpu.core.run.exits import user_errors
+from jaxtpu.core.serving.attributes import Attribute, attribute_map
+from jaxtpu.core.serving.decisions import parse_decisions, parse_since, training_rows
 from jaxtpu.core.serving.feedback import Store, StoreError
+from jaxtpu.core.tasks import LABELS
 
-ACTIONS = {"delete": "remove the suggestion of one clientToken"}
+ACTIONS = {
+    "delete": "remove the suggestion of one clientToken",
+    "export": "write the suggestions as a training file for a run's columns",
+}
 
 
 def usage() -> str:
@@ -30,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] not in ACTIONS:
         print(f"jaxtpu feedback: unknown action {args[0]!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    return delete(args[1:])
+    return {"delete": delete, "export": export}[args[0]](args[1:])
 
 
 def delete(argv: Sequence[str]) -> int:
@@ -54,6 +65,62 @@ def delete(argv: Sequence[str]) -> int:
             )
         print(f"removed the suggestion of clientToken {args.client_token}")
     return 0
+
+
+def export(argv: Sequence[str]) -> int:
+    parser = command_parser(
+        "feedback export",
+        "Write the suggestions jaxtpu serve --feedback kept (the latest per clientToken) as a "
+        "training file of a run's columns: a suggested score labels its attribute's column, a "
+        "moderator's decision (Coral Talk's DELETED or APPROVED) the decision attribute's; a "
+        "column not mentioned is blank, left out of the loss.",
+        epilog="Example: jaxtpu feedback export --feedback feedback.db --community "
+        "Coral:https://news.example/ --workdir runs/a --out community.csv",
+    )
+    args = parser.parse_args(argv)
+    with user_errors():
+        check_command_flags("feedback export", args)
+        out = Path(args.out)
+        if out.exists() and not args.overwrite:
+            raise UserError(f"--out {out}: exists; pass --overwrite to replace it")
+        attributes, columns = _run_map(args.workdir)
+        decisions = parse_decisions(args.decisions)
+        since = parse_since(args.since) if args.since else None
+        try:
+            store = Store(args.feedback, create=False)
+            records = store.records(args.community, since)
+            communities = store.communities() if not records else []
+        except StoreError as e:
+            raise UserError(str(e)) from None
+        if not records:
+            where = f" of --community {args.community}" if args.community else ""
+            when = f" since {args.since}" if args.since else ""
+            known = f"; it holds {', '.join(communities)}" if communities else ""
+            raise UserError(f"--feedback {args.feedback}: no suggestion{where}{when}{known}")
+        rows = training_rows(records, attributes, columns, decisions, args.decision_attribute)
+        for name, n in sorted(rows.skipped.items()):
+            print(f"left out: {n} score(s) of {name}, neither an attribute of the run nor a "
+                  "decision (--decisions)", file=sys.stderr)  # fmt: skip
+        if not rows.rows:
+            raise UserError(f"--feedback {args.feedback}: no suggestion labels a column of the run")
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(rows.header)
+        writer.writerows(rows.rows)
+        files.write_text(out, buffer.getvalue())
+        print(f"wrote {len(rows.rows)} training rows of {len(records)} suggestion(s) to {out}")
+    return 0
+
+
+def _run_map(workdir: str | None) -> tuple[tuple[Attribute, ...], tuple[str, ...]]:
+    """The run's attributes and score columns (its config.json), or the Toxic Comment labels."""
+    if workdir is None:
+        return attribute_map(LABELS, False), LABELS
+    from jaxtpu.engine.scoring import read_run_config
+
+    cfg, _ = read_run_config(Path(workdir))
+    columns = cfg.task.score_columns(True)
+    return attribute_map(columns, bool(cfg.task.text_pairs), cfg.output.attributes), columns
 
 
 if __name__ == "__main__":

@@ -515,3 +515,67 @@ def test_the_discovery_document_declares_both_methods_and_the_batch_path():
     }
     assert "detectedLanguages" in doc["schemas"]["AnalyzeCommentResponse"]["properties"]
     assert doc["batchPath"] == "batch"
+
+
+# ----------------------------------------------------------------- feedback as training rows
+
+
+def test_suggestions_become_training_rows_of_the_runs_columns_blank_where_unmentioned():
+    """Issue 88, item 1: a score of an attribute the run answers labels its column; Coral's
+    decisions label the decision attribute's (DELETED 1, APPROVED 0); other columns stay
+    blank (masked in training); a name that is neither is counted as left out."""
+    from jaxtpu.core.serving.decisions import parse_decisions, training_rows
+    from jaxtpu.core.tasks import LABELS
+
+    def record(token, scores, when=86400.0):
+        return feedback.Record("text " + token, scores, "Coral:a", token, None, ("en",), "v", when)
+
+    records = [
+        record("c1", {"DELETED": {"summaryScore": 1.0}}),
+        record("c2", {"APPROVED": {"summaryScore": 1.0}}),
+        record("c3", {"INSULT": {"summaryScore": 0.25}, "TOXICITY": {"summaryScore": 1.0}}),
+        record("c4", {"SPAM": {"summaryScore": 1.0}}),
+        record("c5", {"TOXICITY": {"spanScores": [[0, 2, 1.0]]}}),
+    ]
+    rows = training_rows(
+        records, attributes.attribute_map(LABELS, False), LABELS, parse_decisions(""), "TOXICITY"
+    )
+    assert rows.header == ["id", "comment_text", *LABELS, "community", "time"]
+    got = {r[0]: r for r in rows.rows}
+    assert set(got) == {"c1", "c2", "c3"}  # c4: no column of the run; c5: spans alone
+    assert got["c1"][2:8] == ["1", "", "", "", "", ""] and got["c2"][2] == "0"
+    assert got["c3"][2] == "1" and got["c3"][6] == "0.25"
+    assert got["c1"][-2:] == ["Coral:a", "1970-01-02T00:00:00+00:00"]
+    assert rows.skipped == {"SPAM": 1}
+    with pytest.raises(UserError, match="--decision-attribute SPAM"):
+        training_rows(records, attributes.attribute_map(LABELS, False), LABELS, {}, "SPAM")
+    with pytest.raises(UserError, match="expected NAME=VALUE"):
+        parse_decisions("DELETED=2")
+
+
+def test_feedback_export_writes_a_training_file_or_says_in_one_line_why_not(tmp_path, capsys):
+    from jaxtpu.feedback import main
+
+    store_file = tmp_path / "f.db"
+    store = feedback.Store(str(store_file))
+    for i, decision in enumerate(["DELETED", "APPROVED", "DELETED"]):
+        scores = {decision: {"summaryScore": 1.0}}
+        token = f"comment:{i}"
+        store.put(feedback.Record(f"comment {i}", scores, "Coral:a", token, None, (), "v", i))
+    out = tmp_path / "rows.csv"
+    assert main(["export", "--feedback", str(store_file), "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("id,comment_text,toxic,severe_toxic") and len(lines) == 4
+    assert [line.split(",")[2] for line in lines[1:]] == ["1", "0", "1"]
+    for argv, words in [
+        (["--out", str(out)], "exists; pass --overwrite"),
+        (["--out", str(tmp_path / "x.csv"), "--community", "Coral:b"], "it holds Coral:a"),
+        (["--out", str(tmp_path / "x.csv"), "--since", "2030-01-01"], "no suggestion since"),
+        (["--out", str(tmp_path / "x.csv"), "--since", "soon"], "expected an ISO 8601 date"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(["export", "--feedback", str(store_file), *argv])
+        assert e.value.code == 2 and words in capsys.readouterr().err, words
+    with pytest.raises(SystemExit):
+        main(["export", "--feedback", str(tmp_path / "none.db"), "--out", str(tmp_path / "y")])
+    assert "no such file" in capsys.readouterr().err

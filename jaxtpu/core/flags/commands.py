@@ -25,7 +25,7 @@ from jaxtpu.core.flags.cli import (
 )
 from jaxtpu.core.flags.fields import _c, _no_calibration
 from jaxtpu.core.flags.schema import Bounds, ScoringConfig, base_type
-from jaxtpu.core.flags.serving import FeedbackDeleteFlags, ServeFlags
+from jaxtpu.core.flags.serving import FeedbackDeleteFlags, FeedbackExportFlags, ServeFlags
 
 
 @dataclass(frozen=True)
@@ -318,6 +318,7 @@ COMMANDS: dict[str, Command] = {
     "launch": Command("jaxtpu launch", LaunchFlags),
     "serve": Command("jaxtpu serve", ServeFlags, ("max_len", "num_devices"), ("max_len",)),
     "feedback delete": Command("jaxtpu feedback delete", FeedbackDeleteFlags),
+    "feedback export": Command("jaxtpu feedback export", FeedbackExportFlags),
 }
 
 

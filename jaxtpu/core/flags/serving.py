@@ -182,3 +182,37 @@ class FeedbackDeleteFlags:
         "tokens are comment:<id>).",
         required=True,
     )
+
+
+@dataclass(frozen=True)
+class FeedbackExportFlags:
+    feedback: str | None = _c(
+        None,
+        "The store `jaxtpu serve --feedback` keeps suggestions in: an SQLite file (PATH or "
+        "sqlite:///PATH) or postgresql://USER@HOST:PORT/DATABASE.",
+        required=True,
+    )
+    out: str | None = _c(
+        None,
+        "The training file to write (CSV): id, comment_text, one column per column of the run "
+        "(blank where a suggestion does not mention it: left out of the loss), community, time.",
+        required=True,
+    )
+    community: str | None = _c(
+        None, "Only this community's suggestions (Coral Talk's are Coral:<site URL>)."
+    )
+    since: str | None = _c(
+        None, "Only suggestions received at or after this ISO 8601 date or time (UTC)."
+    )
+    workdir: str | None = _c(
+        None,
+        "The run the rows are for: its columns and attribute map (TOXICITY -> toxic, ...). "
+        "[default: the six Toxic Comment labels under their Perspective names]",
+    )
+    decisions: str = _c(
+        "",
+        "A moderator's decision as a label: NAME=VALUE,... for suggestions naming a decision "
+        "rather than a score (Coral Talk's). [default: DELETED=1,APPROVED=0,HIGHLIGHTED=0]",
+    )
+    decision_attribute: str = _c("TOXICITY", "The attribute whose column a decision labels.")
+    overwrite: bool = _c(False, "Replace an existing --out.")
