@@ -327,6 +327,8 @@ def serve_rows(
                 flush=True,
             )
         if use_wrk:
+            from benchmarks.wrk import wrk_row
+
             row = wrk_row(analyze, [body(t) for t in texts], max(levels))
             rows.append({"way": f"serve {backend} (wrk)", "clients": max(levels), **row})
             print(f"serve {backend}, wrk at {max(levels)} connections: "
@@ -346,48 +348,6 @@ def serve_rows(
 
 # the open-loop rates, as fractions of the saturating rate (the best closed-loop throughput)
 OPEN_LOOP = (0.5, 0.8, 0.95)
-WRK_SECONDS = 20
-
-
-def wrk_row(url: str, bodies: list[dict[str, Any]], connections: int) -> dict[str, float]:
-    """Debian's `wrk` (a load generator in C) on `connections` keep-alive connections for
-    `WRK_SECONDS`, cycling through `bodies`: its requests/s and latency percentiles."""
-    import re
-    import shutil
-    import tempfile
-    from urllib.parse import urlsplit
-
-    if shutil.which("wrk") is None:
-        raise SystemExit("benchmarks.serving: --wrk needs Debian's wrk (apt-get install wrk)")
-    target = urlsplit(url)
-    with tempfile.TemporaryDirectory() as tmp:
-        lines = Path(tmp) / "bodies.txt"
-        lines.write_text("".join(json.dumps(b) + "\n" for b in bodies))
-        script = Path(tmp) / "post.lua"
-        script.write_text(
-            f'local bodies = {{}}\nfor line in io.lines("{lines}") do\n'
-            "  bodies[#bodies + 1] = line\nend\n"
-            "local i = 0\nrequest = function()\n  i = i + 1\n"
-            f'  return wrk.format("POST", "{target.path}", {{["Content-Type"] = '
-            '"application/json"}, bodies[(i % #bodies) + 1])\nend\n'
-        )
-        out = subprocess.run(
-            ["wrk", "-t2", f"-c{connections}", f"-d{WRK_SECONDS}s", "--latency", "-s",
-             str(script), f"{target.scheme}://{target.netloc}"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-
-    def ms(name: str) -> float:
-        m = re.search(rf"^\s+{name}%\s+([0-9.]+)(us|ms|s)", out, re.M)
-        if not m:
-            return float("nan")
-        return float(m[1]) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[m[2]]
-
-    rate = float(re.search(r"Requests/sec:\s+([0-9.]+)", out)[1])
-    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"requests": round(rate * WRK_SECONDS), "errors": int(bad[1]) if bad else 0,
-            "throughput": rate, "p50_ms": ms("50"), "p95_ms": float("nan"),
-            "p99_ms": ms("99")}  # fmt: skip
 
 
 def baseline_rows(workdir: str, out: Path, texts: list[str], levels: list[int]) -> list[dict]:

@@ -39,6 +39,10 @@ COMMANDS = {
         "jaxtpu.feedback",
         "what serve --feedback kept of comments:suggestscore: delete one",
     ),
+    "shadow": (
+        "jaxtpu.shadow",
+        "report: how serve --shadow's model compares with the one answering",
+    ),
     "bisect": ("parity_tests.bisect", "layer-by-layer comparison with transformers"),
     "families": ("parity_tests.families", "build small random checkpoints of every family"),
     "parity": ("parity_tests.report", "run the parity checks and write the report"),
@@ -49,7 +53,7 @@ COMMANDS = {
 
 # the commands a slim install (`jaxtpu[serve-onnx]`: no JAX) runs; serve checks for itself,
 # since `--workdir` and `--model-dir` need JAX and `--onnx` does not
-NO_JAX = ("serve", "feedback", "launch", "torch-train")
+NO_JAX = ("serve", "feedback", "shadow", "launch", "torch-train")
 
 
 def usage() -> str:

@@ -33,8 +33,8 @@ from jaxtpu.serve.backends import Served
 uvicorn = pytest.importorskip("uvicorn", reason="needs jaxtpu[serve] (uvicorn, starlette)")
 
 
-def _score(text: str, column: int) -> float:
-    digest = hashlib.sha256(f"{column}|{text}".encode()).digest()
+def _score(text: str, column: int, salt: str = "") -> float:
+    digest = hashlib.sha256(f"{salt}{column}|{text}".encode()).digest()
     return int.from_bytes(digest[:4], "little") / 2**32
 
 
@@ -43,7 +43,9 @@ class FakeModel(Served):
     and the mapping of scores to attributes are the real class's). A text holding FAIL fails
     its batch; `gate`, when set, holds every batch until opened."""
 
-    def __init__(self, columns=("toxic", "insult"), rules="", source="--workdir fake", rows=0):
+    def __init__(
+        self, columns=("toxic", "insult"), rules="", source="--workdir fake", rows=0, salt=""
+    ):
         task = dataclasses.replace(
             get_task("rules" if rules else "multilabel"), label_columns=columns
         )
@@ -57,6 +59,7 @@ class FakeModel(Served):
         self.gate: threading.Event | None = None
         self.calls: list[int] = []
         self.rows = rows  # > 0: calls of `rows` texts of one length bucket, as the JAX backend's
+        self.salt = salt  # another model: other scores of the same texts
 
     @property
     def call_rows(self) -> int:
@@ -73,8 +76,10 @@ class FakeModel(Served):
         if any("FAIL" in (x if isinstance(x, str) else x[1]) for x in items):
             raise RuntimeError("this batch cannot be scored")
         if self.rules_model:
-            return np.array([[_score(r + "|" + t, 0)] for r, t in items])
-        return np.array([[_score(t, j) for j in range(len(self._columns))] for t in items])
+            return np.array([[_score(r + "|" + t, 0, self.salt)] for r, t in items])
+        return np.array(
+            [[_score(t, j, self.salt) for j in range(len(self._columns))] for t in items]
+        )
 
     def warm_up(self):
         return 0
@@ -83,12 +88,14 @@ class FakeModel(Served):
 class Running:
     """A uvicorn server of `jaxtpu.serve.app` for `models`, in a thread, on a free port."""
 
-    def __init__(self, models, drain_seconds: float = 0.0, **options):
+    def __init__(
+        self, models, drain_seconds: float = 0.0, communities=None, shadow=None, **options
+    ):
         from jaxtpu.serve.app import Options, Server, build_app
         from jaxtpu.serve.lifecycle import DrainingServer
         from jaxtpu.serve.processes import uvicorn_config
 
-        self.server = Server(models, Options(**options))
+        self.server = Server(models, Options(**options), communities, shadow)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
@@ -779,6 +786,102 @@ def test_feedback_in_a_real_postgresql_server_is_kept_replaced_deleted_and_purge
         for running in replicas:
             running.stop()
         pg.stop()
+
+
+# ---------------------------------------------- communities and shadow (issue 88)
+
+
+def test_a_community_is_answered_by_its_own_model_and_the_rest_by_the_base():
+    """Issue 88, item 3: --community ID=RUN answers requests naming that communityId, with
+    its version in X-Model-Version and in the card; every other request gets the base; a
+    community model lacking an attribute of the base's is refused, naming it."""
+    from jaxtpu.core.errors import ConfigError
+    from jaxtpu.serve.app import Options, Server
+
+    base, news = FakeModel(), FakeModel(source="--workdir news", salt="news")
+    running = Running([base], communities={"Coral:https://news.example/": [news]})
+    try:
+        text = "a comment"
+        body = {"comment": {"text": text}, "requestedAttributes": {"TOXICITY": {}}}
+        status, headers, got = post(
+            running.url, {**body, "communityId": "Coral:https://news.example/"}, None
+        )
+        assert status == 200 and headers["x-model-version"] == news.version != base.version
+        assert got["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == _score(
+            text, 0, "news"
+        )
+        for other in ({**body, "communityId": "Coral:https://other.example/"}, body):
+            status, headers, got = post(running.url, other, None)
+            assert headers["x-model-version"] == base.version
+            assert got["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == _score(text, 0)
+        card = json.loads(get(f"{running.url}/v1/model")[2])
+        assert card["communities"]["Coral:https://news.example/"]["version"] == news.version
+    finally:
+        running.stop()
+    narrow = FakeModel(columns=("toxic",), source="--workdir narrow")
+    with pytest.raises(ConfigError, match="does not answer INSULT"):
+        Server([FakeModel()], Options(), {"c": [narrow]})
+
+
+def test_a_model_in_shadow_is_compared_on_every_answer_and_never_answers(capsys):
+    """Issue 88, item 4: --shadow RUN scores each answered comment after the answer and keeps
+    per attribute the mean absolute difference, the rank correlation and the counts at each
+    threshold; the answers are the primary's; /v1/shadow, /metrics and `jaxtpu shadow report`
+    show it; nothing of the texts is kept."""
+    from jaxtpu.shadow import main as shadow_main
+
+    primary, shadow = FakeModel(), FakeModel(source="--workdir candidate", salt="new")
+    running = Running([primary], shadow=[shadow])
+    try:
+        texts = [f"comment {i}" for i in range(40)]
+        for t in texts:
+            status, headers, got = post(
+                running.url,
+                {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}, "INSULT": {}}},
+                None,
+            )
+            assert headers["x-model-version"] == primary.version
+            assert got["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == _score(t, 0)
+        deadline = time.time() + 10
+        while (report := json.loads(get(f"{running.url}/v1/shadow")[2]))["attributes"].get(
+            "TOXICITY", {}
+        ).get("compared", 0) < 40:
+            assert time.time() < deadline, report
+            time.sleep(0.05)
+        tox = report["attributes"]["TOXICITY"]
+        p = np.array([_score(t, 0) for t in texts])
+        q = np.array([_score(t, 0, "new") for t in texts])
+        assert tox["mean_abs_difference"] == pytest.approx(np.abs(p - q).mean())
+        above = tox["above"]["0.8"]
+        assert above["primary"] == (p >= 0.8).sum() and above["shadow"] == (q >= 0.8).sum()
+        assert above["changed_side"] == ((p >= 0.8) != (q >= 0.8)).sum()
+        assert -1 <= tox["rank_correlation"] <= 1
+        assert report["primary"] == primary.version and report["shadow"] == shadow.version
+        assert "comment 1" not in json.dumps(report)  # no text kept
+        metrics = get(f"{running.url}/metrics")[2].decode()
+        assert "jaxtpu_shadow_compared_scores_total 80.0" in metrics
+        assert shadow_main(["report", "--url", running.url]) == 0
+        printed = capsys.readouterr().out
+        assert f"primary {primary.version}, shadow {shadow.version}" in printed
+        assert "| TOXICITY | 40 |" in printed
+    finally:
+        running.stop()
+    with pytest.raises(SystemExit) as e:
+        shadow_main(["report", "--url", running.url])  # stopped: one line
+    assert e.value.code == 2 and "cannot reach it" in capsys.readouterr().err
+
+
+def test_the_rank_correlation_is_spearmans():
+    from scipy.stats import spearmanr
+
+    from jaxtpu.core.serving.shadow import spearman
+
+    rng = np.random.default_rng(0)
+    x = rng.random(200)
+    y = x + rng.normal(0, 0.3, 200)
+    y[:20] = y[0]  # ties
+    assert spearman(list(zip(x, y, strict=True))) == pytest.approx(spearmanr(x, y)[0])
+    assert spearman([(0.1, 0.2), (0.3, 0.4)]) is None
 
 
 # --------------------------------------------------------------------------- a real model

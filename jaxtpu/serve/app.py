@@ -11,7 +11,6 @@ do not. No comment text is logged unless `log_comments`.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -28,186 +28,17 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from jaxtpu.core.serving import discovery, perspective, suggest
-from jaxtpu.core.serving.attributes import Attribute, merge
 from jaxtpu.core.serving.batch import MAX_CALLS, Answer, Call, batch_response, parse_batch
-from jaxtpu.core.serving.card import model_version
-from jaxtpu.core.serving.feedback import Record, Store, StoreError
-from jaxtpu.core.serving.keys import ApiKey, KeyRing, Quotas
-from jaxtpu.core.serving.languages import Detector, scored_as
+from jaxtpu.core.serving.feedback import Record, StoreError
+from jaxtpu.core.serving.keys import ApiKey, Quotas
+from jaxtpu.core.serving.languages import scored_as
 from jaxtpu.core.serving.perspective import ApiError
 from jaxtpu.serve import page
-from jaxtpu.serve.backends import Served
-from jaxtpu.serve.batcher import Batcher, Overloaded
-from jaxtpu.serve.metrics import Metrics
+from jaxtpu.serve.batcher import Overloaded
 from jaxtpu.serve.protocol import HeadLimits
+from jaxtpu.serve.server import Options, Server
 
 log = logging.getLogger("jaxtpu.serve")
-
-
-@dataclass(frozen=True)
-class Options:
-    """How the server answers (the command's flags).
-
-    Attributes:
-      api_keys: the keys a request's `?key=` or `X-Goog-Api-Key` must be one of, with their
-        names and limits; None: no key needed.
-      max_body: request bodies larger than this (bytes) are refused before they are read.
-      read_timeout: seconds a client has to send its request's head, and again its body.
-      max_header_bytes, max_headers: a request's head at most (bytes; header lines).
-      public_url: the server's address as clients reach it (the discovery document's root);
-        None: the address the connection came in on (never the request's Host header).
-      cors_origins: the origins whose pages may call the server (`("*",)`: any); () none.
-      feedback: where suggestscore's suggestions are kept; None: nowhere (still answered).
-      feedback_days: suggestions older than this are dropped (at start, then hourly).
-      log_comments: log each request's comment text (off: never).
-      max_items: texts per model call at most (the dynamic batch).
-      max_wait_ms: how long a batch waits for more requests.
-      max_queue: requests waiting at most; beyond, 429 with Retry-After.
-      warm_first: compile before taking connections (--workers: processes sharing a socket
-        take connections only once they can score, so none answers 503 beside a ready one).
-    """
-
-    api_keys: KeyRing | None = None
-    max_body: int = 256 * 1024
-    read_timeout: float = 10.0
-    max_header_bytes: int = 16 * 1024
-    max_headers: int = 100
-    public_url: str | None = None
-    cors_origins: tuple[str, ...] = ()
-    feedback: Store | None = None
-    feedback_days: float | None = None
-    log_comments: bool = False
-    max_items: int = 64
-    max_wait_ms: float = 5.0
-    max_queue: int = 256
-    warm_first: bool = False
-
-
-class Server:
-    """The models served and the state the routes share (batchers, readiness, metrics)."""
-
-    def __init__(self, models: Sequence[Served], options: Options) -> None:
-        self.models, self.options = list(models), options
-        owner = merge([m.attributes for m in models], [m.source for m in models])
-        self.owner = {name: self.models[i] for name, i in owner.items()}
-        self.attribute = {a.name: a for m in models for a in m.attributes}
-        self.available = list(owner)
-        self.languages = sorted({x for m in models for x in m.languages})
-        self.version = (
-            models[0].version
-            if len(models) == 1
-            else model_version({f"model{i}": m.version for i, m in enumerate(models)})
-        )
-        self.batchers = {
-            id(m): Batcher(
-                m.probabilities,
-                options.max_items,
-                options.max_wait_ms,
-                options.max_queue,
-                bucket_of=m.buckets,  # used only where calls have fixed rows
-                rows=m.call_rows,
-            )
-            for m in models
-        }
-        self.ready = False
-        self.draining = False  # set on SIGTERM (`lifecycle.DrainingServer`): /readyz says 503
-        self._warming: asyncio.Task | None = None
-        self._purging: asyncio.Task | None = None
-        self.detector = Detector()
-        # the feedback store's calls block: one thread of their own, in arrival order
-        self.store_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="feedback")
-        self.metrics = Metrics(self)
-
-    async def start(self) -> None:
-        """Starts the batchers, and compiles each model's programs in the background: the
-        server answers /healthz at once, /readyz and the API once they are compiled (with
-        `warm_first`, before it takes a connection)."""
-        for b in self.batchers.values():
-            await b.start()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.detector.detect, "loads the detector's model")
-        if self.options.feedback is not None and self.options.feedback_days is not None:
-            self._purging = asyncio.create_task(self._purge_hourly())
-        self._warming = asyncio.create_task(self._warm_up())
-        if self.options.warm_first:
-            await self._warming
-
-    async def _purge_hourly(self) -> None:
-        """Drops the suggestions older than --feedback-days, now and every hour."""
-        store, days = self.options.feedback, self.options.feedback_days
-        assert store is not None and days is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                n = await loop.run_in_executor(self.store_pool, store.purge, days)
-                if n:
-                    log.info("feedback: dropped %d suggestion(s) older than %g days", n, days)
-            except StoreError as e:
-                log.error("%s", e)
-            await asyncio.sleep(3600)
-
-    async def keep(self, record: Record) -> None:
-        """Keeps a suggestion in the feedback store (StoreError when it does not answer)."""
-        assert self.options.feedback is not None
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.store_pool, self.options.feedback.put, record)
-        self.metrics.feedback.inc()
-
-    async def _warm_up(self) -> None:
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        try:
-            for m in self.models:
-                n = await loop.run_in_executor(self.batchers[id(m)].pool, m.warm_up)
-                log.info("%s: %d length bucket(s) compiled", m.source, n)
-        except Exception:  # noqa: BLE001 - reported, and the server stays not ready
-            log.exception("compiling the model's programs failed; the server is not ready")
-            return
-        self.ready = True
-        log.info("ready in %.1f s (model version %s)", time.perf_counter() - t0, self.version)
-
-    async def stop(self) -> None:
-        self.ready = False
-        for task in (self._warming, self._purging):
-            if task and not task.done():
-                task.cancel()
-        self.store_pool.shutdown(wait=True)  # a suggestion being written is kept
-        for b in self.batchers.values():
-            await b.stop()
-
-    def card(self) -> dict[str, Any]:
-        if len(self.models) == 1:
-            return self.models[0].card
-        return {"version": self.version, "models": [m.card for m in self.models]}
-
-    async def analyze(
-        self,
-        request: perspective.AnalyzeRequest,
-        languages: Sequence[str] = (),
-        detected: Sequence[str] = (),
-    ) -> dict[str, Any]:
-        """The scores of a checked request: the comment (and its sentences when spans are
-        asked for) through each model that owns a requested attribute; `languages` the
-        comment was scored as, and those `detected`, for the answer."""
-        spans = list(request.sentences)
-        texts = [request.text] + [s for _, _, s in spans]
-        wanted: dict[int, list[Attribute]] = {}
-        for r in request.attributes:
-            wanted.setdefault(id(self.owner[r.name]), []).append(self.attribute[r.name])
-        by_model = {id(m): m for m in self.models}
-        jobs = []
-        for key, attrs in wanted.items():
-            model = by_model[key]
-            jobs.append((model, attrs, self.batchers[key].submit(model.inputs(texts, attrs))))
-        results = await asyncio.gather(*(j[2] for j in jobs))
-        per_text: list[dict[str, float]] = [{} for _ in texts]
-        for (model, attrs, _), out in zip(jobs, results, strict=True):
-            for i, scores in enumerate(model.scores(texts, attrs, out)):
-                per_text[i].update(scores)
-        span_scores = [(b, e, per_text[i + 1]) for i, (b, e, _) in enumerate(spans)]
-        return perspective.response(
-            request, per_text[0], span_scores, languages or self.languages, detected
-        )
 
 
 async def _read_body(request: Request, options: Options, limit: int | None = None) -> bytes:
@@ -265,8 +96,12 @@ class _Routes:
             ("POST", f"/{discovery.SUGGEST_PATH}"): ("suggestscore", self.suggestscore),
         }
 
-    def headers(self) -> dict[str, str]:
-        return {"X-Model-Version": self.server.version, "X-Content-Type-Options": "nosniff"}
+    def headers(self, version: str | None = None) -> dict[str, str]:
+        """Every answer's: the version of the model that answered (the base's by default)."""
+        return {
+            "X-Model-Version": version or self.server.version,
+            "X-Content-Type-Options": "nosniff",
+        }
 
     def error(self, e: ApiError, **more: str) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.code, headers={**self.headers(), **more})
@@ -367,7 +202,7 @@ class _Routes:
             answer = perspective.dropped_response(req, (detection.top,), detection.languages)
             return JSONResponse(answer, headers=self.headers())
         try:
-            answer = await self.server.analyze(req, languages, detection.languages)
+            answer, version = await self.server.analyze(req, languages, detection.languages)
         except Overloaded as e:
             message = f"Too many requests waiting; retry after {e.retry_after} s."
             call.extra_headers["Retry-After"] = str(e.retry_after)
@@ -376,7 +211,19 @@ class _Routes:
             log.exception("scoring failed")
             raise ApiError(500, "Scoring this comment failed.") from None
         self.server.metrics.latency.observe(time.perf_counter() - t0)
-        return JSONResponse(answer, headers=self.headers())
+        shadow = None
+        if self.server.shadow is not None:  # after the answer is sent: it never waits for it
+            scores = answer["attributeScores"]
+            primary = {
+                n: v["summaryScore"]["value"] for n, v in scores.items() if "summaryScore" in v
+            }
+            shadow = BackgroundTask(self.server.compare_in_shadow, req.text, primary)
+        return JSONResponse(answer, headers=self.headers(version), background=shadow)
+
+    async def shadow_report(self, request: Request, call: _Call) -> Response:
+        if self.server.shadow_stats is None:
+            raise ApiError(404, "No model in shadow: start the server with --shadow RUN.")
+        return JSONResponse(self.server.shadow_stats.report(), headers=self.headers())
 
     async def suggestscore(self, read: Body, call: _Call) -> Response:
         """A suggestion, checked and kept where --feedback says (nowhere without it)."""
@@ -532,6 +379,7 @@ def build_app(server: Server) -> Starlette:
         ),
         Route("/$discovery/rest", r.endpoint("discovery")(r.discovery_doc), methods=["GET"]),
         Route("/v1/model", r.endpoint("model")(r.model_card), methods=["GET"]),
+        Route("/v1/shadow", r.endpoint("shadow")(r.shadow_report), methods=["GET"]),
         Route("/healthz", r.endpoint("healthz", keyed=False)(r.healthz), methods=["GET"]),
         Route("/readyz", r.endpoint("readyz", keyed=False)(r.readyz), methods=["GET"]),
         Route("/metrics", r.endpoint("metrics")(r.metrics), methods=["GET"]),

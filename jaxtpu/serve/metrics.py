@@ -66,6 +66,17 @@ class _BatcherCounters:
     def collect(self) -> Any:
         from prometheus_client.core import CounterMetricFamily
 
+        shadow = self.server.shadow_stats
+        if shadow is not None:
+            compared = sum(a["compared"] for a in shadow.report()["attributes"].values())
+            for name, text, value in (
+                ("jaxtpu_shadow_compared_scores", "Scores the shadow model compared.", compared),
+                ("jaxtpu_shadow_dropped_requests", "Requests the shadow skipped: behind.",
+                 shadow.dropped),
+                ("jaxtpu_shadow_failed_requests", "Requests the shadow failed to score.",
+                 shadow.failed),
+            ):  # fmt: skip
+                yield CounterMetricFamily(name, text, value=value)
         stats = [b.stats for b in self.server.batchers.values()]
         for name, text, value in (
             ("jaxtpu_model_calls", "Model calls made (each a batch of texts).", "batches"),

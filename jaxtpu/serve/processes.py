@@ -19,6 +19,7 @@ from jaxtpu.core.serving.feedback import Store, StoreError
 from jaxtpu.core.serving.keys import KeyRing
 from jaxtpu.serve.backends import load_served
 from jaxtpu.serve.lifecycle import HUNG_AFTER, supervise
+from jaxtpu.serve.onnxmodel import META
 
 WORKER_ARGS = "JAXTPU_SERVE_ARGS"  # the flags, as JSON, for --workers' processes
 
@@ -117,37 +118,24 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
 
     keys = read_api_keys(args.api_keys) if args.api_keys else None
     given = list(args.attributes or [])
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
-    models = []
     say = (lambda *a, **k: None) if quiet else print
-    for i, (kind, source) in enumerate(sources(args)):
-        say(f"loading --{kind.replace('_', '-')} {source} ...", flush=True)
-        served = load_served(
-            source,
-            kind,
-            given[i] if given else "",
-            args.languages,
-            args.num_devices,
-            args.batch_size,
-            args.max_len or SCORING.max_len,
-            not args.no_calibration,
-            threads if kind == "onnx" else 0,
-            getattr(args, "graph", None),
-        )
-        names = ", ".join(a.name for a in served.attributes)
-        say(f"  {served.model.task.name} model, version {served.version}: {names}", flush=True)
-        cal = served.model.scorer.calibration
-        say(f"  calibration: {cal.describe() if cal else _uncalibrated(args)}", flush=True)
-        graph = served.card.get("graph")
-        if graph:
-            t = graph["seconds"]
-            say(
-                f"  graph: {graph['chosen']} ({graph['comments']} real comments: fp32 "
-                f"{t['fp32']:.3f} s, int8 {t['int8']:.3f} s on this CPU; {graph['rule']}; "
-                "--onnx DIR/model.onnx or DIR/model_int8.onnx chooses)",
-                flush=True,
+    models = [
+        _load(args, kind, source, given[i] if given else "", say)
+        for i, (kind, source) in enumerate(sources(args))
+    ]
+    communities = {}
+    for item in getattr(args, "community", None) or []:
+        community, eq, run = item.partition("=")
+        if not eq or not community.strip() or not run.strip():
+            raise ConfigError(
+                f"--community {item!r}: expected ID=RUN, e.g. Coral:https://news.example/=runs/news"
             )
-        models.append(served)
+        say(f"community {community}:", flush=True)
+        communities[community.strip()] = [_load(args, _kind_of(run), run.strip(), "", say)]
+    shadow = None
+    if getattr(args, "shadow", None):
+        say("in shadow (scored after each answer, never answering):", flush=True)
+        shadow = [_load(args, _kind_of(args.shadow), args.shadow, "", say)]
     store = open_feedback(args, say)
     origins = tuple(o.strip() for o in (args.cors_origins or "").split(",") if o.strip())
     options = Options(
@@ -166,8 +154,46 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
         max_queue=args.max_queue,
         warm_first=args.workers > 1,
     )
-    server = Server(models, options)
+    server = Server(models, options, communities, shadow)
     return build_app(server), server.version
+
+
+def _kind_of(path: str) -> str:
+    """A community's or the shadow's model: an ONNX export (its jaxtpu_onnx.json), else a run."""
+    where = Path(path.strip())
+    return "onnx" if (where / META).is_file() or where.suffix == ".onnx" else "workdir"
+
+
+def _load(args: argparse.Namespace, kind: str, source: str, attributes: str, say: Any) -> Any:
+    """One model of the flags, loaded (`load_served`), and what it is, said."""
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    say(f"loading --{kind.replace('_', '-')} {source} ...", flush=True)
+    served = load_served(
+        source,
+        kind,
+        attributes,
+        args.languages,
+        args.num_devices,
+        args.batch_size,
+        args.max_len or SCORING.max_len,
+        not args.no_calibration,
+        threads if kind == "onnx" else 0,
+        getattr(args, "graph", None) if source == args.onnx else None,
+    )
+    names = ", ".join(a.name for a in served.attributes)
+    say(f"  {served.model.task.name} model, version {served.version}: {names}", flush=True)
+    cal = served.model.scorer.calibration
+    say(f"  calibration: {cal.describe() if cal else _uncalibrated(args)}", flush=True)
+    graph = served.card.get("graph")
+    if graph:
+        t = graph["seconds"]
+        say(
+            f"  graph: {graph['chosen']} ({graph['comments']} real comments: fp32 "
+            f"{t['fp32']:.3f} s, int8 {t['int8']:.3f} s on this CPU; {graph['rule']}; "
+            "--onnx DIR/model.onnx or DIR/model_int8.onnx chooses)",
+            flush=True,
+        )
+    return served
 
 
 def open_feedback(args: argparse.Namespace, say: Any = print) -> Store | None:

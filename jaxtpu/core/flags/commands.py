@@ -25,7 +25,12 @@ from jaxtpu.core.flags.cli import (
 )
 from jaxtpu.core.flags.fields import _c, _no_calibration
 from jaxtpu.core.flags.schema import Bounds, ScoringConfig, base_type
-from jaxtpu.core.flags.serving import FeedbackDeleteFlags, FeedbackExportFlags, ServeFlags
+from jaxtpu.core.flags.serving import (
+    FeedbackDeleteFlags,
+    FeedbackExportFlags,
+    ServeFlags,
+    ShadowReportFlags,
+)
 
 
 @dataclass(frozen=True)
@@ -319,6 +324,7 @@ COMMANDS: dict[str, Command] = {
     "serve": Command("jaxtpu serve", ServeFlags, ("max_len", "num_devices"), ("max_len",)),
     "feedback delete": Command("jaxtpu feedback delete", FeedbackDeleteFlags),
     "feedback export": Command("jaxtpu feedback export", FeedbackExportFlags),
+    "shadow report": Command("jaxtpu shadow report", ShadowReportFlags),
 }
 
 

@@ -33,6 +33,23 @@ class ServeFlags:
         "and calibration, from the export's jaxtpu_onnx.json.",
         one_of="source",
     )
+    community: list[str] | None = _c(
+        None,
+        "ID=RUN: a community's own model (a run directory, or an ONNX export's directory): a "
+        "request whose communityId is ID (Coral Talk's is Coral:<site URL>) is answered by "
+        "RUN, every other by the base model; X-Model-Version says which. RUN must answer "
+        "every attribute the base does. Repeat for several communities.",
+        nargs="+",
+    )
+    shadow: str | None = _c(
+        None,
+        "A model (run directory or ONNX export) scored in shadow: after each comments:analyze "
+        "answer, the comment is scored by it too (never answering, skipped when the server is "
+        "behind, counted in /metrics) and compared per attribute with the answer: mean absolute "
+        "difference, rank correlation, and how many comments each puts at or above 0.5, 0.7, "
+        "0.8 and 0.9 and how many change side. GET /v1/shadow and `jaxtpu shadow report` show "
+        "it; no text is kept.",
+    )
     attributes: list[str] | None = _c(
         None,
         "The attributes each model answers, one value per model in order ('' keeps a model's "
@@ -216,3 +233,13 @@ class FeedbackExportFlags:
     )
     decision_attribute: str = _c("TOXICITY", "The attribute whose column a decision labels.")
     overwrite: bool = _c(False, "Replace an existing --out.")
+
+
+@dataclass(frozen=True)
+class ShadowReportFlags:
+    url: str = _c(
+        "http://127.0.0.1:8080",
+        "The server's address (jaxtpu serve --shadow RUN); its GET /v1/shadow is read.",
+    )
+    key: str | None = _c(None, "An API key of the server's (sent as X-Goog-Api-Key).")
+    json: bool = _c(False, "Print the server's record as JSON instead of a table.")

@@ -104,6 +104,8 @@ class AnalyzeRequest:
     # with no scores) instead of a 400; `unsupported` when the named languages are such
     drop_unsupported: bool = False
     unsupported: bool = False
+    # the model set answering it: a community's own (`jaxtpu serve --community`), else the base
+    community_id: str | None = None
 
 
 def bad(message: str) -> ApiError:
@@ -161,6 +163,9 @@ def parse_request(
     session = data.get("sessionId")
     if session is not None:
         typed(session, str, "session_id", "TYPE_STRING")
+    community = data.get("communityId")
+    if community is not None:
+        typed(community, str, "community_id", "TYPE_STRING")
     check_context(data.get("context"))
     sentences = tuple(sentence_spans(text)) if spans else ()
     if len(sentences) > MAX_SPANS:
@@ -170,7 +175,17 @@ def parse_request(
             "spanAnnotations, or in parts."
         )
     return AnalyzeRequest(
-        text, attributes, asked, spans, token, session, do_not_store, sentences, drop, unsupported
+        text,
+        attributes,
+        asked,
+        spans,
+        token,
+        session,
+        do_not_store,
+        sentences,
+        drop,
+        unsupported,
+        community,
     )
 
 
