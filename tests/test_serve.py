@@ -1280,10 +1280,11 @@ def test_the_slim_install_serves_an_int8_export_without_jax_or_torch(onnx_export
         assert probe.returncode != 0 and "No module named" in probe.stderr, module
     graph = onnx_export.out / "model_int8.onnx"
     texts = ["you are an idiot", "thanks for the edit!", "What kind of idiot name is foo?"]
-    # one at a time, as the server gets them: the int8 graph quantizes its activations per
-    # call (onnxruntime's dynamic quantization), so a score depends on its call's other rows
+    # the int8 graph is run one row a call (it quantizes its activations per call), so a
+    # comment's score is the same alone or among others
     model = OnnxModel(graph, 16)
-    want = np.array([model.predict([t])[0] for t in texts], np.float32)
+    want = model.predict(texts)
+    assert np.array_equal(want, np.array([model.predict([t])[0] for t in texts], np.float32))
     server = subprocess.Popen(
         [str(venv / "bin" / "jaxtpu"), "serve", "--onnx", str(graph), "--port", "0",
          "--drain-seconds", "0"],
