@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import concurrent.futures
 import itertools
 import math
@@ -42,6 +43,7 @@ import numpy as np
 
 # a bucket's remainder is never held back for fuller ones longer than this many waits
 STARVE = 20
+RECENT = 50  # the calls whose texts and seconds give the drain rate (Retry-After)
 
 
 class Overloaded(Exception):
@@ -121,6 +123,7 @@ class Batcher:
         self._seq = itertools.count()
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="score")
         self._seconds_per_item: float | None = None  # measured over the last calls
+        self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=RECENT)
 
     @property
     def queued_texts(self) -> int:
@@ -140,8 +143,10 @@ class Batcher:
         self.pool.shutdown(wait=True)
 
     def retry_after(self) -> int:
-        """Seconds until the texts waiting now have been scored at the rate the last calls
-        scored theirs (at least 1; before any call, one second per `max_items` texts)."""
+        """Seconds until the texts waiting now have been scored at the rate the last `RECENT`
+        calls scored theirs, all their seconds over all their texts (a call padded around a
+        lone text counts as one text's worth, not as the rate; at least 1 s; before any call,
+        one second per `max_items` texts)."""
         rate = self._seconds_per_item or 1 / self.max_items
         return max(1, math.ceil(self.queued_texts * rate))
 
@@ -280,9 +285,8 @@ class Batcher:
         except Exception:
             self.stats.failed_batches += 1
             raise
-        per_item = (time.perf_counter() - t0) / max(1, len(items))
-        old = self._seconds_per_item
-        self._seconds_per_item = per_item if old is None else 0.8 * old + 0.2 * per_item
+        self._recent.append((len(items), time.perf_counter() - t0))
+        self._seconds_per_item = sum(s for _, s in self._recent) / sum(n for n, _ in self._recent)
         self.stats.batches += 1
         self.stats.items += len(items)
         self.stats.last_sizes = (self.stats.last_sizes + [len(items)])[-100:]
