@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import hostmem
+from jaxtpu.core.data import community
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
@@ -25,6 +26,7 @@ from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir
 from jaxtpu.core.run.store import RunStore
 from jaxtpu.engine.build import build_backend
+from jaxtpu.engine.community import compare, compared_line
 
 __all__ = ["main", "train_and_evaluate"]
 
@@ -110,14 +112,36 @@ def _train(
         saved = SavedPrograms(cfg.placement.programs, devices, cfg)
     setup = loop.Setup(compile_cache_empty=hosts.compilation_cache_empty())
     t0 = time.time()
-    job = plan.Job.load(cfg, spec, store.local, len(devices), procs.primary, t_start, store)
+    # --init-from RUN: the new rows split by time, RUN's rows replayed, in files of the run dir
+    read_cfg, prepared = community.prepare(cfg, store.local)
+    job = plan.Job.load(read_cfg, spec, store.local, len(devices), procs.primary, t_start, store)
     setup.data_s, setup.tokens_cached = time.time() - t0, job.data.info["token_cache_hit"]
     backend = build_backend(job, devices, procs, saved)
     t0 = time.time()
     resume = backend.restore_latest(spec.model_key) if cfg.output.resume else ResumeState()
     setup.restore_s = time.time() - t0
     backend.start()  # the state on the devices, the steps jitted (`parallel.JitStrategy.place`)
-    return loop.train(job, backend, resume, devices, early, setup)
+    summary = loop.train(job, backend, resume, devices, early, setup)
+    if prepared is not None and summary["best"]["step"] is not None and procs.primary:
+        summary["compared"] = _compare(prepared, store, procs, devices)
+    return summary
+
+
+def _compare(prepared: Any, store: RunStore, procs: Any, devices: list[Any]) -> dict[str, Any]:
+    """Both validations of a run that continued RUN, under RUN and under the new best model
+    (`jaxtpu.engine.community`), said in the closing line; one process's work."""
+    if procs.count > 1:
+        log.warning(
+            "--init-from %s: compare the two models with `jaxtpu evaluate` on %s and %s "
+            "(not scored at the end of a multi-process run)",
+            prepared.run,
+            prepared.valid_csv,
+            prepared.original_valid,
+        )
+        return {}
+    compared = compare(prepared, store.local, devices)
+    log.info("%s", compared_line(compared, prepared.run))
+    return compared
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.cli import implied, parse_with
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import TORCH_STRATEGIES, Config, jax_only_options, require_strategy
+from jaxtpu.core.flags.values import is_run_dir
 from jaxtpu.core.hardware import precision_problem
 from jaxtpu.core.run import loop, plan, signals
 from jaxtpu.core.run.exits import exit_code, setup_logging, user_errors
@@ -149,6 +150,12 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
         raise UserError(
             "--coordinator-address/--num-processes: multi-host runs are jaxtpu only; the "
             "torch_xla reference runs on one host"
+        )
+    if is_run_dir(cfg.model.init_from):
+        raise UserError(
+            f"--init-from {cfg.model.init_from} is a jaxtpu run directory: continuing a run on "
+            "new rows is jaxtpu's (jaxtpu train --init-from RUN); the reference starts from a "
+            "state-dict file or a peft adapter"
         )
     if jax_only_options(cfg):
         raise UserError(

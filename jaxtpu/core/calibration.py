@@ -88,8 +88,9 @@ class Calibration:
             "scale": list(self.scale),
             "shift": list(self.shift),
             "rows": self.rows,
-            "before": self.before,
-            "after": self.after,
+            # a column without a labelled validation row has no ECE: null in the JSON
+            "before": _nulls(self.before),
+            "after": _nulls(self.after),
         }
 
     @classmethod
@@ -102,8 +103,8 @@ class Calibration:
                 tuple(float(a) for a in d["scale"]),
                 tuple(float(b) for b in d["shift"]),
                 int(d.get("rows", 0)),
-                {k: [float(x) for x in v] for k, v in d.get("before", {}).items()},
-                {k: [float(x) for x in v] for k, v in d.get("after", {}).items()},
+                {k: [_float(x) for x in v] for k, v in d.get("before", {}).items()},
+                {k: [_float(x) for x in v] for k, v in d.get("after", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{source}: not a calibration record ({e})") from None
@@ -117,7 +118,9 @@ class Calibration:
         """One line: the method and each column's ECE before -> after."""
         ece_b, ece_a = self.before.get("ece", []), self.after.get("ece", [])
         parts = [
-            f"{c} {b:.4f} -> {a:.4f}"
+            f"{c} (no labelled row)"
+            if math.isnan(b)
+            else f"{c} {b:.4f} -> {a:.4f}"
             if (scale, shift) != (1.0, 0.0)
             else f"{c} {b:.4f} (left as is: under {MIN_CLASS} rows of a class)"
             for c, b, a, scale, shift in zip(
@@ -125,6 +128,14 @@ class Calibration:
             )
         ]
         return f"Platt scaling per column on {self.rows} validation rows; ECE " + ", ".join(parts)
+
+
+def _nulls(values: dict[str, list[float]]) -> dict[str, list[float | None]]:
+    return {k: [None if math.isnan(x) else x for x in v] for k, v in values.items()}
+
+
+def _float(x: Any) -> float:
+    return math.nan if x is None else float(x)
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from jaxtpu.core.flags.values import is_run_dir
 from jaxtpu.core.run import plan
 from jaxtpu.core.schedules import describe_layer_rates
 from jaxtpu.engine import weights
+from jaxtpu.engine.scoring import load_trained
 
 log = logging.getLogger("jaxtpu")
 
@@ -39,7 +41,10 @@ def build_backend(
     from jaxtpu.engine.placement import Placement
 
     cfg, spec = job.cfg, job.spec
-    model = weights.load_model(cfg, spec)
+    start = None
+    if is_run_dir(spec.weights):  # --init-from RUN: RUN's best params
+        start = load_trained(str(spec.weights)).params
+    model = weights.load_model(cfg, spec, start=start)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
     n_trained = sum(x.size for x in jax.tree_util.tree_leaves(steps.split_trained(model.params)[0]))
     log.info("model: %s", spec.describe_model(n_params, cfg.train.seed, n_trained))

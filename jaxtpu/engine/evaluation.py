@@ -55,12 +55,14 @@ def headline(task: Task, examples: tokenized.Examples) -> str:
 
 
 def read_labelled(
-    path: str, task: Task, fmt: TextFormat = PLAIN
+    path: str, task: Task, fmt: TextFormat = PLAIN, every_label: bool = True
 ) -> records.Comments | records.Pairs:
     """The labelled file a run of `task` can be scored on: pairs for a ranker (pairs drawn at
     random from labels would make the number depend on a seed), a labelled rules file for a
     rules run (its pairs made by the run's own --rule-template), labelled comments
-    otherwise; each row as the run's --prompt-template makes it a prompt, if it has one."""
+    otherwise; each row as the run's --prompt-template makes it a prompt, if it has one.
+    A multi-label run's file needs a label besides the first unless not `every_label` (a
+    community's decisions, which label one)."""
     kind = kind_of(readers.columns(path))
     if kind is None or kind.name != task.evaluated_on:
         found = kind.what if kind else "a file of unknown layout"
@@ -72,7 +74,7 @@ def read_labelled(
     data = taskdata.read_task_file(
         path, task, columns=taskdata.aux_columns(task, required=False), fmt=fmt
     )
-    if task.main_outputs > 1:
+    if task.main_outputs > 1 and every_label:
         taskdata.check_label_columns(data, task, f"--input {path}")
     return data
 
@@ -113,14 +115,14 @@ def evaluate(
 
 
 def score_file(
-    model: Any, path: str, devices: list[Any], batch_size: int
+    model: Any, path: str, devices: list[Any], batch_size: int, every_label: bool = True
 ) -> tuple[tokenized.Examples, dict[str, float], Any]:
     """(examples, validation metrics, raw outputs in the file's order) of labelled file `path`
     under `model`, in the length buckets and batch shape `predict`, `jaxtpu.load()` and
     `serve` score in (`Scorer`: fixed power-of-two edges, `batch_size` rows per device), so
     that evaluate's score of a row is theirs, bf16 included."""
     task, d = model.spec.task, model.cfg.data
-    data = read_labelled(path, task, model.spec.text_format)
+    data = read_labelled(path, task, model.spec.text_format, every_label)
     tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
     examples = tokenized.encode(data, tokenizer, d.max_len, d.cache_dir, task)
     global_batch = batch_size * len(devices)

@@ -20,6 +20,7 @@ import numpy as np
 from jaxtpu.core.errors import CheckpointError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config, OptimConfig
+from jaxtpu.core.flags.values import is_run_dir
 from jaxtpu.core.hf.directory import fit_state_dict, write_hf_dir
 from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.families import get_family, rename
@@ -186,9 +187,13 @@ class LoadedModel:
     lr_scales: Any = None  # per-leaf rate multipliers, stacked as params; None = all 1
 
 
-def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> LoadedModel:
+def load_model(
+    cfg: Config, spec: RunSpec, head_required: bool = False, start: Any = None
+) -> LoadedModel:
     """The run's model: a seeded random init, filled from the spec's weights (--init-from or
-    --model-dir) when it has some (every tensor it has; a new head keeps its init)."""
+    --model-dir) when it has some (every tensor it has; a new head keeps its init); `start`:
+    the params of the run --init-from names (`scoring.load_trained`), which must fill the
+    model whole, LoRA adapters included."""
     from jaxtpu.models import encoder as models
 
     module = models.for_run(cfg, spec, scan=False)
@@ -196,7 +201,12 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
     # run starts from exactly the same weights, stacked.
     example = spec.task.example_shape(cfg.data.max_len)
     params = models.init_params(module, example, cfg.train.seed)
-    if spec.weights:
+    from_run = is_run_dir(spec.weights)  # --init-from RUN: its best params, adapters and all
+    if from_run:
+        if start is None:
+            raise ValueError(f"--init-from {spec.weights}: a run's params are given as `start`")
+        params = run_params(str(spec.weights), start, params)
+    elif spec.weights:
         params, _ = load_params(
             spec.weights,
             params,
@@ -206,7 +216,8 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
             spec.answer_ids,
         )
     if spec.lora:
-        params = start_adapters(params, spec.encoder.model_type, cfg.train.seed)
+        if not from_run:
+            params = start_adapters(params, spec.encoder.model_type, cfg.train.seed)
         if spec.adapter:
             params = load_adapter(params, spec.adapter, spec.encoder.model_type)
         params = hold_frozen(params, cfg.train.precision)
@@ -216,6 +227,27 @@ def load_model(cfg: Config, spec: RunSpec, head_required: bool = False) -> Loade
         params = models.stack_for_scan(spec.encoder, params)
         scales = None if scales is None else models.stack_for_scan(spec.encoder, scales)
     return LoadedModel(module, spec.encoder, params, scales)
+
+
+def run_params(run: str, params: Any, template: Mapping[str, Any]) -> dict[str, Any]:
+    """The best params of jaxtpu run `run` (unscanned) as numpy fp32, which must fill
+    `template`'s tree leaf for leaf at the same shapes.
+
+    Raises:
+      CheckpointError: the run's model is not this one (a leaf missing, extra or reshaped).
+    """
+    theirs, ours = _flatten(params), _flatten(template)
+    for path in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(path), ours.get(path)
+        if a is None or b is None or tuple(a.shape) != tuple(b.shape):
+            where = "/".join(path)
+            found = "absent" if a is None else str(tuple(a.shape))
+            wanted = "absent" if b is None else str(tuple(b.shape))
+            raise CheckpointError(
+                f"--init-from {run}: its model is not this run's ({where}: {found} there, "
+                f"{wanted} here); a run continues the model it was trained as"
+            )
+    return _unflatten({p: np.asarray(v, np.float32) for p, v in theirs.items()})
 
 
 def start_adapters(params: Mapping[str, Any], model_type: str, seed: int) -> dict[str, Any]:

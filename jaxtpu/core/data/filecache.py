@@ -118,7 +118,10 @@ def _from_arrays(
 ) -> Any:
     n = int(z["n"])
     folds = z["folds"] if bool(z["has_folds"]) else None
-    numbers = {k: z["columns"][:, j] for j, k in enumerate(z["column_names"].tolist())}
+    numbers = {
+        k: z["columns"][:, j].astype(columns[k].dtype)
+        for j, k in enumerate(z["column_names"].tolist())
+    }
 
     @functools.cache
     def reread() -> Any:

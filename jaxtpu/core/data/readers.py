@@ -4,6 +4,7 @@ read as a stream (framework-free)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import os
@@ -102,15 +103,32 @@ def _parse_number(path: Any, where: str, column: str, value: Any, rule: NumberCo
             f"{path}: {where}: {column} ({rule.flag}) is blank, expected a number {within}"
         )
     try:
-        x = float(text)
+        x = parse_time(text) if rule.time else float(text)
     except ValueError:
+        what = "an ISO 8601 time (2026-11-05T14:03:00) or a number" if rule.time else within
         raise DataError(
-            f"{path}: {where}: {column}={text!r} ({rule.flag}) is not a number, expected {within}"
+            f"{path}: {where}: {column}={text!r} ({rule.flag}) is not "
+            f"{'a number, expected ' if not rule.time else ''}{what}"
         ) from None
     if not rule.lo <= x <= rule.hi:  # also rejects nan
         bad = f"outside {within}" if math.isfinite(rule.hi) else f"not {within}"
         raise DataError(f"{path}: {where}: {column}={text} ({rule.flag}) is {bad}")
     return x
+
+
+def parse_time(text: str) -> float:
+    """An ISO 8601 time (UTC unless it says) or a number, as seconds since the epoch.
+
+    Raises:
+      ValueError: neither.
+    """
+    try:
+        return float(text)
+    except ValueError:
+        when = dt.datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
 
 
 def _num(x: float) -> str:
@@ -124,8 +142,9 @@ def _read_numbers(
 
 
 def _number_arrays(columns: Mapping[str, NumberColumn], values: array, n: int) -> dict:
-    table = _numpy(values, np.float32, (n, len(columns)))
-    return {c: table[:, j] for j, c in enumerate(columns)}
+    """Each column's values (collected as float64, in `array('d')`) in its own dtype."""
+    table = _numpy(values, np.float64, (n, len(columns)))
+    return {c: table[:, j].astype(rule.dtype) for j, (c, rule) in enumerate(columns.items())}
 
 
 def _check_fold_column(table: Table, column: str) -> None:
@@ -236,7 +255,7 @@ def read_comments(
     columns = columns or {}
     _check_fold_column(table, fold_column)
     _check_number_columns(table, columns)
-    numbers = array("f")
+    numbers = array("d")
     texts: list[str] = []
     ids: list[str] = []
     labels, sublabels, identity_values = array("f"), array("f"), array("f")
@@ -337,7 +356,7 @@ def read_pairs(
     columns = columns or {}
     _check_fold_column(table, fold_column)
     _check_number_columns(table, columns)
-    less, more, folds, numbers = [], [], array("q"), array("f")
+    less, more, folds, numbers = [], [], array("q"), array("d")
     rows = dropped = 0
     for where, row in table.rows():
         rows += 1
@@ -403,7 +422,7 @@ def read_rules(
     _check_fold_column(table, fold_column)
     _check_number_columns(table, columns)
     texts, first, ids, rules = [], [], [], []
-    labels, folds, numbers = array("f"), array("q"), array("f")
+    labels, folds, numbers = array("f"), array("q"), array("d")
     rows = dropped = 0
     for where, row in table.rows():
         rows += 1

@@ -67,13 +67,19 @@ RULE_EXAMPLES = {
 class NumberColumn:
     """A numeric column a run asks a file for beyond the Jigsaw ones (a row weight, an
     auxiliary target): which flag asked, whether a blank is allowed (NaN) and the range, and
-    whether a file without the column is refused (else every value is blank)."""
+    whether a file without the column is refused (else every value is blank); a `time`
+    column holds ISO 8601 times (or numbers), read as seconds since the epoch in float64."""
 
     flag: str
     blank_ok: bool
     lo: float
     hi: float = float("inf")
     required: bool = True
+    time: bool = False
+
+    @property
+    def dtype(self) -> Any:
+        return np.float64 if self.time else np.float32
 
 
 @dataclass

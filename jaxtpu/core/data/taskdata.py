@@ -188,6 +188,21 @@ def load_task_data(cfg: Config, tokenizer: Any) -> TaskData:
     return TaskData(train_ex, valid_ex, info, valid_rows)
 
 
+def validation_rows(cfg: Config) -> tuple[Comments | Pairs, str]:
+    """The validation rows of a run of `cfg` (a finished run's recorded config): its
+    --valid-csv, else the rows its split of the training file holds out, the same rows it
+    validated on; and what they are."""
+    d = cfg.data
+    cache = Path(d.cache_dir) if d.cache_dir else default_cache_dir()
+    if d.valid_csv:
+        columns = number_columns(cfg, training=False)
+        valid = read_task_file(d.valid_csv, cfg.task, cache_dir=cache, columns=columns)
+        return valid, f"validation file {d.valid_csv}"
+    data, source = _training_rows(cfg, cache)
+    _, va, split_desc = _split_rows(data, cfg, source)
+    return data.subset(va), f"{source}, {split_desc}"
+
+
 def _splits(
     cfg: Config, data: Comments | Pairs, source: str, cache: Path
 ) -> tuple[Any, Any, np.ndarray | None, str]:

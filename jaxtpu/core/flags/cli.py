@@ -15,6 +15,7 @@ from typing import Any, get_type_hints
 
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.configfile import read_config_file
+from jaxtpu.core.flags.fromrun import inherit
 from jaxtpu.core.flags.presets import NEEDS_MODEL_DIR, PRESETS, check_needs, get_preset
 from jaxtpu.core.flags.schema import (
     FIELDS,
@@ -141,6 +142,7 @@ def parse_with(
         if args.config:  # the file first; the command line's flags over it
             overrides = {**read_config_file(args.config), **overrides}
         args.given = frozenset(overrides)  # what the user chose, for `implied`
+        overrides = inherit(overrides, cfg)  # --init-from RUN: RUN's model flags beneath
         if cfg.placement.parallel not in strategies:
             overrides.setdefault("parallel", strategies[0])
         cfg = apply_overrides(cfg, overrides)

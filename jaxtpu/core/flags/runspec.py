@@ -17,6 +17,7 @@ from typing import Any
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import mesh_sizes, resolve_matmul_output, resolve_sharding
 from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.flags.values import is_run_dir
 from jaxtpu.core.hf.encoder import (
     EncoderConfig,
     exported_head,
@@ -344,7 +345,10 @@ def _answers(
 
 def _weights(model: Any, enc: EncoderConfig, model_dir: str | None) -> tuple[Any, str | None]:
     """(where the initial weights come from, the peft adapter directory the run continues or
-    None): --init-from, else the --model-dir."""
+    None): --init-from (a state-dict file, a peft adapter or a jaxtpu run directory), else
+    the --model-dir."""
+    if is_run_dir(model.init_from):  # a jaxtpu run: its best checkpoint, LoRA and all
+        return model.init_from, None
     weights = local_input(model.init_from, "--init-from") if model.init_from else model_dir
     if model.init_from and is_adapter_dir(weights):
         _check_adapter(weights, model, enc)

@@ -22,7 +22,7 @@ from typing import Any, get_args, get_type_hints
 
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.layout import JAX_STRATEGIES, TORCH_STRATEGIES, mesh_sizes
-from jaxtpu.core.flags.values import parse_buckets, parse_trackers
+from jaxtpu.core.flags.values import is_run_dir, parse_buckets, parse_trackers
 from jaxtpu.core.hf.families import FAMILIES, POOLINGS
 from jaxtpu.core.hf.kinds import DECODER_PROJECTIONS
 from jaxtpu.core.lora import LoraSpec
@@ -136,7 +136,11 @@ class ModelConfig:
         "detected. Needs --model-dir for config.json and the tokenizer. Or a peft LoRA "
         "adapter directory (adapter_config.json, adapter_model.safetensors: a jaxtpu export of "
         "a LoRA run, or peft's save_pretrained) to continue, on the base model --model-dir, "
-        "with the adapter's --lora-rank, --lora-alpha and --lora-targets and --head hf.",
+        "with the adapter's --lora-rank, --lora-alpha and --lora-targets and --head hf. Or a "
+        "jaxtpu run directory (RUN): continue from its best checkpoint, with its task, model "
+        "and attribute flags, validating on the newest rows (--time-column time) and beside "
+        "that on RUN's own validation rows, both reported against RUN's scores at the end: a "
+        "community's model from its moderators' decisions (docs/community.md).",
     )
     tokenizer_dir: str | None = _f(
         None,
@@ -278,7 +282,7 @@ class ModelConfig:
                 "--token-head starts the decoder's own classification head (--head hf) from "
                 "its LM head; add --head hf"
             )
-        if self.init_from and not self.model_dir:
+        if self.init_from and not self.model_dir and not is_run_dir(self.init_from):
             raise ConfigError(
                 f"--init-from {self.init_from} needs --model-dir: the Hugging Face directory "
                 "with the checkpoint's config.json and tokenizer"
@@ -379,6 +383,28 @@ class DataConfig:
         "--extra-train: the loss weight of each of its rows (the training file's keep theirs).",
         bounds=Bounds(0, _INF, lo_open=True),
     )
+    time_column: str = _f(
+        "",
+        "Validate on the newest rows by this column of the training file (ISO 8601 times, as "
+        "`jaxtpu feedback export` writes in `time`, or numbers): the newest --valid-fraction "
+        "of them, never a random draw, so the model is judged on decisions after those it "
+        "learnt from. Set to 'time' by --init-from RUN; '' = a random split.",
+        side="jax",
+    )
+    replay_csv: str | None = _f(
+        None,
+        "With --init-from RUN: replay rows of this classification file (RUN's training file) "
+        "beside the new rows, so the model keeps what it knew; a row whose text is one of RUN's "
+        "validation rows or a new validation row is never replayed. See --replay-share.",
+        side="jax",
+    )
+    replay_share: float = _f(
+        0.5,
+        "--replay-csv: the share of the training rows that are replayed (0.5: as many replayed "
+        "rows as new ones), a seeded sample without repeats (fewer when the file runs short).",
+        bounds=Bounds(0, 1, hi_open=True),
+        side="jax",
+    )
     rule_template: str = _f(
         "{rule}",
         "--task rules: the first text of each (rule, comment) pair, over the file's columns: "
@@ -454,6 +480,20 @@ class DataConfig:
             )
         if self.weighted_val_loss and not (self.weight_column or self.bias_weights):
             raise ConfigError("--weighted-val-loss goes with --weight-column or --bias-weights")
+        if self.time_column and (self.valid_csv or self.n_folds or self.fold_column):
+            other = (
+                "--valid-csv"
+                if self.valid_csv
+                else "--n-folds"
+                if self.n_folds
+                else "--fold-column"
+            )
+            raise ConfigError(
+                f"--time-column {self.time_column} chooses the validation rows (the newest); "
+                f"drop {other}"
+            )
+        if self.replay_share != 0.5 and not self.replay_csv:
+            raise ConfigError(f"--replay-share {self.replay_share} applies with --replay-csv only")
         if self.extra_weight != 1.0 and not self.extra_train:
             raise ConfigError(f"--extra-weight {self.extra_weight} applies with --extra-train only")
         if self.weight_column and self.bias_weights:
@@ -1104,6 +1144,16 @@ def validate(cfg: Config) -> None:
     if cfg.data.extra_train and cfg.task.comments_per_example != 1:
         raise ConfigError(
             f"--extra-train adds labelled comments; --task {cfg.train.task} trains on pairs"
+        )
+    if cfg.data.replay_csv and not cfg.model.init_from:
+        raise ConfigError(
+            f"--replay-csv {cfg.data.replay_csv} replays a run's training rows while it "
+            "learns new ones: give the run with --init-from RUN"
+        )
+    if (cfg.data.replay_csv or cfg.data.time_column) and cfg.task.comments_per_example != 1:
+        flag = "--replay-csv" if cfg.data.replay_csv else "--time-column"
+        raise ConfigError(
+            f"{flag} reads labelled comments; --task {cfg.train.task} trains on pairs"
         )
     rule_flags = {
         "--rule-template": cfg.data.rule_template != "{rule}",

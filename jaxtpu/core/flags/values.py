@@ -1,11 +1,14 @@
 """Parsers of the flag values that name another room's things (framework-free): `--buckets`
-edges (read by `core.data.buckets`) and `--tracker` names (opened by `core.run.trackers`),
-checked here so that the schema can refuse a bad value before any work.
+edges (read by `core.data.buckets`), `--tracker` names (opened by `core.run.trackers`) and
+whether --init-from names a jaxtpu run directory, checked here so that the schema can refuse
+a bad value before any work.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 from jaxtpu.core.errors import ConfigError
 
@@ -48,3 +51,18 @@ def parse_trackers(spec: str) -> tuple[str, ...]:
                 f"--tracker {name}: its client {MODULE[name]} is not installed: {INSTALL[name]}"
             )
     return names
+
+
+def is_run_dir(path: str | None) -> bool:
+    """Whether `path` is a local jaxtpu run directory (a `config.json` with a `config`
+    section): --init-from RUN (`jaxtpu.core.flags.fromrun`)."""
+    if not path or "://" in path:  # a run in a bucket is not read here
+        return False
+    record = Path(path) / "config.json"
+    if not record.is_file():
+        return False
+    try:
+        recorded = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(recorded, dict) and isinstance(recorded.get("config"), dict)
