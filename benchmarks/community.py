@@ -1,0 +1,234 @@
+"""The community loop on real comments (issue 88 item 5): a forum whose rule differs from the
+training labels sends its moderators' decisions through `comments:suggestscore`, they are
+exported, a community model is fine-tuned from the served one, and the pair is compared in
+shadow.
+
+`python -m benchmarks.community [--decisions 100,300,1000] [--out runs/community]`
+
+The forum allows profanity: a comment whose only Jigsaw labels are `toxic` and `obscene` is
+approved there, every other toxic comment deleted, every non-toxic one approved. The rows of
+`../shared/data/jigsaw_toxic_dev.csv` with all six labels known are cut three ways, never
+shared (7,608 rows): the first 4,000 train the served model (`--task multilabel`, MiniLM, 25%
+held out: its "original validation"), the next 1,600 are the decisions' pool (the first N, in
+a seeded order, are decided), the rest (at least 2,000) are the forum's unseen decisions that
+score it.
+
+For each N: a server of the base model keeps the N decisions (Coral Talk's bodies: `DELETED`
+or `APPROVED`, `communityId` "forum"); `jaxtpu feedback export` writes them; `jaxtpu train
+--init-from BASE --replay-csv BASE-TRAIN --replay-share 0.5` fine-tunes (the newest 20% of the
+decisions validate); `jaxtpu predict` scores the unseen 2,000 under both models (ROC AUC of
+TOXICITY against the forum's rule), and the run's own end scores the base's validation rows
+under both. The loop's wall time is the decisions, the export and the training (its end's
+comparison included). Then one server answers the forum with the N=300 model
+(`--community forum=RUN`) and every other request with the base, and holds that model in
+shadow (`--shadow RUN`) while the unseen comments are scored without a communityId: `jaxtpu
+shadow report` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.machine import cpu_line, cpu_record
+from benchmarks.serve_clients import _call
+from benchmarks.serving import REAL_CSV, _start, _stop, _wait_ready
+from jaxtpu.core.metrics import roc_auc
+from jaxtpu.core.tasks import LABELS
+
+BASE_ROWS, POOL_ROWS, TEST_ROWS = 4000, 1600, 2000
+FORUM = "forum"
+
+
+def forum_rule(row: dict[str, str]) -> int:
+    """1 (deleted) for a toxic comment unless obscene is its only other label."""
+    y = {c: float(row[c]) >= 0.5 for c in LABELS}
+    obscene_only = y["obscene"] and not any(
+        y[c] for c in ("severe_toxic", "threat", "insult", "identity_hate")
+    )
+    return int(y["toxic"] and not obscene_only)
+
+
+def split_rows(path: Path = REAL_CSV) -> tuple[list[dict], list[dict], list[dict]]:
+    """(base training rows, the decisions' pool in a seeded order, the unseen test rows):
+    the file's rows with a text and all six labels, in its order."""
+    with path.open(newline="") as f:
+        rows = [
+            r
+            for r in csv.DictReader(f)
+            if (r.get("comment_text") or "").strip() and all(r[c].strip() for c in LABELS)
+        ]
+    need = BASE_ROWS + POOL_ROWS + TEST_ROWS
+    if len(rows) < need:
+        raise SystemExit(f"{path}: {len(rows)} fully labelled rows, the benchmark needs {need}")
+    base, pool = rows[:BASE_ROWS], rows[BASE_ROWS : BASE_ROWS + POOL_ROWS]
+    order = np.random.default_rng(88).permutation(len(pool))
+    return base, [pool[i] for i in order], rows[BASE_ROWS + POOL_ROWS :]
+
+
+def _write(path: Path, rows: list[dict], columns: list[str]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _cli(*args: Any) -> str:
+    """`python -m ARGS`; its output, or the benchmark stops with its last lines."""
+    proc = subprocess.run([sys.executable, "-m", *map(str, args)], capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"python -m {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout + proc.stderr
+
+
+def base_run(out: Path, base_rows: list[dict]) -> Path:
+    """The served model: MiniLM multi-label on the base rows (trained once, then reused)."""
+    run = out / "base"
+    train = _write(out / "base-train.csv", base_rows, ["id", "comment_text", *LABELS])
+    if not (run / "summary.json").is_file():
+        print(f"training the base model on {len(base_rows)} rows ...", flush=True)
+        _cli("jaxtpu.train", "--preset", "minilm", "--task", "multilabel", "--train-csv", train,
+             "--valid-fraction", "0.25", "--workdir", run, "--no-progress")  # fmt: skip
+    return run
+
+
+def _toxic_auc(run: Path, test: Path, labels: np.ndarray, out: Path) -> float:
+    scores = out / f"scores-{run.name}.csv"
+    _cli("jaxtpu.predict", "--workdir", run, "--input", test, "--output", scores, "--overwrite")
+    with scores.open(newline="") as f:
+        toxic = np.array([float(r["toxic"]) for r in csv.DictReader(f)])
+    return roc_auc(toxic, labels)
+
+
+def _decide(base: Path, rows: list[dict], store: Path) -> None:
+    """The forum's moderators' decisions on `rows`, kept by a server of the base model."""
+    store.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "jaxtpu.serve", "--workdir", str(base), "--port", "0",
+           "--feedback", str(store)]  # fmt: skip
+    proc, url = _start(cmd, "serving")
+    try:
+        _wait_ready(url)
+        for i, r in enumerate(rows):
+            decision = "DELETED" if forum_rule(r) else "APPROVED"
+            body = {"comment": {"text": r["comment_text"]}, "languages": ["EN"],
+                    "attributeScores": {decision: {"summaryScore": {"value": 1}}},
+                    "communityId": FORUM, "clientToken": f"comment:{i}"}  # fmt: skip
+            status = _call(f"{url}/v1alpha1/comments:suggestscore", body)[0]
+            if status != 200:
+                raise SystemExit(f"suggestscore answered {status}")
+    finally:
+        _stop(proc)
+
+
+def one_size(n: int, base: Path, pool: list[dict], test: Path, labels: np.ndarray, out: Path):
+    """The loop for the first `n` decisions of the pool, and its numbers."""
+    here = out / f"n{n}"
+    here.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    _decide(base, pool[:n], here / "feedback.db")
+    decisions = here / "decisions.csv"
+    _cli("jaxtpu.feedback", "export", "--feedback", here / "feedback.db", "--out", decisions,
+         "--community", FORUM, "--workdir", base, "--overwrite")  # fmt: skip
+    run = here / "run"
+    if run.exists():
+        raise SystemExit(f"{run} exists from an earlier benchmark: remove {out}/n* to rerun")
+    _cli("jaxtpu.train", "--init-from", base, "--train-csv", decisions, "--replay-csv",
+         out / "base-train.csv", "--replay-share", "0.5", "--valid-fraction", "0.2",
+         "--epochs", "3", "--workdir", run, "--no-progress")  # fmt: skip
+    wall = time.time() - t0
+    compared = json.loads((run / "community" / "compared.json").read_text())
+    return {
+        "decisions": n,
+        "deleted": sum(forum_rule(r) for r in pool[:n]),
+        "community_auc_after": _toxic_auc(run, test, labels, here),
+        "original_before": compared["original"]["before"],
+        "original_after": compared["original"]["after"],
+        "original_rows": compared["original"]["examples"],
+        "loop_seconds": wall,
+        "run": str(run),
+    }
+
+
+def shadow(base: Path, model: Path, test_rows: list[dict]) -> dict[str, Any]:
+    """A server answering the forum with `model` and the rest with the base, `model` in
+    shadow; the unseen comments scored without a communityId, then one with it."""
+    cmd = [sys.executable, "-m", "jaxtpu.serve", "--workdir", str(base), "--port", "0",
+           "--community", f"{FORUM}={model}", "--shadow", str(model)]  # fmt: skip
+    proc, url = _start(cmd, "serving")
+    try:
+        _wait_ready(url)
+        for r in test_rows:
+            body = {"comment": {"text": r["comment_text"]}, "languages": ["en"],
+                    "requestedAttributes": {"TOXICITY": {}}}  # fmt: skip
+            _call(f"{url}/v1alpha1/comments:analyze", body)
+        time.sleep(5)  # the shadow scores after each answer
+        forum = {**body, "communityId": FORUM}
+        _, forum_headers, _ = _call(f"{url}/v1alpha1/comments:analyze", forum)
+        _, base_headers, _ = _call(f"{url}/v1alpha1/comments:analyze", body)
+        report = _cli("jaxtpu.shadow", "report", "--url", url)
+    finally:
+        _stop(proc)
+    return {
+        "table": report.strip(),
+        "forum_answered_by": forum_headers.get("x-model-version", ""),
+        "others_answered_by": base_headers.get("x-model-version", ""),
+    }
+
+
+def run(sizes: list[int], out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    base_rows, pool, test_rows = split_rows()
+    base = base_run(out, base_rows)
+    labels = np.array([forum_rule(r) for r in test_rows], np.float64)
+    test = _write(out / "forum-test.csv", test_rows, ["id", "comment_text"])
+    before = _toxic_auc(base, test, labels, out)
+    rows = []
+    for n in sizes:
+        print(f"N = {n} decisions ...", flush=True)
+        rows.append({**one_size(n, base, pool, test, labels, out), "community_auc_before": before})
+    middle = next((r for r in rows if r["decisions"] == 300), rows[0])
+    served = shadow(base, Path(middle["run"]), test_rows)
+    result = {"rows": rows, "test_rows": len(test_rows), "test_deleted": int(labels.sum()),
+              "shadow": served, "cpu": cpu_record()}  # fmt: skip
+    (out / "community.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.community", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--decisions", default="100,300,1000",
+                   help="how many decisions, comma-separated (default: 100,300,1000)")  # fmt: skip
+    p.add_argument("--out", default="runs/community", help="where its runs and files go")
+    args = p.parse_args(argv)
+    if not REAL_CSV.is_file():
+        p.error(f"{REAL_CSV}: the real comments are not here (see ../shared/data/SOURCES.md)")
+    result = run([int(x) for x in args.decisions.split(",")], Path(args.out))
+    print(f"forum's unseen decisions: {result['test_rows']} ({result['test_deleted']} deleted)")
+    print("| decisions | deleted | forum AUC before | after | change | original AUC before | "
+          "after | change | loop wall time |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in result["rows"]:
+        c = r["community_auc_after"] - r["community_auc_before"]
+        o = r["original_after"] - r["original_before"]
+        print(f"| {r['decisions']} | {r['deleted']} | {r['community_auc_before']:.4f} | "
+              f"{r['community_auc_after']:.4f} | {c:+.4f} | {r['original_before']:.4f} | "
+              f"{r['original_after']:.4f} | {o:+.4f} | {r['loop_seconds']:.0f} s |")  # fmt: skip
+    s = result["shadow"]
+    print(f"forum answered by {s['forum_answered_by']}, others by {s['others_answered_by']}")
+    print(s["table"])
+    print(cpu_line(result["cpu"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
