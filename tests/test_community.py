@@ -214,3 +214,11 @@ def test_a_run_continues_another_on_decisions_and_reports_both_validations(
     assert f"against --init-from {finished_run}: new rows held out (12 rows" in out
     for part in compared.values():
         assert 0.0 <= part["before"] <= 1.0 and 0.0 <= part["after"] <= 1.0
+    # what a model card says of it: counts, dates, the community; never a text
+    card = community.record(wd)
+    assert card is not None
+    assert (card["rows"], card["valid_rows"], card["communities"]) == (60, 12, ["forum"])
+    assert card["first"] == T0.isoformat() and card["compared"] == compared
+    said = json.dumps(card)
+    assert not any(r["comment_text"] in said for r in sample)
+    assert community.record(finished_run) is None

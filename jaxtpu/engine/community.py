@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import files
-from jaxtpu.core.data.community import FOLDER, Prepared
+from jaxtpu.core.data.community import COMPARED, FOLDER, Prepared
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.engine.evaluation import METRICS, headline, score_file
 from jaxtpu.engine.scoring import load_trained
-
-COMPARED = "compared.json"  # in the run's community folder
 
 
 def compare(prepared: Prepared, workdir: str | Path, devices: list[Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import calibration, storage
-from jaxtpu.core.data import templates
+from jaxtpu.core.data import community, templates
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
@@ -76,6 +76,9 @@ def write_card(
         None if cal is None else cal.subset(outputs).to_dict(),
         installed("jaxtpu", "unknown"),
     )
+    feedback = community.record(workdir)
+    if feedback:  # the decisions it learnt from: counts, dates, communities; never a text
+        card["feedback"] = feedback
     (out / cards.CARD_FILE).write_text(json.dumps(card, indent=2, allow_nan=False) + "\n")
 
 

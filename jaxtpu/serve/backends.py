@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.api import Model
-from jaxtpu.core.data import templates
+from jaxtpu.core.data import community, templates
 from jaxtpu.core.data.demo import sample_comments
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.hf.encoder import exported_head, resolve_model_dir
@@ -199,6 +199,9 @@ def load_served(
     served = Served(flag, model, attrs, langs)
     served.prepare()
     served.version, served.card = _version_and_card(served, trained, metrics)
+    feedback = community.record(source) if kind == "workdir" else None
+    if feedback:  # the decisions it learnt from: counts, dates, communities; never a text
+        served.card["feedback"] = feedback
     if graph is not None:
         served.card["graph"] = graph
     return served

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 FOLDER = "community"  # in the new run's directory
 TRAIN, VALID, ORIGINAL, SUMMARY = "train.csv", "valid.csv", "original_valid.csv", "summary.json"
+COMPARED = "compared.json"  # both validations under both models (`jaxtpu.engine.community`)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,24 @@ def prepare(cfg: Config, workdir: str | Path) -> tuple[Config, Prepared | None]:
         ),
         prepared,
     )
+
+
+def record(run: str | Path) -> dict[str, Any] | None:
+    """What a model card says of the decisions a run learnt from (`summary.json`, and the
+    two validations of `compared.json` when written): counts, dates, communities and the run
+    it continued, never a text; None for a run that continued none."""
+    folder = Path(run) / FOLDER
+    try:
+        summary = json.loads((folder / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    keys = ("run", "source", "rows", "train_rows", "valid_rows", "replayed", "split",
+            "communities", "first", "last", "valid_from")  # fmt: skip
+    out = {k: summary.get(k) for k in keys}
+    compared = folder / COMPARED
+    if compared.is_file():
+        out["compared"] = json.loads(compared.read_text(encoding="utf-8"))
+    return out
 
 
 def _refuse(cfg: Config, run: str) -> None:
