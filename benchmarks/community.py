@@ -16,10 +16,11 @@ score it.
 For each N: a server of the base model keeps the N decisions (Coral Talk's bodies: `DELETED`
 or `APPROVED`, `communityId` "forum"); `jaxtpu feedback export` writes them; `jaxtpu train
 --init-from BASE --replay-csv BASE-TRAIN --replay-share 0.5` fine-tunes (the newest 20% of the
-decisions validate); `jaxtpu predict` scores the unseen 2,000 under both models (ROC AUC of
-TOXICITY against the forum's rule), and the run's own end scores the base's validation rows
-under both. The loop's wall time is the decisions, the export and the training (its end's
-comparison included). Then one server answers the forum with the N=300 model
+decisions validate); `jaxtpu predict` scores the unseen comments under both models (ROC AUC of
+TOXICITY against the forum's rule, and beside it against Jigsaw's own `toxic` of the same
+comments: the part of the change that is not the forum's rule), and the run's own end scores
+the base's validation rows under both. The loop's wall time is the decisions, the export and
+the training (its end's comparison included). Then one server answers the forum with the N=300 model
 (`--community forum=RUN`) and every other request with the base, and holds that model in
 shadow (`--shadow RUN`) while the unseen comments are scored without a communityId: `jaxtpu
 shadow report` prints the table.
@@ -91,22 +92,27 @@ def _cli(*args: Any) -> str:
 
 
 def base_run(out: Path, base_rows: list[dict]) -> Path:
-    """The served model: MiniLM multi-label on the base rows (trained once, then reused)."""
+    """The served model: MiniLM multi-label on the base rows for 3 epochs (trained once,
+    then reused)."""
     run = out / "base"
     train = _write(out / "base-train.csv", base_rows, ["id", "comment_text", *LABELS])
     if not (run / "summary.json").is_file():
         print(f"training the base model on {len(base_rows)} rows ...", flush=True)
         _cli("jaxtpu.train", "--preset", "minilm", "--task", "multilabel", "--train-csv", train,
-             "--valid-fraction", "0.25", "--workdir", run, "--no-progress")  # fmt: skip
+             "--valid-fraction", "0.25", "--epochs", "3", "--workdir", run,
+             "--no-progress")  # fmt: skip
     return run
 
 
-def _toxic_auc(run: Path, test: Path, labels: np.ndarray, out: Path) -> float:
+def _toxic_aucs(run: Path, test: Path, labels: np.ndarray, out: Path) -> tuple[float, float]:
+    """ROC AUC of `run`'s TOXICITY on the test comments against the forum's rule (`labels`
+    row 0) and against Jigsaw's own `toxic` (row 1): the second says how much of a change
+    any further training on these comments would bring, the forum's rule or not."""
     scores = out / f"scores-{run.name}.csv"
     _cli("jaxtpu.predict", "--workdir", run, "--input", test, "--output", scores, "--overwrite")
     with scores.open(newline="") as f:
         toxic = np.array([float(r["toxic"]) for r in csv.DictReader(f)])
-    return roc_auc(toxic, labels)
+    return roc_auc(toxic, labels[0]), roc_auc(toxic, labels[1])
 
 
 def _decide(base: Path, rows: list[dict], store: Path) -> None:
@@ -146,10 +152,12 @@ def one_size(n: int, base: Path, pool: list[dict], test: Path, labels: np.ndarra
          "--epochs", "3", "--workdir", run, "--no-progress")  # fmt: skip
     wall = time.time() - t0
     compared = json.loads((run / "community" / "compared.json").read_text())
+    forum, jigsaw = _toxic_aucs(run, test, labels, here)
     return {
         "decisions": n,
         "deleted": sum(forum_rule(r) for r in pool[:n]),
-        "community_auc_after": _toxic_auc(run, test, labels, here),
+        "community_auc_after": forum,
+        "jigsaw_toxic_auc_after": jigsaw,
         "original_before": compared["original"]["before"],
         "original_after": compared["original"]["after"],
         "original_rows": compared["original"]["examples"],
@@ -188,16 +196,20 @@ def run(sizes: list[int], out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     base_rows, pool, test_rows = split_rows()
     base = base_run(out, base_rows)
-    labels = np.array([forum_rule(r) for r in test_rows], np.float64)
+    labels = np.array(
+        [[forum_rule(r) for r in test_rows], [float(r["toxic"]) >= 0.5 for r in test_rows]],
+        np.float64,
+    )
     test = _write(out / "forum-test.csv", test_rows, ["id", "comment_text"])
-    before = _toxic_auc(base, test, labels, out)
+    forum, jigsaw = _toxic_aucs(base, test, labels, out)
     rows = []
     for n in sizes:
         print(f"N = {n} decisions ...", flush=True)
-        rows.append({**one_size(n, base, pool, test, labels, out), "community_auc_before": before})
+        done = one_size(n, base, pool, test, labels, out)
+        rows.append({**done, "community_auc_before": forum, "jigsaw_toxic_auc_before": jigsaw})
     middle = next((r for r in rows if r["decisions"] == 300), rows[0])
     served = shadow(base, Path(middle["run"]), test_rows)
-    result = {"rows": rows, "test_rows": len(test_rows), "test_deleted": int(labels.sum()),
+    result = {"rows": rows, "test_rows": len(test_rows), "test_deleted": int(labels[0].sum()),
               "shadow": served, "cpu": cpu_record()}  # fmt: skip
     (out / "community.json").write_text(json.dumps(result, indent=1))
     return result
@@ -214,15 +226,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{REAL_CSV}: the real comments are not here (see ../shared/data/SOURCES.md)")
     result = run([int(x) for x in args.decisions.split(",")], Path(args.out))
     print(f"forum's unseen decisions: {result['test_rows']} ({result['test_deleted']} deleted)")
-    print("| decisions | deleted | forum AUC before | after | change | original AUC before | "
-          "after | change | loop wall time |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| decisions | deleted | forum AUC before | after | change | Jigsaw toxic AUC, same "
+          "comments: change | original AUC before | after | change | loop wall time |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in result["rows"]:
         c = r["community_auc_after"] - r["community_auc_before"]
+        j = r["jigsaw_toxic_auc_after"] - r["jigsaw_toxic_auc_before"]
         o = r["original_after"] - r["original_before"]
         print(f"| {r['decisions']} | {r['deleted']} | {r['community_auc_before']:.4f} | "
-              f"{r['community_auc_after']:.4f} | {c:+.4f} | {r['original_before']:.4f} | "
-              f"{r['original_after']:.4f} | {o:+.4f} | {r['loop_seconds']:.0f} s |")  # fmt: skip
+              f"{r['community_auc_after']:.4f} | {c:+.4f} | {j:+.4f} | "
+              f"{r['original_before']:.4f} | {r['original_after']:.4f} | {o:+.4f} | "
+              f"{r['loop_seconds']:.0f} s |")  # fmt: skip
     s = result["shadow"]
     print(f"forum answered by {s['forum_answered_by']}, others by {s['others_answered_by']}")
     print(s["table"])
