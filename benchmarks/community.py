@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.machine import cpu_line, cpu_record
+from benchmarks.measured import keep as keep_report
+from benchmarks.measured import start as start_report
 from benchmarks.serve_clients import _call
 from benchmarks.serving import REAL_CSV, _start, _stop, _wait_ready
 from jaxtpu.core.metrics import roc_auc
@@ -166,7 +168,7 @@ def one_size(n: int, base: Path, pool: list[dict], test: Path, labels: np.ndarra
     }
 
 
-def shadow(base: Path, model: Path, test_rows: list[dict]) -> dict[str, Any]:
+def shadow(base: Path, model: Path, decisions: int, test_rows: list[dict]) -> dict[str, Any]:
     """A server answering the forum with `model` and the rest with the base, `model` in
     shadow; the unseen comments scored without a communityId, then one with it."""
     cmd = [sys.executable, "-m", "jaxtpu.serve", "--workdir", str(base), "--port", "0",
@@ -187,6 +189,7 @@ def shadow(base: Path, model: Path, test_rows: list[dict]) -> dict[str, Any]:
         _stop(proc)
     return {
         "table": report.strip(),
+        "decisions": decisions,
         "forum_answered_by": forum_headers.get("x-model-version", ""),
         "others_answered_by": base_headers.get("x-model-version", ""),
     }
@@ -208,11 +211,43 @@ def run(sizes: list[int], out: Path) -> dict[str, Any]:
         done = one_size(n, base, pool, test, labels, out)
         rows.append({**done, "community_auc_before": forum, "jigsaw_toxic_auc_before": jigsaw})
     middle = next((r for r in rows if r["decisions"] == 300), rows[0])
-    served = shadow(base, Path(middle["run"]), test_rows)
+    served = shadow(base, Path(middle["run"]), middle["decisions"], test_rows)
     result = {"rows": rows, "test_rows": len(test_rows), "test_deleted": int(labels[0].sum()),
               "shadow": served, "cpu": cpu_record()}  # fmt: skip
     (out / "community.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def table(result: dict[str, Any]) -> str:
+    """The loop at each N against the base, then the served pair's shadow report."""
+    lines = [
+        f"The forum's unseen decisions: {result['test_rows']} comments "
+        f"({result['test_deleted']} deleted by its rule).",
+        "",
+        "| decisions | deleted | forum AUC before | after | change | Jigsaw toxic AUC, same "
+        "comments: change | original AUC before | after | change | loop wall time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        c = r["community_auc_after"] - r["community_auc_before"]
+        j = r["jigsaw_toxic_auc_after"] - r["jigsaw_toxic_auc_before"]
+        o = r["original_after"] - r["original_before"]
+        lines.append(
+            f"| {r['decisions']} | {r['deleted']} | {r['community_auc_before']:.4f} | "
+            f"{r['community_auc_after']:.4f} | {c:+.4f} | {j:+.4f} | "
+            f"{r['original_before']:.4f} | {r['original_after']:.4f} | {o:+.4f} | "
+            f"{r['loop_seconds']:.0f} s |"
+        )
+    s = result["shadow"]
+    lines += [
+        "",
+        f"Served: the forum answered by `{s['forum_answered_by']}`, every other request by "
+        f"`{s['others_answered_by']}`; `jaxtpu shadow report` of the unseen comments sent "
+        f"without a communityId, the {s['decisions']}-decision model in shadow:",
+        "",
+        s["table"],
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,26 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decisions", default="100,300,1000",
                    help="how many decisions, comma-separated (default: 100,300,1000)")  # fmt: skip
     p.add_argument("--out", default="runs/community", help="where its runs and files go")
+    p.add_argument("--report", help="also keep the result as a measured report "
+                   "(benchmarks.measured), e.g. docs/measured/community.json")  # fmt: skip
     args = p.parse_args(argv)
     if not REAL_CSV.is_file():
         p.error(f"{REAL_CSV}: the real comments are not here (see ../shared/data/SOURCES.md)")
+    started = start_report(args.report, "benchmarks.community")
     result = run([int(x) for x in args.decisions.split(",")], Path(args.out))
-    print(f"forum's unseen decisions: {result['test_rows']} ({result['test_deleted']} deleted)")
-    print("| decisions | deleted | forum AUC before | after | change | Jigsaw toxic AUC, same "
-          "comments: change | original AUC before | after | change | loop wall time |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in result["rows"]:
-        c = r["community_auc_after"] - r["community_auc_before"]
-        j = r["jigsaw_toxic_auc_after"] - r["jigsaw_toxic_auc_before"]
-        o = r["original_after"] - r["original_before"]
-        print(f"| {r['decisions']} | {r['deleted']} | {r['community_auc_before']:.4f} | "
-              f"{r['community_auc_after']:.4f} | {c:+.4f} | {j:+.4f} | "
-              f"{r['original_before']:.4f} | {r['original_after']:.4f} | {o:+.4f} | "
-              f"{r['loop_seconds']:.0f} s |")  # fmt: skip
-    s = result["shadow"]
-    print(f"forum answered by {s['forum_answered_by']}, others by {s['others_answered_by']}")
-    print(s["table"])
+    print(table(result))
     print(cpu_line(result["cpu"]))
+    if args.report:
+        kept = keep_report(args.report, "community", result, "benchmarks.community", argv, started)
+        print(f"benchmarks.community: kept {kept}")
     return 0
 
 

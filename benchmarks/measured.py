@@ -57,6 +57,7 @@ KINDS = {
     "score_precision": "benchmarks.score_precision:table",
     "tpu_tuning": "benchmarks.tpu_tuning:table",
     "preflight": "benchmarks.preflight_sweep:table",
+    "community": "benchmarks.community:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is
 # not here), never measurements: their caption says so

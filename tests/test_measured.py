@@ -269,6 +269,25 @@ def test_the_precisions_table_gives_fp16_alone_its_skipped_steps_and_loss_scales
     assert precisions.table(rows).endswith("| 1 skipped; scale 65,536 throughout |")
 
 
+def test_the_community_table_gives_each_size_against_the_base_then_the_shadow_report():
+    from benchmarks import community
+
+    row = {"decisions": 300, "deleted": 60, "community_auc_before": 0.90,
+           "community_auc_after": 0.96, "jigsaw_toxic_auc_before": 0.95,
+           "jigsaw_toxic_auc_after": 0.94, "original_before": 0.91, "original_after": 0.905,
+           "loop_seconds": 129.6}  # fmt: skip
+    shadow = {"table": "| attribute | compared |", "decisions": 300,
+              "forum_answered_by": "jaxtpu-b", "others_answered_by": "jaxtpu-a"}  # fmt: skip
+    result = {"rows": [row], "test_rows": 2008, "test_deleted": 501, "shadow": shadow}  # fmt: skip
+    shown = community.table(result).splitlines()
+    assert shown[0].startswith("The forum's unseen decisions: 2008 comments (501 deleted")
+    assert shown[4] == (
+        "| 300 | 60 | 0.9000 | 0.9600 | +0.0600 | -0.0100 | 0.9100 | 0.9050 | -0.0050 | 130 s |"
+    )
+    assert "the 300-decision model in shadow" in shown[6] and "`jaxtpu-b`" in shown[6]
+    assert shown[-1] == "| attribute | compared |"
+
+
 def test_a_failed_precision_run_is_one_line_and_the_runs_before_it_are_kept(tmp_path, monkeypatch):
     """benchmarks.precisions writes DIR/precisions.json after each run: the second run failing
     (a fake one here) ends it in one line naming the run, with the first run's row kept."""
