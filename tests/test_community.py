@@ -163,6 +163,11 @@ def test_a_continued_run_refuses_what_it_cannot_use_in_one_line(tmp_path):
         community.prepare(cfg.replace(train_csv="sample"), tmp_path / "d")
     with pytest.raises(ConfigError, match="--replay-csv .* give the run with --init-from"):
         apply_overrides(Config(), {"replay_csv": replay})
+    # RUN's recorded training file is gone from where it was: said why it is read
+    _decisions(tmp_path / "decisions.csv", 10)
+    Path(replay).rename(tmp_path / "moved.csv")
+    with pytest.raises(DataError, match=r"read again from its --train-csv .*old.csv, which is not"):
+        community.prepare(cfg.replace(replay_csv=str(tmp_path / "moved.csv")), tmp_path / "e")
 
 
 def test_times_are_iso_8601_or_numbers():

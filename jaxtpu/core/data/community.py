@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import files
+from jaxtpu.core import files, storage
 from jaxtpu.core.data.records import Comments, NumberColumn
 from jaxtpu.core.data.tables import open_table
 from jaxtpu.core.data.taskdata import read_task_file, validation_rows, without_validation_texts
@@ -253,10 +253,26 @@ def _original_validation(run: str) -> tuple[Comments, str]:
         rows = read_task_file(str(prepared), run_cfg.task)
         what = f"{run}'s validation rows ({prepared})"
     else:
+        _check_recorded_file(run, run_cfg)
         rows, where = validation_rows(run_cfg)
         what = f"{run}'s validation rows ({where})"
     assert isinstance(rows, Comments)
     return rows, what
+
+
+def _check_recorded_file(run: str, run_cfg: Config) -> None:
+    """RUN's validation rows are read again from the file RUN was given, as it recorded the
+    path: one that is not here is one line saying why it is read and what to do, not a bare
+    "no such file"."""
+    d = run_cfg.data
+    flag, path = ("--valid-csv", d.valid_csv) if d.valid_csv else ("--train-csv", d.train_csv)
+    if not path or path == "sample" or storage.is_remote(path) or Path(path).exists():
+        return
+    relative = "" if Path(path).is_absolute() else " (a relative path: read from where you run)"
+    raise DataError(
+        f"--init-from {run}: its validation rows are read again from its {flag} {path}, which "
+        f"is not here{relative}; run from where {run} was trained, or put the file there"
+    )
 
 
 def _concat_texts(a: Comments, b: Comments) -> Comments:
