@@ -40,7 +40,7 @@ UV_VERSION := 0.13.9
 # The project's own modules, compiled before the tests for the same reason (a second or two).
 COMPILE := $(PY) -m compileall -q -j 0 jaxtpu torchxla_ref parity_tests benchmarks tests
 
-.PHONY: setup train serve test test-fast test-oldest test-py313 lint bench parity-report preflight docs compile clean
+.PHONY: setup setup-archive train serve test test-fast test-oldest test-py313 lint bench parity-report preflight docs compile clean
 
 setup: $(STAMP)
 
@@ -115,6 +115,14 @@ test-py313:
 		tests/test_packaging.py tests/test_notebook.py $(ARGS) && \
 	.venv-py313/bin/python -m pytest -p no:cacheprovider $(XDIST) $(FAST) $(ARGS)
 
+# `jaxtpu archive` (Apache Beam): an environment of its own, .venv-archive, from
+# requirements/archive.txt, since Beam 2.77 pins older numpy, protobuf and pyarrow than the
+# newest lock's; the run's model (jax) and an export's (onnxruntime), no torch. tests/
+# test_archive.py makes it when missing and drives its `jaxtpu archive` from the main suite.
+setup-archive:
+	$(MAKE) --no-print-directory setup VENV=.venv-archive LOCK=requirements/archive.txt \
+		PYTHON=$(NEWEST) EXTRAS=jax,serve-onnx,archive
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.compare $(ARGS)
 
@@ -128,7 +136,7 @@ compile:
 	$(COMPILE)
 
 clean:
-	rm -rf $(VENV) .venv-oldest .venv-py313
+	rm -rf $(VENV) .venv-oldest .venv-py313 .venv-archive
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict

@@ -39,6 +39,10 @@ COMMANDS = {
         "jaxtpu.feedback",
         "what serve --feedback kept of comments:suggestscore: delete one",
     ),
+    "archive": (
+        "jaxtpu.archive",
+        "score files too large for one machine on Apache Beam (local, Dataflow, Flink, Spark)",
+    ),
     "shadow": (
         "jaxtpu.shadow",
         "report: how serve --shadow's model compares with the one answering",
@@ -52,8 +56,8 @@ COMMANDS = {
 
 
 # the commands a slim install (`jaxtpu[serve-onnx]`: no JAX) runs; serve checks for itself,
-# since `--workdir` and `--model-dir` need JAX and `--onnx` does not
-NO_JAX = ("serve", "feedback", "shadow", "launch", "torch-train")
+# since `--workdir` and `--model-dir` need JAX and `--onnx` does not (archive likewise)
+NO_JAX = ("serve", "feedback", "shadow", "launch", "torch-train", "archive")
 
 
 def usage() -> str:

@@ -55,8 +55,9 @@ def pins(text: str) -> dict[str, str]:
 
 
 def test_the_ranges_hold_both_locked_ends():
-    """Every exact version of requirements/newest.txt, oldest.txt and cuda.txt is inside the
-    ranges of pyproject.toml (what a user's pip is allowed to pick)."""
+    """Every exact version of requirements/newest.txt, oldest.txt, cuda.txt and archive.txt
+    (Beam's environment: the `archive` extra's and onnxruntime's too) is inside the ranges of
+    pyproject.toml (what a user's pip is allowed to pick)."""
     import tomllib
 
     from packaging.requirements import Requirement
@@ -65,9 +66,13 @@ def test_the_ranges_hold_both_locked_ends():
     ranges = [Requirement(r) for r in project["dependencies"]]
     for extra in ("jax", "torch", "wandb"):
         ranges += [Requirement(r) for r in project["optional-dependencies"][extra]]
-    for lock, python in (("newest", "3.12"), ("oldest", "3.11"), ("cuda", "3.12")):
+    beam = [Requirement(r) for e in ("archive", "serve-onnx") for r in
+            project["optional-dependencies"][e] if not r.startswith("jaxtpu")]  # fmt: skip
+    for lock, python in (("newest", "3.12"), ("oldest", "3.11"), ("cuda", "3.12"),
+                         ("archive", "3.12")):  # fmt: skip
         pinned = pins((ROOT / "requirements" / f"{lock}.txt").read_text())
-        for r in ranges:
+        torch_free = [r for r in ranges if r.name not in ("torch", "torch_xla", "peft", "wandb")]
+        for r in ranges if lock != "archive" else torch_free + beam:
             if r.marker is not None and not r.marker.evaluate({"python_version": python}):
                 continue
             name = r.name.lower().replace("_", "-")
