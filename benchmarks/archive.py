@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import cpu_line, cpu_record
-from benchmarks.measured import keep as keep_report
+from benchmarks.machine import cpu_record
+from benchmarks.measured import show_and_keep
 from benchmarks.measured import start as start_report
 from parity_tests.competitions import REAL_CSV as DATA
 
@@ -123,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{DATA}: the real comments are not here (see ../shared/data/SOURCES.md)")
     started = start_report(args.report, "benchmarks.archive")
     r = run(args.workdir, args.rows, args.workers, Path(args.out))
-    print(table(r))
-    print(cpu_line(r["cpu"]))
-    if args.report:
-        kept = keep_report(args.report, "archive", r, "benchmarks.archive", argv, started)
-        print(f"benchmarks.archive: kept {kept}")
+    show_and_keep(r, "archive", "benchmarks.archive", args.report, argv, started)
     return 0
 
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.machine import cpu_line, cpu_record
-from benchmarks.measured import keep as keep_report
+from benchmarks.machine import cpu_record
+from benchmarks.measured import show_and_keep
 from benchmarks.measured import start as start_report
 from benchmarks.serve_clients import _call
 from benchmarks.serving import REAL_CSV, _start, _stop, _wait_ready
@@ -263,11 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{REAL_CSV}: the real comments are not here (see ../shared/data/SOURCES.md)")
     started = start_report(args.report, "benchmarks.community")
     result = run([int(x) for x in args.decisions.split(",")], Path(args.out))
-    print(table(result))
-    print(cpu_line(result["cpu"]))
-    if args.report:
-        kept = keep_report(args.report, "community", result, "benchmarks.community", argv, started)
-        print(f"benchmarks.community: kept {kept}")
+    show_and_keep(result, "community", "benchmarks.community", args.report, argv, started)
     return 0
 
 

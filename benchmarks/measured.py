@@ -179,6 +179,22 @@ def keep(
     return path
 
 
+def show_and_keep(
+    result: dict[str, Any],
+    kind: str,
+    module: str,
+    path: str | Path | None,
+    argv: Sequence[str] | None,
+    when: dict[str, Any] | None,
+) -> None:
+    """A benchmark's end: its kind's table of `result` and the CPU it ran on, printed, and the
+    report kept at `path` (its `--report`) when given."""
+    print(_table_function(kind)(result))
+    print(cpu_line(result["cpu"]))
+    if path:
+        print(f"{module}: kept {keep(path, kind, result, module, argv, when)}")
+
+
 def kind_of(path: Path, record: dict[str, Any]) -> str:
     """A kept report names its kind; a device check's report written before reports were
     kept (the file itself, no envelope) is known by its file name."""

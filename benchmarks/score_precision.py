@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.machine import cpu_line, cpu_record
-from benchmarks.measured import keep as keep_report
+from benchmarks.machine import cpu_record
+from benchmarks.measured import show_and_keep
 from benchmarks.measured import start as start_report
 from parity_tests.competitions import REAL_CSV as DATA
 
@@ -124,13 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--workdir {args.workdir}: not a jaxtpu run directory (no config.json)")
     started = start_report(args.report, "benchmarks.score_precision")
     r = run(args.workdir, args.skip, args.rows, Path(args.out))
-    print(table(r))
-    print(cpu_line(r["cpu"]))
-    if args.report:
-        kept = keep_report(
-            args.report, "score_precision", r, "benchmarks.score_precision", argv, started
-        )
-        print(f"benchmarks.score_precision: kept {kept}")
+    show_and_keep(r, "score_precision", "benchmarks.score_precision", args.report, argv, started)
     return 0
 
 

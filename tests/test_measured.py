@@ -45,6 +45,22 @@ def test_a_kept_report_renders_its_kinds_table_and_says_where_when_and_how(tmp_p
     assert not list(path.parent.glob("*.tmp"))
 
 
+def test_a_benchmark_ends_by_printing_its_table_and_cpu_and_keeping_the_report(tmp_path, capsys):
+    from benchmarks.machine import cpu_record
+
+    result = {"rows": 200, "workers": 1, "workdir": "runs/r", "predict_seconds": 20.0,
+              "archive_seconds": 25.0, "max_abs_difference": 0.0, "cpu": cpu_record()}  # fmt: skip
+    measured.show_and_keep(result, "archive", "benchmarks.archive", None, [], None)
+    out = capsys.readouterr().out
+    assert "| `jaxtpu predict` | 20 s | 10.0 | 1.00x |" in out and "0.80x" in out
+    assert out.splitlines()[-1].startswith("CPU: ") and not list(tmp_path.iterdir())
+    path = tmp_path / "a.json"
+    when = {"date": "2026-12-05", "commit": "0123abcdef", "python": "3.12"}  # no git process
+    measured.show_and_keep(result, "archive", "benchmarks.archive", path, ["--rows", "200"], when)
+    assert capsys.readouterr().out.endswith(f"benchmarks.archive: kept {path}\n")
+    assert json.loads(path.read_text())["report"]["rows"] == 200
+
+
 def test_reports_of_one_kind_join_in_one_table_with_a_caption_per_sitting(tmp_path, monkeypatch):
     """`<!-- measured:A,B -->` (`render_joined`): the rows of reports made one process each
     (a TPU target per process) in one table, in the files' order; one caption per sitting
