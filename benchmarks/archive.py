@@ -70,7 +70,7 @@ def run(workdir: str, rows: int, workers: int, out: Path) -> dict[str, Any]:
     print(f"jaxtpu predict on {rows} comments ...", flush=True)
     predict_s = _timed([py, "-m", "jaxtpu.predict", *common, "--output", str(out / "p.csv")])
     print(f"jaxtpu archive on {rows} comments ({workers} worker(s)) ...", flush=True)
-    archive_s = _timed([py, "-m", "jaxtpu.archive", *common, "--output", str(out / "a.csv"),
+    archive_s = _timed([py, "-m", "jaxtpu", "archive", *common, "--output", str(out / "a.csv"),
                         "--workers", str(workers)])  # fmt: skip
     want, got = _scores([out / "p.csv"]), _scores([out / "a.csv"])
     if sorted(want) != sorted(got):

@@ -40,7 +40,7 @@ COMMANDS = {
         "what serve --feedback kept of comments:suggestscore: delete one",
     ),
     "archive": (
-        "jaxtpu.archive",
+        "jaxtpu.serve.archive",
         "score files too large for one machine on Apache Beam (local, Dataflow, Flink, Spark)",
     ),
     "shadow": (

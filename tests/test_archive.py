@@ -39,7 +39,7 @@ def archive_python() -> Path:
 
 
 def _archive(python: Path, *args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-m", "jaxtpu.archive", *map(str, args)], cwd=ROOT,
+    return subprocess.run([str(python), "-m", "jaxtpu", "archive", *map(str, args)], cwd=ROOT,
                           env=clean_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
@@ -151,7 +151,7 @@ def test_without_beam_the_command_says_how_to_install_it(monkeypatch, capsys, tm
     """The main install has no Beam (its pins are older than the newest lock's): one line."""
     import sys
 
-    from jaxtpu import archive
+    from jaxtpu.serve import archive
 
     monkeypatch.setitem(sys.modules, "apache_beam", None)  # `import apache_beam` fails
     source = _write_csv(tmp_path / "in.csv", TEXTS[:2])
