@@ -160,3 +160,17 @@ def test_without_beam_the_command_says_how_to_install_it(monkeypatch, capsys, tm
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "needs Apache Beam" in err and "make setup-archive" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.e2e
+def test_the_command_and_its_pipeline_import_without_jax():
+    """`jaxtpu archive --onnx` needs no JAX (an export is scored on onnxruntime): JAX is
+    imported when a run's model is loaded, never at the top."""
+    import sys
+
+    code = (
+        "import sys\nsys.modules['jax'] = None\n"
+        "import jaxtpu.serve.archive, jaxtpu.serve.beam\nprint('imported')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr[-2000:]

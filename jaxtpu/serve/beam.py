@@ -20,7 +20,6 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.textformat import TextFormat
 from jaxtpu.core.versions import jax_needed
-from jaxtpu.engine import hosts
 from jaxtpu.engine.predictions import outputs
 from jaxtpu.engine.scoring import load_trained
 from jaxtpu.serve.onnxmodel import OnnxModel
@@ -49,6 +48,8 @@ class Source:
         problem = jax_needed(f"--workdir {self.path}")
         if problem:
             raise UserError(problem)
+        from jaxtpu.engine import hosts  # JAX: a run's model only
+
         hosts.use_compilation_cache()
         devices = hosts.scoring_devices(SCORING.num_devices)
         return Model.of(load_trained(self.path), devices, batch_size, calibrated)
