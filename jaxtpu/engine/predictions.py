@@ -130,7 +130,7 @@ def predict_stream(
             f.truncate(size)  # rows written after the last record are written again
             f.seek(size)
             if not resume:
-                f.write(_csv_bytes([columns]))
+                f.write(csv_bytes([columns]))
             fmt = scorers[0].model.spec.text_format
             for k, chunk in enumerate(readers.comments_to_score(source, chunk_rows, fmt)):
                 start = k * chunk_rows
@@ -153,7 +153,7 @@ def predict_stream(
                     lines = pseudo_rows(ids, chunk.texts, mean, confidence)
                 else:
                     lines = [[i, *row] for i, row in zip(ids, mean.tolist(), strict=True)]
-                f.write(_csv_bytes(lines))
+                f.write(csv_bytes(lines))
                 f.flush()
                 os.fsync(f.fileno())
                 done, written = start + len(chunk), written + len(lines)
@@ -228,7 +228,8 @@ def _check_same_rows(digest: Any, resume: dict[str, Any], source: str) -> None:
     print(f"resuming after {resume['rows']} rows", file=sys.stderr)
 
 
-def _csv_bytes(rows: Any) -> bytes:
+def csv_bytes(rows: Any) -> bytes:
+    """`rows` as predict writes them (the csv module's writer, UTF-8); `jaxtpu archive` too."""
     text = io.StringIO(newline="")
     csv.writer(text).writerows(rows)
     return text.getvalue().encode("utf-8")

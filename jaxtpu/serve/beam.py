@@ -5,9 +5,7 @@ scores and writes. Beam is imported where it is used: the command checks for it 
 from __future__ import annotations
 
 import argparse
-import csv
 import glob
-import io
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.core.textformat import TextFormat
 from jaxtpu.core.versions import jax_needed
-from jaxtpu.engine.predictions import outputs
+from jaxtpu.engine.predictions import csv_bytes, outputs
 from jaxtpu.engine.scoring import load_trained
 from jaxtpu.serve.onnxmodel import OnnxModel
 
@@ -69,10 +67,9 @@ def read_rows(path: str, fmt: dict[str, Any], chunk_rows: int) -> Iterator[tuple
 
 
 def csv_line(values: Sequence[Any]) -> str:
-    """One row as `predict` writes it (its csv writer), without the line's end."""
-    text = io.StringIO(newline="")
-    csv.writer(text).writerow(values)
-    return text.getvalue().rstrip("\r\n")
+    """One row as `predict` writes it (`predictions.csv_bytes`), without the line's end (Beam's
+    text sink adds it)."""
+    return csv_bytes([values]).decode("utf-8").rstrip("\r\n")
 
 
 def handler(source: Source, batch_size: int, calibrated: bool, chunk_rows: int, kind: str) -> Any:

@@ -181,11 +181,12 @@ def _refuse(cfg: Config, run: str) -> None:
             f"{', '.join(extra)} with --init-from {run}: the prepared files hold the label "
             "columns alone; continue a run without them"
         )
-    if d.time_column and d.time_column not in open_table(d.train_csv).header:
+    header = open_table(d.train_csv).header if d.time_column else []
+    if d.time_column and d.time_column not in header:
         raise DataError(
             f"--time-column {d.time_column}: {d.train_csv} has no such column (found: "
-            f"{', '.join(open_table(d.train_csv).header)}); give --time-column '' to hold out a "
-            "random --valid-fraction instead"
+            f"{', '.join(header)}); give --time-column '' to hold out a random --valid-fraction "
+            "instead"
         )
 
 
