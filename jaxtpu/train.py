@@ -26,7 +26,7 @@ from jaxtpu.core.run.protocol import ResumeState
 from jaxtpu.core.run.rundir import claim_workdir
 from jaxtpu.core.run.store import RunStore
 from jaxtpu.engine.build import build_backend
-from jaxtpu.engine.community import compare, compared_line
+from jaxtpu.engine.community import compare, compared_line, forgetting
 
 __all__ = ["main", "train_and_evaluate"]
 
@@ -141,6 +141,8 @@ def _compare(prepared: Any, store: RunStore, procs: Any, devices: list[Any]) -> 
         return {}
     compared = compare(prepared, store.local, devices)
     log.info("%s", compared_line(compared, prepared.run))
+    if lost := forgetting(compared, prepared.run):
+        log.warning("%s", lost)
     return compared
 
 

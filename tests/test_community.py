@@ -170,6 +170,35 @@ def test_a_continued_run_refuses_what_it_cannot_use_in_one_line(tmp_path):
         community.prepare(cfg.replace(replay_csv=str(tmp_path / "moved.csv")), tmp_path / "e")
 
 
+def test_a_choice_on_few_held_out_rows_of_a_class_is_said_to_be_weak():
+    """A handful of one class among the held-out decisions: the warning names the count and
+    the class; ten or more of each: nothing to say."""
+    assert "only 1 of the 60 rows held out to validate are toxic (>= 0.5)" in (
+        community.few_held_out(1, 60)
+    )
+    assert "only 3 of the 60 rows held out to validate are not toxic (< 0.5)" in (
+        community.few_held_out(57, 60)
+    )
+    assert community.few_held_out(10, 60) == community.few_held_out(50, 60) == ""
+
+
+def test_a_model_that_lost_more_than_the_tolerance_of_runs_validation_is_warned_of():
+    """The closing warning when RUN's validation fell by more than 0.01 (a fine-tune on a
+    forum whose rule contradicts the labels did lose 0.53); none within it, when it rose,
+    when it was not scored or is NaN."""
+    from jaxtpu.engine.community import forgetting
+
+    def compared(before: float, after: float) -> dict:
+        return {"original": {"metric": "mean_column_auc", "before": before, "after": after}}
+
+    lost = forgetting(compared(0.9360, 0.4101), "runs/base")
+    assert "--init-from runs/base" in lost and "fell 0.5259 (0.9360 -> 0.4101)" in lost
+    assert forgetting(compared(0.9360, 0.9300), "r") == ""  # within 0.01
+    assert forgetting(compared(0.9360, 0.9500), "r") == ""
+    assert forgetting(compared(0.9360, float("nan")), "r") == ""
+    assert forgetting({}, "r") == ""
+
+
 def test_times_are_iso_8601_or_numbers():
     assert parse_time("2026-11-01T00:00:00") == T0.timestamp()
     assert parse_time("2026-11-01T01:00:00+01:00") == T0.timestamp()
@@ -217,6 +246,9 @@ def test_a_run_continues_another_on_decisions_and_reports_both_validations(
     assert compared["community"]["examples"] == 12
     assert compared["original"]["examples"] > 0
     assert f"against --init-from {finished_run}: new rows held out (12 rows" in out
+    held_toxic = sum(float(r["toxic"]) >= 0.5 for r in sample[48:])
+    weak = community.few_held_out(held_toxic, 12)  # 12 rows: fewer than 10 of a class
+    assert weak and weak in out
     for part in compared.values():
         assert 0.0 <= part["before"] <= 1.0 and 0.0 <= part["after"] <= 1.0
     # what a model card says of it: counts, dates, the community; never a text

@@ -15,6 +15,8 @@ from jaxtpu.core.flags.schema import SCORING
 from jaxtpu.engine.evaluation import METRICS, headline, score_file
 from jaxtpu.engine.scoring import load_trained
 
+ORIGINAL_TOLERANCE = 0.01  # the most RUN's validation metric may fall before it is warned of
+
 
 def compare(prepared: Prepared, workdir: str | Path, devices: list[Any]) -> dict[str, Any]:
     """{'community': ..., 'original': ...}, each {'metric', 'before', 'after', 'examples',
@@ -45,3 +47,19 @@ def compared_line(compared: dict[str, Any], run: str) -> str:
             f"{c['after']:.4f} ({c['after'] - c['before']:+.4f})"
         )
     return f"against --init-from {run}: " + "; ".join(parts)
+
+
+def forgetting(compared: dict[str, Any], run: str) -> str:
+    """What the new model lost of RUN's own validation when its metric fell by more than
+    `ORIGINAL_TOLERANCE` ('' otherwise, or when it was not scored): a warning to read before
+    the model answers anyone."""
+    c = compared.get("original")
+    if not c or not c["before"] - c["after"] > ORIGINAL_TOLERANCE:  # NaN: not warned of
+        return ""
+    return (
+        f"the new model forgot part of what --init-from {run} knew: its validation's "
+        f"{c['metric']} fell {c['before'] - c['after']:.4f} ({c['before']:.4f} -> "
+        f"{c['after']:.4f}), more than {ORIGINAL_TOLERANCE}; compare it in shadow (jaxtpu "
+        "serve --shadow) before it answers, or train again with a larger --replay-share or "
+        "fewer --epochs"
+    )

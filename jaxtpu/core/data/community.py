@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 FOLDER = "community"  # in the new run's directory
 TRAIN, VALID, ORIGINAL, SUMMARY = "train.csv", "valid.csv", "original_valid.csv", "summary.json"
 COMPARED = "compared.json"  # both validations under both models (`jaxtpu.engine.community`)
+FEW_HELD_OUT = 10  # fewer held-out rows of a class than this: a weak choice of the best model
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,7 @@ def _newest(
 
 def _check_both_classes(rows: Comments, va: np.ndarray, split: str, path: str) -> None:
     """The validating rows must hold both classes of the main label, or no AUC chooses the
-    best model."""
+    best model; with few of one class the choice is said to be weak (`few_held_out`)."""
     assert rows.labels is not None
     positive = int((rows.labels[va] >= 0.5).sum())
     if positive in (0, va.size):
@@ -242,6 +243,25 @@ def _check_both_classes(rows: Comments, va: np.ndarray, split: str, path: str) -
             f"{path}: the {va.size} rows held out to validate ({split}) are all {which}, so "
             "their AUC is undefined; raise --valid-fraction, or wait for more decisions"
         )
+    if weak := few_held_out(positive, va.size):
+        log.warning("%s: %s", path, weak)
+
+
+def few_held_out(positive: int, rows: int) -> str:
+    """What is weak about choosing the best model on `rows` held-out rows of which
+    `positive` are toxic: '' when each class has at least `FEW_HELD_OUT` rows. An AUC over
+    a handful of one class takes a few values, ties at its top (the first best checkpoint
+    wins, however early) and may pick a model that has forgotten what RUN knew."""
+    fewer = min(positive, rows - positive)
+    if fewer >= FEW_HELD_OUT:
+        return ""
+    which = "toxic (>= 0.5)" if positive == fewer else "not toxic (< 0.5)"
+    return (
+        f"only {fewer} of the {rows} rows held out to validate are {which}: their AUC chooses "
+        "the best model on so few that the choice is close to arbitrary; raise "
+        "--valid-fraction or wait for more decisions, and read the closing line's RUN's "
+        "validation before serving the model"
+    )
 
 
 def _original_validation(run: str) -> tuple[Comments, str]:
