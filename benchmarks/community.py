@@ -3,27 +3,34 @@ training labels sends its moderators' decisions through `comments:suggestscore`,
 exported, a community model is fine-tuned from the served one, and the pair is compared in
 shadow.
 
-`python -m benchmarks.community [--decisions 100,300,1000] [--out runs/community]`
+`python -m benchmarks.community [--forum profanity] [--decisions 100,300,1000]
+[--out runs/community]`
 
-The forum allows profanity: a comment whose only Jigsaw labels are `toxic` and `obscene` is
-approved there, every other toxic comment deleted, every non-toxic one approved. The rows of
+The forum's rule (`--forum`, `FORUMS`), every non-toxic comment approved under each:
+- `profanity` (the issue's example): a comment whose only Jigsaw labels are `toxic` and
+  `obscene` is approved, every other toxic comment deleted;
+- `attacks`: rudeness and profanity are approved, attacks on a person deleted (`insult`,
+  `threat` or `identity_hate`), as Wikipedia's "no personal attacks";
+- `hate`: a gaming forum's trash talk is approved, threats and identity hate deleted
+  (`threat` or `identity_hate`).
+The rows of
 `../shared/data/jigsaw_toxic_dev.csv` with all six labels known are cut three ways, never
 shared (7,608 rows): the first 4,000 train the served model (`--task multilabel`, MiniLM, 25%
 held out: its "original validation"), the next 1,600 are the decisions' pool (the first N, in
 a seeded order, are decided), the rest (at least 2,000) are the forum's unseen decisions that
 score it.
 
-For each N: a server of the base model keeps the N decisions (Coral Talk's bodies: `DELETED`
-or `APPROVED`, `communityId` "forum"); `jaxtpu feedback export` writes them; `jaxtpu train
---init-from BASE --replay-csv BASE-TRAIN --replay-share 0.5` fine-tunes (the newest 20% of the
-decisions validate); `jaxtpu predict` scores the unseen comments under both models (ROC AUC of
-TOXICITY against the forum's rule, and beside it against Jigsaw's own `toxic` of the same
-comments: the part of the change that is not the forum's rule), and the run's own end scores
-the base's validation rows under both. The loop's wall time is the decisions, the export and
-the training (its end's comparison included). Then one server answers the forum with the N=300 model
-(`--community forum=RUN`) and every other request with the base, and holds that model in
-shadow (`--shadow RUN`) while the unseen comments are scored without a communityId: `jaxtpu
-shadow report` prints the table.
+For each N (under OUT/FORUM/nN): a server of the base model keeps the N decisions (Coral Talk's
+bodies: `DELETED` or `APPROVED`, `communityId` "forum"); `jaxtpu feedback export` writes them;
+`jaxtpu train --init-from BASE --replay-csv BASE-TRAIN --replay-share 0.5` fine-tunes (the
+newest 20% of the decisions validate); `jaxtpu predict` scores the unseen comments under both
+models (ROC AUC of TOXICITY against the forum's rule, and beside it against Jigsaw's own
+`toxic` of the same comments: the part of the change that is not the forum's rule), and the
+run's own end scores the base's validation rows under both. The loop's wall time is the
+decisions, the export and the training (its end's comparison included). Then one server answers
+the forum with the N=300 model (`--community forum=RUN`) and every other request with the base,
+and holds that model in shadow (`--shadow RUN`) while the unseen comments are scored without a
+communityId: `jaxtpu shadow report` prints the table.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +56,28 @@ from jaxtpu.core.metrics import roc_auc
 from jaxtpu.core.tasks import LABELS
 
 BASE_ROWS, POOL_ROWS, TEST_ROWS = 4000, 1600, 2000
+GOAL_RISE, GOAL_ORIGINAL_DROP = 0.05, 0.01  # issue 88's goal, at 300 decisions
 FORUM = "forum"
 
 
+def _yes(row: dict[str, str], *columns: str) -> bool:
+    return any(float(row[c]) >= 0.5 for c in columns)
+
+
 def forum_rule(row: dict[str, str]) -> int:
-    """1 (deleted) for a toxic comment unless obscene is its only other label."""
-    y = {c: float(row[c]) >= 0.5 for c in LABELS}
-    obscene_only = y["obscene"] and not any(
-        y[c] for c in ("severe_toxic", "threat", "insult", "identity_hate")
+    """`profanity`: 1 (deleted) for a toxic comment unless obscene is its only other label."""
+    obscene_only = _yes(row, "obscene") and not _yes(
+        row, "severe_toxic", "threat", "insult", "identity_hate"
     )
-    return int(y["toxic"] and not obscene_only)
+    return int(_yes(row, "toxic") and not obscene_only)
+
+
+Rule = Callable[[dict[str, str]], int]
+FORUMS: dict[str, Rule] = {
+    "profanity": forum_rule,
+    "attacks": lambda row: int(_yes(row, "insult", "threat", "identity_hate")),
+    "hate": lambda row: int(_yes(row, "threat", "identity_hate")),
+}
 
 
 def split_rows(path: Path = REAL_CSV) -> tuple[list[dict], list[dict], list[dict]]:
@@ -117,7 +137,7 @@ def _toxic_aucs(run: Path, test: Path, labels: np.ndarray, out: Path) -> tuple[f
     return roc_auc(toxic, labels[0]), roc_auc(toxic, labels[1])
 
 
-def _decide(base: Path, rows: list[dict], store: Path) -> None:
+def _decide(base: Path, rows: list[dict], rule: Rule, store: Path) -> None:
     """The forum's moderators' decisions on `rows`, kept by a server of the base model."""
     store.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "jaxtpu.serve", "--workdir", str(base), "--port", "0",
@@ -126,7 +146,7 @@ def _decide(base: Path, rows: list[dict], store: Path) -> None:
     try:
         _wait_ready(url)
         for i, r in enumerate(rows):
-            decision = "DELETED" if forum_rule(r) else "APPROVED"
+            decision = "DELETED" if rule(r) else "APPROVED"
             body = {"comment": {"text": r["comment_text"]}, "languages": ["EN"],
                     "attributeScores": {decision: {"summaryScore": {"value": 1}}},
                     "communityId": FORUM, "clientToken": f"comment:{i}"}  # fmt: skip
@@ -137,12 +157,15 @@ def _decide(base: Path, rows: list[dict], store: Path) -> None:
         _stop(proc)
 
 
-def one_size(n: int, base: Path, pool: list[dict], test: Path, labels: np.ndarray, out: Path):
-    """The loop for the first `n` decisions of the pool, and its numbers."""
+def one_size(
+    n: int, base: Path, pool: list[dict], rule: Rule, test: Path, labels: np.ndarray, out: Path
+) -> dict[str, Any]:
+    """The loop for the first `n` decisions of the pool under `rule`, and its numbers (in
+    `out`/n`n`; the base's training file in `out`'s parent)."""
     here = out / f"n{n}"
     here.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    _decide(base, pool[:n], here / "feedback.db")
+    _decide(base, pool[:n], rule, here / "feedback.db")
     decisions = here / "decisions.csv"
     _cli("jaxtpu.feedback", "export", "--feedback", here / "feedback.db", "--out", decisions,
          "--community", FORUM, "--workdir", base, "--overwrite")  # fmt: skip
@@ -150,14 +173,14 @@ def one_size(n: int, base: Path, pool: list[dict], test: Path, labels: np.ndarra
     if run.exists():
         raise SystemExit(f"{run} exists from an earlier benchmark: remove {out}/n* to rerun")
     _cli("jaxtpu.train", "--init-from", base, "--train-csv", decisions, "--replay-csv",
-         out / "base-train.csv", "--replay-share", "0.5", "--valid-fraction", "0.2",
+         out.parent / "base-train.csv", "--replay-share", "0.5", "--valid-fraction", "0.2",
          "--epochs", "3", "--workdir", run, "--no-progress")  # fmt: skip
     wall = time.time() - t0
     compared = json.loads((run / "community" / "compared.json").read_text())
     forum, jigsaw = _toxic_aucs(run, test, labels, here)
     return {
         "decisions": n,
-        "deleted": sum(forum_rule(r) for r in pool[:n]),
+        "deleted": sum(rule(r) for r in pool[:n]),
         "community_auc_after": forum,
         "jigsaw_toxic_auc_after": jigsaw,
         "original_before": compared["original"]["before"],
@@ -195,38 +218,45 @@ def shadow(base: Path, model: Path, decisions: int, test_rows: list[dict]) -> di
     }
 
 
-def run(sizes: list[int], out: Path) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
+def run(sizes: list[int], out: Path, forum_name: str = "profanity") -> dict[str, Any]:
+    """The base (trained once in `out`, shared by the forums), then the loop at each size
+    under `out`/`forum_name`."""
+    rule = FORUMS[forum_name]
+    here = out / forum_name
+    here.mkdir(parents=True, exist_ok=True)
     base_rows, pool, test_rows = split_rows()
     base = base_run(out, base_rows)
     labels = np.array(
-        [[forum_rule(r) for r in test_rows], [float(r["toxic"]) >= 0.5 for r in test_rows]],
+        [[rule(r) for r in test_rows], [float(r["toxic"]) >= 0.5 for r in test_rows]],
         np.float64,
     )
     test = _write(out / "forum-test.csv", test_rows, ["id", "comment_text"])
-    forum, jigsaw = _toxic_aucs(base, test, labels, out)
+    forum, jigsaw = _toxic_aucs(base, test, labels, here)
     rows = []
     for n in sizes:
-        print(f"N = {n} decisions ...", flush=True)
-        done = one_size(n, base, pool, test, labels, out)
+        print(f"N = {n} decisions ({forum_name}) ...", flush=True)
+        done = one_size(n, base, pool, rule, test, labels, here)
         rows.append({**done, "community_auc_before": forum, "jigsaw_toxic_auc_before": jigsaw})
     middle = next((r for r in rows if r["decisions"] == 300), rows[0])
     served = shadow(base, Path(middle["run"]), middle["decisions"], test_rows)
-    result = {"rows": rows, "test_rows": len(test_rows), "test_deleted": int(labels[0].sum()),
-              "shadow": served, "cpu": cpu_record()}  # fmt: skip
-    (out / "community.json").write_text(json.dumps(result, indent=1))
+    result = {"forum": forum_name, "rows": rows, "test_rows": len(test_rows),
+              "test_deleted": int(labels[0].sum()), "shadow": served,
+              "cpu": cpu_record()}  # fmt: skip
+    (here / "community.json").write_text(json.dumps(result, indent=1))
     return result
 
 
 def table(result: dict[str, Any]) -> str:
     """The loop at each N against the base, then the served pair's shadow report."""
+    forum = result.get("forum", "profanity")
     lines = [
-        f"The forum's unseen decisions: {result['test_rows']} comments "
+        f"The forum ({forum}): its unseen decisions are {result['test_rows']} comments "
         f"({result['test_deleted']} deleted by its rule).",
         "",
-        "| decisions | deleted | forum AUC before | after | change | Jigsaw toxic AUC, same "
-        "comments: change | original AUC before | after | change | loop wall time |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| decisions | deleted | forum AUC before | after | change | room (1 - before) | Jigsaw "
+        "toxic AUC, same comments: change | original AUC before | after | change | loop wall "
+        "time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         c = r["community_auc_after"] - r["community_auc_before"]
@@ -234,10 +264,12 @@ def table(result: dict[str, Any]) -> str:
         o = r["original_after"] - r["original_before"]
         lines.append(
             f"| {r['decisions']} | {r['deleted']} | {r['community_auc_before']:.4f} | "
-            f"{r['community_auc_after']:.4f} | {c:+.4f} | {j:+.4f} | "
+            f"{r['community_auc_after']:.4f} | {c:+.4f} | {1 - r['community_auc_before']:.4f} | "
+            f"{j:+.4f} | "
             f"{r['original_before']:.4f} | {r['original_after']:.4f} | {o:+.4f} | "
             f"{r['loop_seconds']:.0f} s |"
         )
+    lines += ["", goal(result["rows"])]
     s = result["shadow"]
     lines += [
         "",
@@ -250,9 +282,31 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def goal(rows: list[dict[str, Any]]) -> str:
+    """Issue 88's goal said of the 300-decision row: the forum's AUC up by `GOAL_RISE` while
+    the original validation loses at most `GOAL_ORIGINAL_DROP`."""
+    at = next((r for r in rows if r["decisions"] == 300), None)
+    if at is None:
+        return "Goal (at 300 decisions): not measured (no 300-decision row)."
+    rise = at["community_auc_after"] - at["community_auc_before"]
+    drop = at["original_before"] - at["original_after"]
+    room = 1 - at["community_auc_before"]
+    met = rise >= GOAL_RISE and drop <= GOAL_ORIGINAL_DROP
+    why = (
+        "" if met or room >= GOAL_RISE else f"; out of reach: the room above the base is {room:.4f}"
+    )
+    return (
+        f"Goal (at 300 decisions the forum's AUC up {GOAL_RISE}, the original down "
+        f"{GOAL_ORIGINAL_DROP} at most): {'met' if met else 'not met'} ({rise:+.4f}, "
+        f"{-drop:+.4f}){why}."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.community", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--forum", choices=sorted(FORUMS), default="profanity",
+                   help="the forum's rule (above; default: profanity)")  # fmt: skip
     p.add_argument("--decisions", default="100,300,1000",
                    help="how many decisions, comma-separated (default: 100,300,1000)")  # fmt: skip
     p.add_argument("--out", default="runs/community", help="where its runs and files go")
@@ -262,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if not REAL_CSV.is_file():
         p.error(f"{REAL_CSV}: the real comments are not here (see ../shared/data/SOURCES.md)")
     started = start_report(args.report, "benchmarks.community")
-    result = run([int(x) for x in args.decisions.split(",")], Path(args.out))
+    result = run([int(x) for x in args.decisions.split(",")], Path(args.out), args.forum)
     show_and_keep(result, "community", "benchmarks.community", args.report, argv, started)
     return 0
 

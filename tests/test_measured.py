@@ -296,12 +296,23 @@ def test_the_community_table_gives_each_size_against_the_base_then_the_shadow_re
               "forum_answered_by": "jaxtpu-b", "others_answered_by": "jaxtpu-a"}  # fmt: skip
     result = {"rows": [row], "test_rows": 2008, "test_deleted": 501, "shadow": shadow}  # fmt: skip
     shown = community.table(result).splitlines()
-    assert shown[0].startswith("The forum's unseen decisions: 2008 comments (501 deleted")
+    assert shown[0].startswith("The forum (profanity): its unseen decisions are 2008 comments")
     assert shown[4] == (
-        "| 300 | 60 | 0.9000 | 0.9600 | +0.0600 | -0.0100 | 0.9100 | 0.9050 | -0.0050 | 130 s |"
+        "| 300 | 60 | 0.9000 | 0.9600 | +0.0600 | 0.1000 | -0.0100 | 0.9100 | 0.9050 | -0.0050 "
+        "| 130 s |"
     )
-    assert "the 300-decision model in shadow" in shown[6] and "`jaxtpu-b`" in shown[6]
+    assert shown[6].endswith(": met (+0.0600, -0.0050).")
+    assert "the 300-decision model in shadow" in shown[8] and "`jaxtpu-b`" in shown[8]
     assert shown[-1] == "| attribute | compared |"
+    # not met: short of the rise, or the original lost too much; the room said when too small
+    row.update(community_auc_before=0.96, community_auc_after=0.97)
+    not_met = ": not met (+0.0100, -0.0050); out of reach: the room above the base is 0.0400."
+    assert community.table(result).splitlines()[6].endswith(not_met)
+    row.update(community_auc_before=0.90, community_auc_after=0.96, original_after=0.89)
+    shown = community.table({**result, "forum": "hate"}).splitlines()
+    assert shown[0].startswith("The forum (hate)") and shown[6].endswith(
+        ": not met (+0.0600, -0.0200)."
+    )
 
 
 def test_a_failed_precision_run_is_one_line_and_the_runs_before_it_are_kept(tmp_path, monkeypatch):
