@@ -57,6 +57,7 @@ from jaxtpu.core.tasks import LABELS
 
 BASE_ROWS, POOL_ROWS, TEST_ROWS = 4000, 1600, 2000
 GOAL_RISE, GOAL_ORIGINAL_DROP = 0.05, 0.01  # issue 88's goal, at 300 decisions
+FLAG_AT = 0.5  # --queue flagged: the base's TOXICITY that brings a comment to the moderators
 FORUM = "forum"
 
 
@@ -130,11 +131,17 @@ def _toxic_aucs(run: Path, test: Path, labels: np.ndarray, out: Path) -> tuple[f
     """ROC AUC of `run`'s TOXICITY on the test comments against the forum's rule (`labels`
     row 0) and against Jigsaw's own `toxic` (row 1): the second says how much of a change
     any further training on these comments would bring, the forum's rule or not."""
-    scores = out / f"scores-{run.name}.csv"
-    _cli("jaxtpu.predict", "--workdir", run, "--input", test, "--output", scores, "--overwrite")
-    with scores.open(newline="") as f:
-        toxic = np.array([float(r["toxic"]) for r in csv.DictReader(f)])
+    toxic = _scores(run, test, out)
     return roc_auc(toxic, labels[0]), roc_auc(toxic, labels[1])
+
+
+def _scores(run: Path, comments: Path, out: Path) -> np.ndarray:
+    """`run`'s TOXICITY (`toxic`) of each comment of the file, by `jaxtpu predict`."""
+    scores = out / f"scores-{run.name}-{comments.stem}.csv"
+    _cli("jaxtpu.predict", "--workdir", run, "--input", comments, "--output", scores,
+         "--overwrite")  # fmt: skip
+    with scores.open(newline="") as f:
+        return np.array([float(r["toxic"]) for r in csv.DictReader(f)])
 
 
 def _decide(base: Path, rows: list[dict], rule: Rule, store: Path) -> None:
@@ -218,14 +225,29 @@ def shadow(base: Path, model: Path, decisions: int, test_rows: list[dict]) -> di
     }
 
 
-def run(sizes: list[int], out: Path, forum_name: str = "profanity") -> dict[str, Any]:
+def flagged_first(base: Path, pool: list[dict], out: Path) -> tuple[list[dict], int]:
+    """(the pool in the order a pre-moderation queue brings it to the moderators: the comments
+    the base scores at or above `FLAG_AT` first, then the rest, each in the seeded order; how
+    many were flagged)."""
+    scores = _scores(base, _write(out / "pool.csv", pool, ["id", "comment_text"]), out)
+    flagged = scores >= FLAG_AT
+    order = np.concatenate([np.flatnonzero(flagged), np.flatnonzero(~flagged)])
+    return [pool[i] for i in order], int(flagged.sum())
+
+
+def run(
+    sizes: list[int], out: Path, forum_name: str = "profanity", queue: str = "all"
+) -> dict[str, Any]:
     """The base (trained once in `out`, shared by the forums), then the loop at each size
-    under `out`/`forum_name`."""
+    under `out`/`forum_name` (`-flagged` with that queue)."""
     rule = FORUMS[forum_name]
-    here = out / forum_name
+    here = out / (forum_name if queue == "all" else f"{forum_name}-{queue}")
     here.mkdir(parents=True, exist_ok=True)
     base_rows, pool, test_rows = split_rows()
     base = base_run(out, base_rows)
+    flagged = None
+    if queue == "flagged":
+        pool, flagged = flagged_first(base, pool, here)
     labels = np.array(
         [[rule(r) for r in test_rows], [float(r["toxic"]) >= 0.5 for r in test_rows]],
         np.float64,
@@ -239,8 +261,8 @@ def run(sizes: list[int], out: Path, forum_name: str = "profanity") -> dict[str,
         rows.append({**done, "community_auc_before": forum, "jigsaw_toxic_auc_before": jigsaw})
     middle = next((r for r in rows if r["decisions"] == 300), rows[0])
     served = shadow(base, Path(middle["run"]), middle["decisions"], test_rows)
-    result = {"forum": forum_name, "rows": rows, "test_rows": len(test_rows),
-              "test_deleted": int(labels[0].sum()), "shadow": served,
+    result = {"forum": forum_name, "queue": queue, "flagged": flagged, "rows": rows,
+              "test_rows": len(test_rows), "test_deleted": int(labels[0].sum()), "shadow": served,
               "cpu": cpu_record()}  # fmt: skip
     (here / "community.json").write_text(json.dumps(result, indent=1))
     return result
@@ -250,8 +272,8 @@ def table(result: dict[str, Any]) -> str:
     """The loop at each N against the base, then the served pair's shadow report."""
     forum = result.get("forum", "profanity")
     lines = [
-        f"The forum ({forum}): its unseen decisions are {result['test_rows']} comments "
-        f"({result['test_deleted']} deleted by its rule).",
+        f"The forum ({forum}{_queue(result)}): its unseen decisions are "
+        f"{result['test_rows']} comments ({result['test_deleted']} deleted by its rule).",
         "",
         "| decisions | deleted | forum AUC before | after | change | room (1 - before) | Jigsaw "
         "toxic AUC, same comments: change | original AUC before | after | change | loop wall "
@@ -282,6 +304,12 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _queue(result: dict[str, Any]) -> str:
+    if result.get("queue", "all") == "all":
+        return ""
+    return f"; decided: the {result['flagged']} comments the base flags first"
+
+
 def goal(rows: list[dict[str, Any]]) -> str:
     """Issue 88's goal said of the 300-decision row: the forum's AUC up by `GOAL_RISE` while
     the original validation loses at most `GOAL_ORIGINAL_DROP`."""
@@ -307,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--forum", choices=sorted(FORUMS), default="profanity",
                    help="the forum's rule (above; default: profanity)")  # fmt: skip
+    p.add_argument("--queue", choices=("all", "flagged"), default="all",
+                   help="which comments the moderators decide: 'all' in a seeded order "
+                   "(default), or 'flagged' first, those the base scores at 0.5 or above, as "
+                   "a pre-moderation queue brings them")  # fmt: skip
     p.add_argument("--decisions", default="100,300,1000",
                    help="how many decisions, comma-separated (default: 100,300,1000)")  # fmt: skip
     p.add_argument("--out", default="runs/community", help="where its runs and files go")
@@ -316,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     if not REAL_CSV.is_file():
         p.error(f"{REAL_CSV}: the real comments are not here (see ../shared/data/SOURCES.md)")
     started = start_report(args.report, "benchmarks.community")
-    result = run([int(x) for x in args.decisions.split(",")], Path(args.out), args.forum)
+    sizes = [int(x) for x in args.decisions.split(",")]
+    result = run(sizes, Path(args.out), args.forum, args.queue)
     show_and_keep(result, "community", "benchmarks.community", args.report, argv, started)
     return 0
 
