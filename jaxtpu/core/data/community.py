@@ -259,8 +259,8 @@ def few_held_out(positive: int, rows: int) -> str:
     return (
         f"only {fewer} of the {rows} rows held out to validate are {which}: their AUC chooses "
         "the best model on so few that the choice is close to arbitrary; raise "
-        "--valid-fraction or wait for more decisions, and read the closing line's RUN's "
-        "validation before serving the model"
+        "--valid-fraction or wait for more decisions, and read RUN's validation in the closing "
+        "line before serving the model"
     )
 
 
