@@ -3,7 +3,7 @@ training labels sends its moderators' decisions through `comments:suggestscore`,
 exported, a community model is fine-tuned from the served one, and the pair is compared in
 shadow.
 
-`python -m benchmarks.community [--forum profanity] [--decisions 100,300,1000]
+`python -m benchmarks.community [--forum profanity] [--queue all] [--decisions 100,300,1000]
 [--out runs/community]`
 
 The forum's rule (`--forum`, `FORUMS`), every non-toxic comment approved under each:
@@ -12,13 +12,14 @@ The forum's rule (`--forum`, `FORUMS`), every non-toxic comment approved under e
 - `attacks`: rudeness and profanity are approved, attacks on a person deleted (`insult`,
   `threat` or `identity_hate`), as Wikipedia's "no personal attacks";
 - `hate`: a gaming forum's trash talk is approved, threats and identity hate deleted
-  (`threat` or `identity_hate`).
-The rows of
-`../shared/data/jigsaw_toxic_dev.csv` with all six labels known are cut three ways, never
-shared (7,608 rows): the first 4,000 train the served model (`--task multilabel`, MiniLM, 25%
-held out: its "original validation"), the next 1,600 are the decisions' pool (the first N, in
-a seeded order, are decided), the rest (at least 2,000) are the forum's unseen decisions that
-score it.
+  (`threat` or `identity_hate`); rare, so `--queue flagged` lets the moderators decide first
+  what the base flags.
+
+The rows of `../shared/data/jigsaw_toxic_dev.csv` with all six labels known are cut three ways,
+never shared (7,608 rows): the first 4,000 train the served model (`--task multilabel`, MiniLM,
+25% held out: its "original validation"), the next 1,600 are the decisions' pool (the first N,
+in a seeded order, are decided), the rest (at least 2,000) are the forum's unseen decisions
+that score it.
 
 For each N (under OUT/FORUM/nN): a server of the base model keeps the N decisions (Coral Talk's
 bodies: `DELETED` or `APPROVED`, `communityId` "forum"); `jaxtpu feedback export` writes them;
@@ -65,7 +66,7 @@ def _yes(row: dict[str, str], *columns: str) -> bool:
     return any(float(row[c]) >= 0.5 for c in columns)
 
 
-def forum_rule(row: dict[str, str]) -> int:
+def profanity_rule(row: dict[str, str]) -> int:
     """`profanity`: 1 (deleted) for a toxic comment unless obscene is its only other label."""
     obscene_only = _yes(row, "obscene") and not _yes(
         row, "severe_toxic", "threat", "insult", "identity_hate"
@@ -75,7 +76,7 @@ def forum_rule(row: dict[str, str]) -> int:
 
 Rule = Callable[[dict[str, str]], int]
 FORUMS: dict[str, Rule] = {
-    "profanity": forum_rule,
+    "profanity": profanity_rule,
     "attacks": lambda row: int(_yes(row, "insult", "threat", "identity_hate")),
     "hate": lambda row: int(_yes(row, "threat", "identity_hate")),
 }
