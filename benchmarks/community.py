@@ -60,6 +60,7 @@ BASE_ROWS, POOL_ROWS, TEST_ROWS = 4000, 1600, 2000
 GOAL_RISE, GOAL_ORIGINAL_DROP = 0.05, 0.01  # issue 88's goal, at 300 decisions
 FLAG_AT = 0.5  # --queue flagged: the base's TOXICITY that brings a comment to the moderators
 FORUM = "forum"
+BASE_TRAIN = "base-train.csv"  # the base's training file, beside its run (replayed by each N)
 
 
 def _yes(row: dict[str, str], *columns: str) -> bool:
@@ -119,7 +120,7 @@ def base_run(out: Path, base_rows: list[dict]) -> Path:
     """The served model: MiniLM multi-label on the base rows for 3 epochs (trained once,
     then reused)."""
     run = out / "base"
-    train = _write(out / "base-train.csv", base_rows, ["id", "comment_text", *LABELS])
+    train = _write(out / BASE_TRAIN, base_rows, ["id", "comment_text", *LABELS])
     if not (run / "summary.json").is_file():
         print(f"training the base model on {len(base_rows)} rows ...", flush=True)
         _cli("jaxtpu.train", "--preset", "minilm", "--task", "multilabel", "--train-csv", train,
@@ -169,7 +170,7 @@ def one_size(
     n: int, base: Path, pool: list[dict], rule: Rule, test: Path, labels: np.ndarray, out: Path
 ) -> dict[str, Any]:
     """The loop for the first `n` decisions of the pool under `rule`, and its numbers (in
-    `out`/n`n`; the base's training file in `out`'s parent)."""
+    `out`/n`n`; the base's training file replayed from beside the base's run)."""
     here = out / f"n{n}"
     here.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -181,7 +182,7 @@ def one_size(
     if run.exists():
         raise SystemExit(f"{run} exists from an earlier benchmark: remove {out}/n* to rerun")
     _cli("jaxtpu.train", "--init-from", base, "--train-csv", decisions, "--replay-csv",
-         out.parent / "base-train.csv", "--replay-share", "0.5", "--valid-fraction", "0.2",
+         base.parent / BASE_TRAIN, "--replay-share", "0.5", "--valid-fraction", "0.2",
          "--epochs", "3", "--workdir", run, "--no-progress")  # fmt: skip
     wall = time.time() - t0
     compared = json.loads((run / "community" / "compared.json").read_text())
