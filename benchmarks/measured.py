@@ -58,6 +58,7 @@ KINDS = {
     "tpu_tuning": "benchmarks.tpu_tuning:table",
     "preflight": "benchmarks.preflight_sweep:table",
     "community": "benchmarks.community:table",
+    "languages": "benchmarks.languages:table",
     "archive": "benchmarks.archive:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is

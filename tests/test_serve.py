@@ -643,12 +643,13 @@ def test_a_batch_of_both_methods_is_answered_part_by_part_as_each_call_alone(ten
 
 def test_a_batch_that_is_not_multipart_or_names_another_path_is_refused(tenants):
     running, _ = tenants
-    req = urllib.request.Request(
-        f"{running.url}/batch", b"{}", {"Content-Type": "application/json"}
-    )
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=30)
-    assert e.value.code == 400 and b"multipart/mixed" in e.value.read()
+    for key, code, words in [("?key=coral-key", 400, b"multipart/mixed"), ("", 403, b"API key")]:
+        req = urllib.request.Request(
+            f"{running.url}/batch{key}", b"{}", {"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        assert e.value.code == code and words in e.value.read()
     body = (
         b"--B\r\nContent-Type: application/http\r\nContent-ID: <b + 1>\r\n\r\n"
         b"GET /v1/model?key=coral-key HTTP/1.1\r\n\r\n\r\n"
@@ -663,6 +664,119 @@ def test_a_batch_that_is_not_multipart_or_names_another_path_is_refused(tenants)
         out = r.read()
     assert out.count(b"HTTP/1.1 404 Not Found") == 1  # another path: that part's 404
     assert out.count(b"HTTP/1.1 403 Forbidden") == 1  # no key in the call or the batch
+
+
+def _batch_body(calls, key: str | None = None, boundary: str = "B") -> bytes:
+    """A multipart/mixed batch of analyze calls (each a JSON body), each call's URL naming
+    `key` when given."""
+    q = f"?key={key}" if key else ""
+    out = b""
+    for i, call in enumerate(calls):
+        out += (
+            f"--{boundary}\r\nContent-Type: application/http\r\nContent-ID: <c{i}>\r\n\r\n"
+            f"POST /v1alpha1/comments:analyze{q} HTTP/1.1\r\nContent-Type: application/json"
+            f"\r\n\r\n{json.dumps(call)}\r\n"
+        ).encode()
+    return out + f"--{boundary}--\r\n".encode()
+
+
+def _raw_post(port: int, path: str, head: dict[str, str], start: bytes, timeout: float = 5):
+    """Sends a POST's head and only the `start` of its body, and returns what the server
+    answers before the rest is sent (its status line and body), or raises socket.timeout."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        lines = [f"POST {path} HTTP/1.1", "Host: x", *(f"{k}: {v}" for k, v in head.items())]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + start)
+        got = b""
+        while b"\r\n\r\n" not in got or len(got.split(b"\r\n\r\n", 1)[1]) < 10:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+def test_a_batch_is_refused_before_its_body_without_a_key_and_in_400s_when_nested(tenants):
+    """Issue 95, items 2 and 3 (before: a batch was read whole, up to 100 x --max-body-kb,
+    before any key was checked, and a part nesting multipart 1,000 deep was a 500): with keys,
+    a batch naming a wrong key, or none and none on its first call, is a 403 once its first
+    bytes are in, the rest never sent; a deeply nested one is a 400 in Google's shape."""
+    running, _ = tenants
+    call = {"comment": {"text": "x" * 20_000}, "requestedAttributes": {"TOXICITY": {}}}
+    start = _batch_body([call] * 3)  # no key in any call: 60 KB, past the first 32 KB
+    head = {"Content-Type": "multipart/mixed; boundary=B", "Content-Length": "5000000"}
+    for path in ("/batch", "/batch?key=not-a-key"):
+        got = _raw_post(running.port, path, head, start)
+        assert got.startswith(b"HTTP/1.1 403"), got[:200]
+        assert b"API key" in got
+    keyed = _batch_body([call] * 3, key="helm-key")
+    with pytest.raises(TimeoutError):  # a key on its first call: the server waits for the rest
+        _raw_post(running.port, "/batch", head, keyed, timeout=1)
+    inner = b"Content-Type: application/http\r\n\r\nPOST /v1alpha1/comments:analyze HTTP/1.1\r\n"
+    for i in range(1000):
+        b = f"n{i}".encode()
+        inner = b"Content-Type: multipart/mixed; boundary=%s\r\n\r\n--%s\r\n%s\r\n--%s--\r\n" % (
+            b,
+            b,
+            inner,
+            b,
+        )
+    kind, _, body = inner.partition(b"\r\n\r\n")
+    req = urllib.request.Request(
+        f"{running.url}/batch?key=helm-key", body, {"Content-Type": kind.decode()[14:]}
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    error = json.loads(e.value.read())["error"]
+    assert e.value.code == 400 and "nests multipart parts too deeply" in error["message"]
+
+
+def test_a_batch_asks_for_at_most_one_requests_sentences_in_all(tenants):
+    """Issue 95, item 4 (before: 100 calls of 100 sentences each made one batch cost 10,100
+    model texts): the calls of a batch share one request's bound of 100 sentences; the call
+    that would pass it is a 400, the others are answered."""
+    running, _ = tenants
+    text = " ".join(f"Sentence {i}." for i in range(40))
+    call = {"comment": {"text": text}, "requestedAttributes": {"TOXICITY": {}},
+            "spanAnnotations": True}  # fmt: skip
+    req = urllib.request.Request(
+        f"{running.url}/batch?key=helm-key",
+        _batch_body([call] * 3),
+        {"Content-Type": "multipart/mixed; boundary=B"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        out = r.read()
+    assert out.count(b"HTTP/1.1 200 OK") == 2 and out.count(b"HTTP/1.1 400 Bad Request") == 1
+    assert b"ask for more than 100 sentences in all" in out
+
+
+def test_a_client_that_leaves_its_batch_leaves_its_texts_unscored():
+    """Issue 95, item 10 (before: a client that closed its connection had every text of its
+    batch scored for nobody): the calls still waiting are cancelled once it goes."""
+    model = FakeModel()
+    model.gate = threading.Event()
+    running = Running([model], max_items=8)
+    try:
+        call = {"comment": {"text": "One. Two. Three."}, "requestedAttributes": {"TOXICITY": {}}}
+        body = _batch_body([call] * 60)  # 60 texts, in calls of 8
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as sock:
+            head = (
+                "POST /batch HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/mixed; boundary=B"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)
+            deadline = time.time() + 10
+            while not running.server.base.waiting and time.time() < deadline:
+                time.sleep(0.01)
+        time.sleep(0.3)  # the server sees the connection close
+        model.gate.set()
+        deadline = time.time() + 10
+        while running.server.base.waiting and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert sum(model.calls) <= 16, model.calls  # the call running, perhaps one more
+    finally:
+        model.gate.set()
+        running.stop()
 
 
 def test_a_page_of_a_listed_origin_may_call_the_server_and_others_may_not(tenants, served):
@@ -731,24 +845,30 @@ def test_a_key_over_its_quota_gets_perspectives_429_while_other_keys_go_on(tenan
     assert b"small-key" not in metrics
 
 
-def test_a_comment_in_a_language_the_model_lacks_is_refused_unless_the_detection_is_unsure(tenants):
-    """Languages (before: a French comment was scored by an English model): detected and
-    sure, a 400 LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE naming it; short, scored as English with
-    its detection reported; dropUnsupportedAttributes, no scores instead of the 400."""
+def test_a_detected_language_never_refuses_a_comment_a_named_one_the_model_lacks_does(tenants):
+    """Issue 95, item 1 (before: a sure detection of a language the model lacks was a 400, and
+    a platform publishes a refused comment unscored: "Fuck you, cunt." detected as Latin, a
+    toxic comment with a French tail as French): every comment without `languages` is scored,
+    as the model's language, its detection reported; a request naming a language the model
+    lacks is Perspective's 400, or with dropUnsupportedAttributes no scores."""
     running, _ = tenants
-    french = {"comment": {"text": "Tu es vraiment un idiot, va-t'en et ne reviens jamais ici."},
-              "requestedAttributes": {"TOXICITY": {}}}  # fmt: skip
-    status, _, got = post(running.url, french, key="coral-key")
-    assert status == 400 and "detected as fr" in got["error"]["message"]
-    assert got["error"]["details"][0]["errorType"] == "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE"
-    status, _, got = post(
-        running.url, {**french, "dropUnsupportedAttributes": True}, key="coral-key"
+    tailed = "Fuck you, cunt. Tu es vraiment un idiot, va-t'en et ne reviens jamais ici."
+    for text in ("Fuck you, cunt.", tailed, "Bonjour"):
+        body = {"comment": {"text": text}, "requestedAttributes": {"TOXICITY": {}}}
+        status, _, got = post(running.url, body, key="coral-key")
+        assert status == 200 and got["languages"] == ["en"] and got["detectedLanguages"], got
+        assert got["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == _score(text, 0)
+    assert got["detectedLanguages"][0] == "fr"  # "Bonjour": reported, not refused
+    named = {"comment": {"text": tailed}, "requestedAttributes": {"TOXICITY": {}},
+             "languages": ["fr"]}  # fmt: skip
+    status, _, got = post(running.url, named, key="coral-key")
+    assert status == 400 and got["error"]["details"][0]["errorType"] == (
+        "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE"
     )
-    assert status == 200 and got["attributeScores"] == {} and got["detectedLanguages"][0] == "fr"
-    short = {"comment": {"text": "Bonjour"}, "requestedAttributes": {"TOXICITY": {}}}
-    status, _, got = post(running.url, short, key="coral-key")
-    assert status == 200 and got["languages"] == ["en"] and got["detectedLanguages"]
-    assert got["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == _score("Bonjour", 0)
+    status, _, got = post(
+        running.url, {**named, "dropUnsupportedAttributes": True}, key="coral-key"
+    )
+    assert status == 200 and got["attributeScores"] == {}
 
 
 @pytest.mark.e2e
@@ -831,10 +951,36 @@ def test_a_model_in_shadow_is_compared_on_every_answer_and_never_answers(capsys)
     from jaxtpu.shadow import main as shadow_main
 
     primary, shadow = FakeModel(), FakeModel(source="--workdir candidate", salt="new")
-    running = Running([primary], shadow=[shadow])
+    news = FakeModel(source="--workdir news", salt="news")
+    running = Running([primary], shadow=[shadow], communities={"news": [news]})
     try:
-        texts = [f"comment {i}" for i in range(40)]
-        for t in texts:
+        texts = [f"comment {i}" for i in range(50)]
+        attrs = {"TOXICITY": {}, "INSULT": {}}
+        # issue 95, item 9: a batch's calls are compared too (they were skipped, uncounted),
+        # a community's own model's answers are counted apart (they were compared as the
+        # base's, which diluted the comparison)
+        req = urllib.request.Request(
+            f"{running.url}/batch",
+            _batch_body(
+                [{"comment": {"text": t}, "requestedAttributes": attrs} for t in texts[40:]]
+            ),
+            {"Content-Type": "multipart/mixed; boundary=B"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.read().count(b"HTTP/1.1 200 OK") == 10
+        deadline = time.time() + 10  # compared after the answer, before the next request
+        while (
+            json.loads(get(f"{running.url}/v1/shadow")[2])["attributes"]
+            .get("TOXICITY", {})
+            .get("compared", 0)
+            < 10
+        ):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        for t in texts[:5]:
+            body = {"comment": {"text": t}, "requestedAttributes": attrs, "communityId": "news"}
+            assert post(running.url, body, None)[0] == 200
+        for t in texts[:40]:
             status, headers, got = post(
                 running.url,
                 {"comment": {"text": t}, "requestedAttributes": {"TOXICITY": {}, "INSULT": {}}},
@@ -845,9 +991,10 @@ def test_a_model_in_shadow_is_compared_on_every_answer_and_never_answers(capsys)
         deadline = time.time() + 10
         while (report := json.loads(get(f"{running.url}/v1/shadow")[2]))["attributes"].get(
             "TOXICITY", {}
-        ).get("compared", 0) < 40:
+        ).get("compared", 0) < 50:
             assert time.time() < deadline, report
             time.sleep(0.05)
+        assert report["community"] == 5 and report["attributes"]["TOXICITY"]["compared"] == 50
         tox = report["attributes"]["TOXICITY"]
         p = np.array([_score(t, 0) for t in texts])
         q = np.array([_score(t, 0, "new") for t in texts])
@@ -859,11 +1006,11 @@ def test_a_model_in_shadow_is_compared_on_every_answer_and_never_answers(capsys)
         assert report["primary"] == primary.version and report["shadow"] == shadow.version
         assert "comment 1" not in json.dumps(report)  # no text kept
         metrics = get(f"{running.url}/metrics")[2].decode()
-        assert "jaxtpu_shadow_compared_scores_total 80.0" in metrics
+        assert "jaxtpu_shadow_compared_scores_total 100.0" in metrics
         assert shadow_main(["report", "--url", running.url]) == 0
         printed = capsys.readouterr().out
         assert f"primary {primary.version}, shadow {shadow.version}" in printed
-        assert "| TOXICITY | 40 |" in printed
+        assert "| TOXICITY | 50 |" in printed and "5 answered by a community's own" in printed
     finally:
         running.stop()
     with pytest.raises(SystemExit) as e:

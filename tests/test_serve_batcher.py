@@ -183,3 +183,30 @@ def test_the_queue_bound_holds_while_texts_are_tokenized_and_retry_after_is_the_
     assert len(out) - len(refused) <= len(model.started[0]) + 4, len(refused)
     assert b.stats.peak_waiting <= 4 and b.stats.refused == len(refused)
     assert {r.retry_after for r in refused} == {1}  # at most 4 texts of 0.05 s wait
+
+
+def test_a_bucket_that_waited_starve_waits_goes_before_other_buckets_full_calls():
+    """Issue 95, item 4: a stream of full calls of one length (a batch of one-word sentences)
+    held a longer comment back until every full call had gone (24 s behind 100 such calls);
+    the bound of `STARVE` waits held only when no bucket was full. Here 40 full calls of short
+    texts wait behind a running call while one long text has waited past the bound: it goes in
+    one of the next two calls (the short texts' bucket, waiting as long, may go first)."""
+    model = Gated()
+
+    async def main():
+        b = Batcher(model.score, 4, max_wait_ms=1, bucket_of=model.buckets, rows=4)
+        await b.start()
+        first = asyncio.create_task(b.submit(["s-first"]))
+        while not model.started:
+            await asyncio.sleep(0.001)
+        many = asyncio.create_task(b.submit([f"s{i}" for i in range(160)]))  # 40 full calls
+        long = asyncio.create_task(b.submit(["a long comment, of bucket 32"]))
+        await asyncio.sleep(0.05)  # past STARVE (20) waits of 1 ms
+        model.gate.set()
+        out = await asyncio.gather(first, many, long)
+        await b.stop()
+        return out
+
+    out = _run(main())
+    assert float(out[2][0, 0]) == float(len("a long comment, of bucket 32"))
+    assert ["a long comment, of bucket 32"] in model.calls[1:3], model.calls[:4]

@@ -408,17 +408,21 @@ def _detection(top, p, sure):
     return languages.Detection((top, "xx"), (p, 1 - p), sure)
 
 
-def test_a_sure_detection_of_a_language_the_model_lacks_is_perspectives_400():
+def test_a_detection_never_refuses_it_names_the_language_scored_as():
+    """Issue 95, item 1: a sure detection of a language the model lacks is scored as the
+    model's own (it was a 400, and a refused comment is published unscored)."""
     fr = _detection("fr", 0.95, True)
-    with pytest.raises(ApiError) as e:
-        languages.scored_as((), fr, ["en"], "TOXICITY")
-    detail = e.value.body()["error"]["details"][0]
-    assert detail["errorType"] == "LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE"
-    assert detail["languageNotSupportedByAttributeError"]["detectedLanguages"] == ["fr"]
-    assert "detected as fr (probability 0.95)" in e.value.message
-    assert languages.scored_as((), fr, ["en", "fr"], "T") == ("fr",)
-    assert languages.scored_as((), _detection("fr", 0.95, False), ["en"], "T") == ("en",)
-    assert languages.scored_as(("en",), fr, ["en"], "T") == ("en",)  # named: never refused
+    assert languages.scored_as((), fr, ["en"]) == ("en",)
+    assert languages.scored_as((), fr, ["en", "fr"]) == ("fr",)
+    assert languages.scored_as((), _detection("fr", 0.95, False), ["en", "fr"]) == ("en", "fr")
+    assert languages.scored_as(("en",), fr, ["en"]) == ("en",)  # named: as named
+
+
+def test_words_are_whitespace_pieces_with_a_letter_so_emoji_do_not_make_a_comment_sure():
+    """Issue 95, item 1: every run of letters between emoji was a word."""
+    assert languages.words_in("bad\U0001f642smart\U0001f642rude") == 1
+    assert languages.words_in("\U0001f642 \U0001f642 123 q1 bad") == 2
+    assert languages.words_in("Tu es vraiment") == 3
 
 
 @pytest.mark.parametrize(
@@ -499,6 +503,32 @@ def test_a_batch_is_read_part_by_part_and_answered_in_order():
     )
     with pytest.raises(ApiError, match="101 calls; at most 100"):
         batch.parse_batch("multipart/mixed; boundary=B", many + b"--B--\r\n")
+
+
+def test_a_deeply_nested_batch_is_a_400_and_the_first_calls_key_is_found_in_its_start():
+    """Issue 95, items 2 and 3: the email parser's RecursionError escaped parse_batch (a 500);
+    the first call's key is read from a batch's first bytes, so a keyed server refuses an
+    anonymous batch before reading the rest."""
+    inner = b"Content-Type: application/http\r\n\r\nPOST /x HTTP/1.1\r\n\r\n{}"
+    for i in range(1000):
+        b = f"n{i}".encode()
+        inner = b"Content-Type: multipart/mixed; boundary=%s\r\n\r\n--%s\r\n%s\r\n--%s--\r\n" % (
+            b,
+            b,
+            inner,
+            b,
+        )
+    kind, _, body = inner.partition(b"\r\n\r\n")
+    with pytest.raises(ApiError, match="nests multipart parts too deeply") as e:
+        batch.parse_batch(kind.decode()[len("Content-Type: ") :], body)
+    assert e.value.code == 400
+    part = b"--B\r\nContent-Type: application/http\r\n\r\n"
+    assert batch.first_call_key(part + b"POST /v1alpha1/c?alt=json&key=k1 HTTP/1.1\r\n") == "k1"
+    header = part + b"POST /c HTTP/1.1\r\nX-Goog-Api-Key: k2\r\n\r\n{}"
+    assert batch.first_call_key(header) == "k2"
+    later = part + b"POST /c HTTP/1.1\r\n\r\n{}\r\n--B\r\n\r\nX-Goog-Api-Key: k3\r\n"
+    assert batch.first_call_key(later) is None  # another call's key is not the first call's
+    assert batch.first_call_key(b"--B\r\n" + b"x" * 100) is None
 
 
 def test_the_discovery_document_declares_both_methods_and_the_batch_path():

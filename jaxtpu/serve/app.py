@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -28,7 +28,14 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from jaxtpu.core.serving import discovery, perspective, suggest
-from jaxtpu.core.serving.batch import MAX_CALLS, Answer, Call, batch_response, parse_batch
+from jaxtpu.core.serving.batch import (
+    MAX_CALLS,
+    Answer,
+    Call,
+    batch_response,
+    first_call_key,
+    parse_batch,
+)
 from jaxtpu.core.serving.feedback import Record, StoreError
 from jaxtpu.core.serving.keys import ApiKey, Quotas
 from jaxtpu.core.serving.languages import scored_as
@@ -39,12 +46,20 @@ from jaxtpu.serve.protocol import HeadLimits
 from jaxtpu.serve.server import Options, Server
 
 log = logging.getLogger("jaxtpu.serve")
+START_BYTES = 32 * 1024  # a batch's first bytes, where its first call's key is looked for
 
 
-async def _read_body(request: Request, options: Options, limit: int | None = None) -> bytes:
+async def _read_body(
+    request: Request,
+    options: Options,
+    limit: int | None = None,
+    check_start: Callable[[bytes], None] | None = None,
+) -> bytes:
     """The body, refused (413) when it says or turns out to be larger than `limit` (default
     `max_body`), before more is read; a client that does not finish sending in `read_timeout`
-    gets 408, one that goes away is 499 (nothing is sent: nobody is there to read it)."""
+    gets 408, one that goes away is 499 (nothing is sent: nobody is there to read it).
+    `check_start` is called once on the body's first `START_BYTES` (or the whole body, when
+    shorter) before the rest is read, and may refuse it by raising."""
     limit = options.max_body if limit is None else limit
     length = request.headers.get("content-length")
     if length is not None:
@@ -55,10 +70,15 @@ async def _read_body(request: Request, options: Options, limit: int | None = Non
     body = bytearray()
 
     async def read() -> None:
+        check = check_start
         async for chunk in request.stream():
             body.extend(chunk)
             if len(body) > limit:
                 raise ApiError(413, f"Request body over the limit of {limit} bytes.")
+            if check is not None and len(body) >= START_BYTES:
+                check, _ = None, check(bytes(body))
+        if check is not None:
+            check(bytes(body))
 
     try:
         await asyncio.wait_for(read(), options.read_timeout)
@@ -76,12 +96,33 @@ Body = Callable[[], Awaitable[bytes]]
 
 
 @dataclass
+class _Batch:
+    """What the calls of one batch share: the sentences their spans may still ask for (a
+    batch asks for at most as many as one request may), and the work each call left for after
+    the answer (the shadow's comparisons)."""
+
+    sentences_left: int = perspective.MAX_SPANS
+    after: list[BackgroundTask] = field(default_factory=list)
+
+    def take_sentences(self, n: int) -> None:
+        if n > self.sentences_left:
+            raise ApiError(
+                400,
+                f"spanAnnotations: this batch's calls ask for more than {perspective.MAX_SPANS} "
+                f"sentences in all; a batch may ask for as many as one request (at most "
+                f"{perspective.MAX_SPANS}). Send the rest in another batch.",
+            )
+        self.sentences_left -= n
+
+
+@dataclass
 class _Call:
     """What one call's handler learned: the key it named (for the per-key counts), and the
-    headers its error answer carries (Retry-After)."""
+    headers its error answer carries (Retry-After); `batch`, when it is a batch's call."""
 
     key: ApiKey | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
+    batch: _Batch | None = None
 
 
 class _Routes:
@@ -191,16 +232,13 @@ class _Routes:
         if self.options.log_comments:
             log.info("comment: %r", req.text)
         detection = self.server.detector.detect(req.text)
-        first = req.attributes[0].name
-        try:
-            if req.unsupported:  # named, with dropUnsupportedAttributes: dropped below
-                raise ApiError(400, "unsupported")
-            languages = scored_as(req.languages, detection, self.server.languages, first)
-        except ApiError:
-            if not req.drop_unsupported:
-                raise
+        if call.batch is not None:
+            call.batch.take_sentences(len(req.sentences))
+        if req.unsupported:  # languages it lacks, named with dropUnsupportedAttributes
             answer = perspective.dropped_response(req, (detection.top,), detection.languages)
             return JSONResponse(answer, headers=self.headers())
+        # a detection never refuses a comment (jaxtpu.core.serving.languages says why)
+        languages = scored_as(req.languages, detection, self.server.languages)
         try:
             answer, version = await self.server.analyze(req, languages, detection.languages)
         except Overloaded as e:
@@ -211,14 +249,27 @@ class _Routes:
             log.exception("scoring failed")
             raise ApiError(500, "Scoring this comment failed.") from None
         self.server.metrics.latency.observe(time.perf_counter() - t0)
-        shadow = None
-        if self.server.shadow is not None:  # after the answer is sent: it never waits for it
-            scores = answer["attributeScores"]
-            primary = {
-                n: v["summaryScore"]["value"] for n, v in scores.items() if "summaryScore" in v
-            }
-            shadow = BackgroundTask(self.server.compare_in_shadow, req.text, primary)
+        shadow = self.in_shadow(req, answer)
+        if shadow is not None and call.batch is not None:  # after the batch's answer
+            call.batch.after.append(shadow)
+            shadow = None
         return JSONResponse(answer, headers=self.headers(version), background=shadow)
+
+    def in_shadow(
+        self, req: perspective.AnalyzeRequest, answer: dict[str, Any]
+    ) -> BackgroundTask | None:
+        """The shadow's comparison of an answer, to run after it is sent (it never waits for
+        it); None without a shadow. An answer of a community's own model is counted, not
+        compared: the shadow stands beside the base."""
+        stats = self.server.shadow_stats
+        if stats is None:
+            return None
+        if self.server.for_community(req.community_id) is not self.server.base:
+            stats.community += 1
+            return None
+        scores = answer["attributeScores"]
+        primary = {n: v["summaryScore"]["value"] for n, v in scores.items() if "summaryScore" in v}
+        return BackgroundTask(self.server.compare_in_shadow, req.text, primary)
 
     async def shadow_report(self, request: Request, call: _Call) -> Response:
         if self.server.shadow_stats is None:
@@ -251,17 +302,42 @@ class _Routes:
 
     async def batch(self, request: Request, call: _Call) -> Response:
         """Google's batch: each call answered in its part as it would be alone (its key from
-        its own URL or headers, else the batch's), all scored together."""
-        limit = self.options.max_body * MAX_CALLS
-        body = await _read_body(request, self.options, limit)
-        calls = parse_batch(request.headers.get("content-type", ""), body)
+        its own URL or headers, else the batch's), all scored together. With keys, a batch
+        whose request names no valid key and whose first call names none either is a 403
+        before the rest of its body is read; it is parsed off the event loop; a client that
+        goes away cancels its calls still waiting."""
         outer = _key_of(request.query_params, request.headers)
-        answers = await asyncio.gather(*(self.batch_call(c, outer) for c in calls))
+        check = None
+        if self.options.api_keys is not None:
+            if outer is not None:
+                self.check_key(outer)  # a wrong key: refused before the body is read
+            else:
+                check = self.check_first_call_key
+        limit = self.options.max_body * MAX_CALLS
+        body = await _read_body(request, self.options, limit, check)
+        loop = asyncio.get_running_loop()
+        kind = request.headers.get("content-type", "")
+        calls = await loop.run_in_executor(None, parse_batch, kind, body)
+        shared = _Batch()
+        answering = asyncio.gather(*(self.batch_call(c, outer, shared) for c in calls))
+        answers = await _unless_gone(request, answering)
         kind, payload = batch_response(answers)
-        return Response(payload, media_type=kind, headers=self.headers())
+        after = BackgroundTasks(shared.after) if shared.after else None
+        return Response(payload, media_type=kind, headers=self.headers(), background=after)
 
-    async def batch_call(self, c: Call, outer_key: str | None) -> Answer:
-        part = _Call()
+    def check_first_call_key(self, start: bytes) -> None:
+        """403 unless a batch's first call (in its body's first bytes) names a valid key."""
+        key = first_call_key(start)
+        if key is None:
+            raise ApiError(
+                403,
+                "The batch request is missing a valid API key: pass it on the batch (?key= or "
+                "the X-Goog-Api-Key header) or on its first call's URL.",
+            )
+        self.check_key(key)
+
+    async def batch_call(self, c: Call, outer_key: str | None, shared: _Batch) -> Answer:
+        part = _Call(batch=shared)
         route, handler = self.methods.get((c.method, c.path), ("other", None))
 
         async def read() -> bytes:
@@ -277,6 +353,11 @@ class _Routes:
                     f"POST /{discovery.ANALYZE_PATH} or POST /{discovery.SUGGEST_PATH}.",
                 )
             part.key = self.check_key(_key_of(c.query, c.headers) or outer_key)
+            if len(c.body) > self.options.max_body:
+                raise ApiError(
+                    413,
+                    f"Request body of {len(c.body)} bytes; the limit is {self.options.max_body}.",
+                )
             return await handler(read, part)
 
         response = await self.respond(route, part, work)
@@ -327,6 +408,26 @@ class _Routes:
         }.get(code, str(getattr(exc, "detail", "")))
         self.count("other", code)
         return self.error(ApiError(code, message))
+
+
+async def _unless_gone(request: Request, work: asyncio.Future) -> Any:
+    """`work`'s result, or, when the client goes away first, `work` cancelled (its texts
+    leave the batcher's queue unscored) and a 499 (nobody is there to read it)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            await asyncio.sleep(0.05)  # a server that hands out empty bodies: not a busy loop
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            work.cancel()
+        watch.cancel()
+    if not work.done() or work.cancelled():
+        raise ApiError(499, "The client closed the connection before its batch was answered.")
+    return work.result()
 
 
 def _key_of(query: Any, headers: Any) -> str | None:

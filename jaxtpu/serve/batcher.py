@@ -118,6 +118,7 @@ class Batcher:
         self.stats = BatchStats()
         self.waiting = 0  # requests admitted whose texts have not begun to be scored
         self._pending: dict[int, list[_Part]] = {}  # each bucket's parts, in `order`
+        self._served: dict[int, float] = {}  # when each bucket last went into a call
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._seq = itertools.count()
@@ -190,7 +191,8 @@ class Batcher:
             self.waiting -= 1
 
     async def _run(self) -> None:
-        """Whole calls of a bucket as soon as it fills them; a bucket's remainder once its
+        """A bucket whose oldest text has waited `STARVE` waits first, whatever else is full;
+        then whole calls of a bucket as soon as it fills them; a bucket's remainder once its
         oldest text has waited `max_wait`, in a call of its own."""
         assert self._arrived is not None
         loop = asyncio.get_running_loop()
@@ -200,7 +202,9 @@ class Batcher:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            parts = self._whole_calls()
+            starved = self._starved()
+            parts = self._take(starved, self.max_items) if starved is not None else []
+            parts = parts or self._whole_calls()
             if not parts:
                 bucket, wait = self._next_partial()
                 if wait > 0:
@@ -224,6 +228,7 @@ class Batcher:
                 del self._pending[bucket]
 
     def _take(self, bucket: int, n: int) -> list[_Part]:
+        self._served[bucket] = time.perf_counter()
         parts = self._pending[bucket]
         taken, rest = parts[:n], parts[n:]
         if rest:
@@ -232,16 +237,28 @@ class Batcher:
             del self._pending[bucket]
         return taken
 
+    def _starved(self) -> int | None:
+        """The bucket whose oldest text has waited `STARVE` times `max_wait` since it arrived
+        or since the bucket last went, the longest waiting of such (None: none has). It goes
+        before any full bucket: otherwise a stream of full calls of one length (a batch of
+        many sentences) held every other length back for as long as it lasted. Counting from
+        a bucket's last call takes late buckets in turn, one call each."""
+        now, limit = time.perf_counter(), STARVE * self.max_wait
+        waited = {
+            b: now - max(min(p.job.queued for p in w), self._served.get(b, 0.0))
+            for b, w in self._pending.items()
+        }
+        late = [b for b, t in waited.items() if t >= limit]
+        return max(late, key=waited.__getitem__) if late else None
+
     def _next_partial(self) -> tuple[int, float]:
         """The bucket whose remainder goes next, and how long until it is due. Of the buckets
         whose oldest text has waited `max_wait`, the fullest (the call least padded) goes
-        first, unless one has waited `STARVE` times as long: then the oldest. While a call
-        runs, texts gather, so under load a remainder grows before it goes."""
+        first (one that has waited `STARVE` times as long went before, `_starved`). While a
+        call runs, texts gather, so under load a remainder grows before it goes."""
         now = time.perf_counter()
         waited = {b: now - min(p.job.queued for p in w) for b, w in self._pending.items()}
         oldest = max(waited, key=waited.__getitem__)
-        if waited[oldest] >= STARVE * self.max_wait:
-            return oldest, 0.0
         due = [b for b, t in waited.items() if t >= self.max_wait]
         if not due:
             return oldest, self.max_wait - waited[oldest]

