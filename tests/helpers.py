@@ -363,9 +363,10 @@ def exercise_feedback_store(store: Any) -> None:
     community and time, delete one, purge the old; `store` is empty when called."""
     from jaxtpu.core.serving.feedback import Record
 
-    def record(token, text="t", community="Coral:a", when=1000.0, decision="DELETED"):
+    def record(token, text="t", community="Coral:a", when=1000.0, decision="DELETED", **more):
         scores = {decision: {"summaryScore": 1.0}}
-        return Record(text, scores, community, token, None, ("en",), "jaxtpu-v1", when)
+        session = more.pop("session", None)
+        return Record(text, scores, community, token, session, ("en",), "jaxtpu-v1", when, **more)
 
     store.put(record("comment:1", "first"))
     store.put(record(None, "no token"))
@@ -382,6 +383,65 @@ def exercise_feedback_store(store: Any) -> None:
     assert store.delete("comment:1") == 1 and store.delete("comment:1") == 0
     assert store.purge(1, now=5000.0 + 86400 - 1) == 2  # the two at 1000 s; 5000 s stays
     assert [r.text for r in store.records()] == ["other"]
+    # issue 95, item 5: a token is one owner's; another key's decision on it is kept apart
+    store.put(record("comment:9", "news", when=6000.0, owner="news", moderator=True))
+    store.put(record("comment:9", "page", community="Coral:b", when=6001.0, owner="page"))
+    got = {r.owner: r for r in store.records() if r.client_token == "comment:9"}
+    assert (got["news"].text, got["news"].community_id, got["news"].moderator) == (
+        "news",
+        "Coral:a",
+        True,
+    )
+    assert got["page"].moderator is False
+    assert store.delete("comment:9", owner="page") == 1 and store.delete("comment:9") == 1
+    # item 6: suggestions without a token are erased by their session or their text
+    store.put(record(None, "mine", when=6002.0, session="s-1"))
+    store.put(record(None, "mine too", when=6003.0, session="s-1"))
+    store.put(record(None, "my text", when=6004.0))
+    assert store.delete(session_id="s-1") == 2 and store.delete(text="my text") == 1
+    assert [r.text for r in store.records()] == ["other"]
+
+
+def make_store_of_before_owners(execute: Any, postgres: bool) -> None:
+    """A feedback table as jaxtpu wrote it before suggestions had owners (issue 95; its
+    clientToken unique across the store) holding two suggestions, through `execute(sql)`."""
+    ident = (
+        "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+        if postgres
+        else "INTEGER PRIMARY KEY AUTOINCREMENT"
+    )
+    real = "DOUBLE PRECISION" if postgres else "REAL"
+    execute(
+        f"CREATE TABLE jaxtpu_feedback (id {ident}, client_token TEXT UNIQUE, community_id TEXT, "
+        "session_id TEXT, text TEXT NOT NULL, attribute_scores TEXT NOT NULL, languages TEXT "
+        f"NOT NULL, model_version TEXT NOT NULL, received {real} NOT NULL)"
+    )
+    execute("CREATE INDEX jaxtpu_feedback_received ON jaxtpu_feedback (received)")
+    for token, text, when in (("comment:1", "old one", 10.0), (None, "old two", 20.0)):
+        token_sql = "NULL" if token is None else f"'{token}'"
+        execute(
+            "INSERT INTO jaxtpu_feedback (client_token, community_id, session_id, text, "
+            f"attribute_scores, languages, model_version, received) VALUES ({token_sql}, "
+            f"'Coral:a', NULL, '{text}', '{{\"DELETED\": {{\"summaryScore\": 1.0}}}}', "
+            f"'[\"en\"]', 'v0', {when})"
+        )
+
+
+def check_store_of_before_owners(store: Any) -> None:
+    """`make_store_of_before_owners`' table opened by today's Store: migrated, its two
+    suggestions kept (owned by ''), a token now one owner's; leaves the store empty."""
+    from jaxtpu.core.serving.feedback import Record
+
+    kept = store.records()
+    assert [(r.text, r.owner, r.moderator) for r in kept] == [
+        ("old one", "", False),
+        ("old two", "", False),
+    ]
+    scores = {"APPROVED": {"summaryScore": 1.0}}
+    store.put(Record("by a key", scores, "Coral:a", "comment:1", None, (), "v", 30.0, "k", True))
+    store.put(Record("changed", scores, "Coral:a", "comment:1", None, (), "v", 40.0))
+    assert [r.text for r in store.records()] == ["old two", "by a key", "changed"]
+    assert store.delete("comment:1") == 2 and store.delete(text="old two") == 1
 
 
 def postgres_binaries() -> Path | None:

@@ -383,8 +383,17 @@ def test_a_key_is_found_by_comparing_every_key_in_constant_time(monkeypatch):
         assert len(calls) == 3, key
     assert found["aaa"].name == "key-2" and found["ccc"].per_minute == 60
     assert found["aab"] is None and found[""] is None
+    # issue 95, item 7: "KEY#tail NAME 5" was the key KEY, unnamed, unlimited
+    (tailed,) = KeyRing.parse("KEY#tail name 5\n", "f")._entries
+    assert tailed == (b"KEY#tail", keys_module.ApiKey("name", 5))
+    # issue 95, item 5: a moderators' key, with or without a limit
+    ring = KeyRing.parse("m1 mods moderator\nm2 mods2 60 moderator\np page 60\n", "f")
+    assert [ring.find(k).moderator for k in ("m1", "m2", "p")] == [True, True, False]
+    assert ring.find("m2").per_minute == 60
     for text, words in [
-        ("a b c d", "expected KEY [NAME [PER_MINUTE]]"),
+        ("a b c d", "expected KEY [NAME [PER_MINUTE] [moderator]]"),
+        ("a b 5 admin", "expected KEY [NAME [PER_MINUTE] [moderator]]"),
+        ("a b admin", "or the word moderator"),
         ("a x 0", "whole number >= 1"),
         ("a x\nb x", "the name x is given twice"),
         ("a x\na y", "this key is given twice"),
@@ -514,7 +523,9 @@ def tenants(tmp_path_factory):
     from jaxtpu.core.serving.feedback import Store
 
     store_file = tmp_path_factory.mktemp("feedback") / "feedback.db"
-    keys = KeyRing.parse("coral-key coral\nhelm-key helm\nsmall-key small 3\n", "keys")
+    keys = KeyRing.parse(
+        "coral-key coral moderator\nhelm-key helm\nsmall-key small 3\npage-key page 60\n", "keys"
+    )
     running = Running(
         [FakeModel()],
         api_keys=keys,
@@ -591,6 +602,54 @@ def test_coral_analyzes_and_its_moderators_decisions_are_kept_replaced_and_delet
     with pytest.raises(SystemExit) as e:
         feedback_main(["delete", "--feedback", str(store_file), "--client-token", "comment:42"])
     assert e.value.code == 2
+
+
+def test_a_decision_is_its_keys_and_export_takes_the_moderators_by_default(
+    tenants, tmp_path, capsys
+):
+    """Issue 95, item 5 (before: the page's key, which readers can see, sent DELETED on benign
+    comments and each became a toxic=1 row of the community's export; clientToken was unique
+    across the store, so another key replaced the newsroom's decision on `comment:<id>` and
+    moved it to another community): each decision is kept under its key's name, a token is
+    one key's, and `feedback export` takes the moderators' keys' unless --sent-by all."""
+    from jaxtpu.core.serving.feedback import Store
+    from jaxtpu.feedback import main as feedback_main
+
+    running, store_file = tenants
+    community = "Coral:https://owned.example/"
+    for key, decision, where in (
+        ("coral-key", "APPROVED", community),
+        ("page-key", "DELETED", "Coral:https://elsewhere.example/"),
+        ("page-key", "DELETED", community),
+    ):
+        body = {
+            "comment": {"text": "a kind and helpful comment"},
+            "attributeScores": {decision: {"summaryScore": {"value": 1}}},
+            "communityId": where,
+            "clientToken": "comment:77" if where == community else "comment:78",
+        }
+        assert coral(running.url, "comments:suggestscore", body, key=key)[0] == 200
+    kept = {r.owner: r for r in Store(str(store_file)).records(community=community)}
+    assert set(kept) == {"coral", "page"} and kept["coral"].moderator
+    assert kept["coral"].attribute_scores == {"APPROVED": {"summaryScore": 1.0}}
+    out = tmp_path / "rows.csv"
+    argv = ["export", "--feedback", str(store_file), "--community", community, "--out", str(out)]
+    assert feedback_main(argv) == 0
+    rows = out.read_text().splitlines()[1:]
+    assert [r.split(",")[2] for r in rows] == ["0"]  # the moderator's approval alone
+    assert "1 suggestion(s) of keys not marked moderator (page)" in capsys.readouterr().err
+    assert feedback_main([*argv, "--overwrite", "--sent-by", "all"]) == 0
+    assert sorted(r.split(",")[2] for r in out.read_text().splitlines()[1:]) == ["0", "1"]
+    page_only = ["export", "--feedback", str(store_file), "--community", community.replace(
+        "owned", "elsewhere"), "--out", str(tmp_path / "none.csv")]  # fmt: skip
+    with pytest.raises(SystemExit):
+        feedback_main(page_only)
+    assert "no suggestion of a moderators' key" in capsys.readouterr().err
+    delete = ["delete", "--feedback", str(store_file), "--client-token", "comment:77"]
+    assert feedback_main([*delete, "--owner", "page"]) == 0
+    assert [r.owner for r in Store(str(store_file)).records(community=community)] == ["coral"]
+    assert feedback_main(delete) == 0 and feedback_main([*delete[:3], "--client-token",
+                                                         "comment:78"]) == 0  # fmt: skip
 
 
 def test_a_batch_of_both_methods_is_answered_part_by_part_as_each_call_alone(tenants):
@@ -876,7 +935,13 @@ def test_feedback_in_a_real_postgresql_server_is_kept_replaced_deleted_and_purge
     """--feedback postgresql://... (several replicas writing one store) against a real
     PostgreSQL server started for the test (Debian's; .ci/run installs it): the store's whole
     contract, then two servers writing one store over HTTP, and `jaxtpu feedback delete`."""
-    from helpers import Postgres, exercise_feedback_store, postgres_binaries
+    from helpers import (
+        Postgres,
+        check_store_of_before_owners,
+        exercise_feedback_store,
+        make_store_of_before_owners,
+        postgres_binaries,
+    )
 
     from jaxtpu.core.serving.feedback import Store
     from jaxtpu.feedback import main as feedback_main
@@ -886,6 +951,11 @@ def test_feedback_in_a_real_postgresql_server_is_kept_replaced_deleted_and_purge
     pg = Postgres()
     replicas = []
     try:
+        import psycopg
+
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            make_store_of_before_owners(conn.execute, postgres=True)
+        check_store_of_before_owners(Store(pg.url))  # issue 95: migrated when opened
         exercise_feedback_store(Store(pg.url))
         replicas = [Running([FakeModel()], feedback=Store(pg.url)) for _ in range(2)]
         for i, running in enumerate(replicas):  # the same comment's decision, on each replica
@@ -918,7 +988,9 @@ def test_a_community_is_answered_by_its_own_model_and_the_rest_by_the_base():
     from jaxtpu.core.errors import ConfigError
     from jaxtpu.serve.app import Options, Server
 
-    base, news = FakeModel(), FakeModel(source="--workdir news", salt="news")
+    base, news = FakeModel(), FakeModel(source="--workdir /srv/secret/runs/news", salt="news")
+    files = {"train_csv": {"path": "/srv/secret/data/forum.csv"}}
+    news.card = {**news.card, "source": news.source, "training_files": files}
     running = Running([base], communities={"Coral:https://news.example/": [news]})
     try:
         text = "a comment"
@@ -935,7 +1007,11 @@ def test_a_community_is_answered_by_its_own_model_and_the_rest_by_the_base():
             assert headers["x-model-version"] == base.version
             assert got["attributeScores"]["TOXICITY"]["summaryScore"]["value"] == _score(text, 0)
         card = json.loads(get(f"{running.url}/v1/model")[2])
-        assert card["communities"]["Coral:https://news.example/"]["version"] == news.version
+        shown = card["communities"]["Coral:https://news.example/"]
+        assert shown["version"] == news.version
+        # issue 95, item 8: the server's absolute paths were shown to any key holder
+        assert shown["source"] == "--workdir news" and "/srv/secret" not in json.dumps(card)
+        assert shown["training_files"]["train_csv"]["path"] == "forum.csv"
     finally:
         running.stop()
     narrow = FakeModel(columns=("toxic",), source="--workdir narrow")

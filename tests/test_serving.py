@@ -391,6 +391,9 @@ SUGGESTIONS_REFUSED = [
     (_suggestion(clientToken=5), "client_token"),
     (_suggestion(clientToken="t" * 600), "at most 512"),
     (_suggestion(languages="en"), "Invalid value at 'languages'"),
+    # issue 95, item 6: 200,000 characters of languages were kept for a 1-character comment
+    (_suggestion(languages=["x" * 200_000]), "at most 10 language tags of at most 35"),
+    (_suggestion(languages=["en"] * 11), "got 11"),
 ]
 
 
@@ -454,6 +457,20 @@ def test_an_sqlite_store_keeps_replaces_by_token_deletes_and_purges(tmp_path):
     exercise_feedback_store(feedback.Store(str(tmp_path / "f.db")))
     # a second connection (another worker) reads what the first wrote
     assert [r.text for r in feedback.Store(f"sqlite:///{tmp_path / 'f.db'}").records()] == ["other"]
+
+
+def test_a_store_written_before_owners_is_migrated_when_opened(tmp_path):
+    """Issue 95, item 5: the table's clientToken was unique across the store; an old store is
+    made again with owners (its suggestions kept, owned by '') the first time it is opened."""
+    import sqlite3
+
+    from helpers import check_store_of_before_owners, make_store_of_before_owners
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        make_store_of_before_owners(conn.execute, postgres=False)
+    check_store_of_before_owners(feedback.Store(str(path)))
+    assert feedback.Store(str(path)).records() == []  # opened again: nothing to migrate
 
 
 @pytest.mark.parametrize(

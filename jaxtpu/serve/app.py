@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from jaxtpu.core.serving import discovery, perspective, suggest
+from jaxtpu.core.serving import card, discovery, perspective, suggest
 from jaxtpu.core.serving.batch import (
     MAX_CALLS,
     Answer,
@@ -291,6 +291,8 @@ class _Routes:
                 req.languages,
                 self.server.version,
                 time.time(),
+                call.key.name if call.key else "",
+                bool(call.key and call.key.moderator),
             )
             try:
                 await self.server.keep(record)
@@ -379,7 +381,7 @@ class _Routes:
         return JSONResponse(discovery.document(self.root_url(request)), headers=self.headers())
 
     async def model_card(self, request: Request, call: _Call) -> Response:
-        return JSONResponse(self.server.card(), headers=self.headers())
+        return JSONResponse(card.public(self.server.card()), headers=self.headers())
 
     async def healthz(self, request: Request, call: _Call) -> Response:
         return JSONResponse({"status": "ok"}, headers=self.headers())

@@ -72,8 +72,10 @@ class ServeFlags:
     port: int = _c(8080, "Port to listen on.", bounds=Bounds(0, 65535))
     api_keys: str | None = _c(
         None,
-        "A file of API keys, one a line: KEY [NAME [PER_MINUTE]] ('#' starts a comment; a bare "
-        "KEY is named key-N, its line, with no limit). A request whose key (?key= or the "
+        "A file of API keys, one a line: KEY [NAME [PER_MINUTE] [moderator]] ('#' at a line's "
+        "start or after a space starts a comment; a bare KEY is named key-N, its line, with no "
+        "limit; moderator marks a moderators' key, whose suggestions jaxtpu feedback export "
+        "learns from by default). A request whose key (?key= or the "
         "X-Goog-Api-Key header) is not one of them gets Perspective's 403, on every route but "
         "/healthz, /readyz and the static page; a key over PER_MINUTE requests a minute gets "
         "429 RESOURCE_EXHAUSTED with Retry-After (counted in each server process). /metrics "
@@ -195,9 +197,28 @@ class FeedbackDeleteFlags:
     )
     client_token: str | None = _c(
         None,
-        "The clientToken whose suggestion is removed (a user's erasure request; Coral Talk's "
-        "tokens are comment:<id>).",
+        "The clientToken whose suggestions are removed (a user's erasure request; Coral Talk's "
+        "tokens are comment:<id>): every key's, unless --owner names one.",
         required=True,
+        one_of="which",
+    )
+    session_id: str | None = _c(
+        None,
+        "Remove the suggestions of this sessionId (those sent without a clientToken too).",
+        required=True,
+        one_of="which",
+    )
+    text: str | None = _c(
+        None,
+        "Remove the suggestions whose comment text is exactly this (a user who asks for a "
+        "comment to be erased, whatever token it was sent with, or none).",
+        required=True,
+        one_of="which",
+    )
+    owner: str | None = _c(
+        None,
+        "Only the suggestions of the API key of this name (--api-keys' NAME; '' for those kept "
+        "by a server without keys).",
     )
 
 
@@ -232,6 +253,14 @@ class FeedbackExportFlags:
         "rather than a score (Coral Talk's). [default: DELETED=1,APPROVED=0,HIGHLIGHTED=0]",
     )
     decision_attribute: str = _c("TOXICITY", "The attribute whose column a decision labels.")
+    sent_by: str = _c(
+        "moderators",
+        "Whose suggestions become rows: moderators (those of keys marked moderator in "
+        "--api-keys, and those a server without keys kept, which cannot tell who sent them: "
+        "counted on stderr) or all (every key's, a page's key included: anyone who can read "
+        "the page could have sent them).",
+        choices=("moderators", "all"),
+    )
     overwrite: bool = _c(False, "Replace an existing --out.")
 
 

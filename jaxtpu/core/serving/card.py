@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,21 @@ def build(
 
 
 CARD_FILE = "model_card.json"  # the card an export carries
+
+# an absolute path of this machine's (POSIX, a Windows drive, or the home's), where a value
+# starts or after a space or `=`: `--workdir /srv/runs/a`, `/data/train.csv`; not a URL's path
+_ABSOLUTE = re.compile(r"(?:(?<=[\s=])|^)(?:[A-Za-z]:[\\/]|~/|/)[^\s]*")
+
+
+def public(value: Any) -> Any:
+    """A card as the server shows it (`GET /v1/model`, to any key holder, a page's key
+    included): every absolute path of the server's machine cut to its last part (the run
+    directory's name, the training file's), so it tells what was trained and served without
+    telling where the server keeps it; everything else as it is."""
+    if isinstance(value, str):
+        return _ABSOLUTE.sub(lambda m: re.split(r"[\\/]", m.group(0).rstrip("\\/"))[-1], value)
+    if isinstance(value, dict):
+        return {k: public(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [public(v) for v in value]
+    return value

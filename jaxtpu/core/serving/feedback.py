@@ -8,10 +8,15 @@ durably (framework-free).
 
 One table, `jaxtpu_feedback`, made when missing: each suggestion's text, the attribute scores
 suggested (JSON), communityId, clientToken, sessionId, languages, when it was received (UTC
-seconds since the epoch) and the model version the server was answering with. A second
-suggestion with the same clientToken replaces the first (a moderator who changes their mind);
-`delete` removes one (a user's erasure request); `purge` drops those older than N days.
-Suggestions without a clientToken are each kept.
+seconds since the epoch), the model version the server was answering with, and its owner: the
+name of the API key that sent it ('' on a server without keys, which cannot tell who did) and
+whether that key is a moderators' (`--api-keys`' `moderator`). A second suggestion of the same
+owner with the same clientToken replaces the first (a moderator who changes their mind); another
+key's suggestion with that token is kept beside it, never over it (Coral's tokens,
+`comment:<id>`, are easy to guess). `delete` removes a clientToken's, a sessionId's or a text's
+suggestions (a user's erasure request, tokens or none); `purge` drops those older than N days.
+Suggestions without a clientToken are each kept. A table written before owners were kept is
+migrated when the store is opened (its suggestions owned by '').
 """
 
 from __future__ import annotations
@@ -29,16 +34,19 @@ from urllib.parse import urlparse
 from jaxtpu.core.errors import UserError
 
 TABLE = "jaxtpu_feedback"
-_COLUMNS = (
+_OLD_COLUMNS = (
     "client_token, community_id, session_id, text, attribute_scores, languages, "
     "model_version, received"
 )
+_COLUMNS = _OLD_COLUMNS + ", owner, moderator"
+_VALUES = "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _UPSERT = (
-    f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (client_token) DO UPDATE SET community_id = excluded.community_id, "
+    f"INSERT INTO {TABLE} ({_COLUMNS}) {_VALUES} "
+    "ON CONFLICT (owner, client_token) DO UPDATE SET community_id = excluded.community_id, "
     "session_id = excluded.session_id, text = excluded.text, "
     "attribute_scores = excluded.attribute_scores, languages = excluded.languages, "
-    "model_version = excluded.model_version, received = excluded.received"
+    "model_version = excluded.model_version, received = excluded.received, "
+    "moderator = excluded.moderator"
 )
 
 
@@ -54,6 +62,8 @@ class Record:
     languages: tuple[str, ...]
     model_version: str
     received: float  # UTC seconds since the epoch
+    owner: str = ""  # the name of the key that sent it; '' on a server without keys
+    moderator: bool = False  # that key is a moderators'
 
     def row(self) -> tuple[Any, ...]:
         return (
@@ -65,6 +75,8 @@ class Record:
             json.dumps(list(self.languages)),
             self.model_version,
             self.received,
+            self.owner,
+            int(self.moderator),
         )
 
 
@@ -105,15 +117,23 @@ class Store:
             conn = psycopg.connect(self._target, connect_timeout=10)
             ident = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
             real = "DOUBLE PRECISION"
-        _sql(
-            conn,
-            self.kind,
-            f"CREATE TABLE IF NOT EXISTS {TABLE} (id {ident}, client_token TEXT UNIQUE, "
+        create = (
+            f"CREATE TABLE IF NOT EXISTS {TABLE} (id {ident}, client_token TEXT, "
             "community_id TEXT, session_id TEXT, text TEXT NOT NULL, attribute_scores TEXT "
             f"NOT NULL, languages TEXT NOT NULL, model_version TEXT NOT NULL, received {real} "
-            "NOT NULL)",
+            "NOT NULL, owner TEXT NOT NULL DEFAULT '', moderator INTEGER NOT NULL DEFAULT 0)"
         )
-        _sql(conn, self.kind, f"CREATE INDEX IF NOT EXISTS {TABLE}_received ON {TABLE} (received)")
+        _migrate(conn, self.kind, create)
+        _sql(conn, self.kind, create)
+        for name, columns, unique in (
+            ("received", "received", ""),
+            ("token", "owner, client_token", "UNIQUE "),
+        ):
+            _sql(
+                conn,
+                self.kind,
+                f"CREATE {unique}INDEX IF NOT EXISTS {TABLE}_{name} ON {TABLE} ({columns})",
+            )
         conn.commit()
         return conn
 
@@ -137,15 +157,30 @@ class Store:
     def put(self, record: Record) -> None:
         """Keeps `record`, replacing the one of the same clientToken."""
         if record.client_token is None:
-            sql = f"INSERT INTO {TABLE} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            sql = f"INSERT INTO {TABLE} ({_COLUMNS}) {_VALUES}"
         else:
             sql = _UPSERT
         self._call(lambda conn: _sql(conn, self.kind, sql, record.row()))
 
-    def delete(self, client_token: str) -> int:
-        """Removes the suggestion of `client_token`; how many were removed (0 or 1)."""
-        sql = f"DELETE FROM {TABLE} WHERE client_token = ?"
-        return self._call(lambda conn: _sql(conn, self.kind, sql, (client_token,)).rowcount)
+    def delete(
+        self,
+        client_token: str | None = None,
+        session_id: str | None = None,
+        text: str | None = None,
+        owner: str | None = None,
+    ) -> int:
+        """Removes the suggestions of a clientToken, a sessionId or a text (exactly one of
+        them; of one key's `owner` name when given); how many were removed."""
+        given = {"client_token": client_token, "session_id": session_id, "text": text}
+        chosen = {k: v for k, v in given.items() if v is not None}
+        if len(chosen) != 1:
+            raise ValueError("delete: exactly one of client_token, session_id, text")
+        if owner is not None:
+            chosen["owner"] = owner
+        where = " AND ".join(f"{k} = ?" for k in chosen)
+        sql = f"DELETE FROM {TABLE} WHERE {where}"
+        params = tuple(chosen.values())
+        return self._call(lambda conn: _sql(conn, self.kind, sql, params).rowcount)
 
     def purge(self, days: float, now: float | None = None) -> int:
         """Drops the suggestions received more than `days` days ago; how many."""
@@ -183,7 +218,7 @@ class Store:
 
 
 def _record(row: Sequence[Any]) -> Record:
-    token, community, session, text, scores, languages, version, received = row
+    token, community, session, text, scores, languages, version, received, owner, mod = row
     return Record(
         text,
         json.loads(scores),
@@ -193,7 +228,45 @@ def _record(row: Sequence[Any]) -> Record:
         tuple(json.loads(languages)),
         version,
         float(received),
+        owner,
+        bool(mod),
     )
+
+
+def _columns(conn: Any, kind: str) -> list[str]:
+    """The columns of the feedback table ([]: there is none yet)."""
+    if kind == "sqlite":
+        return [r[1] for r in conn.execute(f"PRAGMA table_info({TABLE})").fetchall()]
+    sql = (
+        "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+        "AND table_schema = current_schema()"
+    )
+    return [r[0] for r in _sql(conn, kind, sql, (TABLE,)).fetchall()]
+
+
+def _migrate(conn: Any, kind: str, create: str) -> None:
+    """A table written before suggestions had owners (its clientToken unique across the
+    store) made again as `create` says, its suggestions kept in order, owned by '' (a server
+    without keys); in one transaction, locked, so two workers opening it at once migrate once."""
+    if "owner" in _columns(conn, kind) or not _columns(conn, kind):
+        return
+    if kind == "sqlite":
+        conn.execute("BEGIN IMMEDIATE")
+    else:
+        _sql(conn, kind, f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+    if "owner" in _columns(conn, kind):  # another worker migrated it while this one waited
+        conn.commit()
+        return
+    old = f"{TABLE}_before_owners"
+    for sql in (
+        f"ALTER TABLE {TABLE} RENAME TO {old}",
+        f"DROP INDEX IF EXISTS {TABLE}_received",
+        create,
+        f"INSERT INTO {TABLE} ({_OLD_COLUMNS}) SELECT {_OLD_COLUMNS} FROM {old} ORDER BY id",
+        f"DROP TABLE {old}",
+    ):
+        _sql(conn, kind, sql)
+    conn.commit()
 
 
 def _sql(conn: Any, kind: str, sql: str, params: Sequence[Any] = ()) -> Any:

@@ -1,10 +1,14 @@
-"""API keys with names and per-minute quotas, as `jaxtpu serve --api-keys FILE` reads them
-(framework-free).
+"""API keys with names, per-minute quotas and roles, as `jaxtpu serve --api-keys FILE` reads
+them (framework-free).
 
-A line of the file is `KEY [NAME [PER_MINUTE]]` ('#' starts a comment): a bare `KEY` is the
-key `key-N` (its line number) with no limit. Keys are found in constant time: every key is
-compared with `hmac.compare_digest`, whichever matches, so the time a request takes does not
-tell how much of a guessed key was right. `/metrics` counts by the name, never by the key.
+A line of the file is `KEY [NAME [PER_MINUTE] [moderator]]`; `#` at the start of a line or
+after a space starts a comment (a `#` inside a key is part of it: `abc#def` is one key). A bare
+`KEY` is the key `key-N` (its line number) with no limit. `moderator` marks a moderators' key:
+the decisions it suggests (`comments:suggestscore`) are the ones `jaxtpu feedback export`
+learns from by default; a key a page carries (readers can see it) should never be one. Keys are
+found in constant time: every key is compared with `hmac.compare_digest`, whichever matches, so
+the time a request takes does not tell how much of a guessed key was right. `/metrics` counts
+by the name, never by the key.
 
 A quota is Perspective's: requests per minute per key (Perspective's default was 1 QPS,
 counted per minute). It is a token bucket of `PER_MINUTE` tokens refilled continuously at
@@ -25,14 +29,18 @@ from dataclasses import dataclass
 from jaxtpu.core.errors import UserError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+_COMMENT = re.compile(r"(?:^|\s)#")  # a comment starts a line, or follows a space
+MODERATOR = "moderator"
 
 
 @dataclass(frozen=True)
 class ApiKey:
-    """A key's name (what logs and metrics show) and its limit (None: none)."""
+    """A key's name (what logs and metrics show), its limit (None: none) and whether it is a
+    moderators' key."""
 
     name: str
     per_minute: int | None = None
+    moderator: bool = False
 
 
 class KeyRing:
@@ -47,19 +55,23 @@ class KeyRing:
         """The keys of a file's `text`; `source` names it in errors.
 
         Raises:
-          UserError: a line of more than three fields, a name used twice or not of letters,
-            digits and `_.:@-`, a limit that is not a positive whole number, a key given
-            twice, or no key at all.
+          UserError: a line of more than three fields (and `moderator`), a name used twice
+            or not of letters, digits and `_.:@-`, a limit that is not a positive whole
+            number, a key given twice, or no key at all.
         """
         entries: list[tuple[str, ApiKey]] = []
         for number, line in enumerate(text.splitlines(), 1):
-            fields = line.split("#", 1)[0].split()
+            fields = _COMMENT.split(line, 1)[0].split()
             if not fields:
                 continue
             where = f"{source} line {number}"
+            moderator = len(fields) > 2 and fields[-1] == MODERATOR
+            if moderator:
+                fields = fields[:-1]
             if len(fields) > 3:
                 raise UserError(
-                    f"{where}: expected KEY [NAME [PER_MINUTE]], got {len(fields)} fields"
+                    f"{where}: expected KEY [NAME [PER_MINUTE] [moderator]], got "
+                    f"{len(fields) + moderator} fields"
                 )
             key = fields[0]
             name = fields[1] if len(fields) > 1 else f"key-{number}"
@@ -73,16 +85,18 @@ class KeyRing:
                 if not fields[2].isdigit() or int(fields[2]) < 1:
                     raise UserError(
                         f"{where}: PER_MINUTE {fields[2][:20]!r} must be a whole number >= 1 "
-                        "(requests a minute; leave it out for no limit)"
+                        "(requests a minute; leave it out for no limit) or the word moderator"
                     )
                 limit = int(fields[2])
             if any(hmac.compare_digest(key.encode(), k.encode()) for k, _ in entries):
                 raise UserError(f"{where}: this key is given twice")
             if name in (e.name for _, e in entries):
                 raise UserError(f"{where}: the name {name} is given twice")
-            entries.append((key, ApiKey(name, limit)))
+            entries.append((key, ApiKey(name, limit, moderator)))
         if not entries:
-            raise UserError(f"{source}: no key in it (one a line: KEY [NAME [PER_MINUTE]])")
+            raise UserError(
+                f"{source}: no key in it (one a line: KEY [NAME [PER_MINUTE] [moderator]])"
+            )
         return cls(entries)
 
     def find(self, key: str) -> ApiKey | None:

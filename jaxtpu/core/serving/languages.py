@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
 SURE_PROBABILITY = 0.8
 SURE_WORDS = 3
 REPORTED = 0.1  # detectedLanguages lists the languages at least this likely (at least one)

@@ -49,6 +49,8 @@ FIELDS = {
     "sessionId",
 }
 MAX_TOKEN = 512  # characters of clientToken, sessionId and communityId kept
+MAX_LANGUAGES = 10  # language tags a suggestion may keep
+MAX_LANGUAGE_TAG = 35  # characters of one (BCP-47's longest tags of use are under 35)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
@@ -188,6 +190,12 @@ def parse_suggest(body: bytes) -> SuggestRequest:
     typed(asked, list, "languages", "TYPE_STRING")
     for tag in asked:
         typed(tag, str, "languages", "TYPE_STRING")
+    if len(asked) > MAX_LANGUAGES or any(len(tag) > MAX_LANGUAGE_TAG for tag in asked):
+        raise bad(
+            f"languages: at most {MAX_LANGUAGES} language tags of at most {MAX_LANGUAGE_TAG} "
+            f"characters each (BCP-47: en, pt-BR); got {len(asked)}, the longest "
+            f"{max(map(len, asked))} characters."
+        )
     return SuggestRequest(
         text,
         scores,
