@@ -37,11 +37,15 @@ COMMANDS = {
     ),
     "feedback": (
         "jaxtpu.feedback",
-        "what serve --feedback kept of comments:suggestscore: delete one",
+        "what serve --feedback kept of comments:suggestscore: export it, or erase some",
     ),
     "archive": (
         "jaxtpu.serve.archive",
         "score files too large for one machine on Apache Beam (local, Dataflow, Flink, Spark)",
+    ),
+    "history": (
+        "jaxtpu.history",
+        "a platform's Perspective history: import it, map a run onto its scale, compare",
     ),
     "shadow": (
         "jaxtpu.shadow",
@@ -56,8 +60,9 @@ COMMANDS = {
 
 
 # the commands a slim install (`jaxtpu[serve-onnx]`: no JAX) runs; serve checks for itself,
-# since `--workdir` and `--model-dir` need JAX and `--onnx` does not (archive likewise)
-NO_JAX = ("serve", "feedback", "shadow", "launch", "torch-train", "archive")
+# since `--workdir` and `--model-dir` need JAX and `--onnx` does not (archive likewise; history
+# import needs none, fit-scale and compare check for it)
+NO_JAX = ("serve", "feedback", "shadow", "launch", "torch-train", "archive", "history")
 
 
 def usage() -> str:

@@ -22,7 +22,7 @@ from jaxtpu.core.serving.attributes import Attribute, attribute_map
 from jaxtpu.core.serving.decisions import parse_decisions, parse_since, training_rows
 from jaxtpu.core.serving.feedback import Record, Store, StoreError
 from jaxtpu.core.tasks import LABELS
-from jaxtpu.engine.scoring import read_run_config
+from jaxtpu.engine.scoring import run_attributes
 
 ACTIONS = {
     "delete": "remove the suggestion of one clientToken",
@@ -159,9 +159,8 @@ def _run_map(workdir: str | None) -> tuple[tuple[Attribute, ...], tuple[str, ...
     """The run's attributes and score columns (its config.json), or the Toxic Comment labels."""
     if workdir is None:
         return attribute_map(LABELS, False), LABELS
-    cfg, _ = read_run_config(Path(workdir))
-    columns = cfg.task.score_columns(True)
-    return attribute_map(columns, bool(cfg.task.text_pairs), cfg.output.attributes), columns
+    attributes, cfg = run_attributes(Path(workdir))
+    return attributes, cfg.task.score_columns(True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxtpu.core import hostmem
-from jaxtpu.core.data import community
+from jaxtpu.core.data import community, perspective
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.cli import parse_args
 from jaxtpu.core.flags.runspec import RunSpec
@@ -49,6 +49,7 @@ def train_and_evaluate(cfg: Config, workdir: str | Path | None = None) -> dict[s
     from jaxtpu.engine import hosts
 
     t_start = time.time()
+    cfg = perspective.resolve(cfg)  # --perspective: the file's attributes, before it is recorded
     hosts.set_cpu_device_count(cfg.placement.num_devices)
     hosts.use_compilation_cache()
     hosts.init_distributed(
@@ -114,6 +115,7 @@ def _train(
     t0 = time.time()
     # --init-from RUN: the new rows split by time, RUN's rows replayed, in files of the run dir
     read_cfg, prepared = community.prepare(cfg, store.local)
+    read_cfg = perspective.prepare(read_cfg, store.local)  # --perspective: its rows, written
     job = plan.Job.load(read_cfg, spec, store.local, len(devices), procs.primary, t_start, store)
     setup.data_s, setup.tokens_cached = time.time() - t0, job.data.info["token_cache_hit"]
     backend = build_backend(job, devices, procs, saved)

@@ -7,6 +7,10 @@ hard 0/1 labels take Platt's targets, (n+ + 1) / (n+ + 2) and 1 / (n- + 2), so a
 separable validation set cannot push a to infinity). A monotone map of each column: every
 ROC AUC is unchanged, thresholds (Perspective users' 0.7, 0.9) move to where the rates are.
 
+A column may also carry a map onto Perspective's scale (`PerspectiveScale`, fitted by
+`jaxtpu.core.data.history.scale` on a platform's history), applied after the Platt scaling: a
+score then means what Perspective's meant, so a platform's thresholds keep their meaning.
+
 One implementation for every reader: training writes `calibration.json` beside the best
 checkpoint, exports carry the same record (`jaxtpu_calibration` in an HF export's config.json,
 `calibration` in `jaxtpu_onnx.json`), and `predict`, `jaxtpu.load()` and `serve` apply it;
@@ -38,10 +42,67 @@ MIN_CLASS = 30
 
 
 @dataclass(frozen=True)
+class PerspectiveScale:
+    """A column's map onto Perspective's scale (`jaxtpu.core.data.history.scale`): the knots (`x`
+    the calibrated probability, `y` Perspective's score) of a strictly increasing piecewise
+    linear map, fitted on `rows` history comments the model did not train on, from `source`
+    (file names), of `dates` (the first and last comment's, where known), scored by
+    Perspective's `models` (where the platform kept them)."""
+
+    column: str
+    attribute: str
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+    rows: int
+    source: str = ""
+    dates: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "column": self.column,
+            "attribute": self.attribute,
+            "x": list(self.x),
+            "y": list(self.y),
+            "rows": self.rows,
+            "source": self.source,
+            "dates": list(self.dates),
+            "models": list(self.models),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PerspectiveScale:
+        out = cls(
+            str(d["column"]),
+            str(d["attribute"]),
+            tuple(float(v) for v in d["x"]),
+            tuple(float(v) for v in d["y"]),
+            int(d["rows"]),
+            str(d.get("source", "")),
+            tuple(str(v) for v in d.get("dates", ())),
+            tuple(str(v) for v in d.get("models", ())),
+        )
+        x, y = np.asarray(out.x), np.asarray(out.y)
+        if (
+            len(x) < 2
+            or len(x) != len(y)
+            or not (np.diff(x) > 0).all()
+            or not (np.isfinite(y).all() and (np.diff(y) >= 0).all() and 0 <= y[0] and y[-1] <= 1)
+        ):
+            raise ValueError(f"the scale of {out.column} is not an increasing map into [0, 1]")
+        return out
+
+
+# a mapped probability is kept inside (EPS, 1 - EPS), so its logit stays finite
+EPS = 1e-7
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Per-column Platt scaling (`scale` a, `shift` b) of a model's outputs, named
     `columns` (the task's score columns, auxiliary targets included), fitted on `rows`
-    validation rows, with each column's ECE and Brier score there before and after."""
+    validation rows, with each column's ECE and Brier score there before and after; then, for
+    the columns that have one, the map onto Perspective's scale (`perspective`)."""
 
     columns: tuple[str, ...]
     scale: tuple[float, ...]
@@ -49,20 +110,37 @@ class Calibration:
     rows: int = 0
     before: dict[str, list[float]] = field(default_factory=dict)
     after: dict[str, list[float]] = field(default_factory=dict)
+    perspective: tuple[PerspectiveScale, ...] = ()
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """The calibrated logits of (N,) or (N, C) `logits` (C = the columns fitted), float64:
-        the sigmoid of these is the calibrated probability."""
+        the sigmoid of these is the calibrated probability, on Perspective's scale for the
+        columns mapped onto it."""
         z = np.asarray(logits, np.float64)
         a, b = np.asarray(self.scale), np.asarray(self.shift)
         if z.ndim == 1 and len(a) == 1:
-            return z * a[0] + b[0]
+            return self._on_scale((z * a[0] + b[0])[:, None])[:, 0]
         if z.ndim != 2 or z.shape[1] != len(a):
             raise UserError(
                 f"calibration of {len(a)} column(s) ({', '.join(self.columns)}) given outputs "
                 f"of shape {z.shape}: a calibration of another model"
             )
-        return z * a + b
+        return self._on_scale(z * a + b)
+
+    def _on_scale(self, z: np.ndarray) -> np.ndarray:
+        if not self.perspective:
+            return z
+        z = z.copy()
+        for m in self.perspective:
+            j = self.columns.index(m.column)
+            q = np.clip(np.interp(sigmoid(z[:, j]), m.x, m.y), EPS, 1 - EPS)
+            z[:, j] = np.log(q) - np.log1p(-q)
+        return z
+
+    def with_perspective(self, scales: tuple[PerspectiveScale, ...]) -> Calibration:
+        """This calibration with `scales` in place of the maps of their columns."""
+        kept = tuple(m for m in self.perspective if m.column not in {s.column for s in scales})
+        return dataclasses.replace(self, perspective=kept + tuple(scales))
 
     def subset(self, columns: list[str] | tuple[str, ...]) -> Calibration:
         """The calibration of `columns` alone (an export of the task's outputs without its
@@ -79,9 +157,11 @@ class Calibration:
             self.rows,
             picked(self.before),
             picked(self.after),
+            tuple(m for m in self.perspective if m.column in columns),
         )
 
     def to_dict(self) -> dict[str, Any]:
+        maps = [m.to_dict() for m in self.perspective]
         return {
             "method": METHOD,
             "columns": list(self.columns),
@@ -91,6 +171,7 @@ class Calibration:
             # a column without a labelled validation row has no ECE: null in the JSON
             "before": _nulls(self.before),
             "after": _nulls(self.after),
+            **({"perspective": maps} if maps else {}),
         }
 
     @classmethod
@@ -105,7 +186,11 @@ class Calibration:
                 int(d.get("rows", 0)),
                 {k: [_float(x) for x in v] for k, v in d.get("before", {}).items()},
                 {k: [_float(x) for x in v] for k, v in d.get("after", {}).items()},
+                tuple(PerspectiveScale.from_dict(m) for m in d.get("perspective", ())),
             )
+            unknown = [m.column for m in out.perspective if m.column not in out.columns]
+            if unknown:
+                raise ValueError(f"a scale of column(s) {', '.join(unknown)}, not calibrated")
         except (KeyError, TypeError, ValueError) as e:
             raise UserError(f"{source}: not a calibration record ({e})") from None
         if not len(out.columns) == len(out.scale) == len(out.shift) or not all(
@@ -127,7 +212,12 @@ class Calibration:
                 self.columns, ece_b, ece_a, self.scale, self.shift, strict=False
             )
         ]
-        return f"Platt scaling per column on {self.rows} validation rows; ECE " + ", ".join(parts)
+        line = f"Platt scaling per column on {self.rows} validation rows; ECE " + ", ".join(parts)
+        if self.perspective:
+            line += "; on Perspective's scale: " + ", ".join(
+                f"{m.column} as {m.attribute} ({m.rows:,} comments)" for m in self.perspective
+            )
+        return line
 
 
 def _nulls(values: dict[str, list[float]]) -> dict[str, list[float | None]]:

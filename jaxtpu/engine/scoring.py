@@ -22,6 +22,11 @@ from jaxtpu.core.calibration import Calibration
 from jaxtpu.core.data import readers, tokenized
 from jaxtpu.core.data.buckets import Batcher, edge_of, fixed_edges, real_lengths
 from jaxtpu.core.data.filekinds import BY_NAME, kind_of
+from jaxtpu.core.data.history.rows import TEXT_COLUMNS as HISTORY_TEXT_COLUMNS
+from jaxtpu.core.data.perspective import FOLDER as PERSPECTIVE_FOLDER
+from jaxtpu.core.data.perspective import TRAIN as PERSPECTIVE_TRAIN
+from jaxtpu.core.data.tables import open_table
+from jaxtpu.core.data.templates import normalize_text
 from jaxtpu.core.data.tokens import encode_texts, load_tokenizer, tokenizer_fingerprint
 from jaxtpu.core.errors import DataError, UserError
 from jaxtpu.core.flags.runspec import RunSpec
@@ -37,6 +42,7 @@ from jaxtpu.core.hf.encoder import (
 )
 from jaxtpu.core.hf.statedict import read_notebook_checkpoint
 from jaxtpu.core.run import loop
+from jaxtpu.core.serving.attributes import attribute_map
 from jaxtpu.core.serving.card import digest_arrays
 from jaxtpu.core.tasks import LABELS, get_task
 from jaxtpu.engine import weights
@@ -172,6 +178,29 @@ def read_run_config(wd: Path) -> tuple[Config, dict[str, Any]]:
             f"--workdir {wd}: its config.json is not a jaxtpu run's (no 'config' section)"
         )
     return from_dict(recorded["config"]), recorded
+
+
+def run_attributes(wd: Path) -> tuple[tuple[Any, ...], Config]:
+    """The attributes a run answers (its attribute map over its score columns, auxiliary
+    targets included), and its config; the six Toxic Comment labels' when it names none."""
+    cfg, _ = read_run_config(wd)
+    columns = cfg.task.score_columns(True)
+    return attribute_map(columns, bool(cfg.task.text_pairs), cfg.output.attributes), cfg
+
+
+def training_texts(cfg: Config, wd: Path) -> tuple[set[str] | None, str]:
+    """The comments (as jaxtpu reads them: whitespace collapsed) of a run's training rows (a
+    --perspective run's WORKDIR/perspective/train.csv, else its recorded training file), and
+    the file's name; None when it is not where its path points from here."""
+    prepared = wd / PERSPECTIVE_FOLDER / PERSPECTIVE_TRAIN
+    path = str(prepared) if prepared.is_file() else cfg.data.train_csv
+    if not path or not Path(path).is_file():
+        return None, str(path)
+    table = open_table(path)
+    column = next((c for c in HISTORY_TEXT_COLUMNS if c in table.header), None)
+    if column is None:
+        return set(), str(path)
+    return {normalize_text(r.get(column) or "") for _, r in table.rows()}, str(path)
 
 
 def load_notebook(init_from: str, model_dir: str, max_len: int) -> TrainedModel:

@@ -28,6 +28,9 @@ from jaxtpu.core.flags.schema import Bounds, ScoringConfig, base_type
 from jaxtpu.core.flags.serving import (
     FeedbackDeleteFlags,
     FeedbackExportFlags,
+    HistoryCompareFlags,
+    HistoryImportFlags,
+    HistoryScaleFlags,
     ServeFlags,
     ShadowReportFlags,
 )
@@ -325,6 +328,13 @@ COMMANDS: dict[str, Command] = {
     "feedback delete": Command("jaxtpu feedback delete", FeedbackDeleteFlags),
     "feedback export": Command("jaxtpu feedback export", FeedbackExportFlags),
     "shadow report": Command("jaxtpu shadow report", ShadowReportFlags),
+    "history import": Command("jaxtpu history import", HistoryImportFlags),
+    "history fit-scale": Command(
+        "jaxtpu history fit-scale", HistoryScaleFlags, ("num_devices", "batch_size")
+    ),
+    "history compare": Command(
+        "jaxtpu history compare", HistoryCompareFlags, ("num_devices", "batch_size")
+    ),
 }
 
 

@@ -697,6 +697,19 @@ class TrainConfig:
         "auxiliary targets.",
         bounds=Bounds(0, _INF),
     )
+    perspective: bool = _f(
+        False,
+        "Learn Perspective's scores: each column of the training file named exactly as a "
+        "Perspective attribute (TOXICITY, SEVERE_TOXICITY, IDENTITY_ATTACK, INSULT, PROFANITY, "
+        "THREAT, SEXUALLY_EXPLICIT, FLIRTATION; jaxtpu history import writes them) is learnt as "
+        "a soft target (blank = not scored) beside the task's labels, and the model answers it "
+        "under Perspective's name (sets --aux-columns and --attributes). A row without a toxic "
+        "label takes its TOXICITY score as one (a share of raters, as Unintended Bias's "
+        "target); a row with neither is left out. The rows read are written to "
+        "WORKDIR/perspective/ (train.csv, valid.csv): history fit-scale reads them. "
+        "One-comment tasks: --task toxicity (the default) for a history of Perspective's "
+        "scores alone, multilabel where the file has Jigsaw's sub-labels too.",
+    )
     all_folds: bool = _f(
         False,
         "Train every fold (--n-folds K, or the values of --fold-column) into --workdir/fold-K "

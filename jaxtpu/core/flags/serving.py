@@ -272,3 +272,72 @@ class ShadowReportFlags:
     )
     key: str | None = _c(None, "An API key of the server's (sent as X-Goog-Api-Key).")
     json: bool = _c(False, "Print the server's record as JSON instead of a table.")
+
+
+@dataclass(frozen=True)
+class HistoryImportFlags:
+    comments: str | None = _c(
+        None,
+        "Coral Talk's comments collection, exported: mongoexport's JSON lines (or --jsonArray) in "
+        "Extended JSON, relaxed or canonical, or mongodump's comments.bson. Each comment's "
+        "latest revision: its text (HTML to text), Perspective's score and model.",
+        required=True,
+        one_of="source",
+    )
+    table: str | None = _c(
+        None,
+        "A CSV, JSON Lines or Parquet file with a text column (comment_text, text, comment, "
+        "body or content) and Perspective's scores as columns named by attribute (TOXICITY, "
+        "SEVERE_TOXICITY, ..., in any case); optional id, decision (1/0), community, time.",
+        required=True,
+        one_of="source",
+    )
+    actions: str | None = _c(
+        None,
+        "With --comments: Coral's commentModerationActions collection, exported the same way; a "
+        "comment's decision is the latest moderator's action on its latest revision (REJECTED 1, "
+        "APPROVED 0; the system's actions and other statuses none).",
+    )
+    out: str | None = _c(
+        None,
+        "The history file to write (CSV): id, comment_text, a column per Perspective attribute "
+        "the history holds, perspective_model, decision, community, time. Written whole or not "
+        "at all.",
+        required=True,
+    )
+    feedback: str | None = _c(
+        None,
+        "Also keep the moderators' decisions in this feedback store (jaxtpu serve --feedback: "
+        "SQLite PATH or postgresql://...), as Coral's suggestions would have been (owner "
+        "history-import, a moderator), so jaxtpu feedback export and the community loop read "
+        "them.",
+    )
+    overwrite: bool = _c(False, "Replace an existing --out.")
+
+
+@dataclass(frozen=True)
+class HistoryScaleFlags:
+    workdir: str | None = _c(None, "The run whose scores are mapped.", required=True)
+    history: str | None = _c(
+        None,
+        "History files (jaxtpu history import's, or any table with a text column and "
+        "Perspective attribute columns), comma-separated. Comments of the run's own training "
+        "file are left out: the map is fitted on comments the model did not train on.",
+        required=True,
+    )
+
+
+@dataclass(frozen=True)
+class HistoryCompareFlags:
+    workdir: str | None = _c(None, "The run to compare with Perspective.", required=True)
+    history: str | None = _c(
+        None,
+        "History files whose comments are scored, comma-separated (as for fit-scale).",
+        required=True,
+    )
+    raw: bool = _c(
+        False,
+        "Compare the model's raw probabilities (no calibration, no map onto Perspective's "
+        "scale), as a run served with --no-calibration answers.",
+    )
+    report: str | None = _c(None, "Also write the comparison as JSON to this file.")

@@ -154,10 +154,28 @@ def build(
         "validation": validation_summary(metrics, cfg.task.label_columns),
         "training_files": files,
         "calibration": calibration,
+        "perspective_scale": perspective_scale(attributes, calibration),
         "parts": parts,
         "config": json.loads(json.dumps(dict(config), default=str)),
     }
     return version, card
+
+
+NO_SCALE = "no history: jaxtpu's own scale (the calibrated probability of the label)"
+
+
+def perspective_scale(
+    attributes: list[dict[str, str]], calibration: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Per attribute, whether its scores are on Perspective's scale: the map's record (fitted
+    on how many comments, from which source, of which dates, by which Perspective models), or
+    `NO_SCALE`."""
+    maps = {m["column"]: m for m in (calibration or {}).get("perspective", [])}
+    out: dict[str, Any] = {}
+    for a in attributes:
+        m = maps.get(a["column"])
+        out[a["name"]] = {k: m[k] for k in ("rows", "source", "dates", "models")} if m else NO_SCALE
+    return out
 
 
 CARD_FILE = "model_card.json"  # the card an export carries

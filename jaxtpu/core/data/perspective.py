@@ -1,0 +1,154 @@
+"""`jaxtpu train --perspective`: a run that learns Perspective's scores from a platform's
+history (framework-free).
+
+`resolve` (once, before the run directory records the config): every column of the training
+file named exactly as a Perspective attribute (upper case, as `jaxtpu history import` writes
+them; Jigsaw's own lower-case `insult` or `threat` are its labels, not Perspective's scores)
+becomes an auxiliary target (`--aux-columns`: a soft target, blank = not scored), answered
+under its own name (`--attributes`); the task's label columns keep their Perspective names
+where no learnt column takes them (a multilabel run's `obscene` is PROFANITY unless the file
+has PROFANITY).
+
+`prepare` (before the data are read): the rows the run reads, written into WORKDIR/perspective/
+so the ordinary data path reads them unchanged. A row without a `toxic` label takes its
+TOXICITY score as one (Perspective's score is the share of raters who would call the comment
+toxic, as Unintended Bias's `target` is), a row with neither is left out (counted); without
+--valid-csv a seeded random --valid-fraction of the rows validates. `train.csv` and `valid.csv`
+say what the run trained on and what it did not: `jaxtpu history fit-scale` fits
+Perspective's scale on the latter.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.core import files
+from jaxtpu.core.data.history.rows import ATTRIBUTES
+from jaxtpu.core.data.tables import open_table
+from jaxtpu.core.errors import ConfigError, DataError, UserError
+from jaxtpu.core.flags.schema import Config
+from jaxtpu.core.serving.attributes import DEFAULT_ATTRIBUTES
+
+log = logging.getLogger(__name__)
+
+FOLDER = "perspective"  # in the run's directory
+TRAIN, VALID = "train.csv", "valid.csv"
+
+
+def learnt_columns(header: list[str]) -> list[str]:
+    """The columns of `header` that hold Perspective's scores, in Perspective's order."""
+    return [a for a in ATTRIBUTES if a in header]
+
+
+def resolve(cfg: Config) -> Config:
+    """`cfg` with --aux-columns and --attributes taken from the training file when
+    --perspective is on; as it is otherwise, or when they were taken already.
+
+    Raises:
+      ConfigError: a task that does not score one comment, a split or a start it does not go
+        with, --aux-columns naming other columns, or a training file without a Perspective
+        attribute column or without a toxic label or TOXICITY.
+    """
+    if not cfg.train.perspective:
+        return cfg
+    task, d = cfg.task, cfg.data
+    if task.comments_per_example != 1 or task.text_pairs:
+        raise ConfigError(f"--perspective: the {task.name} task does not score one comment")
+    given = {"--init-from": cfg.model.init_from, "--n-folds": d.n_folds,
+             "--fold-column": d.fold_column, "--time-column": d.time_column}  # fmt: skip
+    for flag, value in given.items():
+        if value:
+            raise ConfigError(f"--perspective does not go with {flag} (a random split only)")
+    if not d.train_csv or d.train_csv == "sample":
+        raise ConfigError("--perspective learns the Perspective columns of --train-csv: give one")
+    try:
+        header = open_table(d.train_csv).header
+    except UserError as e:
+        raise ConfigError(f"--perspective: {e}") from None
+    learnt = learnt_columns(header)
+    if not learnt:
+        raise ConfigError(
+            f"--perspective: {d.train_csv} has no column named by a Perspective attribute "
+            f"({', '.join(ATTRIBUTES)}); write one with jaxtpu history import"
+        )
+    if "toxic" not in header and "TOXICITY" not in learnt:
+        raise ConfigError(
+            f"--perspective: {d.train_csv} has neither a toxic label nor Perspective's "
+            "TOXICITY, which stands in for it"
+        )
+    aux = ",".join(learnt)
+    if cfg.train.aux_columns and cfg.train.aux_columns != aux:
+        raise ConfigError(
+            f"--perspective learns {aux} (the file's Perspective columns); not with "
+            f"--aux-columns {cfg.train.aux_columns}"
+        )
+    served = [f"{c}={c}" for c in learnt] + [
+        f"{c}={DEFAULT_ATTRIBUTES[c]}"
+        for c in cfg.task.label_columns
+        if c in DEFAULT_ATTRIBUTES and DEFAULT_ATTRIBUTES[c] not in learnt
+    ]
+    return cfg.replace(aux_columns=aux, attributes=cfg.output.attributes or ",".join(served))
+
+
+def prepare(cfg: Config, workdir: str | Path) -> Config:
+    """`cfg` reading the rows written to WORKDIR/perspective/ when --perspective is on; as it
+    is otherwise.
+
+    Raises:
+      DataError: a file that cannot be read, a label or score cell that is no number, or too
+        few rows to hold some out.
+    """
+    if not cfg.train.perspective:
+        return cfg
+    d = cfg.data
+    out = Path(workdir) / FOLDER
+    header, rows, left = _rows(d.train_csv)
+    if d.valid_csv:
+        valid_header, valid, valid_left = _rows(d.valid_csv)
+        _write(out / VALID, valid_header, valid)
+        train = rows
+        left += valid_left
+    else:
+        n = len(rows)
+        k = min(max(1, round(d.valid_fraction * n)), n - 1) if n > 1 else 0
+        if k == 0:
+            raise DataError(f"{d.train_csv}: {n} row(s) to learn from: too few to validate on")
+        order = np.random.default_rng([cfg.train.seed, 23]).permutation(n)
+        held = set(order[n - k :].tolist())
+        train = [r for i, r in enumerate(rows) if i not in held]
+        _write(out / VALID, header, [r for i, r in enumerate(rows) if i in held])
+    _write(out / TRAIN, header, train)
+    if left:
+        log.warning(
+            "--perspective: %d row(s) without a toxic label or a TOXICITY score left out", left
+        )
+    return cfg.replace(train_csv=str(out / TRAIN), valid_csv=str(out / VALID))
+
+
+def _rows(path: Any) -> tuple[list[str], list[dict[str, str]], int]:
+    """A file's header (with `toxic`) and its rows, `toxic` taken from TOXICITY where blank;
+    the rows with neither, counted."""
+    table = open_table(path)
+    header = table.header if "toxic" in table.header else [*table.header, "toxic"]
+    rows, left = [], 0
+    for _, row in table.rows():
+        if not (row.get("toxic") or "").strip():
+            score = (row.get("TOXICITY") or "").strip()
+            if not score:
+                left += 1
+                continue
+            row = {**row, "toxic": score}
+        rows.append(row)
+    return header, rows, left
+
+
+def _write(path: Path, header: list[str], rows: list[dict[str, str]]) -> None:
+    with files.atomic_write(path, newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, header, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)

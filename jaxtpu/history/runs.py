@@ -1,0 +1,118 @@
+"""`jaxtpu history fit-scale` and `compare`'s work: a run against a platform's Perspective
+history: its scores of the history's comments it did not train on, the maps of its
+attributes onto Perspective's scale, and the comparison a platform reads before switching."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxtpu.api import load
+from jaxtpu.core import calibration
+from jaxtpu.core.data.history import scale
+from jaxtpu.core.data.history.rows import History
+from jaxtpu.core.errors import UserError
+from jaxtpu.core.versions import jax_needed
+from jaxtpu.engine.scoring import run_attributes, training_texts
+
+
+def scored(
+    workdir: str, history: History, num_devices: int, batch_size: int
+) -> tuple[tuple[str, ...], np.ndarray, list[Any]]:
+    """The run's score columns, its raw outputs (N, columns) on the history's comments and its
+    attributes; the comments of the run's training rows left out of `history` first (said)."""
+    problem = jax_needed("jaxtpu history fit-scale and compare")
+    if problem:
+        raise UserError(problem)
+    attributes, cfg = run_attributes(Path(workdir))
+    trained_on, where = training_texts(cfg, Path(workdir))
+    if trained_on is None:
+        print(f"note: the run's training file ({where}) is not here: comments it trained on "
+              "cannot be told apart", file=sys.stderr)  # fmt: skip
+    else:
+        before = len(history.rows)
+        history.rows = [r for r in history.rows if r.text not in trained_on]
+        if len(history.rows) < before:
+            print(f"left out: {before - len(history.rows):,} comment(s) of the run's training "
+                  f"rows ({where})", file=sys.stderr)  # fmt: skip
+    if not history.rows:
+        raise UserError(f"--history {history.source}: every comment is one the run trained on")
+    model = load(workdir, num_devices or None, batch_size, calibrated=False)
+    t0 = time.perf_counter()
+    print(f"scoring {len(history.rows):,} comments with {workdir} ...", file=sys.stderr)
+    logits = np.asarray(model.logits([r.text for r in history.rows]), np.float64)
+    print(f"scored in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    columns = tuple(model.task.score_columns(True))
+    return columns, logits.reshape(len(history.rows), -1), list(attributes)
+
+
+def perspective_scores(history: History) -> dict[str, np.ndarray]:
+    """Perspective's score of each comment per attribute the history holds (NaN: unscored)."""
+    return {
+        a: np.array([r.scores.get(a, np.nan) for r in history.rows]) for a in history.attributes
+    }
+
+
+def fit_scales(
+    workdir: str, history: History, num_devices: int, batch_size: int
+) -> tuple[calibration.Calibration, list[str]]:
+    """The run's calibration with each attribute the history scores mapped onto Perspective's
+    scale (fitted on the Platt-calibrated probability), and a line per attribute saying what
+    was done."""
+    columns, logits, attributes = scored(workdir, history, num_devices, batch_size)
+    cal = calibration.read(workdir) or calibration.Calibration(
+        columns, (1.0,) * len(columns), (0.0,) * len(columns)
+    )
+    platt = calibration.Calibration(cal.columns, cal.scale, cal.shift).apply(logits)
+    p = calibration.sigmoid(platt).reshape(len(logits), -1)
+    theirs = perspective_scores(history)
+    times = sorted(r.time for r in history.rows if r.time)
+    models = tuple(sorted({r.model for r in history.rows if r.model}))
+    scales, lines = [], []
+    for a in attributes:
+        if a.name not in theirs:
+            lines.append(f"{a.name}: no history of it; left on jaxtpu's own scale")
+            continue
+        try:
+            x, y = scale.fit(p[:, columns.index(a.column)], theirs[a.name])
+        except ValueError as e:
+            lines.append(f"{a.name}: left on jaxtpu's own scale ({e}; at least {scale.MIN_ROWS})")
+            continue
+        n = int(np.isfinite(theirs[a.name]).sum())
+        dates = (times[0], times[-1]) if times else ()
+        scales.append(calibration.PerspectiveScale(
+            a.column, a.name, tuple(x), tuple(y), n, history.source, dates, models))  # fmt: skip
+        lines.append(
+            f"{a.name}: mapped onto Perspective's scale on {n:,} comments ({len(x)} knots)"
+        )
+    if not scales:
+        raise UserError(f"--history {history.source}: no attribute of the run to map")
+    return cal.with_perspective(tuple(scales)), lines
+
+
+def compare_run(
+    workdir: str, history: History, raw: bool, num_devices: int, batch_size: int
+) -> tuple[dict[str, Any], str]:
+    """Perspective's scores against the run's (calibrated and on Perspective's scale where
+    mapped, or `raw`), per attribute (`scale.compare`), and how the run scored."""
+    columns, logits, attributes = scored(workdir, history, num_devices, batch_size)
+    cal = None if raw else calibration.read(workdir)
+    z = logits if cal is None else cal.apply(logits).reshape(len(logits), -1)
+    probs = calibration.sigmoid(z)
+    ours = {a.name: probs[:, columns.index(a.column)] for a in attributes}
+    report = scale.compare(perspective_scores(history), ours)
+    if not report:
+        raise UserError(
+            f"--history {history.source}: none of its attributes "
+            f"({', '.join(history.attributes)}) is one the run answers"
+        )
+    if cal is None:
+        return report, "raw"
+    mapped = [m.attribute for m in cal.perspective]
+    return report, "calibrated" + (
+        f", on Perspective's scale: {', '.join(mapped)}" if mapped else ""
+    )
