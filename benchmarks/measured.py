@@ -59,6 +59,7 @@ KINDS = {
     "preflight": "benchmarks.preflight_sweep:table",
     "community": "benchmarks.community:table",
     "languages": "benchmarks.languages:table",
+    "perspective_scale": "benchmarks.perspective_scale:table",
     "archive": "benchmarks.archive:table",
 }
 # kinds whose figures are estimates (a cost model of a program compiled for hardware that is

@@ -13,9 +13,9 @@ has PROFANITY).
 so the ordinary data path reads them unchanged. A row without a `toxic` label takes its
 TOXICITY score as one (Perspective's score is the share of raters who would call the comment
 toxic, as Unintended Bias's `target` is), a row with neither is left out (counted); without
---valid-csv a seeded random --valid-fraction of the rows validates. `train.csv` and `valid.csv`
-say what the run trained on and what it did not: `jaxtpu history fit-scale` fits
-Perspective's scale on the latter.
+--valid-csv a seeded random --valid-fraction of each class (toxic at 0.5) validates.
+`train.csv` and `valid.csv` say what the run trained on and what it did not: `jaxtpu history
+fit-scale` fits Perspective's scale on the latter.
 """
 
 from __future__ import annotations
@@ -114,12 +114,7 @@ def prepare(cfg: Config, workdir: str | Path) -> Config:
         train = rows
         left += valid_left
     else:
-        n = len(rows)
-        k = min(max(1, round(d.valid_fraction * n)), n - 1) if n > 1 else 0
-        if k == 0:
-            raise DataError(f"{d.train_csv}: {n} row(s) to learn from: too few to validate on")
-        order = np.random.default_rng([cfg.train.seed, 23]).permutation(n)
-        held = set(order[n - k :].tolist())
+        held = _held_out(rows, d.valid_fraction, cfg.train.seed, d.train_csv)
         train = [r for i, r in enumerate(rows) if i not in held]
         _write(out / VALID, header, [r for i, r in enumerate(rows) if i in held])
     _write(out / TRAIN, header, train)
@@ -128,6 +123,23 @@ def prepare(cfg: Config, workdir: str | Path) -> Config:
             "--perspective: %d row(s) without a toxic label or a TOXICITY score left out", left
         )
     return cfg.replace(train_csv=str(out / TRAIN), valid_csv=str(out / VALID))
+
+
+def _held_out(rows: list[dict[str, str]], fraction: float, seed: int, path: Any) -> set[int]:
+    """A seeded `fraction` of each class of `toxic` (at 0.5), so the validation rows hold both
+    whenever the file does."""
+    if len(rows) < 2:
+        raise DataError(f"{path}: {len(rows)} row(s) to learn from: too few to validate on")
+    rng = np.random.default_rng([seed, 23])
+    positive = np.array([float(r["toxic"]) >= 0.5 for r in rows])
+    held: set[int] = set()
+    for side in (True, False):
+        where = np.flatnonzero(positive == side)
+        if len(where) == 0:
+            continue
+        k = min(max(1, round(fraction * len(where))), len(where) - (len(where) > 1))
+        held.update(rng.permutation(where)[:k].tolist())
+    return held
 
 
 def _rows(path: Any) -> tuple[list[str], list[dict[str, str]], int]:
