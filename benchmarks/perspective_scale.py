@@ -14,15 +14,16 @@ they come, TOXICITY about 2019, and a human `toxic` label) and `perspective_scor
 
 - (a) `jigsaw`: a multilabel MiniLM trained 1 epoch on `../shared/data/jigsaw_toxic_dev.csv`
   (`--jigsaw-run` reuses one), its calibrated scores; the same model for every fold;
-- (b) `jigsaw+map`: (a)'s scores through the map `jaxtpu history fit-scale` fits
-  (`jaxtpu.core.data.history.scale.fit`), fitted on the other folds' comments;
-- (c) `learnt+map`: `jaxtpu train --preset minilm --perspective --epochs 1` on the other folds
-  (25% of them held out as its validation rows), its scores through a map fitted on those
-  held-out rows (`history fit-scale` on the run does the same);
+- (b) `jigsaw+quantile`, `jigsaw+isotonic`: (a)'s scores through the map `jaxtpu history
+  fit-scale --method` fits (`jaxtpu.core.data.history.scale.fit`), fitted on the other folds'
+  comments;
+- (c) `learnt+quantile`, `learnt+isotonic`: `jaxtpu train --preset minilm --perspective
+  --epochs 1` on the other folds (25% of them held out as its validation rows), its scores
+  through a map fitted on those held-out rows (`history fit-scale` on the run does the same);
 
 every way scoring fold F's comments. Then (d) `wikipedia->rtp`: (c) trained on the Wikipedia
-file alone, mapped on its own held-out rows, scoring the sentences file: comments of another
-kind, from another year and model of Perspective's. The table gives, per way, file and
+file alone, mapped (quantile) on its own held-out rows, scoring the sentences file: comments
+of another kind, from another year and model of Perspective's. The table gives, per way, file and
 attribute, the rank correlation with Perspective, the mean difference, and at 0.8 and 0.9
 (strictly above, as Coral compares) how many comments each flags, both, and the F1; the goals
 (issue 94) are in its caption.
@@ -117,14 +118,19 @@ def perspective(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 
 def mapped(
-    fit_p: dict[str, np.ndarray], fit_rows: list[dict[str, Any]], p: dict[str, np.ndarray]
+    fit_p: dict[str, np.ndarray],
+    fit_rows: list[dict[str, Any]],
+    p: dict[str, np.ndarray],
+    method: str,
 ) -> dict[str, np.ndarray]:
-    """`p` through each attribute's map fitted on (`fit_p`, Perspective's of `fit_rows`)."""
+    """`p` through each attribute's map (`method`) fitted on (`fit_p`, Perspective's scores of
+    `fit_rows`)."""
     theirs = perspective(fit_rows)
     out = {}
     for name, values in p.items():
         try:
-            xs, ys = scale.fit(fit_p[name], theirs.get(name, np.full(len(fit_rows), np.nan)))
+            known = theirs.get(name, np.full(len(fit_rows), np.nan))
+            xs, ys = scale.fit(fit_p[name], known, method)
         except ValueError:
             out[name] = values  # no history of it: its own scale
             continue
@@ -155,29 +161,28 @@ def run(
             jig, preset, "--task", "multilabel", "--train-csv", str(data / JIGSAW)
         )
     a = platt_scores(jig, texts)
-    scores: dict[str, dict[str, np.ndarray]] = {
-        w: {n: np.full(len(rows), np.nan) for n in ATTRIBUTES}
-        for w in ("jigsaw", "jigsaw+map", "learnt+map")
-    }
+    ways = ["jigsaw"] + [f"{w}+{m}" for w in ("jigsaw", "learnt") for m in scale.METHODS]
+    scores = {w: {n: np.full(len(rows), np.nan) for n in ATTRIBUTES} for w in ways}
     for f in range(folds):
         test, rest = np.flatnonzero(fold_of == f), np.flatnonzero(fold_of != f)
         rest_rows = [rows[i] for i in rest]
-        b = mapped(
-            {n: v[rest] for n, v in a.items()}, rest_rows, {n: v[test] for n, v in a.items()}
-        )
+        got = {"jigsaw": {n: v[test] for n, v in a.items()}}
+        for m in scale.METHODS:
+            fit_a = {n: v[rest] for n, v in a.items()}
+            got[f"jigsaw+{m}"] = mapped(fit_a, rest_rows, got["jigsaw"], m)
         wd = out / f"fold{f}"
         training = write_training(wd.with_suffix(".csv"), rest_rows)
         walls[f"fold{f}"] = train(
             wd, preset, "--perspective", "--valid-fraction", "0.25", "--train-csv", str(training)
         )
-        fit_texts = held_out(wd)
         by_text = {r["text"]: r for r in rest_rows}
-        fit_rows = [by_text[t] for t in fit_texts if t in by_text]
+        fit_rows = [by_text[t] for t in held_out(wd) if t in by_text]
         c_fit = platt_scores(wd, [r["text"] for r in fit_rows])
-        c = mapped(c_fit, fit_rows, platt_scores(wd, [texts[i] for i in test]))
-        for way, got in (("jigsaw", {n: v[test] for n, v in a.items()}), ("jigsaw+map", b),
-                         ("learnt+map", c)):  # fmt: skip
-            for n, v in got.items():
+        c = platt_scores(wd, [texts[i] for i in test])
+        for m in scale.METHODS:
+            got[f"learnt+{m}"] = mapped(c_fit, fit_rows, c, m)
+        for way, values in got.items():
+            for n, v in values.items():
                 if n in scores[way]:
                     scores[way][n][test] = v
     results = []
@@ -206,9 +211,10 @@ def cross_kind(
     )
     by_text = {r["text"]: r for r in wiki}
     fit_rows = [by_text[t] for t in held_out(wd) if t in by_text]
-    got = mapped(platt_scores(wd, [r["text"] for r in fit_rows]), fit_rows,
-                 platt_scores(wd, [r["text"] for r in rtp]))  # fmt: skip
-    return {"way": "wikipedia->rtp", "file": "rtp", "report": scale.compare(perspective(rtp), got)}
+    fit_p = platt_scores(wd, [r["text"] for r in fit_rows])
+    got = mapped(fit_p, fit_rows, platt_scores(wd, [r["text"] for r in rtp]), "quantile")
+    report = scale.compare(perspective(rtp), got)
+    return {"way": "wikipedia->rtp (quantile)", "file": "rtp", "report": report}
 
 
 def table(report: dict[str, Any]) -> str:

@@ -69,10 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_output(args)
         model = load_trained(args.workdir)
         spec_task = model.spec.task
-        outputs = [*spec_task.label_columns, *(spec_task.aux_columns if args.all_outputs else ())]
+        # a --perspective run answers its learnt attributes from its auxiliary outputs
+        every = args.all_outputs or model.cfg.train.perspective
+        outputs = [*spec_task.label_columns, *(spec_task.aux_columns if every else ())]
         params = model.params
         layout = head_layout(model.spec.encoder.model_type, model.spec.head)
-        if spec_task.aux_columns and not args.all_outputs:
+        if spec_task.aux_columns and not every:
             params = exports.task_head(params, spec_task.main_outputs, layout.output)
         lora = model.spec.lora
         if args.merge and not lora:

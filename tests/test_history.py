@@ -198,17 +198,24 @@ def test_the_scale_is_strictly_increasing_and_moves_thresholds_not_ranks():
     rng = np.random.default_rng(1)
     theirs = rng.beta(0.5, 2, 3000)
     p = 0.6 * np.sqrt(theirs) + rng.normal(0, 0.02, 3000)  # never above 0.8
-    xs, ys = scale.fit(p, theirs)
-    assert (np.diff(xs) > 0).all() and (np.diff(ys) > 0).all() and ys[0] >= 0 and ys[-1] <= 1
-    mapped = scale.apply(p, xs, ys)
     before = scale.compare({"T": theirs}, {"T": p})["T"]
-    after = scale.compare({"T": theirs}, {"T": mapped})["T"]
-    assert after["rank_correlation"] == pytest.approx(before["rank_correlation"], abs=1e-12)
     assert before["above"]["0.8"]["jaxtpu"] == 0 < before["above"]["0.8"]["perspective"]
-    ratio = after["above"]["0.8"]["jaxtpu"] / after["above"]["0.8"]["perspective"]
-    assert 0.75 < ratio < 1.25 and after["above"]["0.8"]["f1"] > 0.7
+    ratios = {}
+    for method in scale.METHODS:
+        xs, ys = scale.fit(p, theirs, method)
+        assert (np.diff(xs) > 0).all() and (np.diff(ys) > 0).all() and ys[0] >= 0 and ys[-1] <= 1
+        after = scale.compare({"T": theirs}, {"T": scale.apply(p, xs, ys)})["T"]
+        assert after["rank_correlation"] == pytest.approx(before["rank_correlation"], abs=1e-12)
+        ratios[method] = {t: after["above"][t]["jaxtpu"] / after["above"][t]["perspective"]
+                          for t in ("0.8", "0.9")}  # fmt: skip
+        assert 0.75 < ratios[method]["0.8"] < 1.25 and after["above"]["0.8"]["f1"] > 0.7
+    # the quantile map passes as many comments as Perspective did; the isotonic map's mean
+    # regresses to the middle, fewer
+    assert abs(ratios["quantile"]["0.9"] - 1) < abs(ratios["isotonic"]["0.9"] - 1)
     with pytest.raises(ValueError):
         scale.fit(p[:10], theirs[:10])
+    with pytest.raises(ValueError, match="one of quantile, isotonic"):
+        scale.fit(p, theirs, "linear")
 
 
 def test_compare_counts_strictly_above_each_threshold_and_the_f1():
@@ -374,3 +381,11 @@ def test_a_run_learns_perspectives_scores_answers_them_and_is_mapped_on_held_out
     printed = capsys.readouterr()
     assert "left out: 90 comment(s) of the run's training rows" in printed.err
     assert "TOXICITY: mapped onto Perspective's scale on 60 comments" in printed.out
+    from jaxtpu.export import main as export_main
+
+    assert export_main(["--workdir", str(run), "--out", str(tmp_path / "hf")]) == 0
+    head = json.loads((tmp_path / "hf" / "jaxtpu_head.json").read_text())
+    assert "FLIRTATION" in json.dumps(head)  # the learnt attributes are exported, unasked
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    scales = config[calibration.CONFIG_KEY]["perspective"]
+    assert [m["attribute"] for m in scales] == ["TOXICITY", "INSULT", "FLIRTATION"]  # with it

@@ -44,8 +44,8 @@ MIN_CLASS = 30
 @dataclass(frozen=True)
 class PerspectiveScale:
     """A column's map onto Perspective's scale (`jaxtpu.core.data.history.scale`): the knots (`x`
-    the calibrated probability, `y` Perspective's score) of a strictly increasing piecewise
-    linear map, fitted on `rows` history comments the model did not train on, from `source`
+    the calibrated probability, `y` Perspective's score) of an increasing piecewise linear map,
+    fitted by `method` on `rows` history comments the model did not train on, from `source`
     (file names), of `dates` (the first and last comment's, where known), scored by
     Perspective's `models` (where the platform kept them)."""
 
@@ -57,11 +57,13 @@ class PerspectiveScale:
     source: str = ""
     dates: tuple[str, ...] = ()
     models: tuple[str, ...] = ()
+    method: str = "quantile"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "column": self.column,
             "attribute": self.attribute,
+            "method": self.method,
             "x": list(self.x),
             "y": list(self.y),
             "rows": self.rows,
@@ -81,6 +83,7 @@ class PerspectiveScale:
             str(d.get("source", "")),
             tuple(str(v) for v in d.get("dates", ())),
             tuple(str(v) for v in d.get("models", ())),
+            str(d.get("method", "quantile")),
         )
         x, y = np.asarray(out.x), np.asarray(out.y)
         if (

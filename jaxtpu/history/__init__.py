@@ -88,10 +88,10 @@ def import_(argv: Sequence[str]) -> int:
 def fit_scale(argv: Sequence[str]) -> int:
     parser = command_parser(
         "history fit-scale",
-        "Map a run's scores onto Perspective's scale, per attribute the history holds: an "
-        "isotonic regression of Perspective's logged score on the run's calibrated probability, "
-        "made strictly increasing (every ranking and AUC unchanged), fitted on history comments "
-        "the run did not train on, and kept in the run's calibration.json: serve, predict, "
+        "Map a run's scores onto Perspective's scale, per attribute the history holds: a "
+        "monotone map of the run's calibrated probability onto Perspective's logged score "
+        "(--method; every ranking and AUC unchanged), fitted on history comments the run did "
+        "not train on, and kept in the run's calibration.json: serve, predict, "
         "jaxtpu.load() and exports made after it answer on Perspective's scale "
         "(--no-calibration: the raw probability).",
         epilog="Example: jaxtpu history fit-scale --workdir runs/a --history history.csv",
@@ -100,7 +100,9 @@ def fit_scale(argv: Sequence[str]) -> int:
     with user_errors():
         check_command_flags("history fit-scale", args)
         history = read_histories(args.history.split(","))
-        cal, lines = fit_scales(args.workdir, history, args.num_devices, args.batch_size)
+        cal, lines = fit_scales(
+            args.workdir, history, args.method, args.num_devices, args.batch_size
+        )
         print("\n".join(lines))
         calibration.write(args.workdir, cal)
         print(f"kept in {Path(args.workdir) / calibration.FILE}; the run's version changes with it")

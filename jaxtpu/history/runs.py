@@ -58,11 +58,11 @@ def perspective_scores(history: History) -> dict[str, np.ndarray]:
 
 
 def fit_scales(
-    workdir: str, history: History, num_devices: int, batch_size: int
+    workdir: str, history: History, method: str, num_devices: int, batch_size: int
 ) -> tuple[calibration.Calibration, list[str]]:
     """The run's calibration with each attribute the history scores mapped onto Perspective's
-    scale (fitted on the Platt-calibrated probability), and a line per attribute saying what
-    was done."""
+    scale by `method` (`scale.METHODS`, fitted on the Platt-calibrated probability), and a line
+    per attribute saying what was done."""
     columns, logits, attributes = scored(workdir, history, num_devices, batch_size)
     cal = calibration.read(workdir) or calibration.Calibration(
         columns, (1.0,) * len(columns), (0.0,) * len(columns)
@@ -78,14 +78,15 @@ def fit_scales(
             lines.append(f"{a.name}: no history of it; left on jaxtpu's own scale")
             continue
         try:
-            x, y = scale.fit(p[:, columns.index(a.column)], theirs[a.name])
+            x, y = scale.fit(p[:, columns.index(a.column)], theirs[a.name], method)
         except ValueError as e:
             lines.append(f"{a.name}: left on jaxtpu's own scale ({e}; at least {scale.MIN_ROWS})")
             continue
         n = int(np.isfinite(theirs[a.name]).sum())
         dates = (times[0], times[-1]) if times else ()
         scales.append(calibration.PerspectiveScale(
-            a.column, a.name, tuple(x), tuple(y), n, history.source, dates, models))  # fmt: skip
+            a.column, a.name, tuple(x), tuple(y), n, history.source, dates, models,
+            method))  # fmt: skip
         lines.append(
             f"{a.name}: mapped onto Perspective's scale on {n:,} comments ({len(x)} knots)"
         )

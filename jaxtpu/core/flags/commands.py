@@ -189,7 +189,7 @@ class ExportFlags:
         False,
         "A run trained with --aux-columns: keep the head's auxiliary outputs (listed in "
         "jaxtpu_head.json) after the task's own; without it the head is the task's alone, what "
-        "a run without them has.",
+        "a run without them has. A --perspective run keeps them always (its learnt attributes).",
     )
 
 

@@ -325,6 +325,15 @@ class HistoryScaleFlags:
         "file are left out: the map is fitted on comments the model did not train on.",
         required=True,
     )
+    method: str = _c(
+        "quantile",
+        "quantile: the run's score at each quantile of its scores goes to Perspective's at the "
+        "same quantile, so as many comments pass each threshold as passed Perspective's (what "
+        "keeps a platform's thresholds); isotonic: isotonic regression, Perspective's mean "
+        "score for each of the run's, which flags fewer comments at 0.8 and 0.9 where the two "
+        "disagree.",
+        choices=("quantile", "isotonic"),
+    )
 
 
 @dataclass(frozen=True)

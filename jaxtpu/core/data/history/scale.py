@@ -1,14 +1,24 @@
 """Perspective's scale learnt from a platform's history, and how far a model is from it
 (framework-free; numpy only).
 
-`fit` is isotonic regression (the pool-adjacent-violators algorithm) of Perspective's logged
-score on the model's probability, over history rows the model did not train on, made into a
-strictly increasing piecewise-linear map: through each pooled block's centre (its mean
-probability, its mean score), with (0, 0) and (1, 1) at the ends where the blocks leave room.
-Strictly increasing, so the map never ties two comments the model ranked apart: every rank
-correlation and ROC AUC is the model's own; only where the thresholds fall moves (Perspective
-calibrated its own scores the same way, by isotonic regression). `jaxtpu.core.calibration`
-keeps the map and applies it with the run's calibration.
+`fit` makes a monotone map from the model's probability to Perspective's logged score, over
+history rows the model did not train on, in one of two ways (`METHODS`):
+
+- `quantile` (the default): the model's score at each quantile of its scores goes to
+  Perspective's score at the same quantile. As many comments pass each threshold as passed
+  Perspective's on the history: a platform's threshold keeps the share of comments it
+  withholds, which is what switching without re-tuning needs. Measured
+  (`benchmarks.perspective_scale`): the isotonic map left a learnt model's SEVERE_TOXICITY
+  flagging a quarter as many comments as Perspective at 0.8.
+- `isotonic`: isotonic regression (pool-adjacent-violators) of Perspective's score on the
+  model's, made strictly increasing through each pooled block's centre, with (0, 0) and (1, 1)
+  at the ends where the blocks leave room. It predicts Perspective's mean score for each of the
+  model's, which regresses to the middle where the two disagree: fewer comments reach 0.8 and
+  0.9 than Perspective's did (Perspective calibrated its own scores so, on rater fractions).
+
+Either is increasing, so no comment the model ranked above another falls below it: every rank
+correlation and ROC AUC is the model's own; only where the thresholds fall moves.
+`jaxtpu.core.calibration` keeps the map and applies it with the run's calibration.
 
 `compare` is what a platform checks before switching: per attribute, the rank correlation with
 Perspective's scores, the mean difference, and at each threshold how many comments each flags
@@ -27,6 +37,8 @@ from jaxtpu.core.serving.shadow import spearman
 
 THRESHOLDS = (0.5, 0.7, 0.8, 0.9)
 MIN_ROWS = 30  # scores fewer than this cannot place a scale: the attribute is left raw
+METHODS = ("quantile", "isotonic")
+LEVELS = 201  # the quantile map's evenly spaced levels (more in each tail)
 
 
 def isotonic(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,9 +61,11 @@ def isotonic(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return np.asarray(bx) / n, np.asarray(by) / n, n
 
 
-def fit(p: np.ndarray, target: np.ndarray) -> tuple[list[float], list[float]]:
-    """The knots (x, y) of the strictly increasing map from the model's probabilities `p` to
-    Perspective's scores `target` (rows where either is NaN left out).
+def fit(
+    p: np.ndarray, target: np.ndarray, method: str = "quantile"
+) -> tuple[list[float], list[float]]:
+    """The knots (x, y) of the increasing map from the model's probabilities `p` to
+    Perspective's scores `target` (rows where either is NaN left out), by `method` (`METHODS`).
 
     Raises:
       ValueError: fewer than `MIN_ROWS` rows, or all of one score.
@@ -61,6 +75,10 @@ def fit(p: np.ndarray, target: np.ndarray) -> tuple[list[float], list[float]]:
     p, target = p[known], target[known]
     if len(p) < MIN_ROWS or target.min() == target.max():
         raise ValueError(f"{len(p)} scored rows, {len(np.unique(target))} distinct scores")
+    if method == "quantile":
+        return quantiles(p, target)
+    if method != "isotonic":
+        raise ValueError(f"method {method!r}: one of {', '.join(METHODS)}")
     cx, cy, _ = isotonic(p, target)
     xs, ys = list(cx), list(cy)
     if xs[0] > 0 and ys[0] > 0:
@@ -68,6 +86,22 @@ def fit(p: np.ndarray, target: np.ndarray) -> tuple[list[float], list[float]]:
     if xs[-1] < 1 and ys[-1] < 1:
         xs, ys = [*xs, 1.0], [*ys, 1.0]
     return [float(v) for v in xs], [float(v) for v in ys]
+
+
+def quantiles(p: np.ndarray, target: np.ndarray) -> tuple[list[float], list[float]]:
+    """The quantile map: the model's score at each quantile of its own scores goes to
+    Perspective's score at the same quantile (`LEVELS` of them, denser in the tails, where the
+    thresholds are), so as many comments pass each threshold as Perspective passed on these
+    rows; knots of equal x are pooled."""
+    tail = np.geomspace(1e-4, 0.05, 24)
+    levels = np.unique(np.concatenate([[0.0], tail, np.linspace(0, 1, LEVELS), 1 - tail, [1.0]]))
+    xs = np.quantile(p, levels)
+    ys = np.maximum.accumulate(np.quantile(target, levels))
+    ux, first = np.unique(xs, return_index=True)
+    uy = np.array([ys[i:j].mean() for i, j in zip(first, [*first[1:], len(xs)], strict=True)])
+    # strictly increasing by a ramp of a millionth: no two of the model's scores tie
+    uy = np.maximum.accumulate(uy) * (1 - 1e-6) + np.arange(len(uy)) / len(uy) * 1e-6
+    return [float(v) for v in ux], [float(v) for v in uy]
 
 
 def apply(p: np.ndarray, xs: Sequence[float], ys: Sequence[float]) -> np.ndarray:
