@@ -76,7 +76,8 @@ async def _read_body(
             if len(body) > limit:
                 raise ApiError(413, f"Request body over the limit of {limit} bytes.")
             if check is not None and len(body) >= START_BYTES:
-                check, _ = None, check(bytes(body))
+                check(bytes(body))
+                check = None
         if check is not None:
             check(bytes(body))
 

@@ -248,7 +248,8 @@ def _migrate(conn: Any, kind: str, create: str) -> None:
     """A table written before suggestions had owners (its clientToken unique across the
     store) made again as `create` says, its suggestions kept in order, owned by '' (a server
     without keys); in one transaction, locked, so two workers opening it at once migrate once."""
-    if "owner" in _columns(conn, kind) or not _columns(conn, kind):
+    columns = _columns(conn, kind)
+    if not columns or "owner" in columns:
         return
     if kind == "sqlite":
         conn.execute("BEGIN IMMEDIATE")
