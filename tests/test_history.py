@@ -373,6 +373,12 @@ def test_a_run_learns_perspectives_scores_answers_them_and_is_mapped_on_held_out
     valid = list(csv.DictReader((run / "perspective" / "valid.csv").open()))
     assert len(rows) + len(valid) == 150 and len(valid) == 60
     assert all(r["toxic"] for r in rows) and any(r["toxic"] == r["TOXICITY"] for r in rows)
+    # the run ends on Perspective's scale, fitted on the 60 rows it held out
+    ended = calibration.read(run).perspective
+    insults = sum(bool(r["INSULT"]) for r in valid)  # blank on every fifth row
+    assert [(m.attribute, m.rows) for m in ended] == [("TOXICITY", 60), ("INSULT", insults),
+                                                       ("FLIRTATION", 60)]  # fmt: skip
+    assert ended[0].source == "valid.csv (held out)"
     attributes, _ = run_attributes(run)
     assert {a.name: a.column for a in attributes}["FLIRTATION"] == "FLIRTATION"
     out = load(run, num_devices=1).predict(["you idiot", "thanks"], all_outputs=True)

@@ -14,8 +14,9 @@ so the ordinary data path reads them unchanged. A row without a `toxic` label ta
 TOXICITY score as one (Perspective's score is the share of raters who would call the comment
 toxic, as Unintended Bias's `target` is), a row with neither is left out (counted); without
 --valid-csv a seeded random --valid-fraction of each class (toxic at 0.5) validates.
-`train.csv` and `valid.csv` say what the run trained on and what it did not: `jaxtpu history
-fit-scale` fits Perspective's scale on the latter.
+`train.csv` and `valid.csv` say what the run trained on and what it did not. At the end,
+`on_scale` maps each learnt column onto Perspective's scale on the held-out rows (as `jaxtpu
+history fit-scale` does; fit-scale fits it again on another history).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxtpu.core import files
+from jaxtpu.core import calibration, files
+from jaxtpu.core.data.history import scale
 from jaxtpu.core.data.history.rows import ATTRIBUTES
 from jaxtpu.core.data.tables import open_table
 from jaxtpu.core.errors import ConfigError, DataError, UserError
@@ -164,3 +166,26 @@ def _write(path: Path, header: list[str], rows: list[dict[str, str]]) -> None:
         w = csv.DictWriter(f, header, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+
+def on_scale(
+    cal: calibration.Calibration, logits: np.ndarray, labels: np.ndarray, source: Any
+) -> calibration.Calibration:
+    """`cal` with each learnt Perspective column mapped onto Perspective's scale (the default
+    map of `jaxtpu history fit-scale`), fitted on the validation rows (file `source`) the run
+    held out, never trained on: their calibrated probabilities against the Perspective scores
+    they hold. A column with too few scored rows stays on jaxtpu's scale (said)."""
+    z = cal.apply(logits).reshape(len(logits), -1)
+    p, y = calibration.sigmoid(z), np.asarray(labels, np.float64).reshape(len(logits), -1)
+    scales = []
+    for j, column in enumerate(cal.columns):
+        if column not in ATTRIBUTES:
+            continue
+        try:
+            xs, ys = scale.fit(p[:, j], y[:, j])
+        except ValueError as e:
+            log.warning("%s: left on jaxtpu's own scale (%s held-out rows scored)", column, e)
+            continue
+        n, where = int(np.isfinite(y[:, j]).sum()), f"{Path(str(source)).name} (held out)"
+        scales.append(calibration.PerspectiveScale(column, column, tuple(xs), tuple(ys), n, where))
+    return cal.with_perspective(tuple(scales))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.core import calibration, metrics
-from jaxtpu.core.data import tokenized
+from jaxtpu.core.data import perspective, tokenized
 from jaxtpu.core.data.buckets import Batcher
 from jaxtpu.core.errors import TrainingError
 from jaxtpu.core.files import atomic_write
@@ -323,11 +323,14 @@ class _Driver:
         outputs (`jaxtpu.core.calibration`); a ranker's scores are not probabilities: none."""
         if self.task.comments_per_example == 2:
             return
+        labels, columns = self.job.data.valid.label, self.task.score_columns(True)
         try:
-            cal = calibration.fit(scores, self.job.data.valid.label, self.task.score_columns(True))
+            cal = calibration.fit(scores, labels, columns)
         except ValueError as e:  # outputs and labels of other shapes: scores stay uncalibrated
             log.warning("calibration not fitted (%s); this run scores uncalibrated", e)
             return
+        if self.cfg.train.perspective:  # its learnt attributes onto Perspective's scale
+            cal = perspective.on_scale(cal, scores, labels, self.cfg.data.valid_csv)
         calibration.write(self.job.workdir, cal)
 
     def validate(self, call: Call) -> bool:
