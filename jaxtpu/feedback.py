@@ -16,35 +16,13 @@ from pathlib import Path
 
 from jaxtpu.core import files
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.flags.commands import check_command_flags, command_parser
+from jaxtpu.core.flags.commands import check_command_flags, command_parser, run_action
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.serving.attributes import Attribute, attribute_map
 from jaxtpu.core.serving.decisions import parse_decisions, parse_since, training_rows
 from jaxtpu.core.serving.feedback import Record, Store, StoreError
 from jaxtpu.core.tasks import LABELS
 from jaxtpu.engine.scoring import run_attributes
-
-ACTIONS = {
-    "delete": "remove the suggestion of one clientToken",
-    "export": "write the suggestions as a training file for a run's columns",
-}
-
-
-def usage() -> str:
-    lines = ["usage: jaxtpu feedback ACTION [flags]   (jaxtpu feedback ACTION --help)", ""]
-    lines += [f"  {name:<8} {text}" for name, text in ACTIONS.items()]
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(usage())
-        return 0
-    if args[0] not in ACTIONS:
-        print(f"jaxtpu feedback: unknown action {args[0]!r}\n\n{usage()}", file=sys.stderr)
-        return 2
-    return {"delete": delete, "export": export}[args[0]](args[1:])
 
 
 def delete(argv: Sequence[str]) -> int:
@@ -161,6 +139,17 @@ def _run_map(workdir: str | None) -> tuple[tuple[Attribute, ...], tuple[str, ...
         return attribute_map(LABELS, False), LABELS
     attributes, cfg = run_attributes(Path(workdir))
     return attributes, cfg.task.score_columns(True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_action(
+        "feedback",
+        {
+            "delete": ("erase the suggestions of a clientToken, a sessionId or a text", delete),
+            "export": ("write the suggestions as a training file for a run's columns", export),
+        },
+        argv,
+    )
 
 
 if __name__ == "__main__":

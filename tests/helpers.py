@@ -402,6 +402,20 @@ def exercise_feedback_store(store: Any) -> None:
     assert [r.text for r in store.records()] == ["other"]
 
 
+def nested_batch(depth: int, request: bytes) -> tuple[str, bytes]:
+    """(Content-Type, body) of a batch whose one part nests multipart/mixed `depth` levels deep
+    around `request` (an application/http part's request line and more): issue 95's 66 KB
+    batch that made the email parser recurse past Python's limit."""
+    inner = b"Content-Type: application/http\r\n\r\n" + request
+    for i in range(depth):
+        b = f"n{i}".encode()
+        inner = b"Content-Type: multipart/mixed; boundary=%s\r\n\r\n--%s\r\n%s\r\n--%s--\r\n" % (
+            b, b, inner, b
+        )  # fmt: skip
+    kind, _, body = inner.partition(b"\r\n\r\n")
+    return kind.decode()[len("Content-Type: ") :], body
+
+
 def make_store_of_before_owners(execute: Any, postgres: bool) -> None:
     """A feedback table as jaxtpu wrote it before suggestions had owners (issue 95; its
     clientToken unique across the store) holding two suggestions, through `execute(sql)`."""

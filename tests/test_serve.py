@@ -770,19 +770,10 @@ def test_a_batch_is_refused_before_its_body_without_a_key_and_in_400s_when_neste
     keyed = _batch_body([call] * 3, key="helm-key")
     with pytest.raises(TimeoutError):  # a key on its first call: the server waits for the rest
         _raw_post(running.port, "/batch", head, keyed, timeout=1)
-    inner = b"Content-Type: application/http\r\n\r\nPOST /v1alpha1/comments:analyze HTTP/1.1\r\n"
-    for i in range(1000):
-        b = f"n{i}".encode()
-        inner = b"Content-Type: multipart/mixed; boundary=%s\r\n\r\n--%s\r\n%s\r\n--%s--\r\n" % (
-            b,
-            b,
-            inner,
-            b,
-        )
-    kind, _, body = inner.partition(b"\r\n\r\n")
-    req = urllib.request.Request(
-        f"{running.url}/batch?key=helm-key", body, {"Content-Type": kind.decode()[14:]}
-    )
+    from helpers import nested_batch
+
+    kind, body = nested_batch(1000, b"POST /v1alpha1/comments:analyze HTTP/1.1\r\n")
+    req = urllib.request.Request(f"{running.url}/batch?key=helm-key", body, {"Content-Type": kind})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     error = json.loads(e.value.read())["error"]

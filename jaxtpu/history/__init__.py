@@ -25,32 +25,9 @@ from jaxtpu.core.data.history.coral import read_coral
 from jaxtpu.core.data.history.decisions import keep_decisions, open_store
 from jaxtpu.core.data.history.rows import history_csv, read_histories, read_history
 from jaxtpu.core.errors import UserError
-from jaxtpu.core.flags.commands import check_command_flags, command_parser
+from jaxtpu.core.flags.commands import check_command_flags, command_parser, run_action
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.history.runs import compare_run, fit_scales
-
-ACTIONS = {
-    "import": "read a platform's history (Coral's exports, or a table) into a history file",
-    "fit-scale": "map a run's scores onto Perspective's scale from a history",
-    "compare": "a run's scores against Perspective's on a history, per attribute",
-}
-
-
-def usage() -> str:
-    lines = ["usage: jaxtpu history ACTION [flags]   (jaxtpu history ACTION --help)", ""]
-    lines += [f"  {name:<10} {text}" for name, text in ACTIONS.items()]
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(usage())
-        return 0
-    if args[0] not in ACTIONS:
-        print(f"jaxtpu history: unknown action {args[0]!r}\n\n{usage()}", file=sys.stderr)
-        return 2
-    return {"import": import_, "fit-scale": fit_scale, "compare": compare}[args[0]](args[1:])
 
 
 def import_(argv: Sequence[str]) -> int:
@@ -132,6 +109,24 @@ def compare(argv: Sequence[str]) -> int:
         if args.report:
             files.write_text(args.report, json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_action(
+        "history",
+        {
+            "import": (
+                "read a platform's history (Coral's exports, or a table) into a history file",
+                import_,
+            ),
+            "fit-scale": ("map a run's scores onto Perspective's scale from a history", fit_scale),
+            "compare": (
+                "a run's scores against Perspective's on a history, per attribute",
+                compare,
+            ),
+        },
+        argv,
+    )
 
 
 if __name__ == "__main__":

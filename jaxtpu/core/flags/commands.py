@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_type_hints
 
@@ -396,6 +397,29 @@ def add_command_flags(
         where.add_argument("--" + f.name.replace("_", "-"), **kwargs)
     if command.scoring:
         add_scoring_flags(target, command.scoring, unset=command.unset)
+
+
+def run_action(
+    command: str,
+    actions: Mapping[str, tuple[str, Callable[[Sequence[str]], int]]],
+    argv: Sequence[str] | None,
+) -> int:
+    """`jaxtpu COMMAND ACTION [flags]`: the action's function (`actions`: name -> (one line for
+    the usage, function of the remaining flags)) on the rest of `argv`; the usage for none or
+    --help (0), and for an unknown action on stderr (2)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    width = max(map(len, actions)) + 2
+    usage = "\n".join(
+        [f"usage: jaxtpu {command} ACTION [flags]   (jaxtpu {command} ACTION --help)", ""]
+        + [f"  {name:<{width}}{text}" for name, (text, _) in actions.items()]
+    )
+    if not args or args[0] in ("-h", "--help"):
+        print(usage)
+        return 0
+    if args[0] not in actions:
+        print(f"jaxtpu {command}: unknown action {args[0]!r}\n\n{usage}", file=sys.stderr)
+        return 2
+    return actions[args[0]][1](args[1:])
 
 
 def command_parser(
