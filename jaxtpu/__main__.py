@@ -47,6 +47,10 @@ COMMANDS = {
         "jaxtpu.history",
         "a platform's Perspective history: import it, map a run onto its scale, compare",
     ),
+    "head": (
+        "jaxtpu.serve.heads",
+        "a community's head on the frozen served model, from its moderators' decisions",
+    ),
     "shadow": (
         "jaxtpu.shadow",
         "report: how serve --shadow's model compares with the one answering",

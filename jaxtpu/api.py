@@ -32,25 +32,40 @@ class Model:
     """The best model of a jaxtpu run, ready to score text (see `load`)."""
 
     def __init__(
-        self, workdir: str | Path, devices: list[Any], batch_size: int, calibrated: bool = True
+        self,
+        workdir: str | Path,
+        devices: list[Any],
+        batch_size: int,
+        calibrated: bool = True,
+        pooled: bool = False,
     ) -> None:
-        self._start(load_trained(workdir), devices, batch_size, calibrated)
+        self._start(load_trained(workdir), devices, batch_size, calibrated, pooled)
 
     @classmethod
     def of(
-        cls, trained: TrainedModel, devices: list[Any], batch_size: int, calibrated: bool = True
+        cls,
+        trained: TrainedModel,
+        devices: list[Any],
+        batch_size: int,
+        calibrated: bool = True,
+        pooled: bool = False,
     ) -> Model:
         """A model already loaded (`jaxtpu.engine.scoring`'s `load_model_dir` of an export, or
         `load_trained` of a run), scored as a run's is (`jaxtpu serve --model-dir`)."""
         model = cls.__new__(cls)
-        model._start(trained, devices, batch_size, calibrated)
+        model._start(trained, devices, batch_size, calibrated, pooled)
         return model
 
     def _start(
-        self, trained: TrainedModel, devices: list[Any], batch_size: int, calibrated: bool
+        self,
+        trained: TrainedModel,
+        devices: list[Any],
+        batch_size: int,
+        calibrated: bool,
+        pooled: bool = False,
     ) -> None:
         self.trained = trained
-        self.scorer = Scorer(self.trained, devices, batch_size, calibrated)
+        self.scorer = Scorer(self.trained, devices, batch_size, calibrated, pooled)
         self.task = self.scorer.task
         self.backend = self.scorer.backend
         self.text_format = self.trained.spec.text_format
@@ -67,6 +82,23 @@ class Model:
         --prompt-template scores each comment (and rule) inside that prompt, as it trained."""
         prepared = self.prepared(texts)  # checked before anything is scored
         return self.scorer.logits(prepared)
+
+    def probabilities(self, texts: Iterable[str]) -> np.ndarray:
+        """(N, columns) calibrated probabilities of every score column (`task.score_columns`:
+        the labels, then any auxiliary targets'): what the server answers with."""
+        return self.as_probabilities(self.logits(texts))
+
+    def as_probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """`probabilities` of `logits` already computed (`logits` or `scored`)."""
+        calibrated = self.scorer.calibrate(logits)
+        return np.asarray(self.task.predictions(calibrated, True), np.float64)
+
+    def scored(self, texts: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(`probabilities`, each text's vector under the head (N, hidden)) from one pass of
+        the model: what a community's head reads (`jaxtpu.core.serving.heads`); for a model
+        loaded with `pooled`."""
+        logits, vectors = self.scorer.features(self.prepared(texts))
+        return self.as_probabilities(logits), vectors
 
     def buckets(self, texts: Iterable[str]) -> np.ndarray:
         """The length bucket (its edge, in tokens) each text is scored in: texts of one bucket
@@ -145,13 +177,15 @@ def load(
     num_devices: int | None = None,
     batch_size: int = SCORING.batch_size,
     calibrated: bool = True,
+    pooled: bool = False,
 ) -> Model:
     """The best model of run directory `workdir`, on `num_devices` devices (default: every
     local device JAX has: an accelerator's, or on a CPU one device unless virtual ones were
     asked for; a number of virtual CPU devices is made only when JAX has not started yet),
     scoring `batch_size` texts per device per batch. `predict` gives calibrated probabilities
     (the run's `calibration.json`, as `jaxtpu predict` writes them) unless `calibrated` is
-    False; `logits` are the model's raw outputs either way."""
+    False; `logits` are the model's raw outputs either way. `pooled`: `scored` gives each
+    text's vector under the head beside its probabilities (what a community's head reads)."""
     from jaxtpu.engine import hosts
 
     if batch_size < 1:
@@ -159,4 +193,5 @@ def load(
     hosts.use_compilation_cache()
     if num_devices is not None and num_devices < 1:
         raise UserError(f"num_devices must be >= 1 (None: every local device), got {num_devices}")
-    return Model(workdir, hosts.scoring_devices(num_devices or 0), batch_size, calibrated)
+    devices = hosts.scoring_devices(num_devices or 0)
+    return Model(workdir, devices, batch_size, calibrated, pooled)

@@ -45,7 +45,13 @@ class FakeModel(Served):
     its batch; `gate`, when set, holds every batch until opened."""
 
     def __init__(
-        self, columns=("toxic", "insult"), rules="", source="--workdir fake", rows=0, salt=""
+        self,
+        columns=("toxic", "insult"),
+        rules="",
+        source="--workdir fake",
+        rows=0,
+        salt="",
+        hidden=0,
     ):
         task = dataclasses.replace(
             get_task("rules" if rules else "multilabel"), label_columns=columns
@@ -61,6 +67,11 @@ class FakeModel(Served):
         self.calls: list[int] = []
         self.rows = rows  # > 0: calls of `rows` texts of one length bucket, as the JAX backend's
         self.salt = salt  # another model: other scores of the same texts
+        self.hidden = hidden  # > 0: a vector of this width after the scores (`pooled`)
+
+    @property
+    def pooled(self) -> bool:
+        return self.hidden > 0
 
     @property
     def call_rows(self) -> int:
@@ -78,9 +89,8 @@ class FakeModel(Served):
             raise RuntimeError("this batch cannot be scored")
         if self.rules_model:
             return np.array([[_score(r + "|" + t, 0, self.salt)] for r, t in items])
-        return np.array(
-            [[_score(t, j, self.salt) for j in range(len(self._columns))] for t in items]
-        )
+        width = len(self._columns) + self.hidden  # the vector: more columns of the hash
+        return np.array([[_score(t, j, self.salt) for j in range(width)] for t in items])
 
     def warm_up(self):
         return 0
@@ -90,13 +100,19 @@ class Running:
     """A uvicorn server of `jaxtpu.serve.app` for `models`, in a thread, on a free port."""
 
     def __init__(
-        self, models, drain_seconds: float = 0.0, communities=None, shadow=None, **options
+        self,
+        models,
+        drain_seconds: float = 0.0,
+        communities=None,
+        shadow=None,
+        heads=None,
+        **options,
     ):
         from jaxtpu.serve.app import Options, Server, build_app
         from jaxtpu.serve.lifecycle import DrainingServer
         from jaxtpu.serve.processes import uvicorn_config
 
-        self.server = Server(models, Options(**options), communities, shadow)
+        self.server = Server(models, Options(**options), communities, shadow, heads)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
@@ -1009,6 +1025,81 @@ def test_a_community_is_answered_by_its_own_model_and_the_rest_by_the_base():
     narrow = FakeModel(columns=("toxic",), source="--workdir narrow")
     with pytest.raises(ConfigError, match="does not answer INSULT"):
         Server([FakeModel()], Options(), {"c": [narrow]})
+
+
+def _a_head(base: FakeModel, community: str, seed: int, version: str = ""):
+    """A head on `base` (FakeModel(hidden=4)) with seeded weights, as `jaxtpu head` writes."""
+    from jaxtpu.core.serving import heads
+
+    rng = np.random.default_rng(seed)
+    width = base.hidden + len(base.columns)
+    record = heads.Record(
+        community, "TOXICITY", "toxic", tuple(base.columns), version or base.version,
+        base.hidden, 0.01, 10, 4, 0.9, 0.5, "2026-12-07T00:00:00Z", 0.1,
+    )  # fmt: skip
+    return heads.Head(record, rng.normal(size=width), np.ones(width), rng.normal(size=width), 0.3)
+
+
+def test_a_communitys_head_answers_its_attribute_from_the_bases_pass_and_is_read_again(
+    tmp_path, monkeypatch
+):
+    """Issue 96, items 2-3: with --communities DIR, a request naming a community with a head
+    gets TOXICITY from the head, read off the base's own call (its scores and its vector), and
+    INSULT from the base; X-Model-Version names base and head; other requests get the base. A
+    head replaced in DIR answers from the next look without a restart and without a failed
+    request; a broken file, or a head of another base, is said and the old head keeps
+    serving."""
+    from jaxtpu.core.serving import heads
+    from jaxtpu.serve import server as server_module
+
+    monkeypatch.setattr(server_module, "HEADS_EVERY", 0.05)
+    base = FakeModel(hidden=4)
+    community = "Coral:https://news.example/"
+    first = _a_head(base, community, 0)
+    path = tmp_path / heads.file_name(community)
+    first_version = heads.save(first, path)
+    running = Running([base], heads=str(tmp_path))
+    text = "a comment"
+    body = {"comment": {"text": text}, "communityId": community,
+            "requestedAttributes": {"TOXICITY": {}, "INSULT": {}}}  # fmt: skip
+    out = base.probabilities([text])  # the base's scores, then its vector
+    want = lambda head: float(head.probability(out[:, 2:], out[:, :2])[0])  # noqa: E731
+    values = lambda got: {n: v["summaryScore"]["value"] for n, v in got["attributeScores"].items()}  # noqa: E731
+    try:
+        calls = len(base.calls)
+        status, headers, got = post(running.url, body, None)
+        assert status == 200 and len(base.calls) == calls + 1  # one pass of the base
+        assert values(got) == {"TOXICITY": want(first), "INSULT": _score(text, 1)}
+        assert want(first) != _score(text, 0)
+        assert headers["x-model-version"] == model_version(
+            {"base": base.version, "head": first_version}
+        )
+        status, headers, got = post(running.url, {**body, "communityId": "other"}, None)
+        assert values(got)["TOXICITY"] == _score(text, 0)
+        assert headers["x-model-version"] == base.version
+        card = json.loads(get(f"{running.url}/v1/model")[2])
+        assert card["heads"]["heads"][community]["version"] == first_version
+        # replaced: answers from the next look; every request meanwhile answered
+        second = _a_head(base, community, 1)
+        heads.save(second, path)
+        deadline, statuses = time.time() + 10, []
+        while True:
+            status, _, got = post(running.url, body, None)
+            statuses.append(status)
+            if values(got)["TOXICITY"] == want(second):
+                break
+            assert values(got)["TOXICITY"] == want(first) and time.time() < deadline
+        assert set(statuses) == {200}
+        # a broken file, and a head of another base: said, the old head keeps serving
+        path.write_bytes(b"PK not really")
+        heads.save(_a_head(base, "other", 2, version="jaxtpu-0123"), tmp_path / "o.head.npz")
+        time.sleep(0.5)
+        assert values(post(running.url, body, None)[2])["TOXICITY"] == want(second)
+        assert values(post(running.url, {**body, "communityId": "other"}, None)[2])[
+            "TOXICITY"
+        ] == _score(text, 0)
+    finally:
+        running.stop()
 
 
 def test_a_model_in_shadow_is_compared_on_every_answer_and_never_answers(capsys):

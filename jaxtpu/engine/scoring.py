@@ -44,6 +44,7 @@ from jaxtpu.core.hf.statedict import read_notebook_checkpoint
 from jaxtpu.core.run import loop
 from jaxtpu.core.serving.attributes import attribute_map
 from jaxtpu.core.serving.card import digest_arrays
+from jaxtpu.core.serving.heads import POOLED
 from jaxtpu.core.tasks import LABELS, get_task
 from jaxtpu.engine import weights
 
@@ -308,15 +309,18 @@ def regression_warning(model_dir: str, problem_type: str | None) -> str:
     )
 
 
-def scoring_backend(model: TrainedModel, devices: list[Any], task: Any) -> Any:
+def scoring_backend(
+    model: TrainedModel, devices: list[Any], task: Any, pooled: bool = False
+) -> Any:
     """A backend that evaluates `model` on `devices` (jit, data-parallel) as `task` lays its
-    batches out; it keeps its compiled programs for every batch shape it meets."""
+    batches out; it keeps its compiled programs for every batch shape it meets. `pooled`: its
+    evaluations also give each comment's vector (`steps.eval_step`)."""
     import optax
 
     from jaxtpu.engine import parallel, steps
     from jaxtpu.engine.backend import JaxBackend
 
-    fns = steps.for_task(task, model.cfg.train.margin)
+    fns = steps.for_task(task, model.cfg.train.margin, pooled=pooled)
     strategy = parallel.make_strategy("jit", devices, fns)
     state = steps.create_state(model.module.apply, model.params, optax.identity())
     backend = JaxBackend(strategy, state, seed=0)
@@ -358,9 +362,15 @@ class Scorer:
     calls)."""
 
     def __init__(
-        self, model: TrainedModel, devices: list[Any], batch_size: int, calibrated: bool = True
+        self,
+        model: TrainedModel,
+        devices: list[Any],
+        batch_size: int,
+        calibrated: bool = True,
+        pooled: bool = False,
     ) -> None:
         self.model = model = for_scoring(model, devices)
+        self.pooled = pooled  # `features` gives each comment's vector beside its outputs
         # the scaling `calibrate` applies: the model's, unless scoring uncalibrated
         self.calibration = model.calibration if calibrated else None
         self.task = one_comment_task(model.spec.task)
@@ -368,7 +378,7 @@ class Scorer:
         self.max_len = model.cfg.data.max_len
         self.form = model.spec.text_format.kind  # what `logits` is given: texts, pairs, prompts
         self.global_batch = batch_size * len(devices)
-        self.backend = scoring_backend(model, devices, self.task)
+        self.backend = scoring_backend(model, devices, self.task, pooled)
         self.edges = fixed_edges(self.max_len)
         self.devices = len(devices)
         # the rows a call is padded to: the smallest of these that holds it. Only the full
@@ -403,15 +413,28 @@ class Scorer:
         model's text format (`form`): (N,) or (N, labels); tokenized in memory, without the
         disk cache (each is scored once)."""
 
+        return self._scored(texts)[0]
+
+    def features(self, texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(`logits`, each text's vector under the head: (N, hidden) fp32) from one pass of
+        the model, for a scorer made with `pooled` (what a community's head reads)."""
+        if not self.pooled:
+            raise ValueError("features needs a Scorer made with pooled=True")
+        return self._scored(texts)
+
+    def _scored(self, texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
-            return np.zeros((0, *self.task.label_shape), np.float32)
+            return np.zeros((0, *self.task.label_shape), np.float32), np.zeros((0, 0), np.float32)
         ids, mask = encode_texts(texts, self.tokenizer, self.max_len, self.form)
         label = self.task.zeros((len(texts),), self.max_len)["label"]  # Task.batch_layout's
         batcher = Batcher(real_lengths(mask), self.call_size(len(texts)), self.max_len, self.edges)
         layout = self.task.batch_layout(self.max_len)
         examples = tokenized.Examples(ids, mask, label, layout=layout)
-        _, scores = loop.score_examples(self.backend, examples, batcher, self.task, False)
-        return scores
+        extra = (POOLED,) if self.pooled else ()
+        _, scores, *vectors = loop.score_examples(
+            self.backend, examples, batcher, self.task, False, extra
+        )
+        return scores, (vectors[0] if vectors else np.zeros((len(texts), 0), np.float32))
 
     def buckets(self, texts: Sequence[Any]) -> np.ndarray:
         """The length bucket (edge) each of `texts` is scored in by `logits`."""

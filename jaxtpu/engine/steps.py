@@ -22,6 +22,7 @@ from flax.training import train_state
 from flax.training.dynamic_scale import DynamicScale
 
 from jaxtpu.core.lora import has_adapters, trains
+from jaxtpu.core.serving.heads import POOLED
 from jaxtpu.core.tasks import RANKING_MARGIN, Task, get_task
 
 Batch = dict[str, jax.Array]
@@ -107,11 +108,11 @@ def task_loss(task: Task | str, margin: float = RANKING_MARGIN) -> Loss:
     return loss
 
 
-def for_task(task: Task | str, margin: float = RANKING_MARGIN) -> Steps:
+def for_task(task: Task | str, margin: float = RANKING_MARGIN, pooled: bool = False) -> Steps:
     """The steps of a task (a `Task` or a name of `jaxtpu.core.tasks.TASKS`) with its loss
-    (`task_loss`) closed over."""
+    (`task_loss`) closed over; `pooled`: the eval step also gives each comment's vector."""
     loss = task_loss(task, margin)
-    return Steps(partial(train_steps, loss=loss), partial(eval_step, loss=loss))
+    return Steps(partial(train_steps, loss=loss), partial(eval_step, loss=loss, pooled=pooled))
 
 
 def split_trained(params: Any) -> tuple[Any, Any]:
@@ -288,10 +289,18 @@ def train_steps(
     return jax.lax.scan(body, state, batches)
 
 
-def eval_step(state: TrainState, batch: Batch, *, loss: Loss) -> dict[str, jax.Array]:
+def eval_step(
+    state: TrainState, batch: Batch, *, loss: Loss, pooled: bool = False
+) -> dict[str, jax.Array]:
     """Per-example scores and losses (deterministic: no dropout). Reduction happens on the host
-    over the whole evaluation set, see `jaxtpu.core.tasks.Task.validation_metrics`."""
-    scores = state.apply_fn(
-        {"params": state.params}, batch["input_ids"], batch["attention_mask"], deterministic=True
-    )
-    return {"score": scores, "loss": loss(scores, batch["label"])}
+    over the whole evaluation set, see `jaxtpu.core.tasks.Task.validation_metrics`. `pooled`:
+    also each example's vector under the head (`POOLED`, what a community's head reads), from
+    the same forward pass."""
+    variables = {"params": state.params}
+    args = (batch["input_ids"], batch["attention_mask"])
+    if not pooled:
+        scores = state.apply_fn(variables, *args, deterministic=True)
+        return {"score": scores, "loss": loss(scores, batch["label"])}
+    scores, sown = state.apply_fn(variables, *args, deterministic=True, mutable=["intermediates"])
+    (vector,) = sown["intermediates"][POOLED]
+    return {"score": scores, "loss": loss(scores, batch["label"]), POOLED: vector}

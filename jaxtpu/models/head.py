@@ -15,6 +15,7 @@ from jaxtpu.core.hf.encoder import EncoderConfig
 from jaxtpu.core.hf.heads import Op, hf_head
 from jaxtpu.core.hf.kinds import LayerKind
 from jaxtpu.core.hf.tokenizer_dir import segment_types
+from jaxtpu.core.serving.heads import POOLED
 from jaxtpu.models import layers, ops
 
 Dtype = jnp.dtype
@@ -140,6 +141,9 @@ class Classifier(nn.Module):
             types["token_types"] = segment_types(ids, mask, self.segment_sep).astype(jnp.int32)
         hidden, pooled = bert(flat(input_ids), mask, deterministic, **types)
         x = pool(self.pooling, hidden, pooled, mask, flat(input_ids), self.cfg.pad_token_id)
+        # the comment's vector, kept only when asked for (`mutable=["intermediates"]`: a
+        # community's head reads it, `jaxtpu.core.serving.heads`); a no-op otherwise
+        self.sow("intermediates", POOLED, x.astype(jnp.float32).reshape(*lead, -1))
         # the logits stay fp32 whatever --matmul-output says: the loss reads them
         if self.head == "hf":
             for block, block_ops in hf_head(self.cfg.model_type).blocks:

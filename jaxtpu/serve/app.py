@@ -265,7 +265,10 @@ class _Routes:
         stats = self.server.shadow_stats
         if stats is None:
             return None
-        if self.server.for_community(req.community_id) is not self.server.base:
+        community = req.community_id
+        if self.server.for_community(community) is not self.server.base or self.server.head_of(
+            community
+        ):
             stats.community += 1
             return None
         scores = answer["attributeScores"]

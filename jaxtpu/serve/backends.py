@@ -97,9 +97,18 @@ class Served:
         return self.model.buckets(items)
 
     def probabilities(self, items: list[Any]) -> np.ndarray:
-        """(N, columns) probabilities of the model's inputs (the batcher's scoring call)."""
-        logits = self.model.scorer.calibrate(self.model.logits(items))
-        return np.asarray(self.model.task.predictions(logits, True), np.float64)
+        """(N, columns) probabilities of the model's inputs (the batcher's scoring call); a
+        model that serves communities' heads (`pooled`): (N, columns + hidden), each text's
+        vector under the head after its probabilities, from the same pass."""
+        if not self.pooled:
+            return self.model.probabilities(items)
+        probs, vectors = self.model.scored(items)
+        return np.concatenate([probs, np.asarray(vectors, np.float64)], axis=1)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether its scoring calls give each text's vector too (`serve --communities`)."""
+        return bool(getattr(getattr(self.model, "scorer", None), "pooled", False))
 
     def prepare(self) -> None:
         """The first text each rule attribute is scored with, as the run's rows were read."""
@@ -156,6 +165,7 @@ def load_served(
     calibrated: bool = True,
     threads: int = 0,
     graph: dict[str, Any] | None = None,
+    pooled: bool = False,
 ) -> Served:
     """A model to serve: a run directory (`kind` 'workdir'), an export ('model_dir') or an
     ONNX export ('onnx', on onnxruntime with `threads` threads, 0 = its default), with its
@@ -163,8 +173,16 @@ def load_served(
     Perspective names), languages (`--languages`, '' for those it was validated on),
     calibration (the model's, unless `calibrated` is False: --no-calibration), version and
     card; an ONNX export's directory serves the graph `onnxmodel.pick_graph` times faster here
-    (`graph`: that choice's record, made by --workers' supervisor for all its workers)."""
+    (`graph`: that choice's record, made by --workers' supervisor for all its workers).
+    `pooled`: each scoring call gives each text's vector too, from the same pass (a server of
+    communities' heads, `jaxtpu head`); not an ONNX export's, whose graph gives the scores
+    alone."""
     flag = f"--{kind.replace('_', '-')} {source}"
+    if kind == "onnx" and pooled:
+        raise UserError(
+            f"{flag}: an ONNX export gives the scores alone, not the vector a community's head "
+            "reads; serve --communities with the run (--workdir) or its export (--model-dir)"
+        )
     if kind == "onnx":
         model: Any
         model, timed = pick_graph(source, batch_size, calibrated, threads)
@@ -186,7 +204,7 @@ def load_served(
         else:
             trained = load_model_dir(source, max_len or 512)
             stored = exported_head(resolve_model_dir(source)).get("attributes")
-        model = Model.of(trained, devices, batch_size, calibrated)
+        model = Model.of(trained, devices, batch_size, calibrated, pooled)
         metrics = cards.numeric(trained.meta)
     task = model.task
     if task.comments_per_example != 1 or trained.spec.task.comments_per_example != 1:

@@ -1,6 +1,7 @@
 """A set of models a server answers with, together (`ModelSet`): their attributes, their
 batchers, their version and card, and the scores of a request's texts. A server has one for
-every request (the base), one per community (`--community ID=RUN`: the requests naming that
+every request (the base; with `--communities DIR`, a community's head answers its attribute
+from the base's own pass), one per community (`--community ID=RUN`: the requests naming that
 communityId) and one in shadow (`--shadow RUN`: scored after the answer, compared, never
 answering)."""
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from jaxtpu.core.serving.attributes import Attribute, merge
 from jaxtpu.core.serving.card import model_version
+from jaxtpu.core.serving.heads import Head
 from jaxtpu.serve.backends import Served
 from jaxtpu.serve.batcher import Batcher
 
@@ -76,9 +78,13 @@ class ModelSet:
             return self.models[0].card
         return {"version": self.version, "models": [m.card for m in self.models]}
 
-    async def scores(self, texts: list[str], names: Sequence[str]) -> list[dict[str, float]]:
+    async def scores(
+        self, texts: list[str], names: Sequence[str], head: Head | None = None
+    ) -> list[dict[str, float]]:
         """Each text's score of each attribute of `names`, through the model owning it (the
-        texts of a request go to each such model's batcher as one job)."""
+        texts of a request go to each such model's batcher as one job); `head`: a community's
+        head answers its attribute, from the owning model's probabilities and vector of each
+        text (that model scores with `pooled`), every other attribute as without it."""
         wanted: dict[int, list[Attribute]] = {}
         for name in names:
             wanted.setdefault(id(self.owner[name]), []).append(self.attribute[name])
@@ -92,4 +98,9 @@ class ModelSet:
         for (model, attrs, _), out in zip(jobs, results, strict=True):
             for i, scores in enumerate(model.scores(texts, attrs, out)):
                 per_text[i].update(scores)
+            if head is not None and any(a.name == head.record.attribute for a in attrs):
+                k = len(model.columns)
+                removal = head.probability(out[:, k:], out[:, :k])
+                for i, p in enumerate(removal):
+                    per_text[i][head.record.attribute] = float(p)
         return per_text

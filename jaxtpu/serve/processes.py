@@ -119,8 +119,9 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
     keys = read_api_keys(args.api_keys) if args.api_keys else None
     given = list(args.attributes or [])
     say = (lambda *a, **k: None) if quiet else print
+    heads = getattr(args, "communities", None)
     models = [
-        _load(args, kind, source, given[i] if given else "", say)
+        _load(args, kind, source, given[i] if given else "", say, pooled=bool(heads))
         for i, (kind, source) in enumerate(sources(args))
     ]
     communities = {}
@@ -154,7 +155,7 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
         max_queue=args.max_queue,
         warm_first=args.workers > 1,
     )
-    server = Server(models, options, communities, shadow)
+    server = Server(models, options, communities, shadow, heads)
     return build_app(server), server.version
 
 
@@ -164,8 +165,16 @@ def _kind_of(path: str) -> str:
     return "onnx" if (where / META).is_file() or where.suffix == ".onnx" else "workdir"
 
 
-def _load(args: argparse.Namespace, kind: str, source: str, attributes: str, say: Any) -> Any:
-    """One model of the flags, loaded (`load_served`), and what it is, said."""
+def _load(
+    args: argparse.Namespace,
+    kind: str,
+    source: str,
+    attributes: str,
+    say: Any,
+    pooled: bool = False,
+) -> Any:
+    """One model of the flags, loaded (`load_served`; `pooled`: giving each comment's vector
+    too, for the communities' heads), and what it is, said."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     say(f"loading --{kind.replace('_', '-')} {source} ...", flush=True)
     served = load_served(
@@ -179,6 +188,7 @@ def _load(args: argparse.Namespace, kind: str, source: str, attributes: str, say
         not args.no_calibration,
         threads if kind == "onnx" else 0,
         getattr(args, "graph", None) if source == args.onnx else None,
+        pooled,
     )
     names = ", ".join(a.name for a in served.attributes)
     say(f"  {served.model.task.name} model, version {served.version}: {names}", flush=True)

@@ -1,5 +1,6 @@
 """The state one `jaxtpu serve` application's routes share (`Server`): its model sets (the
-base, each community's, the shadow), its readiness, language detection, the feedback store
+base, each community's, the shadow), the communities' heads (`--communities DIR`, read again
+every `HEADS_EVERY` seconds), its readiness, language detection, the feedback store
 and the metrics; and the options it answers with (`Options`, the command's flags)."""
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.serving import perspective
+from jaxtpu.core.serving.card import model_version
 from jaxtpu.core.serving.feedback import Record, Store, StoreError
+from jaxtpu.core.serving.heads import Head, HeadDir
 from jaxtpu.core.serving.keys import KeyRing
 from jaxtpu.core.serving.languages import Detector
 from jaxtpu.core.serving.shadow import ShadowStats
@@ -24,6 +27,7 @@ from jaxtpu.serve.models import ModelSet
 
 log = logging.getLogger("jaxtpu.serve")
 SHADOW_QUEUE = 32  # the shadow's requests waiting at most; beyond, it drops what comes
+HEADS_EVERY = 2.0  # seconds between two looks at --communities DIR for heads added or replaced
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class Server:
         options: Options,
         communities: Mapping[str, Sequence[Served]] | None = None,
         shadow: Sequence[Served] | None = None,
+        heads: str | None = None,
     ) -> None:
         self.options = options
         limits = (options.max_items, options.max_wait_ms, options.max_queue)
@@ -97,6 +102,9 @@ class Server:
         self.shadow_stats = (
             ShadowStats(self.base.version, self.shadow.version) if self.shadow else None
         )
+        # the communities' heads on the base (`--communities DIR`), checked against it
+        self.heads = HeadDir(heads, self._refusal) if heads else None
+        self._watching: asyncio.Task | None = None
         self.models = self.base.models
         self.available = self.base.available
         self.languages = self.base.languages
@@ -125,6 +133,47 @@ class Server:
         """The set answering a request naming `community`: its own, else the base."""
         return self.communities.get(community or "", self.base)
 
+    def head_of(self, community: str | None) -> Head | None:
+        """The head answering for `community` on the base (None: the base's own scores)."""
+        if self.heads is None or not community or community in self.communities:
+            return None
+        return self.heads.heads.get(community)
+
+    def _refusal(self, head: Head) -> str | None:
+        """Why the base cannot serve `head` (None: it can)."""
+        r = head.record
+        owner = self.base.owner.get(r.attribute)
+        if owner is None:
+            return f"answers {r.attribute}, which the base model does not"
+        if owner.version != r.base_version:
+            return (
+                f"trained on model {r.base_version}, and this server's is {owner.version} (another "
+                "model, or its --attributes or --no-calibration differ): train it again on this "
+                f"one (jaxtpu head --workdir {owner.source.split(' ', 1)[-1]} ...)"
+            )
+        if tuple(owner.columns) != r.columns:
+            return (
+                f"reads columns {', '.join(r.columns)}; the base scores {', '.join(owner.columns)}"
+            )
+        return None
+
+    async def _watch_heads(self) -> None:
+        """Reads --communities DIR again every `HEADS_EVERY` seconds (in a thread): a head
+        added or replaced answers from the next request, a broken one is said and the old one
+        keeps serving."""
+        assert self.heads is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(HEADS_EVERY)
+            try:
+                lines = await loop.run_in_executor(None, self.heads.refresh)
+            except OSError as e:  # the directory went away: the heads read keep serving
+                log.error("--communities %s: %s; the heads already read keep serving",
+                          self.heads.path, e)  # fmt: skip
+                continue
+            for line in lines:
+                log.info("heads: %s", line)
+
     async def start(self) -> None:
         """Starts the batchers, and compiles each model's programs in the background: the
         server answers /healthz at once, /readyz and the API once they are compiled (with
@@ -133,6 +182,12 @@ class Server:
             await s.start()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.detector.detect, "loads the detector's model")
+        if self.heads is not None:
+            for line in self.heads.refresh():
+                log.info("heads: %s", line)
+            log.info("heads: %d communities served from %s", len(self.heads.heads),
+                     self.heads.path)  # fmt: skip
+            self._watching = asyncio.create_task(self._watch_heads())
         if self.options.feedback is not None and self.options.feedback_days is not None:
             self._purging = asyncio.create_task(self._purge_hourly())
         self._warming = asyncio.create_task(self._warm_up())
@@ -171,7 +226,7 @@ class Server:
 
     async def stop(self) -> None:
         self.ready = False
-        for task in (self._warming, self._purging):
+        for task in (self._warming, self._purging, self._watching):
             if task and not task.done():
                 task.cancel()
         self.store_pool.shutdown(wait=True)  # a suggestion being written is kept
@@ -186,6 +241,8 @@ class Server:
                 card["communities"] = {c: s.card() for c, s in self.communities.items()}
             if self.shadow:
                 card["shadow"] = self.shadow.card()
+        if self.heads is not None:
+            card = {**card, "heads": self.heads.card()}
         return card
 
     async def analyze(
@@ -198,13 +255,16 @@ class Server:
         sentences when spans are asked for) through the request's community's models (else
         the base's); `languages` the comment was scored as, and those `detected`."""
         answering = self.for_community(request.community_id)
+        head = self.head_of(request.community_id)
         spans = list(request.sentences)
         texts = [request.text] + [s for _, _, s in spans]
-        per_text = await answering.scores(texts, [r.name for r in request.attributes])
+        per_text = await answering.scores(texts, [r.name for r in request.attributes], head)
         span_scores = [(b, e, per_text[i + 1]) for i, (b, e, _) in enumerate(spans)]
         answer = perspective.response(
             request, per_text[0], span_scores, languages or answering.languages, detected
         )
+        if head is not None:
+            return answer, model_version({"base": answering.version, "head": head.version})
         return answer, answering.version
 
     async def compare_in_shadow(self, text: str, primary: Mapping[str, float]) -> None:

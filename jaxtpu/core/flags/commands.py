@@ -29,6 +29,7 @@ from jaxtpu.core.flags.schema import Bounds, ScoringConfig, base_type
 from jaxtpu.core.flags.serving import (
     FeedbackDeleteFlags,
     FeedbackExportFlags,
+    HeadFlags,
     HistoryCompareFlags,
     HistoryImportFlags,
     HistoryScaleFlags,
@@ -336,6 +337,7 @@ COMMANDS: dict[str, Command] = {
     "history compare": Command(
         "jaxtpu history compare", HistoryCompareFlags, ("num_devices", "batch_size")
     ),
+    "head": Command("jaxtpu head", HeadFlags, ("num_devices", "batch_size")),
 }
 
 

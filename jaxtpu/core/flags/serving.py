@@ -41,6 +41,17 @@ class ServeFlags:
         "every attribute the base does. Repeat for several communities.",
         nargs="+",
     )
+    communities: str | None = _c(
+        None,
+        "A directory of communities' heads (jaxtpu head's .head.npz files, one community each): "
+        "a request whose communityId has a head gets that head's attribute (TOXICITY) from it, "
+        "read off the base model's own pass over the comment, and every other attribute from "
+        "the base; X-Model-Version names both. Read again every 2 seconds: a head added or "
+        "replaced answers from then on, without a restart; a file that cannot be read, or of "
+        "another base model, is said in one line and the head it replaces keeps serving. Needs "
+        "--workdir or --model-dir (an ONNX graph gives no vector); --community ID=RUN wins for "
+        "its ID.",
+    )
     shadow: str | None = _c(
         None,
         "A model (run directory or ONNX export) scored in shadow: after each comments:analyze "
@@ -350,3 +361,51 @@ class HistoryCompareFlags:
         "scale), as a run served with --no-calibration answers.",
     )
     report: str | None = _c(None, "Also write the comparison as JSON to this file.")
+
+
+@dataclass(frozen=True)
+class HeadFlags:
+    workdir: str | None = _c(
+        None,
+        "The served run (its best model, frozen: never changed): the head reads its vector of "
+        "each comment and its probabilities. A server of this run with --communities serves the "
+        "head; one of another model, or of this run with other --attributes or --no-calibration, "
+        "refuses it.",
+        required=True,
+    )
+    decisions: str | None = _c(
+        None,
+        "The community's decisions: jaxtpu feedback export's file (comment_text, the attribute's "
+        "column: toxic for TOXICITY, 1 removed and 0 kept), or jaxtpu history import's (its "
+        "decision column), CSV, JSON Lines or Parquet. Rows without a decision are skipped.",
+        required=True,
+    )
+    out: str | None = _c(
+        None,
+        "The directory of heads (serve --communities DIR) the head is written into, as "
+        "<community>-<hash>.head.npz, whole or not at all; a head already there for the "
+        "community is kept beside it as .prev (not served) and replaced.",
+        required=True,
+    )
+    community: str | None = _c(
+        None,
+        "The community the head answers (its requests' communityId; Coral Talk's is "
+        "Coral:<site URL>); only --decisions' rows of it are read when the file has a community "
+        "column. Default: the file's one community.",
+    )
+    attribute: str = _c(
+        "TOXICITY",
+        "The attribute the head answers for the community (every other comes from the base), "
+        "one the run answers.",
+    )
+    label_column: str | None = _c(
+        None,
+        "The column holding each decision (>= 0.5: removed). Default: the attribute's column in "
+        "the run (toxic for TOXICITY) when the file has it, else decision.",
+    )
+    folds: int = _c(
+        5,
+        "Cross-validation folds that choose the head's regularisation on the decisions (fewer "
+        "when a class has fewer decisions).",
+        bounds=Bounds(2, 20),
+    )

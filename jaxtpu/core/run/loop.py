@@ -48,12 +48,14 @@ def score_examples(
     batcher: Batcher,
     task: Task,
     with_metrics: bool = True,
+    extra: tuple[str, ...] = (),
 ):
     """Scores every example exactly once across all devices (in the batcher's buckets), then
     computes the metrics on the host over the whole set (unless `with_metrics` is off: texts
     scored without labels); examples with row weights (--weighted-val-loss) weigh the loss by
     them, never the other metrics.
-    Returns (metrics, scores of the examples in their order)."""
+    Returns (metrics, scores of the examples in their order), then each of the eval step's
+    `extra` outputs in the examples' order (a scorer's pooled vectors)."""
     outs, batches = [], []
     rows = backend.local_rows(batcher.eval_global_batch)
     for b in batcher.eval_batches(examples.real_lengths()):
@@ -70,9 +72,14 @@ def score_examples(
     if with_metrics and examples.row_weights is not None:
         result["val_loss"] = metrics.weighted_mean(losses, weight * examples.row_weights[idx])
     real = weight > 0
-    ordered = np.empty((len(examples), *scores.shape[1:]), scores.dtype)
-    ordered[idx[real]] = scores[real]
-    return result, ordered
+
+    def in_order(values: np.ndarray) -> np.ndarray:
+        ordered = np.empty((len(examples), *values.shape[1:]), values.dtype)
+        ordered[idx[real]] = values[real]
+        return ordered
+
+    more = [in_order(np.concatenate([o[k] for o in outs])) for k in extra]
+    return (result, in_order(scores), *more)
 
 
 @dataclass
