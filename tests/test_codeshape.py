@@ -1,4 +1,4 @@
-"""`benchmarks.codeshape`: the architecture page's module map and the review's measurements."""
+"""`devtools.codeshape`: the architecture page's module map and the review's measurements."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import traceback
 
 import pytest
 
-from benchmarks import codeshape
+from devtools import codeshape
 
 
 def test_the_module_map_names_every_shipped_module_with_its_docstring():

@@ -1,8 +1,8 @@
-"""`python -m benchmarks.device_check --dry-run`: the GPU/TPU check (issue 66, item 5) is ready
-when a device is lent. Its parity part runs end to end on tiny shapes here (jaxtpu against plain
-torch in fp32, bf16 and fp16, the report under --out: about 40 s); the steps and scoring parts,
-which start the benchmark worker, a training, an export and two scoring scripts, run in process
-with those processes faked, each command checked against the parser of what it starts."""
+"""`python -m benchmarks.training.device_check --dry-run`: the GPU/TPU check (issue 66, item 5) is
+ready when a device is lent. Its parity part runs end to end on tiny shapes here (jaxtpu against
+plain torch in fp32, bf16 and fp16, the report under --out: about 40 s); the steps and scoring
+parts, which start the benchmark worker, a training, an export and two scoring scripts, run in
+process with those processes faked, each command checked against the parser of what it starts."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from parity_tests.harness import ROOT, clean_env
 @pytest.mark.torch
 def test_the_device_check_dry_run_compares_every_precision_and_writes_the_report(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.device_check", "--out", str(tmp_path), "--dry-run",
-         "--parts", "parity"],
+        [sys.executable, "-m", "benchmarks.training.device_check", "--out", str(tmp_path),
+         "--dry-run", "--parts", "parity"],
         cwd=ROOT,
         env=clean_env(),
         capture_output=True,
@@ -46,7 +46,7 @@ def test_the_steps_and_scoring_parts_start_what_they_name_and_read_its_answers(
 ):
     """Each process the two parts start is checked against the parser of what it runs (the
     worker's, training's, export's), and its answer read into the report's rows."""
-    from benchmarks import device_check, worker
+    from benchmarks.training import device_check, worker
     from jaxtpu.core.flags.cli import parse_args
     from jaxtpu.core.flags.commands import command_parser
 
@@ -55,7 +55,7 @@ def test_the_steps_and_scoring_parts_start_what_they_name_and_read_its_answers(
     def fake_call(cmd, timeout=600):
         started.append(cmd)
         module = cmd[2] if cmd[1] == "-m" else "script"
-        if module == "benchmarks.worker":
+        if module == "benchmarks.training.worker":
             worker.parser().parse_args(cmd[3:])
             out = json.dumps({"median_s": 0.5, "compile_s": 2.0})
         elif module == "jaxtpu.train":
@@ -89,8 +89,8 @@ def test_the_steps_and_scoring_parts_start_what_they_name_and_read_its_answers(
     assert all(r["comments_per_s"] == 100.0 and r["comments"] == 64 for r in scoring.values())
     modules = [c[2] if c[1] == "-m" else "script" for c in started]
     assert modules == [
-        "benchmarks.worker", "benchmarks.worker", "jaxtpu.train", "jaxtpu.export", "script",
-        "script",
+        "benchmarks.training.worker", "benchmarks.training.worker", "jaxtpu.train",
+        "jaxtpu.export", "script", "script",
     ]  # fmt: skip
 
 
@@ -98,7 +98,7 @@ def test_the_step_plan_fits_a_lease_and_a_partial_report_still_prints():
     """The H200 lease ran out in the steps part (18 processes, docs/gpu.md): the plan is 9 on a
     GPU with bf16, compile and BERT-base in the fastest precision; a report whose later parts
     never ran (or failed) still prints its table, the failure named."""
-    from benchmarks.device_check import step_plan, table
+    from benchmarks.training.device_check import step_plan, table
 
     plan = step_plan(False, ["fp32", "bf16", "fp16"], 1)
     assert len(plan) == 9

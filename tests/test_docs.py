@@ -133,7 +133,7 @@ def test_a_measured_table_is_generated_from_the_report_its_check_saved():
     by the check's own table at build time (`<!-- measured:FILE -->`), never copied by hand."""
     import importlib.util
 
-    from benchmarks.device_check import table
+    from benchmarks.training.device_check import table
 
     spec = importlib.util.spec_from_file_location("hooks", ROOT / "docs" / "hooks.py")
     hooks = importlib.util.module_from_spec(spec)

@@ -1,5 +1,5 @@
 """The imports of jaxtpu/, torchxla_ref/, parity_tests/ and benchmarks/ go one way
-(`benchmarks.codeshape.LAYERS`, docs/architecture.md "Layers"): no module imports a layer above
+(`devtools.codeshape.LAYERS`, docs/architecture.md "Layers"): no module imports a layer above
 its own, nothing in the libraries imports a command, the JAX side imports the reference only
 where `REFERENCE_IMPORTS` says why, the libraries' imports inside functions defer only heavy
 packages, and nothing forms a cycle (imports inside functions counted)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import codeshape
+from devtools import codeshape
 
 
 def test_the_imports_follow_the_layers_without_a_cycle():
@@ -29,7 +29,7 @@ def test_every_module_has_a_layer_and_the_commands_are_the_top_level_modules():
     # every shipped package has its place: the harnesses above the commands, the reference
     # between the Flax layers and jaxtpu.core
     names = [name for name, _, _ in codeshape.LAYERS]
-    assert codeshape.LAYERS[codeshape.layer_of("benchmarks.compare")][0] == "benchmarks"
+    assert codeshape.LAYERS[codeshape.layer_of("benchmarks.training.compare")][0] == "benchmarks"
     assert codeshape.LAYERS[codeshape.layer_of("parity_tests.checks")][0] == "parity_tests"
     ref = names.index(codeshape.LAYERS[codeshape.layer_of("torchxla_ref.models")][0])
     assert names.index("models") < ref < names.index("core.run")

@@ -1,4 +1,4 @@
-"""Measured results kept once (`benchmarks.measured`, issue 64 item 7): a benchmark's report
+"""Measured results kept once (`benchmarks.shared.measured`, issue 64 item 7): a benchmark's report
 file holds its rows with where, when and how they were measured, and the docs' table is made
 from it."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import measured
+from benchmarks.shared import measured
 from parity_tests.harness import ROOT
 
 BUCKET_ROWS = [
@@ -26,11 +26,11 @@ def test_a_kept_report_renders_its_kinds_table_and_says_where_when_and_how(tmp_p
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef+changes")  # git: a process
     argv = ["--out", "runs/bucket", "--report", "docs/measured/bucket.json"]
     path = measured.keep(
-        tmp_path / "m" / "bucket.json", "bucket", BUCKET_ROWS, "benchmarks.bucket", argv
+        tmp_path / "m" / "bucket.json", "bucket", BUCKET_ROWS, "benchmarks.training.bucket", argv
     )
     record = json.loads(path.read_text())
     assert record["report"] == BUCKET_ROWS and record["kind"] == "bucket"
-    assert record["command"] == "python -m benchmarks.bucket " + " ".join(argv)
+    assert record["command"] == "python -m benchmarks.training.bucket " + " ".join(argv)
     when = record["measured"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", when["date"])
     assert when["commit"] == "0123abcdef+changes"
@@ -39,25 +39,27 @@ def test_a_kept_report_renders_its_kinds_table_and_says_where_when_and_how(tmp_p
     assert "| MiniLM (6 x 384) | 0.27 GB | local disk | async | 0.20 s | 1.33 s |" in shown
     assert f"Measured {when['date']} at commit `{when['commit']}`" in shown
     assert (
-        "`python -m benchmarks.bucket --out runs/bucket --report docs/measured/bucket.json`"
-        in shown
+        "`python -m benchmarks.training.bucket --out runs/bucket --report "
+        "docs/measured/bucket.json`" in shown
     )
     assert not list(path.parent.glob("*.tmp"))
 
 
 def test_a_benchmark_ends_by_printing_its_table_and_cpu_and_keeping_the_report(tmp_path, capsys):
-    from benchmarks.machine import cpu_record
+    from benchmarks.shared.machine import cpu_record
 
     result = {"rows": 200, "workers": 1, "workdir": "runs/r", "predict_seconds": 20.0,
               "archive_seconds": 25.0, "max_abs_difference": 0.0, "cpu": cpu_record()}  # fmt: skip
-    measured.show_and_keep(result, "archive", "benchmarks.archive", None, [], None)
+    measured.show_and_keep(result, "archive", "benchmarks.deploy.archive", None, [], None)
     out = capsys.readouterr().out
     assert "| `jaxtpu predict` | 20 s | 10.0 | 1.00x |" in out and "0.80x" in out
     assert out.splitlines()[-1].startswith("CPU: ") and not list(tmp_path.iterdir())
     path = tmp_path / "a.json"
     when = {"date": "2026-12-05", "commit": "0123abcdef", "python": "3.12"}  # no git process
-    measured.show_and_keep(result, "archive", "benchmarks.archive", path, ["--rows", "200"], when)
-    assert capsys.readouterr().out.endswith(f"benchmarks.archive: kept {path}\n")
+    measured.show_and_keep(
+        result, "archive", "benchmarks.deploy.archive", path, ["--rows", "200"], when
+    )
+    assert capsys.readouterr().out.endswith(f"benchmarks.deploy.archive: kept {path}\n")
     assert json.loads(path.read_text())["report"]["rows"] == 200
 
 
@@ -69,24 +71,33 @@ def test_reports_of_one_kind_join_in_one_table_with_a_caption_per_sitting(tmp_pa
     when = measured.provenance()
     a, b = (
         measured.keep(
-            tmp_path / f"{n}.json", "bucket", [row], "benchmarks.bucket", [f"--{n}"], when
+            tmp_path / f"{n}.json", "bucket", [row], "benchmarks.training.bucket", [f"--{n}"], when
         )
         for n, row in zip("ab", reversed(BUCKET_ROWS), strict=True)
     )
     shown = measured.render_joined([a, b])
     assert shown.index("| async |") < shown.index("| sync |")  # a's row, then b's
     assert shown.count("\n|---") == 1 and shown.count("Measured ") == 1
-    assert "Again: `python -m benchmarks.bucket --a`; `python -m benchmarks.bucket --b`." in shown
-    later = measured.keep(tmp_path / "c.json", "bucket", BUCKET_ROWS, "benchmarks.bucket", [],
-                          {**when, "date": "2099-01-01"})  # fmt: skip
+    assert (
+        "Again: `python -m benchmarks.training.bucket --a`; "
+        "`python -m benchmarks.training.bucket --b`." in shown
+    )
+    later = measured.keep(
+        tmp_path / "c.json", "bucket", BUCKET_ROWS, "benchmarks.training.bucket", [],
+        {**when, "date": "2099-01-01"},
+    )  # fmt: skip
     assert measured.render_joined([a, later]).count("Measured ") == 2  # two sittings
     assert measured.render_joined([a]) == measured.render(a)
-    other = measured.keep(tmp_path / "d.json", "default_run", [], "benchmarks.default_run", [])
+    other = measured.keep(
+        tmp_path / "d.json", "default_run", [], "benchmarks.training.default_run", []
+    )
     with pytest.raises(ValueError, match="one table needs one kind"):
         measured.render_joined([a, other])
     saved = {"results": [], "matmul_peak_gflops": {}}  # a compare report: a record, not rows
-    whole = [measured.keep(tmp_path / f"q{i}.json", "compare", saved, "benchmarks.compare", [])
-             for i in (1, 2)]  # fmt: skip
+    whole = [
+        measured.keep(tmp_path / f"q{i}.json", "compare", saved, "benchmarks.training.compare", [])
+        for i in (1, 2)
+    ]
     with pytest.raises(ValueError, match="only reports of rows join in one table"):
         measured.render_joined(whole)
     assert re.findall(measured.MARKER, "<!-- measured:a.json,b-1.json -->") == ["a.json,b-1.json"]
@@ -94,7 +105,7 @@ def test_reports_of_one_kind_join_in_one_table_with_a_caption_per_sitting(tmp_pa
 
 def test_a_report_of_no_known_kind_is_refused_when_kept_and_when_shown(tmp_path):
     with pytest.raises(ValueError, match="no table for reports of kind 'no-such-kind'"):
-        measured.keep(tmp_path / "s.json", "no-such-kind", [], "benchmarks.epoch", [])
+        measured.keep(tmp_path / "s.json", "no-such-kind", [], "benchmarks.training.epoch", [])
     assert not (tmp_path / "s.json").exists()
     (tmp_path / "rows.json").write_text(json.dumps(BUCKET_ROWS))  # a bare bucket.json
     with pytest.raises(ValueError, match="not a kept report"):
@@ -118,12 +129,14 @@ def test_a_report_path_that_cannot_be_written_ends_a_benchmark_before_its_work(
     process or compile right after, which this tier's guard would fail."""
     import importlib
 
-    bench = importlib.import_module(f"benchmarks.{module}")
+    bench = importlib.import_module(f"benchmarks.training.{module}")
     with pytest.raises(SystemExit) as e:
         bench.main(["--report", str(tmp_path)])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"benchmarks.{module}: --report {tmp_path} is a directory; give a file path"
+    assert (
+        err == f"benchmarks.training.{module}: --report {tmp_path} is a directory; give a file path"
+    )
     assert measured.start(None, "benchmarks.x") is None  # no report: nothing checked
     monkeypatch.setattr(measured, "provenance", lambda: {"commit": "c"})  # git: a process
     assert measured.start(tmp_path / "new" / "r.json", "benchmarks.x") == {"commit": "c"}
@@ -144,7 +157,7 @@ def test_every_kept_report_renders_and_a_page_shows_it():
 
 
 def test_the_step_time_report_is_a_markdown_row_per_configuration():
-    from benchmarks.compare import markdown
+    from benchmarks.training.compare import markdown
 
     ok = {"framework": "jaxtpu", "parallel": "jit", "workload": "minilm", "precision": "bf16",
           "devices": 2, "steps_per_call": 8, "median_s": 0.94, "p10_s": 0.93, "p90_s": 0.97,
@@ -166,7 +179,7 @@ def test_the_step_time_report_is_a_markdown_row_per_configuration():
 
 
 def test_the_default_run_report_is_a_row_per_run_first_from_empty_caches():
-    from benchmarks.default_run import table
+    from benchmarks.training.default_run import table
 
     run = {"steps": 57, "val_auc": 0.95341, "val_loss": 0.31, "run_s": 111.4, "command_s": 117.2}
     shown = table([run, {**run, "run_s": 60.0, "command_s": 66.6}]).splitlines()
@@ -214,8 +227,8 @@ def test_no_page_gains_a_table_of_figures_copied_by_hand():
 def test_an_estimated_report_is_captioned_as_an_estimate_and_its_rows_are_ordered(
     tmp_path, monkeypatch
 ):
-    """benchmarks.decoders' rows are preflight's estimates for hardware that is not here: the
-    caption says 'Estimated (not measured)', never 'Measured', and the rows come in the
+    """benchmarks.training.decoders' rows are preflight's estimates for hardware that is not here:
+    the caption says 'Estimated (not measured)', never 'Measured', and the rows come in the
     table's order whatever order the run saved them in."""
     from dataclasses import asdict
 
@@ -230,7 +243,7 @@ def test_an_estimated_report_is_captioned_as_an_estimate_and_its_rows_are_ordere
 
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
     path = measured.keep(tmp_path / "d.json", "decoders", [saved(512, 5), saved(256, 12)],
-                         "benchmarks.decoders", ["--targets", "t4x2"])  # fmt: skip
+                         "benchmarks.training.decoders", ["--targets", "t4x2"])  # fmt: skip
     shown = measured.render(path)
     rows = [line for line in shown.splitlines() if line.startswith("| Qwen3-4B")]
     assert [r.split(" | ")[2:4] for r in rows] == [["256", "12"], ["512", "5"]]
@@ -239,10 +252,10 @@ def test_an_estimated_report_is_captioned_as_an_estimate_and_its_rows_are_ordere
 
 
 def test_the_competitions_tables_show_each_runs_commands_training_and_evaluation():
-    """benchmarks.competitions' rows (kinds competitions and bias): a run's monitored best,
+    """benchmarks.quality.competitions' rows (kinds competitions and bias): a run's monitored best,
     evaluate's headline on its count of examples or pairs, its parts less the per-identity
     ones, what predict wrote, and the bias table's val_loss at the best step."""
-    from benchmarks import competitions
+    from benchmarks.quality import competitions
 
     row = {
         "run": "Unintended Bias",
@@ -270,7 +283,7 @@ def test_the_competitions_tables_show_each_runs_commands_training_and_evaluation
 
 
 def test_the_precisions_table_gives_fp16_alone_its_skipped_steps_and_loss_scales():
-    from benchmarks import precisions
+    from benchmarks.training import precisions
 
     rows = [
         {"precision": "bf16", "steps": 30, "val_agreement": 0.91667, "val_loss": 0.1042,
@@ -286,7 +299,7 @@ def test_the_precisions_table_gives_fp16_alone_its_skipped_steps_and_loss_scales
 
 
 def test_the_community_table_gives_each_size_against_the_base_then_the_shadow_report():
-    from benchmarks import community
+    from benchmarks.quality import community
 
     row = {"decisions": 300, "deleted": 60, "community_auc_before": 0.90,
            "community_auc_after": 0.96, "jigsaw_toxic_auc_before": 0.95,
@@ -316,9 +329,10 @@ def test_the_community_table_gives_each_size_against_the_base_then_the_shadow_re
 
 
 def test_a_failed_precision_run_is_one_line_and_the_runs_before_it_are_kept(tmp_path, monkeypatch):
-    """benchmarks.precisions writes DIR/precisions.json after each run: the second run failing
-    (a fake one here) ends it in one line naming the run, with the first run's row kept."""
-    from benchmarks import precisions, trainruns
+    """benchmarks.training.precisions writes DIR/precisions.json after each run: the second run
+    failing (a fake one here) ends it in one line naming the run, with the first run's row kept."""
+    from benchmarks.shared import trainruns
+    from benchmarks.training import precisions
 
     def train(cmd):
         workdir = Path(cmd[cmd.index("--workdir") + 1])
@@ -343,10 +357,11 @@ def test_a_failed_precision_run_is_one_line_and_the_runs_before_it_are_kept(tmp_
 def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_padded(
     tmp_path, monkeypatch
 ):
-    """benchmarks.quality: per seed a bucketed and a padded run of the same train command
+    """benchmarks.quality.buckets: per seed a bucketed and a padded run of the same train command
     (fake runs here: the command line checked, a summary written), DIR/quality.json, the
     table's bucketed - padded per seed and their mean, and a report of kind quality."""
-    from benchmarks import quality, trainruns
+    from benchmarks.quality import buckets as quality
+    from benchmarks.shared import trainruns
 
     commands = []
     fail_at = [0]  # the call that fails (0: none)
@@ -391,8 +406,8 @@ def test_the_quality_benchmark_runs_each_seed_both_ways_and_gives_bucketed_less_
 def test_an_estimates_report_is_captioned_as_an_estimate_in_the_targets_order(
     tmp_path, monkeypatch
 ):
-    """benchmarks.estimates --report (kind estimates): preflight's figures for TPUs that are
-    not here, so the caption says 'Estimated (not measured)'; the rows come in TARGETS' order
+    """benchmarks.training.estimates --report (kind estimates): preflight's figures for TPUs that
+    are not here, so the caption says 'Estimated (not measured)'; the rows come in TARGETS' order
     (v3-8 before v5e-8) whatever order they were computed in, and the v3 rows carry the
     compiler's figure beside the roofline's (what docs/tpu.md's validation reads)."""
     from jaxtpu.preflight.report import Report
@@ -406,7 +421,9 @@ def test_an_estimates_report_is_captioned_as_an_estimate_in_the_targets_order(
 
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
     rows = [saved("v5e-8", 0.01, -114.0, 0.01), saved("v3-8", 0.02, 0.02, 0.019)]
-    path = measured.keep(tmp_path / "e.json", "estimates", rows, "benchmarks.estimates", [])
+    path = measured.keep(
+        tmp_path / "e.json", "estimates", rows, "benchmarks.training.estimates", []
+    )
     shown = measured.render(path)
     lines = [line for line in shown.splitlines() if line.startswith("| MiniLM")]
     assert [line.split(" | ")[1] for line in lines] == ["v3-8", "v5e-8"]
@@ -416,12 +433,12 @@ def test_an_estimates_report_is_captioned_as_an_estimate_in_the_targets_order(
 
 
 def test_the_serving_table_is_a_row_per_sitting_against_its_goals(tmp_path, monkeypatch):
-    """benchmarks.serving --report (kind serving): each sitting (a backend and its serve flags)
-    one row: the server's rates at each client count, p50 alone and p99 at the top count, its
+    """benchmarks.serving.throughput --report (kind serving): each sitting (a backend and its serve
+    flags) one row: the server's rates at each client count, p50 alone and p99 at the top count, its
     offline rate and the baseline's at the top count, and the three ratios the goals judge."""
     import argparse
 
-    from benchmarks import serving
+    from benchmarks.serving import throughput as serving
 
     def sitting(backend: str, flags: str, rates: list[float], offline: float) -> dict:
         rows = [{"way": f"serve {backend}", "clients": c, "throughput": t, "p50_ms": 10.0 * c,
@@ -440,7 +457,9 @@ def test_the_serving_table_is_a_row_per_sitting_against_its_goals(tmp_path, monk
     loads = ((0.5, 100.0), (0.8, 400.0), (0.95, 900.0))
     sittings[1]["open_loop"] = [{"fraction": f, "p99_ms": ms} for f, ms in loads]
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
-    path = measured.keep(tmp_path / "s.json", "serving", sittings, "benchmarks.serving", [])
+    path = measured.keep(
+        tmp_path / "s.json", "serving", sittings, "benchmarks.serving.throughput", []
+    )
     lines = measured.render(path).splitlines()
     assert lines[0].startswith(
         "| CPU | serve | comments/s at 1 / 8 / 64 clients | p50 at 1 / p99 at 64"
@@ -465,8 +484,8 @@ def test_the_serving_table_is_a_row_per_sitting_against_its_goals(tmp_path, monk
 
 
 def test_the_epoch_table_is_each_row_against_jaxtpu_padded_at_its_length(tmp_path, monkeypatch):
-    """benchmarks.compare --epoch --report (kind epoch): a row per framework and batching; x
-    padded is the row's epoch over jaxtpu padded's (a +warm row: over padded +warm's), steady s
+    """benchmarks.training.compare --epoch --report (kind epoch): a row per framework and batching;
+    x padded is the row's epoch over jaxtpu padded's (a +warm row: over padded +warm's), steady s
     is the epoch less its compile time, and torch's rows are named as the docs name them."""
 
     def row(fw: str, way: str, batching: str, epoch: float, cache: str | None = None, **kw):
@@ -486,7 +505,9 @@ def test_the_epoch_table_is_each_row_against_jaxtpu_padded_at_its_length(tmp_pat
                 "error": "timed out after 3600s"}]  # fmt: skip
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
     saved = {"results": records}
-    path = measured.keep(tmp_path / "e.json", "epoch", saved, "benchmarks.compare", ["--epoch"])
+    path = measured.keep(
+        tmp_path / "e.json", "epoch", saved, "benchmarks.training.compare", ["--epoch"]
+    )
     lines = [line for line in measured.render(path).splitlines() if line.startswith("| 128 |")]
     first = "| 128 | jaxtpu jit/8+fsdp+hp | padded | 200 | 1.00 | 4.0 | 196 | 3000 | 0.55 | 4 |"
     assert lines[0] == first + " 1.90 | 0.04 |"
@@ -499,8 +520,8 @@ def test_the_epoch_table_is_each_row_against_jaxtpu_padded_at_its_length(tmp_pat
 
 
 def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_path, monkeypatch):
-    """benchmarks.tpu_tuning --report (kind tpu_tuning): a row per variant in the order run,
-    named by what it changes, the compiler's estimate over the FLOP floor, the roofline beside
+    """benchmarks.training.tpu_tuning --report (kind tpu_tuning): a row per variant in the order
+    run, named by what it changes, the compiler's estimate over the FLOP floor, the roofline beside
     it; a negative compiler figure (v4+ off a TPU) is shown in parentheses with no ratio."""
 
     def row(variant: str, est: float) -> dict:
@@ -510,7 +531,9 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
 
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
     rows = [row("default", 0.0579), row("tpu", 0.0492), row("gelu=tanh", -26.0)]
-    path = measured.keep(tmp_path / "t.json", "tpu_tuning", rows, "benchmarks.tpu_tuning", [])
+    path = measured.keep(
+        tmp_path / "t.json", "tpu_tuning", rows, "benchmarks.training.tpu_tuning", []
+    )
     shown = measured.render(path)
     lines = [line for line in shown.splitlines() if line.startswith("| ") and "`" in line]
     assert lines[0] == (
@@ -526,7 +549,7 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
     v5e = {**row("tpu", -50.0), "target": "v5e-8", "roofline_step_s": 0.0158,
            "roofline_high_s": 0.0416, "roofline_at_v6e-8_s": 0.0079}  # fmt: skip
     lines = measured.render(measured.keep(
-        tmp_path / "v5e.json", "tpu_tuning", [v5e], "benchmarks.tpu_tuning", []
+        tmp_path / "v5e.json", "tpu_tuning", [v5e], "benchmarks.training.tpu_tuning", []
     )).splitlines()  # fmt: skip
     assert lines[2].endswith("| roofline s/step | at v6e-8's rates |")
     assert lines[4].endswith("| `tpu` | (-50) | - | 0.0158-0.0416 | 0.0079 |")
@@ -535,7 +558,9 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
               {"group": "all operations", "count": 900, "bytes": 12.9e9, "seconds": 0.0484,
                "beyond_flops": 0.0135}]  # fmt: skip
     rows[1]["breakdown"] = groups  # --breakdown 1: the top group, then the step
-    path = measured.keep(tmp_path / "t.json", "tpu_tuning", rows, "benchmarks.tpu_tuning", [])
+    path = measured.keep(
+        tmp_path / "t.json", "tpu_tuning", rows, "benchmarks.training.tpu_tuning", []
+    )
     lines = measured.render(path).split("Where `tpu`'s step goes beyond its FLOPs")[1].splitlines()
     assert lines[4] == "| `fusion/loop backward layer_N/attention/self` | 48 | 2.25 | 5.20 | 4.90 |"
     assert lines[5] == "| **all operations** | 900 | 12.90 | 48.40 | 13.50 |"
@@ -547,8 +572,11 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
           "roofline_gb_per_step": 0.764}  # fmt: skip
     v3 = {**row("tpu", 0.0492), **gb, "program": {**program, "on_chip": 0}}
     v5 = {**v5e, **gb, "floor_s": 0.0182, "program": program}
-    paths = [measured.keep(tmp_path / f"{n}.json", "tpu_tuning", [r], "benchmarks.tpu_tuning", [])
-             for n, r in (("v3", v3), ("v5", v5))]  # fmt: skip
+    module = "benchmarks.training.tpu_tuning"
+    paths = [
+        measured.keep(tmp_path / f"{n}.json", "tpu_tuning", [r], module, [])
+        for n, r in (("v3", v3), ("v5", v5))
+    ]
     shown = measured.render_joined(paths)
     assert "on v3-8 (0.0350 s), v5e-8 (0.0182 s);" in shown
     assert "| `tpu` | v5e-8 | (-50) | - | 0.0158-0.0416 |" in shown
@@ -557,12 +585,12 @@ def test_the_tpu_tuning_table_names_each_choice_and_says_it_is_an_estimate(tmp_p
 
 
 def test_a_preflight_sweep_is_kept_with_preflights_own_table(tmp_path, monkeypatch, capsys):
-    """benchmarks.preflight_sweep (kind preflight): preflight's JSON kept as it wrote it and
-    shown with preflight's own table, the largest batch column when it searched; its flags
+    """benchmarks.training.preflight_sweep (kind preflight): preflight's JSON kept as it wrote it
+    and shown with preflight's own table, the largest batch column when it searched; its flags
     after `--` are checked before any process starts."""
     from dataclasses import asdict
 
-    from benchmarks import preflight_sweep
+    from benchmarks.training import preflight_sweep
     from jaxtpu.preflight.report import Report
 
     def saved(sharding: str, largest: int) -> dict:
@@ -575,7 +603,9 @@ def test_a_preflight_sweep_is_kept_with_preflights_own_table(tmp_path, monkeypat
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
     record = {"target": "v3-8", "config": {}, "reports": [saved("replicated", 11)]}
     record["reports"].append(saved("zero1", 16))
-    path = measured.keep(tmp_path / "p.json", "preflight", record, "benchmarks.preflight_sweep", [])
+    path = measured.keep(
+        tmp_path / "p.json", "preflight", record, "benchmarks.training.preflight_sweep", []
+    )
     shown = measured.render(path)
     rows = [line for line in shown.splitlines() if line.startswith("| replicated") or
             line.startswith("| zero1")]  # fmt: skip

@@ -74,8 +74,9 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, onnx_e
         int8 = _scores(int8_session, ids, mask)[:, 0]
         assert np.isfinite(int8).all() and np.abs(int8 - ours).max() < 0.05
 
-    # benchmarks.onnx_profile: kernel time by op type, the fused graph's Attention among them
-    from benchmarks.onnx_profile import profile
+    # benchmarks.serving.onnx_profile: kernel time by op type, the fused graph's Attention among
+    # them
+    from benchmarks.serving.onnx_profile import profile
 
     ids, mask = encode_texts(TEXTS, tok, 16)
     feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}

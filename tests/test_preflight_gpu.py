@@ -175,7 +175,7 @@ def test_a_program_that_does_not_lower_for_cuda_is_refused(monkeypatch):
 
 
 def test_the_decoder_tables_t4x2_row_is_fp16_and_reads_its_floor(tmp_path):
-    from benchmarks import decoders
+    from benchmarks.training import decoders
 
     assert ("Qwen3-4B", "t4x2") in decoders.ROWS
     cfg = decoders.run_config(tmp_path, "Qwen3-4B", 512, 4, "t4x2")

@@ -123,7 +123,7 @@ def test_the_v5e_program_is_read_whole_and_the_v3_one_tracks_the_compiler():
     matmul loops and on-chip staging are read so that its matmul FLOPs are the v3 program's
     to the FLOP; on v3, which stages nothing on the chip, the roofline's bytes and time stay
     within 15% of the compiler's own `bytes accessed` and `optimal_seconds` (1.005x and 0.98x
-    for the whole BERT-base: benchmarks.estimates)."""
+    for the whole BERT-base: benchmarks.training.estimates)."""
     from jaxtpu.core.flags import presets
     from jaxtpu.preflight import speed as pf_speed
     from jaxtpu.preflight import targets as pf_targets

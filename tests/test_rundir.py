@@ -282,7 +282,7 @@ def test_after_a_failed_save_only_the_closed_loop_tracebacks_are_dropped_from_st
     stream.flush()
     assert out.getvalue() == "error: no space left on device\n" + real + "a last line\n"
     # two threads' tracebacks interleaved line by line (seen from the reads a replaced
-    # checkpoint cuts short: benchmarks.load_race): both dropped, nothing stray left
+    # checkpoint cuts short: benchmarks.serving.load_race): both dropped, nothing stray left
     a, b = noise.splitlines(keepends=True), noise.splitlines(keepends=True)
     mixed = "".join(x + y for x, y in zip(a, b, strict=True)) + "after\n"
     out = io.StringIO()

@@ -130,8 +130,8 @@ BF16_MIN_COMPUTE_CAPABILITY = (8, 0)
 # JAX multiplies fp32 matrices on an NVIDIA GPU in TF32 by default (10 bits of mantissa, on
 # the tensor cores of compute capability 8.0 and up), where torch keeps fp32
 # (`torch.backends.cuda.matmul.allow_tf32` is off by default). So `--precision fp32` on a GPU
-# asks JAX for full-precision matmuls: measured by `benchmarks.device_check` on an H200 (MiniLM,
-# 16 comments, against torch on the same GPU), JAX's default gave gradients 1.6e-3 apart
+# asks JAX for full-precision matmuls: measured by `benchmarks.training.device_check` on an H200
+# (MiniLM, 16 comments, against torch on the same GPU), JAX's default gave gradients 1.6e-3 apart
 # (the fp32 bound is 1e-3) and "highest" 2.4e-6, logits 2.6e-5 and 3.6e-8. TPUs keep their
 # default (one bf16 pass, as torch_xla's own default); bf16 and fp16 matmuls are not changed by
 # it. A user's JAX_DEFAULT_MATMUL_PRECISION (e.g. "tensorfloat32" for TF32's speed) is kept.

@@ -7,7 +7,7 @@ in every call (a MiniLM step of plain PyTorch on the CPU pays the same kind of c
 2.35 and later can ask the kernel for transparent huge pages for its mappings (the tunable
 `glibc.malloc.hugetlb=1`, which uses madvise): 2 MiB pages, so 512 times fewer faults. The
 faults per step and the step time with and without are measured by `python -m
-benchmarks.worker` (its `page_faults_per_step`; docs/benchmarks.md).
+benchmarks.training.worker` (its `page_faults_per_step`; docs/benchmarks.md).
 
 Tunables are read when a process starts, so a command that wants them re-executes itself once
 with `GLIBC_TUNABLES` extended (`reexec_with_huge_pages`), before anything else runs. Nothing

@@ -329,7 +329,7 @@ class Checkpoints:
                     raise
                 # the reads cut short finish in tensorstore's threads after their loop closed,
                 # each printing a bare 'Event loop is closed' traceback (83 in 93 calls of
-                # benchmarks.load_race): dropped, as after a failed save
+                # benchmarks.serving.load_race): dropped, as after a failed save
                 _drop_closed_loop_tracebacks()
                 self._drop(name)  # its list of steps is stale
                 time.sleep(0.01 * attempt)

@@ -4,7 +4,7 @@ calibration, and the ONNX graph with its check against jaxtpu's own scores.
 
 The ONNX graph is torch's exporter's of the reference's model of the same weights
 (`torchxla_ref.onnxexport`): `torch.onnx` exports a torch module, so this is the one module of
-the JAX side that imports the reference (`benchmarks.codeshape.REFERENCE_IMPORTS`).
+the JAX side that imports the reference (`devtools.codeshape.REFERENCE_IMPORTS`).
 """
 
 from __future__ import annotations

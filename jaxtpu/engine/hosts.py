@@ -86,7 +86,7 @@ def scoring_devices(num_devices: int) -> list[jax.Device]:
     local device JAX starts with (an accelerator's; on a CPU one device, unless the user or
     the process asked for virtual ones). Scoring copies the weights to every device, which
     on a CPU buys nothing: one XLA:CPU device already spreads each op over the cores
-    (`benchmarks.scoring`: faster on one device than on eight virtual ones, with half the
+    (`benchmarks.serving.scoring`: faster on one device than on eight virtual ones, with half the
     memory)."""
     if num_devices:
         return init_devices(num_devices)

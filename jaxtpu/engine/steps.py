@@ -269,7 +269,7 @@ def train_steps(
 
     if jax.tree_util.tree_leaves(batches)[0].shape[0] == 1:
         # K = 1 (a static shape): a plain step, because a scan of length one ran slower on
-        # XLA:CPU (`python -m benchmarks.compare` measures steps per call).
+        # XLA:CPU (`python -m benchmarks.training.compare` measures steps per call).
         state, metrics = step(state, jax.tree_util.tree_map(lambda x: x[0], batches))
         return state, jax.tree_util.tree_map(lambda x: x[None], metrics)
 

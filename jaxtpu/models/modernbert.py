@@ -73,7 +73,7 @@ def banded(length: int, half_window: int) -> bool:
     form (`Attention._banded`: each chunk of `half_window` queries against its own and the two
     neighbouring chunks' keys, 3 x half_window scores per query) rather than as the full
     L x L matrix with the band masked: from 8 half-windows (512 tokens for ModernBERT's
-    128-token window), where `benchmarks.local_attention` found it faster both on this CPU
+    128-token window), where `benchmarks.training.local_attention` found it faster both on this CPU
     (1.7x at 512, 4.9x at 2,048) and in the roofline estimate of the v5e program (1.15x at
     512, 4.5x at 2,048); at 384 tokens the CPU still gains (1.3x) but the v5e estimate loses
     (0.7x), so the TPU decides (docs/families.md, "Sliding-window attention")."""
@@ -99,7 +99,7 @@ class Attention(nn.Module):
     """Fused-QKV self-attention with rotary positions; a sliding-window layer adds the band
     to the padding mask. `sliding` is the layer's kind (`layer_types`); `local_form` how a
     sliding layer computes: 'auto' (`banded`'s rule), 'full' or 'banded' (the same function,
-    for tests and `benchmarks.local_attention`)."""
+    for tests and `benchmarks.training.local_attention`)."""
 
     cfg: EncoderConfig
     sliding: bool = False

@@ -35,7 +35,7 @@ def mixed_einsum(
     cast is where a too large loss scale overflows to inf, as it does in torch's fp16 backward
     (what dynamic loss scaling detects). Letting JAX differentiate `einsum(...,
     preferred_element_type=f32)` instead gives fp32 backward matmuls, which ran several times
-    slower on XLA:CPU (`python -m benchmarks.compare`; docs/benchmarks.md).
+    slower on XLA:CPU (`python -m benchmarks.training.compare`; docs/benchmarks.md).
     Every index must appear in exactly two of the three terms (true of matmuls).
     """
     return _mixed_fwd(spec, a, b, out, half)[0]

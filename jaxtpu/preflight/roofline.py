@@ -7,7 +7,7 @@ Preflight's step-time estimate for the TPU generations whose compiler cost model
 a host without a TPU (v4, v5e, v5p, v6e: `hardware.TpuChip.cost_model`); on v2 and v3, where
 both exist, it tracks the cost model's `optimal_seconds` (docs/tpu.md has the figures, the tests
 hold it to them). What an operation costs beyond its FLOPs' time is what memory traffic adds to
-the step: `benchmarks.tpu_tuning --breakdown N` prints those rows.
+the step: `benchmarks.training.tpu_tuning --breakdown N` prints those rows.
 
 What the v4/v5e/v6e compilers write and v2/v3's do not, read as the hardware does:
 - memory spaces: an array whose layout says `S(1)` (VMEM, on-chip) or any other non-zero

@@ -145,7 +145,7 @@ def archive(args: argparse.Namespace, beam_flags: list[str]) -> int:
     work = {"pseudo_label": False, "rank_by_rule": False, "label_weights": None}
     check_fits(args.input, {**work, "all_outputs": False}, [model.trained], kind)
     assert kind is not None
-    if kind.by_rule or kind.name == "rules":
+    if kind.by_rule:  # rows that ask about a rule are scored with the rule's text
         raise UserError(
             f"--input {args.input}: {kind.what} is scored with its rules' texts; score it with "
             "jaxtpu predict"

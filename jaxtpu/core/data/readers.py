@@ -44,6 +44,13 @@ from jaxtpu.core.textformat import PLAIN, TextFormat
 log = logging.getLogger(__name__)
 
 
+def _by_rule(header: list[str]) -> bool:
+    """Whether a file of columns `header` asks about a rule in each row (its kind's
+    `by_rule`: the Agile Community Rules files)."""
+    kind = kind_of(header)
+    return kind is not None and kind.by_rule
+
+
 def columns(path: str | os.PathLike) -> list[str]:
     """The header of an input file (validated like any input file)."""
     return open_table(path).header
@@ -200,7 +207,7 @@ def comments_to_score(
     --rule-template and the body, or prompts; by default the rule alone, then the body);
     with a --prompt-template, every row is its prompt."""
     table = open_table(path)
-    if kind_of(table.header) is BY_NAME["rules"]:
+    if _by_rule(table.header):
         whole = read_rules(path, False, table=table, template=template_of(fmt))
         for start in range(0, len(whole), chunk):
             part = whole.subset(np.arange(start, min(start + chunk, len(whole))))
@@ -412,7 +419,7 @@ def read_rules(
     `read_comments`); an empty rule is refused."""
     table = table or open_table(path)
     header = table.header
-    if kind_of(header) is not BY_NAME["rules"]:
+    if not _by_rule(header):
         raise missing_columns_error(path, header, "body, rule (an Agile Community Rules file)")
     if labelled and RULE_LABEL not in header:
         raise missing_columns_error(path, header, f"body, rule, {RULE_LABEL} (labelled rows)")
@@ -483,7 +490,7 @@ def rule_examples(path: str | os.PathLike) -> list[tuple[str, str, float, dict[s
     its label: 1 for `positive_example_*`, 0 for `negative_example_*`, the row it came from),
     empty examples skipped. Refused when the file lacks an example column."""
     table = open_table(path)
-    if kind_of(table.header) is not BY_NAME["rules"]:
+    if not _by_rule(table.header):
         raise missing_columns_error(
             path, table.header, "body, rule (an Agile Community Rules file)"
         )

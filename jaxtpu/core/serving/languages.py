@@ -6,7 +6,7 @@ attribute lacked (400 `LANGUAGE_NOT_SUPPORTED_BY_ATTRIBUTE`). Here a detection n
 comment: a platform that gets a 400 publishes the comment unscored (Coral Talk does), so every
 misdetection would be a comment that escapes moderation, and anyone can make one by appending
 a few foreign words to a slur. Measured on real English comments (`python -m
-benchmarks.languages`, docs/perspective.md "Languages"): the detector was sure of another
+benchmarks.serving.languages`, docs/perspective.md "Languages"): the detector was sure of another
 language for toxic English comments ("Fuck you, cunt." as Latin), and a short foreign tail
 turned sure detections of toxic comments into another language. So:
 

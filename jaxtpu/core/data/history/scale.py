@@ -8,7 +8,7 @@ history rows the model did not train on, in one of two ways (`METHODS`):
   Perspective's score at the same quantile. As many comments pass each threshold as passed
   Perspective's on the history: a platform's threshold keeps the share of comments it
   withholds, which is what switching without re-tuning needs. Measured
-  (`benchmarks.perspective_scale`): the isotonic map left a learnt model's SEVERE_TOXICITY
+  (`benchmarks.quality.perspective_scale`): the isotonic map left a learnt model's SEVERE_TOXICITY
   flagging a quarter as many comments as Perspective at 0.8.
 - `isotonic`: isotonic regression (pool-adjacent-violators) of Perspective's score on the
   model's, made strictly increasing through each pooled block's centre, with (0, 0) and (1, 1)
