@@ -106,13 +106,14 @@ class Running:
         communities=None,
         shadow=None,
         heads=None,
+        shadow_heads=None,
         **options,
     ):
         from jaxtpu.serve.app import Options, Server, build_app
         from jaxtpu.serve.lifecycle import DrainingServer
         from jaxtpu.serve.processes import uvicorn_config
 
-        self.server = Server(models, Options(**options), communities, shadow, heads)
+        self.server = Server(models, Options(**options), communities, shadow, heads, shadow_heads)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
@@ -1100,6 +1101,51 @@ def test_a_communitys_head_answers_its_attribute_from_the_bases_pass_and_is_read
         ] == _score(text, 0)
     finally:
         running.stop()
+
+
+def test_a_head_in_shadow_is_compared_with_what_answers_its_community_and_never_answers(
+    tmp_path,
+):
+    """Issue 96, item 2: --shadow-communities DIR holds a candidate head per community; each
+    comment of that community is scored by it from the same call of the base and compared with
+    the answer (the head in service), which stays the service's; /v1/shadow reports it per
+    community, and `jaxtpu shadow report`'s table shows it under the community's name."""
+    from jaxtpu.core.serving import heads
+    from jaxtpu.core.serving.shadow import table
+
+    base = FakeModel(hidden=4)
+    community = "forum"
+    live, candidate = tmp_path / "live", tmp_path / "candidates"
+    live.mkdir()
+    candidate.mkdir()
+    serving, trying = _a_head(base, community, 0), _a_head(base, community, 1)
+    heads.save(serving, live / "f.head.npz")
+    trying_version = heads.save(trying, candidate / "f.head.npz")
+    running = Running([base], heads=str(live), shadow_heads=str(candidate))
+    texts = [f"comment {i}" for i in range(6)]
+    answered = []
+    try:
+        calls = len(base.calls)
+        for text in texts:
+            body = {"comment": {"text": text}, "communityId": community,
+                    "requestedAttributes": {"TOXICITY": {}}}  # fmt: skip
+            got = post(running.url, body, None)[2]
+            answered.append(got["attributeScores"]["TOXICITY"]["summaryScore"]["value"])
+        assert len(base.calls) == calls + len(texts)  # no second pass for the candidate
+        report = json.loads(get(f"{running.url}/v1/shadow")[2])
+    finally:
+        running.stop()
+    out = base.probabilities(texts)
+    service = serving.probability(out[:, 2:], out[:, :2])
+    np.testing.assert_allclose(answered, service, rtol=1e-12)  # the head in service answered
+    mine = report["communities"][community]
+    assert mine["shadow"] == trying_version and mine["attributes"]["TOXICITY"]["compared"] == 6
+    diff = np.abs(
+        serving.probability(out[:, 2:], out[:, :2]) - trying.probability(out[:, 2:], out[:, :2])
+    )
+    assert mine["attributes"]["TOXICITY"]["mean_abs_difference"] == pytest.approx(diff.mean())
+    assert "primary" not in report  # no model in shadow: the heads' part alone
+    assert f"community '{community}':" in table(report)
 
 
 def test_a_model_in_shadow_is_compared_on_every_answer_and_never_answers(capsys):

@@ -276,9 +276,14 @@ class _Routes:
         return BackgroundTask(self.server.compare_in_shadow, req.text, primary)
 
     async def shadow_report(self, request: Request, call: _Call) -> Response:
-        if self.server.shadow_stats is None:
-            raise ApiError(404, "No model in shadow: start the server with --shadow RUN.")
-        return JSONResponse(self.server.shadow_stats.report(), headers=self.headers())
+        report = self.server.shadow_report()
+        if report is None:
+            raise ApiError(
+                404,
+                "No model in shadow: start the server with --shadow RUN or "
+                "--shadow-communities DIR.",
+            )
+        return JSONResponse(report, headers=self.headers())
 
     async def suggestscore(self, read: Body, call: _Call) -> Response:
         """A suggestion, checked and kept where --feedback says (nowhere without it)."""

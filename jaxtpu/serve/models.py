@@ -79,12 +79,19 @@ class ModelSet:
         return {"version": self.version, "models": [m.card for m in self.models]}
 
     async def scores(
-        self, texts: list[str], names: Sequence[str], head: Head | None = None
+        self,
+        texts: list[str],
+        names: Sequence[str],
+        head: Head | None = None,
+        candidate: Head | None = None,
+        compared: dict[str, float] | None = None,
     ) -> list[dict[str, float]]:
         """Each text's score of each attribute of `names`, through the model owning it (the
         texts of a request go to each such model's batcher as one job); `head`: a community's
         head answers its attribute, from the owning model's probabilities and vector of each
-        text (that model scores with `pooled`), every other attribute as without it."""
+        text (that model scores with `pooled`), every other attribute as without it.
+        `candidate`: a head in shadow, whose score of the comment (the first text) is put in
+        `compared`, from the same call."""
         wanted: dict[int, list[Attribute]] = {}
         for name in names:
             wanted.setdefault(id(self.owner[name]), []).append(self.attribute[name])
@@ -98,9 +105,13 @@ class ModelSet:
         for (model, attrs, _), out in zip(jobs, results, strict=True):
             for i, scores in enumerate(model.scores(texts, attrs, out)):
                 per_text[i].update(scores)
+            k = len(model.columns)
             if head is not None and any(a.name == head.record.attribute for a in attrs):
-                k = len(model.columns)
                 removal = head.probability(out[:, k:], out[:, :k])
                 for i, p in enumerate(removal):
                     per_text[i][head.record.attribute] = float(p)
+            if candidate is not None and compared is not None:
+                if any(a.name == candidate.record.attribute for a in attrs):
+                    p = candidate.probability(out[:1, k:], out[:1, :k])
+                    compared[candidate.record.attribute] = float(p[0])
         return per_text

@@ -120,8 +120,9 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
     given = list(args.attributes or [])
     say = (lambda *a, **k: None) if quiet else print
     heads = getattr(args, "communities", None)
+    shadow_heads = getattr(args, "shadow_communities", None)
     models = [
-        _load(args, kind, source, given[i] if given else "", say, pooled=bool(heads))
+        _load(args, kind, source, given[i] if given else "", say, bool(heads or shadow_heads))
         for i, (kind, source) in enumerate(sources(args))
     ]
     communities = {}
@@ -155,7 +156,7 @@ def build(args: argparse.Namespace, quiet: bool = False) -> tuple[Any, str]:
         max_queue=args.max_queue,
         warm_first=args.workers > 1,
     )
-    server = Server(models, options, communities, shadow, heads)
+    server = Server(models, options, communities, shadow, heads, shadow_heads)
     return build_app(server), server.version
 
 

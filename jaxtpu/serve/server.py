@@ -80,6 +80,7 @@ class Server:
         communities: Mapping[str, Sequence[Served]] | None = None,
         shadow: Sequence[Served] | None = None,
         heads: str | None = None,
+        shadow_heads: str | None = None,
     ) -> None:
         self.options = options
         limits = (options.max_items, options.max_wait_ms, options.max_queue)
@@ -104,6 +105,9 @@ class Server:
         )
         # the communities' heads on the base (`--communities DIR`), checked against it
         self.heads = HeadDir(heads, self._refusal) if heads else None
+        # candidates (`--shadow-communities DIR`): compared with what answers, never answering
+        self.shadow_heads = HeadDir(shadow_heads, self._refusal) if shadow_heads else None
+        self.head_shadow: dict[str, ShadowStats] = {}  # by community
         self._watching: asyncio.Task | None = None
         self.models = self.base.models
         self.available = self.base.available
@@ -139,6 +143,9 @@ class Server:
             return None
         return self.heads.heads.get(community)
 
+    def _head_dirs(self) -> list[HeadDir]:
+        return [d for d in (self.heads, self.shadow_heads) if d is not None]
+
     def _refusal(self, head: Head) -> str | None:
         """Why the base cannot serve `head` (None: it can)."""
         r = head.record
@@ -161,18 +168,17 @@ class Server:
         """Reads --communities DIR again every `HEADS_EVERY` seconds (in a thread): a head
         added or replaced answers from the next request, a broken one is said and the old one
         keeps serving."""
-        assert self.heads is not None
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(HEADS_EVERY)
-            try:
-                lines = await loop.run_in_executor(None, self.heads.refresh)
-            except OSError as e:  # the directory went away: the heads read keep serving
-                log.error("--communities %s: %s; the heads already read keep serving",
-                          self.heads.path, e)  # fmt: skip
-                continue
-            for line in lines:
-                log.info("heads: %s", line)
+            for folder in self._head_dirs():
+                try:
+                    lines = await loop.run_in_executor(None, folder.refresh)
+                except OSError as e:  # the directory went away: the heads read keep serving
+                    log.error("%s: %s; the heads already read keep serving", folder.path, e)
+                    continue
+                for line in lines:
+                    log.info("heads: %s", line)
 
     async def start(self) -> None:
         """Starts the batchers, and compiles each model's programs in the background: the
@@ -182,11 +188,11 @@ class Server:
             await s.start()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.detector.detect, "loads the detector's model")
-        if self.heads is not None:
-            for line in self.heads.refresh():
+        for folder in self._head_dirs():
+            for line in folder.refresh():
                 log.info("heads: %s", line)
-            log.info("heads: %d communities served from %s", len(self.heads.heads),
-                     self.heads.path)  # fmt: skip
+            log.info("heads: %d communities from %s", len(folder.heads), folder.path)
+        if self._head_dirs():
             self._watching = asyncio.create_task(self._watch_heads())
         if self.options.feedback is not None and self.options.feedback_days is not None:
             self._purging = asyncio.create_task(self._purge_hourly())
@@ -243,6 +249,8 @@ class Server:
                 card["shadow"] = self.shadow.card()
         if self.heads is not None:
             card = {**card, "heads": self.heads.card()}
+        if self.shadow_heads is not None:
+            card = {**card, "shadow_heads": self.shadow_heads.card()}
         return card
 
     async def analyze(
@@ -256,16 +264,54 @@ class Server:
         the base's); `languages` the comment was scored as, and those `detected`."""
         answering = self.for_community(request.community_id)
         head = self.head_of(request.community_id)
+        candidate = self.candidate_of(request.community_id)
+        compared: dict[str, float] = {}
         spans = list(request.sentences)
         texts = [request.text] + [s for _, _, s in spans]
-        per_text = await answering.scores(texts, [r.name for r in request.attributes], head)
+        names = [r.name for r in request.attributes]
+        per_text = await answering.scores(texts, names, head, candidate, compared)
         span_scores = [(b, e, per_text[i + 1]) for i, (b, e, _) in enumerate(spans)]
         answer = perspective.response(
             request, per_text[0], span_scores, languages or answering.languages, detected
         )
+        version = answering.version
         if head is not None:
-            return answer, model_version({"base": answering.version, "head": head.version})
-        return answer, answering.version
+            version = model_version({"base": answering.version, "head": head.version})
+        if candidate is not None and compared:
+            community = request.community_id or ""
+            self._compare_head(community, version, candidate, per_text[0], compared)
+        return answer, version
+
+    def candidate_of(self, community: str | None) -> Head | None:
+        """The head in shadow for `community` (`--shadow-communities`), None without one."""
+        if self.shadow_heads is None or not community or community in self.communities:
+            return None
+        return self.shadow_heads.heads.get(community)
+
+    def _compare_head(
+        self,
+        community: str,
+        version: str,
+        candidate: Head,
+        answered: Mapping[str, float],
+        compared: Mapping[str, float],
+    ) -> None:
+        """A head in shadow's score of a comment beside what answered it (the head in service,
+        or the base), from the same pass; counted afresh when either changes."""
+        stats = self.head_shadow.get(community)
+        if stats is None or (stats.primary, stats.shadow) != (version, candidate.version):
+            stats = self.head_shadow[community] = ShadowStats(version, candidate.version)
+        stats.add({k: answered[k] for k in compared if k in answered}, compared)
+
+    def shadow_report(self) -> dict[str, Any] | None:
+        """`GET /v1/shadow`: the model in shadow's report, and each community's head in shadow
+        under `communities`; None when nothing is in shadow."""
+        if self.shadow_stats is None and self.shadow_heads is None:
+            return None
+        report = self.shadow_stats.report() if self.shadow_stats is not None else {}
+        if self.shadow_heads is not None:
+            report["communities"] = {c: s.report() for c, s in sorted(self.head_shadow.items())}
+        return report
 
     async def compare_in_shadow(self, text: str, primary: Mapping[str, float]) -> None:
         """The shadow's scores of a comment beside the answer's (`primary`), kept in its

@@ -52,6 +52,14 @@ class ServeFlags:
         "--workdir or --model-dir (an ONNX graph gives no vector); --community ID=RUN wins for "
         "its ID.",
     )
+    shadow_communities: str | None = _c(
+        None,
+        "A directory of candidate heads (as --communities'), each compared in shadow with what "
+        "answers its community (the head in service, or the base): its score of each comment "
+        "of that community, from the same pass of the base, beside the answer's, never "
+        "answering; GET /v1/shadow and `jaxtpu shadow report` show it per community. Read "
+        "again every 2 seconds, as --communities is.",
+    )
     shadow: str | None = _c(
         None,
         "A model (run directory or ONNX export) scored in shadow: after each comments:analyze "

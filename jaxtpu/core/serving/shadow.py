@@ -103,7 +103,15 @@ class ShadowStats:
 
 
 def table(report: Mapping[str, Any]) -> str:
-    """A report as Markdown: a row per attribute."""
+    """A report as Markdown: a row per attribute; then each community's head in shadow
+    (`serve --shadow-communities`), its table under its name."""
+    parts = [_table(report)] if "primary" in report else []
+    for community, sub in sorted((report.get("communities") or {}).items()):
+        parts.append(f"community {community!r}:\n\n{_table(sub)}")
+    return "\n\n".join(parts)
+
+
+def _table(report: Mapping[str, Any]) -> str:
     head = " | ".join(f">= {t}: primary / shadow / changed" for t in report["thresholds"])
     lines = [
         f"primary {report['primary']}, shadow {report['shadow']}; not compared: "
