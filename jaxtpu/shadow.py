@@ -25,8 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "shadow report",
         "Print how the model in shadow compares with the one answering (jaxtpu serve --shadow "
         "RUN; with --shadow-communities DIR, each community's candidate head against what "
-        "answers that community), per attribute: mean absolute difference, rank correlation, and at 0.5, 0.7, 0.8 "
-        "and 0.9 how many comments each model puts at or above and how many change side.",
+        "answers that community), per attribute: mean absolute difference, rank correlation, "
+        "and at 0.5, 0.7, 0.8 and 0.9 how many comments each model puts at or above and how "
+        "many change side.",
     )
     flags = parser.parse_args(args[1:])
     with user_errors():

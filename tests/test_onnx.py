@@ -73,6 +73,14 @@ def test_onnx_export_scores_as_jaxtpu_in_fp32_and_int8_runs(finished_run, onnx_e
         np.testing.assert_allclose(theirs[:, 0], ours, atol=1e-4, rtol=0)
         int8 = _scores(int8_session, ids, mask)[:, 0]
         assert np.isfinite(int8).all() and np.abs(int8 - ours).max() < 0.05
+        # issue 96: each comment's vector under the head, beside the logits (a community's
+        # head on `jaxtpu serve --onnx --communities`), as jaxtpu's model computes it
+        _, sown = fp32.apply({"params": model.params}, ids, mask, mutable=["intermediates"])
+        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
+        (vector,) = fp32_session.run(["pooled"], feeds)
+        want = np.asarray(sown["intermediates"]["pooled"][0])
+        np.testing.assert_allclose(vector, want, atol=1e-4, rtol=0)
+        assert np.isfinite(int8_session.run(["pooled"], feeds)[0]).all()
 
     # benchmarks.serving.onnx_profile: kernel time by op type, the fused graph's Attention among
     # them

@@ -6,6 +6,7 @@ process of a trained run, whose scores must be `jaxtpu.load().predict`'s."""
 from __future__ import annotations
 
 import concurrent.futures
+import csv
 import dataclasses
 import functools
 import hashlib
@@ -1649,9 +1650,30 @@ def test_the_slim_install_serves_an_int8_export_without_jax_or_torch(onnx_export
     model = OnnxModel(graph, 16)
     want = model.predict(texts)
     assert np.array_equal(want, np.array([model.predict([t])[0] for t in texts], np.float32))
+    # issue 96: a community's head on this graph (`jaxtpu head --onnx`), served by the slim
+    # install from the graph's own vector of each comment
+    from jaxtpu.core.serving import heads
+    from jaxtpu.serve import heads as head_command
+    from jaxtpu.serve.backends import load_served
+
+    sample = ROOT / "jaxtpu/core/data/sample/jigsaw_sample.csv"
+    decisions = tmp_path / "decisions.csv"
+    with sample.open(newline="") as f, decisions.open("w", newline="") as g:
+        rows = list(csv.DictReader(f))[:80]
+        w = csv.DictWriter(g, ["comment_text", "toxic"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    folder = tmp_path / "heads"
+    argv = ["--onnx", str(graph), "--decisions", str(decisions), "--out", str(folder),
+            "--community", "news", "--folds", "2"]  # fmt: skip
+    assert head_command.main(argv) == 0
+    (head,) = [heads.load(p) for p in folder.glob("*.head.npz")]
+    served = load_served(str(graph), "onnx", "", "", 0, 16, None, pooled=True)
+    rows = served.probabilities(texts)
+    head_want = head.probability(rows[:, 1:], rows[:, :1])
     server = subprocess.Popen(
         [str(venv / "bin" / "jaxtpu"), "serve", "--onnx", str(graph), "--port", "0",
-         "--drain-seconds", "0"],
+         "--drain-seconds", "0", "--communities", str(folder)],
         cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -1665,6 +1687,10 @@ def test_the_slim_install_serves_an_int8_export_without_jax_or_torch(onnx_export
         got = [post(url, body(t), None)[2] for t in texts]
         values = [g["attributeScores"]["TOXICITY"]["summaryScore"]["value"] for g in got]
         np.testing.assert_array_equal(np.array(values, np.float32), want)
+        got = [post(url, {**body(t), "communityId": "news"}, None)[2] for t in texts]
+        values = [g["attributeScores"]["TOXICITY"]["summaryScore"]["value"] for g in got]
+        np.testing.assert_allclose(values, head_want, rtol=1e-6)
+        assert not np.allclose(values, want, atol=1e-3)  # the head's, not the graph's
     finally:
         server.kill()
 

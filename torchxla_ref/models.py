@@ -88,6 +88,13 @@ class Classifier(nn.Module):
         return self
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.features(input_ids, attention_mask)[0]
+
+    def features(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the logits `forward` gives, each comment's vector under the head: the pooled one
+        jaxtpu's head reads, fp32; None for a family's own head, whose pooling is its own)."""
         lead = input_ids.shape[:-1]
         seq = input_ids.shape[-1]
         mask = attention_mask.reshape(-1, seq).long()
@@ -95,10 +102,13 @@ class Classifier(nn.Module):
         types = {}
         if self.segment_sep >= 0:
             types["token_type_ids"] = segment_types(ids, mask, self.segment_sep).long()
+        pooled = None
         if self.head_kind == "hf":
             logits = self.full(input_ids=ids, attention_mask=mask, **types).logits.float()
         else:
             out = self.bert(input_ids=ids, attention_mask=mask, **types)
             pooled = pool(self.pooling, out, mask, ids, self.pad_token_id)
             logits = self.classifier(self.dropout(pooled)).float()
-        return logits[:, 0].reshape(lead) if self.outputs == 1 else logits.reshape(*lead, -1)
+            pooled = pooled.float().reshape(*lead, -1)
+        logits = logits[:, 0].reshape(lead) if self.outputs == 1 else logits.reshape(*lead, -1)
+        return logits, pooled

@@ -32,10 +32,12 @@ import logging
 import warnings
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from jaxtpu.core.hf.encoder import EncoderConfig
+from jaxtpu.core.serving.heads import POOLED
 
 OPSET = 18  # torch 2.9's exporter's opset; onnxruntime 1.17 and later run it
 # ONNX's protobuf limit: a larger model keeps its weights in a `.data` file beside the graph
@@ -44,15 +46,17 @@ INLINE_LIMIT = 2 * 10**9
 
 class _Logits(torch.nn.Module):
     """The classifier with a batch x outputs result whatever the task (one output keeps its
-    axis), the shape ONNX consumers expect of `logits`."""
+    axis), the shape ONNX consumers expect of `logits`; with jaxtpu's head, each comment's
+    vector under it too (`pooled`, batch x hidden: what a community's head reads)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids, attention_mask)
-        return logits.reshape(input_ids.shape[0], -1)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        logits, pooled = self.model.features(input_ids, attention_mask)
+        logits = logits.reshape(input_ids.shape[0], -1)
+        return logits if pooled is None else (logits, pooled)
 
 
 def export_onnx(model: torch.nn.Module, out: Path, enc: EncoderConfig) -> Path:
@@ -62,6 +66,7 @@ def export_onnx(model: torch.nn.Module, out: Path, enc: EncoderConfig) -> Path:
     tables are built for)."""
     max_tokens = enc.max_tokens or enc.max_position_embeddings
     model = _Logits(model.float().eval())
+    outputs = ["logits"] if model.model.head_kind == "hf" else ["logits", POOLED]
     ids = torch.full((2, 16), 5, dtype=torch.long)
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0
@@ -81,7 +86,7 @@ def export_onnx(model: torch.nn.Module, out: Path, enc: EncoderConfig) -> Path:
             str(out),
             dynamo=True,
             input_names=["input_ids", "attention_mask"],
-            output_names=["logits"],
+            output_names=outputs,
             dynamic_shapes=shapes,
             opset_version=OPSET,
             external_data=size >= INLINE_LIMIT,  # one file where ONNX allows it

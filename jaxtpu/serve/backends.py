@@ -178,14 +178,16 @@ def load_served(
     communities' heads, `jaxtpu head`); not an ONNX export's, whose graph gives the scores
     alone."""
     flag = f"--{kind.replace('_', '-')} {source}"
-    if kind == "onnx" and pooled:
-        raise UserError(
-            f"{flag}: an ONNX export gives the scores alone, not the vector a community's head "
-            "reads; serve --communities with the run (--workdir) or its export (--model-dir)"
-        )
     if kind == "onnx":
         model: Any
         model, timed = pick_graph(source, batch_size, calibrated, threads)
+        if pooled and not model.scorer.gives_pooled:
+            raise UserError(
+                f"{flag}: its graph gives the scores alone, not the vector a community's head "
+                "reads (an export of a --head hf run, or one made before heads): export the "
+                "run again, or serve --communities with the run (--workdir)"
+            )
+        model.scorer.pooled = pooled
         graph = graph or timed  # chosen here, or by --workers' supervisor (`graph`)
         trained: Any = model.trained
         stored = trained.meta.get("attributes")

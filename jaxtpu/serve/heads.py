@@ -123,10 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise UserError(f"--out {out}: not a directory")
-        served = load_served(args.workdir, "workdir", "", "", args.num_devices,
-                             args.batch_size, None, pooled=True)  # fmt: skip
+        kind = "workdir" if args.workdir else "onnx"
+        source = args.workdir or args.onnx
+        served = load_served(source, kind, "", "", args.num_devices, args.batch_size, None,
+                             pooled=True)  # fmt: skip
         if served.rules_model:
-            raise UserError(f"--workdir {args.workdir}: a rules model; a head reads comments")
+            raise UserError(f"{served.source}: a rules model; a head reads comments")
         attribute = next((a for a in served.attributes if a.name == args.attribute), None)
         if attribute is None:
             names = ", ".join(a.name for a in served.attributes)

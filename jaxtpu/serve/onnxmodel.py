@@ -29,6 +29,7 @@ from jaxtpu.core.data.tokens import encode_texts, load_tokenizer
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.serving.card import digest_file
+from jaxtpu.core.serving.heads import POOLED
 from jaxtpu.core.tasks import get_task
 from jaxtpu.core.textformat import TextFormat
 from jaxtpu.engine.scoring import text_buckets
@@ -144,12 +145,28 @@ class OnnxScorer:
             raise UserError(
                 f"--onnx {export.onnx_file}: onnxruntime cannot load it ({e})"
             ) from None
+        self.pooled = False  # set by a server of communities' heads (`load_served`)
+
+    @property
+    def gives_pooled(self) -> bool:
+        """Whether the graph gives each comment's vector beside its logits (an export of
+        jaxtpu's head made since issue 96), which `features` reads for communities' heads."""
+        return any(o.name == POOLED for o in self.session.get_outputs())
 
     def logits(self, texts: list[Any]) -> np.ndarray:
         """The raw outputs of (normalized) texts, text pairs or prompts (the export's text
         format): (N,) or (N, outputs), each
         batch one bucket's rows padded to its edge."""
+        return self._run(texts, False)[0]
+
+    def features(self, texts: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(`logits`, each text's vector under the head), from one run of the graph."""
+        return self._run(texts, True)
+
+    def _run(self, texts: list[Any], pooled: bool) -> tuple[np.ndarray, np.ndarray]:
         out = np.zeros((len(texts), self.task.outputs), np.float32)
+        names = ["logits", POOLED] if pooled else ["logits"]
+        vectors: np.ndarray | None = None
         if texts:
             ids, mask = encode_texts(texts, self.tokenizer, self.max_len, self.form)
             edge = edge_of(real_lengths(mask), self.edges, self.max_len)
@@ -162,8 +179,14 @@ class OnnxScorer:
                         "input_ids": ids[rows, :length].astype(np.int64),
                         "attention_mask": mask[rows, :length].astype(np.int64),
                     }
-                    out[rows] = self.session.run(None, feeds)[0]
-        return out[:, 0] if self.task.label_shape == () else out
+                    got = self.session.run(names, feeds)
+                    out[rows] = got[0]
+                    if pooled:
+                        if vectors is None:
+                            vectors = np.zeros((len(texts), got[1].shape[-1]), np.float32)
+                        vectors[rows] = got[1]
+        logits = out[:, 0] if self.task.label_shape == () else out
+        return logits, (np.zeros((len(texts), 0), np.float32) if vectors is None else vectors)
 
     def buckets(self, texts: list[Any]) -> np.ndarray:
         return text_buckets(texts, self.tokenizer, self.max_len, self.edges, self.form)

@@ -156,7 +156,7 @@ class Server:
             return (
                 f"trained on model {r.base_version}, and this server's is {owner.version} (another "
                 "model, or its --attributes or --no-calibration differ): train it again on this "
-                f"one (jaxtpu head --workdir {owner.source.split(' ', 1)[-1]} ...)"
+                f"one (jaxtpu head {owner.source} ...)"
             )
         if tuple(owner.columns) != r.columns:
             return (

@@ -380,6 +380,15 @@ class HeadFlags:
         "head; one of another model, or of this run with other --attributes or --no-calibration, "
         "refuses it.",
         required=True,
+        one_of="source",
+    )
+    onnx: str | None = _c(
+        None,
+        "Instead of a run: the ONNX graph a slim server serves (serve --onnx), an export's "
+        "model.onnx or model_int8.onnx named as the server names it (a directory lets each "
+        "machine pick its faster graph, and a head is of one graph).",
+        required=True,
+        one_of="source",
     )
     decisions: str | None = _c(
         None,
