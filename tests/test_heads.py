@@ -34,10 +34,12 @@ def _forum(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def test_a_head_learns_what_the_base_misses_and_the_strongest_is_the_bases_ranking():
     pooled, base, removed = _forum(600)
-    result = heads.fit(pooled[:400], base[:400], removed[:400], RECORD)
+    tried = (1e-3, 0.03, 1.0, float("inf"))
+    result = heads.fit(pooled[:400], base[:400], removed[:400], RECORD, strengths=tried)
     head, r = result.head, result.head.record
     assert r.decisions == 400 and r.removed == int(removed[:400].sum())
     assert r.strength != float("inf") and r.cv_auc > r.base_auc + 0.05
+    assert set(result.tried) == set(tried) and r.cv_auc == round(max(result.tried.values()), 6)
     # on comments it never saw, better than the base
     new = head.probability(pooled[400:], base[400:])
     assert roc_auc(new, removed[400:]) > roc_auc(base[400:, 0], removed[400:]) + 0.05
