@@ -45,9 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="outcome checks on all real comments")
     p.add_argument("--only", default="", metavar="TEXT", help="checks whose name has TEXT")
     args = p.parse_args(argv)
-    started = start_report(
-        args.report, "benchmarks.quality.parity"
-    )  # the code and machine that measure
+    # the code and machine that measure
+    started = start_report(args.report, "benchmarks.quality.parity")
     from parity_tests import report
 
     flags = ["--out", args.out, *(["--only", args.only] if args.only else [])]

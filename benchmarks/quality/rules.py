@@ -139,9 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     reused = [w for w in ways if (rundir(out, w) / "summary.json").exists()]
     if args.report and reused:  # a kept report is this code's runs, not earlier ones
         p.error(f"--report: {out} holds finished runs ({', '.join(reused)}); give a new --out")
-    started = start_report(
-        args.report, "benchmarks.quality.rules"
-    )  # the code and machine that measure
+    # the code and machine that measure
+    started = start_report(args.report, "benchmarks.quality.rules")
     train, test, labelled = write_rules_files(real, out)
     files = {"train": train, "test": test, "labelled": labelled}
     results = {w: run(w, WAYS[w], files, out, args.epochs) for w in ways}

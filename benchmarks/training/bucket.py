@@ -111,9 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         print(table(json.loads((out / "bucket.json").read_text())))
         return
     out.mkdir(parents=True, exist_ok=True)
-    started = start_report(
-        args.report, "benchmarks.training.bucket"
-    )  # the code and machine that measure
+    # the code and machine that measure
+    started = start_report(args.report, "benchmarks.training.bucket")
     import jax
     import numpy as np
 

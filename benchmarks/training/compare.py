@@ -18,12 +18,12 @@ peak, peak host memory), writes `DIR/benchmarks.json` (one record per configurat
   --memory  only what the memory options cost in step time: jit MiniLM bf16 with --sharding
             fsdp and with --remat layer, each beside the same row without (8 devices, and 2
             devices with 8 steps per call). About 6 minutes.
-  --epoch   real data instead (`benchmarks.training.epoch`): MiniLM bf16, one epoch of the 10,000
-  real
-            comments at max length 128 and 256; jaxtpu in its best CPU configuration (jit on 2
-            devices, FSDP, 8 steps per call) padded and in length buckets, and plain PyTorch on
-            the CPU (eager, torch.compile) fed random batches with dynamic padding and the same
-            bucketed batches, plus PyTorch eager bucketed with jaxtpu's host-memory setting.
+  --epoch   real data instead (`benchmarks.training.epoch`): MiniLM bf16, one epoch of the
+            10,000 real comments at max length 128 and 256; jaxtpu in its best CPU
+            configuration (jit on 2 devices, FSDP, 8 steps per call) padded and in length
+            buckets, and plain PyTorch on the CPU (eager, torch.compile) fed random batches
+            with dynamic padding and the same bucketed batches, plus PyTorch eager bucketed
+            with jaxtpu's host-memory setting.
             Each row trains the whole epoch (or --epoch-batches of it, projected); writes
             DIR/epoch.json after every row, each naming the commit that ran it; --resume
             runs only the rows an interrupted run of the same rows did not finish (with
@@ -539,9 +539,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(saved["results"], out / "benchmarks.png")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    started = start_report(
-        args.report, "benchmarks.training.compare"
-    )  # the code and machine that measure
+    # the code and machine that measure
+    started = start_report(args.report, "benchmarks.training.compare")
     t0 = time.time()
     peaks = {}
     for precision in ("fp32", "bf16"):

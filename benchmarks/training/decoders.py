@@ -399,9 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     def selected(r: dict[str, Any]) -> bool:
         return r["target"] in targets and r["model"] in models and r["max_len"] in lengths
 
-    started = start_report(
-        args.report, "benchmarks.training.decoders"
-    )  # the code and machine that estimate
+    # the code and machine that estimate
+
+    started = start_report(args.report, "benchmarks.training.decoders")
     code = started["commit"] if started else measured.commit()
     if args.report:
         _refuse_other_code(p, args, [r for r in reports if selected(r)], code)

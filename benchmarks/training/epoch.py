@@ -1,9 +1,8 @@
 """One row of the real-data epoch benchmark in one process: train MiniLM (6 x 384, bf16) on
 one epoch of the real Jigsaw comments as one kind of batching feeds them, print one JSON line.
 
-`python -m benchmarks.training.epoch --framework jaxtpu --parallel jit --devices 2 --steps-per-call
-8
---sharding fsdp --batching bucketed --max-len 128`
+`python -m benchmarks.training.epoch --framework jaxtpu --parallel jit --devices 2
+--steps-per-call 8 --sharding fsdp --batching bucketed --max-len 128`
 
 Batching (all from `jaxtpu.core.data.buckets.Batcher`, the batch builder of both sides):
   padded    every batch at --max-len (jaxtpu's `--buckets none`)

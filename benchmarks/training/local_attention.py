@@ -155,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         "docs/measured/local_attention.json, the table docs/families.md shows",
     )
     args = p.parse_args(argv)
-    started = start_report(
-        args.report, "benchmarks.training.local_attention"
-    )  # the code and machine
+    # the code and machine
+    started = start_report(args.report, "benchmarks.training.local_attention")
     rows = []
     for length in map(int, args.lengths.split(",")):
         rows.append(row(length, args.repeats, None if args.no_tpu else args.target))

@@ -52,9 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("give preflight's flags after --, e.g. -- --preset minilm --target v3-8")
     if any(f == "--json" or f.startswith("--json=") for f in flags):
         p.error("--json: the report is written from preflight's JSON; leave --json out")
-    started = start_report(
-        mine.report, "benchmarks.training.preflight_sweep"
-    )  # the code and machine
+    # the code and machine
+    started = start_report(mine.report, "benchmarks.training.preflight_sweep")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "preflight.json"
         cmd = [sys.executable, "-m", "jaxtpu.preflight", *flags, "--json", str(out)]

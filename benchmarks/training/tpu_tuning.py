@@ -336,9 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     from jaxtpu.preflight import roofline as hlo_roofline
     from jaxtpu.preflight import targets as pf_targets
 
-    started = start_report(
-        args.report, "benchmarks.training.tpu_tuning"
-    )  # the code and the machine
+    # the code and the machine
+
+    started = start_report(args.report, "benchmarks.training.tpu_tuning")
     hosts.set_cpu_device_count(8)
     devices, _ = pf_targets.target_devices(args.target, 8)
     base = presets.PRESETS[args.preset]().replace(

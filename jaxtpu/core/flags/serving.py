@@ -48,9 +48,9 @@ class ServeFlags:
         "read off the base model's own pass over the comment, and every other attribute from "
         "the base; X-Model-Version names both. Read again every 2 seconds: a head added or "
         "replaced answers from then on, without a restart; a file that cannot be read, or of "
-        "another base model, is said in one line and the head it replaces keeps serving. Needs "
-        "--workdir or --model-dir (an ONNX graph gives no vector); --community ID=RUN wins for "
-        "its ID.",
+        "another base model, is said in one line and the head it replaces keeps serving. An ONNX "
+        "export serves heads when it gives the vector (an export of jaxtpu's head); --community "
+        "ID=RUN wins for its ID.",
     )
     shadow_communities: str | None = _c(
         None,
