@@ -142,7 +142,7 @@ def served(base: Path, head_file: Path, count: int, texts: list[str], out: Path)
                 if i >= 30:
                     times[name].append(time.perf_counter() - t0)
         memory = {"plain": _rss_mb(plain.pid), "heads": _rss_mb(many.pid)}
-        card = json.loads(_call(f"{many_url}/v1/model", method="GET")[2])
+        card = _call(f"{many_url}/v1/model", method="GET")[2]
     finally:
         _stop(plain)
         _stop(many)

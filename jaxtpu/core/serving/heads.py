@@ -44,6 +44,7 @@ FOLDS = 5
 MIN_CLASS = 2  # decisions of each class a head needs (fewer: no cross-validation)
 FEW_CLASS = 10  # fewer of a class than this: said, the choice rests on a few decisions
 EPS = 1e-6
+BASE_WEIGHT_MIN = 0.0  # the base logit's weight at least this: its order is kept
 
 
 def logit(p: np.ndarray) -> np.ndarray:
@@ -88,6 +89,7 @@ class Head:
     scale: np.ndarray
     weights: np.ndarray
     bias: float
+    base_weight: float = 1.0  # the weight of the base's logit (>= 0: its order kept)
     version: str = ""  # sha256 of its file
 
     def probability(self, pooled: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
@@ -95,7 +97,8 @@ class Head:
         probabilities of it (the base's columns, `record.columns`)."""
         x = inputs(pooled, probabilities)
         offset = x[:, self.record.hidden + self.record.columns.index(self.record.column)]
-        return sigmoid(offset + ((x - self.mean) / self.scale) @ self.weights + self.bias)
+        z = (x - self.mean) / self.scale
+        return sigmoid(self.base_weight * offset + z @ self.weights + self.bias)
 
     def card(self) -> dict[str, Any]:
         r = self.record
@@ -114,18 +117,22 @@ class Head:
 # ---- fitting ---------------------------------------------------------------------------------
 
 
+Solution = tuple[np.ndarray, float, float]  # (weights, the base logit's weight, bias)
+
+
 def _solve(
     x: np.ndarray,
     y: np.ndarray,
     offset: np.ndarray,
     strength: float,
-    start: tuple[np.ndarray, float] | None = None,
-) -> tuple[np.ndarray, float]:
-    """L2-regularised logistic regression with an offset, the bias unpenalised: minimises
-    mean(log loss) + strength / 2 * |w|^2, by L-BFGS (scipy's; milliseconds at a thousand
-    decisions, where Newton's method solves a (hidden x hidden) system per step). `strength`
-    inf: the bias alone (w = 0: the base's ranking). `start`: (w, b) to start from (the
-    solution at the next stronger strength: a few steps from this one)."""
+    start: Solution | None = None,
+) -> Solution:
+    """L2-regularised logistic regression on `x` beside the base's logit (`offset`), whose
+    weight (at least 0) and the bias are unpenalised: minimises mean(log loss) + strength / 2
+    * |w|^2, by L-BFGS (scipy's; milliseconds at a thousand decisions, where Newton's method
+    solves a (hidden x hidden) system per step). `strength` inf: w = 0, the base's logit
+    scaled and shifted (its ranking). `start`: a solution to start from (the one at the next
+    stronger strength: a few steps from this one)."""
     # scipy comes with jax (and is declared beside it); deferred: a slim server serves heads
     # without fitting any, and without scipy
     from scipy.optimize import minimize
@@ -134,21 +141,25 @@ def _solve(
     used = x if strength != float("inf") else x[:, :0]
     lam = strength if strength != float("inf") else 0.0
 
+    k = used.shape[1]
+
     def loss(beta: np.ndarray) -> tuple[float, np.ndarray]:
-        w, b = beta[:-1], beta[-1]
-        t = offset + used @ w + b
+        w, a, b = beta[:k], beta[k], beta[k + 1]
+        t = a * offset + used @ w + b
         value = np.mean(np.logaddexp(0.0, t) - y * t) + 0.5 * lam * (w @ w)  # stable log loss
         r = (sigmoid(t) - y) / n
-        return float(value), np.concatenate([used.T @ r + lam * w, [r.sum()]])
+        return float(value), np.concatenate([used.T @ r + lam * w, [offset @ r, r.sum()]])
 
-    beta = np.zeros(used.shape[1] + 1)
+    beta = np.zeros(k + 2)
+    beta[k] = 1.0  # the base as it is
     if start is not None:
-        beta[:-1], beta[-1] = start[0][: used.shape[1]], start[1]
-    result = minimize(loss, beta, jac=True, method="L-BFGS-B",
+        beta[:k], beta[k], beta[k + 1] = start[0][:k], start[1], start[2]
+    bounds = [(None, None)] * k + [(BASE_WEIGHT_MIN, None), (None, None)]
+    result = minimize(loss, beta, jac=True, method="L-BFGS-B", bounds=bounds,
                       options={"maxiter": 1000, "gtol": 1e-6})  # fmt: skip
     w = np.zeros(d)
-    w[: used.shape[1]] = result.x[:-1]
-    return w, float(result.x[-1])
+    w[:k] = result.x[:k]
+    return w, float(result.x[k]), float(result.x[k + 1])
 
 
 def folds_of(y: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
@@ -201,17 +212,17 @@ def fit(
     k = min(folds, *counts)
     fold = folds_of(y, k, seed)
     tried: dict[float, float] = {}
-    warm: dict[int, tuple[np.ndarray, float]] = {}  # each fold's last solution
+    warm: dict[int, Solution] = {}  # each fold's last solution
     for s in sorted(strengths, reverse=True):  # strongest first: each starts from the last
         out = np.empty(len(y))
         for f in range(k):
             train, test = fold != f, fold == f
-            w, b = warm[f] = _solve(z[train], y[train], offset[train], s, warm.get(f))
-            out[test] = offset[test] + z[test] @ w + b
+            w, a, b = warm[f] = _solve(z[train], y[train], offset[train], s, warm.get(f))
+            out[test] = a * offset[test] + z[test] @ w + b
         tried[s] = roc_auc(out, y)
     tried = {s: tried[s] for s in strengths}
     best = max(strengths, key=lambda s: (round(tried[s], 6), s))
-    w, b = _solve(z, y, offset, best)
+    w, a, b = _solve(z, y, offset, best)
     rec = Record(
         **record,
         hidden=int(pooled.shape[1]),
@@ -223,7 +234,7 @@ def fit(
         trained=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         seconds=round(time.perf_counter() - t0, 3),
     )
-    return Fit(Head(rec, mean, scale, w, b), tried)
+    return Fit(Head(rec, mean, scale, w, b, a), tried)
 
 
 # ---- files -----------------------------------------------------------------------------------
@@ -235,7 +246,8 @@ def save(head: Head, path: str | os.PathLike) -> str:
     buffer = io.BytesIO()
     meta = json.dumps(asdict(head.record))
     np.savez(buffer, mean=head.mean, scale=head.scale, weights=head.weights,
-             bias=np.array(head.bias), record=np.array(meta))  # fmt: skip
+             bias=np.array(head.bias), base_weight=np.array(head.base_weight),
+             record=np.array(meta))  # fmt: skip
     data = buffer.getvalue()
     files.write_bytes(path, data)
     return version_of(data)
@@ -255,12 +267,16 @@ def load(path: str | os.PathLike) -> Head:
             raise ValueError("not an .npz archive")
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             meta = json.loads(str(z["record"]))
+            if meta.get("format") != FORMAT:  # said before its arrays are looked for
+                raise DataError(
+                    f"{p}: a head of format {meta.get('format')}; this jaxtpu reads {FORMAT}"
+                )
             arrays = {k: np.asarray(z[k], np.float64) for k in ("mean", "scale", "weights")}
-            bias = float(z["bias"])
+            bias, base_weight = float(z["bias"]), float(z["base_weight"])
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        if isinstance(e, DataError):
+            raise
         raise DataError(f"{p}: not a head file ({type(e).__name__}: {e})") from None
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{p}: a head of format {meta.get('format')}; this jaxtpu reads {FORMAT}")
     try:
         record = Record(**{**meta, "columns": tuple(meta["columns"])})
     except (TypeError, KeyError) as e:
@@ -268,7 +284,7 @@ def load(path: str | os.PathLike) -> Head:
     width = record.hidden + len(record.columns)
     if any(a.shape != (width,) for a in arrays.values()) or record.column not in record.columns:
         raise DataError(f"{p}: its weights are not of {width} inputs as its record says")
-    return Head(record, bias=bias, version=version_of(data), **arrays)
+    return Head(record, bias=bias, base_weight=base_weight, version=version_of(data), **arrays)
 
 
 Check = Callable[[Head], str | None]  # a reason the server cannot serve a head, or None
