@@ -50,6 +50,24 @@ def test_a_head_learns_what_the_base_misses_and_the_strongest_is_the_bases_ranki
     assert np.array_equal(order, np.argsort(base[:, 0], kind="stable"))
 
 
+def test_a_comment_unlike_every_decision_gets_no_correction_beyond_what_the_decisions_saw():
+    """A queue brings its moderators the comments the base flags; a head learnt from those
+    alone must not extrapolate its correction to comments far from them (issue 96: the
+    benchmark's flagged queue turned a forum AUC of 0.89 into 0.20 before this bound)."""
+    pooled, base, removed = _forum(300)
+    head = heads.fit(pooled, base, removed, RECORD, strengths=(1e-3,)).head
+    seen = ((heads.inputs(pooled, base) - head.mean) / head.scale) @ head.weights
+    assert (head.low, head.high) == (seen.min(), seen.max()) and head.base_weight >= 1.0
+    far = np.concatenate([pooled[:2] * 50, -pooled[:2] * 50])
+    x = heads.inputs(far, base[:4])
+    raw = ((x - head.mean) / head.scale) @ head.weights
+    assert ((raw < head.low) | (raw > head.high)).sum() == 2  # far beyond what decisions saw
+    offset = x[:, far.shape[1]]
+    want = head.base_weight * offset + np.clip(raw, head.low, head.high) + head.bias
+    got = head.probability(far, base[:4])
+    np.testing.assert_allclose(got, heads.sigmoid(want), rtol=1e-9, atol=1e-300)
+
+
 def test_a_head_is_refused_decisions_of_one_class_in_one_line():
     pooled, base, _ = _forum(50)
     removed = np.zeros(50)

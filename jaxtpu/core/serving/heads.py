@@ -44,7 +44,7 @@ FOLDS = 5
 MIN_CLASS = 2  # decisions of each class a head needs (fewer: no cross-validation)
 FEW_CLASS = 10  # fewer of a class than this: said, the choice rests on a few decisions
 EPS = 1e-6
-BASE_WEIGHT_MIN = 0.0  # the base logit's weight at least this: its order is kept
+BASE_WEIGHT_MIN = 1.0  # the base logit's weight at least this: the head adds to it
 
 
 def logit(p: np.ndarray) -> np.ndarray:
@@ -75,8 +75,8 @@ class Record:
     strength: float  # the L2 strength cross-validation chose (inf: the base alone)
     decisions: int
     removed: int
-    cv_auc: float  # out-of-fold ROC AUC of the chosen strength on the decisions
-    base_auc: float  # the base's own AUC on the same decisions
+    cv_auc: float  # the chosen strength's ROC AUC on the decisions, out of fold (folds' mean)
+    base_auc: float  # the base's own on the same folds
     trained: str  # UTC time
     seconds: float  # the fit's wall time (the encoder pass apart)
     format: int = FORMAT
@@ -89,7 +89,12 @@ class Head:
     scale: np.ndarray
     weights: np.ndarray
     bias: float
-    base_weight: float = 1.0  # the weight of the base's logit (>= 0: its order kept)
+    base_weight: float = 1.0  # the weight of the base's logit (at least BASE_WEIGHT_MIN)
+    # the range its correction (weights . inputs) took on the decisions it learnt from: a
+    # comment unlike any of them (a queue's decisions are of the comments it brought) gets no
+    # correction beyond it
+    low: float = -np.inf
+    high: float = np.inf
     version: str = ""  # sha256 of its file
 
     def probability(self, pooled: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
@@ -97,8 +102,8 @@ class Head:
         probabilities of it (the base's columns, `record.columns`)."""
         x = inputs(pooled, probabilities)
         offset = x[:, self.record.hidden + self.record.columns.index(self.record.column)]
-        z = (x - self.mean) / self.scale
-        return sigmoid(self.base_weight * offset + z @ self.weights + self.bias)
+        correction = np.clip(((x - self.mean) / self.scale) @ self.weights, self.low, self.high)
+        return sigmoid(self.base_weight * offset + correction + self.bias)
 
     def card(self) -> dict[str, Any]:
         r = self.record
@@ -192,8 +197,9 @@ def fit(
 ) -> Fit:
     """A head from decisions: each comment's base vector and probabilities, and whether its
     moderators removed it (1) or kept it (0). The L2 strength is chosen by stratified k-fold
-    cross-validation on the decisions (the out-of-fold ROC AUC; a tie goes to the stronger),
-    then the head is fitted on them all. `record`: the `Record` fields a caller knows
+    cross-validation on the decisions (the mean of the folds' ROC AUCs; a tie goes to the
+    stronger), and only where it beats the base's own on the same folds (else inf: the base
+    scaled), then the head is fitted on them all. `record`: the `Record` fields a caller knows
     (community, attribute, column, columns, base_version)."""
     t0 = time.perf_counter()
     y = np.asarray(removed, np.float64)
@@ -213,16 +219,24 @@ def fit(
     fold = folds_of(y, k, seed)
     tried: dict[float, float] = {}
     warm: dict[int, Solution] = {}  # each fold's last solution
+    # each fold's AUC, then their mean: a fold's ranking is its own head's (pooling the folds'
+    # scores would rank one fold's scaling of the base against another's)
+    base_cv = float(np.mean([roc_auc(offset[fold == f], y[fold == f]) for f in range(k)]))
     for s in sorted(strengths, reverse=True):  # strongest first: each starts from the last
-        out = np.empty(len(y))
+        aucs = []
         for f in range(k):
             train, test = fold != f, fold == f
             w, a, b = warm[f] = _solve(z[train], y[train], offset[train], s, warm.get(f))
-            out[test] = a * offset[test] + z[test] @ w + b
-        tried[s] = roc_auc(out, y)
+            seen = z[train] @ w  # the test fold's correction is held to the range it had here
+            correction = np.clip(z[test] @ w, seen.min(), seen.max())
+            aucs.append(roc_auc(a * offset[test] + correction + b, y[test]))
+        tried[s] = float(np.mean(aucs))
     tried = {s: tried[s] for s in strengths}
-    best = max(strengths, key=lambda s: (round(tried[s], 6), s))
+    # a head that does not beat the base out of fold is the base (the strongest, inf)
+    beats = [s for s in strengths if round(tried[s], 6) > round(base_cv, 6)]
+    best = max(beats, key=lambda s: (round(tried[s], 6), s)) if beats else max(strengths)
     w, a, b = _solve(z, y, offset, best)
+    seen = z @ w
     rec = Record(
         **record,
         hidden=int(pooled.shape[1]),
@@ -230,11 +244,11 @@ def fit(
         decisions=len(y),
         removed=counts[0],
         cv_auc=round(float(tried[best]), 6),
-        base_auc=round(float(roc_auc(offset, y)), 6),
+        base_auc=round(base_cv, 6),
         trained=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         seconds=round(time.perf_counter() - t0, 3),
     )
-    return Fit(Head(rec, mean, scale, w, b, a), tried)
+    return Fit(Head(rec, mean, scale, w, b, a, float(seen.min()), float(seen.max())), tried)
 
 
 # ---- files -----------------------------------------------------------------------------------
@@ -247,7 +261,7 @@ def save(head: Head, path: str | os.PathLike) -> str:
     meta = json.dumps(asdict(head.record))
     np.savez(buffer, mean=head.mean, scale=head.scale, weights=head.weights,
              bias=np.array(head.bias), base_weight=np.array(head.base_weight),
-             record=np.array(meta))  # fmt: skip
+             range=np.array([head.low, head.high]), record=np.array(meta))  # fmt: skip
     data = buffer.getvalue()
     files.write_bytes(path, data)
     return version_of(data)
@@ -273,6 +287,7 @@ def load(path: str | os.PathLike) -> Head:
                 )
             arrays = {k: np.asarray(z[k], np.float64) for k in ("mean", "scale", "weights")}
             bias, base_weight = float(z["bias"]), float(z["base_weight"])
+            low, high = (float(v) for v in z["range"])
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         if isinstance(e, DataError):
             raise
@@ -284,7 +299,8 @@ def load(path: str | os.PathLike) -> Head:
     width = record.hidden + len(record.columns)
     if any(a.shape != (width,) for a in arrays.values()) or record.column not in record.columns:
         raise DataError(f"{p}: its weights are not of {width} inputs as its record says")
-    return Head(record, bias=bias, base_weight=base_weight, version=version_of(data), **arrays)
+    return Head(record, bias=bias, base_weight=base_weight, low=low, high=high,
+                version=version_of(data), **arrays)  # fmt: skip
 
 
 Check = Callable[[Head], str | None]  # a reason the server cannot serve a head, or None
