@@ -52,8 +52,8 @@ def test_a_head_learns_what_the_base_misses_and_the_strongest_is_the_bases_ranki
 
 def test_a_comment_unlike_every_decision_gets_no_correction_beyond_what_the_decisions_saw():
     """A queue brings its moderators the comments the base flags; a head learnt from those
-    alone must not extrapolate its correction to comments far from them (issue 96: the
-    benchmark's flagged queue turned a forum AUC of 0.89 into 0.20 before this bound)."""
+    alone must not extrapolate its correction to comments far from them (issue 96: on the
+    benchmark's flagged queue such a head ranked the unflagged comments above the flagged)."""
     pooled, base, removed = _forum(300)
     head = heads.fit(pooled, base, removed, RECORD, strengths=(1e-3,)).head
     seen = ((heads.inputs(pooled, base) - head.mean) / head.scale) @ head.weights
