@@ -5,9 +5,11 @@ community's moderators remove it. Framework-free (numpy): the server keeps a tho
 over one encoder pass per comment.
 
 The head corrects the base rather than replacing it: its logit is the base's logit of the
-attribute it answers (TOXICITY: the `toxic` column) plus a regularised linear term, so the
-strongest regularisation is the base's own ranking, and the cross-validation that chooses it
-(`fit`) can only move away from the base where the decisions say so.
+attribute it answers (TOXICITY: the `toxic` column), weighted at least 1, plus a regularised
+linear term held to the range it took on the decisions (a queue's decisions are of the comments
+it brought: a comment unlike them gets no correction beyond it). The strongest regularisation
+is the base's own ranking, and the cross-validation that chooses it (`fit`) keeps it unless a
+head beats it on the decisions, out of fold.
 
 A head is one `.head.npz` file (`save`, `load`): its weights and one JSON record (the
 community, the attribute, the base's version and score columns it reads, the regularisation,
@@ -133,11 +135,11 @@ def _solve(
     start: Solution | None = None,
 ) -> Solution:
     """L2-regularised logistic regression on `x` beside the base's logit (`offset`), whose
-    weight (at least 0) and the bias are unpenalised: minimises mean(log loss) + strength / 2
-    * |w|^2, by L-BFGS (scipy's; milliseconds at a thousand decisions, where Newton's method
-    solves a (hidden x hidden) system per step). `strength` inf: w = 0, the base's logit
-    scaled and shifted (its ranking). `start`: a solution to start from (the one at the next
-    stronger strength: a few steps from this one)."""
+    weight (at least `BASE_WEIGHT_MIN`) and the bias are unpenalised: minimises mean(log
+    loss) + strength / 2 * |w|^2, by L-BFGS (scipy's; milliseconds at a thousand decisions,
+    where Newton's method solves a (hidden x hidden) system per step). `strength` inf: w = 0,
+    the base's logit scaled and shifted (its ranking). `start`: a solution to start from (the
+    one at the next stronger strength: a few steps from this one)."""
     # scipy comes with jax (and is declared beside it); deferred: a slim server serves heads
     # without fitting any, and without scipy
     from scipy.optimize import minimize
