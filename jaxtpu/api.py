@@ -86,11 +86,9 @@ class Model:
     def probabilities(self, texts: Iterable[str]) -> np.ndarray:
         """(N, columns) calibrated probabilities of every score column (`task.score_columns`:
         the labels, then any auxiliary targets'): what the server answers with."""
-        return self.as_probabilities(self.logits(texts))
+        return self._probabilities(self.scorer.scores(self.prepared(texts)))
 
-    def as_probabilities(self, logits: np.ndarray) -> np.ndarray:
-        """`probabilities` of `logits` already computed (`logits` or `scored`)."""
-        calibrated = self.scorer.calibrate(logits)
+    def _probabilities(self, calibrated: np.ndarray) -> np.ndarray:
         return np.asarray(self.task.predictions(calibrated, True), np.float64)
 
     def scored(self, texts: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +96,7 @@ class Model:
         the model: what a community's head reads (`jaxtpu.core.serving.heads`); for a model
         loaded with `pooled`."""
         logits, vectors = self.scorer.features(self.prepared(texts))
-        return self.as_probabilities(logits), vectors
+        return self._probabilities(self.scorer.calibrate(logits, vectors)), vectors
 
     def buckets(self, texts: Iterable[str]) -> np.ndarray:
         """The length bucket (its edge, in tokens) each text is scored in: texts of one bucket
@@ -153,10 +151,9 @@ class Model:
         a multi-label model `{label: probabilities}` for each of its labels. `all_outputs`
         (a run trained with --aux-columns): `{column: probabilities}` of the labels and every
         auxiliary target."""
-        scores = self.logits(texts)
         if self.trained.spec.task.comments_per_example == 2:
-            return scores
-        scores = self.scorer.calibrate(scores)
+            return self.logits(texts)
+        scores = self.scorer.scores(self.prepared(texts))
         if all_outputs:
             names, probs = self.task.score_columns(True), self.task.predictions(scores, True)
             return {k: probs[:, j].astype(np.float32) for j, k in enumerate(names)}

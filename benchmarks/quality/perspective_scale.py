@@ -21,9 +21,17 @@ they come, TOXICITY about 2019, and a human `toxic` label) and `perspective_scor
   --epochs 1` on the other folds (25% of them held out as its validation rows), its scores
   through a map fitted on those held-out rows (`history fit-scale` on the run does the same);
 
+- (e) `jigsaw+readout`, `learnt+readout`: each attribute read out of the model's vector anew
+  (`history fit-scale --readout`: a ridge regression of Perspective's score on the frozen
+  model's pooled vector, L2 by 5-fold cross-validation, then the quantile map on its held-out
+  predictions), fitted on the other folds' comments ((c)'s: on its held-out rows), applied as
+  the run's calibration applies it; a Jigsaw model's readouts are of the six attributes it
+  answers;
+
 every way scoring fold F's comments. Then (d) `wikipedia->rtp`: (c) trained on the Wikipedia
 file alone, mapped (quantile) on its own held-out rows, scoring the sentences file: comments
-of another kind, from another year and model of Perspective's. The table gives, per way, file and
+of another kind, from another year and model of Perspective's, and the same for (e)'s readout of
+the Jigsaw model fitted on the Wikipedia comments alone. The table gives, per way, file and
 attribute, the rank correlation with Perspective, the mean difference, and at 0.8 and 0.9
 (strictly above, as Coral compares) how many comments each flags, both, and the F1; the goals
 (issue 94) are in its caption.
@@ -45,7 +53,7 @@ from benchmarks.shared.machine import cpu_record
 from benchmarks.shared.measured import show_and_keep
 from benchmarks.shared.measured import start as start_report
 from jaxtpu.core import calibration
-from jaxtpu.core.data.history import scale
+from jaxtpu.core.data.history import readout, scale
 from jaxtpu.core.data.history.rows import ATTRIBUTES
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -96,20 +104,51 @@ def train(workdir: Path, preset: str, *flags: str) -> float:
     return float(json.loads((workdir / "summary.json").read_text())["wall_seconds"])
 
 
-def platt_scores(run: Path, texts: list[str]) -> dict[str, np.ndarray]:
-    """The run's calibrated probability (its Platt scaling, no map) per attribute it answers."""
+def scored(run: Path, texts: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The run's calibrated probability (its Platt scaling, no map) per attribute it answers,
+    and each text's vector (what a readout reads), from one pass."""
     from jaxtpu import load
     from jaxtpu.engine.scoring import run_attributes
 
     attributes, _ = run_attributes(run)
-    model = load(run, num_devices=1, calibrated=False)
-    z = np.asarray(model.logits(texts), np.float64).reshape(len(texts), -1)
+    model = load(run, num_devices=1, calibrated=False, pooled=True)
+    z, vectors = model.scorer.features(model.prepared(texts))
+    z = np.asarray(z, np.float64).reshape(len(texts), -1)
     cal = calibration.read(run)
     if cal is not None:
         z = calibration.Calibration(cal.columns, cal.scale, cal.shift).apply(z)
     columns = list(model.task.score_columns(True))
     p = calibration.sigmoid(z).reshape(len(texts), -1)
-    return {a.name: p[:, columns.index(a.column)] for a in attributes}
+    return {a.name: p[:, columns.index(a.column)] for a in attributes}, np.asarray(vectors)
+
+
+def platt_scores(run: Path, texts: list[str]) -> dict[str, np.ndarray]:
+    return scored(run, texts)[0]
+
+
+def read_out(
+    names: list[str], fit_v: np.ndarray, fit_rows: list[dict[str, Any]], v: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Each attribute of `names` read out of the vectors `v` and mapped (quantile), by what
+    `jaxtpu history fit-scale --readout` fits (`readout.fit`, then `scale.fit` on its held-out
+    predictions) on (`fit_v`, Perspective's scores of `fit_rows`), applied by the run's
+    calibration as a server applies it (`calibration.Calibration.apply`)."""
+    theirs = perspective(fit_rows)
+    maps, outs = [], []
+    for j, name in enumerate(names):
+        try:
+            r = readout.fit(fit_v, theirs[name])
+            xs, ys = scale.fit(calibration.sigmoid(r.held_out), theirs[name], "quantile")
+        except ValueError:
+            continue  # too few scores of it among the fitting rows: not read out
+        col = f"c{j}"
+        outs.append(calibration.Readout(col, name, tuple(r.weights), r.bias, 0, r.l2))
+        maps.append(calibration.PerspectiveScale(col, name, tuple(xs), tuple(ys), 0))
+    cols = tuple(f"c{j}" for j in range(len(names)))
+    cal = calibration.Calibration(cols, (1.0,) * len(cols), (0.0,) * len(cols))
+    z = cal.with_perspective(tuple(maps), tuple(outs)).apply(np.zeros((len(v), len(cols))), v)
+    p = calibration.sigmoid(z)
+    return {m.attribute: p[:, cols.index(m.column)] for m in maps}
 
 
 def perspective(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -159,8 +198,9 @@ def run(
         walls["jigsaw"] = train(
             jig, preset, "--task", "multilabel", "--train-csv", str(data / JIGSAW)
         )
-    a = platt_scores(jig, texts)
-    ways = ["jigsaw"] + [f"{w}+{m}" for w in ("jigsaw", "learnt") for m in scale.METHODS]
+    a, av = scored(jig, texts)
+    maps = (*scale.METHODS, "readout")
+    ways = ["jigsaw"] + [f"{w}+{m}" for w in ("jigsaw", "learnt") for m in maps]
     scores = {w: {n: np.full(len(rows), np.nan) for n in ATTRIBUTES} for w in ways}
     for f in range(folds):
         test, rest = np.flatnonzero(fold_of == f), np.flatnonzero(fold_of != f)
@@ -169,6 +209,7 @@ def run(
         for m in scale.METHODS:
             fit_a = {n: v[rest] for n, v in a.items()}
             got[f"jigsaw+{m}"] = mapped(fit_a, rest_rows, got["jigsaw"], m)
+        got["jigsaw+readout"] = read_out(list(a), av[rest], rest_rows, av[test])
         wd = out / f"fold{f}"
         training = write_training(wd.with_suffix(".csv"), rest_rows)
         walls[f"fold{f}"] = train(
@@ -176,10 +217,11 @@ def run(
         )
         by_text = {r["text"]: r for r in rest_rows}
         fit_rows = [by_text[t] for t in held_out(wd) if t in by_text]
-        c_fit = platt_scores(wd, [r["text"] for r in fit_rows])
-        c = platt_scores(wd, [texts[i] for i in test])
+        c_fit, cv_fit = scored(wd, [r["text"] for r in fit_rows])
+        c, cv = scored(wd, [texts[i] for i in test])
         for m in scale.METHODS:
             got[f"learnt+{m}"] = mapped(c_fit, fit_rows, c, m)
+        got["learnt+readout"] = read_out(list(c), cv_fit, fit_rows, cv)
         for way, values in got.items():
             for n, v in values.items():
                 if n in scores[way]:
@@ -192,6 +234,11 @@ def run(
             ours = {n: v[sel] for n, v in got.items() if np.isfinite(v[sel]).all()}
             results.append({"way": way, "file": name, "report": scale.compare(theirs, ours)})
     results.append(cross_kind(rows, out, walls, preset))
+    wiki = np.array([r["file"] == "wikipedia" for r in rows])
+    rtp = [r for r in rows if r["file"] == "rtp"]
+    on_rtp = read_out(list(a), av[wiki], [r for r in rows if r["file"] == "wikipedia"], av[~wiki])
+    results.append({"way": "wikipedia->rtp (jigsaw+readout)", "file": "rtp",
+                    "report": scale.compare(perspective(rtp), on_rtp)})  # fmt: skip
     return {"folds": folds, "comments": {n: sum(r["file"] == n for r in rows) for n in FILES},
             "results": results, "train_seconds": walls, "cpu": cpu_record()}  # fmt: skip
 

@@ -9,7 +9,11 @@ ROC AUC is unchanged, thresholds (Perspective users' 0.7, 0.9) move to where the
 
 A column may also carry a map onto Perspective's scale (`PerspectiveScale`, fitted by
 `jaxtpu.core.data.history.scale` on a platform's history), applied after the Platt scaling: a
-score then means what Perspective's meant, so a platform's thresholds keep their meaning.
+score then means what Perspective's meant, so a platform's thresholds keep their meaning. And
+a column may be read out of the model's vector anew (`Readout`, `history fit-scale --readout`:
+a linear layer on the frozen model's pooled vector, fitted to Perspective's logged scores of
+that attribute), in place of its output and Platt scaling, before the map; applying it needs
+the vector (`Calibration.needs_pooled`), which every scorer then computes in the same pass.
 
 One implementation for every reader: training writes `calibration.json` beside the best
 checkpoint, exports carry the same record (`jaxtpu_calibration` in an HF export's config.json,
@@ -96,6 +100,34 @@ class PerspectiveScale:
         return out
 
 
+@dataclass(frozen=True)
+class Readout:
+    """A column's logit read out of the model's pooled vector (the vector its classifier
+    reads): `weights` . vector + `bias`, in place of the model's own output and its Platt
+    scaling; fitted (`jaxtpu.core.data.history.readout`) to Perspective's logged `attribute`
+    on `rows` history comments the model did not train on, by ridge regression with L2
+    strength `l2` chosen by k-fold cross-validation."""
+
+    column: str
+    attribute: str
+    weights: tuple[float, ...]
+    bias: float
+    rows: int
+    l2: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"column": self.column, "attribute": self.attribute, "rows": self.rows,
+                "l2": self.l2, "bias": self.bias, "weights": list(self.weights)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Readout:
+        out = cls(str(d["column"]), str(d["attribute"]), tuple(float(w) for w in d["weights"]),
+                  float(d["bias"]), int(d["rows"]), float(d["l2"]))  # fmt: skip
+        if not out.weights or not all(math.isfinite(x) for x in (*out.weights, out.bias)):
+            raise ValueError(f"the readout of {out.column} has no or non-finite weights")
+        return out
+
+
 # a mapped probability is kept inside (EPS, 1 - EPS), so its logit stays finite
 EPS = 1e-7
 
@@ -104,8 +136,10 @@ EPS = 1e-7
 class Calibration:
     """Per-column Platt scaling (`scale` a, `shift` b) of a model's outputs, named
     `columns` (the task's score columns, auxiliary targets included), fitted on `rows`
-    validation rows, with each column's ECE and Brier score there before and after; then, for
-    the columns that have one, the map onto Perspective's scale (`perspective`)."""
+    validation rows, with each column's ECE and Brier score there before and after; the
+    columns read out of the model's vector anew (`readouts`, in place of their output and
+    scaling); then, for the columns that have one, the map onto Perspective's scale
+    (`perspective`)."""
 
     columns: tuple[str, ...]
     scale: tuple[float, ...]
@@ -114,21 +148,45 @@ class Calibration:
     before: dict[str, list[float]] = field(default_factory=dict)
     after: dict[str, list[float]] = field(default_factory=dict)
     perspective: tuple[PerspectiveScale, ...] = ()
+    readouts: tuple[Readout, ...] = ()
 
-    def apply(self, logits: np.ndarray) -> np.ndarray:
+    @property
+    def needs_pooled(self) -> bool:
+        """Whether `apply` reads the model's vector (a column is read out of it)."""
+        return bool(self.readouts)
+
+    def apply(self, logits: np.ndarray, pooled: np.ndarray | None = None) -> np.ndarray:
         """The calibrated logits of (N,) or (N, C) `logits` (C = the columns fitted), float64:
         the sigmoid of these is the calibrated probability, on Perspective's scale for the
-        columns mapped onto it."""
+        columns mapped onto it. `pooled` (N, hidden): the model's vector of each row, from the
+        same pass, which the columns with a readout are read from (`needs_pooled`)."""
         z = np.asarray(logits, np.float64)
         a, b = np.asarray(self.scale), np.asarray(self.shift)
         if z.ndim == 1 and len(a) == 1:
-            return self._on_scale((z * a[0] + b[0])[:, None])[:, 0]
+            return self.apply(z[:, None], pooled)[:, 0]
         if z.ndim != 2 or z.shape[1] != len(a):
             raise UserError(
                 f"calibration of {len(a)} column(s) ({', '.join(self.columns)}) given outputs "
                 f"of shape {z.shape}: a calibration of another model"
             )
-        return self._on_scale(z * a + b)
+        return self._on_scale(self._read_out(z * a + b, pooled))
+
+    def _read_out(self, z: np.ndarray, pooled: np.ndarray | None) -> np.ndarray:
+        if not self.readouts:
+            return z
+        hidden = len(self.readouts[0].weights)
+        if pooled is None or pooled.shape != (len(z), hidden):
+            got = "none" if pooled is None else f"shape {pooled.shape}"
+            raise UserError(
+                f"the calibration reads {', '.join(r.column for r in self.readouts)} out of the "
+                f"model's vector ({hidden} values a comment) but was given {got}: the model "
+                "scored without its vector, or a calibration of another model"
+            )
+        z = z.copy()
+        v = np.asarray(pooled, np.float64)
+        for r in self.readouts:
+            z[:, self.columns.index(r.column)] = v @ np.asarray(r.weights) + r.bias
+        return z
 
     def _on_scale(self, z: np.ndarray) -> np.ndarray:
         if not self.perspective:
@@ -140,10 +198,18 @@ class Calibration:
             z[:, j] = np.log(q) - np.log1p(-q)
         return z
 
-    def with_perspective(self, scales: tuple[PerspectiveScale, ...]) -> Calibration:
-        """This calibration with `scales` in place of the maps of their columns."""
-        kept = tuple(m for m in self.perspective if m.column not in {s.column for s in scales})
-        return dataclasses.replace(self, perspective=kept + tuple(scales))
+    def with_perspective(
+        self, scales: tuple[PerspectiveScale, ...], readouts: tuple[Readout, ...] = ()
+    ) -> Calibration:
+        """This calibration with `scales` in place of the maps of their columns; the columns
+        mapped now are read out by `readouts` where they have one, else as the model gives
+        them (a readout fitted before is dropped)."""
+        mapped = {s.column for s in scales}
+        kept = tuple(m for m in self.perspective if m.column not in mapped)
+        kept_out = tuple(r for r in self.readouts if r.column not in mapped)
+        return dataclasses.replace(
+            self, perspective=kept + tuple(scales), readouts=kept_out + tuple(readouts)
+        )
 
     def subset(self, columns: list[str] | tuple[str, ...]) -> Calibration:
         """The calibration of `columns` alone (an export of the task's outputs without its
@@ -161,10 +227,12 @@ class Calibration:
             picked(self.before),
             picked(self.after),
             tuple(m for m in self.perspective if m.column in columns),
+            tuple(r for r in self.readouts if r.column in columns),
         )
 
     def to_dict(self) -> dict[str, Any]:
         maps = [m.to_dict() for m in self.perspective]
+        readouts = [r.to_dict() for r in self.readouts]
         return {
             "method": METHOD,
             "columns": list(self.columns),
@@ -175,6 +243,7 @@ class Calibration:
             "before": _nulls(self.before),
             "after": _nulls(self.after),
             **({"perspective": maps} if maps else {}),
+            **({"readouts": readouts} if readouts else {}),
         }
 
     @classmethod
@@ -190,8 +259,12 @@ class Calibration:
                 {k: [_float(x) for x in v] for k, v in d.get("before", {}).items()},
                 {k: [_float(x) for x in v] for k, v in d.get("after", {}).items()},
                 tuple(PerspectiveScale.from_dict(m) for m in d.get("perspective", ())),
+                tuple(Readout.from_dict(r) for r in d.get("readouts", ())),
             )
-            unknown = [m.column for m in out.perspective if m.column not in out.columns]
+            unknown = [m.column for m in (*out.perspective, *out.readouts)
+                       if m.column not in out.columns]  # fmt: skip
+            if len({len(r.weights) for r in out.readouts}) > 1:
+                raise ValueError("readouts of vectors of different sizes")
             if unknown:
                 raise ValueError(f"a scale of column(s) {', '.join(unknown)}, not calibrated")
         except (KeyError, TypeError, ValueError) as e:
@@ -217,8 +290,11 @@ class Calibration:
         ]
         line = f"Platt scaling per column on {self.rows} validation rows; ECE " + ", ".join(parts)
         if self.perspective:
+            read = {r.column for r in self.readouts}
             line += "; on Perspective's scale: " + ", ".join(
-                f"{m.column} as {m.attribute} ({m.rows:,} comments)" for m in self.perspective
+                f"{m.column} as {m.attribute} ({m.rows:,} comments"
+                f"{', read out of the vector' if m.column in read else ''})"
+                for m in self.perspective
             )
         return line
 

@@ -142,7 +142,7 @@ def predict_stream(
                     continue
                 empty += chunk.dropped
                 each = [
-                    outputs(s.calibrate(s.logits(texts)), task, kind, every, weights)[1]
+                    outputs(s.scores(texts), task, kind, every, weights)[1]
                     for s, texts in zip(scorers, _own_rows(scorers, chunk, source), strict=True)
                 ]
                 if rank_by_rule:

@@ -370,9 +370,11 @@ class Scorer:
         pooled: bool = False,
     ) -> None:
         self.model = model = for_scoring(model, devices)
-        self.pooled = pooled  # `features` gives each comment's vector beside its outputs
         # the scaling `calibrate` applies: the model's, unless scoring uncalibrated
         self.calibration = model.calibration if calibrated else None
+        # `features` gives each comment's vector beside its outputs: asked for (a server of
+        # communities' heads), or read by the calibration (a column read out of the vector)
+        self.pooled = pooled or bool(self.calibration and self.calibration.needs_pooled)
         self.task = one_comment_task(model.spec.task)
         self.tokenizer = load_tokenizer(model.tokenizer_dir, model.spec.pad_id)
         self.max_len = model.cfg.data.max_len
@@ -440,11 +442,31 @@ class Scorer:
         """The length bucket (edge) each of `texts` is scored in by `logits`."""
         return text_buckets(texts, self.tokenizer, self.max_len, self.edges, self.form)
 
-    def calibrate(self, logits: np.ndarray) -> np.ndarray:
+    def calibrate(self, logits: np.ndarray, pooled: np.ndarray | None = None) -> np.ndarray:
         """`logits` (of `logits`) as calibrated logits, whose sigmoid is the probability
         predict, the API and the server give (`jaxtpu.core.calibration`); as they are when the
-        model has no calibration or scores without it."""
-        return logits if self.calibration is None else self.calibration.apply(logits)
+        model has no calibration or scores without it. `pooled`: the texts' vectors (of
+        `features`), which a calibration with readouts reads."""
+        return calibrated_logits(self.calibration, logits, pooled)
+
+    def scores(self, texts: Sequence[Any]) -> np.ndarray:
+        """`texts`' calibrated logits (`calibrate` of `logits`), from one pass of the model
+        that gives their vectors too where the calibration reads them."""
+        return scores_of(self, texts)
+
+
+def calibrated_logits(cal: Any, logits: np.ndarray, pooled: np.ndarray | None) -> np.ndarray:
+    """A scorer's `calibrate` (this one's and the ONNX scorer's): `logits` through `cal`
+    (a `jaxtpu.core.calibration.Calibration`, None: as they are), `pooled` for its readouts."""
+    return logits if cal is None else cal.apply(logits, pooled)
+
+
+def scores_of(scorer: Any, texts: Sequence[Any]) -> np.ndarray:
+    """A scorer's `scores` (this one's and the ONNX scorer's): calibrated logits of `texts`,
+    from `features` where the calibration reads the vectors, else from `logits`."""
+    if scorer.calibration is not None and scorer.calibration.needs_pooled:
+        return scorer.calibrate(*scorer.features(texts))
+    return scorer.calibrate(scorer.logits(texts))
 
 
 def check_ensemble(
@@ -509,7 +531,7 @@ def pair_probabilities(
     where = {t: i for i, t in enumerate(texts)}
     probs = np.mean(
         [
-            metrics.probability(s.task.main(s.calibrate(s.logits(texts))))
+            metrics.probability(s.task.main(s.scores(texts)))
             for s in (Scorer(m, devices, batch_size) for m in models)
         ],
         0,

@@ -70,7 +70,8 @@ def fit_scale(argv: Sequence[str]) -> int:
         "(--method; every ranking and AUC unchanged), fitted on history comments the run did "
         "not train on, and kept in the run's calibration.json: serve, predict, "
         "jaxtpu.load() and exports made after it answer on Perspective's scale "
-        "(--no-calibration: the raw probability).",
+        "(--no-calibration: the raw probability). --readout first reads each attribute out "
+        "of the model's vector anew, to rank as Perspective does.",
         epilog="Example: jaxtpu history fit-scale --workdir runs/a --history history.csv",
     )
     args = parser.parse_args(argv)
@@ -78,7 +79,7 @@ def fit_scale(argv: Sequence[str]) -> int:
         check_command_flags("history fit-scale", args)
         history = read_histories(args.history.split(","))
         cal, lines = fit_scales(
-            args.workdir, history, args.method, args.num_devices, args.batch_size
+            args.workdir, history, args.method, args.num_devices, args.batch_size, args.readout
         )
         print("\n".join(lines))
         calibration.write(args.workdir, cal)

@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxtpu.api import load
 from jaxtpu.core import calibration
-from jaxtpu.core.data.history import scale
+from jaxtpu.core.data.history import readout, scale
 from jaxtpu.core.data.history.rows import History
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.versions import jax_needed
@@ -21,10 +21,11 @@ from jaxtpu.engine.scoring import run_attributes, training_texts
 
 
 def scored(
-    workdir: str, history: History, num_devices: int, batch_size: int
-) -> tuple[tuple[str, ...], np.ndarray, list[Any]]:
-    """The run's score columns, its raw outputs (N, columns) on the history's comments and its
-    attributes; the comments of the run's training rows left out of `history` first (said)."""
+    workdir: str, history: History, num_devices: int, batch_size: int, vectors: bool
+) -> tuple[tuple[str, ...], np.ndarray, np.ndarray | None, list[Any]]:
+    """The run's score columns, its raw outputs (N, columns) and (`vectors`) its vectors
+    (N, hidden) on the history's comments, from one pass, and its attributes; the comments of
+    the run's training rows left out of `history` first (said)."""
     problem = jax_needed("jaxtpu history fit-scale and compare")
     if problem:
         raise UserError(problem)
@@ -41,13 +42,20 @@ def scored(
                   f"rows ({where})", file=sys.stderr)  # fmt: skip
     if not history.rows:
         raise UserError(f"--history {history.source}: every comment is one the run trained on")
-    model = load(workdir, num_devices or None, batch_size, calibrated=False)
+    model = load(workdir, num_devices or None, batch_size, calibrated=False, pooled=vectors)
     t0 = time.perf_counter()
     print(f"scoring {len(history.rows):,} comments with {workdir} ...", file=sys.stderr)
-    logits = np.asarray(model.logits([r.text for r in history.rows]), np.float64)
+    texts = model.prepared([r.text for r in history.rows])
+    logits, pooled = model.scorer.features(texts) if vectors else (model.scorer.logits(texts), None)
     print(f"scored in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     columns = tuple(model.task.score_columns(True))
-    return columns, logits.reshape(len(history.rows), -1), list(attributes)
+    logits = np.asarray(logits, np.float64).reshape(len(history.rows), -1)
+    return (
+        columns,
+        logits,
+        None if pooled is None else np.asarray(pooled, np.float64),
+        list(attributes),
+    )
 
 
 def perspective_scores(history: History) -> dict[str, np.ndarray]:
@@ -58,12 +66,20 @@ def perspective_scores(history: History) -> dict[str, np.ndarray]:
 
 
 def fit_scales(
-    workdir: str, history: History, method: str, num_devices: int, batch_size: int
+    workdir: str,
+    history: History,
+    method: str,
+    num_devices: int,
+    batch_size: int,
+    readouts: bool = False,
 ) -> tuple[calibration.Calibration, list[str]]:
     """The run's calibration with each attribute the history scores mapped onto Perspective's
-    scale by `method` (`scale.METHODS`, fitted on the Platt-calibrated probability), and a line
-    per attribute saying what was done."""
-    columns, logits, attributes = scored(workdir, history, num_devices, batch_size)
+    scale by `method` (`scale.METHODS`, fitted on the Platt-calibrated probability, or with
+    `readouts` on the held-out probability of a readout of the model's vector,
+    `jaxtpu.core.data.history.readout`), and a line per attribute saying what was done."""
+    columns, logits, vectors, attributes = scored(
+        workdir, history, num_devices, batch_size, readouts
+    )
     cal = calibration.read(workdir) or calibration.Calibration(
         columns, (1.0,) * len(columns), (0.0,) * len(columns)
     )
@@ -72,15 +88,26 @@ def fit_scales(
     theirs = perspective_scores(history)
     times = sorted(r.time for r in history.rows if r.time)
     models = tuple(sorted({r.model for r in history.rows if r.model}))
-    scales, lines = [], []
+    scales, outs, lines = [], [], []
     for a in attributes:
         if a.name not in theirs:
             lines.append(f"{a.name}: no history of it; left on jaxtpu's own scale")
             continue
+        ours, how = p[:, columns.index(a.column)], ""
         try:
-            x, y = scale.fit(p[:, columns.index(a.column)], theirs[a.name], method)
+            if vectors is not None:
+                r = readout.fit(vectors, theirs[a.name])
+                ours = calibration.sigmoid(r.held_out)
+                n = int(np.isfinite(r.held_out).sum())
+                outs.append(calibration.Readout(a.column, a.name, tuple(r.weights.tolist()),
+                                                r.bias, n, r.l2))  # fmt: skip
+                how = (f", read out of the model's vector (L2 {r.l2:g}; held-out rank "
+                       f"correlation {r.rank_correlation:.3f})")  # fmt: skip
+            x, y = scale.fit(ours, theirs[a.name], method)
         except ValueError as e:
-            lines.append(f"{a.name}: left on jaxtpu's own scale ({e}; at least {scale.MIN_ROWS})")
+            least = readout.MIN_ROWS if readouts else scale.MIN_ROWS
+            lines.append(f"{a.name}: left on jaxtpu's own scale ({e}; at least {least})")
+            outs = [o for o in outs if o.column != a.column]
             continue
         n = int(np.isfinite(theirs[a.name]).sum())
         dates = (times[0], times[-1]) if times else ()
@@ -88,11 +115,11 @@ def fit_scales(
             a.column, a.name, tuple(x), tuple(y), n, history.source, dates, models,
             method))  # fmt: skip
         lines.append(
-            f"{a.name}: mapped onto Perspective's scale on {n:,} comments ({len(x)} knots)"
+            f"{a.name}: mapped onto Perspective's scale on {n:,} comments ({len(x)} knots){how}"
         )
     if not scales:
         raise UserError(f"--history {history.source}: no attribute of the run to map")
-    return cal.with_perspective(tuple(scales)), lines
+    return cal.with_perspective(tuple(scales), tuple(outs)), lines
 
 
 def compare_run(
@@ -100,9 +127,10 @@ def compare_run(
 ) -> tuple[dict[str, Any], str]:
     """Perspective's scores against the run's (calibrated and on Perspective's scale where
     mapped, or `raw`), per attribute (`scale.compare`), and how the run scored."""
-    columns, logits, attributes = scored(workdir, history, num_devices, batch_size)
     cal = None if raw else calibration.read(workdir)
-    z = logits if cal is None else cal.apply(logits).reshape(len(logits), -1)
+    reads = cal is not None and cal.needs_pooled
+    columns, logits, vectors, attributes = scored(workdir, history, num_devices, batch_size, reads)
+    z = logits if cal is None else cal.apply(logits, vectors).reshape(len(logits), -1)
     probs = calibration.sigmoid(z)
     ours = {a.name: probs[:, columns.index(a.column)] for a in attributes}
     report = scale.compare(perspective_scores(history), ours)
@@ -114,6 +142,7 @@ def compare_run(
     if cal is None:
         return report, "raw"
     mapped = [m.attribute for m in cal.perspective]
+    read = [r.attribute for r in cal.readouts]
     return report, "calibrated" + (
         f", on Perspective's scale: {', '.join(mapped)}" if mapped else ""
-    )
+    ) + (f"; read out of the model's vector: {', '.join(read)}" if read else "")

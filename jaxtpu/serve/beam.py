@@ -87,7 +87,7 @@ def handler(source: Source, batch_size: int, calibrated: bool, chunk_rows: int, 
 
         def run_inference(self, batch, model, inference_args=None):
             items = list(batch)
-            scores = model.scorer.calibrate(model.scorer.logits(items))
+            scores = model.scorer.scores(items)
             _, values = outputs(scores, model.task, BY_NAME[kind])
             return [PredictionResult(x, v) for x, v in zip(items, values.tolist(), strict=True)]
 

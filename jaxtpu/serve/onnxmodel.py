@@ -32,7 +32,7 @@ from jaxtpu.core.serving.card import digest_file
 from jaxtpu.core.serving.heads import POOLED
 from jaxtpu.core.tasks import get_task
 from jaxtpu.core.textformat import TextFormat
-from jaxtpu.engine.scoring import text_buckets
+from jaxtpu.engine.scoring import calibrated_logits, scores_of, text_buckets
 
 META = "jaxtpu_onnx.json"  # what `jaxtpu export --format onnx` writes beside the graph
 
@@ -146,6 +146,12 @@ class OnnxScorer:
                 f"--onnx {export.onnx_file}: onnxruntime cannot load it ({e})"
             ) from None
         self.pooled = False  # set by a server of communities' heads (`load_served`)
+        if self.calibration is not None and self.calibration.needs_pooled and not self.gives_pooled:
+            raise UserError(
+                f"--onnx {export.onnx_file}: its calibration reads "
+                f"{', '.join(r.attribute for r in self.calibration.readouts)} out of the "
+                "model's vector, which this graph does not give: export the run again"
+            )
 
     @property
     def gives_pooled(self) -> bool:
@@ -191,8 +197,11 @@ class OnnxScorer:
     def buckets(self, texts: list[Any]) -> np.ndarray:
         return text_buckets(texts, self.tokenizer, self.max_len, self.edges, self.form)
 
-    def calibrate(self, logits: np.ndarray) -> np.ndarray:
-        return logits if self.calibration is None else self.calibration.apply(logits)
+    def calibrate(self, logits: np.ndarray, pooled: np.ndarray | None = None) -> np.ndarray:
+        return calibrated_logits(self.calibration, logits, pooled)
+
+    def scores(self, texts: list[Any]) -> np.ndarray:
+        return scores_of(self, texts)
 
 
 class OnnxModel(Model):

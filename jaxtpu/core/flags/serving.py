@@ -353,6 +353,16 @@ class HistoryScaleFlags:
         "disagree.",
         choices=("quantile", "isotonic"),
     )
+    readout: bool = _c(
+        False,
+        "Read each attribute the history scores out of the model's vector anew before mapping "
+        "it: a linear layer on the frozen model's pooled vector regressed onto Perspective's "
+        "scores (ridge, its L2 strength chosen by 5-fold cross-validation on the history; the "
+        "map then fitted on the folds' held-out predictions). It ranks as Perspective does "
+        "where the run's own output does not (a Jigsaw model's THREAT, IDENTITY_ATTACK); the "
+        "model is not changed, and scoring computes the vector in the same pass. Needs at "
+        "least 100 scored comments of an attribute.",
+    )
 
 
 @dataclass(frozen=True)

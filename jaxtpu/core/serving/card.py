@@ -168,13 +168,21 @@ def perspective_scale(
     attributes: list[dict[str, str]], calibration: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Per attribute, whether its scores are on Perspective's scale: the map's record (fitted
-    on how many comments, from which source, of which dates, by which Perspective models), or
-    `NO_SCALE`."""
+    on how many comments, from which source, of which dates, by which Perspective models, and
+    whether the attribute is read out of the model's vector: on how many comments, at which
+    L2 strength), or `NO_SCALE`."""
     maps = {m["column"]: m for m in (calibration or {}).get("perspective", [])}
+    reads = {r["column"]: r for r in (calibration or {}).get("readouts", [])}
     out: dict[str, Any] = {}
     for a in attributes:
-        m = maps.get(a["column"])
-        out[a["name"]] = {k: m[k] for k in ("rows", "source", "dates", "models")} if m else NO_SCALE
+        m, r = maps.get(a["column"]), reads.get(a["column"])
+        if not m:
+            out[a["name"]] = NO_SCALE
+            continue
+        out[a["name"]] = {k: m[k] for k in ("rows", "source", "dates", "models")}
+        out[a["name"]]["method"] = m.get("method", "quantile")
+        if r:
+            out[a["name"]]["readout"] = {"rows": r["rows"], "l2": r["l2"]}
     return out
 
 

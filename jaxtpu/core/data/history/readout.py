@@ -1,0 +1,114 @@
+"""A Perspective attribute read out of the frozen model's vector (framework-free; numpy only).
+
+`history fit-scale --readout`: for each attribute the history scores, a linear layer on the
+model's pooled vector (the vector its classifier reads) regressed onto Perspective's logged
+score, in logit units (ridge regression on standardised inputs; the L2 strength chosen by
+k-fold cross-validation on the history, by the rank correlation of the held-out predictions
+with Perspective's). The model itself is not changed: one pass gives its own scores and the
+vector, and the readout is a dot product per attribute.
+
+Why: a model trained on Jigsaw's labels ranks comments by what Jigsaw's raters marked, and no
+monotone map (`scale`) changes a ranking. Perspective's attributes rank otherwise (THREAT,
+IDENTITY_ATTACK and SEVERE_TOXICITY most), and the vector already holds much of what tells
+them apart: on the shared Perspective-scored comments a readout raised THREAT's rank
+correlation from 0.18 to about 0.6 where an epoch of fine-tuning on the same scores reached
+0.36 (`benchmarks.quality.perspective_scale`, the `readout` rows). The map onto Perspective's
+scale is then fitted on the readout's out-of-fold predictions, which are what a new comment
+gets, not on its fit to the rows it learnt from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+L2_GRID = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
+FOLDS = 5
+MIN_ROWS = 100  # fewer scored comments cannot choose an L2 strength by folds
+CLIP = 1e-3  # Perspective's 0 and 1 as logits: +-6.9
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A readout: `weights` . vector + `bias` is the logit of Perspective's score; `held_out`
+    the logit each fitting row got from the folds that did not see it; `l2` the strength
+    chosen and `rank_correlation` the held-out predictions' with Perspective's scores."""
+
+    weights: np.ndarray
+    bias: float
+    l2: float
+    held_out: np.ndarray
+    rank_correlation: float
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, np.float64), CLIP, 1 - CLIP)
+    return np.log(p) - np.log1p(-p)
+
+
+def ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share their mean rank), from 0."""
+    order = np.argsort(x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(len(x))
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=r)
+    return (sums / counts)[inverse]
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denominator = np.sqrt((ra * ra).sum() * (rb * rb).sum())
+    return float((ra * rb).sum() / denominator) if denominator else 0.0
+
+
+def _ridge(x: np.ndarray, t: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
+    """Ridge regression of `t` on standardised `x` (the intercept unpenalised), as weights
+    and bias of the raw `x`."""
+    mu, sd = x.mean(0), x.std(0)
+    sd = np.where(sd > 0, sd, 1.0)
+    xs = (x - mu) / sd
+    tc = t - t.mean()
+    w = np.linalg.solve(xs.T @ xs + l2 * np.eye(x.shape[1]), xs.T @ tc)
+    w = w / sd
+    return w, float(t.mean() - mu @ w)
+
+
+def folds_of(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Each of `n` rows' fold, 0..k-1, at random (seeded)."""
+    fold = np.empty(n, int)
+    fold[np.random.default_rng(seed).permutation(n)] = np.arange(n) % k
+    return fold
+
+
+def fit(vectors: np.ndarray, scores: np.ndarray, folds: int = FOLDS, seed: int = 0) -> Fitted:
+    """The readout of Perspective's `scores` (in [0, 1], NaN where unscored: left out) from
+    the model's `vectors` (N, hidden).
+
+    Raises:
+      ValueError: fewer than `MIN_ROWS` scored rows, or one score for all.
+    """
+    known = np.isfinite(scores)
+    x = np.asarray(vectors, np.float64)[known]
+    y = np.asarray(scores, np.float64)[known]
+    if len(y) < MIN_ROWS or y.min() == y.max():
+        raise ValueError(f"{len(y)} scored rows, {len(np.unique(y))} distinct scores")
+    t = logit(y)
+    fold = folds_of(len(y), folds, seed)
+    best: tuple[float, float, np.ndarray] | None = None
+    for l2 in L2_GRID:
+        held = np.empty(len(y))
+        for f in range(folds):
+            w, b = _ridge(x[fold != f], t[fold != f], l2)
+            held[fold == f] = x[fold == f] @ w + b
+        rho = spearman(held, y)
+        if best is None or rho > best[0]:
+            best = (rho, l2, held)
+    assert best is not None
+    rho, l2, held = best
+    w, b = _ridge(x, t, l2)
+    full = np.full(len(scores), np.nan)
+    full[known] = held
+    return Fitted(w, b, l2, full, rho)
