@@ -254,6 +254,75 @@ def test_a_calibration_carries_the_scale_applies_it_and_refuses_a_broken_one():
     assert shown["TOXICITY"]["rows"] == 100 and shown["INSULT"] == NO_SCALE
 
 
+def _vectors_and_scores(n=400, hidden=16, seed=0):
+    """Vectors and Perspective scores that are a noisy logistic function of one direction of
+    them (what a readout can learn and a monotone map of another score cannot)."""
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=(n, hidden))
+    w = rng.normal(size=hidden)
+    return v, calibration.sigmoid(v @ w / 2 + rng.normal(scale=0.3, size=n) - 1.0)
+
+
+def test_a_readout_learns_the_scores_from_the_vector_and_predicts_each_row_out_of_fold():
+    from scipy.stats import spearmanr
+
+    from jaxtpu.core.data.history import readout
+
+    v, y = _vectors_and_scores()
+    y[:40] = np.nan  # unscored: left out
+    r = readout.fit(v, y)
+    known = np.isfinite(y)
+    assert np.isnan(r.held_out[:40]).all() and np.isfinite(r.held_out[known]).all()
+    assert r.rank_correlation == pytest.approx(spearmanr(r.held_out[known], y[known]).statistic)
+    assert r.rank_correlation > 0.9 and r.l2 in readout.L2_GRID
+    fitted = v @ r.weights + r.bias
+    assert spearmanr(fitted[known], y[known]).statistic > 0.9
+    # held out: each row predicted by the folds that did not see it, not by the final fit
+    assert not np.allclose(fitted[known], r.held_out[known], atol=1e-3)
+    # its logit units: the fit's mean predicted score is near the scores' own
+    assert abs(calibration.sigmoid(fitted[known]).mean() - y[known].mean()) < 0.05
+    ties = np.array([1.0, 2.0, 2.0, 3.0, 5.0, 5.0, 4.0])
+    assert readout.spearman(ties, ties[::-1]) == pytest.approx(
+        spearmanr(ties, ties[::-1]).statistic
+    )
+    with pytest.raises(ValueError, match="99 scored rows"):
+        readout.fit(v[:99], y[40:139])
+    with pytest.raises(ValueError, match="1 distinct"):
+        readout.fit(v, np.full(len(v), 0.2))
+
+
+def test_a_calibration_reads_a_column_out_of_the_vector_maps_it_and_needs_the_vector():
+    rng = np.random.default_rng(1)
+    w, pooled = rng.normal(size=4), rng.normal(size=(5, 4))
+    r = calibration.Readout("toxic", "TOXICITY", tuple(w), 0.5, 300, 10.0)
+    m = calibration.PerspectiveScale("toxic", "TOXICITY", (0.0, 0.5, 1.0), (0.0, 0.8, 1.0), 300)
+    cal = calibration.Calibration(("toxic", "insult"), (2.0, 2.0), (0.0, 1.0))
+    cal = cal.with_perspective((m,), (r,))
+    assert cal.needs_pooled and not calibration.Calibration(("a",), (1.0,), (0.0,)).needs_pooled
+    z = rng.normal(size=(5, 2))
+    got = calibration.sigmoid(cal.apply(z, pooled))
+    want = np.interp(calibration.sigmoid(pooled @ w + 0.5), m.x, m.y)  # not the model's toxic
+    np.testing.assert_allclose(got[:, 0], want, rtol=1e-9)
+    np.testing.assert_allclose(got[:, 1], calibration.sigmoid(2 * z[:, 1] + 1), rtol=1e-9)
+    with pytest.raises(UserError, match="out of the model's vector .* given none"):
+        cal.apply(z)
+    with pytest.raises(UserError, match=r"given shape \(5, 3\)"):
+        cal.apply(z, pooled[:, :3])
+    again = calibration.Calibration.from_dict(json.loads(json.dumps(cal.to_dict())), "f")
+    assert again == cal
+    assert cal.subset(["insult"]).readouts == () and cal.subset(["toxic"]).readouts == (r,)
+    assert cal.with_perspective((m,)).readouts == ()  # mapped again from the model's own
+    assert "toxic as TOXICITY (300 comments, read out of the vector)" in cal.describe()
+    broken = cal.to_dict()
+    broken["readouts"][0]["weights"] = [float("nan")] * 4
+    with pytest.raises(UserError, match="non-finite weights"):
+        calibration.Calibration.from_dict(broken, "f")
+    from jaxtpu.core.serving.card import perspective_scale
+
+    shown = perspective_scale([{"name": "TOXICITY", "column": "toxic"}], cal.to_dict())
+    assert shown["TOXICITY"]["readout"] == {"rows": 300, "l2": 10.0}
+
+
 def test_history_touches_no_jax_until_it_scores(monkeypatch):
     import importlib
     import sys
@@ -305,6 +374,60 @@ def test_fit_scale_maps_a_run_onto_the_historys_scale_and_compare_says_so(
     assert json.loads(report.read_text())["TOXICITY"]["comments"] == 80
     assert main(["compare", "--workdir", str(run), "--history", str(history), "--raw"]) == 0
     assert "(raw)" in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+@pytest.mark.torch  # the ONNX export
+def test_fit_scale_readout_ranks_as_the_history_and_every_scorer_applies_it(
+    finished_run, tmp_path, capsys
+):
+    """A history whose TOXICITY follows a direction of the run's vector that its own output
+    does not rank by: after fit-scale --readout, predict ranks as the history does (it did
+    not before), compare and the card say so, and an ONNX export made after it ranks so
+    too."""
+    from jaxtpu import export, load
+    from jaxtpu.core.data.history import readout
+    from jaxtpu.core.serving.card import perspective_scale
+    from jaxtpu.history import main
+    from jaxtpu.serve.onnxmodel import OnnxModel
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    rng = np.random.default_rng(0)
+    words = ["edits", "idiot", "page", "thanks", "stupid", "source", "hello", "you"]
+    texts = [" ".join(rng.choice(words, 5)) + f" {i}" for i in range(160)]
+    before = load(run, num_devices=1, pooled=True)
+    raw, vectors = before.scored(texts)
+    # of the vectors' five main directions, the one the run's own score follows least
+    centred = vectors - vectors.mean(0)
+    components = np.linalg.svd(centred, full_matrices=False)[2][:5]
+    x = min((centred @ c for c in components), key=lambda p: abs(np.corrcoef(p, raw[:, 0])[0, 1]))
+    theirs = calibration.sigmoid(3 * x / x.std())
+    rho = readout.spearman
+    assert rho(raw[:, 0], theirs) < 0.8
+    history = tmp_path / "h.csv"
+    with history.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["comment_text", "TOXICITY"])
+        w.writerows(zip(texts, theirs, strict=True))
+    argv = ["fit-scale", "--workdir", str(run), "--history", str(history), "--readout"]
+    assert main(argv) == 0
+    assert "TOXICITY: mapped onto Perspective's scale on 160 comments" in capsys.readouterr().out
+    cal = calibration.read(run)
+    assert [r.attribute for r in cal.readouts] == ["TOXICITY"]
+    after = load(run, num_devices=1).predict(texts)
+    assert rho(after, theirs) > 0.95
+    shown = perspective_scale([{"name": "TOXICITY", "column": "toxic"}], cal.to_dict())
+    assert shown["TOXICITY"]["readout"]["rows"] == 160
+    assert main(["compare", "--workdir", str(run), "--history", str(history)]) == 0
+    assert "read out of the model's vector: TOXICITY" in capsys.readouterr().out
+    out = tmp_path / "onnx"
+    assert export.main(["--workdir", str(run), "--out", str(out), "--format", "onnx"]) == 0
+    # the export's graph runs in fp32 where this run scores in bf16: its vectors differ by
+    # about 1e-3, which the readout of a minor direction of a 7-step model magnifies; what
+    # must hold is that the export reads the attribute out as the run does
+    assert rho(OnnxModel(out, 8).predict(texts), theirs) > 0.9
 
 
 def _history_file(path, n=150, seed=0):

@@ -380,7 +380,7 @@ class Scorer:
         self.max_len = model.cfg.data.max_len
         self.form = model.spec.text_format.kind  # what `logits` is given: texts, pairs, prompts
         self.global_batch = batch_size * len(devices)
-        self.backend = scoring_backend(model, devices, self.task, pooled)
+        self.backend = scoring_backend(model, devices, self.task, self.pooled)
         self.edges = fixed_edges(self.max_len)
         self.devices = len(devices)
         # the rows a call is padded to: the smallest of these that holds it. Only the full
