@@ -429,18 +429,19 @@ def trajectories(work: Path, task: str) -> list[Result]:
     model_dir = shared_init(work / f"init-tiny-{task}", task, "tiny")
     base = [*TRAJ_FLAGS, "--task", task, "--model-dir", str(model_dir), "--num-devices", "8"]
     results = []
-    for precision, tol in (("fp32", TRAJ_FP32_RTOL), ("bf16", TRAJ_BF16_RTOL[task])):
+    tolerances = (("fp32", TRAJ_FP32_RTOL), ("bf16", TRAJ_BF16_RTOL[task]))
+    # jaxtpu's three strategies in both precisions in one process (one start for the six;
+    # each its own run)
+    runs = [(work / f"traj-{task}-{precision}-{parallel}",
+             [*base, "--precision", precision, "--parallel", parallel])
+            for precision, _ in tolerances for parallel in JAX_STRATEGIES]  # fmt: skip
+    every_jax = iter(run_jax_runs(runs))
+    for precision, tol in tolerances:
         flags = [*base, "--precision", precision]
         ref = run_side(
             "torch", work / f"traj-{task}-{precision}-spmd", *flags, "--parallel", "spmd"
         ).check()
-        # jaxtpu's three strategies in one process (one start for the three; each its own run)
-        jax_runs = run_jax_runs(
-            [
-                (work / f"traj-{task}-{precision}-{parallel}", [*flags, "--parallel", parallel])
-                for parallel in JAX_STRATEGIES
-            ]
-        )
+        jax_runs = [next(every_jax) for _ in JAX_STRATEGIES]
         for parallel, run in zip(JAX_STRATEGIES, jax_runs, strict=True):
             run = run.check()
             rel = relative_diff(run.losses, ref.losses)
