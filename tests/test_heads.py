@@ -199,3 +199,18 @@ def test_jaxtpu_head_fits_on_the_frozen_run_and_reads_each_comment_once(
         command.main(["--workdir", str(finished_run), "--decisions", str(decisions),
                       "--out", str(out), "--attribute", "THREAT"])  # fmt: skip
     assert "--attribute THREAT: the run answers TOXICITY" in capsys.readouterr().err
+
+
+def test_a_model_whose_head_gives_no_vector_says_so_in_one_line():
+    """A --head hf model's classifier (transformers' own) sows no vector: a community's head
+    or a readout asking for it is one line, not a KeyError from inside the trace."""
+    from types import SimpleNamespace
+
+    from jaxtpu.core.errors import UserError
+    from jaxtpu.engine.steps import eval_step
+
+    state = SimpleNamespace(params={}, apply_fn=lambda *a, **k: (np.zeros(2), {}))
+    batch = {"input_ids": np.zeros((2, 4)), "attention_mask": np.ones((2, 4)), "label": np.zeros(2)}
+    with pytest.raises(UserError, match=r"gives no vector .*\(--head jaxtpu\)"):
+        eval_step(state, batch, loss=lambda s, y: s, pooled=True)
+    assert set(eval_step(state, batch, loss=lambda s, y: s)) == {"score", "loss"}

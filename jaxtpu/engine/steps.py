@@ -21,6 +21,7 @@ from flax import struct, traverse_util
 from flax.training import train_state
 from flax.training.dynamic_scale import DynamicScale
 
+from jaxtpu.core.errors import UserError
 from jaxtpu.core.lora import has_adapters, trains
 from jaxtpu.core.serving.heads import POOLED
 from jaxtpu.core.tasks import RANKING_MARGIN, Task, get_task
@@ -302,5 +303,11 @@ def eval_step(
         scores = state.apply_fn(variables, *args, deterministic=True)
         return {"score": scores, "loss": loss(scores, batch["label"])}
     scores, sown = state.apply_fn(variables, *args, deterministic=True, mutable=["intermediates"])
+    if POOLED not in sown.get("intermediates", {}):
+        raise UserError(
+            "this model's classification head gives no vector (a --head hf run's is "
+            "transformers' own): a community's head and a readout of Perspective's attributes "
+            "read the vector of jaxtpu's head (--head jaxtpu)"
+        )
     (vector,) = sown["intermediates"][POOLED]
     return {"score": scores, "loss": loss(scores, batch["label"]), POOLED: vector}
