@@ -55,39 +55,6 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"compilation cache: {cache} ({len(entries)} programs, {size:.0f} MiB)"
 
 
-# The slowest test files, slowest first, by a whole `make test`'s own timing on the 2-core
-# machine (`--junitxml`, at 47d50f9: 650, 266, 139, 135, 128, 122, 116, 116, 103, 89, 88, 75,
-# 58, 52 and 49 s of test time). pytest-xdist's `--dist loadfile` hands a free worker the next
-# file in collection order; with the longest first, what is left at the end is short files,
-# so neither worker idles long while the other finishes (alphabetical order left one worker
-# alone with test_torchxla_ref.py or test_train.py at the end). A stale order only balances
-# less well: it checks nothing.
-SLOWEST_FIRST = (
-    "parity_tests/test_parity.py",
-    "tests/test_bucket.py",
-    "tests/test_multihost.py",
-    "tests/test_preflight.py",
-    "tests/test_torchxla_ref.py",
-    "tests/test_signals.py",
-    "tests/test_rundir.py",
-    "tests/test_hf_heads.py",
-    "tests/test_serve.py",
-    "tests/test_train.py",
-    "tests/test_families.py",
-    "tests/test_archive.py",
-    "parity_tests/test_bisect.py",
-    "tests/test_roofline.py",
-    "tests/test_readers.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files of `SLOWEST_FIRST` first, in its order; every other file after them, and
-    each file's tests, in collection order."""
-    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
-
-
 # The marks that take a test out of `make test-fast`.
 SLOW_TIERS = {"e2e", "compile", "torch", "model"}
 
