@@ -24,6 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jaxtpu.core.serving.heads import folds_of
+from jaxtpu.core.serving.shadow import spearman
+
 L2_GRID = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 FOLDS = 5
 MIN_ROWS = 100  # fewer scored comments cannot choose an L2 strength by folds
@@ -48,23 +51,6 @@ def logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share their mean rank), from 0."""
-    order = np.argsort(x, kind="stable")
-    r = np.empty(len(x))
-    r[order] = np.arange(len(x))
-    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    sums = np.bincount(inverse, weights=r)
-    return (sums / counts)[inverse]
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = np.sqrt((ra * ra).sum() * (rb * rb).sum())
-    return float((ra * rb).sum() / denominator) if denominator else 0.0
-
-
 def _ridge(x: np.ndarray, t: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
     """Ridge regression of `t` on standardised `x` (the intercept unpenalised), as weights
     and bias of the raw `x`."""
@@ -75,13 +61,6 @@ def _ridge(x: np.ndarray, t: np.ndarray, l2: float) -> tuple[np.ndarray, float]:
     w = np.linalg.solve(xs.T @ xs + l2 * np.eye(x.shape[1]), xs.T @ tc)
     w = w / sd
     return w, float(t.mean() - mu @ w)
-
-
-def folds_of(n: int, k: int, seed: int = 0) -> np.ndarray:
-    """Each of `n` rows' fold, 0..k-1, at random (seeded)."""
-    fold = np.empty(n, int)
-    fold[np.random.default_rng(seed).permutation(n)] = np.arange(n) % k
-    return fold
 
 
 def fit(vectors: np.ndarray, scores: np.ndarray, folds: int = FOLDS, seed: int = 0) -> Fitted:
@@ -97,14 +76,14 @@ def fit(vectors: np.ndarray, scores: np.ndarray, folds: int = FOLDS, seed: int =
     if len(y) < MIN_ROWS or y.min() == y.max():
         raise ValueError(f"{len(y)} scored rows, {len(np.unique(y))} distinct scores")
     t = logit(y)
-    fold = folds_of(len(y), folds, seed)
+    fold = folds_of(np.zeros(len(y)), folds, seed)  # one class: every row dealt round at random
     best: tuple[float, float, np.ndarray] | None = None
     for l2 in L2_GRID:
         held = np.empty(len(y))
         for f in range(folds):
             w, b = _ridge(x[fold != f], t[fold != f], l2)
             held[fold == f] = x[fold == f] @ w + b
-        rho = spearman(held, y)
+        rho = spearman(list(zip(held, y, strict=True))) or 0.0  # None: a constant prediction
         if best is None or rho > best[0]:
             best = (rho, l2, held)
     assert best is not None
