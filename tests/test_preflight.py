@@ -103,6 +103,13 @@ def test_tpu_readiness_every_code_path_compiles_for_a_tpu_v3_slice(tmp_path, v3,
     remat = reports["replicated + remat layer"]
     assert remat.temporary < 0.87 * rep.temporary, (remat.temporary, rep.temporary)
     assert remat.flops_per_step > rep.flops_per_step
+    # The same programs again (the estimate's memo of this process cleared): what the TPU
+    # compiler said is read back (jaxtpu.preflight.memo), nothing is compiled, the same report
+    pf_speed._ESTIMATES.clear()
+    again = pf_fit.check(runs["replicated"], "v3-8", devices, capacity)
+    assert again.extra["compile_remembered"] and again.compile_s > 0
+    same = ("total", "eval_total", "temporary", "est_step_s", "est_bytes_per_step", "fits")
+    assert {k: getattr(again, k) for k in same} == {k: getattr(rep, k) for k in same}
 
 
 def test_model_flops_are_six_times_matmul_params_times_tokens_plus_attention():

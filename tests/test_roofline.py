@@ -143,7 +143,7 @@ def test_the_v5e_program_is_read_whole_and_the_v3_one_tracks_the_compiler():
     for name in ("v3-8", "v5e-8"):
         devices, _ = pf_targets.target_devices(name, 8)
         compiled = pf_speed.compile_unrolled(cfg, devices)
-        loops = compiled.as_text().count(" while(")
+        loops = compiled.text.count(" while(")
         found[name] = (
             pf_speed.estimate(cfg, devices, pf_targets.TPU_TARGETS[name], compiled),
             loops,

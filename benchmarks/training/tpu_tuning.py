@@ -289,7 +289,7 @@ def _variant_row(
         e = pf_speed.estimate(cfg, devices, target, compiled)
         seconds, roofline_s = e.compiler_s, e.roofline_s
         flops = spec.encoder.train_flops(args.batch_size, args.max_len, cfg.model.remat)[0]
-        text = compiled.as_text()  # the program's text, read once for every roofline below
+        text = compiled.text  # the program's text, read once for every roofline below
         ops = hlo_roofline.roofline(text, peak, bandwidth)
         floor = flops / peak
         row = {

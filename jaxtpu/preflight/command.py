@@ -13,7 +13,9 @@ estimates, not measurements.
 
 TPU targets compile on a CPU-only host: PyPI's `libtpu` (installed by the project) compiles
 for a TPU topology through `jax.experimental.topologies.get_topology_desc`; the numbers are the
-TPU compiler's, for the same program that would run there.
+TPU compiler's, for the same program that would run there. What a TPU compilation told
+preflight is remembered (`jaxtpu.preflight.memo`, beside JAX's compilation cache): the same
+program for the same target again is read back, not compiled, and says so.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from jaxtpu.core.flags.commands import add_command_flags
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.storage import check_output_path
+from jaxtpu.engine import hosts
 from jaxtpu.preflight.fit import check, find_batch, options
 from jaxtpu.preflight.lowering import save_programs
 from jaxtpu.preflight.report import Report, say, table
@@ -90,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_path(out, "--json")  # before the first compilation, not after the last
         cfg = implied_by_target(cfg, args)
         _check_target_flags(args, cfg.train.precision)
+        hosts.use_compilation_cache()  # and the memo of TPU compilations beside it
         devices, capacity = target_devices(args.target, cfg.placement.num_devices)
         platform = platform_of(devices, args.target)
         configs = options(cfg, args.sweep)

@@ -10,10 +10,17 @@ from typing import Any
 from jaxtpu.core.errors import ConfigError
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import REMATS, Config
-from jaxtpu.preflight.lowering import bytes_per_device, lower, no_cache_writes
+from jaxtpu.preflight.lowering import bytes_per_device, lower
+from jaxtpu.preflight.memo import compile_facts
 from jaxtpu.preflight.report import Report
 from jaxtpu.preflight.speed import add_estimate, flops_per_step, is_unrolled
-from jaxtpu.preflight.targets import GPU_MEMORY_METHOD, GPU_TARGETS, memory_fraction, platform_of
+from jaxtpu.preflight.targets import (
+    GPU_MEMORY_METHOD,
+    GPU_TARGETS,
+    TPU_TARGETS,
+    memory_fraction,
+    platform_of,
+)
 
 # `--sweep`: every way jaxtpu can place the state, with and without rematerialisation.
 SWEEP = [(s, r) for s in ("replicated", "zero1", "fsdp") for r in REMATS]
@@ -51,18 +58,18 @@ def check(
     # known from the shapes and shardings alone: reported even when the compiler refuses
     report.params = bytes_per_device(low.state.params, low.shardings.params)
     report.optimizer = bytes_per_device(low.state.opt_state, low.shardings.opt_state)
-    try:
-        with no_cache_writes(target != "cpu"):
-            compiled, compiled_eval = low.train.compile(), low.eval.compile()
-    except Exception as e:  # the TPU compiler refuses a program that cannot fit
-        text = str(e)
-        if "RESOURCE_EXHAUSTED" not in text and "memory" not in text.lower():
-            raise
+    read_text = flops and speed and target in TPU_TARGETS and is_unrolled(cfg)  # the estimate's
+    compiled = compile_facts(low.train, devices, text=read_text)
+    compiled_eval = compiled if compiled.error else compile_facts(low.eval, devices)
+    if compiled.remembered and compiled_eval.remembered:  # nothing compiled now
+        report.compile_s = compiled.compile_s + (0 if compiled.error else compiled_eval.compile_s)
+        report.extra["compile_remembered"] = True
+    else:
         report.compile_s = round(time.perf_counter() - t0, 1)
-        report.error = text.splitlines()[0][:300]
+    if compiled.error or compiled_eval.error:  # the TPU compiler refuses what cannot fit
+        report.error = compiled.error or compiled_eval.error
         return report
-    report.compile_s = round(time.perf_counter() - t0, 1)
-    mem, eval_mem = compiled.memory_analysis(), compiled_eval.memory_analysis()
+    mem, eval_mem = compiled.memory, compiled_eval.memory
     report.batch = bytes_per_device(
         low.batches, jax.tree_util.tree_map(lambda x: x.sharding, low.batches)
     )

@@ -143,23 +143,6 @@ def save_programs(cfg: Config, target: str, devices: list[Any], directory: Path)
 
 
 @contextmanager
-def no_cache_writes(active: bool) -> Iterator[None]:
-    """No entries in JAX's persistent compilation cache (when one is set up): an executable
-    compiled for a TPU topology without its devices cannot be loaded back from it."""
-    import jax
-
-    if not active:
-        yield
-        return
-    before = jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
-    try:
-        yield
-    finally:
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
-
-
-@contextmanager
 def no_compilation_cache() -> Iterator[None]:
     """JAX's persistent compilation cache off, reads too: an executable read back from it
     serializes without its code on XLA:CPU (loading it then fails with 'Function ... not

@@ -193,7 +193,8 @@ def say(report: Report) -> None:
         f"batch/dev {report.batch_size}"
     )
     if report.error:
-        print(f"  {what}: refused by the compiler ({report.error[:120]})", file=sys.stderr)
+        again = " (remembered)" if report.extra.get("compile_remembered") else ""
+        print(f"  {what}: refused by the compiler{again} ({report.error[:120]})", file=sys.stderr)
         return
     speed = ""
     if report.est_step_s:
@@ -222,10 +223,16 @@ def say(report: Report) -> None:
     print(
         f"  {what}: train {gib(report.total)}, eval {gib(report.eval_total)} of "
         f"{gib(report.capacity)}: {'fits' if report.fits else 'does NOT fit'} "
-        f"(compiled in {report.compile_s:.1f} s){speed}",
+        f"({_compiled(report)}){speed}",
         file=sys.stderr,
         flush=True,
     )
+
+
+def _compiled(report: Report) -> str:
+    if report.extra.get("compile_remembered"):
+        return f"compiled in {report.compile_s:.1f} s by an earlier preflight: remembered"
+    return f"compiled in {report.compile_s:.1f} s"
 
 
 def _hours(seconds: float) -> str:

@@ -22,7 +22,8 @@ from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.flags.schema import Config
 from jaxtpu.core.run.plan import Plan
 from jaxtpu.preflight import roofline
-from jaxtpu.preflight.lowering import lower, no_cache_writes
+from jaxtpu.preflight.lowering import lower
+from jaxtpu.preflight.memo import Facts, compile_facts
 from jaxtpu.preflight.report import COMPILER, FLOOR, ROOFLINE, Report
 from jaxtpu.preflight.targets import GPU_TARGETS, TPU_TARGETS, GpuTarget, Target
 
@@ -63,10 +64,9 @@ def flops_per_step(cfg: Config, devices: list[Any]) -> float:
 _FLOPS: dict[str, float] = {}
 
 
-def compile_unrolled(cfg: Config, devices: list[Any]) -> Any:
-    """The run's train step (`unrolled`) compiled for `devices`: what `estimate` reads."""
-    with no_cache_writes(devices[0].platform != "cpu"):
-        return lower(unrolled(cfg), devices).train.compile()
+def compile_unrolled(cfg: Config, devices: list[Any]) -> Facts:
+    """What `estimate` reads of the run's train step (`unrolled`) compiled for `devices`."""
+    return compile_facts(lower(unrolled(cfg), devices).train, devices, text=True)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,9 @@ class StepEstimate:
     unknown_trips: int = 0  # loops the roofline counted once, their trip count unread
 
 
-def estimate(cfg: Config, devices: list[Any], target: Target, compiled: Any = None) -> StepEstimate:
+def estimate(
+    cfg: Config, devices: list[Any], target: Target, compiled: Facts | None = None
+) -> StepEstimate:
     """Both estimates of the run's train step compiled for `devices` (`compiled`, when the
     caller has the unrolled program), unrolled: the cost model counts a loop's body once, so
     scanned layers and K steps per call would be undercounted (the roofline reads loops, but
@@ -95,10 +97,7 @@ def estimate(cfg: Config, devices: list[Any], target: Target, compiled: Any = No
     if key not in _ESTIMATES:
         if compiled is None:
             compiled = compile_unrolled(cfg, devices)
-        cost = compiled.cost_analysis() or {}
-        if isinstance(cost, list):  # older jax: one dict per program
-            cost = cost[0] if cost else {}
-        text = compiled.as_text()
+        cost, text = compiled.cost, compiled.text
         rates = target.peak_flops_per_device(), target.bandwidth_per_device()
         whole = roofline.total(roofline.roofline(text, *rates))
         high = roofline.total(roofline.roofline(text, *rates, on_chip=True))
@@ -124,7 +123,7 @@ def add_estimate(
     target: str,
     devices: list[Any],
     spec: RunSpec,
-    compiled: Any = None,
+    compiled: Facts | None = None,
 ) -> None:
     """The estimated step time (TPU targets; `compiled`: the unrolled train program when the
     caller has it) with its method, and the model FLOPs beside it."""
