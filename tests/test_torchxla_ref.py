@@ -117,6 +117,11 @@ def test_jax_strategy_names_are_refused_on_the_torch_side(tmp_path):
 @pytest.mark.e2e
 @pytest.mark.torch
 def test_eager_cpu_baseline_runs_and_needs_one_device(tmp_path):
+    """Plain PyTorch on one device; torch_xla is never imported (a stand-in that stops the
+    process if anything imports it: transformers and accelerate would, unless told not to)."""
+    trap = tmp_path / "trap" / "torch_xla"
+    trap.mkdir(parents=True)
+    (trap / "__init__.py").write_text("raise SystemExit('torch_xla was imported')\n")
     run = run_side(
         "torch",
         tmp_path / "run",
@@ -133,6 +138,7 @@ def test_eager_cpu_baseline_runs_and_needs_one_device(tmp_path):
         "fp32",
         "--accumulate",
         "2",
+        env={"PYTHONPATH": str(trap.parent)},
     ).check()
     assert len(run.losses) == 7 and all(np.isfinite(run.losses))
     # micro-steps without an optimizer update report no gradient norm; updates do

@@ -9,6 +9,7 @@ on CUDA GPUs or the host CPU).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -212,6 +213,14 @@ def implied_by_fp16(cfg: Config, given: frozenset[str]) -> Config:
     return cfg
 
 
+def without_torch_xla() -> None:
+    """A plain-PyTorch run (eager, ddp) tells transformers and accelerate not to import
+    torch_xla, which they do wherever it is installed (accelerate at its import, seconds of
+    every start for nothing such a run uses); `USE_TORCH_XLA` is their own switch, and a value
+    the user set is kept. Before anything imports transformers; ddp's replicas inherit it."""
+    os.environ.setdefault("USE_TORCH_XLA", "0")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     cfg, args = parse_with(
         argv,
@@ -221,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         strategies=TORCH_STRATEGIES,
     )
     cfg = implied_by_fp16(cfg, args.given)
+    if cfg.placement.parallel in parallel.PLAIN_TORCH:
+        without_torch_xla()
     with user_errors():
         if cfg.train.all_folds:
             summary = train_folds(cfg, train_and_evaluate)
