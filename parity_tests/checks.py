@@ -20,6 +20,7 @@ from parity_tests.harness import (
     run_forwards,
     run_jax_runs,
     run_side,
+    run_torch_runs,
     shared_init,
 )
 
@@ -436,11 +437,12 @@ def trajectories(work: Path, task: str) -> list[Result]:
              [*base, "--precision", precision, "--parallel", parallel])
             for precision, _ in tolerances for parallel in JAX_STRATEGIES]  # fmt: skip
     every_jax = iter(run_jax_runs(runs))
-    for precision, tol in tolerances:
-        flags = [*base, "--precision", precision]
-        ref = run_side(
-            "torch", work / f"traj-{task}-{precision}-spmd", *flags, "--parallel", "spmd"
-        ).check()
+    # torch_xla's two (spmd, one per precision) in one process too
+    refs = run_torch_runs([(work / f"traj-{task}-{precision}-spmd",
+                            [*base, "--precision", precision, "--parallel", "spmd"])
+                           for precision, _ in tolerances])  # fmt: skip
+    for (precision, tol), ref in zip(tolerances, refs, strict=True):
+        ref = ref.check()
         jax_runs = [next(every_jax) for _ in JAX_STRATEGIES]
         for parallel, run in zip(JAX_STRATEGIES, jax_runs, strict=True):
             run = run.check()

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from parity_tests.checks import TRAJ_FLAGS, Result
-from parity_tests.harness import relative_diff, run_jax_runs, run_side, shared_init
+from parity_tests.harness import relative_diff, run_jax_runs, run_torch_runs, shared_init
 
 # fp16 with dynamic loss scaling: the scale doubles after 3 finite steps (GradScaler's 2000
 # would not grow within 21 steps), and the forced-overflow run starts at 2^28, where this
@@ -44,17 +44,19 @@ def fp16_trajectories(work: Path) -> list[Result]:
             for w, extra in FP16_RUNS.items()
         ]
     )
-    results = []
-    for (what, extra), run in zip(FP16_RUNS.items(), jax_runs, strict=True):
-        ref = run_side(
-            "torch",
-            work / f"traj-{names[what]}-eager",
-            *base,
-            *extra,
-            *("--num-devices", "1", "--batch-size", "32", "--parallel", "eager"),
-        ).check()
-        results.append(fp16_result(what, run, ref))
-    return results
+    refs = run_torch_runs(
+        [
+            (
+                work / f"traj-{names[w]}-eager",
+                [*base, *extra, "--num-devices", "1", "--batch-size", "32", "--parallel", "eager"],
+            )
+            for w, extra in FP16_RUNS.items()
+        ]
+    )
+    return [
+        fp16_result(what, run, ref.check())
+        for what, run, ref in zip(FP16_RUNS, jax_runs, refs, strict=True)
+    ]
 
 
 def fp16_result(what: str, run: Any, ref: Any) -> Result:

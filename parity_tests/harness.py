@@ -90,20 +90,36 @@ def run_side(
     return Run(workdir, proc.returncode, proc.stdout, proc.stderr)
 
 
-def run_jax_runs(
-    runs: list[tuple[Path, list[str]]], timeout: float = 1200, options: tuple[str, ...] = ()
+RUNNERS = {"jax": "parity_tests.jaxruns", "torch": "parity_tests.torchruns"}
+
+
+def run_runs(
+    side: str, runs: list[tuple[Path, list[str]]], timeout: float = 1200, options: tuple = ()
 ) -> list[Run]:
-    """Several jaxtpu runs (each a workdir and its flags, as on the command line) one after
-    another in one fresh process (`python -m parity_tests.jaxruns`): one interpreter, JAX
-    start and tokenizer load for all, each run in a directory of its own as `run_side` would
-    write it. The torch side never shares it (see the module docstring). `options`: the
-    worker's own (`--never-skip`, for `parity_tests.breaks`)."""
+    """Several runs of one side (each a workdir and its flags, as on the command line) one
+    after another in one fresh process (`python -m parity_tests.jaxruns` or `torchruns`): one
+    interpreter and one start of the framework for all, each run in a directory of its own as
+    `run_side` would write it. The two sides never share one (see the module docstring).
+    `options`: the worker's own (jaxruns' `--never-skip`, for `parity_tests.breaks`)."""
     argvs = [["--workdir", str(wd), "--no-progress", *flags] for wd, flags in runs]
-    cmd = [sys.executable, "-m", "parity_tests.jaxruns", *options, json.dumps(argvs)]
+    cmd = [sys.executable, "-m", RUNNERS[side], *options, json.dumps(argvs)]
     proc = subprocess.run(
         cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout
     )
     return [Run(wd, proc.returncode, proc.stdout, proc.stderr) for wd, _ in runs]
+
+
+def run_jax_runs(
+    runs: list[tuple[Path, list[str]]], timeout: float = 1200, options: tuple[str, ...] = ()
+) -> list[Run]:
+    """jaxtpu runs in one process (`run_runs`)."""
+    return run_runs("jax", runs, timeout, options)
+
+
+def run_torch_runs(runs: list[tuple[Path, list[str]]], timeout: float = 1200) -> list[Run]:
+    """torchxla_ref runs of one strategy in one process (`run_runs`): the same losses as a
+    process each (checked for the trajectories' fp32 and bf16 spmd runs: equal to the bit)."""
+    return run_runs("torch", runs, timeout)
 
 
 def run_forward(side: str, model_dir: Path, csv: Path, out: Path, *flags: str) -> dict[str, Any]:
