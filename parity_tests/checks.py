@@ -7,6 +7,7 @@ as a table, writes parity.json and plots the loss curves.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,11 +351,47 @@ def weighted_sample(work: Path) -> Path:
 
 
 def family_trajectory(work: Path, family: str, task: str = "toxicity", variant: str = "") -> Result:
-    """21 fp32 steps on 8 devices with dropout off from one init of a family's checkpoint, with
-    a notebook's recipe knobs (`RECIPE_FLAGS`): jaxtpu jit against torch_xla spmd, each with
-    its own command line. The multi-label one weights its rows' losses and learns two
-    auxiliary targets (`weighted_sample`). `variant` names flags of `VARIANT_FLAGS` added to
-    both sides (`lora`: adapters on the frozen base, peft's on the torch side)."""
+    """One case of `family_trajectories`."""
+    return family_trajectories(work, [(family, task, variant)])[0]
+
+
+def family_trajectories(work: Path, cases: Sequence[tuple[str, ...]]) -> list[Result]:
+    """Each case (family, task[, variant]): 21 fp32 steps on 8 devices with dropout off from
+    one init of a family's checkpoint, with a notebook's recipe knobs (`RECIPE_FLAGS`): jaxtpu
+    jit against torch_xla spmd, each with its own command line; every case's jaxtpu runs in
+    one process and its torch_xla runs in another. The multi-label one weights its rows'
+    losses and learns two auxiliary targets (`weighted_sample`). `variant` names flags of
+    `VARIANT_FLAGS` added to both sides (`lora`: adapters on the frozen base, peft's on the
+    torch side)."""
+    planned = [_family_case(work, *case) for case in cases]
+    refs = run_torch_runs(
+        [(work / f"traj-{c['name']}-spmd", [*c["flags"], "--parallel", "spmd"]) for c in planned]
+    )
+    runs = run_jax_runs(
+        [(work / f"traj-{c['name']}-jit", [*c["flags"], "--parallel", "jit"]) for c in planned]
+    )
+    results = []
+    for c, ref, run in zip(planned, refs, runs, strict=True):
+        ref, run = ref.check(), run.check()
+        rel = relative_diff(run.losses, ref.losses)
+        worst = max(rel)
+        results.append(
+            Result(
+                f"trajectory {c['what']} {c['precision']}"
+                f"{' (its own head)' if c['head'] == 'hf' else ''}: jaxtpu jit vs torch_xla "
+                "spmd, 8 devices",
+                c["tol"],
+                worst,
+                worst <= c["tol"] and len(rel) >= 20,
+                f"{len(rel)} steps, worst at step {int(np.argmax(rel)) + 1}",
+                {"jaxtpu jit": run.losses, "torch_xla spmd": ref.losses},
+            )
+        )
+    return results
+
+
+def _family_case(work: Path, family: str, task: str = "toxicity", variant: str = "") -> dict:
+    """A family trajectory's init (made once), both sides' flags, its tolerance and names."""
     weighted, aux = [], ""
     if task == "multilabel":
         aux = "aux_a,aux_b"
@@ -385,22 +422,16 @@ def family_trajectory(work: Path, family: str, task: str = "toxicity", variant: 
         *VARIANT_FLAGS.get(variant, []),
     ]
     precision = "bf16" if variant.endswith("bf16") else "fp32"
-    tol = TRAJ_BF16_RTOL[task] if precision == "bf16" else TRAJ_FP32_RTOL
-    name = f"{family}-{task}-{head}{f'-{variant}' if variant else ''}".replace(" ", "-")
-    ref = run_side("torch", work / f"traj-{name}-spmd", *flags, "--parallel", "spmd").check()
-    run = run_side("jax", work / f"traj-{name}-jit", *flags, "--parallel", "jit").check()
-    rel = relative_diff(run.losses, ref.losses)
-    worst = max(rel)
-    what = " ".join([family, task, *variant.split()[: 1 if variant.endswith("bf16") else None]])
-    return Result(
-        f"trajectory {what} {precision}{' (its own head)' if head == 'hf' else ''}: jaxtpu "
-        "jit vs torch_xla spmd, 8 devices",
-        tol,
-        worst,
-        worst <= tol and len(rel) >= 20,
-        f"{len(rel)} steps, worst at step {int(np.argmax(rel)) + 1}",
-        {"jaxtpu jit": run.losses, "torch_xla spmd": ref.losses},
-    )
+    return {
+        "flags": flags,
+        "head": head,
+        "precision": precision,
+        "tol": TRAJ_BF16_RTOL[task] if precision == "bf16" else TRAJ_FP32_RTOL,
+        "name": f"{family}-{task}-{head}{f'-{variant}' if variant else ''}".replace(" ", "-"),
+        "what": " ".join(
+            [family, task, *variant.split()[: 1 if variant.endswith("bf16") else None]]
+        ),
+    }
 
 
 TRAJ_FLAGS = [
@@ -474,46 +505,49 @@ def rules_file(work: Path) -> Path:
 
 
 def bucketed_trajectory(work: Path, task: str) -> Result:
+    """One task of `bucketed_trajectories`."""
+    return bucketed_trajectories(work, (task,))[0]
+
+
+def bucketed_trajectories(work: Path, tasks: Sequence[str] = BUCKETED_TASKS) -> list[Result]:
     """Check 3c: length buckets (`--buckets auto`) on real comments of varied lengths (the
     rules task: rule and comment pairs of the rules file built from them): both sides draw
     the same bucketed batches, cut to the same lengths; jaxtpu jit against torch_xla spmd,
-    fp32, 21 steps on 8 devices, dropout off."""
-    model_dir = shared_init(work / f"init-tiny-{task}", task, "tiny")
-    data = rules_file(work) if task == "rules" else REAL_CSV
-    flags = [
-        *TRAJ_FLAGS,
-        "--task",
-        task,
-        "--model-dir",
-        str(model_dir),
-        "--num-devices",
-        "8",
-        "--train-csv",
-        str(data),
-        "--max-rows",
-        "700",
-        "--max-len",
-        "64",
-        "--buckets",
-        "auto",
-        "--max-steps",
-        "21",
-        "--precision",
-        "fp32",
-    ]
-    ref = run_side("torch", work / f"traj-buckets-{task}-spmd", *flags, "--parallel", "spmd")
-    run = run_side("jax", work / f"traj-buckets-{task}-jit", *flags, "--parallel", "jit")
-    ref, run = ref.check(), run.check()
-    rel = relative_diff(run.losses, ref.losses)
-    shapes = run.summary["train_compiles"]  # one per bucket length used
-    return Result(
-        f"trajectory {task} fp32 in length buckets: jaxtpu jit vs torch_xla spmd, 8 devices",
-        TRAJ_FP32_RTOL,
-        max(rel),
-        max(rel) <= TRAJ_FP32_RTOL and len(rel) >= 20 and shapes >= 2,
-        f"{len(rel)} steps, {shapes} bucket lengths",
-        {"jaxtpu jit": run.losses, "torch_xla spmd": ref.losses},
+    fp32, 21 steps on 8 devices, dropout off; every task's jaxtpu runs in one process, its
+    torch_xla runs in another."""
+    flags = {}
+    for task in tasks:
+        model_dir = shared_init(work / f"init-tiny-{task}", task, "tiny")
+        data = rules_file(work) if task == "rules" else REAL_CSV
+        flags[task] = [
+            *TRAJ_FLAGS,
+            *("--task", task, "--model-dir", str(model_dir), "--num-devices", "8"),
+            *("--train-csv", str(data), "--max-rows", "700", "--max-len", "64"),
+            *("--buckets", "auto", "--max-steps", "21", "--precision", "fp32"),
+        ]
+    refs = run_torch_runs(
+        [(work / f"traj-buckets-{t}-spmd", [*f, "--parallel", "spmd"]) for t, f in flags.items()]
     )
+    runs = run_jax_runs(
+        [(work / f"traj-buckets-{t}-jit", [*f, "--parallel", "jit"]) for t, f in flags.items()]
+    )
+    results = []
+    for task, ref, run in zip(flags, refs, runs, strict=True):
+        ref, run = ref.check(), run.check()
+        rel = relative_diff(run.losses, ref.losses)
+        shapes = run.summary["train_compiles"]  # one per bucket length used
+        results.append(
+            Result(
+                f"trajectory {task} fp32 in length buckets: jaxtpu jit vs torch_xla spmd, "
+                "8 devices",
+                TRAJ_FP32_RTOL,
+                max(rel),
+                max(rel) <= TRAJ_FP32_RTOL and len(rel) >= 20 and shapes >= 2,
+                f"{len(rel)} steps, {shapes} bucket lengths",
+                {"jaxtpu jit": run.losses, "torch_xla spmd": ref.losses},
+            )
+        )
+    return results
 
 
 def spawn_trajectory(work: Path) -> Result:

@@ -35,14 +35,16 @@ def test_loss_trajectories_8_devices(work, task):
     assert_results(results)
 
 
-@pytest.mark.parametrize("task", checks.BUCKETED_TASKS)
-def test_bucketed_trajectory(work, real_data, task):
-    assert_results([checks.bucketed_trajectory(work, task)])
+def test_bucketed_trajectories(work, real_data):
+    results = checks.bucketed_trajectories(work)  # each side's runs in one process
+    assert len(results) == len(checks.BUCKETED_TASKS)
+    assert_results(results)
 
 
-@pytest.mark.parametrize("family, task", checks.FAMILY_TRAJECTORIES)
-def test_family_trajectory(work, family, task):
-    assert_results([checks.family_trajectory(work, family, task)])
+def test_family_trajectories(work):
+    results = checks.family_trajectories(work, checks.FAMILY_TRAJECTORIES)
+    assert len(results) == len(checks.FAMILY_TRAJECTORIES)
+    assert_results(results)
 
 
 def test_spawn_trajectory(work):
