@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from parity_tests import checks, families, fp16, lora
+from parity_tests import checks, families, family_checks, fp16, lora
 
 
 def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.Result]:
@@ -38,13 +38,13 @@ def run_all(work: Path, full: bool, quick: bool, only: str = "") -> list[checks.
             for f in families.DECODER_NAMES
         ],
         *[
-            (f"trajectory {f} {t}", lambda f=f, t=t: [checks.family_trajectory(work, f, t)])
+            (f"trajectory {f} {t}", lambda f=f, t=t: [family_checks.family_trajectory(work, f, t)])
             for f, t in checks.FAMILY_TRAJECTORIES + checks.REPORT_FAMILY_TRAJECTORIES
         ],
         *[
             (
                 f"trajectory {f} {t} {v}",
-                lambda f=f, t=t, v=v: [checks.family_trajectory(work, f, t, v)],
+                lambda f=f, t=t, v=v: [family_checks.family_trajectory(work, f, t, v)],
             )
             for f, t, v in checks.REPORT_VARIANT_TRAJECTORIES
         ],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity_tests import checks, fp16
+from parity_tests import checks, family_checks, fp16
 
 pytestmark = [pytest.mark.e2e, pytest.mark.torch]
 
@@ -42,7 +42,7 @@ def test_bucketed_trajectories(work, real_data):
 
 
 def test_family_trajectories(work):
-    results = checks.family_trajectories(work, checks.FAMILY_TRAJECTORIES)
+    results = family_checks.family_trajectories(work, checks.FAMILY_TRAJECTORIES)
     assert len(results) == len(checks.FAMILY_TRAJECTORIES)
     assert_results(results)
 

@@ -381,7 +381,7 @@ def test_bisection_has_a_module_on_both_sides_for_every_point_of_every_family():
 @pytest.mark.model
 def test_jaxtpu_trains_each_task_from_a_family_checkpoint(name, task, family_dirs, tmp_path):
     """RoBERTa, DeBERTa and ModernBERT train on both sides in the parity suite
-    (test_family_trajectory); ModernBERT's ranking and mmBERT's multi-label run here."""
+    (test_family_trajectories); ModernBERT's ranking and mmBERT's multi-label run here."""
     from jaxtpu import train
     from jaxtpu.core.flags import presets
 
