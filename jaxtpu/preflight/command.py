@@ -35,7 +35,6 @@ from jaxtpu.core.flags.commands import add_command_flags
 from jaxtpu.core.flags.runspec import RunSpec
 from jaxtpu.core.run.exits import user_errors
 from jaxtpu.core.storage import check_output_path
-from jaxtpu.engine import hosts
 from jaxtpu.preflight.fit import check, find_batch, options
 from jaxtpu.preflight.lowering import save_programs
 from jaxtpu.preflight.report import Report, say, table
@@ -72,6 +71,12 @@ def _add_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _use_compilation_cache() -> None:
+    from jaxtpu.engine import hosts  # JAX: imported once a command runs, never by --help
+
+    hosts.use_compilation_cache()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     cfg, args = parse_with(
         argv,
@@ -93,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_path(out, "--json")  # before the first compilation, not after the last
         cfg = implied_by_target(cfg, args)
         _check_target_flags(args, cfg.train.precision)
-        hosts.use_compilation_cache()  # and the memo of TPU compilations beside it
+        _use_compilation_cache()  # and the memo of TPU compilations beside it
         devices, capacity = target_devices(args.target, cfg.placement.num_devices)
         platform = platform_of(devices, args.target)
         configs = options(cfg, args.sweep)
