@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from parity_tests.harness import ROOT, clean_env
+from parity_tests.harness import ROOT, clean_env, run_jax_runs
 
 ARGS = ["--preset", "tiny", "--no-progress", "--precision", "fp32", "--log-every", "1"]
 
@@ -93,11 +93,23 @@ def _assert_same_run(one: Path, two: Path) -> None:
     assert fb["val_auc"] == pytest.approx(fa["val_auc"], abs=1e-6)
 
 
+STRATEGIES = ("jit", "pmap", "shard_map")
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    """Each strategy's run as 1 process x 8 devices (`DIR/<strategy>`): what its two-process
+    run must equal; the three one after another in one process (`run_jax_runs`)."""
+    root = tmp_path_factory.mktemp("one-process")
+    for run in run_jax_runs([(root / s, [*ARGS, "--parallel", s]) for s in STRATEGIES]):
+        run.check()
+    return root
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("strategy", ["jit", "pmap", "shard_map"])
-def test_two_processes_train_like_one(tmp_path, strategy):
-    one, two = tmp_path / "one", tmp_path / "two"
-    _finish(_start(one, "--parallel", strategy))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_processes_train_like_one(tmp_path, strategy, one_process):
+    one, two = one_process / strategy, tmp_path / "two"
     (out0, _), (out1, _) = _finish(_start(two, "--parallel", strategy, processes=2))
     assert "8 x cpu (cpu) over 2 processes" in out0
     _assert_same_run(one, two)
