@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,16 @@ def run_runs(
         cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout
     )
     return [Run(wd, proc.returncode, proc.stdout, proc.stderr) for wd, _ in runs]
+
+
+def train_each(main: Callable[[list[str]], int], runs: list[list[str]]) -> int:
+    """The body of `parity_tests.jaxruns` and `torchruns`: `main` (a side's trainer) on each
+    run's flags in turn; the first non-zero exit code, else 0."""
+    for flags in runs:
+        code = main(flags)
+        if code:
+            return code
+    return 0
 
 
 def run_jax_runs(

@@ -11,6 +11,7 @@ import json
 import sys
 
 from jaxtpu import train
+from parity_tests.harness import train_each
 
 
 def never_skip() -> None:
@@ -37,11 +38,7 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "--never-skip":
         never_skip()
         argv = argv[1:]
-    for flags in json.loads(argv[0]):
-        code = train.main(flags)
-        if code:
-            return code
-    return 0
+    return train_each(train.main, json.loads(argv[0]))
 
 
 if __name__ == "__main__":

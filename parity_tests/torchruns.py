@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
+from parity_tests.harness import train_each
 from torchxla_ref import train
 
 
@@ -19,11 +20,7 @@ def main(argv: list[str]) -> int:
     strategies = {flags[flags.index("--parallel") + 1] for flags in runs if "--parallel" in flags}
     if len(strategies) > 1:
         sys.exit(f"torchruns: one strategy per process, got {sorted(strategies)}")
-    for flags in runs:
-        code = train.main(flags)
-        if code:
-            return code
-    return 0
+    return train_each(train.main, runs)
 
 
 if __name__ == "__main__":
