@@ -141,3 +141,12 @@ def test_the_hosts_devices_and_a_run_without_a_compilation_cache_remember_nothin
         program = FakeLowered()
         assert not memo.compile_facts(program, DEVICES).remembered and program.compiles
     assert not list(tmp_path.rglob("*.json.gz"))
+
+
+def test_a_memo_that_cannot_be_written_costs_only_the_next_compilation(tmp_path, cache_dir):
+    cache_dir(str(tmp_path))
+    (tmp_path / "jaxtpu-preflight").write_text("a file where the directory would be")
+    for _ in range(2):
+        program = FakeLowered()
+        facts = memo.compile_facts(program, DEVICES)
+        assert program.compiles and not facts.remembered and facts.memory.temp_size_in_bytes == 7
