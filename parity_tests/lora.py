@@ -51,7 +51,7 @@ def forward_and_gradients(work: Path, family: str) -> list[Result]:
             logits = model.module.apply({"params": steps.merge_trained(p, frozen)}, ids, mask)
             return optax.sigmoid_binary_cross_entropy(logits, labels).mean(), logits
 
-        (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(trained)
+        (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(trained)
         reference.zero_grad()
         out = reference(
             input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -95,7 +96,9 @@ def test_the_hf_head_scores_the_last_real_token_as_transformers_does(name, class
                 .double()
                 .numpy()
             )
-        ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
+        ours = np.asarray(
+            jax.jit(model.module.apply)({"params": model.params}, ids, mask), np.float64
+        )
         assert np.abs(ours - theirs).max() < 1e-5, side
 
 
@@ -187,7 +190,7 @@ def test_the_token_head_scores_the_log_odds_of_two_answers_before_training(name,
     spec = RunSpec.resolve(cfg, 1)
     assert spec.answer_ids == (ids_of[0][0], ids_of[1][0])
     model = weights.load_model(cfg, spec)
-    ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
+    ours = np.asarray(jax.jit(model.module.apply)({"params": model.params}, ids, mask), np.float64)
     assert np.abs(ours - expected).max() < 1e-4
     mine = ModelSpec(spec.encoder, pooling="last", head="hf", answers=spec.answer_ids)
     theirs = load_model(mine, spec.weights, 0)
@@ -197,7 +200,7 @@ def test_the_token_head_scores_the_log_odds_of_two_answers_before_training(name,
     # without it, the head starts at random: the check above is not met by chance
     off = cfg.replace(token_head=False)
     plain = weights.load_model(off, RunSpec.resolve(off, 1))
-    start = np.asarray(plain.module.apply({"params": plain.params}, ids, mask), np.float64)
+    start = np.asarray(jax.jit(plain.module.apply)({"params": plain.params}, ids, mask), np.float64)
     assert np.abs(start - expected).max() > 1e-2
 
 
@@ -251,7 +254,9 @@ def test_one_pad_id_pads_and_pools_as_transformers_scores_each_text_alone(classi
         ids, mask = encode_texts(texts, tok, 48)
         assert (mask.sum(1) < 48).any() and (ids[mask == 0] == spec.pad_id).all(), name
         model = weights.load_model(cfg, spec, head_required=True)
-        ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
+        ours = np.asarray(
+            jax.jit(model.module.apply)({"params": model.params}, ids, mask), np.float64
+        )
         clf = transformers.AutoModelForSequenceClassification.from_pretrained(str(d)).eval()
         alone = []
         for row, m in zip(ids, mask, strict=True):
@@ -327,7 +332,9 @@ def test_a_decoder_classifier_exports_to_onnx_and_scores_as_jaxtpu(name, classif
         n = len(part)
         ids, mask = encode_texts(part, tok, length)
         assert (mask.sum(1) < length).any()  # padded rows among them
-        ours = np.asarray(model.module.apply({"params": model.params}, ids, mask), np.float64)
+        ours = np.asarray(
+            jax.jit(model.module.apply)({"params": model.params}, ids, mask), np.float64
+        )
         feeds = {"input_ids": ids.astype(np.int64), "attention_mask": mask.astype(np.int64)}
         theirs = session.run(None, feeds)[0]
         assert theirs.shape == (n, 1)

@@ -288,8 +288,8 @@ def test_scanned_modernbert_is_the_unscanned_model(name, family_dirs):
     for (_, a), (_, b) in zip(flat(back), flat(plain.params), strict=True):
         np.testing.assert_array_equal(a, b)
     ids, mask, _ = forward.batch(str(SAMPLE_CSV), str(family_dirs[name]), 8, 64)
-    ours = scanned.module.apply({"params": scanned.params}, ids, mask)
-    theirs = plain.module.apply({"params": plain.params}, ids, mask)
+    ours = jax.jit(scanned.module.apply)({"params": scanned.params}, ids, mask)
+    theirs = jax.jit(plain.module.apply)({"params": plain.params}, ids, mask)
     np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-5, atol=1e-6)
     assert models.stack_for_scan(plain.encoder, plain.params).keys() == scanned.params.keys()
 

@@ -11,6 +11,7 @@ import csv
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -49,7 +50,8 @@ def _jax_scores(model, tokenizer_dir, texts, max_len: int = 64) -> np.ndarray:
     enc = tok(texts, max_length=max_len, truncation=True, padding="max_length")
     ids = np.asarray(enc["input_ids"], np.int32)
     mask = np.asarray(enc["attention_mask"], np.int32)
-    logits = model.module.apply({"params": model.params}, ids, mask)
+    # one compiled program per shape, not op by op (several times faster here)
+    logits = jax.jit(model.module.apply)({"params": model.params}, ids, mask)
     return np.asarray(logits, np.float64)
 
 
