@@ -60,7 +60,7 @@ def test_banded_sliding_window_is_the_masked_full_matrix_forward_and_backward(le
             out = module.apply(p, x, pad_bias, True)
             return jnp.sum(jnp.where(jnp.asarray(mask)[..., None] > 0, out, 0.0) ** 2), out
 
-        return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(params, x)
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, x)
 
     (_, a), ga = loss(full)
     (_, b), gb = loss(banded)
