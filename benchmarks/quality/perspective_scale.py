@@ -5,8 +5,8 @@ of a comment neither the model nor the map saw; then a model trained on one kind
 scored on the other.
 
 `python -m benchmarks.quality.perspective_scale [--folds 2] [--out runs/perspective-scale]
-[--jigsaw-run RUN] [--report docs/measured/perspective-scale.json]` (`--preset tiny --rows 600`
-walks the whole path in a minute or two, measuring nothing)
+[--jigsaw-run RUN] [--variants] [--report docs/measured/perspective-scale.json]` (`--preset
+tiny --rows 1500` walks the whole path in a few minutes, measuring nothing)
 
 The comments: `../shared/data/perspective_scored_wikipedia.csv` (Wikipedia talk comments as
 they come, TOXICITY about 2019, and a human `toxic` label) and `perspective_scored_rtp.csv`
@@ -27,6 +27,15 @@ they come, TOXICITY about 2019, and a human `toxic` label) and `perspective_scor
   predictions), fitted on the other folds' comments ((c)'s: on its held-out rows), applied as
   the run's calibration applies it; a Jigsaw model's readouts are of the six attributes it
   answers;
+
+- (f) `tuned+quantile`, `tuned+readout`: as (c), but starting from the Jigsaw model's encoder
+  (its `jaxtpu export`, `head.safetensors` dropped as the export's refusal of another task's
+  head advises) instead of the pretrained MiniLM;
+- (g) with `--variants`: two other readouts of the Jigsaw model's vector, fitted and mapped as
+  (e) (the map on 5-fold held-out predictions of the fitting rows): `jigsaw+readout-mlp` (a
+  one-layer MLP, scikit-learn's, 128 units, on the standardised vector) and
+  `jigsaw+readout-ngrams` (a ridge regression on the vector beside tf-idf word 1-2-grams and
+  character 2-5-grams of the text): what a nonlinear or a lexical readout would add;
 
 every way scoring fold F's comments. Then (d) `wikipedia->rtp`: (c) trained on the Wikipedia
 file alone, mapped (quantile) on its own held-out rows, scoring the sentences file: comments
@@ -55,6 +64,7 @@ from benchmarks.shared.measured import start as start_report
 from jaxtpu.core import calibration
 from jaxtpu.core.data.history import readout, scale
 from jaxtpu.core.data.history.rows import ATTRIBUTES
+from jaxtpu.core.serving.heads import folds_of
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 FILES = {"wikipedia": "perspective_scored_wikipedia.csv", "rtp": "perspective_scored_rtp.csv"}
@@ -151,6 +161,71 @@ def read_out(
     return {m.attribute: p[:, cols.index(m.column)] for m in maps}
 
 
+def read_out_other(
+    kind: str, fit_v: np.ndarray, fit_rows: list[dict[str, Any]], v: np.ndarray, texts: list[str]
+) -> dict[str, np.ndarray]:
+    """(g): each attribute read out of the vectors `v` (and `texts`) by another model (`kind`:
+    'mlp' or 'ngrams'), fitted on (`fit_v`, `fit_rows`) as `readout.fit` fits the ridge (on
+    logit(score)), the quantile map fitted on its 5-fold held-out predictions of those rows."""
+    theirs = perspective(fit_rows)
+    fit_texts = [r["text"] for r in fit_rows]
+    out = {}
+    for name, y in theirs.items():
+        known = np.flatnonzero(np.isfinite(y))
+        if len(known) < readout.MIN_ROWS:
+            continue
+        t = readout.logit(y[known])
+        fold = folds_of(np.zeros(len(known)), readout.FOLDS)
+        held = np.empty(len(known))
+        for f in range(readout.FOLDS):
+            inner, outer = known[fold != f], known[fold == f]
+            fitted = _other_model(kind, fit_v[inner], [fit_texts[i] for i in inner], t[fold != f])
+            held[fold == f] = fitted(fit_v[outer], [fit_texts[i] for i in outer])
+        xs, ys = scale.fit(calibration.sigmoid(held), y[known], "quantile")
+        fitted = _other_model(kind, fit_v[known], [fit_texts[i] for i in known], t)
+        out[name] = scale.apply(calibration.sigmoid(fitted(v, texts)), xs, ys)
+    return out
+
+
+def _other_model(kind: str, v: np.ndarray, texts: list[str], t: np.ndarray):
+    """A regression of `t` on the vectors `v` ('mlp') or on them beside the texts' n-grams
+    ('ngrams'), returned as a function of (vectors, texts)."""
+    from scipy import sparse
+    from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer
+    from sklearn.linear_model import Ridge
+    from sklearn.neural_network import MLPRegressor
+
+    mean, sd = v.mean(0), v.std(0) + 1e-6
+    if kind == "mlp":
+        mlp = MLPRegressor(hidden_layer_sizes=(128,), alpha=1.0, early_stopping=True,
+                           max_iter=300, random_state=0).fit((v - mean) / sd, t)  # fmt: skip
+        return lambda v2, _texts: mlp.predict((v2 - mean) / sd)
+    words = HashingVectorizer(n_features=2**18, ngram_range=(1, 2), alternate_sign=False, norm=None)
+    chars = HashingVectorizer(n_features=2**18, analyzer="char_wb", ngram_range=(2, 5),
+                              alternate_sign=False, norm=None)  # fmt: skip
+    counts = lambda tx: sparse.hstack([words.transform(tx), chars.transform(tx)]).tocsr()  # noqa: E731
+    tfidf = TfidfTransformer(sublinear_tf=True).fit(counts(texts))
+
+    def features(v2: np.ndarray, tx: list[str]):
+        dense = sparse.csr_matrix((v2 - mean) / sd * 0.05)  # the vector weighed as one n-gram
+        return sparse.hstack([tfidf.transform(counts(tx)), dense]).tocsr()
+
+    ridge = Ridge(alpha=1.0, solver="sparse_cg").fit(features(v, texts), t)
+    return lambda v2, tx: ridge.predict(features(v2, tx))
+
+
+def encoder_of(run: Path, out: Path) -> Path:
+    """(f): the run's encoder as a Hugging Face directory (`jaxtpu export`, its head dropped:
+    a run of other attributes starts its own), made once."""
+    enc = out / "jigsaw-encoder"
+    if not (enc / "config.json").is_file():
+        cmd = [sys.executable, "-m", "jaxtpu.export", "--workdir", str(run), "--out", str(enc)]
+        print("$", " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, check=True)
+        (enc / "head.safetensors").unlink()
+    return enc
+
+
 def perspective(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     return {a: np.array([r["scores"].get(a, np.nan) for r in rows]) for a in ATTRIBUTES}
 
@@ -183,7 +258,13 @@ def held_out(run: Path) -> list[str]:
 
 
 def run(
-    data: Path, out: Path, folds: int, jigsaw_run: str | None, preset: str, limit: int
+    data: Path,
+    out: Path,
+    folds: int,
+    jigsaw_run: str | None,
+    preset: str,
+    limit: int,
+    variants: bool = False,
 ) -> dict[str, Any]:
     rows = read_rows(data)
     if limit:  # a quick look at the whole path (--rows), not a measurement
@@ -201,6 +282,10 @@ def run(
     a, av = scored(jig, texts)
     maps = (*scale.METHODS, "readout")
     ways = ["jigsaw"] + [f"{w}+{m}" for w in ("jigsaw", "learnt") for m in maps]
+    ways += ["tuned+quantile", "tuned+readout"]
+    others = ("mlp", "ngrams") if variants else ()
+    ways += [f"jigsaw+readout-{k}" for k in others]
+    encoder = encoder_of(jig, out)
     scores = {w: {n: np.full(len(rows), np.nan) for n in ATTRIBUTES} for w in ways}
     for f in range(folds):
         test, rest = np.flatnonzero(fold_of == f), np.flatnonzero(fold_of != f)
@@ -210,6 +295,10 @@ def run(
             fit_a = {n: v[rest] for n, v in a.items()}
             got[f"jigsaw+{m}"] = mapped(fit_a, rest_rows, got["jigsaw"], m)
         got["jigsaw+readout"] = read_out(list(a), av[rest], rest_rows, av[test])
+        for k in others:
+            got[f"jigsaw+readout-{k}"] = read_out_other(
+                k, av[rest], rest_rows, av[test], [texts[i] for i in test]
+            )
         wd = out / f"fold{f}"
         training = write_training(wd.with_suffix(".csv"), rest_rows)
         walls[f"fold{f}"] = train(
@@ -222,6 +311,15 @@ def run(
         for m in scale.METHODS:
             got[f"learnt+{m}"] = mapped(c_fit, fit_rows, c, m)
         got["learnt+readout"] = read_out(list(c), cv_fit, fit_rows, cv)
+        tuned = out / f"tuned-fold{f}"
+        walls[f"tuned-fold{f}"] = train(tuned, preset, "--perspective", "--valid-fraction",
+                                        "0.25", "--train-csv", str(training),
+                                        "--model-dir", str(encoder))  # fmt: skip
+        fit_rows = [by_text[t] for t in held_out(tuned) if t in by_text]
+        c_fit, cv_fit = scored(tuned, [r["text"] for r in fit_rows])
+        c, cv = scored(tuned, [texts[i] for i in test])
+        got["tuned+quantile"] = mapped(c_fit, fit_rows, c, "quantile")
+        got["tuned+readout"] = read_out(list(c), cv_fit, fit_rows, cv)
         for way, values in got.items():
             for n, v in values.items():
                 if n in scores[way]:
@@ -303,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jigsaw-run", help="a multilabel run on the Jigsaw comments to reuse")
     p.add_argument("--preset", default="minilm", help="the runs' preset (tiny: a quick look)")
     p.add_argument("--rows", type=int, default=0, help="only this many comments (0: all)")
+    p.add_argument("--variants", action="store_true",
+                   help="also two other readouts of the Jigsaw model's vector: an MLP, and a "
+                   "ridge regression beside the text's n-grams (way g, above)")  # fmt: skip
     p.add_argument("--report", help="also keep the result as a measured report")
     args = p.parse_args(argv)
     missing = [f for f in (*FILES.values(), JIGSAW) if not (Path(args.data) / f).is_file()]
@@ -314,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.report and (args.rows or args.preset != "minilm"):
         p.error("--report keeps a measurement: all the comments, --preset minilm")
     out = Path(args.out)
-    result = run(Path(args.data), out, args.folds, args.jigsaw_run, args.preset, args.rows)
+    result = run(
+        Path(args.data), out, args.folds, args.jigsaw_run, args.preset, args.rows, args.variants
+    )
     show_and_keep(
         result,
         "perspective_scale",
