@@ -257,6 +257,24 @@ def held_out(run: Path) -> list[str]:
         return [" ".join(r["comment_text"].split()) for r in csv.DictReader(f)]
 
 
+def learnt_ways(
+    way: str,
+    run: Path,
+    rows: list[dict[str, Any]],
+    texts: list[str],
+    methods: tuple[str, ...],
+) -> dict[str, dict[str, np.ndarray]]:
+    """(c), (f): a --perspective run trained on `rows` scoring `texts`, through each map of
+    `methods` and read out, every one fitted on the run's held-out rows."""
+    by_text = {r["text"]: r for r in rows}
+    fit_rows = [by_text[t] for t in held_out(run) if t in by_text]
+    c_fit, cv_fit = scored(run, [r["text"] for r in fit_rows])
+    c, cv = scored(run, texts)
+    got = {f"{way}+{m}": mapped(c_fit, fit_rows, c, m) for m in methods}
+    got[f"{way}+readout"] = read_out(list(c), cv_fit, fit_rows, cv)
+    return got
+
+
 def run(
     data: Path,
     out: Path,
@@ -304,22 +322,13 @@ def run(
         walls[f"fold{f}"] = train(
             wd, preset, "--perspective", "--valid-fraction", "0.25", "--train-csv", str(training)
         )
-        by_text = {r["text"]: r for r in rest_rows}
-        fit_rows = [by_text[t] for t in held_out(wd) if t in by_text]
-        c_fit, cv_fit = scored(wd, [r["text"] for r in fit_rows])
-        c, cv = scored(wd, [texts[i] for i in test])
-        for m in scale.METHODS:
-            got[f"learnt+{m}"] = mapped(c_fit, fit_rows, c, m)
-        got["learnt+readout"] = read_out(list(c), cv_fit, fit_rows, cv)
+        test_texts = [texts[i] for i in test]
+        got.update(learnt_ways("learnt", wd, rest_rows, test_texts, scale.METHODS))
         tuned = out / f"tuned-fold{f}"
         walls[f"tuned-fold{f}"] = train(tuned, preset, "--perspective", "--valid-fraction",
                                         "0.25", "--train-csv", str(training),
                                         "--model-dir", str(encoder))  # fmt: skip
-        fit_rows = [by_text[t] for t in held_out(tuned) if t in by_text]
-        c_fit, cv_fit = scored(tuned, [r["text"] for r in fit_rows])
-        c, cv = scored(tuned, [texts[i] for i in test])
-        got["tuned+quantile"] = mapped(c_fit, fit_rows, c, "quantile")
-        got["tuned+readout"] = read_out(list(c), cv_fit, fit_rows, cv)
+        got.update(learnt_ways("tuned", tuned, rest_rows, test_texts, ("quantile",)))
         for way, values in got.items():
             for n, v in values.items():
                 if n in scores[way]:
