@@ -168,7 +168,9 @@ def read_out_other(
     'mlp' or 'ngrams'), fitted on (`fit_v`, `fit_rows`) as `readout.fit` fits the ridge (on
     logit(score)), the quantile map fitted on its 5-fold held-out predictions of those rows."""
     theirs = perspective(fit_rows)
-    fit_texts = [r["text"] for r in fit_rows]
+    # the texts' n-gram counts, hashed once: every fit below takes its rows of them
+    fit_counts = ngram_counts([r["text"] for r in fit_rows]) if kind == "ngrams" else None
+    counts = ngram_counts(texts) if kind == "ngrams" else None
     out = {}
     for name, y in theirs.items():
         known = np.flatnonzero(np.isfinite(y))
@@ -179,19 +181,34 @@ def read_out_other(
         held = np.empty(len(known))
         for f in range(readout.FOLDS):
             inner, outer = known[fold != f], known[fold == f]
-            fitted = _other_model(kind, fit_v[inner], [fit_texts[i] for i in inner], t[fold != f])
-            held[fold == f] = fitted(fit_v[outer], [fit_texts[i] for i in outer])
+            fitted = _other_model(kind, fit_v[inner], _rows(fit_counts, inner), t[fold != f])
+            held[fold == f] = fitted(fit_v[outer], _rows(fit_counts, outer))
         xs, ys = scale.fit(calibration.sigmoid(held), y[known], "quantile")
-        fitted = _other_model(kind, fit_v[known], [fit_texts[i] for i in known], t)
-        out[name] = scale.apply(calibration.sigmoid(fitted(v, texts)), xs, ys)
+        fitted = _other_model(kind, fit_v[known], _rows(fit_counts, known), t)
+        out[name] = scale.apply(calibration.sigmoid(fitted(v, counts)), xs, ys)
     return out
 
 
-def _other_model(kind: str, v: np.ndarray, texts: list[str], t: np.ndarray):
-    """A regression of `t` on the vectors `v` ('mlp') or on them beside the texts' n-grams
-    ('ngrams'), returned as a function of (vectors, texts)."""
+def ngram_counts(texts: list[str]):
+    """Each text's hashed word 1-2-gram and character 2-5-gram counts (a sparse matrix)."""
     from scipy import sparse
-    from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer
+    from sklearn.feature_extraction.text import HashingVectorizer
+
+    words = HashingVectorizer(n_features=2**18, ngram_range=(1, 2), alternate_sign=False, norm=None)
+    chars = HashingVectorizer(n_features=2**18, analyzer="char_wb", ngram_range=(2, 5),
+                              alternate_sign=False, norm=None)  # fmt: skip
+    return sparse.hstack([words.transform(texts), chars.transform(texts)]).tocsr()
+
+
+def _rows(counts, idx: np.ndarray):
+    return None if counts is None else counts[idx]
+
+
+def _other_model(kind: str, v: np.ndarray, counts, t: np.ndarray):
+    """A regression of `t` on the vectors `v` ('mlp') or on them beside the texts' n-gram
+    `counts` ('ngrams'), returned as a function of (vectors, counts)."""
+    from scipy import sparse
+    from sklearn.feature_extraction.text import TfidfTransformer
     from sklearn.linear_model import Ridge
     from sklearn.neural_network import MLPRegressor
 
@@ -199,19 +216,15 @@ def _other_model(kind: str, v: np.ndarray, texts: list[str], t: np.ndarray):
     if kind == "mlp":
         mlp = MLPRegressor(hidden_layer_sizes=(128,), alpha=1.0, early_stopping=True,
                            max_iter=300, random_state=0).fit((v - mean) / sd, t)  # fmt: skip
-        return lambda v2, _texts: mlp.predict((v2 - mean) / sd)
-    words = HashingVectorizer(n_features=2**18, ngram_range=(1, 2), alternate_sign=False, norm=None)
-    chars = HashingVectorizer(n_features=2**18, analyzer="char_wb", ngram_range=(2, 5),
-                              alternate_sign=False, norm=None)  # fmt: skip
-    counts = lambda tx: sparse.hstack([words.transform(tx), chars.transform(tx)]).tocsr()  # noqa: E731
-    tfidf = TfidfTransformer(sublinear_tf=True).fit(counts(texts))
+        return lambda v2, _counts: mlp.predict((v2 - mean) / sd)
+    tfidf = TfidfTransformer(sublinear_tf=True).fit(counts)
 
-    def features(v2: np.ndarray, tx: list[str]):
+    def features(v2: np.ndarray, c2):
         dense = sparse.csr_matrix((v2 - mean) / sd * 0.05)  # the vector weighed as one n-gram
-        return sparse.hstack([tfidf.transform(counts(tx)), dense]).tocsr()
+        return sparse.hstack([tfidf.transform(c2), dense]).tocsr()
 
-    ridge = Ridge(alpha=1.0, solver="sparse_cg").fit(features(v, texts), t)
-    return lambda v2, tx: ridge.predict(features(v2, tx))
+    ridge = Ridge(alpha=1.0, solver="sparse_cg").fit(features(v, counts), t)
+    return lambda v2, c2: ridge.predict(features(v2, c2))
 
 
 def encoder_of(run: Path, out: Path) -> Path:
