@@ -41,7 +41,7 @@ def test_bucketed_trajectories(work, real_data):
     assert_results(results)
 
 
-def test_family_trajectories(work):
+def test_family_trajectories(work, real_data):  # the rules family reads the real comments
     results = family_checks.family_trajectories(work, checks.FAMILY_TRAJECTORIES)
     assert len(results) == len(checks.FAMILY_TRAJECTORIES)
     assert_results(results)
