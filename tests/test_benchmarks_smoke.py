@@ -597,8 +597,10 @@ def test_the_benchmarks_refuse_bad_flags_in_one_line_before_any_work(
     if flags == ["--out-is-a-file"]:
         out.write_text("x")
         flags = []
+    comments = tmp_path / "comments.csv"  # the refusals need no real comments (../shared)
+    comments.write_text("id,comment_text,toxic\n1,a comment,0\n")
     with pytest.raises(SystemExit) as e:
-        scoring.main(["--out", str(out), *flags])
+        scoring.main(["--out", str(out), "--csv", str(comments), *flags])
     assert e.value.code == 2 and words in capsys.readouterr().err
     assert not (tmp_path / "out" / "run").exists()  # nothing trained
     with pytest.raises(SystemExit, match="not a jaxtpu run directory"):

@@ -542,12 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.train and Path(args.workdir).exists():
         p.error(f"--train: --workdir {args.workdir} exists; give a new directory")
     which = sittings_of(p, args)
+    if not args.train:
+        _check_run(args.workdir)  # a mistyped run is named first, with or without the data
     if not REAL_CSV.exists():
         sys.exit(f"benchmarks.serving.throughput: needs the real comments at {REAL_CSV}")
     started = start_report(args.report, "benchmarks.serving.throughput")  # the code and the machine
     if args.train:
         calibration.train(args.workdir, str(REAL_CSV), calibration.TRAIN_ROWS)
-    _check_run(args.workdir)
+        _check_run(args.workdir)
     levels = [int(x) for x in args.clients.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
