@@ -72,8 +72,11 @@ serve: $(STAMP)
 # to expire, a server's replies, a process to start) and a third worker computes meanwhile
 # (measured here at ddc2a83, the same hour: 1,506.8 s on 2 workers, 1,402.9 s on 3). Each test
 # file stays on one worker, so its module fixtures are made once, and files are handed out in
-# collection order, the longest first (conftest.py's LONGEST_FIRST), so none is left to run
-# alone at the end. TEST_WORKERS=0 runs it in this process, one test after another. The fast
+# collection order: parity_tests/test_parity.py, the longest, first, then the rest in
+# alphabetical order, which mixes the files that compute with those that wait. Handing out the
+# twelve longest files first instead ran them all at once, three CPU-bound files on two cores,
+# and took longer (1,565.2 s on 3 workers at 4d08e85). TEST_WORKERS=0 runs it in this
+# process, one test after another. The fast
 # tier and the other legs run on FAST_WORKERS (2): their tests wait on nothing, and a third
 # worker's start costs more than it gives (test-fast: 54-55 s on 2, 58-61 s on 3).
 TEST_WORKERS ?= 3
@@ -87,7 +90,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # The fast tier: no subprocess, no TPU or cross-framework compile, no torch_xla side, no real
-# JAX model run (conftest.py enforces the marks), on the same workers as `make test`, which
+# JAX model run (conftest.py enforces the marks), on FAST_WORKERS; `make test`
 # runs everything.
 test-fast: $(STAMP)
 	$(PY) -m ruff check .

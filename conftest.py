@@ -48,35 +48,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))
 
 
-# The suite's longest files (`make test`'s junit times at ddc2a83: together two thirds of its
-# test time), longest first, collected before every other file: `make test` hands whole files
-# to its workers in collection order (`--dist loadfile --no-loadscope-reorder`), and a long
-# file handed out last keeps one worker busy after the others have run out of files (in
-# alphabetical order the last were test_torchxla_ref.py and test_train.py, and one worker sat
-# idle for the last 50 s). A file missing from the list or renamed only changes the order,
-# never what runs.
-LONGEST_FIRST = (
-    "parity_tests/test_parity.py",
-    "tests/test_bucket.py",
-    "tests/test_signals.py",
-    "tests/test_torchxla_ref.py",
-    "tests/test_multihost.py",
-    "tests/test_rundir.py",
-    "tests/test_train.py",
-    "tests/test_serve.py",
-    "tests/test_hf_heads.py",
-    "tests/test_families.py",
-    "parity_tests/test_bisect.py",
-    "tests/test_readers.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    # a stable sort: each file's tests, and the files not listed, keep their order
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
 def pytest_report_header(config: pytest.Config) -> str:
     cache = Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
     entries = list(cache.glob("*-cache")) if cache.is_dir() else []
