@@ -67,30 +67,27 @@ serve: $(STAMP)
 	@test -n "$(WORKDIR)" || { echo "make serve: no run under runs/ (make train first, or WORKDIR=DIR)"; exit 2; }
 	$(PY) -m jaxtpu.serve --workdir $(WORKDIR) $(ARGS)
 
-# The whole suite on TEST_WORKERS pytest-xdist workers, default 3 on the 2-core machine it is
-# budgeted on: many of its tests spend seconds waiting (a bucket that stops answering, a lease
-# to expire, a server's replies, a process to start) and a third worker computes meanwhile
-# (measured here at ddc2a83, the same hour: 1,506.8 s on 2 workers, 1,402.9 s on 3). Each test
-# file stays on one worker, so its module fixtures are made once, and files are handed out in
-# collection order: parity_tests/test_parity.py, the longest, first, then the rest in
-# alphabetical order, which mixes the files that compute with those that wait. Handing out the
-# twelve longest files first instead ran them all at once, three CPU-bound files on two cores,
-# and took longer (1,565.2 s on 3 workers at 4d08e85). TEST_WORKERS=0 runs it in this
-# process, one test after another. The fast
-# tier and the other legs run on FAST_WORKERS (2): their tests wait on nothing, and a third
-# worker's start costs more than it gives (test-fast: 54-55 s on 2, 58-61 s on 3).
-TEST_WORKERS ?= 3
-FAST_WORKERS ?= 2
-XDIST := -n $(FAST_WORKERS) --dist loadfile
+# The whole suite on TEST_WORKERS pytest-xdist workers (default 2, one a core on the 2-core
+# machine it is budgeted on; each test file stays on one worker, so its module fixtures are
+# made once, and files are handed out in collection order, so the longest, parity_tests/
+# test_parity.py, collected first, starts at once rather than last); TEST_WORKERS=0 runs it
+# in this process, one test after another. Three workers were measured here on 2026-12-07
+# (pytest's time; 1,506.8 s on two at ddc2a83): 1,402.9 s at ddc2a83, 1,820.8 s at 9d6980b
+# (the same tests) and 1,565.2 s with the longest files handed out first. The tests' summed
+# time grew 1.4x, 1.8x and 1.6x over two workers' 2,914 s where sharing two cores three ways
+# alone costs 1.5x: their processes run several threads each, and when CPU-bound files meet
+# they lose more to contention than the waiting tests give back. Not a gain to count on.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 FAST  := -m "not e2e and not compile and not torch and not model"
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(COMPILE)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(PY) -m pytest $(XDIST) --no-loadscope-reorder $(ARGS)
 
 # The fast tier: no subprocess, no TPU or cross-framework compile, no torch_xla side, no real
-# JAX model run (conftest.py enforces the marks), on FAST_WORKERS; `make test`
+# JAX model run (conftest.py enforces the marks), on the same workers as `make test`, which
 # runs everything.
 test-fast: $(STAMP)
 	$(PY) -m ruff check .
