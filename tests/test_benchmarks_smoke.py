@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -418,9 +419,10 @@ def test_the_decoders_step_estimate_is_affine_in_the_layer_count():
 
 
 @pytest.fixture
-def fake_decoders(monkeypatch):
+def fake_decoders(monkeypatch, tmp_path):
     """benchmarks.training.decoders with a fake search and estimate (nothing compiles) at commit
-    0123abcdef: returns the lists of what was searched and estimated."""
+    0123abcdef: returns the lists of what was searched and estimated. Its temporary folders go
+    under tmp_path/tmp, which must be empty again when the test ends."""
     from benchmarks.training import decoders
     from jaxtpu.preflight import fit as pf_fit
     from jaxtpu.preflight import targets as pf_targets
@@ -443,7 +445,11 @@ def fake_decoders(monkeypatch):
     monkeypatch.setattr(pf_targets, "target_devices", lambda target, n: ([], 16 << 30))
     monkeypatch.setattr(decoders, "_estimated", fake_estimate)
     monkeypatch.setattr(measured, "commit", lambda: "0123abcdef")  # git: a process
-    return searched, estimated
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    yield searched, estimated
+    assert not list(scratch.iterdir()), "the benchmark left its temporary folders behind"
 
 
 def test_decoders_estimate_searches_what_out_lacks_and_reports_only_its_own_rows(

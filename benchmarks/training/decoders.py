@@ -409,12 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     from jaxtpu.engine import hosts
 
     hosts.set_cpu_device_count(8)
-    root = Path(tempfile.mkdtemp(prefix="jaxtpu-decoders-"))
-    # --estimate searches its rows --out lacks (memory only), then estimates them
-    speed = not (args.no_speed or args.estimate)
-    _search(args, reports, root, targets, models, lengths, speed, code)
-    if args.estimate:
-        _estimate_saved(args.out, reports, root, targets, models, lengths, args.whole)
+    # the models' config directories, removed when the search ends however it ends
+    with tempfile.TemporaryDirectory(prefix="jaxtpu-decoders-") as tmp:
+        root = Path(tmp)
+        # --estimate searches its rows --out lacks (memory only), then estimates them
+        speed = not (args.no_speed or args.estimate)
+        _search(args, reports, root, targets, models, lengths, speed, code)
+        if args.estimate:
+            _estimate_saved(args.out, reports, root, targets, models, lengths, args.whole)
     if args.report:
         kept = keep_report(args.report, "decoders", [r for r in reports if selected(r)],
                            "benchmarks.training.decoders", argv, started)  # fmt: skip
