@@ -95,8 +95,9 @@ class Model:
         """(`probabilities`, each text's vector under the head (N, hidden)) from one pass of
         the model: what a community's head reads (`jaxtpu.core.serving.heads`); for a model
         loaded with `pooled`."""
-        logits, vectors = self.scorer.features(self.prepared(texts))
-        return self._probabilities(self.scorer.calibrate(logits, vectors)), vectors
+        prepared = self.prepared(texts)
+        logits, vectors = self.scorer.features(prepared)
+        return self._probabilities(self.scorer.calibrate(logits, vectors, prepared)), vectors
 
     def buckets(self, texts: Iterable[str]) -> np.ndarray:
         """The length bucket (its edge, in tokens) each text is scored in: texts of one bucket

@@ -319,6 +319,96 @@ def test_a_calibration_reads_a_column_out_of_the_vector_maps_it_and_needs_the_ve
     assert shown["TOXICITY"]["readout"] == {"rows": 300, "l2": 10.0}
 
 
+def test_a_texts_ngrams_are_lowercased_words_and_padded_characters_of_unit_norm():
+    from jaxtpu.core import ngrams
+
+    f = ngrams.features("Go AWAY go")
+    assert {"w go", "w away", "w go away", "w away go", "c go", "c go ", "caway "} <= set(f)
+    assert f["w go"] > f["w away"] and "c goaway" not in f  # counted twice; words apart
+    assert sum(v * v for v in f.values()) == pytest.approx(1.0)
+    assert ngrams.features("") == {}
+    third = 3**-0.5  # " ! " padded: two 2-grams and one 3-gram, once each; no word
+    assert ngrams.features("!") == pytest.approx({"c !": third, "c! ": third, "c ! ": third})
+    bomb = "ab " * 20_000  # only the first MAX_CHARS characters are read
+    assert ngrams.counts(bomb)["w ab"] == ngrams.MAX_CHARS // 3  # and an "a", not a word
+    assert ngrams.text_of(("rule", "comment")) == "rule comment"
+    # in all four texts: the n-grams of "away", first in order; "go" is in three only
+    assert ngrams.vocabulary([f, f, f, ngrams.features("away")], size=2) == ["c a", "c aw"]
+    assert "w go" not in ngrams.vocabulary([f, f, ngrams.features("away")], least=3)
+
+
+def test_a_readout_of_the_texts_ngrams_learns_a_word_the_vector_does_not_hold():
+    """Scores set by one word of the text, vectors of noise: the vector alone cannot read the
+    score, the vector and the n-grams can (held out), and a calibration built from the fit
+    applies it from the texts, which it then needs."""
+    from scipy.stats import spearmanr
+
+    from jaxtpu.core import ngrams
+    from jaxtpu.core.data.history import readout
+
+    rng = np.random.default_rng(0)
+    words = ["page", "edit", "source", "thanks", "hello", "talk", "article", "zork"]
+    texts = [" ".join(rng.choice(words, 6)) for _ in range(400)]
+    marked = np.array([t.split().count("zork") for t in texts])
+    y = calibration.sigmoid(2.0 * marked - 1.5 + rng.normal(scale=0.3, size=400))
+    v = rng.normal(size=(400, 8))
+    each = [ngrams.features(t) for t in texts]
+    alone, read = readout.fit(v, y), readout.fit(v, y, grams=each)
+    assert alone.rank_correlation < 0.3 < 0.8 < read.rank_correlation
+    # the weightiest n-gram is one of "zork"'s (no other word has a z)
+    assert read.l2 in readout.NGRAM_L2_GRID and "z" in max(read.grams, key=read.grams.get)
+    r = calibration.Readout("toxic", "TOXICITY", tuple(read.weights), read.bias, 400, read.l2,
+                            read.grams)  # fmt: skip
+    cal = calibration.Calibration(("toxic",), (1.0,), (0.0,)).with_perspective(
+        (calibration.PerspectiveScale("toxic", "TOXICITY", (0.0, 1.0), (0.0, 1.0), 400),), (r,)
+    )
+    assert cal.needs_texts and cal.needs_pooled
+    got = cal.apply(np.zeros((400, 1)), v, texts)[:, 0]
+    want = v @ read.weights + read.bias + np.array(ngrams.weighed(each, read.grams))
+    np.testing.assert_allclose(calibration.sigmoid(got), calibration.sigmoid(want), atol=1e-6)
+    assert spearmanr(got, y).statistic > 0.8
+    with pytest.raises(UserError, match="out of the texts' n-grams but was given none"):
+        cal.apply(np.zeros((400, 1)), v)
+    again = calibration.Calibration.from_dict(json.loads(json.dumps(cal.to_dict())), "f")
+    assert again == cal and "and " in cal.describe() and " n-grams)" in cal.describe()
+    from jaxtpu.core.serving.card import perspective_scale
+
+    shown = perspective_scale([{"name": "TOXICITY", "column": "toxic"}], cal.to_dict())
+    assert shown["TOXICITY"]["readout"]["ngrams"] == len(read.grams) > 0
+
+
+@pytest.mark.parametrize("where", ["jax", "onnx"])
+def test_each_scorer_hands_its_calibration_the_texts_it_scored(where):
+    """`scores_of` (every scorer's `scores`) gives the texts to the scorer's own `calibrate`,
+    which passes them to a calibration that reads their n-grams: the JAX scorer's and the
+    ONNX one's (the slim server's), each called on a stand-in holding only what they read."""
+    if where == "jax":
+        from jaxtpu.engine.scoring import Scorer as cls
+    else:
+        pytest.importorskip("onnxruntime", reason="the ONNX scorer needs onnxruntime")
+        from jaxtpu.serve.onnxmodel import OnnxScorer as cls
+    from jaxtpu.engine.scoring import scores_of
+
+    r = calibration.Readout("toxic", "TOXICITY", (0.0, 0.0), 0.0, 100, 1.0, {"w zork": 5.0})
+    cal = calibration.Calibration(("toxic",), (1.0,), (0.0,), readouts=(r,))
+
+    class Scoring:
+        calibration = cal
+        calibrate = cls.calibrate
+
+        def features(self, texts):
+            return np.zeros(len(texts)), np.zeros((len(texts), 2))
+
+    got = scores_of(Scoring(), ["zork here", "nothing"])
+    assert got[0] == pytest.approx(5.0 * ngrams_value("zork here", "w zork")) and got[1] == 0.0
+
+
+def ngrams_value(text, gram):
+    from jaxtpu.core import ngrams
+
+    return ngrams.features(text)[gram]
+
+
 def test_history_touches_no_jax_until_it_scores(monkeypatch):
     import importlib
     import sys
@@ -427,6 +517,12 @@ def test_fit_scale_readout_ranks_as_the_history_and_every_scorer_applies_it(
     # about 1e-3, which the readout of a minor direction of a 7-step model magnifies; what
     # must hold is that the export reads the attribute out as the run does
     assert rho(OnnxModel(out, 8).predict(texts), theirs) > 0.9
+    # --ngrams: the vector and the texts' n-grams, which predict and compare then read
+    assert main([*argv, "--ngrams"]) == 0
+    assert "n-grams of the text (L2" in capsys.readouterr().out
+    assert calibration.read(run).needs_texts
+    assert rho(load(run, num_devices=1).predict(texts), theirs) > 0.9
+    assert main(["compare", "--workdir", str(run), "--history", str(history)]) == 0
 
 
 def _history_file(path, n=150, seed=0):

@@ -5,8 +5,9 @@ of a comment neither the model nor the map saw; then a model trained on one kind
 scored on the other.
 
 `python -m benchmarks.quality.perspective_scale [--folds 2] [--out runs/perspective-scale]
-[--jigsaw-run RUN] [--variants] [--report docs/measured/perspective-scale.json]` (`--preset
-tiny --rows 1500` walks the whole path in a few minutes, measuring nothing)
+[--jigsaw-run RUN] [--variants] [--readouts-only] [--report
+docs/measured/perspective-scale.json]` (`--preset tiny --rows 1500` walks the whole path in a
+few minutes, measuring nothing)
 
 The comments: `../shared/data/perspective_scored_wikipedia.csv` (Wikipedia talk comments as
 they come, TOXICITY about 2019, and a human `toxic` label) and `perspective_scored_rtp.csv`
@@ -31,16 +32,17 @@ they come, TOXICITY about 2019, and a human `toxic` label) and `perspective_scor
 - (f) `tuned+quantile`, `tuned+readout`: as (c), but starting from the Jigsaw model's encoder
   (its `jaxtpu export`, `head.safetensors` dropped as the export's refusal of another task's
   head advises) instead of the pretrained MiniLM;
-- (g) with `--variants`: two other readouts of the Jigsaw model's vector, fitted and mapped as
-  (e) (the map on 5-fold held-out predictions of the fitting rows): `jigsaw+readout-mlp` (a
-  one-layer MLP, scikit-learn's, 128 units, on the standardised vector) and
-  `jigsaw+readout-ngrams` (a ridge regression on the vector beside tf-idf word 1-2-grams and
-  character 2-5-grams of the text): what a nonlinear or a lexical readout would add;
+- (g) `jigsaw+readout-ngrams`: as (e), read out of the vector and the text's word and
+  character n-grams (`history fit-scale --ngrams`, `jaxtpu.core.ngrams`); with `--variants`
+  also `jigsaw+readout-mlp` (a one-layer MLP, scikit-learn's, 128 units, on the standardised
+  vector, the map on its 5-fold held-out predictions): what a nonlinear readout would add;
 
 every way scoring fold F's comments. Then (d) `wikipedia->rtp`: (c) trained on the Wikipedia
 file alone, mapped (quantile) on its own held-out rows, scoring the sentences file: comments
-of another kind, from another year and model of Perspective's, and the same for (e)'s readout of
-the Jigsaw model fitted on the Wikipedia comments alone. The table gives, per way, file and
+of another kind, from another year and model of Perspective's, and the same for (e)'s and (g)'s
+readouts of the Jigsaw model fitted on the Wikipedia comments alone. `--readouts-only`: the
+Jigsaw model's ways alone ((a), (b), (e), (g) and their Wikipedia-to-sentences rows), no other
+run trained or scored. The table gives, per way, file and
 attribute, the rank correlation with Perspective, the mean difference, and at 0.8 and 0.9
 (strictly above, as Coral compares) how many comments each flags, both, and the F1; the goals
 (issue 94) are in its caption.
@@ -61,7 +63,7 @@ import numpy as np
 from benchmarks.shared.machine import cpu_record
 from benchmarks.shared.measured import show_and_keep
 from benchmarks.shared.measured import start as start_report
-from jaxtpu.core import calibration
+from jaxtpu.core import calibration, ngrams
 from jaxtpu.core.data.history import readout, scale
 from jaxtpu.core.data.history.rows import ATTRIBUTES
 from jaxtpu.core.serving.heads import folds_of
@@ -137,40 +139,44 @@ def platt_scores(run: Path, texts: list[str]) -> dict[str, np.ndarray]:
 
 
 def read_out(
-    names: list[str], fit_v: np.ndarray, fit_rows: list[dict[str, Any]], v: np.ndarray
+    names: list[str],
+    fit_v: np.ndarray,
+    fit_rows: list[dict[str, Any]],
+    v: np.ndarray,
+    texts: list[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """Each attribute of `names` read out of the vectors `v` and mapped (quantile), by what
     `jaxtpu history fit-scale --readout` fits (`readout.fit`, then `scale.fit` on its held-out
     predictions) on (`fit_v`, Perspective's scores of `fit_rows`), applied by the run's
-    calibration as a server applies it (`calibration.Calibration.apply`)."""
+    calibration as a server applies it (`calibration.Calibration.apply`); given the `texts`
+    of `v`, out of the vectors and the texts' n-grams, as `fit-scale --ngrams` fits."""
     theirs = perspective(fit_rows)
+    each = None if texts is None else [ngrams.features(r["text"]) for r in fit_rows]
     maps, outs = [], []
     for j, name in enumerate(names):
         try:
-            r = readout.fit(fit_v, theirs[name])
+            r = readout.fit(fit_v, theirs[name], grams=each)
             xs, ys = scale.fit(calibration.sigmoid(r.held_out), theirs[name], "quantile")
         except ValueError:
             continue  # too few scores of it among the fitting rows: not read out
         col = f"c{j}"
-        outs.append(calibration.Readout(col, name, tuple(r.weights), r.bias, 0, r.l2))
+        outs.append(calibration.Readout(col, name, tuple(r.weights), r.bias, 0, r.l2, r.grams))
         maps.append(calibration.PerspectiveScale(col, name, tuple(xs), tuple(ys), 0))
     cols = tuple(f"c{j}" for j in range(len(names)))
     cal = calibration.Calibration(cols, (1.0,) * len(cols), (0.0,) * len(cols))
-    z = cal.with_perspective(tuple(maps), tuple(outs)).apply(np.zeros((len(v), len(cols))), v)
+    cal = cal.with_perspective(tuple(maps), tuple(outs))
+    z = cal.apply(np.zeros((len(v), len(cols))), v, texts)
     p = calibration.sigmoid(z)
     return {m.attribute: p[:, cols.index(m.column)] for m in maps}
 
 
-def read_out_other(
-    kind: str, fit_v: np.ndarray, fit_rows: list[dict[str, Any]], v: np.ndarray, texts: list[str]
+def read_out_mlp(
+    fit_v: np.ndarray, fit_rows: list[dict[str, Any]], v: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """(g): each attribute read out of the vectors `v` (and `texts`) by another model (`kind`:
-    'mlp' or 'ngrams'), fitted on (`fit_v`, `fit_rows`) as `readout.fit` fits the ridge (on
-    logit(score)), the quantile map fitted on its 5-fold held-out predictions of those rows."""
+    """(g): each attribute read out of the vectors `v` by a one-layer MLP (scikit-learn's),
+    fitted on (`fit_v`, `fit_rows`) as `readout.fit` fits the ridge (on logit(score)), the
+    quantile map fitted on its 5-fold held-out predictions of those rows."""
     theirs = perspective(fit_rows)
-    # the texts' n-gram counts, hashed once: every fit below takes its rows of them
-    fit_counts = ngram_counts([r["text"] for r in fit_rows]) if kind == "ngrams" else None
-    counts = ngram_counts(texts) if kind == "ngrams" else None
     out = {}
     for name, y in theirs.items():
         known = np.flatnonzero(np.isfinite(y))
@@ -180,51 +186,22 @@ def read_out_other(
         fold = folds_of(np.zeros(len(known)), readout.FOLDS)
         held = np.empty(len(known))
         for f in range(readout.FOLDS):
-            inner, outer = known[fold != f], known[fold == f]
-            fitted = _other_model(kind, fit_v[inner], _rows(fit_counts, inner), t[fold != f])
-            held[fold == f] = fitted(fit_v[outer], _rows(fit_counts, outer))
+            fitted = _mlp(fit_v[known[fold != f]], t[fold != f])
+            held[fold == f] = fitted(fit_v[known[fold == f]])
         xs, ys = scale.fit(calibration.sigmoid(held), y[known], "quantile")
-        fitted = _other_model(kind, fit_v[known], _rows(fit_counts, known), t)
-        out[name] = scale.apply(calibration.sigmoid(fitted(v, counts)), xs, ys)
+        out[name] = scale.apply(calibration.sigmoid(_mlp(fit_v[known], t)(v)), xs, ys)
     return out
 
 
-def ngram_counts(texts: list[str]):
-    """Each text's hashed word 1-2-gram and character 2-5-gram counts (a sparse matrix)."""
-    from scipy import sparse
-    from sklearn.feature_extraction.text import HashingVectorizer
-
-    words = HashingVectorizer(n_features=2**18, ngram_range=(1, 2), alternate_sign=False, norm=None)
-    chars = HashingVectorizer(n_features=2**18, analyzer="char_wb", ngram_range=(2, 5),
-                              alternate_sign=False, norm=None)  # fmt: skip
-    return sparse.hstack([words.transform(texts), chars.transform(texts)]).tocsr()
-
-
-def _rows(counts, idx: np.ndarray):
-    return None if counts is None else counts[idx]
-
-
-def _other_model(kind: str, v: np.ndarray, counts, t: np.ndarray):
-    """A regression of `t` on the vectors `v` ('mlp') or on them beside the texts' n-gram
-    `counts` ('ngrams'), returned as a function of (vectors, counts)."""
-    from scipy import sparse
-    from sklearn.feature_extraction.text import TfidfTransformer
-    from sklearn.linear_model import Ridge
+def _mlp(v: np.ndarray, t: np.ndarray):
+    """A one-layer MLP's regression of `t` on the standardised vectors `v`, as a function of
+    vectors."""
     from sklearn.neural_network import MLPRegressor
 
     mean, sd = v.mean(0), v.std(0) + 1e-6
-    if kind == "mlp":
-        mlp = MLPRegressor(hidden_layer_sizes=(128,), alpha=1.0, early_stopping=True,
-                           max_iter=300, random_state=0).fit((v - mean) / sd, t)  # fmt: skip
-        return lambda v2, _counts: mlp.predict((v2 - mean) / sd)
-    tfidf = TfidfTransformer(sublinear_tf=True).fit(counts)
-
-    def features(v2: np.ndarray, c2):
-        dense = sparse.csr_matrix((v2 - mean) / sd * 0.05)  # the vector weighed as one n-gram
-        return sparse.hstack([tfidf.transform(c2), dense]).tocsr()
-
-    ridge = Ridge(alpha=1.0, solver="sparse_cg").fit(features(v, counts), t)
-    return lambda v2, c2: ridge.predict(features(v2, c2))
+    mlp = MLPRegressor(hidden_layer_sizes=(128,), alpha=1.0, early_stopping=True,
+                       max_iter=300, random_state=0).fit((v - mean) / sd, t)  # fmt: skip
+    return lambda v2: mlp.predict((v2 - mean) / sd)
 
 
 def encoder_of(run: Path, out: Path) -> Path:
@@ -296,6 +273,7 @@ def run(
     preset: str,
     limit: int,
     variants: bool = False,
+    readouts_only: bool = False,
 ) -> dict[str, Any]:
     rows = read_rows(data)
     if limit:  # a quick look at the whole path (--rows), not a measurement
@@ -311,37 +289,18 @@ def run(
             jig, preset, "--task", "multilabel", "--train-csv", str(data / JIGSAW)
         )
     a, av = scored(jig, texts)
-    maps = (*scale.METHODS, "readout")
-    ways = ["jigsaw"] + [f"{w}+{m}" for w in ("jigsaw", "learnt") for m in maps]
-    ways += ["tuned+quantile", "tuned+readout"]
-    others = ("mlp", "ngrams") if variants else ()
-    ways += [f"jigsaw+readout-{k}" for k in others]
-    encoder = encoder_of(jig, out)
+    ways = ["jigsaw"] + [f"jigsaw+{m}" for m in (*scale.METHODS, "readout", "readout-ngrams")]
+    ways += ["jigsaw+readout-mlp"] if variants else []
+    if not readouts_only:
+        ways += [f"learnt+{m}" for m in (*scale.METHODS, "readout")]
+        ways += ["tuned+quantile", "tuned+readout"]
     scores = {w: {n: np.full(len(rows), np.nan) for n in ATTRIBUTES} for w in ways}
     for f in range(folds):
         test, rest = np.flatnonzero(fold_of == f), np.flatnonzero(fold_of != f)
-        rest_rows = [rows[i] for i in rest]
-        got = {"jigsaw": {n: v[test] for n, v in a.items()}}
-        for m in scale.METHODS:
-            fit_a = {n: v[rest] for n, v in a.items()}
-            got[f"jigsaw+{m}"] = mapped(fit_a, rest_rows, got["jigsaw"], m)
-        got["jigsaw+readout"] = read_out(list(a), av[rest], rest_rows, av[test])
-        for k in others:
-            got[f"jigsaw+readout-{k}"] = read_out_other(
-                k, av[rest], rest_rows, av[test], [texts[i] for i in test]
-            )
-        wd = out / f"fold{f}"
-        training = write_training(wd.with_suffix(".csv"), rest_rows)
-        walls[f"fold{f}"] = train(
-            wd, preset, "--perspective", "--valid-fraction", "0.25", "--train-csv", str(training)
-        )
-        test_texts = [texts[i] for i in test]
-        got.update(learnt_ways("learnt", wd, rest_rows, test_texts, scale.METHODS))
-        tuned = out / f"tuned-fold{f}"
-        walls[f"tuned-fold{f}"] = train(tuned, preset, "--perspective", "--valid-fraction",
-                                        "0.25", "--train-csv", str(training),
-                                        "--model-dir", str(encoder))  # fmt: skip
-        got.update(learnt_ways("tuned", tuned, rest_rows, test_texts, ("quantile",)))
+        rest_rows, test_texts = [rows[i] for i in rest], [texts[i] for i in test]
+        got = jigsaw_ways(a, av, rest, test, rest_rows, test_texts, variants)
+        if not readouts_only:
+            got.update(trained_ways(out, f, preset, jig, rest_rows, test_texts, walls))
         for way, values in got.items():
             for n, v in values.items():
                 if n in scores[way]:
@@ -353,14 +312,64 @@ def run(
             theirs = {n: v[sel] for n, v in perspective(rows).items()}
             ours = {n: v[sel] for n, v in got.items() if np.isfinite(v[sel]).all()}
             results.append({"way": way, "file": name, "report": scale.compare(theirs, ours)})
-    results.append(cross_kind(rows, out, walls, preset))
+    if not readouts_only:
+        results.append(cross_kind(rows, out, walls, preset))
     wiki = np.array([r["file"] == "wikipedia" for r in rows])
     rtp = [r for r in rows if r["file"] == "rtp"]
-    on_rtp = read_out(list(a), av[wiki], [r for r in rows if r["file"] == "wikipedia"], av[~wiki])
-    results.append({"way": "wikipedia->rtp (jigsaw+readout)", "file": "rtp",
-                    "report": scale.compare(perspective(rtp), on_rtp)})  # fmt: skip
+    wiki_rows = [r for r in rows if r["file"] == "wikipedia"]
+    for way, rtp_texts in (("readout", None), ("readout-ngrams", [r["text"] for r in rtp])):
+        on_rtp = read_out(list(a), av[wiki], wiki_rows, av[~wiki], rtp_texts)
+        results.append({"way": f"wikipedia->rtp (jigsaw+{way})", "file": "rtp",
+                        "report": scale.compare(perspective(rtp), on_rtp)})  # fmt: skip
     return {"folds": folds, "comments": {n: sum(r["file"] == n for r in rows) for n in FILES},
             "results": results, "train_seconds": walls, "cpu": cpu_record()}  # fmt: skip
+
+
+def jigsaw_ways(
+    a: dict[str, np.ndarray],
+    av: np.ndarray,
+    rest: np.ndarray,
+    test: np.ndarray,
+    rest_rows: list[dict[str, Any]],
+    test_texts: list[str],
+    variants: bool,
+) -> dict[str, dict[str, np.ndarray]]:
+    """(a), (b), (e), (g): the Jigsaw model's scores (`a`) and vectors (`av`) of the `test`
+    rows, as they are, mapped, and read out, each fitted on the `rest` rows."""
+    got = {"jigsaw": {n: v[test] for n, v in a.items()}}
+    for m in scale.METHODS:
+        fit_a = {n: v[rest] for n, v in a.items()}
+        got[f"jigsaw+{m}"] = mapped(fit_a, rest_rows, got["jigsaw"], m)
+    got["jigsaw+readout"] = read_out(list(a), av[rest], rest_rows, av[test])
+    got["jigsaw+readout-ngrams"] = read_out(list(a), av[rest], rest_rows, av[test], test_texts)
+    if variants:
+        got["jigsaw+readout-mlp"] = read_out_mlp(av[rest], rest_rows, av[test])
+    return got
+
+
+def trained_ways(
+    out: Path,
+    f: int,
+    preset: str,
+    jig: Path,
+    rest_rows: list[dict[str, Any]],
+    test_texts: list[str],
+    walls: dict[str, float],
+) -> dict[str, dict[str, np.ndarray]]:
+    """(c), (f): fold `f`'s runs that learn Perspective's scores of `rest_rows` (trained, or
+    reused), scoring `test_texts`."""
+    wd = out / f"fold{f}"
+    training = write_training(wd.with_suffix(".csv"), rest_rows)
+    walls[f"fold{f}"] = train(
+        wd, preset, "--perspective", "--valid-fraction", "0.25", "--train-csv", str(training)
+    )
+    got = learnt_ways("learnt", wd, rest_rows, test_texts, scale.METHODS)
+    tuned = out / f"tuned-fold{f}"
+    walls[f"tuned-fold{f}"] = train(tuned, preset, "--perspective", "--valid-fraction",
+                                    "0.25", "--train-csv", str(training),
+                                    "--model-dir", str(encoder_of(jig, out)))  # fmt: skip
+    got.update(learnt_ways("tuned", tuned, rest_rows, test_texts, ("quantile",)))
+    return got
 
 
 def cross_kind(
@@ -407,7 +416,8 @@ def table(report: dict[str, Any]) -> str:
             lines.append(f"| {res['way']} | {res['file']} | {name} | {rho} | "
                          f"{r['mean_difference']:+.3f} | {cells} |")  # fmt: skip
     walls = ", ".join(f"{k} {v / 60:.1f} min" for k, v in report["train_seconds"].items())
-    lines += ["", f"Each run's training wall time (1 epoch, its summary.json): {walls}."]
+    if walls:
+        lines += ["", f"Each run's training wall time (1 epoch, its summary.json): {walls}."]
     return "\n".join(lines)
 
 
@@ -424,8 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="minilm", help="the runs' preset (tiny: a quick look)")
     p.add_argument("--rows", type=int, default=0, help="only this many comments (0: all)")
     p.add_argument("--variants", action="store_true",
-                   help="also two other readouts of the Jigsaw model's vector: an MLP, and a "
-                   "ridge regression beside the text's n-grams (way g, above)")  # fmt: skip
+                   help="also another readout of the Jigsaw model's vector: an MLP "
+                   "(way g, above)")  # fmt: skip
+    p.add_argument("--readouts-only", action="store_true",
+                   help="only the Jigsaw model's ways (a, b, e, g): no run is trained or "
+                   "scored but the Jigsaw one (minutes, not hours)")  # fmt: skip
     p.add_argument("--report", help="also keep the result as a measured report")
     args = p.parse_args(argv)
     missing = [f for f in (*FILES.values(), JIGSAW) if not (Path(args.data) / f).is_file()]
@@ -438,8 +451,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--report keeps a measurement: all the comments, --preset minilm")
     out = Path(args.out)
     result = run(
-        Path(args.data), out, args.folds, args.jigsaw_run, args.preset, args.rows, args.variants
-    )
+        Path(args.data), out, args.folds, args.jigsaw_run, args.preset, args.rows, args.variants,
+        args.readouts_only,
+    )  # fmt: skip
     show_and_keep(
         result,
         "perspective_scale",

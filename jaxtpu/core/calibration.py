@@ -13,7 +13,9 @@ score then means what Perspective's meant, so a platform's thresholds keep their
 a column may be read out of the model's vector anew (`Readout`, `history fit-scale --readout`:
 a linear layer on the frozen model's pooled vector, fitted to Perspective's logged scores of
 that attribute), in place of its output and Platt scaling, before the map; applying it needs
-the vector (`Calibration.needs_pooled`), which every scorer then computes in the same pass.
+the vector (`Calibration.needs_pooled`), which every scorer then computes in the same pass,
+and, for a readout of the text's n-grams too (`--ngrams`), the texts scored
+(`Calibration.needs_texts`, their features as `jaxtpu.core.ngrams` computes them).
 
 One implementation for every reader: training writes `calibration.json` beside the best
 checkpoint, exports carry the same record (`jaxtpu_calibration` in an HF export's config.json,
@@ -27,12 +29,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from jaxtpu.core import ngrams
 from jaxtpu.core.errors import UserError
 from jaxtpu.core.files import atomic_write
 
@@ -106,7 +110,8 @@ class Readout:
     reads): `weights` . vector + `bias`, in place of the model's own output and its Platt
     scaling; fitted (`jaxtpu.core.data.history.readout`) to Perspective's logged `attribute`
     on `rows` history comments the model did not train on, by ridge regression with L2
-    strength `l2` chosen by k-fold cross-validation."""
+    strength `l2` chosen by k-fold cross-validation; `grams`: a weight per n-gram of the
+    text (`jaxtpu.core.ngrams`), added to the vector's, for a readout of the text too."""
 
     column: str
     attribute: str
@@ -114,16 +119,20 @@ class Readout:
     bias: float
     rows: int
     l2: float
+    grams: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"column": self.column, "attribute": self.attribute, "rows": self.rows,
-                "l2": self.l2, "bias": self.bias, "weights": list(self.weights)}  # fmt: skip
+        out = {"column": self.column, "attribute": self.attribute, "rows": self.rows,
+               "l2": self.l2, "bias": self.bias, "weights": list(self.weights)}  # fmt: skip
+        return {**out, "grams": dict(self.grams)} if self.grams else out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Readout:
+        grams = {str(g): float(w) for g, w in (d.get("grams") or {}).items()}
         out = cls(str(d["column"]), str(d["attribute"]), tuple(float(w) for w in d["weights"]),
-                  float(d["bias"]), int(d["rows"]), float(d["l2"]))  # fmt: skip
-        if not out.weights or not all(math.isfinite(x) for x in (*out.weights, out.bias)):
+                  float(d["bias"]), int(d["rows"]), float(d["l2"]), grams)  # fmt: skip
+        values = (*out.weights, out.bias, *grams.values())
+        if not out.weights or not all(math.isfinite(x) for x in values):
             raise ValueError(f"the readout of {out.column} has no or non-finite weights")
         return out
 
@@ -155,23 +164,36 @@ class Calibration:
         """Whether `apply` reads the model's vector (a column is read out of it)."""
         return bool(self.readouts)
 
-    def apply(self, logits: np.ndarray, pooled: np.ndarray | None = None) -> np.ndarray:
+    @property
+    def needs_texts(self) -> bool:
+        """Whether `apply` reads the texts scored (a column is read out of their n-grams)."""
+        return any(r.grams for r in self.readouts)
+
+    def apply(
+        self,
+        logits: np.ndarray,
+        pooled: np.ndarray | None = None,
+        texts: Sequence[Any] | None = None,
+    ) -> np.ndarray:
         """The calibrated logits of (N,) or (N, C) `logits` (C = the columns fitted), float64:
         the sigmoid of these is the calibrated probability, on Perspective's scale for the
         columns mapped onto it. `pooled` (N, hidden): the model's vector of each row, from the
-        same pass, which the columns with a readout are read from (`needs_pooled`)."""
+        same pass, which the columns with a readout are read from (`needs_pooled`); `texts`:
+        the N texts (or pairs) scored, whose n-grams a readout of them reads (`needs_texts`)."""
         z = np.asarray(logits, np.float64)
         a, b = np.asarray(self.scale), np.asarray(self.shift)
         if z.ndim == 1 and len(a) == 1:
-            return self.apply(z[:, None], pooled)[:, 0]
+            return self.apply(z[:, None], pooled, texts)[:, 0]
         if z.ndim != 2 or z.shape[1] != len(a):
             raise UserError(
                 f"calibration of {len(a)} column(s) ({', '.join(self.columns)}) given outputs "
                 f"of shape {z.shape}: a calibration of another model"
             )
-        return self._on_scale(self._read_out(z * a + b, pooled))
+        return self._on_scale(self._read_out(z * a + b, pooled, texts))
 
-    def _read_out(self, z: np.ndarray, pooled: np.ndarray | None) -> np.ndarray:
+    def _read_out(
+        self, z: np.ndarray, pooled: np.ndarray | None, texts: Sequence[Any] | None
+    ) -> np.ndarray:
         if not self.readouts:
             return z
         hidden = len(self.readouts[0].weights)
@@ -186,7 +208,24 @@ class Calibration:
         v = np.asarray(pooled, np.float64)
         for r in self.readouts:
             z[:, self.columns.index(r.column)] = v @ np.asarray(r.weights) + r.bias
+        if self.needs_texts:
+            z += self._of_texts(len(z), texts)
         return z
+
+    def _of_texts(self, n: int, texts: Sequence[Any] | None) -> np.ndarray:
+        """(n, C): what the texts' n-grams add to each column with n-gram weights."""
+        if texts is None or len(texts) != n:
+            got = "none" if texts is None else f"{len(texts)}"
+            raise UserError(
+                f"the calibration reads {', '.join(r.column for r in self.readouts if r.grams)} "
+                f"out of the texts' n-grams but was given {got} texts for {n} scores"
+            )
+        out = np.zeros((n, len(self.columns)))
+        each = [ngrams.features(ngrams.text_of(t)) for t in texts]
+        for r in self.readouts:
+            if r.grams:
+                out[:, self.columns.index(r.column)] = ngrams.weighed(each, r.grams)
+        return out
 
     def _on_scale(self, z: np.ndarray) -> np.ndarray:
         if not self.perspective:
@@ -290,13 +329,18 @@ class Calibration:
         ]
         line = f"Platt scaling per column on {self.rows} validation rows; ECE " + ", ".join(parts)
         if self.perspective:
-            read = {r.column for r in self.readouts}
+            read = {r.column: r for r in self.readouts}
             line += "; on Perspective's scale: " + ", ".join(
-                f"{m.column} as {m.attribute} ({m.rows:,} comments"
-                f"{', read out of the vector' if m.column in read else ''})"
+                f"{m.column} as {m.attribute} ({m.rows:,} comments{_how_read(read.get(m.column))})"
                 for m in self.perspective
             )
         return line
+
+
+def _how_read(r: Readout | None) -> str:
+    if r is None:
+        return ""
+    return ", read out of the vector" + (f" and {len(r.grams):,} n-grams" if r.grams else "")
 
 
 def _nulls(values: dict[str, list[float]]) -> dict[str, list[float | None]]:

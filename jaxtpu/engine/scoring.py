@@ -442,12 +442,18 @@ class Scorer:
         """The length bucket (edge) each of `texts` is scored in by `logits`."""
         return text_buckets(texts, self.tokenizer, self.max_len, self.edges, self.form)
 
-    def calibrate(self, logits: np.ndarray, pooled: np.ndarray | None = None) -> np.ndarray:
+    def calibrate(
+        self,
+        logits: np.ndarray,
+        pooled: np.ndarray | None = None,
+        texts: Sequence[Any] | None = None,
+    ) -> np.ndarray:
         """`logits` (of `logits`) as calibrated logits, whose sigmoid is the probability
         predict, the API and the server give (`jaxtpu.core.calibration`); as they are when the
         model has no calibration or scores without it. `pooled`: the texts' vectors (of
-        `features`), which a calibration with readouts reads."""
-        return calibrated_logits(self.calibration, logits, pooled)
+        `features`), which a calibration with readouts reads; `texts`: the texts scored, which
+        a readout of their n-grams reads."""
+        return calibrated_logits(self.calibration, logits, pooled, texts)
 
     def scores(self, texts: Sequence[Any]) -> np.ndarray:
         """`texts`' calibrated logits (`calibrate` of `logits`), from one pass of the model
@@ -455,17 +461,20 @@ class Scorer:
         return scores_of(self, texts)
 
 
-def calibrated_logits(cal: Any, logits: np.ndarray, pooled: np.ndarray | None) -> np.ndarray:
+def calibrated_logits(
+    cal: Any, logits: np.ndarray, pooled: np.ndarray | None, texts: Sequence[Any] | None = None
+) -> np.ndarray:
     """A scorer's `calibrate` (this one's and the ONNX scorer's): `logits` through `cal`
-    (a `jaxtpu.core.calibration.Calibration`, None: as they are), `pooled` for its readouts."""
-    return logits if cal is None else cal.apply(logits, pooled)
+    (a `jaxtpu.core.calibration.Calibration`, None: as they are), `pooled` and `texts` for its
+    readouts."""
+    return logits if cal is None else cal.apply(logits, pooled, texts)
 
 
 def scores_of(scorer: Any, texts: Sequence[Any]) -> np.ndarray:
     """A scorer's `scores` (this one's and the ONNX scorer's): calibrated logits of `texts`,
     from `features` where the calibration reads the vectors, else from `logits`."""
     if scorer.calibration is not None and scorer.calibration.needs_pooled:
-        return scorer.calibrate(*scorer.features(texts))
+        return scorer.calibrate(*scorer.features(texts), texts)
     return scorer.calibrate(scorer.logits(texts))
 
 

@@ -71,7 +71,8 @@ def fit_scale(argv: Sequence[str]) -> int:
         "not train on, and kept in the run's calibration.json: serve, predict, "
         "jaxtpu.load() and exports made after it answer on Perspective's scale "
         "(--no-calibration: the raw probability). --readout first reads each attribute out "
-        "of the model's vector anew, to rank as Perspective does.",
+        "of the model's vector anew, to rank as Perspective does; --ngrams out of the "
+        "comment's words too.",
         epilog="Example: jaxtpu history fit-scale --workdir runs/a --history history.csv",
     )
     args = parser.parse_args(argv)
@@ -79,8 +80,9 @@ def fit_scale(argv: Sequence[str]) -> int:
         check_command_flags("history fit-scale", args)
         history = read_histories(args.history.split(","))
         cal, lines = fit_scales(
-            args.workdir, history, args.method, args.num_devices, args.batch_size, args.readout
-        )
+            args.workdir, history, args.method, args.num_devices, args.batch_size, args.readout,
+            args.ngrams,
+        )  # fmt: skip
         print("\n".join(lines))
         calibration.write(args.workdir, cal)
         print(f"kept in {Path(args.workdir) / calibration.FILE}; the run's version changes with it")

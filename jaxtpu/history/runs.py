@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from jaxtpu.api import load
-from jaxtpu.core import calibration
+from jaxtpu.core import calibration, ngrams
 from jaxtpu.core.data.history import readout, scale
 from jaxtpu.core.data.history.rows import History
 from jaxtpu.core.errors import UserError
@@ -22,10 +22,11 @@ from jaxtpu.engine.scoring import run_attributes, training_texts
 
 def scored(
     workdir: str, history: History, num_devices: int, batch_size: int, vectors: bool
-) -> tuple[tuple[str, ...], np.ndarray, np.ndarray | None, list[Any]]:
+) -> tuple[tuple[str, ...], np.ndarray, np.ndarray | None, list[Any], list[Any]]:
     """The run's score columns, its raw outputs (N, columns) and (`vectors`) its vectors
-    (N, hidden) on the history's comments, from one pass, and its attributes; the comments of
-    the run's training rows left out of `history` first (said)."""
+    (N, hidden) on the history's comments, from one pass, its attributes, and the texts it
+    scored (each comment as the run reads it); the comments of the run's training rows left
+    out of `history` first (said)."""
     problem = jax_needed("jaxtpu history fit-scale and compare")
     if problem:
         raise UserError(problem)
@@ -55,6 +56,7 @@ def scored(
         logits,
         None if pooled is None else np.asarray(pooled, np.float64),
         list(attributes),
+        texts,
     )
 
 
@@ -72,14 +74,17 @@ def fit_scales(
     num_devices: int,
     batch_size: int,
     readouts: bool = False,
+    grams: bool = False,
 ) -> tuple[calibration.Calibration, list[str]]:
     """The run's calibration with each attribute the history scores mapped onto Perspective's
     scale by `method` (`scale.METHODS`, fitted on the Platt-calibrated probability, or with
     `readouts` on the held-out probability of a readout of the model's vector,
-    `jaxtpu.core.data.history.readout`), and a line per attribute saying what was done."""
-    columns, logits, vectors, attributes = scored(
-        workdir, history, num_devices, batch_size, readouts
+    `jaxtpu.core.data.history.readout`; `grams`: of the vector and the text's n-grams), and
+    a line per attribute saying what was done."""
+    columns, logits, vectors, attributes, texts = scored(
+        workdir, history, num_devices, batch_size, readouts or grams
     )
+    each = [ngrams.features(ngrams.text_of(t)) for t in texts] if grams else None
     cal = calibration.read(workdir) or calibration.Calibration(
         columns, (1.0,) * len(columns), (0.0,) * len(columns)
     )
@@ -96,16 +101,17 @@ def fit_scales(
         ours, how = p[:, columns.index(a.column)], ""
         try:
             if vectors is not None:
-                r = readout.fit(vectors, theirs[a.name])
+                r = readout.fit(vectors, theirs[a.name], grams=each)
                 ours = calibration.sigmoid(r.held_out)
                 n = int(np.isfinite(r.held_out).sum())
                 outs.append(calibration.Readout(a.column, a.name, tuple(r.weights.tolist()),
-                                                r.bias, n, r.l2))  # fmt: skip
-                how = (f", read out of the model's vector (L2 {r.l2:g}; held-out rank "
+                                                r.bias, n, r.l2, r.grams))  # fmt: skip
+                also = f" and {len(r.grams):,} n-grams of the text" if grams else ""
+                how = (f", read out of the model's vector{also} (L2 {r.l2:g}; held-out rank "
                        f"correlation {r.rank_correlation:.3f})")  # fmt: skip
             x, y = scale.fit(ours, theirs[a.name], method)
         except ValueError as e:
-            least = readout.MIN_ROWS if readouts else scale.MIN_ROWS
+            least = readout.MIN_ROWS if readouts or grams else scale.MIN_ROWS
             lines.append(f"{a.name}: left on jaxtpu's own scale ({e}; at least {least})")
             outs = [o for o in outs if o.column != a.column]
             continue
@@ -129,8 +135,10 @@ def compare_run(
     mapped, or `raw`), per attribute (`scale.compare`), and how the run scored."""
     cal = None if raw else calibration.read(workdir)
     reads = cal is not None and cal.needs_pooled
-    columns, logits, vectors, attributes = scored(workdir, history, num_devices, batch_size, reads)
-    z = logits if cal is None else cal.apply(logits, vectors).reshape(len(logits), -1)
+    columns, logits, vectors, attributes, texts = scored(
+        workdir, history, num_devices, batch_size, reads
+    )
+    z = logits if cal is None else cal.apply(logits, vectors, texts).reshape(len(logits), -1)
     probs = calibration.sigmoid(z)
     ours = {a.name: probs[:, columns.index(a.column)] for a in attributes}
     report = scale.compare(perspective_scores(history), ours)

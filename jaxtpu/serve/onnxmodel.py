@@ -197,8 +197,10 @@ class OnnxScorer:
     def buckets(self, texts: list[Any]) -> np.ndarray:
         return text_buckets(texts, self.tokenizer, self.max_len, self.edges, self.form)
 
-    def calibrate(self, logits: np.ndarray, pooled: np.ndarray | None = None) -> np.ndarray:
-        return calibrated_logits(self.calibration, logits, pooled)
+    def calibrate(
+        self, logits: np.ndarray, pooled: np.ndarray | None = None, texts: Any = None
+    ) -> np.ndarray:
+        return calibrated_logits(self.calibration, logits, pooled, texts)
 
     def scores(self, texts: list[Any]) -> np.ndarray:
         return scores_of(self, texts)

@@ -363,6 +363,17 @@ class HistoryScaleFlags:
         "model is not changed, and scoring computes the vector in the same pass. Needs at "
         "least 100 scored comments of an attribute.",
     )
+    ngrams: bool = _c(
+        False,
+        "As --readout, reading each attribute out of the comment's own words beside the "
+        "vector: a weight for each of the 20,000 word 1-2-grams and character 2-5-grams found "
+        "in the most history comments (the L2 strength again chosen by 5-fold "
+        "cross-validation). On the shared Perspective-scored comments it flags closer to "
+        "Perspective at 0.8 and 0.9 where the vector blurs the words (IDENTITY_ATTACK, THREAT, "
+        "INSULT) and ranks as the vector alone does, or slightly worse "
+        "(docs/perspective.md). Wants thousands of scored comments: with fewer, "
+        "--readout alone ranks better. Scoring then reads each text's n-grams.",
+    )
 
 
 @dataclass(frozen=True)

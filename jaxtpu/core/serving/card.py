@@ -170,7 +170,7 @@ def perspective_scale(
     """Per attribute, whether its scores are on Perspective's scale: the map's record (fitted
     on how many comments, from which source, of which dates, by which Perspective models, and
     whether the attribute is read out of the model's vector: on how many comments, at which
-    L2 strength), or `NO_SCALE`."""
+    L2 strength, beside how many of the text's n-grams), or `NO_SCALE`."""
     maps = {m["column"]: m for m in (calibration or {}).get("perspective", [])}
     reads = {r["column"]: r for r in (calibration or {}).get("readouts", [])}
     out: dict[str, Any] = {}
@@ -182,7 +182,8 @@ def perspective_scale(
         out[a["name"]] = {k: m[k] for k in ("rows", "source", "dates", "models")}
         out[a["name"]]["method"] = m.get("method", "quantile")
         if r:
-            out[a["name"]]["readout"] = {"rows": r["rows"], "l2": r["l2"]}
+            grams = {"ngrams": len(r["grams"])} if r.get("grams") else {}
+            out[a["name"]]["readout"] = {"rows": r["rows"], "l2": r["l2"], **grams}
     return out
 
 
