@@ -10,6 +10,7 @@ import csv
 import datetime as dt
 import json
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -281,6 +282,9 @@ def test_a_readout_learns_the_scores_from_the_vector_and_predicts_each_row_out_o
     assert not np.allclose(fitted[known], r.held_out[known], atol=1e-3)
     # its logit units: the fit's mean predicted score is near the scores' own
     assert abs(calibration.sigmoid(fitted[known]).mean() - y[known].mean()) < 0.05
+    with warnings.catch_warnings():  # unscored rows' NaN, as fit-scale maps them, is quiet
+        warnings.simplefilter("error")
+        assert np.isnan(calibration.sigmoid(r.held_out[:40])).all()
     with pytest.raises(ValueError, match="99 scored rows"):
         readout.fit(v[:99], y[40:139])
     with pytest.raises(ValueError, match="1 distinct"):

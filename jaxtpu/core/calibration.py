@@ -352,8 +352,11 @@ def _float(x: Any) -> float:
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
+    """The logistic function; NaN (a comment with no score: a readout's held-out prediction of
+    an unscored row) stays NaN, without numpy's warning about it."""
     z = np.asarray(z, np.float64)
-    return np.exp(-np.logaddexp(0.0, -z))
+    with np.errstate(invalid="ignore"):
+        return np.exp(-np.logaddexp(0.0, -z))
 
 
 def platt(z: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[float, float]:
