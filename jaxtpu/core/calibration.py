@@ -27,6 +27,7 @@ Framework-free: numpy only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -220,12 +221,30 @@ class Calibration:
                 f"the calibration reads {', '.join(r.column for r in self.readouts if r.grams)} "
                 f"out of the texts' n-grams but was given {got} texts for {n} scores"
             )
+        at, index, weights = self._gram_weights
         out = np.zeros((n, len(self.columns)))
-        each = [ngrams.features(ngrams.text_of(t)) for t in texts]
-        for r in self.readouts:
-            if r.grams:
-                out[:, self.columns.index(r.column)] = ngrams.weighed(each, r.grams)
+        for i, t in enumerate(texts):
+            f = ngrams.features(ngrams.text_of(t))
+            rows = [(index[g], v) for g, v in f.items() if g in index]
+            if rows:
+                k, v = zip(*rows, strict=True)
+                out[i, at] = np.asarray(v) @ weights[list(k)]
         return out
+
+    @functools.cached_property
+    def _gram_weights(self) -> tuple[list[int], dict[str, int], np.ndarray]:
+        """The columns read out of n-grams, every n-gram's row, and the (n-grams, columns)
+        weights: one look-up per n-gram of a text, whatever the number of readouts."""
+        reads = [r for r in self.readouts if r.grams]
+        index: dict[str, int] = {}
+        for r in reads:
+            for g in r.grams:
+                index.setdefault(g, len(index))
+        weights = np.zeros((len(index), len(reads)))
+        for j, r in enumerate(reads):
+            for g, w in r.grams.items():
+                weights[index[g], j] = w
+        return [self.columns.index(r.column) for r in reads], index, weights
 
     def _on_scale(self, z: np.ndarray) -> np.ndarray:
         if not self.perspective:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 MAX_CHARS = 10_000  # a comment's first 10,000 characters: a text bomb costs no more
@@ -72,17 +72,3 @@ def vocabulary(
         seen.update(f.keys())
     common = sorted((g for g, n in seen.items() if n >= least), key=lambda g: (-seen[g], g))
     return common[:size]
-
-
-def weighed(each: Iterable[dict[str, float]], weights: dict[str, Any]) -> list[Any]:
-    """For each text's `features`, the sum of its n-grams' values times their `weights` (a
-    number, or a numpy row of one weight per readout); 0.0 for a text with none of them."""
-    out = []
-    for f in each:
-        total: Any = 0.0
-        for g, v in f.items():
-            w = weights.get(g)
-            if w is not None:
-                total = total + v * w
-        out.append(total)
-    return out

@@ -16,6 +16,13 @@ raised THREAT's rank correlation with Perspective from 0.18 to 0.63 and IDENTITY
 0.30 to 0.70, where an epoch of fine-tuning on the same scores reached 0.36 and 0.51. The
 map onto Perspective's scale is then fitted on the readout's out-of-fold predictions, which
 are what a new comment gets, not on its fit to the rows it learnt from.
+
+`--ngrams`: the same regression on the vector beside the text's word and character n-grams
+(`jaxtpu.core.ngrams`, a weight for each of the 20,000 of the most comments), solved sparse
+(scipy's lsqr). The vector blurs the one word that makes a comment an identity attack or a
+threat; on the same comments it raised IDENTITY_ATTACK's F1 at 0.9 against Perspective's flags
+from 0.22 to 0.50 and THREAT's from 0.35 to 0.49, every rank correlation within 0.006
+(docs/measured/perspective-readouts.json).
 """
 
 from __future__ import annotations
