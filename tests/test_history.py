@@ -528,6 +528,8 @@ def test_fit_scale_readout_ranks_as_the_history_and_every_scorer_applies_it(
     assert calibration.read(run).needs_texts
     assert rho(load(run, num_devices=1).predict(texts), theirs) > 0.9
     assert main(["compare", "--workdir", str(run), "--history", str(history)]) == 0
+    said = capsys.readouterr().out
+    assert "read out of the model's vector and the text's n-grams: TOXICITY" in said, said
 
 
 def _history_file(path, n=150, seed=0):

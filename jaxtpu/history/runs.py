@@ -150,7 +150,12 @@ def compare_run(
     if cal is None:
         return report, "raw"
     mapped = [m.attribute for m in cal.perspective]
-    read = [r.attribute for r in cal.readouts]
+    vector = [r.attribute for r in cal.readouts if not r.grams]
+    words = [r.attribute for r in cal.readouts if r.grams]
     return report, "calibrated" + (
         f", on Perspective's scale: {', '.join(mapped)}" if mapped else ""
-    ) + (f"; read out of the model's vector: {', '.join(read)}" if read else "")
+    ) + (f"; read out of the model's vector: {', '.join(vector)}" if vector else "") + (
+        f"; read out of the model's vector and the text's n-grams: {', '.join(words)}"
+        if words
+        else ""
+    )
