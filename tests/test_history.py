@@ -372,7 +372,7 @@ def test_a_readout_of_the_texts_ngrams_learns_a_word_the_vector_does_not_hold():
     want = v @ read.weights + read.bias + np.array(words)
     np.testing.assert_allclose(calibration.sigmoid(got), calibration.sigmoid(want), atol=1e-6)
     assert spearmanr(got, y).statistic > 0.8
-    with pytest.raises(UserError, match="out of the texts' n-grams but was given none"):
+    with pytest.raises(UserError, match="out of the texts' n-grams but was given no texts for 400"):
         cal.apply(np.zeros((400, 1)), v)
     again = calibration.Calibration.from_dict(json.loads(json.dumps(cal.to_dict())), "f")
     assert again == cal and "and " in cal.describe() and " n-grams)" in cal.describe()

@@ -216,7 +216,7 @@ class Calibration:
     def _of_texts(self, n: int, texts: Sequence[Any] | None) -> np.ndarray:
         """(n, C): what the texts' n-grams add to each column with n-gram weights."""
         if texts is None or len(texts) != n:
-            got = "none" if texts is None else f"{len(texts)}"
+            got = "no" if texts is None else f"{len(texts)}"
             raise UserError(
                 f"the calibration reads {', '.join(r.column for r in self.readouts if r.grams)} "
                 f"out of the texts' n-grams but was given {got} texts for {n} scores"
