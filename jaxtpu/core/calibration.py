@@ -224,11 +224,9 @@ class Calibration:
         at, index, weights = self._gram_weights
         out = np.zeros((n, len(self.columns)))
         for i, t in enumerate(texts):
-            f = ngrams.features(ngrams.text_of(t))
-            rows = [(index[g], v) for g, v in f.items() if g in index]
-            if rows:
-                k, v = zip(*rows, strict=True)
-                out[i, at] = np.asarray(v) @ weights[list(k)]
+            k, v = ngrams.indexed(ngrams.features(ngrams.text_of(t)), index)
+            if k:
+                out[i, at] = np.asarray(v) @ weights[k]
         return out
 
     @functools.cached_property

@@ -72,3 +72,10 @@ def vocabulary(
         seen.update(f.keys())
     common = sorted((g for g, n in seen.items() if n >= least), key=lambda g: (-seen[g], g))
     return common[:size]
+
+
+def indexed(f: dict[str, float], index: dict[str, int]) -> tuple[list[int], list[float]]:
+    """Of a text's `features`, those in a vocabulary (`index`: each n-gram's position): their
+    positions and values. The fit's design matrix and a scorer's readout both read a text so."""
+    known = [(index[g], v) for g, v in f.items() if g in index]
+    return [i for i, _ in known], [v for _, v in known]

@@ -143,12 +143,10 @@ def _design(x: np.ndarray, each: Sequence[dict[str, float]], vocab: list[str]) -
     index = {g: i for i, g in enumerate(vocab)}
     rows, cols, vals = [], [], []
     for r, f in enumerate(each):
-        for g, v in f.items():
-            i = index.get(g)
-            if i is not None:
-                rows.append(r)
-                cols.append(i)
-                vals.append(v)
+        k, v = ngrams.indexed(f, index)
+        rows += [r] * len(k)
+        cols += k
+        vals += v
     grams = sparse.csr_matrix((vals, (rows, cols)), shape=(len(each), len(vocab)))
     mu, sd = _moments(x)
     return sparse.hstack([grams, sparse.csr_matrix((x - mu) / sd * VECTOR_WEIGHT)]).tocsr()
